@@ -1,0 +1,978 @@
+/* fusedk.h - fused GPU kernels for diffusion and transformer blocks, with CPU references.
+   Public domain-style single header; see LICENSE.
+
+   WHAT IT IS
+     The API of fusedk and the CPU reference implementation of every op. The GPU half lives in
+     one other file, fusedk_kernels.cu. Where the tensors live decides where an op runs: CPU (and
+     CUDA-host) tensors run the reference here, CUDA (and CUDA-managed) tensors run the kernel.
+
+   USING IT
+     CPU only:   in ONE C or C++ file
+                     #define FUSEDK_IMPLEMENTATION
+                     #include "fusedk.h"
+                 links with libm only, needs no CUDA header.
+     With a GPU: the same file also defines FUSEDK_CUDA before the include, and the build also
+                 compiles fusedk_kernels.cu with nvcc and links cudart and cublasLt:
+                     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+                          -gencode=arch=compute_80,code=[sm_80,compute_80] -c fusedk_kernels.cu
+                 Without FUSEDK_CUDA the library still links; an op given CUDA tensors then
+                 returns FUSEDK_ERR_NO_CUDA and fusedk_failure_reason() says how to enable it.
+     Every other file just includes "fusedk.h".
+
+   THE OPS   (D = last dim, normalized; [B,D] vectors broadcast over the L tokens of sample b;
+              all math in float32 on the GPU, float64 in the CPU references; one rounding to the
+              output dtype unless a mode says otherwise)
+     fusedk_rmsnorm      r = x + residual (if given; written to residual_out if given)
+                         y = r * rsqrt(mean(r^2) + eps) * weight            (weight optional)
+     fusedk_layernorm    y = (x - mean(x)) * rsqrt(var(x) + eps) * weight + bias
+                         (biased variance; weight and bias optional)
+     fusedk_adaln        y = norm(x) * (1 + scale[b]) + shift[b],   norm = LayerNorm or RMSNorm
+                         (with optional weight/bias inside norm); scale/shift may be strided
+                         views into a [B, k*D] AdaLN-Zero modulation tensor
+     fusedk_residual_tanh_gated_rmsnorm   (Mochi)
+                         y = x + cast( x_res * rsqrt(mean(x_res^2) + eps) * tanh(gate[b]) )
+                         exact=1: PyTorch's rounding points (tanh(gate) rounded to the dtype,
+                         x_res*rstd*tanh in float32, rounded to the dtype, then added in float32
+                         and rounded again); exact=0: one rounding at the end.
+
+   TENSORS
+     fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
+     be passed as (const fusedk_tensor *). Strides are in elements, NULL = compact row-major.
+     The normalized (last) dim must be contiguous; every other stride is honoured, stride 0
+     broadcasts inputs. Outputs may alias an input only exactly (same pointer and strides).
+     dtypes: float32, float16, bfloat16; all tensors of one call share x's dtype and device.
+
+   ERRORS
+     Every call returns fusedk_status. On failure nothing is launched or written and
+     fusedk_failure_reason() (thread-local) names the op, the argument and what was expected.
+     The library never prints, exits or aborts.
+
+   STREAMS
+     The last argument of every op: a cudaStream_t passed as struct CUstream_st* (NULL = legacy
+     default stream). GPU ops are stream-ordered, allocation-free and CUDA-graph capturable.
+
+   CONFIGURATION (define before including)
+     FUSEDK_IMPLEMENTATION   in one translation unit: emit the implementation.
+     FUSEDK_CUDA             with FUSEDK_IMPLEMENTATION: route CUDA tensors to fusedk_kernels.cu.
+     FUSEDK_STATIC           make every function static (CPU-only use inside one file).
+     FUSEDK_DEF              override the linkage/visibility of the public functions.
+     FUSEDK_MAX_DIMS         largest ndim accepted (default 8; set the same everywhere).
+
+   VERSIONING
+     FUSEDK_VERSION_MAJOR changes when the C ABI or an op's semantics change incompatibly,
+     MINOR when ops or arguments are added (enums only grow), PATCH for fixes and speed.
+*/
+#ifndef FUSEDK_H
+#define FUSEDK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FUSEDK_VERSION_MAJOR 0
+#define FUSEDK_VERSION_MINOR 1
+#define FUSEDK_VERSION_PATCH 0
+
+#ifndef FUSEDK_MAX_DIMS
+#define FUSEDK_MAX_DIMS 8
+#endif
+
+#ifndef FUSEDK_DEF
+#if defined(FUSEDK_STATIC)
+#define FUSEDK_DEF static
+#elif defined(_WIN32) && defined(FUSEDK_BUILD_DLL)
+#define FUSEDK_DEF __declspec(dllexport)
+#elif defined(__GNUC__)
+#define FUSEDK_DEF __attribute__((visibility("default")))
+#else
+#define FUSEDK_DEF
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The section between the CDEF markers is read by the Python bindings as their cffi cdef:
+   plain declarations only, no preprocessor conditionals. */
+/* FUSEDK_CDEF_BEGIN */
+
+struct CUstream_st; /* cudaStream_t without a CUDA include */
+
+/* Status codes. Values are fixed; new codes are only ever appended. */
+typedef enum fusedk_status {
+  FUSEDK_OK = 0,
+  FUSEDK_ERR_INVALID_ARGUMENT = 1, /* a NULL where a tensor is required, a bad flag or eps   */
+  FUSEDK_ERR_SHAPE = 2,            /* ndim or a dim size does not match                       */
+  FUSEDK_ERR_DTYPE = 3,            /* unsupported dtype, or dtypes of one call differ         */
+  FUSEDK_ERR_DEVICE = 4,           /* tensors on different devices, or an unknown device type */
+  FUSEDK_ERR_LAYOUT = 5,           /* strides or alignment the op cannot honour               */
+  FUSEDK_ERR_UNSUPPORTED = 6,      /* a valid request this build or device does not support   */
+  FUSEDK_ERR_NO_CUDA = 7,          /* CUDA tensors, but the GPU half is not compiled in       */
+  FUSEDK_ERR_CUDA = 8,             /* the CUDA runtime reported an error                      */
+  FUSEDK_ERR_CUBLAS = 9,           /* cuBLASLt reported an error                              */
+  FUSEDK_ERR_OUT_OF_MEMORY = 10    /* an allocation failed                                    */
+} fusedk_status;
+
+/* DLPack device types (DLDeviceType values). */
+typedef enum fusedk_device_type {
+  FUSEDK_DEVICE_CPU = 1,
+  FUSEDK_DEVICE_CUDA = 2,
+  FUSEDK_DEVICE_CUDA_HOST = 3,   /* pinned host memory: runs the CPU reference */
+  FUSEDK_DEVICE_CUDA_MANAGED = 13
+} fusedk_device_type;
+
+/* DLPack dtype codes (DLDataTypeCode values). */
+typedef enum fusedk_dtype_code {
+  FUSEDK_DTYPE_INT = 0,
+  FUSEDK_DTYPE_UINT = 1,
+  FUSEDK_DTYPE_FLOAT = 2,
+  FUSEDK_DTYPE_BFLOAT = 4
+} fusedk_dtype_code;
+
+/* The three element types fusedk computes on. */
+typedef enum fusedk_scalar {
+  FUSEDK_F32 = 0,
+  FUSEDK_F16 = 1,
+  FUSEDK_BF16 = 2
+} fusedk_scalar;
+
+/* Normalization kind (adaln). */
+typedef enum fusedk_norm {
+  FUSEDK_NORM_LAYER = 0,
+  FUSEDK_NORM_RMS = 1
+} fusedk_norm;
+
+typedef struct fusedk_device {  /* = DLDevice */
+  int32_t device_type;          /* fusedk_device_type */
+  int32_t device_id;            /* CUDA ordinal; 0 for CPU */
+} fusedk_device;
+
+typedef struct fusedk_dtype {   /* = DLDataType */
+  uint8_t code;                 /* fusedk_dtype_code */
+  uint8_t bits;                 /* 32 or 16 */
+  uint16_t lanes;               /* 1 */
+} fusedk_dtype;
+
+typedef struct fusedk_tensor {  /* = DLTensor, 48 bytes on 64-bit targets */
+  void *data;                   /* base pointer (host or device); element 0 is at data+byte_offset */
+  fusedk_device device;
+  int32_t ndim;
+  fusedk_dtype dtype;
+  int64_t *shape;               /* ndim sizes */
+  int64_t *strides;             /* ndim strides in ELEMENTS, or NULL for compact row-major */
+  uint64_t byte_offset;
+} fusedk_tensor;
+
+/* DLPack managed tensors, for handing fusedk-allocated memory to frameworks (= DLManagedTensor,
+   DLManagedTensorVersioned). */
+typedef struct fusedk_dlmanaged {
+  fusedk_tensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct fusedk_dlmanaged *self);
+} fusedk_dlmanaged;
+
+typedef struct fusedk_dlmanaged_versioned {
+  uint32_t version_major;       /* DLPackVersion {major, minor} */
+  uint32_t version_minor;
+  void *manager_ctx;
+  void (*deleter)(struct fusedk_dlmanaged_versioned *self);
+  uint64_t flags;
+  fusedk_tensor dl_tensor;
+} fusedk_dlmanaged_versioned;
+
+/* One allocation exportable either way: export &legacy ("dltensor") or &versioned
+   ("dltensor_versioned"), never both; either deleter frees the data and this block. */
+typedef struct fusedk_dlpack {
+  fusedk_dlmanaged legacy;
+  fusedk_dlmanaged_versioned versioned;
+  int64_t shape[8];
+  int64_t strides[8];
+} fusedk_dlpack;
+
+/* ---- library ---- */
+FUSEDK_DEF const char *fusedk_version(void);               /* "MAJOR.MINOR.PATCH" */
+FUSEDK_DEF const char *fusedk_status_name(fusedk_status s); /* "FUSEDK_ERR_SHAPE", ... */
+FUSEDK_DEF const char *fusedk_failure_reason(void);         /* this thread's last failure, "" if none */
+/* JSON: version, build (cuda, archs, cublasLt), devices, ops and their dtypes. Writes at most
+   size bytes (NUL-terminated); returns the length it needed (excluding the NUL). */
+FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size);
+FUSEDK_DEF int fusedk_cuda_device_count(void);              /* 0 without the GPU half or a GPU */
+
+/* ---- describing plain buffers: fusedk_tensor_cpu(p, FUSEDK_BF16, 2, shape) ---- */
+FUSEDK_DEF fusedk_dtype fusedk_dtype_of(fusedk_scalar s);
+FUSEDK_DEF fusedk_tensor fusedk_tensor_cpu(void *data, fusedk_scalar s, int32_t ndim, int64_t *shape);
+FUSEDK_DEF fusedk_tensor fusedk_tensor_cuda(void *data, fusedk_scalar s, int32_t ndim, int64_t *shape,
+                                            int32_t device_id);
+
+/* ---- memory and streams, for bindings (DLPack producers) ---- */
+/* A compact tensor on `device` (CPU: malloc, CUDA: cudaMalloc), owned by *out until exported. */
+FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype dtype, int32_t ndim,
+                                             const int64_t *shape, fusedk_dlpack **out);
+FUSEDK_DEF void fusedk_dlpack_free(fusedk_dlpack *h);      /* for a never-exported allocation */
+/* Make work queued on `producer` visible to `consumer` (event record + wait); no-op if equal. */
+FUSEDK_DEF fusedk_status fusedk_stream_wait(int32_t device_id, struct CUstream_st *producer,
+                                            struct CUstream_st *consumer);
+
+/* ---- normalization family (outputs first, stream last) ---- */
+
+/* y = r * rsqrt(mean(r^2) + eps) * weight, r = x + residual. residual, residual_out, weight may be
+   NULL; residual_out (the un-normalized sum, as the next block's residual) needs residual.
+   The sum is normalized before rounding (as FlashInfer and vLLM do). */
+FUSEDK_DEF fusedk_status fusedk_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *residual_out,
+                                        const fusedk_tensor *x, const fusedk_tensor *residual,
+                                        const fusedk_tensor *weight, float eps,
+                                        struct CUstream_st *stream);
+
+/* y = (x - mean) * rsqrt(var + eps) * weight + bias, biased variance; weight, bias may be NULL. */
+FUSEDK_DEF fusedk_status fusedk_layernorm(const fusedk_tensor *y, const fusedk_tensor *x,
+                                          const fusedk_tensor *weight, const fusedk_tensor *bias,
+                                          float eps, struct CUstream_st *stream);
+
+/* y[B,L,D] = norm(x) * (1 + scale[b]) + shift[b]; scale, shift are [B,D] with any row stride
+   (0 broadcasts); norm = FUSEDK_NORM_LAYER (weight, bias) or FUSEDK_NORM_RMS (weight; bias must
+   be NULL). */
+FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tensor *x,
+                                      const fusedk_tensor *scale, const fusedk_tensor *shift,
+                                      fusedk_norm norm, const fusedk_tensor *weight,
+                                      const fusedk_tensor *bias, float eps,
+                                      struct CUstream_st *stream);
+
+/* Mochi: y[B,L,D] = x + cast(x_res * rsqrt(mean(x_res^2) + eps) * tanh(gate[b])), gate [B,D].
+   exact = 1: PyTorch's rounding points; exact = 0: one rounding. */
+FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor *y,
+                                                            const fusedk_tensor *x,
+                                                            const fusedk_tensor *x_res,
+                                                            const fusedk_tensor *gate, float eps,
+                                                            int exact, struct CUstream_st *stream);
+
+/* FUSEDK_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FUSEDK_H */
+
+/* ===========================================================================================
+   Internal interface between the header's implementation and fusedk_kernels.cu. Not API.
+   =========================================================================================== */
+#if (defined(FUSEDK_IMPLEMENTATION) || defined(FUSEDK__KERNELS)) && !defined(FUSEDK__INTERNAL_H)
+#define FUSEDK__INTERNAL_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A [B, L, ...] operand: element (b, l, d) is at p + b*sb + l*sl + d (elements). Per-sample
+   vectors use sl = 0. p == NULL: operand absent. */
+typedef struct fusedk__rows {
+  void *p;
+  int64_t sb, sl;
+} fusedk__rows;
+
+/* Every op of the normalization family is this one row op:
+     v    = x + res                         (res optional; v written to res_out if given)
+     n    = (v - mean) * rsqrt(var + eps)   (mean = 0 and var = mean(v^2) for RMS)
+     n    = (n * weight + bias) * (1 + scale) + shift      (each optional)
+     n    = n * tanh(gate)                                 (optional)
+     y    = base + n                                       (base optional)                  */
+typedef struct fusedk__norm_args {
+  int32_t scalar;   /* fusedk_scalar */
+  int32_t rms;      /* 1: RMSNorm statistics, 0: LayerNorm */
+  int32_t exact;    /* Mochi's PyTorch rounding points (gate and base) */
+  float eps;
+  int64_t B, L, D;
+  fusedk__rows x, res, res_out, y, base;
+  fusedk__rows scale, shift, gate;
+  const void *weight, *bias; /* [D] contiguous */
+} fusedk__norm_args;
+
+fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, int32_t device_id, struct CUstream_st *stream);
+fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, void **p);
+void fusedk__cuda_free(int32_t device_id, void *p);
+fusedk_status fusedk__cuda_stream_wait(int32_t device_id, struct CUstream_st *producer,
+                                       struct CUstream_st *consumer);
+int fusedk__cuda_device_count(void);
+size_t fusedk__cuda_info(char *buf, size_t size); /* JSON fragment: "cuda": {...} */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* internal interface */
+
+/* ===========================================================================================
+   IMPLEMENTATION
+   =========================================================================================== */
+#if defined(FUSEDK_IMPLEMENTATION) && !defined(FUSEDK__IMPLEMENTED)
+#define FUSEDK__IMPLEMENTED
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__cplusplus)
+#define FUSEDK__TLS thread_local
+#elif defined(_MSC_VER)
+#define FUSEDK__TLS __declspec(thread)
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L && !defined(__STDC_NO_THREADS__)
+#define FUSEDK__TLS _Thread_local
+#else
+#define FUSEDK__TLS __thread
+#endif
+
+#define FUSEDK__STR2(x) #x
+#define FUSEDK__STR(x) FUSEDK__STR2(x)
+
+/* --- errors --------------------------------------------------------------------------- */
+
+static FUSEDK__TLS char fusedk__reason[512];
+
+fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(fusedk__reason, sizeof fusedk__reason, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+FUSEDK_DEF const char *fusedk_failure_reason(void) { return fusedk__reason; }
+
+FUSEDK_DEF const char *fusedk_version(void) {
+  return FUSEDK__STR(FUSEDK_VERSION_MAJOR) "." FUSEDK__STR(FUSEDK_VERSION_MINOR) "." FUSEDK__STR(
+      FUSEDK_VERSION_PATCH);
+}
+
+FUSEDK_DEF const char *fusedk_status_name(fusedk_status s) {
+  switch (s) {
+    case FUSEDK_OK: return "FUSEDK_OK";
+    case FUSEDK_ERR_INVALID_ARGUMENT: return "FUSEDK_ERR_INVALID_ARGUMENT";
+    case FUSEDK_ERR_SHAPE: return "FUSEDK_ERR_SHAPE";
+    case FUSEDK_ERR_DTYPE: return "FUSEDK_ERR_DTYPE";
+    case FUSEDK_ERR_DEVICE: return "FUSEDK_ERR_DEVICE";
+    case FUSEDK_ERR_LAYOUT: return "FUSEDK_ERR_LAYOUT";
+    case FUSEDK_ERR_UNSUPPORTED: return "FUSEDK_ERR_UNSUPPORTED";
+    case FUSEDK_ERR_NO_CUDA: return "FUSEDK_ERR_NO_CUDA";
+    case FUSEDK_ERR_CUDA: return "FUSEDK_ERR_CUDA";
+    case FUSEDK_ERR_CUBLAS: return "FUSEDK_ERR_CUBLAS";
+    case FUSEDK_ERR_OUT_OF_MEMORY: return "FUSEDK_ERR_OUT_OF_MEMORY";
+  }
+  return "FUSEDK_ERR_UNKNOWN";
+}
+
+/* Without the GPU half, the internal CUDA entry points answer NO_CUDA. */
+#ifndef FUSEDK_CUDA
+static fusedk_status fusedk__no_cuda(void) {
+  return fusedk__fail(FUSEDK_ERR_NO_CUDA,
+                      "CUDA tensors given, but this build has no GPU half: compile fusedk_kernels.cu "
+                      "with nvcc, link cudart and cublasLt, and define FUSEDK_CUDA where "
+                      "FUSEDK_IMPLEMENTATION is defined");
+}
+fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda();
+}
+fusedk_status fusedk__cuda_alloc(int32_t id, size_t bytes, void **p) {
+  (void)id, (void)bytes, (void)p;
+  return fusedk__no_cuda();
+}
+void fusedk__cuda_free(int32_t id, void *p) { (void)id, (void)p; }
+fusedk_status fusedk__cuda_stream_wait(int32_t id, struct CUstream_st *a, struct CUstream_st *b) {
+  (void)id, (void)a, (void)b;
+  return fusedk__no_cuda();
+}
+int fusedk__cuda_device_count(void) { return 0; }
+size_t fusedk__cuda_info(char *buf, size_t size) {
+  return (size_t)snprintf(buf, size, "\"cuda\": {\"built\": false}");
+}
+#endif
+
+FUSEDK_DEF int fusedk_cuda_device_count(void) { return fusedk__cuda_device_count(); }
+
+/* --- tensors -------------------------------------------------------------------------- */
+
+FUSEDK_DEF fusedk_dtype fusedk_dtype_of(fusedk_scalar s) {
+  fusedk_dtype d;
+  d.code = (uint8_t)(s == FUSEDK_BF16 ? FUSEDK_DTYPE_BFLOAT : FUSEDK_DTYPE_FLOAT);
+  d.bits = (uint8_t)(s == FUSEDK_F32 ? 32 : 16);
+  d.lanes = 1;
+  return d;
+}
+
+FUSEDK_DEF fusedk_tensor fusedk_tensor_cuda(void *data, fusedk_scalar s, int32_t ndim, int64_t *shape,
+                                            int32_t device_id) {
+  fusedk_tensor t;
+  t.data = data;
+  t.device.device_type = FUSEDK_DEVICE_CUDA;
+  t.device.device_id = device_id;
+  t.ndim = ndim;
+  t.dtype = fusedk_dtype_of(s);
+  t.shape = shape;
+  t.strides = NULL;
+  t.byte_offset = 0;
+  return t;
+}
+
+FUSEDK_DEF fusedk_tensor fusedk_tensor_cpu(void *data, fusedk_scalar s, int32_t ndim, int64_t *shape) {
+  fusedk_tensor t = fusedk_tensor_cuda(data, s, ndim, shape, 0);
+  t.device.device_type = FUSEDK_DEVICE_CPU;
+  return t;
+}
+
+/* -1 if the dtype is not one fusedk computes on */
+static int fusedk__scalar_of(fusedk_dtype d) {
+  if (d.lanes != 1) return -1;
+  if (d.code == FUSEDK_DTYPE_FLOAT && d.bits == 32) return FUSEDK_F32;
+  if (d.code == FUSEDK_DTYPE_FLOAT && d.bits == 16) return FUSEDK_F16;
+  if (d.code == FUSEDK_DTYPE_BFLOAT && d.bits == 16) return FUSEDK_BF16;
+  return -1;
+}
+
+static size_t fusedk__scalar_size(int s) { return s == FUSEDK_F32 ? 4 : 2; }
+static const char *fusedk__scalar_name(int s) {
+  return s == FUSEDK_F32 ? "float32" : s == FUSEDK_F16 ? "float16" : "bfloat16";
+}
+
+static int fusedk__is_gpu(int32_t device_type) {
+  return device_type == FUSEDK_DEVICE_CUDA || device_type == FUSEDK_DEVICE_CUDA_MANAGED;
+}
+
+static int64_t fusedk__stride(const fusedk_tensor *t, int i) {
+  if (t->strides) return t->strides[i];
+  int64_t s = 1;
+  for (int j = t->ndim - 1; j > i; --j) s *= t->shape[j];
+  return s;
+}
+
+static char *fusedk__shape_str(const fusedk_tensor *t, char *buf, size_t n) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < t->ndim && k < n; ++i)
+    k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+/* One call's validation context: the op name, the reference tensor (x) and the device. */
+typedef struct fusedk__check {
+  const char *op;
+  int scalar;
+  fusedk_device dev;
+} fusedk__check;
+
+/* Checks what every tensor argument needs: present (if required), a supported dtype equal to
+   the call's, the call's device, element-aligned data, ndim in range, no negative sizes, and a
+   contiguous last dim. Sets *present. */
+static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor *t, const char *name,
+                                          int required, int *present) {
+  *present = t != NULL;
+  if (!t) {
+    if (required) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is NULL, expected a tensor", c->op, name);
+    return FUSEDK_OK;
+  }
+  if (t->ndim < 1 || t->ndim > FUSEDK_MAX_DIMS)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has ndim %d, expected 1..%d", c->op, name, (int)t->ndim,
+                        FUSEDK_MAX_DIMS);
+  if (!t->shape) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s has a NULL shape", c->op, name);
+  int s = fusedk__scalar_of(t->dtype);
+  if (s < 0)
+    return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype (code %d, bits %d, lanes %d), expected float32, "
+                        "float16 or bfloat16", c->op, name, t->dtype.code, t->dtype.bits, t->dtype.lanes);
+  if (c->scalar < 0) {
+    c->scalar = s;
+    c->dev = t->device;
+    if (!fusedk__is_gpu(t->device.device_type) && t->device.device_type != FUSEDK_DEVICE_CPU &&
+        t->device.device_type != FUSEDK_DEVICE_CUDA_HOST)
+      return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: %s is on device type %d, expected CPU (1), CUDA (2), "
+                          "CUDA host (3) or CUDA managed (13)", c->op, name, (int)t->device.device_type);
+  } else {
+    if (s != c->scalar)
+      return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s (the dtype of x)", c->op, name,
+                          fusedk__scalar_name(s), fusedk__scalar_name(c->scalar));
+    int g0 = fusedk__is_gpu(c->dev.device_type), g1 = fusedk__is_gpu(t->device.device_type);
+    int known = g1 || t->device.device_type == FUSEDK_DEVICE_CPU || t->device.device_type == FUSEDK_DEVICE_CUDA_HOST;
+    if (!known || g0 != g1 || (g0 && t->device.device_id != c->dev.device_id))
+      return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: %s is on device (%d, %d), expected the device of x (%d, %d)",
+                          c->op, name, (int)t->device.device_type, (int)t->device.device_id,
+                          (int)c->dev.device_type, (int)c->dev.device_id);
+  }
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] < 0)
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has negative size %lld in dim %d", c->op, name,
+                          (long long)t->shape[i], i);
+    n *= t->shape[i];
+  }
+  if (n > 0 && !t->data) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s has NULL data", c->op, name);
+  if (((uintptr_t)t->data + t->byte_offset) % fusedk__scalar_size(s))
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s data+byte_offset is not aligned to its %d-byte elements",
+                        c->op, name, (int)fusedk__scalar_size(s));
+  int last = t->ndim - 1;
+  if (t->shape[last] > 1 && fusedk__stride(t, last) != 1)
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has stride %lld in its last dim, expected 1 (contiguous)",
+                        c->op, name, (long long)fusedk__stride(t, last));
+  return FUSEDK_OK;
+}
+
+static fusedk_status fusedk__check_shape(const fusedk__check *c, const fusedk_tensor *t, const char *name,
+                                         int ndim, const int64_t *shape, const char *why) {
+  int ok = t->ndim == ndim;
+  for (int i = 0; ok && i < ndim; ++i) ok = t->shape[i] == shape[i];
+  if (ok) return FUSEDK_OK;
+  char got[160], want[160];
+  fusedk_tensor w;
+  memset(&w, 0, sizeof w);
+  w.ndim = ndim;
+  w.shape = (int64_t *)shape;
+  return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected %s (%s)", c->op, name,
+                      fusedk__shape_str(t, got, sizeof got), fusedk__shape_str(&w, want, sizeof want), why);
+}
+
+/* An output must not have stride 0 across a dim of size > 1 (rows would race). */
+static fusedk_status fusedk__check_output(const fusedk__check *c, const fusedk_tensor *t, const char *name) {
+  for (int i = 0; i < t->ndim; ++i)
+    if (t->shape[i] > 1 && fusedk__stride(t, i) == 0)
+      return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: output %s has stride 0 in dim %d (size %lld); outputs "
+                          "cannot broadcast", c->op, name, i, (long long)t->shape[i]);
+  return FUSEDK_OK;
+}
+
+static fusedk_status fusedk__check_eps(const fusedk__check *c, float eps) {
+  if (!(eps >= 0.0f) || isinf(eps))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: eps is %g, expected a finite value >= 0", c->op,
+                        (double)eps);
+  return FUSEDK_OK;
+}
+
+static void *fusedk__base(const fusedk_tensor *t) {
+  return t ? (void *)((char *)t->data + t->byte_offset) : NULL;
+}
+
+/* A per-sample vector [B, D] (stride 0 in dim 0 broadcasts) or a [D] weight (contiguous). */
+static fusedk_status fusedk__vector_arg(fusedk__check *c, const fusedk_tensor *t, const char *name, int64_t B,
+                                        int64_t D, int required, fusedk__rows *out) {
+  int present;
+  fusedk_status st = fusedk__check_tensor(c, t, name, required, &present);
+  memset(out, 0, sizeof *out);
+  if (st || !present) return st;
+  int64_t shape[2] = {B, D};
+  if (B < 0) {
+    if ((st = fusedk__check_shape(c, t, name, 1, shape + 1, "last dim of x"))) return st;
+  } else {
+    if ((st = fusedk__check_shape(c, t, name, 2, shape, "[B, D] of x"))) return st;
+    out->sb = fusedk__stride(t, 0);
+  }
+  out->p = fusedk__base(t);
+  return FUSEDK_OK;
+}
+
+/* Merges the leading dims of the row tensors (all of shape `ref`) jointly: adjacent dims merge
+   where every tensor's strides allow it. Returns the number of levels, outermost first. */
+static int fusedk__levels(const fusedk_tensor *ref, int n, const fusedk_tensor *const *ts, int64_t *size,
+                          int64_t (*st)[FUSEDK_MAX_DIMS]) {
+  int m = 0;
+  for (int i = 0; i < ref->ndim - 1; ++i) {
+    if (ref->shape[i] == 1) continue; /* size-1 dims carry no stride information */
+    int merge = m > 0;
+    for (int k = 0; k < n && merge; ++k)
+      if (ts[k]) merge = st[k][m - 1] == fusedk__stride(ts[k], i) * ref->shape[i];
+    if (!merge) size[m++] = 1;
+    size[m - 1] *= ref->shape[i];
+    for (int k = 0; k < n; ++k)
+      if (ts[k]) st[k][m - 1] = fusedk__stride(ts[k], i);
+  }
+  return m;
+}
+
+/* Flattens the leading dims into [B, L] rows; fails if more than two levels remain. */
+static fusedk_status fusedk__rows_of(const fusedk__check *c, const fusedk_tensor *ref, int n,
+                                     const fusedk_tensor *const *ts, const char *const *names,
+                                     fusedk__rows *out, int64_t *B, int64_t *L) {
+  int64_t size[FUSEDK_MAX_DIMS], st[4][FUSEDK_MAX_DIMS];
+  int m = fusedk__levels(ref, n, ts, size, st);
+  if (m > 2) {
+    char shp[160];
+    int who = -1; /* a tensor that cannot flatten on its own, else they cannot jointly */
+    for (int k = 0; k < n && who < 0; ++k)
+      if (ts[k] && fusedk__levels(ref, 1, &ts[k], size, st) > 2) who = k;
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: the leading dims of %s (shape %s) have strides that do not "
+                        "flatten to at most two levels of rows; pass views with mergeable leading dims",
+                        c->op, who >= 0 ? names[who] : "the row tensors jointly",
+                        fusedk__shape_str(ref, shp, sizeof shp));
+  }
+  *B = m == 2 ? size[0] : 1;
+  *L = m >= 1 ? size[m - 1] : 1;
+  for (int k = 0; k < n; ++k) {
+    memset(&out[k], 0, sizeof out[k]);
+    if (!ts[k]) continue;
+    out[k].p = fusedk__base(ts[k]);
+    out[k].sb = m == 2 ? st[k][0] : 0;
+    out[k].sl = m >= 1 ? st[k][m - 1] : 0;
+  }
+  return FUSEDK_OK;
+}
+
+/* --- numerics: conversions with round-to-nearest-even ----------------------------------- */
+
+static float fusedk__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t fusedk__f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static float fusedk__f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) { float f = ldexpf((float)m, -24); return sign ? -f : f; }
+  if (e == 31) return fusedk__bits_f32(sign | 0x7f800000u | (m << 13));
+  return fusedk__bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+static uint16_t fusedk__f32_to_f16(float f) {
+  uint32_t x = fusedk__f32_bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+  if (ax < 0x38800000u) /* below 2^-14: subnormal, a multiple of 2^-24 */
+    return (uint16_t)(sign | (uint32_t)nearbyintf(fusedk__bits_f32(ax) * 16777216.0f));
+  ax += 0xfffu + ((ax >> 13) & 1u);
+  return (uint16_t)(sign | ((ax >> 13) - (112u << 10)));
+}
+
+static float fusedk__bf16_to_f32(uint16_t h) { return fusedk__bits_f32((uint32_t)h << 16); }
+
+/* v rounded to p significant bits, with subnormals below 2^emin (exact in double). */
+static double fusedk__round_prec(double v, int p, int emin) {
+  if (v != v || v == 0.0 || isinf(v)) return v;
+  int e;
+  (void)frexp(v, &e);
+  int q = e - p < emin - p + 1 ? emin - p + 1 : e - p;
+  return ldexp(nearbyint(ldexp(v, -q)), q);
+}
+
+static double fusedk__load(const void *p, int64_t i, int s) {
+  if (s == FUSEDK_F32) return ((const float *)p)[i];
+  uint16_t h = ((const uint16_t *)p)[i];
+  return s == FUSEDK_F16 ? fusedk__f16_to_f32(h) : fusedk__bf16_to_f32(h);
+}
+
+/* v rounded once to the dtype, as a double */
+static double fusedk__round(double v, int s) {
+  if (s == FUSEDK_F32) return (float)v;
+  if (s == FUSEDK_F16) return fusedk__f16_to_f32(fusedk__f32_to_f16((float)fusedk__round_prec(v, 11, -14)));
+  return (float)fusedk__round_prec(v, 8, -126);
+}
+
+static void fusedk__store(void *p, int64_t i, double v, int s) {
+  if (s == FUSEDK_F32) { ((float *)p)[i] = (float)v; return; }
+  if (s == FUSEDK_F16) { ((uint16_t *)p)[i] = fusedk__f32_to_f16((float)fusedk__round_prec(v, 11, -14)); return; }
+  if (v != v) { ((uint16_t *)p)[i] = 0x7fc0u; return; }
+  ((uint16_t *)p)[i] = (uint16_t)(fusedk__f32_bits((float)fusedk__round_prec(v, 8, -126)) >> 16);
+}
+
+/* --- normalization family: CPU reference ------------------------------------------------ */
+
+static void *fusedk__at(const fusedk__rows *r, int64_t b, int64_t l, int s) {
+  return (char *)r->p + (b * r->sb + l * r->sl) * (int64_t)fusedk__scalar_size(s);
+}
+
+static void fusedk__norm_cpu(const fusedk__norm_args *a) {
+  const int s = a->scalar;
+  const int64_t D = a->D;
+  double *v = (double *)malloc((size_t)D * sizeof(double));
+  if (!v) return; /* checked by the caller beforehand */
+  for (int64_t b = 0; b < a->B; ++b)
+    for (int64_t l = 0; l < a->L; ++l) {
+      const void *x = fusedk__at(&a->x, b, l, s);
+      const void *res = a->res.p ? fusedk__at(&a->res, b, l, s) : NULL;
+      double sum = 0.0, mean = 0.0, var = 0.0;
+      for (int64_t d = 0; d < D; ++d) {
+        v[d] = fusedk__load(x, d, s) + (res ? fusedk__load(res, d, s) : 0.0);
+        sum += a->rms ? v[d] * v[d] : v[d];
+      }
+      if (a->rms) {
+        var = sum / (double)D;
+      } else {
+        mean = sum / (double)D;
+        for (int64_t d = 0; d < D; ++d) var += (v[d] - mean) * (v[d] - mean);
+        var /= (double)D;
+      }
+      const double rstd = 1.0 / sqrt(var + (double)a->eps);
+      /* exact (Mochi) mode: PyTorch's float32 rstd = rsqrt(float(mean(x^2)) + eps) */
+      const float rstd_f = (float)(1.0 / sqrt((double)((float)var + a->eps)));
+      void *y = fusedk__at(&a->y, b, l, s);
+      void *ro = a->res_out.p ? fusedk__at(&a->res_out, b, l, s) : NULL;
+      const void *base = a->base.p ? fusedk__at(&a->base, b, l, s) : NULL;
+      const void *sc = a->scale.p ? fusedk__at(&a->scale, b, 0, s) : NULL;
+      const void *sh = a->shift.p ? fusedk__at(&a->shift, b, 0, s) : NULL;
+      const void *g = a->gate.p ? fusedk__at(&a->gate, b, 0, s) : NULL;
+      for (int64_t d = 0; d < D; ++d) {
+        double n = (v[d] - mean) * rstd;
+        if (a->weight) n *= fusedk__load(a->weight, d, s);
+        if (a->bias) n += fusedk__load(a->bias, d, s);
+        if (sc) n *= 1.0 + fusedk__load(sc, d, s);
+        if (sh) n += fusedk__load(sh, d, s);
+        if (a->exact) { /* Mochi's rounding points: (x_res*rstd)*tanh(g) in float32, cast, add */
+          float tg = g ? (float)fusedk__round(tanh(fusedk__load(g, d, s)), s) : 1.0f;
+          float nf = ((float)v[d] * rstd_f) * tg;
+          float sum_f = (float)(base ? fusedk__load(base, d, s) : 0.0) + (float)fusedk__round(nf, s);
+          n = sum_f;
+        } else {
+          if (g) n *= tanh(fusedk__load(g, d, s));
+          if (base) n += fusedk__load(base, d, s);
+        }
+        if (ro) fusedk__store(ro, d, v[d], s);
+        fusedk__store(y, d, n, s);
+      }
+    }
+  free(v);
+}
+
+/* Runs a validated op where its tensors live. */
+static fusedk_status fusedk__norm_run(const fusedk__check *c, fusedk__norm_args *a, struct CUstream_st *stream) {
+  if (a->B * a->L == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_norm(a, c->dev.device_id, stream);
+  void *probe = malloc((size_t)a->D * sizeof(double)); /* the reference's row buffer */
+  if (!probe) return fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate a row of %lld doubles", c->op,
+                                  (long long)a->D);
+  free(probe);
+  fusedk__norm_cpu(a);
+  return FUSEDK_OK;
+}
+
+/* Validates the shared shape of the row tensors: ts[0] is x (the reference), the rest must match
+   its shape; outputs (is_out) must not broadcast. Fills rows[], B, L and D. */
+static fusedk_status fusedk__row_tensors(fusedk__check *c, int n, const fusedk_tensor *const *ts,
+                                         const char *const *names, const int *required, const int *is_out,
+                                         int want_ndim, fusedk__rows *rows, fusedk__norm_args *a) {
+  fusedk_status st;
+  int present;
+  for (int k = 0; k < n; ++k) {
+    if ((st = fusedk__check_tensor(c, ts[k], names[k], required[k], &present))) return st;
+    if (!present) continue;
+    if (k == 0) {
+      if (want_ndim && ts[0]->ndim != want_ndim)
+        return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: x has ndim %d, expected %d ([B, L, D])", c->op,
+                            (int)ts[0]->ndim, want_ndim);
+      if (ts[0]->shape[ts[0]->ndim - 1] < 1)
+        return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: x has last dim 0, expected >= 1", c->op);
+    } else if ((st = fusedk__check_shape(c, ts[k], names[k], ts[0]->ndim, ts[0]->shape, "same as x"))) {
+      return st;
+    }
+    if (is_out[k] && (st = fusedk__check_output(c, ts[k], names[k]))) return st;
+  }
+  a->scalar = c->scalar;
+  a->D = ts[0]->shape[ts[0]->ndim - 1];
+  if (want_ndim == 3) { /* [B, L, D]: keep B, the per-sample vectors index it */
+    a->B = ts[0]->shape[0];
+    a->L = ts[0]->shape[1];
+    for (int k = 0; k < n; ++k) {
+      memset(&rows[k], 0, sizeof rows[k]);
+      if (!ts[k]) continue;
+      rows[k].p = fusedk__base(ts[k]);
+      rows[k].sb = fusedk__stride(ts[k], 0);
+      rows[k].sl = fusedk__stride(ts[k], 1);
+    }
+    return FUSEDK_OK;
+  }
+  return fusedk__rows_of(c, ts[0], n, ts, names, rows, &a->B, &a->L);
+}
+
+FUSEDK_DEF fusedk_status fusedk_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *residual_out,
+                                        const fusedk_tensor *x, const fusedk_tensor *residual,
+                                        const fusedk_tensor *weight, float eps, struct CUstream_st *stream) {
+  fusedk__check c = {"rmsnorm", -1, {0, 0}};
+  fusedk__norm_args a;
+  memset(&a, 0, sizeof a);
+  const fusedk_tensor *ts[4] = {x, y, residual, residual_out};
+  const char *names[4] = {"x", "y", "residual", "residual_out"};
+  const int req[4] = {1, 1, 0, 0}, out[4] = {0, 1, 0, 1};
+  fusedk__rows rows[4];
+  fusedk_status st = fusedk__row_tensors(&c, 4, ts, names, req, out, 0, rows, &a);
+  if (st) return st;
+  if (residual_out && !residual)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "rmsnorm: residual_out is given but residual is NULL; "
+                        "residual_out receives x + residual");
+  fusedk__rows w;
+  if ((st = fusedk__vector_arg(&c, weight, "weight", -1, a.D, 0, &w))) return st;
+  a.weight = w.p;
+  if ((st = fusedk__check_eps(&c, eps))) return st;
+  a.x = rows[0], a.y = rows[1], a.res = rows[2], a.res_out = rows[3];
+  a.rms = 1;
+  a.eps = eps;
+  return fusedk__norm_run(&c, &a, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_layernorm(const fusedk_tensor *y, const fusedk_tensor *x,
+                                          const fusedk_tensor *weight, const fusedk_tensor *bias, float eps,
+                                          struct CUstream_st *stream) {
+  fusedk__check c = {"layernorm", -1, {0, 0}};
+  fusedk__norm_args a;
+  memset(&a, 0, sizeof a);
+  const fusedk_tensor *ts[2] = {x, y};
+  const char *names[2] = {"x", "y"};
+  const int req[2] = {1, 1}, out[2] = {0, 1};
+  fusedk__rows rows[2], w, bi;
+  fusedk_status st = fusedk__row_tensors(&c, 2, ts, names, req, out, 0, rows, &a);
+  if (st) return st;
+  if ((st = fusedk__vector_arg(&c, weight, "weight", -1, a.D, 0, &w))) return st;
+  if ((st = fusedk__vector_arg(&c, bias, "bias", -1, a.D, 0, &bi))) return st;
+  if ((st = fusedk__check_eps(&c, eps))) return st;
+  a.x = rows[0], a.y = rows[1];
+  a.weight = w.p, a.bias = bi.p;
+  a.eps = eps;
+  return fusedk__norm_run(&c, &a, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *scale,
+                                      const fusedk_tensor *shift, fusedk_norm norm, const fusedk_tensor *weight,
+                                      const fusedk_tensor *bias, float eps, struct CUstream_st *stream) {
+  fusedk__check c = {"adaln", -1, {0, 0}};
+  fusedk__norm_args a;
+  memset(&a, 0, sizeof a);
+  const fusedk_tensor *ts[2] = {x, y};
+  const char *names[2] = {"x", "y"};
+  const int req[2] = {1, 1}, out[2] = {0, 1};
+  fusedk__rows rows[2], w, bi;
+  fusedk_status st = fusedk__row_tensors(&c, 2, ts, names, req, out, 3, rows, &a);
+  if (st) return st;
+  if ((st = fusedk__vector_arg(&c, scale, "scale", a.B, a.D, 1, &a.scale))) return st;
+  if ((st = fusedk__vector_arg(&c, shift, "shift", a.B, a.D, 1, &a.shift))) return st;
+  if (norm != FUSEDK_NORM_LAYER && norm != FUSEDK_NORM_RMS)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: norm is %d, expected FUSEDK_NORM_LAYER (0) or "
+                        "FUSEDK_NORM_RMS (1)", (int)norm);
+  if ((st = fusedk__vector_arg(&c, weight, "weight", -1, a.D, 0, &w))) return st;
+  if ((st = fusedk__vector_arg(&c, bias, "bias", -1, a.D, 0, &bi))) return st;
+  if (bias && norm == FUSEDK_NORM_RMS)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: bias is given with FUSEDK_NORM_RMS, expected NULL "
+                        "(RMSNorm has no bias)");
+  if ((st = fusedk__check_eps(&c, eps))) return st;
+  a.x = rows[0], a.y = rows[1];
+  a.weight = w.p, a.bias = bi.p;
+  a.rms = norm == FUSEDK_NORM_RMS;
+  a.eps = eps;
+  return fusedk__norm_run(&c, &a, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *x,
+                                                            const fusedk_tensor *x_res, const fusedk_tensor *gate,
+                                                            float eps, int exact, struct CUstream_st *stream) {
+  fusedk__check c = {"residual_tanh_gated_rmsnorm", -1, {0, 0}};
+  fusedk__norm_args a;
+  memset(&a, 0, sizeof a);
+  const fusedk_tensor *ts[3] = {x, y, x_res};
+  const char *names[3] = {"x", "y", "x_res"};
+  const int req[3] = {1, 1, 1}, out[3] = {0, 1, 0};
+  fusedk__rows rows[3];
+  fusedk_status st = fusedk__row_tensors(&c, 3, ts, names, req, out, 3, rows, &a);
+  if (st) return st;
+  if ((st = fusedk__vector_arg(&c, gate, "gate", a.B, a.D, 1, &a.gate))) return st;
+  if ((st = fusedk__check_eps(&c, eps))) return st;
+  if (exact != 0 && exact != 1)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "residual_tanh_gated_rmsnorm: exact is %d, expected 0 or 1",
+                        exact);
+  a.base = rows[0], a.y = rows[1], a.x = rows[2]; /* x_res is normalized, x is added after */
+  a.rms = 1;
+  a.exact = exact;
+  a.eps = eps;
+  return fusedk__norm_run(&c, &a, stream);
+}
+
+/* --- DLPack allocations and streams ------------------------------------------------------ */
+
+static void fusedk__dlpack_release(fusedk_dlpack *h) {
+  if (!h) return;
+  if (fusedk__is_gpu(h->legacy.dl_tensor.device.device_type))
+    fusedk__cuda_free(h->legacy.dl_tensor.device.device_id, h->legacy.dl_tensor.data);
+  else
+    free(h->legacy.dl_tensor.data);
+  free(h);
+}
+static void fusedk__dlpack_delete_legacy(fusedk_dlmanaged *m) { fusedk__dlpack_release((fusedk_dlpack *)m->manager_ctx); }
+static void fusedk__dlpack_delete_versioned(fusedk_dlmanaged_versioned *m) {
+  fusedk__dlpack_release((fusedk_dlpack *)m->manager_ctx);
+}
+
+FUSEDK_DEF void fusedk_dlpack_free(fusedk_dlpack *h) { fusedk__dlpack_release(h); }
+
+FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype dtype, int32_t ndim,
+                                             const int64_t *shape, fusedk_dlpack **out) {
+  fusedk__check c = {"dlpack_alloc", -1, {0, 0}};
+  if (!out) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "dlpack_alloc: out is NULL");
+  if (ndim < 0 || ndim > 8 || (ndim > 0 && !shape))
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "dlpack_alloc: ndim is %d, expected 0..8 with a shape", (int)ndim);
+  int s = fusedk__scalar_of(dtype);
+  if (s < 0) return fusedk__fail(FUSEDK_ERR_DTYPE, "dlpack_alloc: unsupported dtype");
+  size_t n = 1;
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] < 0) return fusedk__fail(FUSEDK_ERR_SHAPE, "dlpack_alloc: negative size in dim %d", i);
+    n *= (size_t)shape[i];
+  }
+  (void)c;
+  fusedk_dlpack *h = (fusedk_dlpack *)calloc(1, sizeof *h);
+  if (!h) return fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "dlpack_alloc: cannot allocate the header");
+  size_t bytes = n * fusedk__scalar_size(s);
+  void *data = NULL;
+  if (fusedk__is_gpu(device.device_type)) {
+    fusedk_status st = fusedk__cuda_alloc(device.device_id, bytes, &data);
+    if (st) { free(h); return st; }
+  } else if (device.device_type == FUSEDK_DEVICE_CPU) {
+    data = malloc(bytes ? bytes : 1);
+    if (!data) { free(h); return fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "dlpack_alloc: cannot allocate %zu bytes", bytes); }
+  } else {
+    free(h);
+    return fusedk__fail(FUSEDK_ERR_DEVICE, "dlpack_alloc: device type %d, expected CPU or CUDA", (int)device.device_type);
+  }
+  int64_t stride = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    h->shape[i] = shape[i];
+    h->strides[i] = stride;
+    stride *= shape[i];
+  }
+  fusedk_tensor *t = &h->legacy.dl_tensor;
+  t->data = data;
+  t->device = device;
+  t->ndim = ndim;
+  t->dtype = dtype;
+  t->shape = h->shape;
+  t->strides = h->strides; /* DLPack >= 1.2: producers always emit strides */
+  t->byte_offset = 0;
+  h->versioned.dl_tensor = *t;
+  h->legacy.manager_ctx = h->versioned.manager_ctx = h;
+  h->legacy.deleter = fusedk__dlpack_delete_legacy;
+  h->versioned.deleter = fusedk__dlpack_delete_versioned;
+  h->versioned.version_major = 1;
+  h->versioned.version_minor = 0;
+  *out = h;
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_stream_wait(int32_t device_id, struct CUstream_st *producer,
+                                            struct CUstream_st *consumer) {
+  if (producer == consumer) return FUSEDK_OK;
+  return fusedk__cuda_stream_wait(device_id, producer, consumer);
+}
+
+/* --- kernel_info ---------------------------------------------------------------------------- */
+
+FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size) {
+  char tmp[4096];
+  size_t k = (size_t)snprintf(tmp, sizeof tmp, "{\"version\": \"%s\", ", fusedk_version());
+  k += fusedk__cuda_info(tmp + k, sizeof tmp - k);
+  if (k < sizeof tmp)
+    k += (size_t)snprintf(tmp + k, sizeof tmp - k,
+                          ", \"ops\": {"
+                          "\"rmsnorm\": [\"float32\", \"float16\", \"bfloat16\"], "
+                          "\"layernorm\": [\"float32\", \"float16\", \"bfloat16\"], "
+                          "\"adaln\": [\"float32\", \"float16\", \"bfloat16\"], "
+                          "\"residual_tanh_gated_rmsnorm\": [\"float32\", \"float16\", \"bfloat16\"]}}");
+  if (buf && size) snprintf(buf, size, "%s", tmp);
+  return k;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FUSEDK_IMPLEMENTATION */

@@ -1,0 +1,246 @@
+/* Bad input for every argument of every op: the status, a reason naming the argument, and
+   outputs left untouched. Plus the library basics (version, status names, kernel_info). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fusedk.h"
+
+static int failures = 0, checks = 0;
+#define EXPECT(cond, ...)                                   \
+  do {                                                      \
+    ++checks;                                               \
+    if (!(cond)) {                                          \
+      ++failures;                                           \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);           \
+      printf(__VA_ARGS__);                                  \
+      printf("\n");                                         \
+    }                                                       \
+  } while (0)
+
+enum { B = 2, L = 3, D = 8, N = B * L * D };
+static float bx[N], bres[N], by[N], bro[N], bw[D], bb[D], bsc[B * 6 * D], bsh[B * D], bg[B * D];
+static int64_t s3[3] = {B, L, D}, s2[2] = {B, D}, s1[1] = {D};
+
+/* every op call of this file: one set of tensors, each case mutates one argument */
+typedef struct {
+  fusedk_tensor x, y, res, ro, w, bias, scale, shift, gate;
+  int use_res, use_ro, use_w, use_bias, norm, exact;
+  float eps;
+} call_t;
+
+static void fresh(call_t *c) {
+  memset(c, 0, sizeof *c);
+  c->x = fusedk_tensor_cpu(bx, FUSEDK_F32, 3, s3);
+  c->y = fusedk_tensor_cpu(by, FUSEDK_F32, 3, s3);
+  c->res = fusedk_tensor_cpu(bres, FUSEDK_F32, 3, s3);
+  c->ro = fusedk_tensor_cpu(bro, FUSEDK_F32, 3, s3);
+  c->w = fusedk_tensor_cpu(bw, FUSEDK_F32, 1, s1);
+  c->bias = fusedk_tensor_cpu(bb, FUSEDK_F32, 1, s1);
+  c->scale = fusedk_tensor_cpu(bsc, FUSEDK_F32, 2, s2);
+  c->shift = fusedk_tensor_cpu(bsh, FUSEDK_F32, 2, s2);
+  c->gate = fusedk_tensor_cpu(bg, FUSEDK_F32, 2, s2);
+  c->use_res = c->use_ro = c->use_w = 1;
+  c->eps = 1e-6f;
+}
+
+typedef enum { OP_RMS, OP_RMS_RES, OP_LN, OP_ADALN, OP_MOCHI } op_t;
+static const char *op_names[] = {"rmsnorm", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"};
+
+static fusedk_status run(op_t op, call_t *c, const fusedk_tensor *x, const fusedk_tensor *y) {
+  switch (op) {
+    case OP_RMS: return fusedk_rmsnorm(y, NULL, x, NULL, c->use_w ? &c->w : NULL, c->eps, NULL);
+    case OP_RMS_RES:
+      return fusedk_rmsnorm(y, c->use_ro ? &c->ro : NULL, x, c->use_res ? &c->res : NULL, c->use_w ? &c->w : NULL,
+                            c->eps, NULL);
+    case OP_LN: return fusedk_layernorm(y, x, c->use_w ? &c->w : NULL, c->use_bias ? &c->bias : NULL, c->eps, NULL);
+    case OP_ADALN:
+      return fusedk_adaln(y, x, &c->scale, &c->shift, (fusedk_norm)c->norm, c->use_w ? &c->w : NULL,
+                          c->use_bias ? &c->bias : NULL, c->eps, NULL);
+    case OP_MOCHI: return fusedk_residual_tanh_gated_rmsnorm(y, x, &c->res, &c->gate, c->eps, c->exact, NULL);
+  }
+  return FUSEDK_OK;
+}
+
+static const float SENTINEL = 1234.5f;
+static void poison(void) {
+  for (int i = 0; i < N; ++i) by[i] = bro[i] = SENTINEL;
+}
+static int untouched(void) {
+  for (int i = 0; i < N; ++i)
+    if (by[i] != SENTINEL || bro[i] != SENTINEL) return 0;
+  return 1;
+}
+
+/* runs one bad call and checks status, reason and outputs */
+static void bad(op_t op, call_t *c, const fusedk_tensor *x, const fusedk_tensor *y, fusedk_status want,
+                const char *needle, const char *what) {
+  poison();
+  fusedk_status st = run(op, c, x, y);
+  const char *r = fusedk_failure_reason();
+  EXPECT(st == want, "%s / %s: got %s, expected %s (%s)", op_names[op], what, fusedk_status_name(st),
+         fusedk_status_name(want), r);
+  EXPECT(strstr(r, op_names[op]) == r, "%s / %s: reason does not start with the op: '%s'", op_names[op], what, r);
+  EXPECT(strstr(r, needle) != NULL, "%s / %s: reason lacks '%s': '%s'", op_names[op], what, needle, r);
+  EXPECT(untouched(), "%s / %s: an output was written", op_names[op], what);
+}
+
+static void cases_for(op_t op) {
+  call_t c;
+  int64_t bad3[3] = {B, L, D - 1}, bad2[2] = {B, D + 1}, bad1[1] = {D - 1}, s4[4] = {B, L, 1, D};
+  int64_t str_last[3] = {L * D * 2, D * 2, 2}, zero_rows[3] = {0, D, 1};
+  /* the good call passes */
+  fresh(&c);
+  c.use_bias = op == OP_LN || op == OP_ADALN;
+  poison();
+  fusedk_status st = run(op, &c, &c.x, &c.y);
+  EXPECT(st == FUSEDK_OK, "%s good call: %s %s", op_names[op], fusedk_status_name(st), fusedk_failure_reason());
+  fusedk_tensor t;
+
+  fresh(&c);
+  bad(op, &c, NULL, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "x is NULL", "x NULL");
+  bad(op, &c, &c.x, NULL, FUSEDK_ERR_INVALID_ARGUMENT, "y is NULL", "y NULL");
+  t = c.x; t.dtype.bits = 64;
+  bad(op, &c, &t, &c.y, FUSEDK_ERR_DTYPE, "x has dtype", "x f64");
+  t = c.x; t.dtype.lanes = 2;
+  bad(op, &c, &t, &c.y, FUSEDK_ERR_DTYPE, "x has dtype", "x lanes");
+  t = c.y; t.dtype = fusedk_dtype_of(FUSEDK_BF16);
+  bad(op, &c, &c.x, &t, FUSEDK_ERR_DTYPE, "y has dtype bfloat16, expected float32", "y dtype");
+  t = c.y; t.shape = bad3;
+  bad(op, &c, &c.x, &t, FUSEDK_ERR_SHAPE, "y has shape [2, 3, 7], expected [2, 3, 8]", "y shape");
+  t = c.y; t.ndim = 0;
+  bad(op, &c, &c.x, &t, FUSEDK_ERR_SHAPE, "y has ndim 0", "y ndim");
+  t = c.y; t.device.device_type = FUSEDK_DEVICE_CUDA;
+  bad(op, &c, &c.x, &t, FUSEDK_ERR_DEVICE, "y is on device (2, 0)", "y device");
+  t = c.x; t.device.device_type = 7;
+  bad(op, &c, &t, &c.y, FUSEDK_ERR_DEVICE, "x is on device type 7", "x device type");
+  t = c.x; t.strides = str_last;
+  bad(op, &c, &t, &c.y, FUSEDK_ERR_LAYOUT, "x has stride 2 in its last dim", "x last stride");
+  t = c.x; t.byte_offset = 2;
+  bad(op, &c, &t, &c.y, FUSEDK_ERR_LAYOUT, "x data+byte_offset is not aligned", "x misaligned");
+  t = c.y; t.strides = zero_rows;
+  bad(op, &c, &c.x, &t, FUSEDK_ERR_LAYOUT, "output y has stride 0 in dim 0", "y broadcast");
+  t = c.x; t.data = NULL;
+  bad(op, &c, &t, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "x has NULL data", "x data NULL");
+  c.eps = -1.0f;
+  bad(op, &c, &c.x, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "eps is -1", "eps negative");
+  c.eps = NAN;
+  bad(op, &c, &c.x, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "eps is nan", "eps nan");
+  c.eps = INFINITY;
+  bad(op, &c, &c.x, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "eps is inf", "eps inf");
+  fresh(&c);
+  t = c.x; t.shape = zero_rows; /* last dim 0 */
+  {
+    int64_t z[3] = {B, L, 0};
+    t.shape = z;
+    t.strides = NULL;
+    fusedk_tensor ty = c.y;
+    ty.shape = z;
+    bad(op, &c, &t, &ty, FUSEDK_ERR_SHAPE, "x has last dim 0", "D = 0");
+  }
+  if (op == OP_ADALN || op == OP_MOCHI) {
+    t = c.x; t.ndim = 4; t.shape = s4;
+    fusedk_tensor ty = c.y; ty.ndim = 4; ty.shape = s4;
+    bad(op, &c, &t, &ty, FUSEDK_ERR_SHAPE, "x has ndim 4, expected 3", "x ndim");
+  }
+  if (op == OP_RMS || op == OP_RMS_RES || op == OP_LN || op == OP_ADALN) {
+    fresh(&c);
+    c.w.shape = bad1;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_SHAPE, "weight has shape [7], expected [8] (last dim of x)", "weight shape");
+    fresh(&c);
+    c.w.dtype = fusedk_dtype_of(FUSEDK_F16);
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_DTYPE, "weight has dtype float16", "weight dtype");
+  }
+  if (op == OP_RMS) { /* a 4-d x whose leading dims cannot flatten to two levels */
+    int64_t sh[4] = {2, 2, 2, D}, st[4] = {64 * D, 8 * D, 2 * D, 1};
+    fusedk_tensor tx = c.x, ty = c.y;
+    tx.ndim = ty.ndim = 4;
+    tx.shape = ty.shape = sh;
+    tx.strides = st;
+    bad(op, &c, &tx, &ty, FUSEDK_ERR_LAYOUT, "leading dims of x", "unflattenable");
+  }
+  if (op == OP_RMS_RES) {
+    fresh(&c);
+    c.res.shape = bad3;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_SHAPE, "residual has shape [2, 3, 7]", "residual shape");
+    fresh(&c);
+    c.ro.dtype = fusedk_dtype_of(FUSEDK_BF16);
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_DTYPE, "residual_out has dtype bfloat16", "residual_out dtype");
+    fresh(&c);
+    c.ro.strides = zero_rows;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_LAYOUT, "output residual_out has stride 0", "residual_out broadcast");
+    fresh(&c);
+    c.use_res = 0;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "residual_out is given but residual is NULL", "ro w/o res");
+    fresh(&c);
+    c.res.device.device_id = 1;
+    c.res.device.device_type = FUSEDK_DEVICE_CUDA;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_DEVICE, "residual is on device (2, 1)", "residual device");
+  }
+  if (op == OP_LN || op == OP_ADALN) {
+    fresh(&c);
+    c.use_bias = 1;
+    c.bias.shape = bad1;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_SHAPE, "bias has shape [7]", "bias shape");
+    fresh(&c);
+    c.use_bias = 1;
+    c.bias.strides = bad1; /* stride 7 in its (only, last) dim */
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_LAYOUT, "bias has stride 7 in its last dim", "bias stride");
+  }
+  if (op == OP_ADALN) {
+    fresh(&c);
+    c.scale.shape = bad2;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_SHAPE, "scale has shape [2, 9], expected [2, 8] ([B, D] of x)", "scale shape");
+    fresh(&c);
+    c.shift.ndim = 1; c.shift.shape = s1;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_SHAPE, "shift has shape [8], expected [2, 8]", "shift ndim");
+    fresh(&c);
+    c.shift.dtype = fusedk_dtype_of(FUSEDK_F16);
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_DTYPE, "shift has dtype float16", "shift dtype");
+    fresh(&c);
+    c.norm = 7;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "norm is 7", "norm flag");
+    fresh(&c);
+    c.norm = FUSEDK_NORM_RMS; c.use_bias = 1;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "bias is given with FUSEDK_NORM_RMS", "rms bias");
+    /* a scale view into a [B, 6D] modulation tensor (row stride 6D) is accepted */
+    fresh(&c);
+    int64_t mod_strides[2] = {6 * D, 1};
+    c.scale.strides = mod_strides;
+    c.scale.byte_offset = 2 * D * sizeof(float);
+    poison();
+    st = run(op, &c, &c.x, &c.y);
+    EXPECT(st == FUSEDK_OK && !untouched(), "adaln strided scale view: %s %s", fusedk_status_name(st),
+           fusedk_failure_reason());
+  }
+  if (op == OP_MOCHI) {
+    fresh(&c);
+    c.gate.shape = bad2;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_SHAPE, "gate has shape [2, 9]", "gate shape");
+    fresh(&c);
+    c.res.shape = bad3;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_SHAPE, "x_res has shape [2, 3, 7]", "x_res shape");
+    fresh(&c);
+    c.exact = 2;
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_INVALID_ARGUMENT, "exact is 2", "exact flag");
+  }
+}
+
+int main(void) {
+  for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
+  for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
+  for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
+  for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
+
+  EXPECT(strcmp(fusedk_version(), "0.1.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
+  EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
+  char info[4096];
+  size_t n = fusedk_kernel_info(info, sizeof info);
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.1.0\""),
+         "kernel_info: %s", info);
+
+  for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
+  printf("%d passed, %d failed\n", checks - failures, failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,431 @@
+/* GPU kernels against their CPU references (the header's implementation), on fresh random data:
+   every op, every dtype, awkward D (1 ... 262144: the sub-warp, block, register-cached and
+   re-reading kernel shapes), 1 to millions of rows, strided and broadcast inputs, misaligned
+   (scalar path) inputs, in place, CUDA-graph capture, run-to-run determinism, and a tensor of
+   more than 2^31 elements. Outputs are poisoned with NaN before each run, so an element the
+   kernel skipped fails; padding between strided rows must stay untouched.
+
+   Tolerance (documented in README): |gpu - cpu| <= eps_T * (|cpu| + aux) + 1e-5, i.e. one unit
+   in the last place of the output (eps_T = 2^-7 bf16, 2^-10 f16, 1e-5 f32) over float32 math
+   differences; aux = |x| for the Mochi op (one more ulp of the rounded normalized term in exact
+   mode), 0 otherwise. Exit 77 (skip) without a CUDA device. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusedk.h"
+
+static int failures = 0, checks = 0;
+#define CK(call)                                                                        \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);   \
+      exit(1);                                                                          \
+    }                                                                                   \
+  } while (0)
+
+/* --- host values ------------------------------------------------------------------------- */
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double urand(void) { /* uniform [0, 1) */
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+static double nrand(void) { return sqrt(-2.0 * log(urand() + 1e-300)) * cos(6.283185307179586 * urand()); }
+
+static size_t esize(fusedk_scalar s) { return s == FUSEDK_F32 ? 4 : 2; }
+static double eps_of(fusedk_scalar s) { return s == FUSEDK_F32 ? 1e-5 : s == FUSEDK_F16 ? 0x1p-10 : 0x1p-7; }
+static const char *sname(fusedk_scalar s) { return s == FUSEDK_F32 ? "f32" : s == FUSEDK_F16 ? "f16" : "bf16"; }
+
+/* float -> storage and back through the library's own CPU path would be circular; these are
+   plain conversions used only to make inputs (any finite value is a valid input) */
+static uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static float f16_to_f32(uint16_t h) {
+  uint32_t e = (h >> 10) & 31u, m = h & 1023u;
+  float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 1024u), (int)e - 25);
+  return (h & 0x8000u) ? -v : v;
+}
+static uint16_t f32_to_f16(float f) { /* inputs here are |f| < 60000 and not tiny: normal path */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a < 0x38800000u) return (uint16_t)sign; /* flush the few tiny inputs to zero */
+  a += 0xfffu + ((a >> 13) & 1u);
+  return (uint16_t)(sign | ((a >> 13) - (112u << 10)));
+}
+static void put(void *p, size_t i, double v, fusedk_scalar s) {
+  if (s == FUSEDK_F32) ((float *)p)[i] = (float)v;
+  else if (s == FUSEDK_F16) ((uint16_t *)p)[i] = f32_to_f16((float)v);
+  else ((uint16_t *)p)[i] = f32_to_bf16((float)v);
+}
+static double get(const void *p, size_t i, fusedk_scalar s) {
+  if (s == FUSEDK_F32) return ((const float *)p)[i];
+  uint16_t h = ((const uint16_t *)p)[i];
+  return s == FUSEDK_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+/* --- a tensor with host and device copies of the same allocation ------------------------- */
+typedef struct {
+  int ndim;
+  int64_t shape[3], strides[3];
+  size_t off, n_alloc; /* element offset of element 0, elements allocated */
+  fusedk_scalar s;
+  void *h, *d;
+  fusedk_tensor th, td;
+} buf_t;
+
+/* shape with row padding `pad` elements after each last-dim row and `shift` leading elements
+   (misaligns the base when not a multiple of the vector); stride0 = 1 makes dim 0 broadcast */
+static buf_t mk(fusedk_scalar s, int ndim, const int64_t *shape, int64_t pad, size_t shift, int stride0,
+                double scale, double mean) {
+  buf_t b;
+  memset(&b, 0, sizeof b);
+  b.ndim = ndim;
+  b.s = s;
+  int64_t st = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    b.shape[i] = shape[i];
+    b.strides[i] = st;
+    st *= i == ndim - 1 ? shape[i] + pad : shape[i];
+  }
+  if (stride0) {
+    b.strides[0] = 0;
+    st = ndim > 1 ? b.strides[0 + 1] * shape[1] : 1;
+    if (ndim == 1) st = shape[0];
+  }
+  b.off = shift;
+  b.n_alloc = (size_t)st + shift;
+  b.h = malloc(b.n_alloc * esize(s));
+  if (scale == 0.0) memset(b.h, 0, b.n_alloc * esize(s)); /* an output: poisoned next */
+  for (size_t i = 0; scale != 0.0 && i < b.n_alloc; ++i) put(b.h, i, mean + scale * nrand(), s);
+  CK(cudaMalloc(&b.d, b.n_alloc * esize(s)));
+  CK(cudaMemcpy(b.d, b.h, b.n_alloc * esize(s), cudaMemcpyHostToDevice));
+  b.th = fusedk_tensor_cpu(b.h, s, ndim, b.shape);
+  b.th.strides = b.strides;
+  b.th.byte_offset = shift * esize(s);
+  b.td = b.th;
+  b.td.data = b.d;
+  b.td.device.device_type = FUSEDK_DEVICE_CUDA;
+  return b;
+}
+static void poison(buf_t *b) { /* all-ones bytes: NaN in every dtype */
+  memset(b->h, 0xff, b->n_alloc * esize(b->s));
+  CK(cudaMemset(b->d, 0xff, b->n_alloc * esize(b->s)));
+}
+static void drop(buf_t *b) {
+  if (b->h) {
+    free(b->h);
+    CK(cudaFree(b->d));
+  }
+  memset(b, 0, sizeof *b);
+}
+
+/* --- ops ----------------------------------------------------------------------------------- */
+typedef enum { RMS, LN, ADALN_LN, ADALN_RMS, MOCHI, MOCHI_EXACT } op_t;
+static const char *op_name[] = {"rmsnorm", "layernorm", "adaln(layer)", "adaln(rms)", "mochi", "mochi(exact)"};
+enum { Y, RO, X, RES, W, BIAS, SCALE, SHIFT, GATE, NT };
+
+static fusedk_status call(op_t op, buf_t *t, int dev, cudaStream_t stream) {
+  const fusedk_tensor *p[NT];
+  for (int i = 0; i < NT; ++i) p[i] = t[i].h ? (dev ? &t[i].td : &t[i].th) : NULL;
+  struct CUstream_st *s = dev ? (struct CUstream_st *)stream : NULL;
+  switch (op) {
+    case RMS: return fusedk_rmsnorm(p[Y], p[RO], p[X], p[RES], p[W], 1e-6f, s);
+    case LN: return fusedk_layernorm(p[Y], p[X], p[W], p[BIAS], 1e-5f, s);
+    case ADALN_LN: return fusedk_adaln(p[Y], p[X], p[SCALE], p[SHIFT], FUSEDK_NORM_LAYER, p[W], p[BIAS], 1e-6f, s);
+    case ADALN_RMS: return fusedk_adaln(p[Y], p[X], p[SCALE], p[SHIFT], FUSEDK_NORM_RMS, p[W], NULL, 1e-6f, s);
+    case MOCHI: return fusedk_residual_tanh_gated_rmsnorm(p[Y], p[X], p[RES], p[GATE], 1e-6f, 0, s);
+    case MOCHI_EXACT: return fusedk_residual_tanh_gated_rmsnorm(p[Y], p[X], p[RES], p[GATE], 1e-6f, 1, s);
+  }
+  return FUSEDK_OK;
+}
+
+/* Compares an output's device copy with its host (CPU reference) copy element by element over
+   the whole allocation: inside the view within tolerance, outside it still poisoned. */
+static int compare(const char *what, buf_t *o, const buf_t *aux, double eps) {
+  size_t bytes = o->n_alloc * esize(o->s);
+  void *g = malloc(bytes);
+  CK(cudaMemcpy(g, o->d, bytes, cudaMemcpyDeviceToHost));
+  unsigned char *inview = calloc(o->n_alloc, 1);
+  int64_t rows = 1;
+  for (int i = 0; i < o->ndim - 1; ++i) rows *= o->shape[i];
+  int64_t D = o->shape[o->ndim - 1];
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t rem = r, off = (int64_t)o->off;
+    for (int i = o->ndim - 2; i >= 0; --i) off += (rem % o->shape[i]) * o->strides[i], rem /= o->shape[i];
+    for (int64_t d = 0; d < D; ++d) inview[off + d] = 1;
+  }
+  int bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < o->n_alloc; ++i) {
+    double a = get(g, i, o->s), b = get(o->h, i, o->s);
+    if (!inview[i]) {
+      if (memcmp((char *)g + i * esize(o->s), (char *)o->h + i * esize(o->s), esize(o->s))) {
+        if (bad++ < 3) printf("  %s: element %zu outside the view was written\n", what, i);
+      }
+      continue;
+    }
+    double x = aux ? fabs(get(aux->h, i, aux->s)) : 0.0; /* aux shares the layout of o */
+    double tol = eps * (fabs(b) + x) + 1e-5;
+    int ok = (isnan(a) && isnan(b)) || fabs(a - b) <= tol;
+    if (!ok && bad++ < 3) printf("  %s: element %zu gpu %.9g cpu %.9g (tol %.3g)\n", what, i, a, b, tol);
+    if (ok && !isnan(a)) worst = fmax(worst, fabs(a - b) / (eps * (fabs(b) + x) + 1e-5));
+  }
+  free(g);
+  free(inview);
+  return bad;
+}
+
+typedef struct {
+  op_t op;
+  fusedk_scalar s;
+  int64_t B, L, D;     /* rows are [B, L] (rmsnorm/layernorm: B*L rows of a 2-d or 3-d x) */
+  int weight, bias, residual;
+  int64_t pad;         /* row padding of x, residual, y (strided rows) */
+  size_t shift;        /* leading elements: misaligned base, scalar path */
+  int vec_stride;      /* per-sample vectors as views into a [B, 6D] modulation tensor */
+  int vec_broadcast;   /* per-sample vectors with stride 0 over B */
+  int inplace;         /* y aliases x */
+  int special;         /* a NaN in row 0 and an Inf in row 1 of x */
+} case_t;
+
+static void run_case(const case_t *c) {
+  buf_t t[NT];
+  memset(t, 0, sizeof t);
+  int64_t sh3[3] = {c->B, c->L, c->D}, vsh[2] = {c->B, c->D}, wsh[1] = {c->D};
+  int is_mochi = c->op == MOCHI || c->op == MOCHI_EXACT;
+  t[X] = mk(c->s, 3, sh3, c->pad, c->shift, 0, 1.0, c->op == LN ? 0.5 : 0.0);
+  if (c->residual || is_mochi) t[RES] = mk(c->s, 3, sh3, c->pad, c->shift, 0, is_mochi ? 2.0 : 1.0, 0.0);
+  if (c->inplace) {
+    t[Y] = t[X];
+  } else {
+    t[Y] = mk(c->s, 3, sh3, c->pad, c->shift, 0, 0.0, 0.0);
+    poison(&t[Y]);
+  }
+  if (c->residual && c->op == RMS) {
+    t[RO] = mk(c->s, 3, sh3, c->pad, c->shift, 0, 0.0, 0.0);
+    poison(&t[RO]);
+  }
+  if (c->weight) t[W] = mk(c->s, 1, wsh, 0, 0, 0, 0.2, 1.0);
+  if (c->bias) t[BIAS] = mk(c->s, 1, wsh, 0, 0, 0, 0.2, 0.0);
+  int nvec = (c->op == ADALN_LN || c->op == ADALN_RMS) ? 2 : is_mochi ? 1 : 0;
+  int which[2] = {c->op == ADALN_LN || c->op == ADALN_RMS ? SCALE : GATE, SHIFT};
+  for (int k = 0; k < nvec; ++k) {
+    int64_t msh[2] = {c->B, 6 * c->D};
+    if (c->vec_stride) { /* chunk k+1 of a [B, 6D] AdaLN-Zero modulation tensor */
+      buf_t m = mk(c->s, 2, msh, 0, 0, 0, 0.5, 0.0);
+      m.shape[1] = c->D;
+      m.off += (size_t)(k + 1) * c->D;
+      m.th.byte_offset = m.td.byte_offset = m.off * esize(c->s);
+      t[which[k]] = m;
+    } else {
+      t[which[k]] = mk(c->s, 2, vsh, 0, 0, c->vec_broadcast, 0.5, 0.0);
+    }
+  }
+  if (c->special && c->B * c->L >= 2) { /* IEEE: the row of a NaN or an Inf is NaN, nothing hangs */
+    put(t[X].h, t[X].off, NAN, c->s);
+    put(t[X].h, t[X].off + (size_t)t[X].strides[1], INFINITY, c->s);
+    CK(cudaMemcpy(t[X].d, t[X].h, t[X].n_alloc * esize(c->s), cudaMemcpyHostToDevice));
+  }
+  /* in place: the reference must read the original x, so run it on a host copy */
+  buf_t ref_x = {0};
+  if (c->inplace) {
+    ref_x = mk(c->s, 3, sh3, c->pad, c->shift, 0, 1.0, 0.0);
+    memcpy(ref_x.h, t[X].h, t[X].n_alloc * esize(c->s));
+    t[Y].h = ref_x.h;
+    t[Y].th.data = ref_x.h;
+  }
+  char what[200];
+  snprintf(what, sizeof what, "%s %s [%lld,%lld,%lld]%s%s%s pad %lld shift %zu%s%s%s", op_name[c->op], sname(c->s),
+           (long long)c->B, (long long)c->L, (long long)c->D, c->weight ? " w" : "", c->bias ? " b" : "",
+           c->residual ? " res" : "", (long long)c->pad, c->shift, c->vec_stride ? " mod-view" : "",
+           c->vec_broadcast ? " bcast" : "", c->inplace ? " inplace" : "");
+  ++checks;
+  fusedk_status sc = call(c->op, t, 0, 0);
+  fusedk_status sg = call(c->op, t, 1, 0);
+  cudaError_t ce = cudaDeviceSynchronize();
+  int bad = 0;
+  if (sc || sg || ce) {
+    printf("FAIL %s: cpu %s gpu %s cuda %s: %s\n", what, fusedk_status_name(sc), fusedk_status_name(sg),
+           cudaGetErrorString(ce), fusedk_failure_reason());
+    bad = 1;
+  } else {
+    bad += compare(what, &t[Y], is_mochi ? &t[X] : NULL, eps_of(c->s));
+    if (t[RO].h) bad += compare(what, &t[RO], NULL, eps_of(c->s));
+    if (!c->inplace) { /* determinism: a second run is bitwise identical */
+      size_t bytes = t[Y].n_alloc * esize(c->s);
+      void *a = malloc(bytes), *b = malloc(bytes);
+      CK(cudaMemcpy(a, t[Y].d, bytes, cudaMemcpyDeviceToHost));
+      call(c->op, t, 1, 0);
+      CK(cudaMemcpy(b, t[Y].d, bytes, cudaMemcpyDeviceToHost));
+      if (memcmp(a, b, bytes)) printf("  %s: second run differs\n", what), ++bad;
+      free(a), free(b);
+    }
+    if (bad) printf("FAIL %s\n", what);
+  }
+  failures += bad != 0;
+  if (c->inplace) t[Y].h = NULL, drop(&ref_x);
+  for (int i = 0; i < NT; ++i)
+    if (t[i].h) {
+      if (i == SCALE || i == SHIFT || i == GATE) t[i].off = 0;
+      drop(&t[i]);
+    }
+}
+
+/* A tensor of more than 2^31 elements: the device copy is a random block tiled across it; the
+   reference runs on rows sampled from the start, the middle and the end. */
+static void run_huge(void) {
+  const fusedk_scalar s = FUSEDK_BF16;
+  const int64_t D = 1024, rows = ((int64_t)1 << 31) / D + 4099; /* 2^31 + 4099*1024 elements */
+  const size_t n = (size_t)(rows * D), bytes = n * 2, blk = 33554467; /* a prime: rows differ */
+  size_t free_b = 0, total = 0;
+  CK(cudaMemGetInfo(&free_b, &total));
+  ++checks;
+  if (free_b < 2 * bytes + (1u << 30)) {
+    printf("SKIPPED huge case: %zu MB free\n", free_b >> 20);
+    --checks;
+    return;
+  }
+  uint16_t *hb = malloc(blk * 2);
+  for (size_t i = 0; i < blk; ++i) hb[i] = f32_to_bf16((float)nrand());
+  uint16_t *dx, *dy;
+  CK(cudaMalloc((void **)&dx, bytes));
+  CK(cudaMalloc((void **)&dy, bytes));
+  for (size_t o = 0; o < n; o += blk) CK(cudaMemcpy(dx + o, hb, (n - o < blk ? n - o : blk) * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemset(dy, 0xff, bytes));
+  int64_t shape[2] = {rows, D};
+  fusedk_tensor tx = fusedk_tensor_cuda(dx, s, 2, shape, 0), ty = fusedk_tensor_cuda(dy, s, 2, shape, 0);
+  fusedk_status st = fusedk_rmsnorm(&ty, NULL, &tx, NULL, NULL, 1e-6f, NULL);
+  CK(cudaDeviceSynchronize());
+  int bad = st != FUSEDK_OK;
+  int64_t sample[6] = {0, 1, rows / 2, ((int64_t)1 << 31) / D, rows - 2, rows - 1};
+  uint16_t hx[1024], hy[1024], ry[1024];
+  int64_t rshape[2] = {1, D};
+  for (int k = 0; k < 6 && !bad; ++k) {
+    CK(cudaMemcpy(hx, dx + sample[k] * D, D * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hy, dy + sample[k] * D, D * 2, cudaMemcpyDeviceToHost));
+    fusedk_tensor rx = fusedk_tensor_cpu(hx, s, 2, rshape), rr = fusedk_tensor_cpu(ry, s, 2, rshape);
+    fusedk_rmsnorm(&rr, NULL, &rx, NULL, NULL, 1e-6f, NULL);
+    for (int64_t d = 0; d < D; ++d) {
+      double a = bf16_to_f32(hy[d]), b = bf16_to_f32(ry[d]);
+      if (!(fabs(a - b) <= 0x1p-7 * fabs(b) + 1e-5)) {
+        printf("  huge: row %lld d %lld gpu %g cpu %g\n", (long long)sample[k], (long long)d, a, b);
+        bad = 1;
+        break;
+      }
+    }
+  }
+  printf("%s huge rmsnorm bf16 [%lld, %lld] = %zu elements (> 2^31)\n", bad ? "FAIL" : "ok  ", (long long)rows,
+         (long long)D, n);
+  failures += bad;
+  CK(cudaFree(dx));
+  CK(cudaFree(dy));
+  free(hb);
+}
+
+/* The op captured into a CUDA graph on a created stream and replayed. */
+static void run_graph(void) {
+  int64_t shape[2] = {333, 3072}, wsh[1] = {3072};
+  buf_t x = mk(FUSEDK_BF16, 2, shape, 0, 0, 0, 1, 0), y = mk(FUSEDK_BF16, 2, shape, 0, 0, 0, 1, 0);
+  buf_t w = mk(FUSEDK_BF16, 1, wsh, 0, 0, 0, 0.2, 1);
+  poison(&y);
+  cudaStream_t s;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  fusedk_status st = fusedk_rmsnorm(&y.td, NULL, &x.td, NULL, &w.td, 1e-6f, (struct CUstream_st *)s);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphLaunch(ge, s));
+  CK(cudaStreamSynchronize(s));
+  fusedk_rmsnorm(&y.th, NULL, &x.th, NULL, &w.th, 1e-6f, NULL);
+  ++checks;
+  int bad = st != FUSEDK_OK || compare("graph", &y, NULL, eps_of(FUSEDK_BF16));
+  printf("%s rmsnorm captured in a CUDA graph on a non-blocking stream\n", bad ? "FAIL" : "ok  ");
+  failures += bad;
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s));
+  drop(&x), drop(&y), drop(&w);
+}
+
+int main(void) {
+  int ndev = fusedk_cuda_device_count();
+  if (ndev == 0) {
+    printf("SKIP: no CUDA device (fusedk_cuda_device_count() == 0)\n");
+    return 77;
+  }
+  struct cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, 0));
+  printf("device: %s (sm_%d%d, %d SMs)\n", p.name, p.major, p.minor, p.multiProcessorCount);
+  const fusedk_scalar S[3] = {FUSEDK_F32, FUSEDK_F16, FUSEDK_BF16};
+  /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
+  const int64_t Ds[] = {1, 2, 7, 8, 64, 111, 128, 1000, 1152, 2048, 3072, 3584, 5120, 8192, 65536, 100000, 262144};
+  int n_before;
+  for (int si = 0; si < 3; ++si)
+    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; ++di) {
+      int64_t D = Ds[di], L = D >= 65536 ? 3 : D >= 3072 ? 19 : 989;
+      n_before = failures;
+      case_t c = {RMS, S[si], 1, L, D, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+      run_case(&c);
+      c.weight = 0, c.residual = 1, c.B = 2; /* fused residual, 3-d rows */
+      run_case(&c);
+      c = (case_t){LN, S[si], 1, L, D, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+      run_case(&c);
+      c.weight = 0, c.bias = 0, c.pad = 8; /* strided rows, vector path kept */
+      run_case(&c);
+      c.pad = 3, c.shift = 1; /* misaligned rows: scalar path */
+      run_case(&c);
+      if (failures == n_before) printf("ok   %s D=%lld (rmsnorm, +residual, layernorm, strided, misaligned)\n", sname(S[si]), (long long)D);
+    }
+  for (int si = 0; si < 3; ++si) {
+    const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536}};
+    for (int k = 0; k < 5; ++k) {
+      n_before = failures;
+      for (int op = ADALN_LN; op <= MOCHI_EXACT; ++op) {
+        case_t c = {(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], op == ADALN_LN, op == ADALN_LN, 0, 0, 0, 0, 0, 0, 0};
+        run_case(&c);
+        c.vec_stride = 1, c.weight = 0, c.bias = 0, c.pad = 8; /* modulation views, strided rows */
+        run_case(&c);
+        c.vec_stride = 0, c.vec_broadcast = 1, c.pad = 0, c.shift = 3; /* broadcast vectors, scalar path */
+        run_case(&c);
+      }
+      if (failures == n_before)
+        printf("ok   %s [%lld,%lld,%lld] adaln(layer/rms), mochi(exact 0/1): plain, modulation views, broadcast\n",
+               sname(S[si]), (long long)ad[k][0], (long long)ad[k][1], (long long)ad[k][2]);
+    }
+  }
+  /* millions of rows, one row, in place */
+  n_before = failures;
+  case_t many = {RMS, FUSEDK_BF16, 1, 1 << 21, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+  run_case(&many);
+  case_t one = {LN, FUSEDK_F16, 1, 1, 5120, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+  run_case(&one);
+  case_t inpl = {RMS, FUSEDK_BF16, 2, 300, 3072, 1, 0, 0, 0, 0, 0, 0, 1, 0};
+  run_case(&inpl);
+  case_t inpl2 = {MOCHI_EXACT, FUSEDK_BF16, 2, 300, 3072, 0, 0, 0, 0, 0, 0, 0, 1, 0};
+  run_case(&inpl2);
+  for (int op = RMS; op <= MOCHI_EXACT; ++op) {
+    case_t sp = {(op_t)op, FUSEDK_BF16, 2, 7, 3072, 1, op == LN || op == ADALN_LN, 0, 0, 0, 0, 0, 0, 1};
+    run_case(&sp);
+  }
+  if (failures == n_before) printf("ok   2M rows, 1 row, in place, NaN/Inf rows\n");
+  run_graph();
+  run_huge();
+  printf("%d passed, %d failed\n", checks - failures, failures);
+  return failures ? 1 : 0;
+}
