@@ -168,7 +168,12 @@ __global__ void __launch_bounds__(max_threads(NV, VEC)) norm_rows_kernel(const f
     }
   };
 
-  // pass 1: load (into registers) and sum v (LayerNorm) or v^2 (RMSNorm)
+  // LayerNorm sums v - K with K = the row's first element (shifted data): when a row's values
+  // sit close together far from zero, mean and v - mean keep their bits in float32
+  float K = 0.f;
+  if (!a.rms && live) K = to_f32<T>(x[0]) + (res ? to_f32<T>(res[0]) : 0.f);
+
+  // pass 1: load (into registers) and sum v - K (LayerNorm) or v^2 (RMSNorm)
   float s1 = 0.f;
   for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
     float v[VEC];
@@ -183,21 +188,21 @@ __global__ void __launch_bounds__(max_threads(NV, VEC)) norm_rows_kernel(const f
     }
     fetch(k, j, v);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) s1 += a.rms ? v[i] * v[i] : v[i];
+    for (int i = 0; i < VEC; ++i) s1 += a.rms ? v[i] * v[i] : v[i] - K;
   });
   s1 = group_sum(s1, G, red[0]);
   const float inv_d = 1.f / (float)a.D;
-  float mean = 0.f, var;
+  float dm = 0.f, var; // dm = mean - K
   if (a.rms) {
     var = a.exact ? s1 / (float)a.D : s1 * inv_d;
   } else {
-    mean = s1 * inv_d;
+    dm = s1 * inv_d;
     float s2 = 0.f;
     for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
       float v[VEC];
       fetch(k, j, v);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) s2 += (v[i] - mean) * (v[i] - mean);
+      for (int i = 0; i < VEC; ++i) s2 += ((v[i] - K) - dm) * ((v[i] - K) - dm);
     });
     var = group_sum(s2, G, red[1]) * inv_d;
   }
@@ -217,7 +222,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC)) norm_rows_kernel(const f
     const int64_t d = j * VEC;
     if (ro) store<T, VEC>(ro + d, v);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) n[i] = (v[i] - mean) * rstd;
+    for (int i = 0; i < VEC; ++i) n[i] = ((v[i] - K) - dm) * rstd; // RMS: K = dm = 0, exactly v * rstd
     if (w) {
       load_ro<T, VEC>(w + d, p);
 #pragma unroll

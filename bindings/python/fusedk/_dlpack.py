@@ -230,6 +230,9 @@ class Call:
         `like` and its tensor `like_t`): same shape, dtype, device and kind."""
         shape = tuple(like.shape)
         if out is not None:
+            if framework_of(out) == "jax":
+                raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.op}: {name} (out=) is a JAX array; JAX "
+                            "arrays are immutable, leave out= unset to get a new one")
             return self.tensor(out, name, writable=True), out
         if self.fw == "numpy":
             arr = np.empty(shape, dtype=np.asarray(like).dtype if not isinstance(like, np.ndarray) else like.dtype)

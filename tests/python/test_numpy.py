@@ -1,0 +1,176 @@
+"""The CPU references (through the bindings, on NumPy arrays) against float64 NumPy oracles,
+the binding's behaviour (types, out=, errors), and kernel_info."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fusedk
+import oracle
+from oracle import BF16, DTYPES, assert_close
+
+rng = np.random.default_rng()
+
+
+def rand(shape, dtype, scale=1.0, mean=0.0):
+    return (mean + scale * rng.standard_normal(shape)).astype(dtype)
+
+
+SHAPES = [(1, 1), (3, 2), (5, 7), (19, 111), (2, 3, 64), (4, 1000), (1, 3584), (2, 5120), (1, 65536)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_rmsnorm(shape, dtype):
+    x, w = rand(shape, dtype), rand(shape[-1:], dtype, 0.2, 1.0)
+    assert_close(fusedk.rmsnorm(x, w), oracle.rmsnorm(x, w)[0], dtype, what="rmsnorm")
+    assert_close(fusedk.rmsnorm(x), oracle.rmsnorm(x)[0], dtype, what="rmsnorm no weight")
+    res = rand(shape, dtype)
+    y, r = fusedk.rmsnorm(x, w, residual=res)
+    want_y, want_r = oracle.rmsnorm(x, w, residual=res)
+    assert_close(y, want_y, dtype, what="rmsnorm + residual")
+    assert_close(r, want_r, dtype, what="residual_out")
+    assert y.dtype == dtype and r.dtype == dtype and y.shape == shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_layernorm(shape, dtype):
+    x, w, b = rand(shape, dtype, 1, 0.5), rand(shape[-1:], dtype, 0.2, 1.0), rand(shape[-1:], dtype, 0.2)
+    assert_close(fusedk.layernorm(x, w, b), oracle.layernorm(x, w, b), dtype, what="layernorm")
+    assert_close(fusedk.layernorm(x), oracle.layernorm(x), dtype, what="layernorm plain")
+    assert_close(fusedk.layernorm(x, bias=b), oracle.layernorm(x, None, b), dtype, what="layernorm bias only")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("shape", [(2, 77, 1152), (1, 1, 64), (3, 5, 111)], ids=str)
+def test_adaln_modulation_views(shape, dtype, norm):
+    B, L, D = shape
+    x = rand(shape, dtype)
+    mod = rand((B, 6 * D), dtype, 0.5)  # AdaLN-Zero: shift, scale, gate, ... as column chunks
+    shift, scale = mod[:, 0:D], mod[:, D:2 * D]
+    assert B == 1 or not scale.flags.c_contiguous
+    w = rand((D,), dtype, 0.2, 1.0)
+    b = rand((D,), dtype, 0.2) if norm == "layer" else None
+    got = fusedk.adaln(x, scale, shift, norm=norm, weight=w, bias=b)
+    assert_close(got, oracle.adaln(x, scale, shift, norm, 1e-6, w, b), dtype, what=f"adaln {norm}")
+    # stride-0 broadcast of one modulation row over the batch
+    s0 = np.broadcast_to(scale[:1], scale.shape)
+    got = fusedk.adaln(x, s0, shift, norm=norm)
+    assert_close(got, oracle.adaln(x, s0, shift, norm), dtype, what="adaln broadcast scale")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 33, 3072), (1, 1, 1), (3, 7, 111)], ids=str)
+def test_residual_tanh_gated_rmsnorm(shape, dtype):
+    B, L, D = shape
+    x, xr, g = rand(shape, dtype), rand(shape, dtype, 2.0), rand((B, D), dtype)
+    fast = fusedk.residual_tanh_gated_rmsnorm(x, xr, g, exact=False)
+    assert_close(fast, oracle.mochi(x, xr, g), dtype, aux=x, what="mochi exact=False")
+    # exact=True: PyTorch's rounding points; against the NumPy float32 rendering of that formula
+    ex = fusedk.residual_tanh_gated_rmsnorm(x, xr, g, exact=True)
+    want = oracle.mochi_exact(x, xr, g)
+    same = np.mean(ex.view(np.uint8 if dtype.itemsize == 1 else f"u{dtype.itemsize}")
+                   == want.view(f"u{dtype.itemsize}"))
+    assert same >= 0.99, f"exact mode matches the float32 formula bitwise on only {same:.4f}"
+    # exact mode also rounds n = y - x: one ulp of n may show (|n| <= |x| + |y|)
+    assert_close(ex, want, dtype, aux=np.abs(x.astype(np.float64)) + np.abs(want.astype(np.float64)),
+                 what="mochi exact=True")
+
+
+def test_exact_modes_differ_where_rounding_points_do():
+    # bf16 with large |x|: the two-rounding result is not the single-rounding one everywhere
+    x, xr, g = rand((2, 64, 256), BF16, 8.0), rand((2, 64, 256), BF16), rand((2, 256), BF16)
+    a = fusedk.residual_tanh_gated_rmsnorm(x, xr, g, exact=True)
+    b = fusedk.residual_tanh_gated_rmsnorm(x, xr, g, exact=False)
+    assert (a.view(np.uint16) != b.view(np.uint16)).any()
+
+
+def test_bf16_rounding_is_single_and_to_nearest_even():
+    # the reference rounds its float64 result once: equal to ml_dtypes' rounding of the oracle
+    # except where the two float64 sums differ across a rounding boundary (vanishingly rare)
+    x, w = rand((64, 3072), BF16), rand((3072,), BF16, 0.2, 1.0)
+    got = fusedk.rmsnorm(x, w).view(np.uint16)
+    want = oracle.rmsnorm(x, w)[0].astype(BF16).view(np.uint16)
+    assert np.mean(got == want) > 0.9999
+
+
+def test_strided_rows_and_in_place():
+    base = rand((8, 3, 200), np.float32)
+    x = base[:, 1, :100]  # row stride 600 elements, last dim contiguous
+    assert_close(fusedk.rmsnorm(x), oracle.rmsnorm(x)[0], np.float32, what="strided rows")
+    x2 = rand((6, 128), np.float16)
+    want = oracle.layernorm(x2)
+    out = fusedk.layernorm(x2, out=x2)
+    assert out is x2
+    assert_close(x2, want, np.float16, what="in place")
+    flipped = rand((5, 64), np.float32)[::-1]  # negative row stride
+    assert_close(fusedk.rmsnorm(flipped), oracle.rmsnorm(flipped)[0], np.float32, what="negative stride")
+
+
+def test_residual_in_place():
+    x, res = rand((4, 256), BF16), rand((4, 256), BF16)
+    want_y, want_r = oracle.rmsnorm(x, None, residual=res)
+    y, r = fusedk.rmsnorm(x, residual=res, residual_out=res)
+    assert r is res
+    assert_close(res, want_r, BF16, what="residual updated in place")
+    assert_close(y, want_y, BF16, what="y")
+
+
+def test_nan_and_inf_propagate():
+    x = rand((3, 16), np.float32)
+    x[0, 3], x[1, 0] = np.nan, np.inf
+    y = fusedk.rmsnorm(x)
+    with np.errstate(invalid="ignore"):
+        want = oracle.rmsnorm(x)[0]  # NaN row; Inf row: NaN at the Inf, +-0 elsewhere
+    assert np.isnan(y[0]).all() and np.isnan(y[1, 0]) and (y[1, 1:] == 0).all() and np.isfinite(y[2]).all()
+    assert_close(y, want, np.float32, what="NaN/Inf rows")
+
+
+def test_errors_name_the_argument_and_leave_outputs_untouched():
+    x = rand((4, 8), np.float32)
+    out = np.full((4, 8), 7.0, np.float32)
+    cases = [
+        (lambda: fusedk.rmsnorm(x, weight=np.ones(7, np.float32), out=out), "FUSEDK_ERR_SHAPE",
+         "rmsnorm: weight has shape [7], expected [8] (last dim of x)"),
+        (lambda: fusedk.rmsnorm(x, weight=np.ones(8, np.float16), out=out), "FUSEDK_ERR_DTYPE", "weight has dtype float16"),
+        (lambda: fusedk.rmsnorm(x.astype(np.float64)), "FUSEDK_ERR_DTYPE", "x has dtype (code 2, bits 64"),
+        (lambda: fusedk.rmsnorm(x, eps=-1.0, out=out), "FUSEDK_ERR_INVALID_ARGUMENT", "eps is -1"),
+        (lambda: fusedk.rmsnorm(x[:, ::2], out=out[:, :4]), "FUSEDK_ERR_LAYOUT", "x has stride 2 in its last dim"),
+        (lambda: fusedk.layernorm(x, bias=np.ones((2, 8), np.float32), out=out), "FUSEDK_ERR_SHAPE", "bias has shape [2, 8]"),
+        (lambda: fusedk.adaln(x, x, x), "FUSEDK_ERR_SHAPE", "x has ndim 2, expected 3"),
+        (lambda: fusedk.adaln(x[None], x, x, norm="group"), "FUSEDK_ERR_INVALID_ARGUMENT", "norm is 'group'"),
+        (lambda: fusedk.residual_tanh_gated_rmsnorm(x[None], x[None], x[:1, :7]), "FUSEDK_ERR_SHAPE", "gate has shape [1, 7]"),
+        (lambda: fusedk.rmsnorm(x, out=np.broadcast_to(out[:1], out.shape)), "FUSEDK_ERR_INVALID_ARGUMENT", "y is read-only"),
+    ]
+    for fn, status, text in cases:
+        with pytest.raises(fusedk.Error) as e:
+            fn()
+        assert e.value.status == status, (text, e.value)
+        assert text in e.value.reason, (text, e.value.reason)
+        assert (out == 7.0).all(), text
+
+
+def test_kernel_info():
+    info = fusedk.kernel_info()
+    assert info["version"] == fusedk.__version__ == "0.1.0"
+    assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"}
+    assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
+    assert isinstance(info["cuda"]["built"], bool)
+
+
+def test_cdef_comes_from_the_header():
+    from fusedk import _ffi
+    with open(_ffi.HEADER) as f:
+        cdef = _ffi.cdef_from_header(f.read())
+    for name in ("fusedk_rmsnorm", "fusedk_adaln", "fusedk_dlpack_alloc", "FUSEDK_ERR_LAYOUT = 5"):
+        assert name in cdef
+
+
+def test_no_torch_import():
+    import subprocess
+    import sys
+    code = "import sys, fusedk, numpy as np; fusedk.rmsnorm(np.ones((2, 4), np.float32)); print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

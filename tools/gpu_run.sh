@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Everything the lent GPU machine is for, in one call: build for its GPU with its nvcc, run every
+# test suite (gpu, python interop, cpu, examples), then the bench. Logs and results land in
+# $OUT (default ./out); the last lines printed are the summary.
+#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only]
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+if ls .whl/*.whl >/dev/null 2>&1; then  # wheels the machine lacks (cffi, meson-python, liger)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+bench=1 quick=""
+tests=1
+for a in "$@"; do
+  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; esac
+done
+summary=()
+t0=$(date +%s)
+if ! [ -d build-gpu ]; then
+  meson setup build-gpu >"$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
+fi
+ninja -C build-gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+summary+=("build: $(( $(date +%s) - t0 ))s")
+if [ $tests = 1 ]; then
+  meson test -C build-gpu --print-errorlogs --num-processes 2 >"$OUT/meson-test.txt" 2>&1
+  rc=$?
+  cp build-gpu/meson-logs/testlog.txt "$OUT/testlog.txt"
+  grep -E "^ *[0-9]+/[0-9]+ " "$OUT/meson-test.txt" | tail -12
+  summary+=("meson test rc=$rc: $(grep -E '^(Ok|Fail|Skipped|Expected Fail|Unexpected Pass|Timeout):' "$OUT/meson-test.txt" | tr -s ' ' | tr '\n' ' ')")
+  summary+=("gpu suite: $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/testlog.txt" | tr '\n' ' ')")
+  summary+=("pytest: $(grep -E '[0-9]+ passed' "$OUT/testlog.txt" | grep -v failed, | tail -1)")
+  grep -E "^FAIL|mochi exact vs PyTorch|^ok   huge|SKIPPED \[" "$OUT/testlog.txt" | head -20
+fi
+if [ $bench = 1 ] && [ -f bench/bench.py ]; then
+  mkdir -p "$OUT/bench"
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+    python3 bench/bench.py --out "$OUT/bench" $quick >"$OUT/bench.log" 2>&1
+  summary+=("bench rc=$?")
+  tail -60 "$OUT/bench.log"
+fi
+echo "=== summary ==="
+printf '%s\n' "${summary[@]}"
