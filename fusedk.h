@@ -1,5 +1,5 @@
 /* fusedk.h - fused GPU kernels for diffusion and transformer blocks, with CPU references.
-   Public domain-style single header; see LICENSE.
+   MIT licensed (see LICENSE). Version in FUSEDK_VERSION_*.
 
    WHAT IT IS
      The API of fusedk and the CPU reference implementation of every op. The GPU half lives in
