@@ -20,6 +20,8 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include <type_traits>
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------
@@ -99,18 +101,27 @@ template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, in
 // ---------------------------------------------------------------------------------------------
 // Normalization family: one kernel for rmsnorm, layernorm, adaln and Mochi's gated residual.
 //
-// Launch shape: a group of G threads normalizes one row; a block holds blockDim.y groups
-// (blockDim = (G, 256/G) for small rows, (G, 1) otherwise). Memory traffic is the minimum: each
-// input element is read once and each output written once when the row fits in registers
-// (NV > 0: every thread keeps NV vectors of VEC elements as floats). For rows too long for
-// that (NV == 0) the row is re-read per pass; it is then small enough to come back from L2.
-// Statistics are exact two-pass (mean first, then squared deviations from registers).
+// Launch shape: a group of G threads normalizes one row; a block holds blockDim.y groups.
+//   rows of up to 16 vectors per lane: a warp (or an aligned sub-warp) per row, 8 rows per
+//     256-thread block, reductions by shuffles alone: no barrier, every warp independent, up
+//     to 16 x 16-byte loads in flight per lane;
+//   longer rows: a block of G threads per row, warp sums combined through shared memory.
+// Memory traffic is the minimum: each input is read once and each output written once while the
+// row fits in registers (NV > 0: each thread keeps NV raw 16-byte vectors of x, and of the
+// residual when RES, packed, half the registers of floats for 16-bit types). Longer rows
+// (NV == 0) are re-read per pass; a row is then small enough to come back from L2.
+// Statistics are two-pass from registers (LayerNorm: mean first, then squared deviations).
 // ---------------------------------------------------------------------------------------------
 
-constexpr int kMaxNV = 8;
-// A thread caching 32+ floats of row needs more than the 64 registers a 1024-thread block
-// leaves it: such instantiations are capped at 512 threads (128 registers, no spills).
-constexpr int max_threads(int nv, int vec) { return nv * vec >= 32 ? 512 : 1024; }
+// Register budget: ~40 registers of addressing and statistics, plus the cached row, which the
+// compiler may keep as floats across the passes (VEC per vector, x and residual). Instantiations
+// caching more are capped at fewer threads so that each thread gets what it needs (no spills).
+constexpr int cached_floats(int nv, int vec, bool res) { return nv * vec * (res ? 2 : 1); }
+constexpr int max_threads(int nv, int vec, bool res) {
+  return 48 + cached_floats(nv, vec, res) <= 64 ? 1024 : 48 + cached_floats(nv, vec, res) <= 96 ? 512 : 256;
+}
+// deeper caches do not fit the 255 registers of a thread
+constexpr bool fits(int nv, int vec, bool res) { return cached_floats(nv, vec, res) <= 192; }
 
 // Sum over the G threads of a row group. G <= 32: xor-shuffles inside the aligned lane group;
 // G > 32 (a multiple of 32, one group per block row): warp sums, then through shared memory.
@@ -140,8 +151,25 @@ template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64
   }
 }
 
-template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(max_threads(NV, VEC)) norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
+template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> ld(const T *p) {
+  return *reinterpret_cast<const Pack<T, VEC> *>(p);
+}
+
+// An empty asm on the cached words: the compiler may no longer reuse the floats it converted
+// in an earlier pass, so only the packed row stays live (half the registers for 16-bit types).
+template <typename T, int VEC> __device__ __forceinline__ void opaque(Pack<T, VEC> &pk) {
+  if constexpr (sizeof(pk) % 4 == 0) {
+    uint32_t *w = reinterpret_cast<uint32_t *>(&pk);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(pk) / 4); ++i) asm volatile("" : "+r"(w[i]));
+  } else {
+    unsigned short *h = reinterpret_cast<unsigned short *>(&pk);
+    asm volatile("" : "+h"(h[0]));
+  }
+}
+
+template <typename T, int VEC, int NV, bool RES>
+__global__ void __launch_bounds__(max_threads(NV, VEC, RES)) norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
   __shared__ float red[2][32]; // one slot per warp, one array per reduction (no reuse barrier)
   const int G = blockDim.x;
   const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
@@ -149,43 +177,44 @@ __global__ void __launch_bounds__(max_threads(NV, VEC)) norm_rows_kernel(const f
   const int64_t b = live ? row / a.L : 0, l = live ? row % a.L : 0;
   const int64_t nvec = live ? a.D / VEC : 0;
   const T *x = at<T>(a.x, b, l);
-  const T *res = a.res.p ? at<T>(a.res, b, l) : nullptr;
+  const T *res = RES ? at<T>(a.res, b, l) : nullptr;
 
-  float cache[NV > 0 ? NV : 1][VEC];
-  // v = x + res for vector j: from registers, or from memory on the re-reading path
+  constexpr int C = NV > 0 ? NV : 1;
+  Pack<T, VEC> cx[C] = {}, cr[RES ? C : 1] = {}; // zeroed: lanes past the row end are never used
+  // v = x + res (float, unrounded) for vector j: from registers, or re-read (NV == 0)
   auto fetch = [&](int k, int64_t j, float (&v)[VEC]) {
+    Pack<T, VEC> px, pr;
     if constexpr (NV > 0) {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) v[i] = cache[k][i];
+      px = cx[k];
+      opaque(px);
+      if constexpr (RES) pr = cr[k], opaque(pr);
     } else {
-      load<T, VEC>(x + j * VEC, v);
-      if (res) {
-        float r[VEC];
-        load<T, VEC>(res + j * VEC, r);
+      px = ld<T, VEC>(x + j * VEC);
+      if constexpr (RES) pr = ld<T, VEC>(res + j * VEC);
+    }
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) v[i] += r[i];
+    for (int i = 0; i < VEC; ++i) v[i] = RES ? to_f32<T>(px.v[i]) + to_f32<T>(pr.v[i]) : to_f32<T>(px.v[i]);
+  };
+  if constexpr (NV > 0) { // issue every load of the row before the first use
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t j = threadIdx.x + (int64_t)k * G;
+      if (j < nvec) {
+        cx[k] = ld<T, VEC>(x + j * VEC);
+        if constexpr (RES) cr[k] = ld<T, VEC>(res + j * VEC);
       }
     }
-  };
+  }
 
   // LayerNorm sums v - K with K = the row's first element (shifted data): when a row's values
   // sit close together far from zero, mean and v - mean keep their bits in float32
   float K = 0.f;
-  if (!a.rms && live) K = to_f32<T>(x[0]) + (res ? to_f32<T>(res[0]) : 0.f);
+  if (!a.rms && live) K = to_f32<T>(x[0]) + (RES ? to_f32<T>(res[0]) : 0.f);
 
-  // pass 1: load (into registers) and sum v - K (LayerNorm) or v^2 (RMSNorm)
+  // pass 1: sum v - K (LayerNorm) or v^2 (RMSNorm)
   float s1 = 0.f;
   for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
     float v[VEC];
-    if constexpr (NV > 0) {
-      load<T, VEC>(x + j * VEC, cache[k]);
-      if (res) {
-        float r[VEC];
-        load<T, VEC>(res + j * VEC, r);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) cache[k][i] += r[i];
-      }
-    }
     fetch(k, j, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) s1 += a.rms ? v[i] * v[i] : v[i] - K;
@@ -210,7 +239,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC)) norm_rows_kernel(const f
 
   // final pass: epilogue and stores
   T *y = at<T>(a.y, b, l);
-  T *ro = a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
+  T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
   const T *base = a.base.p ? at<T>(a.base, b, l) : nullptr;
   const T *sc = a.scale.p ? at<T>(a.scale, b, 0) : nullptr;
   const T *sh = a.shift.p ? at<T>(a.shift, b, 0) : nullptr;
@@ -220,7 +249,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC)) norm_rows_kernel(const f
     float v[VEC], n[VEC], p[VEC];
     fetch(k, j, v);
     const int64_t d = j * VEC;
-    if (ro) store<T, VEC>(ro + d, v);
+    if (RES && ro) store<T, VEC>(ro + d, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) n[i] = ((v[i] - K) - dm) * rstd; // RMS: K = dm = 0, exactly v * rstd
     if (w) {
@@ -257,45 +286,58 @@ __global__ void __launch_bounds__(max_threads(NV, VEC)) norm_rows_kernel(const f
   });
 }
 
-// Rows of nvec vectors: NV vectors per thread in registers and G threads per row. Prefers
-// G <= 256 (short reductions, several rows per SM) and NV as small as that allows (more
-// threads, more loads in flight). NV = 0 when the row does not fit in registers at all.
+// The launch shape for rows of nvec vectors: NV vectors cached per thread, G threads per row.
 struct NormPlan {
   int nv, g, rows_per_block;
 };
 
-NormPlan plan_norm(int64_t nvec, int vec) {
-  NormPlan p{0, max_threads(0, vec), 1};
-  for (int nv = 1; nv <= kMaxNV; nv *= 2) {
-    const int64_t g = (nvec + nv - 1) / nv;
-    if (g <= 256 || (nv == kMaxNV && g <= max_threads(nv, vec))) {
-      p.nv = nv;
-      if (g <= 32) {
-        int gg = 1;
-        while (gg < g) gg *= 2;
-        p.g = gg < 4 ? 4 : gg;
-      } else {
-        p.g = (int)((g + 31) / 32 * 32);
+constexpr int kWarpNV[] = {1, 2, 4, 8, 12, 16}; // instantiated cache depths
+
+NormPlan plan_norm(int64_t nvec, int vec, bool res) {
+  NormPlan p{0, 0, 1};
+  if (nvec <= 32 * 16) { // a warp (or sub-warp) per row
+    int g = 1;
+    while (g < 32 && g < nvec) g *= 2;
+    const int64_t per = (nvec + g - 1) / g;
+    for (int nv : kWarpNV)
+      if (nv >= per && fits(nv, vec, res)) {
+        p.nv = nv;
+        p.g = g;
+        p.rows_per_block = 256 / g;
+        return p;
       }
-      break;
+  }
+  for (int nv : {4, 8, 16}) { // a block per row: the smallest cache whose thread cap fits the row
+    const int64_t g = (nvec + nv - 1) / nv;
+    if (fits(nv, vec, res) && g <= max_threads(nv, vec, res)) {
+      p.nv = nv;
+      p.g = (int)((g + 31) / 32 * 32);
+      return p;
     }
   }
-  p.rows_per_block = p.g < 256 ? 256 / p.g : 1;
+  p.g = 512; // re-read from L2
   return p;
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool RES>
 cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
-  const NormPlan p = plan_norm(a.D / VEC, VEC);
+  const NormPlan p = plan_norm(a.D / VEC, VEC, RES);
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const unsigned gr = (unsigned)grid;
+  auto go = [&](auto nv) { // instantiates only the cache depths that fit (plan never picks others)
+    constexpr int NV = decltype(nv)::value;
+    if constexpr (NV == 0 || fits(NV, VEC, RES)) norm_rows_kernel<T, VEC, NV, RES><<<gr, block, 0, s>>>(a, rows);
+  };
   switch (p.nv) {
-    case 1: norm_rows_kernel<T, VEC, 1><<<(unsigned)grid, block, 0, s>>>(a, rows); break;
-    case 2: norm_rows_kernel<T, VEC, 2><<<(unsigned)grid, block, 0, s>>>(a, rows); break;
-    case 4: norm_rows_kernel<T, VEC, 4><<<(unsigned)grid, block, 0, s>>>(a, rows); break;
-    case 8: norm_rows_kernel<T, VEC, 8><<<(unsigned)grid, block, 0, s>>>(a, rows); break;
-    default: norm_rows_kernel<T, VEC, 0><<<(unsigned)grid, block, 0, s>>>(a, rows); break;
+    case 1: go(std::integral_constant<int, 1>()); break;
+    case 2: go(std::integral_constant<int, 2>()); break;
+    case 4: go(std::integral_constant<int, 4>()); break;
+    case 8: go(std::integral_constant<int, 8>()); break;
+    case 12: go(std::integral_constant<int, 12>()); break;
+    case 16: go(std::integral_constant<int, 16>()); break;
+    default: go(std::integral_constant<int, 0>()); break;
   }
   return cudaGetLastError();
 }
@@ -309,7 +351,8 @@ template <typename T> cudaError_t launch_norm(const fusedk__norm_args &a, int64_
   bool vec = a.D % V == 0 && aligned16(a.weight) && aligned16(a.bias);
   for (const fusedk__rows *r : {&a.x, &a.res, &a.res_out, &a.y, &a.base, &a.scale, &a.shift, &a.gate})
     vec = vec && aligned16(r->p) && r->sb % V == 0 && r->sl % V == 0;
-  return vec ? launch_norm_vec<T, V>(a, rows, s) : launch_norm_vec<T, 1>(a, rows, s);
+  if (a.res.p) return vec ? launch_norm_vec<T, V, true>(a, rows, s) : launch_norm_vec<T, 1, true>(a, rows, s);
+  return vec ? launch_norm_vec<T, V, false>(a, rows, s) : launch_norm_vec<T, 1, false>(a, rows, s);
 }
 
 const char *op_of(const fusedk__norm_args *a) {

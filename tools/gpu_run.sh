@@ -12,7 +12,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # wheels the machine lacks (cffi, meson-
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 bench=1 quick=""
 tests=1
 for a in "$@"; do
@@ -25,6 +25,7 @@ if ! [ -d build-gpu ]; then
 fi
 ninja -C build-gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 summary+=("build: $(( $(date +%s) - t0 ))s")
+rm -f "$OUT/setup.log" "$OUT/build.log"  # at most 8 files come back: keep the results
 if [ $tests = 1 ]; then
   meson test -C build-gpu --print-errorlogs --num-processes 2 >"$OUT/meson-test.txt" 2>&1
   rc=$?
