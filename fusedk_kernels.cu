@@ -68,8 +68,10 @@ template <typename T> __device__ __forceinline__ float round_to(float v) { retur
 // the scalar path), converted to/from float registers.
 template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
 
+template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> ld(const T *p);
+
 template <typename T, int VEC> __device__ __forceinline__ void load(const T *p, float (&out)[VEC]) {
-  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC> *>(p);
+  const Pack<T, VEC> pk = ld<T, VEC>(p);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) out[i] = to_f32<T>(pk.v[i]);
 }
@@ -87,11 +89,30 @@ template <typename T, int VEC> __device__ __forceinline__ void load_ro(const T *
   for (int i = 0; i < VEC; ++i) out[i] = to_f32<T>(pk.v[i]);
 }
 
+// two floats rounded into one 32-bit word of 16-bit values (one F2FP instruction)
+template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t *>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+// 16-byte stores through __stcs (st.global.cs.v4): NVVM splits a plain vector store into four
+// 32-bit ones here (four instructions, partial sectors), and the streaming hint keeps outputs
+// that are never re-read from evicting the weights.
 template <typename T, int VEC> __device__ __forceinline__ void store(T *p, const float (&in)[VEC]) {
-  Pack<T, VEC> pk;
+  if constexpr (sizeof(T) == 2 && VEC == 8) {
+    __stcs(reinterpret_cast<uint4 *>(p), make_uint4(pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]),
+                                                    pack2<T>(in[4], in[5]), pack2<T>(in[6], in[7])));
+  } else if constexpr (sizeof(T) == 4 && VEC == 4) {
+    __stcs(reinterpret_cast<float4 *>(p), make_float4(in[0], in[1], in[2], in[3]));
+  } else {
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) pk.v[i] = from_f32<T>(in[i]);
-  *reinterpret_cast<Pack<T, VEC> *>(p) = pk;
+    for (int i = 0; i < VEC; ++i) p[i] = from_f32<T>(in[i]);
+  }
 }
 
 template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, int64_t b, int64_t l) {
@@ -152,7 +173,12 @@ template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64
 }
 
 template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> ld(const T *p) {
-  return *reinterpret_cast<const Pack<T, VEC> *>(p);
+  if constexpr (sizeof(Pack<T, VEC>) == 16) { // one 128-bit load, whatever T's copy semantics
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    return *reinterpret_cast<const Pack<T, VEC> *>(&u);
+  } else {
+    return *reinterpret_cast<const Pack<T, VEC> *>(p);
+  }
 }
 
 // An empty asm on the cached words: the compiler may no longer reuse the floats it converted
@@ -291,11 +317,11 @@ struct NormPlan {
   int nv, g, rows_per_block;
 };
 
-constexpr int kWarpNV[] = {1, 2, 4, 8, 12, 16}; // instantiated cache depths
+constexpr int kWarpNV[] = {1, 2, 4, 8}; // cache depths of the warp-per-row shape
 
 NormPlan plan_norm(int64_t nvec, int vec, bool res) {
   NormPlan p{0, 0, 1};
-  if (nvec <= 32 * 16) { // a warp (or sub-warp) per row
+  if (nvec <= 32 * 8) { // a warp (or sub-warp) per row
     int g = 1;
     while (g < 32 && g < nvec) g *= 2;
     const int64_t per = (nvec + g - 1) / g;
@@ -335,7 +361,6 @@ cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream
     case 2: go(std::integral_constant<int, 2>()); break;
     case 4: go(std::integral_constant<int, 4>()); break;
     case 8: go(std::integral_constant<int, 8>()); break;
-    case 12: go(std::integral_constant<int, 12>()); break;
     case 16: go(std::integral_constant<int, 16>()); break;
     default: go(std::integral_constant<int, 0>()); break;
   }
