@@ -345,9 +345,22 @@ NormPlan plan_norm(int64_t nvec, int vec, bool res) {
   return p;
 }
 
+// bench/tune_norm.py sets a launch shape through fusedk__tune_norm_plan (not API, not thread
+// safe: a measuring aid); one that does not fit the row is ignored.
+NormPlan g_tune_plan{-1, 0, 0};
+
+bool plan_valid(const NormPlan &p, int64_t nvec, int vec, bool res) {
+  const bool gok = p.g > 32 ? p.g % 32 == 0 : (p.g & (p.g - 1)) == 0;
+  const bool nvok = p.nv == 0 || p.nv == 1 || p.nv == 2 || p.nv == 4 || p.nv == 8 || p.nv == 16;
+  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vec, res) &&
+         (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) &&
+         (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) && (p.nv == 0 || fits(p.nv, vec, res));
+}
+
 template <typename T, int VEC, bool RES>
 cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
-  const NormPlan p = plan_norm(a.D / VEC, VEC, RES);
+  NormPlan p = plan_norm(a.D / VEC, VEC, RES);
+  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, a.D / VEC, VEC, RES)) p = g_tune_plan;
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -390,6 +403,10 @@ const char *op_of(const fusedk__norm_args *a) {
 // Internal entry points called from fusedk.h's implementation
 // ---------------------------------------------------------------------------------------------
 extern "C" {
+
+__attribute__((visibility("default"))) void fusedk__tune_norm_plan(int nv, int g, int rows_per_block) {
+  g_tune_plan = NormPlan{nv, g, rows_per_block};
+}
 
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, int32_t device_id, struct CUstream_st *stream) {
   DeviceGuard guard(device_id);

@@ -2,7 +2,7 @@
 # Everything the lent GPU machine is for, in one call: build for its GPU with its nvcc, run every
 # test suite (gpu, python interop, cpu, examples), then the bench. Logs and results land in
 # $OUT (default ./out); the last lines printed are the summary.
-#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only]
+#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--tune]
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -14,9 +14,9 @@ fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 bench=1 quick=""
-tests=1
+tests=1 tune=0
 for a in "$@"; do
-  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; esac
+  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --tune) tune=1 tests=0 bench=0 ;; esac
 done
 summary=()
 t0=$(date +%s)
@@ -42,6 +42,10 @@ if [ $bench = 1 ] && [ -f bench/bench.py ]; then
     python3 bench/bench.py --out "$OUT/bench" $quick >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
   tail -60 "$OUT/bench.log"
+fi
+if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+    python3 bench/tune_norm.py --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log"
 fi
 echo "=== summary ==="
 printf '%s\n' "${summary[@]}"
