@@ -100,15 +100,20 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, fl
   return *reinterpret_cast<const uint32_t *>(&h);
 }
 
-// 16-byte stores through __stcs (st.global.cs.v4): NVVM splits a plain vector store into four
-// 32-bit ones here (four instructions, partial sectors), and the streaming hint keeps outputs
-// that are never re-read from evicting the weights.
+// One 16-byte streaming store (st.global.cs.v4). NVVM splits a plain vector store into four
+// 32-bit ones here (four instructions, partial sectors); __stcs would keep it whole but its
+// memory clobber also pins every later load behind it, serializing the epilogue's weight loads
+// vector by vector. Without the clobber the loads may move up: each element's own load feeds
+// its own store, so even in-place calls keep their order where it matters.
+__device__ __forceinline__ void st_cs(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+
 template <typename T, int VEC> __device__ __forceinline__ void store(T *p, const float (&in)[VEC]) {
   if constexpr (sizeof(T) == 2 && VEC == 8) {
-    __stcs(reinterpret_cast<uint4 *>(p), make_uint4(pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]),
-                                                    pack2<T>(in[4], in[5]), pack2<T>(in[6], in[7])));
+    st_cs(p, pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]), pack2<T>(in[4], in[5]), pack2<T>(in[6], in[7]));
   } else if constexpr (sizeof(T) == 4 && VEC == 4) {
-    __stcs(reinterpret_cast<float4 *>(p), make_float4(in[0], in[1], in[2], in[3]));
+    st_cs(p, __float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]), __float_as_uint(in[3]));
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) p[i] = from_f32<T>(in[i]);
@@ -134,15 +139,16 @@ template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, in
 // Statistics are two-pass from registers (LayerNorm: mean first, then squared deviations).
 // ---------------------------------------------------------------------------------------------
 
-// Register budget: ~40 registers of addressing and statistics, plus the cached row, which the
-// compiler may keep as floats across the passes (VEC per vector, x and residual). Instantiations
-// caching more are capped at fewer threads so that each thread gets what it needs (no spills).
-constexpr int cached_floats(int nv, int vec, bool res) { return nv * vec * (res ? 2 : 1); }
-constexpr int max_threads(int nv, int vec, bool res) {
-  return 48 + cached_floats(nv, vec, res) <= 64 ? 1024 : 48 + cached_floats(nv, vec, res) <= 96 ? 512 : 256;
+// Register budget: ~56 registers of addressing, statistics and epilogue, plus the row cache: NV
+// 16-byte vectors of x and of the residual (RES), counted as floats (vb = bytes per vector):
+// what the compiler holds at the peak of the final pass. Deeper caches are capped at fewer
+// threads per block so that each thread gets what it needs (no spills), and beyond 232
+// registers they are not instantiated.
+constexpr int cache_regs(int nv, int vb, bool res) { return 56 + nv * (vb >= 4 ? 8 : 1) * (res ? 2 : 1); }
+constexpr int max_threads(int nv, int vb, bool res) {
+  return cache_regs(nv, vb, res) <= 64 ? 1024 : cache_regs(nv, vb, res) <= 128 ? 512 : 256;
 }
-// deeper caches do not fit the 255 registers of a thread
-constexpr bool fits(int nv, int vec, bool res) { return cached_floats(nv, vec, res) <= 192; }
+constexpr bool fits(int nv, int vb, bool res) { return cache_regs(nv, vb, res) <= 232; }
 
 // Sum over the G threads of a row group. G <= 32: xor-shuffles inside the aligned lane group;
 // G > 32 (a multiple of 32, one group per block row): warp sums, then through shared memory.
@@ -159,9 +165,14 @@ __device__ __forceinline__ float group_sum(float v, int G, float *smem) {
   return s;
 }
 
-template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, F &&f) {
+template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, bool full, F &&f) {
   const int t = threadIdx.x;
   if constexpr (NV > 0) {
+    if (full) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) f(k, t + (int64_t)k * G);
+      return;
+    }
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int64_t j = t + (int64_t)k * G;
@@ -181,6 +192,11 @@ template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> ld(const 
   }
 }
 
+template <typename T, int VEC> __device__ __forceinline__ void unpack(const Pack<T, VEC> &pk, float (&out)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) out[i] = to_f32<T>(pk.v[i]);
+}
+
 // An empty asm on the cached words: the compiler may no longer reuse the floats it converted
 // in an earlier pass, so only the packed row stays live (half the registers for 16-bit types).
 template <typename T, int VEC> __device__ __forceinline__ void opaque(Pack<T, VEC> &pk) {
@@ -194,19 +210,46 @@ template <typename T, int VEC> __device__ __forceinline__ void opaque(Pack<T, VE
   }
 }
 
-template <typename T, int VEC, int NV, bool RES>
-__global__ void __launch_bounds__(max_threads(NV, VEC, RES)) norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
+// Epilogue kinds, compile-time so that an op carries only the pointers and code it uses
+// (registers decide how many rows an SM keeps in flight).
+enum Epi { kAffine = 0, kAdaLN = 1, kGated = 2 }; // rms/layernorm; adaln; Mochi
+
+template <typename T, int VEC, int NV, bool RES, int EPI>
+__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
   __shared__ float red[2][32]; // one slot per warp, one array per reduction (no reuse barrier)
   const int G = blockDim.x;
   const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
   const bool live = row < rows; // dead groups still join the block's barriers
-  const int64_t b = live ? row / a.L : 0, l = live ? row % a.L : 0;
+  // (b, l) of the row without a 64-bit division on the path to the first load where possible
+  int64_t b = 0, l = 0;
+  if (live) {
+    if (a.B == 1) {
+      l = row;
+    } else if (a.L == 1) {
+      b = row;
+    } else if (rows <= 0xffffffffll) {
+      b = (uint32_t)row / (uint32_t)a.L;
+      l = row - b * a.L;
+    } else {
+      b = row / a.L, l = row % a.L;
+    }
+  }
   const int64_t nvec = live ? a.D / VEC : 0;
   const T *x = at<T>(a.x, b, l);
   const T *res = RES ? at<T>(a.res, b, l) : nullptr;
 
+  // the epilogue's two per-element operands: weight/bias, scale/shift or gate/x (Mochi's base)
+  const T *w = EPI != kGated ? static_cast<const T *>(a.weight) : nullptr;
+  const T *bi = EPI != kGated ? static_cast<const T *>(a.bias) : nullptr;
+  const T *op0 = EPI == kAffine ? w : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
+  const T *op1 = EPI == kAffine ? bi : EPI == kAdaLN ? at<T>(a.shift, b, 0) : at<T>(a.base, b, l);
+
   constexpr int C = NV > 0 ? NV : 1;
   Pack<T, VEC> cx[C] = {}, cr[RES ? C : 1] = {}; // zeroed: lanes past the row end are never used
+  // Rows that fill the group exactly (the usual D) run every pass without per-vector guards:
+  // unconditional loads may then be hoisted above earlier stores, instead of waiting one
+  // round trip per vector behind them.
+  const bool full = NV > 0 && nvec == (int64_t)NV * G;
   // v = x + res (float, unrounded) for vector j: from registers, or re-read (NV == 0)
   auto fetch = [&](int k, int64_t j, float (&v)[VEC]) {
     Pack<T, VEC> px, pr;
@@ -239,7 +282,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC, RES)) norm_rows_kernel(co
 
   // pass 1: sum v - K (LayerNorm) or v^2 (RMSNorm)
   float s1 = 0.f;
-  for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+  for_each_vec<NV>(nvec, G, full, [&](int k, int64_t j) {
     float v[VEC];
     fetch(k, j, v);
 #pragma unroll
@@ -249,11 +292,11 @@ __global__ void __launch_bounds__(max_threads(NV, VEC, RES)) norm_rows_kernel(co
   const float inv_d = 1.f / (float)a.D;
   float dm = 0.f, var; // dm = mean - K
   if (a.rms) {
-    var = a.exact ? s1 / (float)a.D : s1 * inv_d;
+    var = EPI == kGated && a.exact ? s1 / (float)a.D : s1 * inv_d;
   } else {
     dm = s1 * inv_d;
     float s2 = 0.f;
-    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+    for_each_vec<NV>(nvec, G, full, [&](int k, int64_t j) {
       float v[VEC];
       fetch(k, j, v);
 #pragma unroll
@@ -266,47 +309,47 @@ __global__ void __launch_bounds__(max_threads(NV, VEC, RES)) norm_rows_kernel(co
   // final pass: epilogue and stores
   T *y = at<T>(a.y, b, l);
   T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
-  const T *base = a.base.p ? at<T>(a.base, b, l) : nullptr;
-  const T *sc = a.scale.p ? at<T>(a.scale, b, 0) : nullptr;
-  const T *sh = a.shift.p ? at<T>(a.shift, b, 0) : nullptr;
-  const T *g = a.gate.p ? at<T>(a.gate, b, 0) : nullptr;
-  const T *w = static_cast<const T *>(a.weight), *bi = static_cast<const T *>(a.bias);
-  for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-    float v[VEC], n[VEC], p[VEC];
+  const bool exact = EPI == kGated && a.exact;
+  for_each_vec<NV>(nvec, G, full, [&](int k, int64_t j) {
+    float v[VEC], n[VEC], p0[VEC], p1[VEC], p[VEC];
     fetch(k, j, v);
     const int64_t d = j * VEC;
     if (RES && ro) store<T, VEC>(ro + d, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) n[i] = ((v[i] - K) - dm) * rstd; // RMS: K = dm = 0, exactly v * rstd
-    if (w) {
-      load_ro<T, VEC>(w + d, p);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] *= p[i];
+    if (op0) load_ro<T, VEC>(op0 + d, p0);
+    if (op1) { // Mochi's base is x, which y may alias (in place): a coherent load for it
+      if constexpr (EPI == kGated) load<T, VEC>(op1 + d, p1);
+      else load_ro<T, VEC>(op1 + d, p1);
     }
-    if (bi) {
-      load_ro<T, VEC>(bi + d, p);
+    if constexpr (EPI == kAdaLN) { // optional affine inside the norm, then the modulation
+      if (w) {
+        load_ro<T, VEC>(w + d, p);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] += p[i];
-    }
-    if (sc) {
-      load_ro<T, VEC>(sc + d, p);
+        for (int i = 0; i < VEC; ++i) n[i] *= p[i];
+      }
+      if (bi) {
+        load_ro<T, VEC>(bi + d, p);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] *= 1.f + p[i];
-    }
-    if (sh) {
-      load_ro<T, VEC>(sh + d, p);
+        for (int i = 0; i < VEC; ++i) n[i] += p[i];
+      }
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] += p[i];
-    }
-    if (g) {
-      load_ro<T, VEC>(g + d, p);
+      for (int i = 0; i < VEC; ++i) n[i] = n[i] * (1.f + p0[i]) + p1[i];
+    } else if constexpr (EPI == kGated) {
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] *= a.exact ? round_to<T>(tanhf(p[i])) : tanhf(p[i]);
-    }
-    if (base) {
-      load<T, VEC>(base + d, p);
+      for (int i = 0; i < VEC; ++i) {
+        const float t = exact ? round_to<T>(tanhf(p0[i])) : tanhf(p0[i]);
+        n[i] = (exact ? round_to<T>(n[i] * t) : n[i] * t) + p1[i];
+      }
+    } else {
+      if (op0) {
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] = (a.exact ? round_to<T>(n[i]) : n[i]) + p[i];
+        for (int i = 0; i < VEC; ++i) n[i] *= p0[i];
+      }
+      if (op1) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) n[i] += p1[i];
+      }
     }
     store<T, VEC>(y + d, n);
   });
@@ -317,31 +360,29 @@ struct NormPlan {
   int nv, g, rows_per_block;
 };
 
-constexpr int kWarpNV[] = {1, 2, 4, 8}; // cache depths of the warp-per-row shape
-
-NormPlan plan_norm(int64_t nvec, int vec, bool res) {
-  NormPlan p{0, 0, 1};
-  if (nvec <= 32 * 8) { // a warp (or sub-warp) per row
-    int g = 1;
-    while (g < 32 && g < nvec) g *= 2;
-    const int64_t per = (nvec + g - 1) / g;
-    for (int nv : kWarpNV)
-      if (nv >= per && fits(nv, vec, res)) {
-        p.nv = nv;
-        p.g = g;
-        p.rows_per_block = 256 / g;
-        return p;
-      }
+// Measured on an H200 (bench/tune_norm.py, bench/results/): above ~4 KB rows every shape
+// that keeps the row in registers lands within 2% of the others; small row counts want more
+// threads per row. So: the smallest cache depth that needs at most 128 threads per row.
+NormPlan plan_norm(int64_t nvec, int vb, bool res) {
+  NormPlan p{1, 1, 1};
+  if (nvec < 32) { // a sub-warp group per row, 256 threads per block
+    while (p.g < nvec) p.g *= 2;
+    p.rows_per_block = 256 / p.g;
+    return p;
   }
-  for (int nv : {4, 8, 16}) { // a block per row: the smallest cache whose thread cap fits the row
+  int nv_max = 16; // the deepest cache that fits; only it may use more than 128 threads
+  while (!fits(nv_max, vb, res)) nv_max /= 2;
+  for (int nv : {1, 2, 4, 8, 16}) {
     const int64_t g = (nvec + nv - 1) / nv;
-    if (fits(nv, vec, res) && g <= max_threads(nv, vec, res)) {
+    if (nv <= nv_max && g <= (nv == nv_max ? max_threads(nv, vb, res) : 128)) {
       p.nv = nv;
       p.g = (int)((g + 31) / 32 * 32);
+      p.rows_per_block = p.g < 256 ? 256 / p.g : 1;
       return p;
     }
   }
-  p.g = 512; // re-read from L2
+  p.nv = 0; // re-read from L2
+  p.g = 512;
   return p;
 }
 
@@ -349,25 +390,26 @@ NormPlan plan_norm(int64_t nvec, int vec, bool res) {
 // safe: a measuring aid); one that does not fit the row is ignored.
 NormPlan g_tune_plan{-1, 0, 0};
 
-bool plan_valid(const NormPlan &p, int64_t nvec, int vec, bool res) {
+bool plan_valid(const NormPlan &p, int64_t nvec, int vb, bool res) {
   const bool gok = p.g > 32 ? p.g % 32 == 0 : (p.g & (p.g - 1)) == 0;
   const bool nvok = p.nv == 0 || p.nv == 1 || p.nv == 2 || p.nv == 4 || p.nv == 8 || p.nv == 16;
-  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vec, res) &&
+  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, res) &&
          (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) &&
-         (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) && (p.nv == 0 || fits(p.nv, vec, res));
+         (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) && (p.nv == 0 || fits(p.nv, vb, res));
 }
 
-template <typename T, int VEC, bool RES>
+template <typename T, int VEC, bool RES, int EPI>
 cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
-  NormPlan p = plan_norm(a.D / VEC, VEC, RES);
-  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, a.D / VEC, VEC, RES)) p = g_tune_plan;
+  constexpr int vb = VEC * (int)sizeof(T);
+  NormPlan p = plan_norm(a.D / VEC, vb, RES);
+  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, a.D / VEC, vb, RES)) p = g_tune_plan;
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const unsigned gr = (unsigned)grid;
   auto go = [&](auto nv) { // instantiates only the cache depths that fit (plan never picks others)
     constexpr int NV = decltype(nv)::value;
-    if constexpr (NV == 0 || fits(NV, VEC, RES)) norm_rows_kernel<T, VEC, NV, RES><<<gr, block, 0, s>>>(a, rows);
+    if constexpr (NV == 0 || fits(NV, VEC * (int)sizeof(T), RES)) norm_rows_kernel<T, VEC, NV, RES, EPI><<<gr, block, 0, s>>>(a, rows);
   };
   switch (p.nv) {
     case 1: go(std::integral_constant<int, 1>()); break;
@@ -389,8 +431,10 @@ template <typename T> cudaError_t launch_norm(const fusedk__norm_args &a, int64_
   bool vec = a.D % V == 0 && aligned16(a.weight) && aligned16(a.bias);
   for (const fusedk__rows *r : {&a.x, &a.res, &a.res_out, &a.y, &a.base, &a.scale, &a.shift, &a.gate})
     vec = vec && aligned16(r->p) && r->sb % V == 0 && r->sl % V == 0;
-  if (a.res.p) return vec ? launch_norm_vec<T, V, true>(a, rows, s) : launch_norm_vec<T, 1, true>(a, rows, s);
-  return vec ? launch_norm_vec<T, V, false>(a, rows, s) : launch_norm_vec<T, 1, false>(a, rows, s);
+  if (a.res.p) return vec ? launch_norm_vec<T, V, true, kAffine>(a, rows, s) : launch_norm_vec<T, 1, true, kAffine>(a, rows, s);
+  if (a.gate.p) return vec ? launch_norm_vec<T, V, false, kGated>(a, rows, s) : launch_norm_vec<T, 1, false, kGated>(a, rows, s);
+  if (a.scale.p) return vec ? launch_norm_vec<T, V, false, kAdaLN>(a, rows, s) : launch_norm_vec<T, 1, false, kAdaLN>(a, rows, s);
+  return vec ? launch_norm_vec<T, V, false, kAffine>(a, rows, s) : launch_norm_vec<T, 1, false, kAffine>(a, rows, s);
 }
 
 const char *op_of(const fusedk__norm_args *a) {
