@@ -246,10 +246,9 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) no
 
   constexpr int C = NV > 0 ? NV : 1;
   Pack<T, VEC> cx[C] = {}, cr[RES ? C : 1] = {}; // zeroed: lanes past the row end are never used
-  // Rows that fill the group exactly (the usual D) run every pass without per-vector guards:
-  // unconditional loads may then be hoisted above earlier stores, instead of waiting one
-  // round trip per vector behind them.
-  const bool full = NV > 0 && nvec == (int64_t)NV * G;
+  // Unguarded passes for rows that fill the group exactly were measured slower on an H200: the
+  // hoisted loads cost registers (64 -> 76 at NV = 4), and resident rows matter more.
+  constexpr bool full = false;
   // v = x + res (float, unrounded) for vector j: from registers, or re-read (NV == 0)
   auto fetch = [&](int k, int64_t j, float (&v)[VEC]) {
     Pack<T, VEC> px, pr;
