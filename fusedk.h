@@ -805,23 +805,32 @@ FUSEDK_DEF fusedk_status fusedk_rmsnorm(const fusedk_tensor *y, const fusedk_ten
   return fusedk__norm_run(&c, &a, stream);
 }
 
+/* x and y as rows (want_ndim 0: any leading dims; 3: [B, L, D]) with the optional affine
+   weight and bias [D]: the arguments layernorm and adaln share. */
+static fusedk_status fusedk__affine_rows(fusedk__check *c, const fusedk_tensor *y, const fusedk_tensor *x,
+                                         const fusedk_tensor *weight, const fusedk_tensor *bias, int want_ndim,
+                                         fusedk__norm_args *a) {
+  const fusedk_tensor *ts[2] = {x, y};
+  const char *names[2] = {"x", "y"};
+  const int req[2] = {1, 1}, out[2] = {0, 1};
+  fusedk__rows rows[2], w, bi;
+  fusedk_status st = fusedk__row_tensors(c, 2, ts, names, req, out, want_ndim, rows, a);
+  if (st) return st;
+  if ((st = fusedk__vector_arg(c, weight, "weight", -1, a->D, 0, &w))) return st;
+  if ((st = fusedk__vector_arg(c, bias, "bias", -1, a->D, 0, &bi))) return st;
+  a->x = rows[0], a->y = rows[1];
+  a->weight = w.p, a->bias = bi.p;
+  return FUSEDK_OK;
+}
+
 FUSEDK_DEF fusedk_status fusedk_layernorm(const fusedk_tensor *y, const fusedk_tensor *x,
                                           const fusedk_tensor *weight, const fusedk_tensor *bias, float eps,
                                           struct CUstream_st *stream) {
   fusedk__check c = {"layernorm", -1, {0, 0}};
   fusedk__norm_args a;
   memset(&a, 0, sizeof a);
-  const fusedk_tensor *ts[2] = {x, y};
-  const char *names[2] = {"x", "y"};
-  const int req[2] = {1, 1}, out[2] = {0, 1};
-  fusedk__rows rows[2], w, bi;
-  fusedk_status st = fusedk__row_tensors(&c, 2, ts, names, req, out, 0, rows, &a);
-  if (st) return st;
-  if ((st = fusedk__vector_arg(&c, weight, "weight", -1, a.D, 0, &w))) return st;
-  if ((st = fusedk__vector_arg(&c, bias, "bias", -1, a.D, 0, &bi))) return st;
-  if ((st = fusedk__check_eps(&c, eps))) return st;
-  a.x = rows[0], a.y = rows[1];
-  a.weight = w.p, a.bias = bi.p;
+  fusedk_status st = fusedk__affine_rows(&c, y, x, weight, bias, 0, &a);
+  if (st || (st = fusedk__check_eps(&c, eps))) return st;
   a.eps = eps;
   return fusedk__norm_run(&c, &a, stream);
 }
@@ -832,25 +841,17 @@ FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tenso
   fusedk__check c = {"adaln", -1, {0, 0}};
   fusedk__norm_args a;
   memset(&a, 0, sizeof a);
-  const fusedk_tensor *ts[2] = {x, y};
-  const char *names[2] = {"x", "y"};
-  const int req[2] = {1, 1}, out[2] = {0, 1};
-  fusedk__rows rows[2], w, bi;
-  fusedk_status st = fusedk__row_tensors(&c, 2, ts, names, req, out, 3, rows, &a);
+  fusedk_status st = fusedk__affine_rows(&c, y, x, weight, bias, 3, &a);
   if (st) return st;
   if ((st = fusedk__vector_arg(&c, scale, "scale", a.B, a.D, 1, &a.scale))) return st;
   if ((st = fusedk__vector_arg(&c, shift, "shift", a.B, a.D, 1, &a.shift))) return st;
   if (norm != FUSEDK_NORM_LAYER && norm != FUSEDK_NORM_RMS)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: norm is %d, expected FUSEDK_NORM_LAYER (0) or "
                         "FUSEDK_NORM_RMS (1)", (int)norm);
-  if ((st = fusedk__vector_arg(&c, weight, "weight", -1, a.D, 0, &w))) return st;
-  if ((st = fusedk__vector_arg(&c, bias, "bias", -1, a.D, 0, &bi))) return st;
   if (bias && norm == FUSEDK_NORM_RMS)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: bias is given with FUSEDK_NORM_RMS, expected NULL "
                         "(RMSNorm has no bias)");
   if ((st = fusedk__check_eps(&c, eps))) return st;
-  a.x = rows[0], a.y = rows[1];
-  a.weight = w.p, a.bias = bi.p;
   a.rms = norm == FUSEDK_NORM_RMS;
   a.eps = eps;
   return fusedk__norm_run(&c, &a, stream);

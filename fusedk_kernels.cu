@@ -165,14 +165,9 @@ __device__ __forceinline__ float group_sum(float v, int G, float *smem) {
   return s;
 }
 
-template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, bool full, F &&f) {
+template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, F &&f) {
   const int t = threadIdx.x;
   if constexpr (NV > 0) {
-    if (full) {
-#pragma unroll
-      for (int k = 0; k < NV; ++k) f(k, t + (int64_t)k * G);
-      return;
-    }
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int64_t j = t + (int64_t)k * G;
@@ -190,11 +185,6 @@ template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> ld(const 
   } else {
     return *reinterpret_cast<const Pack<T, VEC> *>(p);
   }
-}
-
-template <typename T, int VEC> __device__ __forceinline__ void unpack(const Pack<T, VEC> &pk, float (&out)[VEC]) {
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) out[i] = to_f32<T>(pk.v[i]);
 }
 
 // An empty asm on the cached words: the compiler may no longer reuse the floats it converted
@@ -246,9 +236,6 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) no
 
   constexpr int C = NV > 0 ? NV : 1;
   Pack<T, VEC> cx[C] = {}, cr[RES ? C : 1] = {}; // zeroed: lanes past the row end are never used
-  // Unguarded passes for rows that fill the group exactly were measured slower on an H200: the
-  // hoisted loads cost registers (64 -> 76 at NV = 4), and resident rows matter more.
-  constexpr bool full = false;
   // v = x + res (float, unrounded) for vector j: from registers, or re-read (NV == 0)
   auto fetch = [&](int k, int64_t j, float (&v)[VEC]) {
     Pack<T, VEC> px, pr;
@@ -281,7 +268,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) no
 
   // pass 1: sum v - K (LayerNorm) or v^2 (RMSNorm)
   float s1 = 0.f;
-  for_each_vec<NV>(nvec, G, full, [&](int k, int64_t j) {
+  for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
     float v[VEC];
     fetch(k, j, v);
 #pragma unroll
@@ -295,7 +282,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) no
   } else {
     dm = s1 * inv_d;
     float s2 = 0.f;
-    for_each_vec<NV>(nvec, G, full, [&](int k, int64_t j) {
+    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
       float v[VEC];
       fetch(k, j, v);
 #pragma unroll
@@ -309,7 +296,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) no
   T *y = at<T>(a.y, b, l);
   T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
   const bool exact = EPI == kGated && a.exact;
-  for_each_vec<NV>(nvec, G, full, [&](int k, int64_t j) {
+  for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
     float v[VEC], n[VEC], p0[VEC], p1[VEC], p[VEC];
     fetch(k, j, v);
     const int64_t d = j * VEC;
