@@ -678,11 +678,12 @@ static void *fusedk__at(const fusedk__rows *r, int64_t b, int64_t l, int s) {
   return (char *)r->p + (b * r->sb + l * r->sl) * (int64_t)fusedk__scalar_size(s);
 }
 
-static void fusedk__norm_cpu(const fusedk__norm_args *a) {
+/* 0, or -1 when the row buffer cannot be allocated (nothing written then) */
+static int fusedk__norm_cpu(const fusedk__norm_args *a) {
   const int s = a->scalar;
   const int64_t D = a->D;
   double *v = (double *)malloc((size_t)D * sizeof(double));
-  if (!v) return; /* checked by the caller beforehand */
+  if (!v) return -1;
   for (int64_t b = 0; b < a->B; ++b)
     for (int64_t l = 0; l < a->L; ++l) {
       const void *x = fusedk__at(&a->x, b, l, s);
@@ -728,17 +729,16 @@ static void fusedk__norm_cpu(const fusedk__norm_args *a) {
       }
     }
   free(v);
+  return 0;
 }
 
 /* Runs a validated op where its tensors live. */
 static fusedk_status fusedk__norm_run(const fusedk__check *c, fusedk__norm_args *a, struct CUstream_st *stream) {
   if (a->B * a->L == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_norm(a, c->dev.device_id, stream);
-  void *probe = malloc((size_t)a->D * sizeof(double)); /* the reference's row buffer */
-  if (!probe) return fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate a row of %lld doubles", c->op,
-                                  (long long)a->D);
-  free(probe);
-  fusedk__norm_cpu(a);
+  if (fusedk__norm_cpu(a))
+    return fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate a row of %lld doubles", c->op,
+                        (long long)a->D);
   return FUSEDK_OK;
 }
 
