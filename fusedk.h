@@ -900,7 +900,6 @@ FUSEDK_DEF void fusedk_dlpack_free(fusedk_dlpack *h) { fusedk__dlpack_release(h)
 
 FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype dtype, int32_t ndim,
                                              const int64_t *shape, fusedk_dlpack **out) {
-  fusedk__check c = {"dlpack_alloc", -1, {0, 0}};
   if (!out) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "dlpack_alloc: out is NULL");
   if (ndim < 0 || ndim > 8 || (ndim > 0 && !shape))
     return fusedk__fail(FUSEDK_ERR_SHAPE, "dlpack_alloc: ndim is %d, expected 0..8 with a shape", (int)ndim);
@@ -911,7 +910,6 @@ FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype 
     if (shape[i] < 0) return fusedk__fail(FUSEDK_ERR_SHAPE, "dlpack_alloc: negative size in dim %d", i);
     n *= (size_t)shape[i];
   }
-  (void)c;
   fusedk_dlpack *h = (fusedk_dlpack *)calloc(1, sizeof *h);
   if (!h) return fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "dlpack_alloc: cannot allocate the header");
   size_t bytes = n * fusedk__scalar_size(s);

@@ -68,23 +68,19 @@ template <typename T> __device__ __forceinline__ float round_to(float v) { retur
 // the scalar path), converted to/from float registers.
 template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
 
-template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> ld(const T *p);
-
-template <typename T, int VEC> __device__ __forceinline__ void load(const T *p, float (&out)[VEC]) {
-  const Pack<T, VEC> pk = ld<T, VEC>(p);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) out[i] = to_f32<T>(pk.v[i]);
+// One Pack from memory: a single 128-bit load whatever T's copy semantics; RO = through the
+// read-only cache (weights and per-sample vectors, re-read by every row).
+template <typename T, int VEC, bool RO = false> __device__ __forceinline__ Pack<T, VEC> ld(const T *p) {
+  if constexpr (sizeof(Pack<T, VEC>) == 16) {
+    const uint4 u = RO ? __ldg(reinterpret_cast<const uint4 *>(p)) : *reinterpret_cast<const uint4 *>(p);
+    return *reinterpret_cast<const Pack<T, VEC> *>(&u);
+  } else {
+    return *reinterpret_cast<const Pack<T, VEC> *>(p);
+  }
 }
 
-// weights and per-sample vectors are re-read by every row: keep them in the read-only cache
-template <typename T, int VEC> __device__ __forceinline__ void load_ro(const T *p, float (&out)[VEC]) {
-  Pack<T, VEC> pk;
-  if constexpr (sizeof(pk) == 16) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p));
-    pk = *reinterpret_cast<const Pack<T, VEC> *>(&u);
-  } else {
-    pk = *reinterpret_cast<const Pack<T, VEC> *>(p);
-  }
+template <typename T, int VEC, bool RO = false> __device__ __forceinline__ void load(const T *p, float (&out)[VEC]) {
+  const Pack<T, VEC> pk = ld<T, VEC, RO>(p);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) out[i] = to_f32<T>(pk.v[i]);
 }
@@ -101,10 +97,9 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, fl
 }
 
 // One 16-byte streaming store (st.global.cs.v4). NVVM splits a plain vector store into four
-// 32-bit ones here (four instructions, partial sectors); __stcs would keep it whole but its
-// memory clobber also pins every later load behind it, serializing the epilogue's weight loads
-// vector by vector. Without the clobber the loads may move up: each element's own load feeds
-// its own store, so even in-place calls keep their order where it matters.
+// 32-bit ones here (four instructions, partial sectors). Unlike __stcs this asm has no memory
+// clobber, so it does not order later loads behind it: each element's own load feeds its own
+// store, which keeps in-place calls correct.
 __device__ __forceinline__ void st_cs(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
 }
@@ -127,11 +122,10 @@ template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, in
 // ---------------------------------------------------------------------------------------------
 // Normalization family: one kernel for rmsnorm, layernorm, adaln and Mochi's gated residual.
 //
-// Launch shape: a group of G threads normalizes one row; a block holds blockDim.y groups.
-//   rows of up to 16 vectors per lane: a warp (or an aligned sub-warp) per row, 8 rows per
-//     256-thread block, reductions by shuffles alone: no barrier, every warp independent, up
-//     to 16 x 16-byte loads in flight per lane;
-//   longer rows: a block of G threads per row, warp sums combined through shared memory.
+// Launch shape (plan_norm): a group of G threads normalizes one row; a block holds blockDim.y
+// groups. Rows under 32 vectors: an aligned sub-warp per row, sums by shuffles alone. Longer
+// rows: G (a multiple of 32, at most 128 unless the deepest cache needs more) threads per row,
+// warp sums combined through shared memory.
 // Memory traffic is the minimum: each input is read once and each output written once while the
 // row fits in registers (NV > 0: each thread keeps NV raw 16-byte vectors of x, and of the
 // residual when RES, packed, half the registers of floats for 16-bit types). Longer rows
@@ -175,15 +169,6 @@ template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64
     }
   } else {
     for (int64_t j = t; j < nvec; j += G) f(0, j);
-  }
-}
-
-template <typename T, int VEC> __device__ __forceinline__ Pack<T, VEC> ld(const T *p) {
-  if constexpr (sizeof(Pack<T, VEC>) == 16) { // one 128-bit load, whatever T's copy semantics
-    const uint4 u = *reinterpret_cast<const uint4 *>(p);
-    return *reinterpret_cast<const Pack<T, VEC> *>(&u);
-  } else {
-    return *reinterpret_cast<const Pack<T, VEC> *>(p);
   }
 }
 
@@ -303,19 +288,16 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) no
     if (RES && ro) store<T, VEC>(ro + d, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) n[i] = ((v[i] - K) - dm) * rstd; // RMS: K = dm = 0, exactly v * rstd
-    if (op0) load_ro<T, VEC>(op0 + d, p0);
-    if (op1) { // Mochi's base is x, which y may alias (in place): a coherent load for it
-      if constexpr (EPI == kGated) load<T, VEC>(op1 + d, p1);
-      else load_ro<T, VEC>(op1 + d, p1);
-    }
+    if (op0) load<T, VEC, true>(op0 + d, p0);
+    if (op1) load<T, VEC, EPI != kGated>(op1 + d, p1); // Mochi's base is x, which y may alias: coherent
     if constexpr (EPI == kAdaLN) { // optional affine inside the norm, then the modulation
       if (w) {
-        load_ro<T, VEC>(w + d, p);
+        load<T, VEC, true>(w + d, p);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) n[i] *= p[i];
       }
       if (bi) {
-        load_ro<T, VEC>(bi + d, p);
+        load<T, VEC, true>(bi + d, p);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) n[i] += p[i];
       }
@@ -395,7 +377,7 @@ cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream
   const unsigned gr = (unsigned)grid;
   auto go = [&](auto nv) { // instantiates only the cache depths that fit (plan never picks others)
     constexpr int NV = decltype(nv)::value;
-    if constexpr (NV == 0 || fits(NV, VEC * (int)sizeof(T), RES)) norm_rows_kernel<T, VEC, NV, RES, EPI><<<gr, block, 0, s>>>(a, rows);
+    if constexpr (NV == 0 || fits(NV, vb, RES)) norm_rows_kernel<T, VEC, NV, RES, EPI><<<gr, block, 0, s>>>(a, rows);
   };
   switch (p.nv) {
     case 1: go(std::integral_constant<int, 1>()); break;
@@ -410,17 +392,23 @@ cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+// The 16-byte vector path or the scalar one (same kernel, one element per access).
+template <typename T, bool RES, int EPI>
+cudaError_t launch_epi(bool vec, const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
+  return vec ? launch_norm_vec<T, 16 / sizeof(T), RES, EPI>(a, rows, s) : launch_norm_vec<T, 1, RES, EPI>(a, rows, s);
+}
+
 // 16-byte vectors need every pointer 16-byte aligned, every row stride and D a multiple of
-// the vector; otherwise the scalar path (same kernel, one element per access).
+// the vector.
 template <typename T> cudaError_t launch_norm(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
   constexpr int V = 16 / sizeof(T);
   bool vec = a.D % V == 0 && aligned16(a.weight) && aligned16(a.bias);
   for (const fusedk__rows *r : {&a.x, &a.res, &a.res_out, &a.y, &a.base, &a.scale, &a.shift, &a.gate})
     vec = vec && aligned16(r->p) && r->sb % V == 0 && r->sl % V == 0;
-  if (a.res.p) return vec ? launch_norm_vec<T, V, true, kAffine>(a, rows, s) : launch_norm_vec<T, 1, true, kAffine>(a, rows, s);
-  if (a.gate.p) return vec ? launch_norm_vec<T, V, false, kGated>(a, rows, s) : launch_norm_vec<T, 1, false, kGated>(a, rows, s);
-  if (a.scale.p) return vec ? launch_norm_vec<T, V, false, kAdaLN>(a, rows, s) : launch_norm_vec<T, 1, false, kAdaLN>(a, rows, s);
-  return vec ? launch_norm_vec<T, V, false, kAffine>(a, rows, s) : launch_norm_vec<T, 1, false, kAffine>(a, rows, s);
+  if (a.res.p) return launch_epi<T, true, kAffine>(vec, a, rows, s);
+  if (a.gate.p) return launch_epi<T, false, kGated>(vec, a, rows, s);
+  if (a.scale.p) return launch_epi<T, false, kAdaLN>(vec, a, rows, s);
+  return launch_epi<T, false, kAffine>(vec, a, rows, s);
 }
 
 const char *op_of(const fusedk__norm_args *a) {

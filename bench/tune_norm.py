@@ -1,47 +1,21 @@
 """Launch-shape sweep for the normalization kernel: times rmsnorm (and layernorm) over
 (cached vectors per thread NV, threads per row G, rows per block) through the internal hook
-fusedk__tune_norm_plan, next to the library's own choice. Same method as bench.py: CUDA events
-over CUDA-graph replays cycling input sets larger than L2. Prints a table; writes JSON if --out.
+fusedk__tune_norm_plan, next to the library's own choice. Timed by bench.py's time_graph (CUDA
+events over CUDA-graph replays) cycling input sets larger than L2. Prints a table; writes JSON
+if --out.
     python3 bench/tune_norm.py [--out FILE]"""
 import argparse
 import ctypes
 import json
-import statistics
 
 import torch
 
+import bench  # bench/bench.py: the shared timing method
 import fusedk
 
 lib = ctypes.CDLL(fusedk.kernel_info()["library"])
 tune = lib.fusedk__tune_norm_plan
 tune.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-
-
-def time_op(fn, sets, reps=60, calls=None):
-    """median µs per call over graph replays of `calls` calls cycling through `sets`"""
-    calls = calls or max(len(sets), 8)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for st in sets:
-            fn(*st)
-        g = torch.cuda.CUDAGraph()
-        g.capture_begin()
-        for i in range(calls):
-            fn(*sets[i % len(sets)])
-        g.capture_end()
-    torch.cuda.current_stream().wait_stream(s)
-    for _ in range(3):
-        g.replay()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / calls)
-    return statistics.median(ts)
 
 
 def configs(nvec):
@@ -58,6 +32,7 @@ def configs(nvec):
 
 
 def main():
+    bench.torch = torch  # bench.py binds torch in its own main()
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -75,7 +50,7 @@ def main():
         for nv, g, rpb in configs(D // 8):
             tune(nv, g, rpb)
             try:
-                us = time_op(f, sets)
+                us = bench.time_graph(lambda i: f(*sets[i % len(sets)]), max(len(sets), 8), 60)
             except Exception as e:  # a shape the hook rejected still runs the default plan
                 us = float("nan")
                 print("error", e)

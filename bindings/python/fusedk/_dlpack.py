@@ -228,14 +228,14 @@ class Call:
     def output(self, out, name, like, like_t):
         """(tensor*, result holder): the caller's out= array, or a new one like x (the array
         `like` and its tensor `like_t`): same shape, dtype, device and kind."""
-        shape = tuple(like.shape)
+        shape = tuple(like_t.shape[i] for i in range(like_t.ndim))
         if out is not None:
             if framework_of(out) == "jax":
                 raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.op}: {name} (out=) is a JAX array; JAX "
                             "arrays are immutable, leave out= unset to get a new one")
             return self.tensor(out, name, writable=True), out
         if self.fw == "numpy":
-            arr = np.empty(shape, dtype=np.asarray(like).dtype if not isinstance(like, np.ndarray) else like.dtype)
+            arr = np.empty(shape, dtype=np.asarray(like).dtype)  # no copy for an ndarray
             return self._numpy_tensor(arr, name, True), arr
         stream = self.stream or 0
         buf = DLPackBuffer(self.device, like_t.dtype, shape, stream)
