@@ -64,25 +64,45 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 // v rounded to T and back: the rounding points of exact mode
 template <typename T> __device__ __forceinline__ float round_to(float v) { return to_f32<T>(from_f32<T>(v)); }
 
-// VEC elements of T loaded/stored as one access (16 bytes for the vector path, one element for
-// the scalar path), converted to/from float registers.
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
+// VEC elements of T as raw 32-bit words (one 16-bit element in the low half for the scalar
+// path of 16-bit types): 16 bytes are four registers whatever T is, and a cached row costs
+// exactly its size in registers (an array of 16-bit T would take a register per element).
+template <typename T, int VEC> struct Raw { uint32_t w[(sizeof(T) * VEC + 3) / 4]; };
 
-// One Pack from memory: a single 128-bit load whatever T's copy semantics; RO = through the
-// read-only cache (weights and per-sample vectors, re-read by every row).
-template <typename T, int VEC, bool RO = false> __device__ __forceinline__ Pack<T, VEC> ld(const T *p) {
-  if constexpr (sizeof(Pack<T, VEC>) == 16) {
+// One access: a single 128-bit load for 16 bytes; RO = through the read-only cache (weights and
+// per-sample vectors, re-read by every row).
+template <typename T, int VEC, bool RO = false> __device__ __forceinline__ Raw<T, VEC> ld(const T *p) {
+  Raw<T, VEC> r;
+  if constexpr (sizeof(T) * VEC == 16) {
     const uint4 u = RO ? __ldg(reinterpret_cast<const uint4 *>(p)) : *reinterpret_cast<const uint4 *>(p);
-    return *reinterpret_cast<const Pack<T, VEC> *>(&u);
+    r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
+  } else if constexpr (sizeof(T) * VEC == 4) {
+    const unsigned *q = reinterpret_cast<const unsigned *>(p);
+    r.w[0] = RO ? __ldg(q) : *q;
   } else {
-    return *reinterpret_cast<const Pack<T, VEC> *>(p);
+    static_assert(sizeof(T) * VEC == 2, "16-byte vectors or single elements");
+    const unsigned short *q = reinterpret_cast<const unsigned short *>(p);
+    r.w[0] = RO ? __ldg(q) : *q;
+  }
+  return r;
+}
+
+// Element i of a Raw as float: bf16 is the high half of a float (one shift or mask).
+template <typename T, int VEC> __device__ __forceinline__ void to_floats(const Raw<T, VEC> &r, float (&out)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    if constexpr (sizeof(T) == 4) {
+      out[i] = __uint_as_float(r.w[i]);
+    } else {
+      const uint32_t h = i & 1 ? r.w[i / 2] >> 16 : r.w[i / 2] & 0xffffu;
+      if constexpr (std::is_same<T, __nv_bfloat16>::value) out[i] = __uint_as_float(h << 16);
+      else out[i] = __half2float(__ushort_as_half((unsigned short)h));
+    }
   }
 }
 
 template <typename T, int VEC, bool RO = false> __device__ __forceinline__ void load(const T *p, float (&out)[VEC]) {
-  const Pack<T, VEC> pk = ld<T, VEC, RO>(p);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) out[i] = to_f32<T>(pk.v[i]);
+  to_floats<T, VEC>(ld<T, VEC, RO>(p), out);
 }
 
 // two floats rounded into one 32-bit word of 16-bit values (one F2FP instruction)
@@ -124,39 +144,60 @@ template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, in
 //
 // Launch shape (plan_norm): a group of G threads normalizes one row; a block holds blockDim.y
 // groups. Rows under 32 vectors: an aligned sub-warp per row, sums by shuffles alone. Longer
-// rows: G (a multiple of 32, at most 128 unless the deepest cache needs more) threads per row,
-// warp sums combined through shared memory.
+// rows: G (a multiple of 32) threads per row, warp sums combined through shared memory.
 // Memory traffic is the minimum: each input is read once and each output written once while the
-// row fits in registers (NV > 0: each thread keeps NV raw 16-byte vectors of x, and of the
-// residual when RES, packed, half the registers of floats for 16-bit types). Longer rows
-// (NV == 0) are re-read per pass; a row is then small enough to come back from L2.
+// row fits in registers (NV > 0). Each thread issues every load its row needs before the first
+// use: NV 16-byte vectors of each row stream (x; the residual or Mochi's base) and of each
+// per-column operand (weight/bias, scale/shift, gate), kept packed (16-bit types: half the
+// registers of floats). A row then costs one memory round trip, a reduction and its stores.
+// Longer rows (NV == 0) are re-read per pass; a row is then small enough to come back from L2.
 // Statistics are two-pass from registers (LayerNorm: mean first, then squared deviations).
+// What is fused is fixed at compile time (norm kind, residual, epilogue): a kernel carries only
+// the registers and instructions its op uses, and registers decide how many rows an SM keeps in
+// flight.
 // ---------------------------------------------------------------------------------------------
 
-// Register budget: ~56 registers of addressing, statistics and epilogue, plus the row cache: NV
-// 16-byte vectors of x and of the residual (RES), counted as floats (vb = bytes per vector):
-// what the compiler holds at the peak of the final pass. Deeper caches are capped at fewer
-// threads per block so that each thread gets what it needs (no spills), and beyond 232
-// registers they are not instantiated.
-constexpr int cache_regs(int nv, int vb, bool res) { return 56 + nv * (vb >= 4 ? 8 : 1) * (res ? 2 : 1); }
-constexpr int max_threads(int nv, int vb, bool res) {
-  return cache_regs(nv, vb, res) <= 64 ? 1024 : cache_regs(nv, vb, res) <= 128 ? 512 : 256;
-}
-constexpr bool fits(int nv, int vb, bool res) { return cache_regs(nv, vb, res) <= 232; }
+enum Epi { kAffine = 0, kAdaLN = 1, kGated = 2 }; // rms/layernorm; adaln; Mochi
 
-// Sum over the G threads of a row group. G <= 32: xor-shuffles inside the aligned lane group;
-// G > 32 (a multiple of 32, one group per block row): warp sums, then through shared memory.
+// 16-byte vectors (or elements, scalar path) a thread keeps per cached vector slot: the row
+// streams and the per-column operands of a kernel kind.
+constexpr int cached_streams(bool ln, bool res, int epi) {
+  return 1 + (res || epi == kGated) + 1 + (epi == kAdaLN || (epi == kAffine && ln));
+}
+
+// Register budget: ~40 registers of addressing, statistics and epilogue, plus the cache: NV
+// packed vectors per stream (vb = bytes per vector, 4 per register). Deeper caches are capped at
+// fewer threads per block so that each thread gets what it needs (no spills), and beyond 200
+// registers they are not instantiated.
+constexpr int cache_regs(int nv, int vb, int streams) { return 40 + nv * (vb + 3) / 4 * streams; }
+constexpr int max_threads(int nv, int vb, int streams) {
+  return cache_regs(nv, vb, streams) <= 64 ? 1024 : cache_regs(nv, vb, streams) <= 128 ? 512 : 256;
+}
+constexpr bool fits(int nv, int vb, int streams) { return cache_regs(nv, vb, streams) <= 200; }
+
+// Butterfly sum over aligned groups of `width` lanes (a power of two <= 32): every lane of a
+// group gets its group's sum. Unrolled; the steps beyond the width are skipped uniformly.
+__device__ __forceinline__ float lanes_sum(float v, int width) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2)
+    if (o < width) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the G threads of a row group. G <= 32: shuffles inside the aligned lane group;
+// G > 32 (a multiple of 32, one group per block row): warp sums, one shared-memory slot per
+// warp, then each warp sums the slots with shuffles (log2(warps) steps).
 __device__ __forceinline__ float group_sum(float v, int G, float *smem) {
-  const int width = G < 32 ? G : 32;
-  for (int o = width / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o, width);
+  v = lanes_sum(v, G < 32 ? G : 32);
   if (G <= 32) return v;
-  const int warps = G / 32, w = threadIdx.x / 32;
+  const int warps = G / 32, lane = threadIdx.x & 31;
+  int p2 = 1;
+  while (p2 < warps) p2 *= 2;
   float *mine = smem + threadIdx.y * warps;
-  if ((threadIdx.x & 31) == 0) mine[w] = v;
+  if (lane == 0) mine[threadIdx.x / 32] = v;
   __syncthreads();
-  float s = 0.f;
-  for (int i = 0; i < warps; ++i) s += mine[i];
-  return s;
+  const int i = lane & (p2 - 1); // each aligned group of p2 lanes reads every slot once
+  return lanes_sum(i < warps ? mine[i] : 0.f, p2);
 }
 
 template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, F &&f) {
@@ -164,33 +205,35 @@ template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64
   if constexpr (NV > 0) {
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-      const int64_t j = t + (int64_t)k * G;
-      if (j < nvec) f(k, j);
+      const int j = t + k * G; // < 16 * 1024: cached rows are short
+      if (j < nvec) f(k, (int64_t)j);
     }
   } else {
     for (int64_t j = t; j < nvec; j += G) f(0, j);
   }
 }
 
-// An empty asm on the cached words: the compiler may no longer reuse the floats it converted
-// in an earlier pass, so only the packed row stays live (half the registers for 16-bit types).
-template <typename T, int VEC> __device__ __forceinline__ void opaque(Pack<T, VEC> &pk) {
-  if constexpr (sizeof(pk) % 4 == 0) {
-    uint32_t *w = reinterpret_cast<uint32_t *>(&pk);
+// An empty asm on the cached words: the compiler may no longer convert them early or reuse
+// floats converted in an earlier pass, so only the packed words stay live.
+template <typename T, int VEC> __device__ __forceinline__ Raw<T, VEC> opaque(Raw<T, VEC> r) {
 #pragma unroll
-    for (int i = 0; i < (int)(sizeof(pk) / 4); ++i) asm volatile("" : "+r"(w[i]));
-  } else {
-    unsigned short *h = reinterpret_cast<unsigned short *>(&pk);
-    asm volatile("" : "+h"(h[0]));
-  }
+  for (int i = 0; i < (int)(sizeof(r) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
+  return r;
 }
 
-// Epilogue kinds, compile-time so that an op carries only the pointers and code it uses
-// (registers decide how many rows an SM keeps in flight).
-enum Epi { kAffine = 0, kAdaLN = 1, kGated = 2 }; // rms/layernorm; adaln; Mochi
+// Slot k of a cached stream (NV > 0), or vector j loaded now (NV == 0; RO: read-only cache), as floats.
+template <typename T, int VEC, int NV, bool RO, int C>
+__device__ __forceinline__ void slot(const Raw<T, VEC> (&c)[C], const T *p, int k, int64_t j, float (&v)[VEC]) {
+  if constexpr (NV > 0) to_floats<T, VEC>(opaque<T, VEC>(c[k]), v);
+  else load<T, VEC, RO>(p + j * VEC, v);
+}
 
-template <typename T, int VEC, int NV, bool RES, int EPI>
-__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI>
+__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_streams(LN, RES, EPI)))
+    norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
+  constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
+  constexpr bool C1 = EPI == kAdaLN || (EPI == kAffine && LN); // second column operand: bias or shift
+  constexpr int C = NV > 0 ? NV : 1;
   __shared__ float red[2][32]; // one slot per warp, one array per reduction (no reuse barrier)
   const int G = blockDim.x;
   const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
@@ -211,69 +254,61 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) no
   }
   const int64_t nvec = live ? a.D / VEC : 0;
   const T *x = at<T>(a.x, b, l);
-  const T *res = RES ? at<T>(a.res, b, l) : nullptr;
+  const T *s2 = RES ? at<T>(a.res, b, l) : EPI == kGated ? at<T>(a.base, b, l) : nullptr;
+  // per-column operands: weight/bias, scale/shift of sample b, gate of sample b
+  const T *c0 = EPI == kAffine ? static_cast<const T *>(a.weight) : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
+  const T *c1 = !C1 ? nullptr : EPI == kAffine ? static_cast<const T *>(a.bias) : at<T>(a.shift, b, 0);
 
-  // the epilogue's two per-element operands: weight/bias, scale/shift or gate/x (Mochi's base)
-  const T *w = EPI != kGated ? static_cast<const T *>(a.weight) : nullptr;
-  const T *bi = EPI != kGated ? static_cast<const T *>(a.bias) : nullptr;
-  const T *op0 = EPI == kAffine ? w : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
-  const T *op1 = EPI == kAffine ? bi : EPI == kAdaLN ? at<T>(a.shift, b, 0) : at<T>(a.base, b, l);
-
-  constexpr int C = NV > 0 ? NV : 1;
-  Pack<T, VEC> cx[C] = {}, cr[RES ? C : 1] = {}; // zeroed: lanes past the row end are never used
-  // v = x + res (float, unrounded) for vector j: from registers, or re-read (NV == 0)
-  auto fetch = [&](int k, int64_t j, float (&v)[VEC]) {
-    Pack<T, VEC> px, pr;
-    if constexpr (NV > 0) {
-      px = cx[k];
-      opaque(px);
-      if constexpr (RES) pr = cr[k], opaque(pr);
-    } else {
-      px = ld<T, VEC>(x + j * VEC);
-      if constexpr (RES) pr = ld<T, VEC>(res + j * VEC);
-    }
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) v[i] = RES ? to_f32<T>(px.v[i]) + to_f32<T>(pr.v[i]) : to_f32<T>(px.v[i]);
-  };
-  if constexpr (NV > 0) { // issue every load of the row before the first use
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int64_t j = threadIdx.x + (int64_t)k * G;
-      if (j < nvec) {
-        cx[k] = ld<T, VEC>(x + j * VEC);
-        if constexpr (RES) cr[k] = ld<T, VEC>(res + j * VEC);
-      }
-    }
+  // zeroed: slots past the row end are never used
+  Raw<T, VEC> px[C] = {}, ps[S2 ? C : 1] = {}, p0[C] = {}, p1[C1 ? C : 1] = {};
+  if constexpr (NV > 0) { // row streams first (DRAM), then column operands (L1/L2 hits)
+    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+      px[k] = ld<T, VEC>(x + j * VEC);
+      if constexpr (S2) ps[k] = ld<T, VEC>(s2 + j * VEC); // plain loads: base may alias y
+    });
+    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+      if (c0) p0[k] = ld<T, VEC, true>(c0 + j * VEC);
+      if (C1 && c1) p1[k] = ld<T, VEC, true>(c1 + j * VEC);
+    });
   }
+  // v = x (+ residual), in float, unrounded
+  auto row_val = [&](int k, int64_t j, float(&v)[VEC]) {
+    slot<T, VEC, NV, false>(px, x, k, j, v);
+    if constexpr (RES) {
+      float r[VEC];
+      slot<T, VEC, NV, false>(ps, s2, k, j, r);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[i] += r[i];
+    }
+  };
 
   // LayerNorm sums v - K with K = the row's first element (shifted data): when a row's values
   // sit close together far from zero, mean and v - mean keep their bits in float32
   float K = 0.f;
-  if (!a.rms && live) K = to_f32<T>(x[0]) + (RES ? to_f32<T>(res[0]) : 0.f);
+  if (LN && live) K = to_f32<T>(x[0]) + (RES ? to_f32<T>(s2[0]) : 0.f);
 
   // pass 1: sum v - K (LayerNorm) or v^2 (RMSNorm)
   float s1 = 0.f;
   for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
     float v[VEC];
-    fetch(k, j, v);
+    row_val(k, j, v);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) s1 += a.rms ? v[i] * v[i] : v[i] - K;
+    for (int i = 0; i < VEC; ++i) s1 += LN ? v[i] - K : v[i] * v[i];
   });
   s1 = group_sum(s1, G, red[0]);
-  const float inv_d = 1.f / (float)a.D;
   float dm = 0.f, var; // dm = mean - K
-  if (a.rms) {
-    var = EPI == kGated && a.exact ? s1 / (float)a.D : s1 * inv_d;
-  } else {
-    dm = s1 * inv_d;
-    float s2 = 0.f;
+  if constexpr (LN) {
+    dm = s1 * (1.f / (float)a.D);
+    float sq = 0.f;
     for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
       float v[VEC];
-      fetch(k, j, v);
+      row_val(k, j, v);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) s2 += ((v[i] - K) - dm) * ((v[i] - K) - dm);
+      for (int i = 0; i < VEC; ++i) sq += ((v[i] - K) - dm) * ((v[i] - K) - dm);
     });
-    var = group_sum(s2, G, red[1]) * inv_d;
+    var = group_sum(sq, G, red[1]) * (1.f / (float)a.D);
+  } else {
+    var = EPI == kGated && a.exact ? s1 / (float)a.D : s1 * (1.f / (float)a.D); // exact: PyTorch's mean
   }
   const float rstd = rsqrtf(var + a.eps);
 
@@ -282,41 +317,48 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), RES)) no
   T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
   const bool exact = EPI == kGated && a.exact;
   for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-    float v[VEC], n[VEC], p0[VEC], p1[VEC], p[VEC];
-    fetch(k, j, v);
+    float v[VEC], n[VEC], q[VEC];
+    row_val(k, j, v);
     const int64_t d = j * VEC;
     if (RES && ro) store<T, VEC>(ro + d, v);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) n[i] = ((v[i] - K) - dm) * rstd; // RMS: K = dm = 0, exactly v * rstd
-    if (op0) load<T, VEC, true>(op0 + d, p0);
-    if (op1) load<T, VEC, EPI != kGated>(op1 + d, p1); // Mochi's base is x, which y may alias: coherent
-    if constexpr (EPI == kAdaLN) { // optional affine inside the norm, then the modulation
-      if (w) {
-        load<T, VEC, true>(w + d, p);
+    for (int i = 0; i < VEC; ++i) n[i] = LN ? ((v[i] - K) - dm) * rstd : v[i] * rstd;
+    if constexpr (EPI == kAdaLN) { // optional affine inside the norm (rare: not cached), then the modulation
+      if (a.weight) {
+        load<T, VEC, true>(static_cast<const T *>(a.weight) + d, q);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) n[i] *= p[i];
+        for (int i = 0; i < VEC; ++i) n[i] *= q[i];
       }
-      if (bi) {
-        load<T, VEC, true>(bi + d, p);
+      if (a.bias) {
+        load<T, VEC, true>(static_cast<const T *>(a.bias) + d, q);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) n[i] += p[i];
+        for (int i = 0; i < VEC; ++i) n[i] += q[i];
       }
+      slot<T, VEC, NV, true>(p0, c0, k, j, q);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] = n[i] * (1.f + p0[i]) + p1[i];
-    } else if constexpr (EPI == kGated) {
+      for (int i = 0; i < VEC; ++i) n[i] *= 1.f + q[i];
+      slot<T, VEC, NV, true>(p1, c1, k, j, q);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) n[i] += q[i];
+    } else if constexpr (EPI == kGated) { // y = base + n * tanh(gate), PyTorch's roundings when exact
+      float g[VEC];
+      slot<T, VEC, NV, true>(p0, c0, k, j, g);
+      slot<T, VEC, NV, false>(ps, s2, k, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const float t = exact ? round_to<T>(tanhf(p0[i])) : tanhf(p0[i]);
-        n[i] = (exact ? round_to<T>(n[i] * t) : n[i] * t) + p1[i];
+        const float t = exact ? round_to<T>(tanhf(g[i])) : tanhf(g[i]);
+        n[i] = (exact ? round_to<T>(n[i] * t) : n[i] * t) + q[i];
       }
     } else {
-      if (op0) {
+      if (c0) {
+        slot<T, VEC, NV, true>(p0, c0, k, j, q);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) n[i] *= p0[i];
+        for (int i = 0; i < VEC; ++i) n[i] *= q[i];
       }
-      if (op1) {
+      if (C1 && c1) {
+        slot<T, VEC, NV, true>(p1, c1, k, j, q);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) n[i] += p1[i];
+        for (int i = 0; i < VEC; ++i) n[i] += q[i];
       }
     }
     store<T, VEC>(y + d, n);
@@ -328,21 +370,20 @@ struct NormPlan {
   int nv, g, rows_per_block;
 };
 
-// Measured on an H200 (bench/tune_norm.py, bench/results/): above ~4 KB rows every shape
-// that keeps the row in registers lands within 2% of the others; small row counts want more
-// threads per row. So: the smallest cache depth that needs at most 128 threads per row.
-NormPlan plan_norm(int64_t nvec, int vb, bool res) {
+// Rows under 32 vectors: a sub-warp per row. Longer rows: the smallest cache depth that needs
+// at most `g_max` threads per row (16-byte vectors: 256 on the H100 sweep, bench/results/).
+NormPlan plan_norm(int64_t nvec, int vb, int streams, int g_max) {
   NormPlan p{1, 1, 1};
   if (nvec < 32) { // a sub-warp group per row, 256 threads per block
     while (p.g < nvec) p.g *= 2;
     p.rows_per_block = 256 / p.g;
     return p;
   }
-  int nv_max = 16; // the deepest cache that fits; only it may use more than 128 threads
-  while (!fits(nv_max, vb, res)) nv_max /= 2;
+  int nv_max = 16; // the deepest cache that fits; only it may use more than g_max threads
+  while (!fits(nv_max, vb, streams)) nv_max /= 2;
   for (int nv : {1, 2, 4, 8, 16}) {
     const int64_t g = (nvec + nv - 1) / nv;
-    if (nv <= nv_max && g <= (nv == nv_max ? max_threads(nv, vb, res) : 128)) {
+    if (nv <= nv_max && g <= (nv == nv_max ? max_threads(nv, vb, streams) : g_max)) {
       p.nv = nv;
       p.g = (int)((g + 31) / 32 * 32);
       p.rows_per_block = p.g < 256 ? 256 / p.g : 1;
@@ -355,29 +396,29 @@ NormPlan plan_norm(int64_t nvec, int vb, bool res) {
 }
 
 // bench/tune_norm.py sets a launch shape through fusedk__tune_norm_plan (not API, not thread
-// safe: a measuring aid); one that does not fit the row is ignored.
+// safe: a measuring aid); one that does not fit the row is ignored. nv = -2 sets only g_max.
 NormPlan g_tune_plan{-1, 0, 0};
 
-bool plan_valid(const NormPlan &p, int64_t nvec, int vb, bool res) {
+bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int streams) {
   const bool gok = p.g > 32 ? p.g % 32 == 0 : (p.g & (p.g - 1)) == 0;
   const bool nvok = p.nv == 0 || p.nv == 1 || p.nv == 2 || p.nv == 4 || p.nv == 8 || p.nv == 16;
-  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, res) &&
-         (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) &&
-         (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) && (p.nv == 0 || fits(p.nv, vb, res));
+  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, streams) &&
+         (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) && (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) &&
+         (p.nv == 0 || fits(p.nv, vb, streams));
 }
 
-template <typename T, int VEC, bool RES, int EPI>
+template <typename T, int VEC, bool LN, bool RES, int EPI>
 cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
-  constexpr int vb = VEC * (int)sizeof(T);
-  NormPlan p = plan_norm(a.D / VEC, vb, RES);
-  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, a.D / VEC, vb, RES)) p = g_tune_plan;
+  constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
+  NormPlan p = plan_norm(a.D / VEC, vb, st, g_tune_plan.nv == -2 ? g_tune_plan.g : 256);
+  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, a.D / VEC, vb, st)) p = g_tune_plan;
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const unsigned gr = (unsigned)grid;
   auto go = [&](auto nv) { // instantiates only the cache depths that fit (plan never picks others)
     constexpr int NV = decltype(nv)::value;
-    if constexpr (NV == 0 || fits(NV, vb, RES)) norm_rows_kernel<T, VEC, NV, RES, EPI><<<gr, block, 0, s>>>(a, rows);
+    if constexpr (NV == 0 || fits(NV, vb, st)) norm_rows_kernel<T, VEC, NV, LN, RES, EPI><<<gr, block, 0, s>>>(a, rows);
   };
   switch (p.nv) {
     case 1: go(std::integral_constant<int, 1>()); break;
@@ -393,22 +434,24 @@ cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // The 16-byte vector path or the scalar one (same kernel, one element per access).
-template <typename T, bool RES, int EPI>
+template <typename T, bool LN, bool RES, int EPI>
 cudaError_t launch_epi(bool vec, const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
-  return vec ? launch_norm_vec<T, 16 / sizeof(T), RES, EPI>(a, rows, s) : launch_norm_vec<T, 1, RES, EPI>(a, rows, s);
+  return vec ? launch_norm_vec<T, 16 / sizeof(T), LN, RES, EPI>(a, rows, s)
+             : launch_norm_vec<T, 1, LN, RES, EPI>(a, rows, s);
 }
 
 // 16-byte vectors need every pointer 16-byte aligned, every row stride and D a multiple of
-// the vector.
+// the vector. Kinds: rmsnorm (+residual), layernorm, adaln (layer/rms), Mochi (rms).
 template <typename T> cudaError_t launch_norm(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
   constexpr int V = 16 / sizeof(T);
   bool vec = a.D % V == 0 && aligned16(a.weight) && aligned16(a.bias);
   for (const fusedk__rows *r : {&a.x, &a.res, &a.res_out, &a.y, &a.base, &a.scale, &a.shift, &a.gate})
     vec = vec && aligned16(r->p) && r->sb % V == 0 && r->sl % V == 0;
-  if (a.res.p) return launch_epi<T, true, kAffine>(vec, a, rows, s);
-  if (a.gate.p) return launch_epi<T, false, kGated>(vec, a, rows, s);
-  if (a.scale.p) return launch_epi<T, false, kAdaLN>(vec, a, rows, s);
-  return launch_epi<T, false, kAffine>(vec, a, rows, s);
+  if (a.gate.p) return launch_epi<T, false, false, kGated>(vec, a, rows, s);
+  if (a.scale.p)
+    return a.rms ? launch_epi<T, false, false, kAdaLN>(vec, a, rows, s) : launch_epi<T, true, false, kAdaLN>(vec, a, rows, s);
+  if (!a.rms) return launch_epi<T, true, false, kAffine>(vec, a, rows, s);
+  return a.res.p ? launch_epi<T, false, true, kAffine>(vec, a, rows, s) : launch_epi<T, false, false, kAffine>(vec, a, rows, s);
 }
 
 const char *op_of(const fusedk__norm_args *a) {

@@ -38,14 +38,20 @@ def main():
     args = ap.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows = []
-    for op, R, D in [("rmsnorm", 16384, 3072), ("rmsnorm", 1024, 2048), ("rmsnorm", 8192, 1152),
-                     ("rmsnorm", 8192, 4096), ("rmsnorm", 8192, 8192), ("layernorm", 16384, 3072)]:
-        nbytes = R * D * 2 * 2
+    for op, R, D in [("rmsnorm", 16384, 3072), ("rmsnorm", 1024, 2048), ("rmsnorm", 2048, 3072),
+                     ("rmsnorm", 8192, 1152), ("rmsnorm", 8192, 4096), ("rmsnorm", 8192, 8192),
+                     ("rmsnorm", 4096, 3584), ("layernorm", 16384, 3072), ("rtg", 16384, 3072)]:
+        nbytes = R * D * 2 * (3 if op == "rtg" else 2)
         nsets = max(1, min(32, -(-3 * l2 // nbytes)))
         w = torch.randn(D, device="cuda", dtype=torch.bfloat16)
         sets = [(torch.randn(R, D, device="cuda", dtype=torch.bfloat16), torch.empty(R, D, device="cuda", dtype=torch.bfloat16))
                 for _ in range(nsets)]
-        f = (lambda x, y: fusedk.rmsnorm(x, w, out=y)) if op == "rmsnorm" else (lambda x, y: fusedk.layernorm(x, w, w, out=y))
+        gate = torch.randn(4, D, device="cuda", dtype=torch.bfloat16)
+        f = {"rmsnorm": lambda x, y: fusedk.rmsnorm(x, w, out=y),
+             "layernorm": lambda x, y: fusedk.layernorm(x, w, w, out=y),
+             # Mochi in place: x += tanh(gate) * rmsnorm(y)
+             "rtg": lambda x, y: fusedk.residual_tanh_gated_rmsnorm(x.view(4, -1, D), y.view(4, -1, D), gate,
+                                                                  out=x.view(4, -1, D))}[op]
         res = []
         for nv, g, rpb in configs(D // 8):
             tune(nv, g, rpb)

@@ -2,7 +2,7 @@
 # Everything the lent GPU machine is for, in one call: build for its GPU with its nvcc, run every
 # test suite (gpu, python interop, cpu, examples), then the bench. Logs and results land in
 # $OUT (default ./out); the last lines printed are the summary.
-#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--tune]
+#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--tune] [--ncu]
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -14,9 +14,9 @@ fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 bench=1 quick=""
-tests=1 tune=0
+tests=1 tune=0 ncu=0
 for a in "$@"; do
-  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --tune) tune=1 tests=0 bench=0 ;; esac
+  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; esac
 done
 summary=()
 t0=$(date +%s)
@@ -46,6 +46,14 @@ fi
 if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
     python3 bench/tune_norm.py --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log"
+fi
+if [ $ncu = 1 ]; then  # hardware counters of the norm kernels next to Liger's (Firecracker machines only)
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:$PWD/bench:${PYTHONPATH:-} \
+    ncu --clock-control none --kernel-name regex:"norm_rows|_norm_forward" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    python3 bench/ncu_norm.py >"$OUT/ncu.txt" 2>&1
+  summary+=("ncu rc=$?")
+  grep -E "norm|DRAM Throughput|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Block Size|Grid Size" "$OUT/ncu.txt" | head -150
 fi
 echo "=== summary ==="
 printf '%s\n' "${summary[@]}"
