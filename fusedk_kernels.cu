@@ -146,30 +146,36 @@ template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, in
 // groups. Rows under 32 vectors: an aligned sub-warp per row, sums by shuffles alone. Longer
 // rows: G (a multiple of 32) threads per row, warp sums combined through shared memory.
 // Memory traffic is the minimum: each input is read once and each output written once while the
-// row fits in registers (NV > 0). Each thread issues every load its row needs before the first
-// use: NV 16-byte vectors of each row stream (x; the residual or Mochi's base) and of each
-// per-column operand (weight/bias, scale/shift, gate), kept packed (16-bit types: half the
-// registers of floats). A row then costs one memory round trip, a reduction and its stores.
-// Longer rows (NV == 0) are re-read per pass; a row is then small enough to come back from L2.
-// Statistics are two-pass from registers (LayerNorm: mean first, then squared deviations).
+// row is cached (NV > 0). Each thread issues every load its row needs before the first use: NV
+// 16-byte vectors of each row stream (x; the residual or Mochi's base) and of each per-column
+// operand (weight/bias, scale/shift, gate). They go to shared memory through cp.async, so a row
+// waiting on DRAM holds no registers: an SM keeps as many rows in flight as its shared memory
+// takes (a register cache allowed 8-10, and bandwidth tracked that number). The scalar path
+// caches single elements in registers. A row then costs one memory round trip, a reduction and
+// its stores. Longer rows (NV == 0) are re-read per pass; a row then comes back from L2.
+// Statistics are two-pass from the cache (LayerNorm: mean first, then squared deviations).
 // What is fused is fixed at compile time (norm kind, residual, epilogue): a kernel carries only
-// the registers and instructions its op uses, and registers decide how many rows an SM keeps in
-// flight.
+// the registers and instructions its op uses.
 // ---------------------------------------------------------------------------------------------
 
 enum Epi { kAffine = 0, kAdaLN = 1, kGated = 2 }; // rms/layernorm; adaln; Mochi
 
-// 16-byte vectors (or elements, scalar path) a thread keeps per cached vector slot: the row
-// streams and the per-column operands of a kernel kind.
-constexpr int cached_streams(bool ln, bool res, int epi) {
+// Vectors a thread caches per slot k: the row streams and the per-column operands of a kind.
+__host__ __device__ constexpr int cached_streams(bool ln, bool res, int epi) {
   return 1 + (res || epi == kGated) + 1 + (epi == kAdaLN || (epi == kAffine && ln));
 }
 
-// Register budget: ~40 registers of addressing, statistics and epilogue, plus the cache: NV
-// packed vectors per stream (vb = bytes per vector, 4 per register). Deeper caches are capped at
-// fewer threads per block so that each thread gets what it needs (no spills), and beyond 200
-// registers they are not instantiated.
-constexpr int cache_regs(int nv, int vb, int streams) { return 40 + nv * (vb + 3) / 4 * streams; }
+// Where the cache lives: 16-byte vectors in shared memory, single elements (vb < 16) in registers.
+__host__ __device__ constexpr bool staged(int vb) { return vb == 16; }
+constexpr size_t stage_bytes(int nv, int vb, int streams, int threads) {
+  return staged(vb) ? (size_t)nv * 16 * streams * threads : 0;
+}
+
+// Register budget: ~40 registers of addressing, statistics and epilogue, plus a register cache
+// of one element per slot and stream. Deeper caches are capped at fewer threads per block so
+// that each thread gets what it needs (no spills), and beyond 200 registers they are not
+// instantiated.
+constexpr int cache_regs(int nv, int vb, int streams) { return 40 + (staged(vb) ? 0 : nv * streams); }
 constexpr int max_threads(int nv, int vb, int streams) {
   return cache_regs(nv, vb, streams) <= 64 ? 1024 : cache_regs(nv, vb, streams) <= 128 ? 512 : 256;
 }
@@ -221,20 +227,62 @@ template <typename T, int VEC> __device__ __forceinline__ Raw<T, VEC> opaque(Raw
   return r;
 }
 
-// Slot k of a cached stream (NV > 0), or vector j loaded now (NV == 0; RO: read-only cache), as floats.
-template <typename T, int VEC, int NV, bool RO, int C>
-__device__ __forceinline__ void slot(const Raw<T, VEC> (&c)[C], const T *p, int k, int64_t j, float (&v)[VEC]) {
-  if constexpr (NV > 0) to_floats<T, VEC>(opaque<T, VEC>(c[k]), v);
-  else load<T, VEC, RO>(p + j * VEC, v);
-}
+extern __shared__ uint4 norm_stage[]; // the shared-memory cache, sized at launch
+constexpr int kRedBytes = 2 * 32 * sizeof(float); // the reduction slots, static shared memory
+
+// A thread's share of its row between passes (NV > 0): NS streams of NV vectors, slot (s, k).
+// Shared memory (16-byte vectors): filled by cp.async (.cg: rows stream past L1; .ca: column
+// operands, re-read by every row, stay in L1); each thread reads back only the slots it filled
+// itself, so cp.async.wait_all orders them and no barrier is needed. Consecutive threads own
+// consecutive 16 bytes of a slot: conflict-free. Registers (scalar path): opaque words.
+// NV == 0: nothing cached, get() loads vector j from memory.
+template <typename T, int VEC, int NV, int NS> struct RowCache {
+  static constexpr bool kShared = staged(sizeof(T) * VEC) && NV > 0;
+  Raw<T, VEC> reg[kShared || NV == 0 ? 1 : NS][kShared || NV == 0 ? 1 : NV];
+  uint4 *sm;  // this thread's slot (0, 0); slot (s, k) at sm[(s * NV + k) * stride]
+  int stride; // threads per block
+
+  __device__ __forceinline__ RowCache() {
+    if constexpr (kShared) {
+      sm = norm_stage + threadIdx.y * blockDim.x + threadIdx.x;
+      stride = blockDim.x * blockDim.y;
+    }
+  }
+  // COL: a per-column operand (L1-cached / read-only path)
+  template <bool COL> __device__ __forceinline__ void put(int s, int k, const T *p) {
+    if constexpr (kShared) {
+      const unsigned d = (unsigned)__cvta_generic_to_shared(sm + (s * NV + k) * stride);
+      if constexpr (COL) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(p) : "memory");
+      else asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(p) : "memory");
+    } else if constexpr (NV > 0) {
+      reg[s][k] = ld<T, VEC, COL>(p);
+    }
+  }
+  __device__ __forceinline__ void wait() const {
+    if constexpr (kShared) asm volatile("cp.async.wait_all;" ::: "memory");
+  }
+  // slot (s, k) as floats; NV == 0: vector j at p, loaded now
+  template <bool COL> __device__ __forceinline__ void get(int s, int k, const T *p, int64_t j, float (&v)[VEC]) const {
+    if constexpr (kShared) {
+      const uint4 u = sm[(s * NV + k) * stride];
+      Raw<T, VEC> r;
+      r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
+      to_floats<T, VEC>(r, v);
+    } else if constexpr (NV > 0) {
+      to_floats<T, VEC>(opaque<T, VEC>(reg[s][k]), v);
+    } else {
+      load<T, VEC, COL>(p + j * VEC, v);
+    }
+  }
+};
 
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI>
 __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_streams(LN, RES, EPI)))
     norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
   constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
   constexpr bool C1 = EPI == kAdaLN || (EPI == kAffine && LN); // second column operand: bias or shift
-  constexpr int C = NV > 0 ? NV : 1;
-  __shared__ float red[2][32]; // one slot per warp, one array per reduction (no reuse barrier)
+  constexpr int kX = 0, kS = 1, kC0 = 1 + S2, kC1 = kC0 + 1; // cache streams
+  __shared__ float red[2][32]; // kRedBytes: one slot per warp, one array per reduction (no reuse barrier)
   const int G = blockDim.x;
   const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
   const bool live = row < rows; // dead groups still join the block's barriers
@@ -259,24 +307,23 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_s
   const T *c0 = EPI == kAffine ? static_cast<const T *>(a.weight) : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
   const T *c1 = !C1 ? nullptr : EPI == kAffine ? static_cast<const T *>(a.bias) : at<T>(a.shift, b, 0);
 
-  // zeroed: slots past the row end are never used
-  Raw<T, VEC> px[C] = {}, ps[S2 ? C : 1] = {}, p0[C] = {}, p1[C1 ? C : 1] = {};
+  RowCache<T, VEC, NV, cached_streams(LN, RES, EPI)> cache;
   if constexpr (NV > 0) { // row streams first (DRAM), then column operands (L1/L2 hits)
     for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-      px[k] = ld<T, VEC>(x + j * VEC);
-      if constexpr (S2) ps[k] = ld<T, VEC>(s2 + j * VEC); // plain loads: base may alias y
+      cache.template put<false>(kX, k, x + j * VEC);
+      if constexpr (S2) cache.template put<false>(kS, k, s2 + j * VEC); // not read-only: base may alias y
     });
     for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-      if (c0) p0[k] = ld<T, VEC, true>(c0 + j * VEC);
-      if (C1 && c1) p1[k] = ld<T, VEC, true>(c1 + j * VEC);
+      if (c0) cache.template put<true>(kC0, k, c0 + j * VEC);
+      if (C1 && c1) cache.template put<true>(kC1, k, c1 + j * VEC);
     });
   }
   // v = x (+ residual), in float, unrounded
   auto row_val = [&](int k, int64_t j, float(&v)[VEC]) {
-    slot<T, VEC, NV, false>(px, x, k, j, v);
+    cache.template get<false>(kX, k, x, j, v);
     if constexpr (RES) {
       float r[VEC];
-      slot<T, VEC, NV, false>(ps, s2, k, j, r);
+      cache.template get<false>(kS, k, s2, j, r);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) v[i] += r[i];
     }
@@ -286,6 +333,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_s
   // sit close together far from zero, mean and v - mean keep their bits in float32
   float K = 0.f;
   if (LN && live) K = to_f32<T>(x[0]) + (RES ? to_f32<T>(s2[0]) : 0.f);
+  cache.wait();
 
   // pass 1: sum v - K (LayerNorm) or v^2 (RMSNorm)
   float s1 = 0.f;
@@ -334,16 +382,16 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_s
 #pragma unroll
         for (int i = 0; i < VEC; ++i) n[i] += q[i];
       }
-      slot<T, VEC, NV, true>(p0, c0, k, j, q);
+      cache.template get<true>(kC0, k, c0, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) n[i] *= 1.f + q[i];
-      slot<T, VEC, NV, true>(p1, c1, k, j, q);
+      cache.template get<true>(kC1, k, c1, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) n[i] += q[i];
     } else if constexpr (EPI == kGated) { // y = base + n * tanh(gate), PyTorch's roundings when exact
       float g[VEC];
-      slot<T, VEC, NV, true>(p0, c0, k, j, g);
-      slot<T, VEC, NV, false>(ps, s2, k, j, q);
+      cache.template get<true>(kC0, k, c0, j, g);
+      cache.template get<false>(kS, k, s2, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         const float t = exact ? round_to<T>(tanhf(g[i])) : tanhf(g[i]);
@@ -351,12 +399,12 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_s
       }
     } else {
       if (c0) {
-        slot<T, VEC, NV, true>(p0, c0, k, j, q);
+        cache.template get<true>(kC0, k, c0, j, q);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) n[i] *= q[i];
       }
       if (C1 && c1) {
-        slot<T, VEC, NV, true>(p1, c1, k, j, q);
+        cache.template get<true>(kC1, k, c1, j, q);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) n[i] += q[i];
       }
@@ -370,55 +418,66 @@ struct NormPlan {
   int nv, g, rows_per_block;
 };
 
-// Rows under 32 vectors: a sub-warp per row. Longer rows: the smallest cache depth that needs
-// at most `g_max` threads per row (16-byte vectors: 256 on the H100 sweep, bench/results/).
-NormPlan plan_norm(int64_t nvec, int vb, int streams, int g_max) {
+// Rows under 32 vectors: a sub-warp per row. Longer rows: the smallest cache depth that needs at
+// most g_max threads per row and whose cache fits (shared memory up to smem_max, registers);
+// blocks of >= 128 threads. The H100 sweep (bench/results/) put every shape that caches the row
+// within ~1% of the best; g_max 128 (256 past 512 vectors) picks one of the best on each.
+NormPlan plan_norm(int64_t nvec, int vb, int streams, int g_max, size_t smem_max) {
   NormPlan p{1, 1, 1};
   if (nvec < 32) { // a sub-warp group per row, 256 threads per block
     while (p.g < nvec) p.g *= 2;
     p.rows_per_block = 256 / p.g;
-    return p;
+    if (stage_bytes(1, vb, streams, 256) <= smem_max) return p;
   }
   int nv_max = 16; // the deepest cache that fits; only it may use more than g_max threads
   while (!fits(nv_max, vb, streams)) nv_max /= 2;
   for (int nv : {1, 2, 4, 8, 16}) {
     const int64_t g = (nvec + nv - 1) / nv;
-    if (nv <= nv_max && g <= (nv == nv_max ? max_threads(nv, vb, streams) : g_max)) {
-      p.nv = nv;
-      p.g = (int)((g + 31) / 32 * 32);
-      p.rows_per_block = p.g < 256 ? 256 / p.g : 1;
-      return p;
-    }
+    const int g32 = (int)((g + 31) / 32 * 32), rpb = g32 < 128 ? 128 / g32 : 1;
+    if (nv <= nv_max && g <= (nv == nv_max ? max_threads(nv, vb, streams) : g_max) &&
+        stage_bytes(nv, vb, streams, g32 * rpb) <= smem_max)
+      return NormPlan{nv, g32, rpb};
   }
-  p.nv = 0; // re-read from L2
-  p.g = 512;
-  return p;
+  return NormPlan{0, 512, 1}; // re-read from L2
 }
 
 // bench/tune_norm.py sets a launch shape through fusedk__tune_norm_plan (not API, not thread
 // safe: a measuring aid); one that does not fit the row is ignored. nv = -2 sets only g_max.
 NormPlan g_tune_plan{-1, 0, 0};
 
-bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int streams) {
+bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int streams, size_t smem_max) {
   const bool gok = p.g > 32 ? p.g % 32 == 0 : (p.g & (p.g - 1)) == 0;
   const bool nvok = p.nv == 0 || p.nv == 1 || p.nv == 2 || p.nv == 4 || p.nv == 8 || p.nv == 16;
   return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, streams) &&
          (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) && (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) &&
-         (p.nv == 0 || fits(p.nv, vb, streams));
+         (p.nv == 0 || fits(p.nv, vb, streams)) && stage_bytes(p.nv, vb, streams, p.g * p.rows_per_block) <= smem_max;
 }
 
 template <typename T, int VEC, bool LN, bool RES, int EPI>
 cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
   constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
-  NormPlan p = plan_norm(a.D / VEC, vb, st, g_tune_plan.nv == -2 ? g_tune_plan.g : 256);
-  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, a.D / VEC, vb, st)) p = g_tune_plan;
+  constexpr size_t kDefault = (48 << 10) - kRedBytes; // beyond 48 KB in all a kernel must opt in
+  size_t smem_max = kDefault;
+  int dev = 0, optin = 0;
+  if (staged(vb) && cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
+    smem_max = (size_t)optin - kRedBytes;
+  const int64_t nvec = a.D / VEC;
+  NormPlan p = plan_norm(nvec, vb, st, g_tune_plan.nv == -2 ? g_tune_plan.g : nvec > 512 ? 256 : 128, smem_max);
+  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, st, smem_max)) p = g_tune_plan;
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const unsigned gr = (unsigned)grid;
+  const size_t smem = stage_bytes(p.nv, vb, st, p.g * p.rows_per_block);
+  cudaError_t e = cudaSuccess;
   auto go = [&](auto nv) { // instantiates only the cache depths that fit (plan never picks others)
     constexpr int NV = decltype(nv)::value;
-    if constexpr (NV == 0 || fits(NV, vb, st)) norm_rows_kernel<T, VEC, NV, LN, RES, EPI><<<gr, block, 0, s>>>(a, rows);
+    if constexpr (NV == 0 || fits(NV, vb, st)) {
+      auto kernel = norm_rows_kernel<T, VEC, NV, LN, RES, EPI>;
+      if (smem > kDefault) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e == cudaSuccess) kernel<<<gr, block, smem, s>>>(a, rows);
+    }
   };
   switch (p.nv) {
     case 1: go(std::integral_constant<int, 1>()); break;
@@ -428,7 +487,7 @@ cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream
     case 16: go(std::integral_constant<int, 16>()); break;
     default: go(std::integral_constant<int, 0>()); break;
   }
-  return cudaGetLastError();
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }

@@ -378,11 +378,12 @@ int main(void) {
   printf("device: %s (sm_%d%d, %d SMs)\n", p.name, p.major, p.minor, p.multiProcessorCount);
   const fusedk_scalar S[3] = {FUSEDK_F32, FUSEDK_F16, FUSEDK_BF16};
   /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
-  const int64_t Ds[] = {1, 2, 7, 8, 64, 111, 128, 1000, 1152, 2048, 3072, 3584, 5120, 8192, 65536, 100000, 262144};
+  /* 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit */
+  const int64_t Ds[] = {1, 2, 7, 8, 64, 111, 128, 1000, 1152, 2048, 3072, 3584, 5120, 8192, 16384, 65536, 100000, 262144};
   int n_before;
   for (int si = 0; si < 3; ++si)
     for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; ++di) {
-      int64_t D = Ds[di], L = D >= 65536 ? 3 : D >= 3072 ? 19 : 989;
+      int64_t D = Ds[di], L = D >= 16384 ? 3 : D >= 3072 ? 19 : 989;
       n_before = failures;
       case_t c = {RMS, S[si], 1, L, D, 1, 0, 0, 0, 0, 0, 0, 0, 0};
       run_case(&c);
