@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include <atomic>
 #include <type_traits>
 
 namespace {
@@ -430,8 +431,8 @@ NormPlan plan_norm(int64_t nvec, int vb, int streams, int g_max, size_t smem_max
   NormPlan p{1, 1, 1};
   if (nvec < 32) { // a sub-warp group per row, 256 threads per block
     while (p.g < nvec) p.g *= 2;
-    p.rows_per_block = 256 / p.g;
-    if (stage_bytes(1, vb, streams, 256) <= smem_max) return p;
+    p.rows_per_block = 256 / p.g; // a cache of at most 256 x 4 x 16 B = 16 KB: always fits
+    return p;
   }
   int nv_max = 16; // the deepest cache that fits; only it may use more than g_max threads
   while (!fits(nv_max, vb, streams)) nv_max /= 2;
@@ -457,20 +458,41 @@ bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int streams, size_t sme
          (p.nv == 0 || fits(p.nv, vb, streams)) && stage_bytes(p.nv, vb, streams, p.g * p.rows_per_block) <= smem_max;
 }
 
-template <typename T, int VEC, bool LN, bool RES, int EPI>
-cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
+// One launch: the checked arguments, the row count, the stream, and the most dynamic shared
+// memory a block of this device may take (after the reduction slots).
+struct NormLaunch {
+  const fusedk__norm_args &a;
+  int64_t rows;
+  cudaStream_t s;
+  size_t smem_max;
+};
+constexpr size_t kSmemDefault = (48 << 10) - kRedBytes; // beyond 48 KB in all a kernel must opt in
+
+// The device's opt-in limit, read once per device (it never changes; racing readers store the
+// same value).
+size_t stage_limit(int device_id) {
+  static std::atomic<int> optin[64];
+  if (device_id < 0 || device_id >= 64) return kSmemDefault;
+  int v = optin[device_id].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id) != cudaSuccess ||
+        v < (48 << 10)) {
+      cudaGetLastError(); // not sticky; fall back to the default limit
+      return kSmemDefault;
+    }
+    optin[device_id].store(v, std::memory_order_relaxed);
+  }
+  return (size_t)v - kRedBytes;
+}
+
+template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
   constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
-  constexpr size_t kDefault = (48 << 10) - kRedBytes; // beyond 48 KB in all a kernel must opt in
-  size_t smem_max = kDefault;
-  int dev = 0, optin = 0;
-  if (staged(vb) && cudaGetDevice(&dev) == cudaSuccess &&
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess)
-    smem_max = (size_t)optin - kRedBytes;
+  const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
-  NormPlan p = plan_norm(nvec, vb, st, g_tune_plan.nv == -2 ? g_tune_plan.g : nvec > 512 ? 256 : 128, smem_max);
-  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, st, smem_max)) p = g_tune_plan;
+  NormPlan p = plan_norm(nvec, vb, st, g_tune_plan.nv == -2 ? g_tune_plan.g : nvec > 512 ? 256 : 128, L.smem_max);
+  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, st, L.smem_max)) p = g_tune_plan;
   const dim3 block(p.g, p.rows_per_block);
-  const int64_t grid = (rows + p.rows_per_block - 1) / p.rows_per_block;
+  const int64_t grid = (L.rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const unsigned gr = (unsigned)grid;
   const size_t smem = stage_bytes(p.nv, vb, st, p.g * p.rows_per_block);
@@ -479,8 +501,8 @@ cudaError_t launch_norm_vec(const fusedk__norm_args &a, int64_t rows, cudaStream
     constexpr int NV = decltype(nv)::value;
     if constexpr (NV == 0 || fits(NV, vb, st)) {
       auto kernel = norm_rows_kernel<T, VEC, NV, LN, RES, EPI>;
-      if (smem > kDefault) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (e == cudaSuccess) kernel<<<gr, block, smem, s>>>(a, rows);
+      if (smem > kSmemDefault) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (e == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows);
     }
   };
   switch (p.nv) {
@@ -498,23 +520,22 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // The 16-byte vector path or the scalar one (same kernel, one element per access).
 template <typename T, bool LN, bool RES, int EPI>
-cudaError_t launch_epi(bool vec, const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
-  return vec ? launch_norm_vec<T, 16 / sizeof(T), LN, RES, EPI>(a, rows, s)
-             : launch_norm_vec<T, 1, LN, RES, EPI>(a, rows, s);
+cudaError_t launch_epi(bool vec, const NormLaunch &L) {
+  return vec ? launch_norm_vec<T, 16 / sizeof(T), LN, RES, EPI>(L) : launch_norm_vec<T, 1, LN, RES, EPI>(L);
 }
 
 // 16-byte vectors need every pointer 16-byte aligned, every row stride and D a multiple of
 // the vector. Kinds: rmsnorm (+residual), layernorm, adaln (layer/rms), Mochi (rms).
-template <typename T> cudaError_t launch_norm(const fusedk__norm_args &a, int64_t rows, cudaStream_t s) {
+template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
   constexpr int V = 16 / sizeof(T);
+  const fusedk__norm_args &a = L.a;
   bool vec = a.D % V == 0 && aligned16(a.weight) && aligned16(a.bias);
   for (const fusedk__rows *r : {&a.x, &a.res, &a.res_out, &a.y, &a.base, &a.scale, &a.shift, &a.gate})
     vec = vec && aligned16(r->p) && r->sb % V == 0 && r->sl % V == 0;
-  if (a.gate.p) return launch_epi<T, false, false, kGated>(vec, a, rows, s);
-  if (a.scale.p)
-    return a.rms ? launch_epi<T, false, false, kAdaLN>(vec, a, rows, s) : launch_epi<T, true, false, kAdaLN>(vec, a, rows, s);
-  if (!a.rms) return launch_epi<T, true, false, kAffine>(vec, a, rows, s);
-  return a.res.p ? launch_epi<T, false, true, kAffine>(vec, a, rows, s) : launch_epi<T, false, false, kAffine>(vec, a, rows, s);
+  if (a.gate.p) return launch_epi<T, false, false, kGated>(vec, L);
+  if (a.scale.p) return a.rms ? launch_epi<T, false, false, kAdaLN>(vec, L) : launch_epi<T, true, false, kAdaLN>(vec, L);
+  if (!a.rms) return launch_epi<T, true, false, kAffine>(vec, L);
+  return a.res.p ? launch_epi<T, false, true, kAffine>(vec, L) : launch_epi<T, false, false, kAffine>(vec, L);
 }
 
 const char *op_of(const fusedk__norm_args *a) {
@@ -535,12 +556,12 @@ __attribute__((visibility("default"))) void fusedk__tune_norm_plan(int nv, int g
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, int32_t device_id, struct CUstream_st *stream) {
   DeviceGuard guard(device_id);
   if (guard.err != cudaSuccess) return cuda_fail(guard.err, op_of(a), "selecting the device");
-  const int64_t rows = a->B * a->L;
+  const NormLaunch L{*a, a->B * a->L, stream, stage_limit(device_id)};
   cudaError_t e = cudaErrorInvalidValue;
   switch (a->scalar) {
-    case FUSEDK_F32: e = launch_norm<float>(*a, rows, stream); break;
-    case FUSEDK_F16: e = launch_norm<__half>(*a, rows, stream); break;
-    case FUSEDK_BF16: e = launch_norm<__nv_bfloat16>(*a, rows, stream); break;
+    case FUSEDK_F32: e = launch_norm<float>(L); break;
+    case FUSEDK_F16: e = launch_norm<__half>(L); break;
+    case FUSEDK_BF16: e = launch_norm<__nv_bfloat16>(L); break;
   }
   return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op_of(a), "kernel launch");
 }

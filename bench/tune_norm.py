@@ -44,7 +44,7 @@ def main():
         nbytes = R * D * 2 * (3 if op == "rtg" else 2)
         nsets = max(1, min(32, -(-3 * l2 // nbytes)))
         w = torch.randn(D, device="cuda", dtype=torch.bfloat16)
-        sets = [(torch.randn(R, D, device="cuda", dtype=torch.bfloat16), torch.empty(R, D, device="cuda", dtype=torch.bfloat16))
+        sets = [(torch.randn(R, D, device="cuda", dtype=torch.bfloat16), torch.randn(R, D, device="cuda", dtype=torch.bfloat16))
                 for _ in range(nsets)]
         gate = torch.randn(4, D, device="cuda", dtype=torch.bfloat16)
         f = {"rmsnorm": lambda x, y: fusedk.rmsnorm(x, w, out=y),
