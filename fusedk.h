@@ -69,7 +69,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 1
+#define FUSEDK_VERSION_MINOR 2
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -187,6 +187,7 @@ typedef struct fusedk_dlpack {
   fusedk_dlmanaged_versioned versioned;
   int64_t shape[8];
   int64_t strides[8];
+  struct CUstream_st *stream;   /* device memory is allocated and freed stream-ordered on it */
 } fusedk_dlpack;
 
 /* ---- library ---- */
@@ -205,9 +206,12 @@ FUSEDK_DEF fusedk_tensor fusedk_tensor_cuda(void *data, fusedk_scalar s, int32_t
                                             int32_t device_id);
 
 /* ---- memory and streams, for bindings (DLPack producers) ---- */
-/* A compact tensor on `device` (CPU: malloc, CUDA: cudaMalloc), owned by *out until exported. */
+/* A compact tensor on `device`, owned by *out until exported. CPU: malloc. CUDA: cudaMallocAsync on
+   `stream`, and the deleter frees it with cudaFreeAsync on the same stream (no device-wide sync):
+   a consumer using it on another stream orders its last use before the release, as DLPack asks. */
 FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype dtype, int32_t ndim,
-                                             const int64_t *shape, fusedk_dlpack **out);
+                                             const int64_t *shape, struct CUstream_st *stream,
+                                             fusedk_dlpack **out);
 FUSEDK_DEF void fusedk_dlpack_free(fusedk_dlpack *h);      /* for a never-exported allocation */
 /* Make work queued on `producer` visible to `consumer` (event record + wait); no-op if equal. */
 FUSEDK_DEF fusedk_status fusedk_stream_wait(int32_t device_id, struct CUstream_st *producer,
@@ -245,6 +249,59 @@ FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor 
                                                             const fusedk_tensor *gate, float eps,
                                                             int exact, struct CUstream_st *stream);
 
+/* ---- the op registry: every op's tensors and attributes, for bindings (Python, XLA FFI) ----
+   fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
+   fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
+   and its attributes as doubles. Outputs name the input whose shape, dtype and device they take
+   (`like`); an optional output exists exactly when the optional input `when` is given. */
+typedef enum fusedk_op_id {
+  FUSEDK_OP_RMSNORM = 0,
+  FUSEDK_OP_LAYERNORM = 1,
+  FUSEDK_OP_ADALN = 2,
+  FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM = 3
+} fusedk_op_id;
+#define FUSEDK_OP_COUNT 4
+#define FUSEDK_OP_MAX_TENSORS 8
+#define FUSEDK_OP_MAX_ATTRS 4
+
+typedef enum fusedk_arg_kind {
+  FUSEDK_ARG_IN = 0,
+  FUSEDK_ARG_IN_OPT = 1,
+  FUSEDK_ARG_OUT = 2,
+  FUSEDK_ARG_OUT_OPT = 3
+} fusedk_arg_kind;
+
+typedef enum fusedk_attr_type {
+  FUSEDK_ATTR_F32 = 0,          /* a float (eps) */
+  FUSEDK_ATTR_I32 = 1           /* an int, flag or enum (norm, exact) */
+} fusedk_attr_type;
+
+typedef struct fusedk_op_tensor {
+  const char *name;
+  int32_t kind;                 /* fusedk_arg_kind */
+  int32_t like;                 /* outputs: the input they copy shape/dtype/device from; else -1 */
+  int32_t when;                 /* FUSEDK_ARG_OUT_OPT: the optional input that makes it exist; else -1 */
+} fusedk_op_tensor;
+
+typedef struct fusedk_op_attr {
+  const char *name;
+  int32_t type;                 /* fusedk_attr_type */
+  double value;                 /* the default */
+} fusedk_op_attr;
+
+typedef struct fusedk_op {
+  const char *name;             /* the C function without its fusedk_ prefix */
+  int32_t n_tensors;
+  int32_t n_attrs;
+  fusedk_op_tensor tensors[8];  /* FUSEDK_OP_MAX_TENSORS */
+  fusedk_op_attr attrs[4];      /* FUSEDK_OP_MAX_ATTRS */
+} fusedk_op;
+
+FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i);        /* NULL unless 0 <= i < FUSEDK_OP_COUNT */
+FUSEDK_DEF int32_t fusedk_op_find(const char *name);         /* -1 if no op has that name */
+FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *tensors, const double *attrs,
+                                        struct CUstream_st *stream);
+
 /* FUSEDK_CDEF_END */
 
 #ifdef __cplusplus
@@ -255,7 +312,7 @@ FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor 
 /* ===========================================================================================
    Internal interface between the header's implementation and fusedk_kernels.cu. Not API.
    =========================================================================================== */
-#if (defined(FUSEDK_IMPLEMENTATION) || defined(FUSEDK__KERNELS)) && !defined(FUSEDK__INTERNAL_H)
+#if (defined(FUSEDK_IMPLEMENTATION) || defined(FUSEDK__INTERNAL)) && !defined(FUSEDK__INTERNAL_H)
 #define FUSEDK__INTERNAL_H
 #ifdef __cplusplus
 extern "C" {
@@ -290,9 +347,11 @@ fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, int32_t device_id, struct CUstream_st *stream);
-fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, void **p);
-void fusedk__cuda_free(int32_t device_id, void *p);
+fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
+                                struct CUstream_st *stream);
+/* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
+fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
+void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
 fusedk_status fusedk__cuda_stream_wait(int32_t device_id, struct CUstream_st *producer,
                                        struct CUstream_st *consumer);
 int fusedk__cuda_device_count(void);
@@ -370,24 +429,24 @@ FUSEDK_DEF const char *fusedk_status_name(fusedk_status s) {
 
 /* Without the GPU half, the internal CUDA entry points answer NO_CUDA. */
 #ifndef FUSEDK_CUDA
-static fusedk_status fusedk__no_cuda(void) {
+static fusedk_status fusedk__no_cuda(const char *op) {
   return fusedk__fail(FUSEDK_ERR_NO_CUDA,
-                      "CUDA tensors given, but this build has no GPU half: compile fusedk_kernels.cu "
+                      "%s: CUDA tensors given, but this build has no GPU half: compile fusedk_kernels.cu "
                       "with nvcc, link cudart and cublasLt, and define FUSEDK_CUDA where "
-                      "FUSEDK_IMPLEMENTATION is defined");
+                      "FUSEDK_IMPLEMENTATION is defined", op);
 }
-fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, int32_t id, struct CUstream_st *s) {
+fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t id, struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
-  return fusedk__no_cuda();
+  return fusedk__no_cuda(op);
 }
-fusedk_status fusedk__cuda_alloc(int32_t id, size_t bytes, void **p) {
-  (void)id, (void)bytes, (void)p;
-  return fusedk__no_cuda();
+fusedk_status fusedk__cuda_alloc(int32_t id, size_t bytes, struct CUstream_st *s, void **p) {
+  (void)id, (void)bytes, (void)s, (void)p;
+  return fusedk__no_cuda("dlpack_alloc");
 }
-void fusedk__cuda_free(int32_t id, void *p) { (void)id, (void)p; }
+void fusedk__cuda_free(int32_t id, void *p, struct CUstream_st *s) { (void)id, (void)p, (void)s; }
 fusedk_status fusedk__cuda_stream_wait(int32_t id, struct CUstream_st *a, struct CUstream_st *b) {
   (void)id, (void)a, (void)b;
-  return fusedk__no_cuda();
+  return fusedk__no_cuda("stream_wait");
 }
 int fusedk__cuda_device_count(void) { return 0; }
 size_t fusedk__cuda_info(char *buf, size_t size) {
@@ -436,6 +495,17 @@ static int fusedk__scalar_of(fusedk_dtype d) {
   return -1;
 }
 
+/* A DLPack dtype by name: float64, int32, uint8, bool, complex64, bfloat16, float16x2, ... */
+static const char *fusedk__dtype_str(fusedk_dtype d, char *buf, size_t n) {
+  static const char *const kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  const char *k = d.code < 7 ? kinds[d.code] : NULL;
+  int len = k && d.code == 6 && d.bits == 8 ? snprintf(buf, n, "bool")
+            : k ? snprintf(buf, n, "%s%d", k, (int)d.bits)
+                : snprintf(buf, n, "(code %d, bits %d)", (int)d.code, (int)d.bits);
+  if (d.lanes != 1 && len >= 0 && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "x%d", (int)d.lanes);
+  return buf;
+}
+
 static size_t fusedk__scalar_size(int s) { return s == FUSEDK_F32 ? 4 : 2; }
 static const char *fusedk__scalar_name(int s) {
   return s == FUSEDK_F32 ? "float32" : s == FUSEDK_F16 ? "float16" : "bfloat16";
@@ -482,9 +552,11 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
                         FUSEDK_MAX_DIMS);
   if (!t->shape) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s has a NULL shape", c->op, name);
   int s = fusedk__scalar_of(t->dtype);
-  if (s < 0)
-    return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype (code %d, bits %d, lanes %d), expected float32, "
-                        "float16 or bfloat16", c->op, name, t->dtype.code, t->dtype.bits, t->dtype.lanes);
+  if (s < 0) {
+    char dt[48];
+    return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected float32, float16 or bfloat16", c->op, name,
+                        fusedk__dtype_str(t->dtype, dt, sizeof dt));
+  }
   if (c->scalar < 0) {
     c->scalar = s;
     c->dev = t->device;
@@ -514,8 +586,8 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
   if (((uintptr_t)t->data + t->byte_offset) % fusedk__scalar_size(s))
     return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s data+byte_offset is not aligned to its %d-byte elements",
                         c->op, name, (int)fusedk__scalar_size(s));
-  int last = t->ndim - 1;
-  if (t->shape[last] > 1 && fusedk__stride(t, last) != 1)
+  int last = t->ndim - 1; /* an empty tensor has no layout (NumPy gives it strides of 0) */
+  if (n > 0 && t->shape[last] > 1 && fusedk__stride(t, last) != 1)
     return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has stride %lld in its last dim, expected 1 (contiguous)",
                         c->op, name, (long long)fusedk__stride(t, last));
   return FUSEDK_OK;
@@ -537,6 +609,8 @@ static fusedk_status fusedk__check_shape(const fusedk__check *c, const fusedk_te
 
 /* An output must not have stride 0 across a dim of size > 1 (rows would race). */
 static fusedk_status fusedk__check_output(const fusedk__check *c, const fusedk_tensor *t, const char *name) {
+  for (int i = 0; i < t->ndim; ++i)
+    if (t->shape[i] == 0) return FUSEDK_OK; /* empty: nothing is written */
   for (int i = 0; i < t->ndim; ++i)
     if (t->shape[i] > 1 && fusedk__stride(t, i) == 0)
       return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: output %s has stride 0 in dim %d (size %lld); outputs "
@@ -735,7 +809,7 @@ static int fusedk__norm_cpu(const fusedk__norm_args *a) {
 /* Runs a validated op where its tensors live. */
 static fusedk_status fusedk__norm_run(const fusedk__check *c, fusedk__norm_args *a, struct CUstream_st *stream) {
   if (a->B * a->L == 0) return FUSEDK_OK;
-  if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_norm(a, c->dev.device_id, stream);
+  if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_norm(a, c->op, c->dev.device_id, stream);
   if (fusedk__norm_cpu(a))
     return fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate a row of %lld doubles", c->op,
                         (long long)a->D);
@@ -881,12 +955,63 @@ FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor 
   return fusedk__norm_run(&c, &a, stream);
 }
 
+/* --- the op registry ------------------------------------------------------------------------ */
+
+#define FUSEDK__IN(n) {n, FUSEDK_ARG_IN, -1, -1}
+#define FUSEDK__OPT(n) {n, FUSEDK_ARG_IN_OPT, -1, -1}
+#define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1}
+#define FUSEDK__EPS(v) {"eps", FUSEDK_ATTR_F32, v}
+static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
+    {"rmsnorm", 5, 1,
+     {FUSEDK__OUT("y", 2), {"residual_out", FUSEDK_ARG_OUT_OPT, 2, 3}, FUSEDK__IN("x"), FUSEDK__OPT("residual"),
+      FUSEDK__OPT("weight")},
+     {FUSEDK__EPS(1e-6)}},
+    {"layernorm", 4, 1, {FUSEDK__OUT("y", 1), FUSEDK__IN("x"), FUSEDK__OPT("weight"), FUSEDK__OPT("bias")},
+     {FUSEDK__EPS(1e-5)}},
+    {"adaln", 6, 2,
+     {FUSEDK__OUT("y", 1), FUSEDK__IN("x"), FUSEDK__IN("scale"), FUSEDK__IN("shift"), FUSEDK__OPT("weight"),
+      FUSEDK__OPT("bias")},
+     {{"norm", FUSEDK_ATTR_I32, FUSEDK_NORM_LAYER}, FUSEDK__EPS(1e-6)}},
+    {"residual_tanh_gated_rmsnorm", 4, 2,
+     {FUSEDK__OUT("y", 1), FUSEDK__IN("x"), FUSEDK__IN("x_res"), FUSEDK__IN("gate")},
+     {FUSEDK__EPS(1e-6), {"exact", FUSEDK_ATTR_I32, 1}}},
+};
+#undef FUSEDK__IN
+#undef FUSEDK__OPT
+#undef FUSEDK__OUT
+#undef FUSEDK__EPS
+
+FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i) {
+  return i >= 0 && i < FUSEDK_OP_COUNT ? &fusedk__ops[i] : NULL;
+}
+
+FUSEDK_DEF int32_t fusedk_op_find(const char *name) {
+  for (int32_t i = 0; name && i < FUSEDK_OP_COUNT; ++i)
+    if (!strcmp(fusedk__ops[i].name, name)) return i;
+  return -1;
+}
+
+FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t, const double *a,
+                                        struct CUstream_st *s) {
+  if (i < 0 || i >= FUSEDK_OP_COUNT)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: op %d, expected 0..%d", (int)i, FUSEDK_OP_COUNT - 1);
+  if (!t || !a) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: %s: tensors or attrs is NULL", fusedk__ops[i].name);
+  switch ((fusedk_op_id)i) {
+    case FUSEDK_OP_RMSNORM: return fusedk_rmsnorm(t[0], t[1], t[2], t[3], t[4], (float)a[0], s);
+    case FUSEDK_OP_LAYERNORM: return fusedk_layernorm(t[0], t[1], t[2], t[3], (float)a[0], s);
+    case FUSEDK_OP_ADALN: return fusedk_adaln(t[0], t[1], t[2], t[3], (fusedk_norm)(int)a[0], t[4], t[5], (float)a[1], s);
+    case FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM:
+      return fusedk_residual_tanh_gated_rmsnorm(t[0], t[1], t[2], t[3], (float)a[0], (int)a[1], s);
+  }
+  return FUSEDK_ERR_INVALID_ARGUMENT;
+}
+
 /* --- DLPack allocations and streams ------------------------------------------------------ */
 
 static void fusedk__dlpack_release(fusedk_dlpack *h) {
   if (!h) return;
   if (fusedk__is_gpu(h->legacy.dl_tensor.device.device_type))
-    fusedk__cuda_free(h->legacy.dl_tensor.device.device_id, h->legacy.dl_tensor.data);
+    fusedk__cuda_free(h->legacy.dl_tensor.device.device_id, h->legacy.dl_tensor.data, h->stream);
   else
     free(h->legacy.dl_tensor.data);
   free(h);
@@ -899,7 +1024,8 @@ static void fusedk__dlpack_delete_versioned(fusedk_dlmanaged_versioned *m) {
 FUSEDK_DEF void fusedk_dlpack_free(fusedk_dlpack *h) { fusedk__dlpack_release(h); }
 
 FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype dtype, int32_t ndim,
-                                             const int64_t *shape, fusedk_dlpack **out) {
+                                             const int64_t *shape, struct CUstream_st *stream,
+                                             fusedk_dlpack **out) {
   if (!out) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "dlpack_alloc: out is NULL");
   if (ndim < 0 || ndim > 8 || (ndim > 0 && !shape))
     return fusedk__fail(FUSEDK_ERR_SHAPE, "dlpack_alloc: ndim is %d, expected 0..8 with a shape", (int)ndim);
@@ -915,7 +1041,7 @@ FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype 
   size_t bytes = n * fusedk__scalar_size(s);
   void *data = NULL;
   if (fusedk__is_gpu(device.device_type)) {
-    fusedk_status st = fusedk__cuda_alloc(device.device_id, bytes, &data);
+    fusedk_status st = fusedk__cuda_alloc(device.device_id, bytes, stream, &data);
     if (st) { free(h); return st; }
   } else if (device.device_type == FUSEDK_DEVICE_CPU) {
     data = malloc(bytes ? bytes : 1);
@@ -939,6 +1065,7 @@ FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype 
   t->strides = h->strides; /* DLPack >= 1.2: producers always emit strides */
   t->byte_offset = 0;
   h->versioned.dl_tensor = *t;
+  h->stream = stream;
   h->legacy.manager_ctx = h->versioned.manager_ctx = h;
   h->legacy.deleter = fusedk__dlpack_delete_legacy;
   h->versioned.deleter = fusedk__dlpack_delete_versioned;
@@ -960,13 +1087,10 @@ FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size) {
   char tmp[4096];
   size_t k = (size_t)snprintf(tmp, sizeof tmp, "{\"version\": \"%s\", ", fusedk_version());
   k += fusedk__cuda_info(tmp + k, sizeof tmp - k);
-  if (k < sizeof tmp)
-    k += (size_t)snprintf(tmp + k, sizeof tmp - k,
-                          ", \"ops\": {"
-                          "\"rmsnorm\": [\"float32\", \"float16\", \"bfloat16\"], "
-                          "\"layernorm\": [\"float32\", \"float16\", \"bfloat16\"], "
-                          "\"adaln\": [\"float32\", \"float16\", \"bfloat16\"], "
-                          "\"residual_tanh_gated_rmsnorm\": [\"float32\", \"float16\", \"bfloat16\"]}}");
+  for (int i = 0; i < FUSEDK_OP_COUNT && k < sizeof tmp; ++i)
+    k += (size_t)snprintf(tmp + k, sizeof tmp - k, "%s\"%s\": [\"float32\", \"float16\", \"bfloat16\"]",
+                          i ? ", " : ", \"ops\": {", fusedk__ops[i].name);
+  if (k < sizeof tmp) k += (size_t)snprintf(tmp + k, sizeof tmp - k, "}}");
   if (buf && size) snprintf(buf, size, "%s", tmp);
   return k;
 }

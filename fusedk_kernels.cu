@@ -11,7 +11,7 @@
 //                        fusedk__cuda_device_count
 //   normalization ...... norm_rows_kernel (rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm),
 //                        fusedk__cuda_norm (launcher)
-#define FUSEDK__KERNELS
+#define FUSEDK__INTERNAL
 #include "fusedk.h"
 
 #include <cublasLt.h>
@@ -538,10 +538,6 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
   return a.res.p ? launch_epi<T, false, true, kAffine>(vec, L) : launch_epi<T, false, false, kAffine>(vec, L);
 }
 
-const char *op_of(const fusedk__norm_args *a) {
-  return a->gate.p ? "residual_tanh_gated_rmsnorm" : a->scale.p ? "adaln" : a->rms ? "rmsnorm" : "layernorm";
-}
-
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -553,9 +549,10 @@ __attribute__((visibility("default"))) void fusedk__tune_norm_plan(int nv, int g
   g_tune_plan = NormPlan{nv, g, rows_per_block};
 }
 
-fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, int32_t device_id, struct CUstream_st *stream) {
+fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
+                                struct CUstream_st *stream) {
   DeviceGuard guard(device_id);
-  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op_of(a), "selecting the device");
+  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
   const NormLaunch L{*a, a->B * a->L, stream, stage_limit(device_id)};
   cudaError_t e = cudaErrorInvalidValue;
   switch (a->scalar) {
@@ -563,20 +560,21 @@ fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, int32_t device_id, s
     case FUSEDK_F16: e = launch_norm<__half>(L); break;
     case FUSEDK_BF16: e = launch_norm<__nv_bfloat16>(L); break;
   }
-  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op_of(a), "kernel launch");
+  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
 }
 
-fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, void **p) {
+// Stream-ordered, from the device's default memory pool: no device-wide synchronization, and
+// capturable in a CUDA graph (cudaMalloc is neither).
+fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p) {
   DeviceGuard guard(device_id);
   if (guard.err != cudaSuccess) return cuda_fail(guard.err, "dlpack_alloc", "selecting the device");
-  cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
-  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, "dlpack_alloc", "cudaMalloc");
+  cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 1, stream);
+  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, "dlpack_alloc", "cudaMallocAsync");
 }
 
-// cudaFree waits for the device: safe whichever stream last used the memory
-void fusedk__cuda_free(int32_t device_id, void *p) {
+void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream) {
   DeviceGuard guard(device_id);
-  cudaFree(p);
+  if (cudaFreeAsync(p, stream) != cudaSuccess) cudaGetLastError(); // e.g. at process exit: not sticky
 }
 
 fusedk_status fusedk__cuda_stream_wait(int32_t device_id, struct CUstream_st *producer,

@@ -22,7 +22,8 @@ int main(void) {
   /* a CUDA tensor without the GPU half: NO_CUDA, with a reason saying how to enable it */
   fusedk_tensor gx = fusedk_tensor_cuda(x, FUSEDK_F32, 2, shape, 0), gy = fusedk_tensor_cuda(y, FUSEDK_F32, 2, shape, 0);
   st = fusedk_rmsnorm(&gy, NULL, &gx, NULL, NULL, 1e-6f, NULL);
-  if (st != FUSEDK_ERR_NO_CUDA || !strstr(fusedk_failure_reason(), "fusedk_kernels.cu")) {
+  if (st != FUSEDK_ERR_NO_CUDA || !strstr(fusedk_failure_reason(), "fusedk_kernels.cu") ||
+      strncmp(fusedk_failure_reason(), "rmsnorm: ", 9) != 0) {
     printf("FAIL: expected NO_CUDA, got %s: %s\n", fusedk_status_name(st), fusedk_failure_reason());
     return 1;
   }

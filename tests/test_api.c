@@ -226,21 +226,80 @@ static void cases_for(op_t op) {
   }
 }
 
+/* The op registry: every op is there under its C name, fusedk_op_call runs it with the
+   registry's argument order, and bad ids or arguments fail cleanly. */
+static void registry_cases(void) {
+  const char *names[] = {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"};
+  for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
+    const fusedk_op *o = fusedk_op_get(i);
+    EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
+    EXPECT(o && o->n_tensors <= FUSEDK_OP_MAX_TENSORS && o->n_attrs <= FUSEDK_OP_MAX_ATTRS, "registry sizes %d", i);
+    for (int k = 0; o && k < o->n_tensors; ++k) {
+      const fusedk_op_tensor *t = &o->tensors[k];
+      int out = t->kind >= FUSEDK_ARG_OUT;
+      EXPECT(!out || (t->like >= 0 && t->like < o->n_tensors && o->tensors[t->like].kind == FUSEDK_ARG_IN),
+             "%s: output %s copies an input", o->name, t->name);
+      EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT),
+             "%s: optional output %s depends on an optional input", o->name, t->name);
+    }
+  }
+  EXPECT(!fusedk_op_get(-1) && !fusedk_op_get(FUSEDK_OP_COUNT) && fusedk_op_find("nope") == -1, "registry bounds");
+  call_t c;
+  fresh(&c);
+  poison();
+  const fusedk_tensor *t[5] = {&c.y, &c.ro, &c.x, &c.res, &c.w};
+  const double a[1] = {1e-6};
+  fusedk_status st = fusedk_op_call(FUSEDK_OP_RMSNORM, t, a, NULL);
+  EXPECT(st == FUSEDK_OK && by[0] != SENTINEL && bro[0] == bx[0] + bres[0], "op_call rmsnorm: %s",
+         fusedk_failure_reason());
+  st = fusedk_op_call(FUSEDK_OP_COUNT, t, a, NULL);
+  EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "op_call: op"), "op_call bad id");
+  st = fusedk_op_call(FUSEDK_OP_RMSNORM, NULL, a, NULL);
+  EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "rmsnorm"), "op_call NULL tensors");
+  char info[4096];
+  fusedk_kernel_info(info, sizeof info);
+  for (int i = 0; i < FUSEDK_OP_COUNT; ++i) EXPECT(strstr(info, names[i]) != NULL, "kernel_info lists %s", names[i]);
+}
+
+/* Empty tensors (NumPy gives them strides of 0) are fine and write nothing; unsupported dtypes
+   are named, not coded. */
+static void empty_and_dtype_cases(void) {
+  int64_t e2[2] = {0, D}, zero_st[2] = {0, 0};
+  call_t c;
+  fresh(&c);
+  c.x = fusedk_tensor_cpu(bx, FUSEDK_F32, 2, e2);
+  c.y = fusedk_tensor_cpu(by, FUSEDK_F32, 2, e2);
+  c.x.strides = c.y.strides = zero_st;
+  poison();
+  fusedk_status st = fusedk_rmsnorm(&c.y, NULL, &c.x, NULL, &c.w, 1e-6f, NULL);
+  EXPECT(st == FUSEDK_OK && untouched(), "empty [0, D] with zero strides: %s", fusedk_failure_reason());
+  const struct { uint8_t code, bits; uint16_t lanes; const char *name; } dts[] = {
+      {FUSEDK_DTYPE_FLOAT, 64, 1, "float64"}, {FUSEDK_DTYPE_INT, 32, 1, "int32"}, {FUSEDK_DTYPE_UINT, 8, 1, "uint8"},
+      {6, 8, 1, "bool"}, {5, 64, 1, "complex64"}, {FUSEDK_DTYPE_FLOAT, 16, 2, "float16x2"}};
+  for (size_t i = 0; i < sizeof dts / sizeof dts[0]; ++i) {
+    fresh(&c);
+    c.x.dtype.code = dts[i].code, c.x.dtype.bits = dts[i].bits, c.x.dtype.lanes = dts[i].lanes;
+    bad(OP_RMS, &c, &c.x, &c.y, FUSEDK_ERR_DTYPE, dts[i].name, "dtype named");
+  }
+}
+
 int main(void) {
   for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
   for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.1.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.2.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.1.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.2.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
+  registry_cases();
+  empty_and_dtype_cases();
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
 }

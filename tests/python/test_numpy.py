@@ -134,7 +134,10 @@ def test_errors_name_the_argument_and_leave_outputs_untouched():
         (lambda: fusedk.rmsnorm(x, weight=np.ones(7, np.float32), out=out), "FUSEDK_ERR_SHAPE",
          "rmsnorm: weight has shape [7], expected [8] (last dim of x)"),
         (lambda: fusedk.rmsnorm(x, weight=np.ones(8, np.float16), out=out), "FUSEDK_ERR_DTYPE", "weight has dtype float16"),
-        (lambda: fusedk.rmsnorm(x.astype(np.float64)), "FUSEDK_ERR_DTYPE", "x has dtype (code 2, bits 64"),
+        (lambda: fusedk.rmsnorm(x.astype(np.float64)), "FUSEDK_ERR_DTYPE", "x has dtype float64, expected float32"),
+        (lambda: fusedk.rmsnorm(x.astype(np.int32)), "FUSEDK_ERR_DTYPE", "x has dtype int32"),
+        (lambda: fusedk.rmsnorm(x, weight=[1.0] * 8, out=out), "FUSEDK_ERR_DTYPE",
+         "weight has dtype float64, expected float32, float16 or bfloat16 (weight was a list, turned into a float64"),
         (lambda: fusedk.rmsnorm(x, eps=-1.0, out=out), "FUSEDK_ERR_INVALID_ARGUMENT", "eps is -1"),
         (lambda: fusedk.rmsnorm(x[:, ::2], out=out[:, :4]), "FUSEDK_ERR_LAYOUT", "x has stride 2 in its last dim"),
         (lambda: fusedk.layernorm(x, bias=np.ones((2, 8), np.float32), out=out), "FUSEDK_ERR_SHAPE", "bias has shape [2, 8]"),
@@ -153,7 +156,7 @@ def test_errors_name_the_argument_and_leave_outputs_untouched():
 
 def test_kernel_info():
     info = fusedk.kernel_info()
-    assert info["version"] == fusedk.__version__ == "0.1.0"
+    assert info["version"] == fusedk.__version__ == "0.2.0"
     assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert isinstance(info["cuda"]["built"], bool)
@@ -174,3 +177,49 @@ def test_no_torch_import():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_empty_arrays(dtype):
+    # NumPy gives empty arrays strides of 0: no layout to check, nothing to write
+    x = np.empty((0, 8), dtype)
+    assert fusedk.rmsnorm(x).shape == (0, 8)
+    y, r = fusedk.rmsnorm(x, np.ones(8, dtype), residual=x)
+    assert y.shape == r.shape == (0, 8) and y.dtype == dtype
+    assert fusedk.layernorm(x).shape == (0, 8)
+    x3 = np.empty((2, 0, 8), dtype)
+    assert fusedk.adaln(x3, np.zeros((2, 8), dtype), np.zeros((2, 8), dtype)).shape == (2, 0, 8)
+    assert fusedk.residual_tanh_gated_rmsnorm(x3, x3, np.zeros((2, 8), dtype)).shape == (2, 0, 8)
+
+
+def test_lists_are_named_when_they_become_float64():
+    with pytest.raises(fusedk.Error, match=r"x was a list, turned into a float64 NumPy array"):
+        fusedk.rmsnorm([[1.0, 2.0]])
+    # a float32 array built from a list is fine
+    assert fusedk.rmsnorm(np.asarray([[1.0, 2.0]], np.float32)).dtype == np.float32
+
+
+def test_public_namespace():
+    assert fusedk.Error.__module__ == "fusedk" and repr(fusedk.Error("S", "r")).startswith("Error(")
+    assert str(fusedk.Error).startswith("<class 'fusedk.Error'>")
+    public = [n for n in dir(fusedk) if not n.startswith("_")]
+    assert set(public) == {"Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "kernel_info",
+                           "torch", "jax"}
+    for internal in ("json", "ffi", "lib", "check", "Call"):
+        assert not hasattr(fusedk, internal), internal
+
+
+def test_every_registry_op_is_a_python_function():
+    from fusedk import _core
+    names = [o.name for o in _core.OPS]
+    assert names == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"]
+    assert set(names) <= set(fusedk.__all__) and set(names) == set(fusedk.kernel_info()["ops"])
+
+
+def test_ndim_limit_and_strides_in_bytes():
+    x = rand((1,) * 9 + (4,), np.float32)
+    with pytest.raises(fusedk.Error, match="x has ndim 10, expected 1..8"):
+        fusedk.rmsnorm(x)
+    rec = np.zeros((4, 8), dtype=[("a", np.float32), ("b", np.int8)])["a"]  # 5-byte row step
+    with pytest.raises(fusedk.Error, match="not a multiple of its 4-byte elements"):
+        fusedk.rmsnorm(rec)

@@ -1,5 +1,8 @@
-"""Loads libfusedk through cffi (ABI mode). The cdef is the marked section of fusedk.h itself,
-so the bindings cannot drift from the C API."""
+"""Loads libfusedk twice over: through cffi (ABI mode; the cdef is the marked section of fusedk.h
+itself, so the bindings cannot drift from the C API) for GIL-free calls, and through
+ctypes.PyDLL for the few entry points that handle Python objects and must keep the GIL (the
+DLPack exchange-API call path, bindings/c/fusedk_py.c)."""
+import ctypes
 import os
 import re
 
@@ -35,4 +38,21 @@ LIBRARY = _find("FUSEDK_LIBRARY", ["libfusedk.so", "libfusedk.dylib", "fusedk.dl
 ffi = cffi.FFI()
 with open(HEADER) as f:
     ffi.cdef(cdef_from_header(f.read()))
+# the binding entry points of bindings/c/fusedk_py.c (not part of the C API in fusedk.h)
+ffi.cdef("int32_t fusedk_op_call_packed(int32_t op, const void *buf, size_t len, double a0, double a1, double a2,"
+         " double a3, struct CUstream_st *stream);")
 lib = ffi.dlopen(LIBRARY)
+
+# --- the GIL-holding half -------------------------------------------------------------------
+pylib = ctypes.PyDLL(LIBRARY)
+_p = ctypes.c_void_p
+pylib.fusedk_py_call.argtypes = [ctypes.c_int32, _p, ctypes.py_object, ctypes.c_double, ctypes.c_double,
+                                 ctypes.c_double, ctypes.c_double, ctypes.c_int64]
+pylib.fusedk_py_call.restype = ctypes.py_object  # a new reference
+pylib.fusedk_py_last.argtypes = []
+pylib.fusedk_py_last.restype = ctypes.c_int
+pylib.fusedk_py_init.argtypes = [_p] * 6
+pylib.fusedk_py_init.restype = None
+_api = ctypes.pythonapi
+pylib.fusedk_py_init(id(None), *(ctypes.cast(getattr(_api, n), _p) for n in
+                                 ("Py_IncRef", "PyTuple_New", "PyTuple_SetItem", "PyTuple_GetItem", "PyErr_Clear")))

@@ -1,0 +1,116 @@
+"""fusedk's ops as PyTorch custom operators, for torch.compile and CUDA graphs (opt-in: importing
+this module imports torch; `import fusedk` alone never does).
+
+    import fusedk.torch as fkt
+    y = fkt.rmsnorm(x, w)                     # same signatures as fusedk.rmsnorm & co.
+    f = torch.compile(block, fullgraph=True)  # no graph breaks; mode="reduce-overhead" works
+
+Every registry op of fusedk.h becomes two operators in the `fusedk` namespace, their schemas
+derived from the registry: `fusedk::<op>` (functional: returns new tensors) and
+`fusedk::<op>_out` (writes the caller's out=/residual_out= tensors, declared as mutated), each
+with a fake (meta) implementation. The ops are forward-only: backward through one raises an
+error that says so. For the eager call, plain `fusedk.rmsnorm(x)` is the faster path (no
+dispatcher); these exist for tracing."""
+import functools
+import types
+
+import torch
+
+from . import _core
+from . import adaln, layernorm, residual_tanh_gated_rmsnorm, rmsnorm  # noqa: F401 - the ops re-bound below
+from ._core import OPS, Error
+
+_IN_OPT, _OUT_OPT, _F32 = _core.lib.FUSEDK_ARG_IN_OPT, _core.lib.FUSEDK_ARG_OUT_OPT, _core.lib.FUSEDK_ATTR_F32
+
+__all__ = [o.name for o in OPS]
+
+
+def _schemas(o):
+    ins = ", ".join(f"Tensor{'?' if o.tensors[i][1] == _IN_OPT else ''} {o.tensors[i][0]}" for i in o.inputs)
+    attrs = "".join(f", {'float' if t == _F32 else 'int'} {n}" for n, t, _ in o.attrs)
+    n_opt = sum(o.tensors[i][1] == _OUT_OPT for i, _, _ in o.outputs)
+    rets = "Tensor[]" if n_opt else ("Tensor" if len(o.outputs) == 1 else f"({', '.join(['Tensor'] * len(o.outputs))})")
+    outs = "".join(f", Tensor({chr(97 + k)}!){'?' if o.tensors[i][1] == _OUT_OPT else ''} {o.tensors[i][0]}"
+                   for k, (i, _, _) in enumerate(o.outputs))
+    return f"({ins}{attrs}) -> {rets}", f"({ins}{attrs}{outs}) -> ()"
+
+
+def _exists(o, inputs, when):
+    return when < 0 or inputs[o.inputs.index(when)] is not None
+
+
+def _register(o):
+    fn_schema, out_schema = _schemas(o)
+    qual, qual_out = f"fusedk::{o.name}", f"fusedk::{o.name}_out"
+    torch.library.define(qual, fn_schema)
+    torch.library.define(qual_out, out_schema)
+    n_in, listed = len(o.inputs), any(o.tensors[i][1] == _OUT_OPT for i, _, _ in o.outputs)
+
+    def args_of(inputs, outputs, attrs):  # registry order for _core.call
+        args = [None] * len(o.tensors)
+        for i, v in zip(o.inputs, inputs):
+            args[i] = v
+        for (i, _, _), v in zip(o.outputs, outputs):
+            args[i] = v
+        return args, inputs[0], (list(attrs) + [0.0, 0.0])[:2]
+
+    @torch.library.impl(qual, ("cpu", "cuda"))
+    def functional(*a):
+        args, x, (a0, a1) = args_of(a[:n_in], (), a[n_in:])
+        r = _core.call(o.id, x, tuple(args), a0, a1, None)
+        r = list(r) if isinstance(r, tuple) else [r]
+        return r if listed else (r[0] if len(r) == 1 else tuple(r))
+
+    @torch.library.register_fake(qual)
+    def functional_fake(*a):
+        inputs = a[:n_in]
+        r = [inputs[o.inputs.index(like)].new_empty(inputs[o.inputs.index(like)].shape)
+             for i, like, when in o.outputs if _exists(o, inputs, when)]
+        return r if listed else (r[0] if len(r) == 1 else tuple(r))
+
+    @torch.library.impl(qual_out, ("cpu", "cuda"))
+    def out(*a):
+        n_attr = len(o.attrs)
+        args, x, (a0, a1) = args_of(a[:n_in], a[n_in + n_attr:], a[n_in:n_in + n_attr])
+        _core.call(o.id, x, tuple(args), a0, a1, None)
+
+    @torch.library.register_fake(qual_out)
+    def out_fake(*a):
+        return None
+
+    def backward(ctx, *grads):
+        raise RuntimeError(f"fusedk.torch.{o.name} is forward-only: it has no backward, so no gradient flows "
+                           "through it (run it under torch.no_grad(), or use a differentiable op for training)")
+
+    torch.library.register_autograd(qual, backward, setup_context=lambda ctx, inputs, output: None)
+
+
+def _route(op, x, args, a0, a1, stream):
+    """fusedk's call, through the registered operators (what torch.compile traces)."""
+    o = OPS[op]
+    if stream is not None:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: fusedk.torch ops run on torch's current stream; "
+                    "use `with torch.cuda.stream(s):` instead of stream=")
+    inputs = [args[i] for i in o.inputs]
+    attrs = (a0, a1)[:len(o.attrs)]
+    given = [args[i] for i, _, _ in o.outputs]
+    if all(g is None for g in given):
+        r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
+        return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)
+    outs = []  # out= given: the missing outputs are made here, then all are written in place
+    for (i, like, when), g in zip(o.outputs, given):
+        if g is None and _exists(o, inputs, when):
+            g = args[like].new_empty(args[like].shape)
+        outs.append(g)
+    getattr(torch.ops.fusedk, f"{o.name}_out")(*inputs, *attrs, *outs)
+    outs = [g for g in outs if g is not None]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+for _o in OPS:
+    _register(_o)
+    _f = globals()[_o.name]  # fusedk's own function, its call routed through the operators
+    globals()[_o.name] = functools.update_wrapper(
+        types.FunctionType(_f.__code__, {**_f.__globals__, "_call": _route}, _f.__name__, _f.__defaults__,
+                           _f.__closure__), _f)
+del _o, _f
