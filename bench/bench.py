@@ -4,7 +4,9 @@
     python3 bench/bench.py [--out DIR] [--quick] [--ops rmsnorm,rmsnorm_res,layernorm,adaln,rtg_rmsnorm]
                            [--no-jax] [--no-compile] [--no-liger]
 
-Needs PYTHONPATH to include bindings/python and FUSEDK_LIBRARY to point at libfusedk.so.
+Needs a CUDA GPU and PyTorch (JAX and Liger optional). From the repository after `meson compile -C
+build`: PYTHONPATH=bindings/python finds build/libfusedk.so and fusedk.h (or set FUSEDK_LIBRARY and
+FUSEDK_HEADER). Exits if fusedk cannot be imported, unless --peers-only.
 Writes DIR/bench.json, DIR/bench.md and DIR/bench.png (DIR defaults to bench/results) and prints
 the Markdown table last on stdout; progress goes to stderr.
 
@@ -619,6 +621,7 @@ def main():
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-liger", action="store_true")
+    ap.add_argument("--peers-only", action="store_true", help="run even if fusedk cannot be imported")
     args = ap.parse_args()
     args.iters = args.iters or (30 if args.quick else 200)
     args.jax_calls = args.jax_calls or (50 if args.quick else 200)
@@ -629,11 +632,14 @@ def main():
     t_start = time.time()
     probe = None if args.no_jax else jax_probe_start()
 
-    import torch as _torch
-    import torch.nn.functional as _F
+    try:
+        import torch as _torch
+        import torch.nn.functional as _F
+    except ImportError:
+        sys.exit("bench.py needs PyTorch with CUDA (the peers and the timing run through torch)")
     torch, F = _torch, _F
     if not torch.cuda.is_available():
-        sys.exit("bench.py needs a CUDA GPU")
+        sys.exit("bench.py needs a CUDA GPU and PyTorch with CUDA (the peers and the timing run through torch)")
     torch.set_grad_enabled(False)
     import torch._dynamo
     for name, val in (("cache_size_limit", 256), ("recompile_limit", 256),
@@ -654,8 +660,12 @@ def main():
         except Exception as e:
             meta["kernel_info"] = {"error": err_str(e)}
     except Exception as e:
+        if not args.peers_only:
+            sys.exit(f"bench.py: cannot import fusedk ({err_str(e)}). Run from the repository with "
+                     "PYTHONPATH=bindings/python after building into build/ (or set FUSEDK_LIBRARY and "
+                     "FUSEDK_HEADER), or pass --peers-only to time the peers alone.")
         env["fusedk_error"] = meta["fusedk_error"] = err_str(e)
-        log(f"fusedk import failed, timing peers only: {env['fusedk_error']}")
+        log(f"fusedk import failed, timing peers only (--peers-only): {env['fusedk_error']}")
 
     prop = torch.cuda.get_device_properties(0)
     env["l2"] = getattr(prop, "L2_cache_size", 0) or 50 * 2 ** 20

@@ -2,7 +2,8 @@
 # Everything the lent GPU machine is for, in one call: build for its GPU with its nvcc, run every
 # test suite (gpu, python interop, cpu, examples), then the bench. Logs and results land in
 # $OUT (default ./out); the last lines printed are the summary.
-#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--tune] [--ncu]
+#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--percall] [--tune] [--ncu]
+# (--no-bench --percall: the suites and the per-call table, without the kernel bench)
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -13,10 +14,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # wheels the machine lacks (cffi, meson-
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-bench=1 quick=""
+bench=1 quick="" percall=0
 tests=1 tune=0 ncu=0
 for a in "$@"; do
-  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; esac
+  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --percall) percall=1 ;;
+    --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; esac
 done
 summary=()
 t0=$(date +%s)
@@ -36,8 +38,14 @@ if [ $tests = 1 ]; then
   summary+=("pytest: $(grep -E '[0-9]+ passed' "$OUT/testlog.txt" | grep -v failed, | tail -1)")
   grep -E "^FAIL|mochi exact vs PyTorch|^ok   huge|SKIPPED \[" "$OUT/testlog.txt" | head -20
 fi
-if [ $bench = 1 ] && [ -f bench/bench.py ]; then
+if [ $bench = 1 ] || [ $percall = 1 ]; then  # the user's call: eager loops vs the frameworks' own ops
   mkdir -p "$OUT/bench"
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+    python3 bench/percall.py --out "$OUT/bench" >"$OUT/percall.log" 2>&1
+  summary+=("percall rc=$?")
+  tail -32 "$OUT/percall.log"
+fi
+if [ $bench = 1 ] && [ -f bench/bench.py ]; then
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
     python3 bench/bench.py --out "$OUT/bench" $quick >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")

@@ -11,15 +11,18 @@ import cffi
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _find(env, names):
+_SRC = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))  # the repository, when run from its tree
+
+
+def _find(env, names, tree):
+    """$env, else next to the package (pip install), else the source tree's (PYTHONPATH=bindings/python)."""
     if os.environ.get(env):
         return os.environ[env]
-    for name in names:
-        path = os.path.join(_HERE, name)
+    for path in [os.path.join(_HERE, n) for n in names] + [os.path.join(_SRC, tree)]:
         if os.path.exists(path):
             return path
-    raise ImportError(f"fusedk: cannot find {names[0]} next to the package; set {env} to its path "
-                      "(meson test sets it to the build tree's)")
+    raise ImportError(f"fusedk: cannot find {names[0]} next to the package or in the source tree's {tree}; set "
+                      f"{env} to its path")
 
 
 def cdef_from_header(text):
@@ -32,8 +35,8 @@ def cdef_from_header(text):
     return body.replace("FUSEDK_DEF ", "")
 
 
-HEADER = _find("FUSEDK_HEADER", ["fusedk.h"])
-LIBRARY = _find("FUSEDK_LIBRARY", ["libfusedk.so", "libfusedk.dylib", "fusedk.dll"])
+HEADER = _find("FUSEDK_HEADER", ["fusedk.h"], "fusedk.h")
+LIBRARY = _find("FUSEDK_LIBRARY", ["libfusedk.so", "libfusedk.dylib", "fusedk.dll"], os.path.join("build", "libfusedk.so"))
 
 ffi = cffi.FFI()
 with open(HEADER) as f:

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""The user's call: what `y = fusedk.rmsnorm(x, w)` costs from Python, next to the frameworks' own
+ops and to fusedk's kernel alone.
+
+    PYTHONPATH=bindings/python python3 bench/percall.py [--out DIR] [--calls 200] [--reps 7]
+
+Needs a CUDA GPU and torch; CuPy, JAX and Liger rows appear where those import. Every eager row
+is a loop of --calls calls as users write them (no out=, no graphs, outputs dropped), timed by
+wall clock from the first call to a synchronize after the last, median of --reps loops, per call.
+"kernel" is fusedk's kernel alone: 20 of the same call captured in a CUDA graph, replays timed with
+CUDA events, per call. JAX rows are back-to-back calls of jitted functions (fusedk through fusedk.jax, XLA FFI),
+timed the same way. Writes DIR/percall.json and DIR/percall.md and prints the table."""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any jax import
+
+EPS = 1e-6
+SHAPES = [(1, 64), (1, 1024, 2048), (4, 4096, 3072)]
+
+
+def loop_time(fn, sync, calls, reps):
+    """Median over reps of (wall time of `calls` calls + final sync) / calls, in µs."""
+    for _ in range(3):
+        fn()
+    sync()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        ts.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(ts)
+
+
+def graph_time(torch, fn, reps=200, k=20):
+    """fn's device time alone: k calls captured in one CUDA graph (so that a replay's own launch
+    latency is spread over k kernels), replays timed with CUDA events; µs per call."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(k):
+            fn()
+    for _ in range(5):
+        g.replay()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1e3 / k
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+    if not torch.cuda.is_available():
+        sys.exit("percall.py needs a CUDA GPU and torch")
+    import fusedk  # fails loudly: this bench is about fusedk's call
+    if not fusedk.kernel_info()["cuda"]["devices"]:
+        sys.exit("percall.py: fusedk was built without its GPU half (or sees no device)")
+    torch.set_grad_enabled(False)
+    rows = []
+    tsync = torch.cuda.synchronize
+
+    def row(group, shape, dtype, impl, us, note=""):
+        rows.append(dict(group=group, shape="×".join(map(str, shape)), dtype=dtype, impl=impl, us=round(us, 2),
+                         note=note))
+        print(f"{group:6s} {rows[-1]['shape']:>14s} {dtype:5s} {impl:34s} {us:9.2f} µs {note}", file=sys.stderr,
+              flush=True)
+
+    # --- torch ------------------------------------------------------------------------------
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        liger = lambda x, w: LigerRMSNormFunction.apply(x, w, EPS)  # noqa: E731
+    except Exception:  # noqa: BLE001 - an optional peer
+        liger = None
+    for shape in SHAPES:
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(x)
+        n = (shape[-1],)
+        row("torch", shape, "bf16", "fusedk.rmsnorm(x, w)", loop_time(lambda: fusedk.rmsnorm(x, w), tsync,
+                                                                       args.calls, args.reps))
+        row("torch", shape, "bf16", "fusedk.rmsnorm(x, w, out=y)",
+            loop_time(lambda: fusedk.rmsnorm(x, w, out=out), tsync, args.calls, args.reps))
+        row("torch", shape, "bf16", "F.rms_norm(x, (D,), w)",
+            loop_time(lambda: F.rms_norm(x, n, w, EPS), tsync, args.calls, args.reps))
+        if liger:
+            row("torch", shape, "bf16", "Liger rms_norm", loop_time(lambda: liger(x, w), tsync, args.calls, args.reps))
+        row("torch", shape, "bf16", "kernel (fusedk, graph replay)", graph_time(torch, lambda: fusedk.rmsnorm(x, w, out=out)))
+        row("torch", shape, "bf16", "kernel (F.rms_norm, graph replay)", graph_time(torch, lambda: F.rms_norm(x, n, w, EPS)))
+        del x, w, out
+    # --- CuPy (fp16: CuPy has no bfloat16 arithmetic for its own add) ------------------------
+    try:
+        import cupy
+    except Exception:  # noqa: BLE001
+        cupy = None
+    if cupy is not None:
+        csync = lambda: cupy.cuda.get_current_stream().synchronize()  # noqa: E731
+        for shape in SHAPES:
+            a = cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+            b = cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
+            w = cupy.random.standard_normal(shape[-1], dtype=cupy.float32).astype(cupy.float16)
+            row("cupy", shape, "fp16", "fusedk.rmsnorm(x, w)", loop_time(lambda: fusedk.rmsnorm(a, w), csync,
+                                                                          args.calls, args.reps))
+            row("cupy", shape, "fp16", "cupy.add(a, b)", loop_time(lambda: cupy.add(a, b), csync, args.calls, args.reps))
+            del a, b, w
+            cupy.get_default_memory_pool().free_all_blocks()
+    # --- JAX: back-to-back jitted calls --------------------------------------------------------
+    try:
+        import jax
+        import jax.numpy as jnp
+        import fusedk.jax as fkj
+        gpu = jax.devices("gpu")[0]
+    except Exception as e:  # noqa: BLE001
+        jax = None
+        print(f"JAX rows skipped: {type(e).__name__}: {e}", file=sys.stderr)
+    if jax is not None:
+        def j_rms(x, w):
+            xf = x.astype(jnp.float32)
+            return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + EPS)).astype(x.dtype) * w
+
+        def j_adaln(x, scale, shift):
+            xf = x.astype(jnp.float32)
+            m = xf.mean(-1, keepdims=True)
+            nrm = ((xf - m) * jax.lax.rsqrt(jnp.square(xf - m).mean(-1, keepdims=True) + EPS)).astype(x.dtype)
+            return nrm * (1 + scale[:, None]) + shift[:, None]
+
+        f_rms, p_rms = jax.jit(lambda x, w: fkj.rmsnorm(x, w, eps=EPS)), jax.jit(j_rms)
+        f_ad, p_ad = jax.jit(lambda x, s, h: fkj.adaln(x, s, h, eps=EPS)), jax.jit(j_adaln)
+        key = jax.random.PRNGKey(0)
+        cases = [("rmsnorm", s, f_rms, p_rms, lambda s: (jax.random.normal(key, s, jnp.bfloat16),
+                                                           jax.random.normal(key, s[-1:], jnp.bfloat16)))
+                 for s in SHAPES]
+        cases.append(("adaln", (2, 4096, 1152), f_ad, p_ad,
+                      lambda s: (jax.random.normal(key, s, jnp.bfloat16), jax.random.normal(key, (s[0], s[2]), jnp.bfloat16),
+                                 jax.random.normal(key, (s[0], s[2]), jnp.bfloat16))))
+        for name, shape, f, p, make in cases:
+            xs = jax.device_put(make(shape), gpu)
+            last = [None]
+
+            def runner(fn):
+                def go():
+                    last[0] = fn(*xs)
+                return go
+            jsync = lambda: last[0].block_until_ready()  # noqa: E731
+            row("jax", shape, "bf16", f"jit(fusedk.jax.{name})", loop_time(runner(f), jsync, args.calls, args.reps))
+            row("jax", shape, "bf16", f"jit(pure JAX {name})", loop_time(runner(p), jsync, args.calls, args.reps))
+            del xs, last
+    # --- report ---------------------------------------------------------------------------------
+    prop = torch.cuda.get_device_properties(0)
+    meta = {"gpu": prop.name, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "calls": args.calls, "reps": args.reps, "torch": torch.__version__,
+            "fusedk": fusedk.__version__, "cupy": getattr(cupy, "__version__", None),
+            "jax": getattr(jax, "__version__", None)}
+    md = [f"# The user's call: µs per call ({meta['gpu']}, {meta['date']})", "",
+          f"Eager loops of {args.calls} calls without `out=` (median of {args.reps} loops, wall clock to a final "
+          "sync); `kernel` = 20 of the same call captured in one CUDA graph, replays timed with CUDA events, per "
+          "call. JAX: "
+          "back-to-back calls of jitted functions.", "",
+          "| framework | shape | dtype | call | µs/call | vs reference |", "|---|---|---|---|---:|---|"]
+    ref_of = {"torch": "F.rms_norm(x, (D,), w)", "cupy": "cupy.add(a, b)"}
+    for r in rows:
+        ref = ref_of.get(r["group"]) or (r["impl"].replace("fusedk.jax.", "pure JAX ") if "fusedk" in r["impl"] else None)
+        base = next((q["us"] for q in rows if q["group"] == r["group"] and q["shape"] == r["shape"] and q["impl"] == ref), None)
+        rel = f"{r['us'] / base:.2f}× {ref}" if base and r["impl"] != ref and "kernel" not in r["impl"] else ""
+        if r["group"] == "torch" and r["impl"] == "fusedk.rmsnorm(x, w)":
+            k = next((q["us"] for q in rows if q["group"] == "torch" and q["shape"] == r["shape"]
+                      and q["impl"].startswith("kernel (fusedk")), None)
+            rel += f"; {r['us'] / k:.2f}× fusedk's kernel" if k else ""
+        md.append(f"| {r['group']} | {r['shape']} | {r['dtype']} | `{r['impl']}` | {r['us']:.2f} | {rel} |")
+    text = "\n".join(md) + "\n"
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "percall.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "percall.md"), "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""PyTorch through fusedk's fast call path (DLPack's C exchange API) and fusedk.torch (custom
+operators for torch.compile), on CPU tensors: runs wherever torch is installed, GPU or not. The
+CUDA side of the same paths is in test_gpu_paths.py."""
+import numpy as np
+import pytest
+
+import fusedk
+from oracle import BF16
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+    pytest.skip("this torch has no DLPack C exchange API (torch >= 2.11)", allow_module_level=True)
+import fusedk.torch as fkt  # noqa: E402
+from fusedk import _core  # noqa: E402
+
+DT = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def np_of(t):
+    t = t.detach()
+    return t.view(torch.uint16).numpy().view(BF16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def calls(x, w, r, sc, sh, g):
+    """Every op, as users call them (keyword forms included)."""
+    return {
+        "rmsnorm": lambda f, m: f.rmsnorm(m(x), m(w)),
+        "rmsnorm_residual": lambda f, m: f.rmsnorm(m(x), weight=m(w), residual=m(r)),
+        "layernorm": lambda f, m: f.layernorm(m(x), m(w), m(w), eps=1e-5),
+        "adaln": lambda f, m: f.adaln(m(x), m(sc), m(sh), norm="rms", weight=m(w)),
+        "mochi": lambda f, m: f.residual_tanh_gated_rmsnorm(m(x), m(r), m(g), exact=True),
+    }
+
+
+def inputs(dtype, B=2, L=33, D=160):
+    x, r, w = torch.randn(B, L, D, dtype=dtype), torch.randn(B, L, D, dtype=dtype), torch.randn(D, dtype=dtype)
+    mod = torch.randn(B, 6 * D, dtype=dtype)
+    sh, sc, g = mod.chunk(6, 1)[:3]  # strided views
+    return x, w, r, sc, sh, g
+
+
+@pytest.mark.parametrize("dtype", DT, ids=str)
+def test_exchange_path_is_the_cpu_reference(dtype):
+    # torch CPU tensors take the exchange-API path and must give exactly what NumPy gets
+    args = inputs(dtype)
+    for name, fn in calls(*args).items():
+        got, want = fn(fusedk, lambda t: t), fn(fusedk, np_of)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        for a, b in zip(got, want):
+            assert isinstance(a, torch.Tensor) and a.dtype == dtype and a.is_contiguous(), name
+            assert np.array_equal(np_of(a).view(np.uint8), b.view(np.uint8)), name
+
+
+def test_the_fast_path_is_taken():
+    x = torch.randn(4, 64)
+    assert _core.path_of(torch.Tensor).__name__ == "run"  # the exchange-API closure
+    assert _core.path_of(torch.nn.Parameter).__name__ == "run"
+    p = torch.nn.Parameter(torch.ones(64))  # a subclass, requires_grad
+    assert torch.equal(fusedk.rmsnorm(x, p), fusedk.rmsnorm(x))
+
+
+def test_out_and_in_place_residual():
+    x, w, r, *_ = inputs(torch.bfloat16)
+    out = torch.empty_like(x)
+    assert fusedk.rmsnorm(x, w, out=out) is out
+    want_y, want_r = fusedk.rmsnorm(np_of(x), np_of(w), residual=np_of(r))
+    y, r2 = fusedk.rmsnorm(x, w, residual=r, residual_out=r)
+    assert r2 is r and np.array_equal(np_of(r), want_r) and np.array_equal(np_of(y), want_y)
+
+
+def test_mixed_frameworks_fall_back_and_errors_keep_their_status():
+    x = torch.randn(4, 64)
+    # a NumPy weight with a torch x: the generic path (same CPU device) still runs
+    assert torch.equal(fusedk.rmsnorm(x, np.ones(64, np.float32)), fusedk.rmsnorm(x, torch.ones(64)))
+    with pytest.raises(fusedk.Error) as e:
+        fusedk.rmsnorm(x, torch.ones(63))
+    assert e.value.status == "FUSEDK_ERR_SHAPE" and "weight has shape [63]" in e.value.reason
+    with pytest.raises(fusedk.Error) as e:
+        fusedk.rmsnorm(x.double())
+    assert e.value.status == "FUSEDK_ERR_DTYPE" and "x has dtype float64" in e.value.reason
+    with pytest.raises(fusedk.Error) as e:
+        fusedk.rmsnorm(x[:, ::2])
+    assert e.value.status == "FUSEDK_ERR_LAYOUT"
+    out = torch.full_like(x, 7.0)
+    with pytest.raises(fusedk.Error):
+        fusedk.rmsnorm(x, torch.ones(64, dtype=torch.float16), out=out)
+    assert (out == 7).all()  # nothing written on failure
+    with pytest.raises(fusedk.Error, match="x is NULL"):
+        fusedk.layernorm(None)
+
+
+def test_empty_and_huge_ndim():
+    assert fusedk.rmsnorm(torch.empty(0, 8)).shape == (0, 8)
+    with pytest.raises(fusedk.Error, match="ndim 9"):
+        fusedk.rmsnorm(torch.randn([1] * 8 + [4]))
+
+
+@pytest.mark.parametrize("dtype", DT, ids=str)
+def test_fusedk_torch_matches_the_fast_path(dtype):
+    args = inputs(dtype)
+    for name, fn in calls(*args).items():
+        a, b = fn(fkt, lambda t: t), fn(fusedk, lambda t: t)
+        a, b = (a, b) if isinstance(a, tuple) else ((a,), (b,))
+        assert len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b)), name
+
+
+def test_opcheck_every_op():
+    from torch.library import opcheck
+    x, w, r, sc, sh, g = inputs(torch.float32, 2, 5, 64)
+    o = torch.empty_like(x)
+    cases = [
+        (torch.ops.fusedk.rmsnorm, (x, r, w, 1e-6)), (torch.ops.fusedk.rmsnorm, (x, None, None, 1e-6)),
+        (torch.ops.fusedk.rmsnorm_out, (x, r, w, 1e-6, o.clone(), o.clone())),
+        (torch.ops.fusedk.rmsnorm_out, (x, None, w, 1e-6, o.clone(), None)),
+        (torch.ops.fusedk.layernorm, (x, w, w, 1e-5)), (torch.ops.fusedk.layernorm_out, (x, None, w, 1e-5, o.clone())),
+        (torch.ops.fusedk.adaln, (x, sc, sh, w, w, 0, 1e-6)), (torch.ops.fusedk.adaln_out, (x, sc, sh, None, None, 1, 1e-6, o.clone())),
+        (torch.ops.fusedk.residual_tanh_gated_rmsnorm, (x, r, g, 1e-6, 1)),
+        (torch.ops.fusedk.residual_tanh_gated_rmsnorm_out, (x, r, g, 1e-6, 0, o.clone())),
+    ]
+    for op, a in cases:
+        res = opcheck(op, a)
+        assert all(v == "SUCCESS" for v in res.values()), (op, res)
+
+
+def test_backward_raises_a_clear_error():
+    x = torch.randn(4, 64, requires_grad=True)
+    y = fkt.rmsnorm(x)
+    with pytest.raises(RuntimeError, match="fusedk.torch.rmsnorm is forward-only"):
+        y.sum().backward()
+
+
+def test_compile_fullgraph_dit_block_matches_eager_bitwise():
+    x, w, r, sc, sh, g = inputs(torch.bfloat16, 2, 16, 128)
+
+    def block(x, r, w, sc, sh, g):
+        h, res = fkt.rmsnorm(x, w, residual=r)
+        h = fkt.adaln(h, sc, sh, norm="layer")
+        return fkt.residual_tanh_gated_rmsnorm(res, h, g)
+
+    want = block(x, r, w, sc, sh, g)
+    got = torch.compile(block, fullgraph=True)(x, r, w, sc, sh, g)
+    assert torch.equal(got, want)
+    # out= and residual_out= under compile: declared mutations, functionalized
+    def inplace(x, r, w):
+        y = torch.empty_like(x)
+        fkt.rmsnorm(x, w, residual=r, out=y, residual_out=r)
+        return y, r
+    r1, r2 = r.clone(), r.clone()
+    a = inplace(x, r1, w)
+    b = torch.compile(inplace, fullgraph=True)(x, r2, w)
+    assert torch.equal(a[0], b[0]) and torch.equal(r1, r2)
+
+
+def test_no_torch_import_without_asking():
+    import subprocess
+    import sys
+    code = "import sys, fusedk; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
