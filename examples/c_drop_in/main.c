@@ -1,6 +1,9 @@
-/* A C program using fusedk as two dropped-in files: fusedk.h (+ fusedk_kernels.cu for the GPU).
-   Build without meson: see the Makefile (CPU: one cc line; GPU: + nvcc, -DFUSEDK_CUDA). */
+/* A C program using fusedk as two dropped-in files: fusedk.h (+ fusedk_kernels.cu for the GPU),
+   or linked with an installed libfusedk. Build without meson: see the Makefile (CPU: one cc line;
+   GPU: + nvcc, -DFUSEDK_CUDA; installed: pkg-config, -DFUSEDK_INSTALLED). */
+#ifndef FUSEDK_INSTALLED /* libfusedk has the implementation: defining it again would clash */
 #define FUSEDK_IMPLEMENTATION
+#endif
 #include "fusedk.h"
 
 #include <math.h>
@@ -20,7 +23,9 @@ int main(void) {
   tw.shape[0] = 3; /* a wrong weight: a status and a reason, nothing written */
   fusedk_status st = fusedk_rmsnorm(&ty, NULL, &tx, NULL, &tw, 1e-6f, NULL);
   printf("%s: %s\n", fusedk_status_name(st), fusedk_failure_reason());
-#ifdef FUSEDK_CUDA
+#if defined(FUSEDK_INSTALLED)
+  printf("installed libfusedk %s, %d CUDA device(s)\n", fusedk_version(), fusedk_cuda_device_count());
+#elif defined(FUSEDK_CUDA)
   printf("GPU half linked, %d CUDA device(s)\n", fusedk_cuda_device_count());
 #else
   printf("CPU-only build\n");

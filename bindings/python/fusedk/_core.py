@@ -119,8 +119,8 @@ def results(outs):
 
 
 # --- torch and any type with DLPack's C exchange API ------------------------------------------
-_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_ptr.restype, _capsule_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+_capsule_ptr = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
 def exchange_api(t):
@@ -242,17 +242,20 @@ def call(op, x, args, a0=0.0, a1=0.0, stream=None):
 
 
 # --- the generic path --------------------------------------------------------------------------
-_api = ctypes.pythonapi
+# Private prototypes of the CPython capsule API (PYFUNCTYPE keeps the GIL): setting argtypes on
+# the shared ctypes.pythonapi functions would clash with other users of them (jax.ffi.pycapsule).
 _Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_api.PyCapsule_New.restype = ctypes.py_object
-_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _Destructor]
-_api.PyCapsule_SetName.restype = ctypes.c_int
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+
+def _capi(name, res, *args):
+    return ctypes.PYFUNCTYPE(res, *args)((name, ctypes.pythonapi))
+
+
+_capsule_new = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, _Destructor)
+_capsule_set_name = _capi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+_capsule_is_valid = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
 # the destructor receives the capsule as a bare pointer
-_capsule_pointer_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_capsule_pointer_raw = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
 # capsule names must outlive every capsule: module-level constants
 _LEGACY, _VERSIONED, _USED_LEGACY = b"dltensor", b"dltensor_versioned", b"used_dltensor"
 
@@ -261,10 +264,10 @@ _LEGACY, _VERSIONED, _USED_LEGACY = b"dltensor", b"dltensor_versioned", b"used_d
 def _destroy_capsule(cap):
     # Runs when a capsule we produced dies. A consumer that took it renamed it "used_..." and
     # owns the tensor; otherwise nobody did, and the C deleter frees it here.
-    if _api.PyCapsule_IsValid(cap, _LEGACY):
+    if _capsule_is_valid(cap, _LEGACY):
         m = ffi.cast("fusedk_dlmanaged *", _capsule_pointer_raw(cap, _LEGACY))
         m.deleter(m)
-    elif _api.PyCapsule_IsValid(cap, _VERSIONED):
+    elif _capsule_is_valid(cap, _VERSIONED):
         m = ffi.cast("fusedk_dlmanaged_versioned *", _capsule_pointer_raw(cap, _VERSIONED))
         m.deleter(m)
 
@@ -304,7 +307,7 @@ class DLPackBuffer:
         versioned = max_version is not None and max_version[0] >= 1
         part = self._h.versioned if versioned else self._h.legacy
         ptr = int(ffi.cast("uintptr_t", ffi.addressof(part)))
-        cap = _api.PyCapsule_New(ptr, _VERSIONED if versioned else _LEGACY, _destroy_capsule)
+        cap = _capsule_new(ptr, _VERSIONED if versioned else _LEGACY, _destroy_capsule)
         self._h = None  # the capsule (or its consumer) owns the memory now
         return cap
 
@@ -393,7 +396,7 @@ class _Generic:
         # release every consumed capsule: rename, then the producer's deleter
         for cap in self.capsules:
             ptr = _capsule_ptr(cap, _LEGACY)
-            _api.PyCapsule_SetName(cap, _USED_LEGACY)
+            _capsule_set_name(cap, _USED_LEGACY)
             m = ffi.cast("fusedk_dlmanaged *", ptr)
             if m.deleter != ffi.NULL:
                 m.deleter(m)

@@ -1,0 +1,243 @@
+"""fusedk for JAX: every fusedk op as an XLA custom call (jax.ffi), inside and outside jax.jit.
+
+    import fusedk.jax as fk
+    y = jax.jit(lambda x, w: fk.rmsnorm(x, w, eps=1e-6))(x, w)
+
+Importing this module registers the C handlers of bindings/c/fusedk_xla.c with XLA, one target
+per registry op ("fusedk_rmsnorm", ...): on XLA:CPU they run fusedk's C reference, on XLA:GPU
+the CUDA kernel on XLA's stream (allowed into XLA's CUDA graphs). XLA allocates the outputs.
+fusedk's own functions send JAX arrays and tracers here as well, so fusedk.rmsnorm(jax_array)
+is fusedk.jax.rmsnorm(jax_array). The functions here also take NumPy arrays and return JAX
+arrays.
+
+- Attributes (eps, norm, exact) are static: each value is its own compiled program. Eager calls
+  run a jax.jit cached per (op, optional inputs given, attributes): no retrace on repeat.
+- Forward only: differentiating through an op (jax.grad, jvp, vjp) raises fusedk.Error.
+- vmap runs the op once per batch element (vmap_method="sequential").
+- Dtypes and ndims are checked at trace time (fusedk.Error). Shapes are checked by the C library
+  when the op runs: an eager call raises fusedk.Error; inside your own jax.jit, XLA raises its
+  runtime error carrying the same message ("fusedk: <reason> [FUSEDK_ERR_...]").
+"""
+import ctypes
+import os
+import re
+import warnings
+
+import jax
+import numpy as np
+
+from ._core import MAX_DIMS, OPS, Error
+from ._ffi import lib, pylib
+
+try:
+    from jax.core import Tracer as _Tracer
+except ImportError:  # pragma: no cover - older or newer layouts of jax
+    from jax._src.core import Tracer as _Tracer
+
+__all__ = ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"]
+
+_IN, _IN_OPT, _F32 = lib.FUSEDK_ARG_IN, lib.FUSEDK_ARG_IN_OPT, lib.FUSEDK_ATTR_F32
+_DTYPES = frozenset((np.dtype(np.float32), np.dtype(np.float16), np.dtype(jax.numpy.bfloat16)))
+_TARGETS = {o.id: "fusedk_" + o.name for o in OPS}
+_OP = {o.name: o for o in OPS}
+
+
+# --- registration --------------------------------------------------------------------------
+# Our own PyCapsule_New prototype: jax.ffi.pycapsule re-types the shared ctypes.pythonapi one.
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
+pylib.fusedk_xla_api_version.restype = ctypes.c_int32
+
+
+def _capsule(symbol):
+    return _capsule_new(ctypes.cast(getattr(pylib, symbol), ctypes.c_void_p).value, None, None)
+
+
+def _jaxlib_ffi_version():
+    """(major, minor) of jaxlib's XLA FFI API, from the header it ships; None if unknown."""
+    try:
+        with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
+            text = f.read()
+        return tuple(int(re.search(rf"#define XLA_FFI_API_{k} (\d+)", text).group(1)) for k in ("MAJOR", "MINOR"))
+    except Exception:  # noqa: BLE001 - no header: XLA checks the version itself
+        return None
+
+
+def _register():
+    """Registers every op on XLA:CPU and XLA:GPU; returns why not, or None.
+
+    XLA registers a target when its backend starts (at once if it already has) and then asks
+    the handler for its FFI API version: one it rejects would stop the whole backend from
+    starting, so the version is compared here first. The CUDA targets are registered whether
+    or not this library has its GPU half (the handler then says how to build it) and whether or
+    not jax has a GPU backend (without one they are never used)."""
+    ours = divmod(int(pylib.fusedk_xla_api_version()), 1000)
+    theirs = _jaxlib_ffi_version()
+    if theirs is not None and (theirs[0] != ours[0] or theirs < ours):
+        return (f"jaxlib's XLA FFI API is {theirs[0]}.{theirs[1]}, fusedk's handlers are built for "
+                f"{ours[0]}.{ours[1]}; upgrade jax and jaxlib")
+    for platform, symbol in (("cpu", "fusedk_xla_cpu"), ("CUDA", "fusedk_xla_cuda")):
+        for o in OPS:
+            try:
+                jax.ffi.register_ffi_target(_TARGETS[o.id], _capsule(symbol), platform=platform)
+            except Exception as e:  # noqa: BLE001 - reported on use; the import goes on
+                return f"registering {_TARGETS[o.id]} on {platform} failed: {type(e).__name__}: {e}"
+    return None
+
+
+_UNAVAILABLE = _register()
+if _UNAVAILABLE:
+    warnings.warn(f"fusedk.jax: the XLA custom calls are not available: {_UNAVAILABLE}", RuntimeWarning,
+                  stacklevel=2)
+
+
+# --- one call ------------------------------------------------------------------------------
+class _Call:
+    """An op with a given set of optional inputs and attribute values: the custom call, with
+    a derivative rule that refuses, and its jit for eager use."""
+
+    def __init__(self, op, mask, attrs):
+        given = [i for i in op.inputs if op.tensors[i][1] == _IN or (mask >> i) & 1]
+        self.names = [op.tensors[i][0] for i in given]
+        pos = {i: k for k, i in enumerate(given)}
+        outs = []  # the operand each existing output copies shape and dtype from
+        for i, like, when in op.outputs:
+            if when >= 0 and when not in pos:
+                continue
+            if like not in pos:  # pragma: no cover - the registry's outputs copy required inputs
+                raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {op.tensors[like][0]} is None, expected "
+                            f"a tensor ({op.tensors[i][0]} takes its shape)")
+            outs.append(pos[like])
+        kw = {"op": np.int32(op.id), "present": np.int32(mask)}
+        for (name, typ, _), v in zip(op.attrs, attrs):
+            kw[name] = np.float32(v) if typ == _F32 else np.int32(v)
+        target, single = _TARGETS[op.id], len(outs) == 1
+
+        def impl(*xs):
+            res = [jax.ShapeDtypeStruct(xs[k].shape, xs[k].dtype) for k in outs]
+            r = jax.ffi.ffi_call(target, res, vmap_method="sequential")(*xs, **kw)
+            return r[0] if single else tuple(r)
+
+        impl.__name__ = impl.__qualname__ = target
+
+        def no_derivative(primals, tangents):
+            raise Error("FUSEDK_ERR_UNSUPPORTED", f"{op.name}: fusedk ops are forward-only; fusedk.jax's XLA custom "
+                        "calls have no derivative rule (JVP/VJP), so jax.grad, jvp and vjp cannot go through them")
+
+        self.traced = jax.custom_jvp(impl)
+        self.traced.defjvp(no_derivative)
+        self.eager = jax.jit(self.traced)
+
+
+_CALLS = {}
+_REASON = re.compile(r"fusedk: (.*) \[(FUSEDK_\w+)\]", re.S)
+
+
+def _attr_values(op, attrs):
+    """The attribute values as Python numbers: compile-time constants of the custom call."""
+    out = []
+    for (name, typ, _), v in zip(op.attrs, attrs):
+        try:
+            f = float(v)
+        except Exception:  # noqa: BLE001 - a tracer (or not a number at all)
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {name} is a {type(v).__name__}, expected a "
+                        "Python or NumPy number (attributes are static, compiled into the call)") from None
+        if typ != _F32 and int(f) != f:
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {name} is {v!r}, expected an integer")
+        out.append(f if typ == _F32 else int(f))
+    return tuple(out)
+
+
+def _check(op, names, xs):
+    """What JAX knows at trace time: dtypes and ndims (the C library's wording)."""
+    ref = None
+    for name, a in zip(names, xs):
+        dt, nd = getattr(a, "dtype", None), getattr(a, "ndim", None)
+        if dt is None or nd is None:  # a list or a Python scalar
+            a = np.asarray(a)
+            dt, nd = a.dtype, a.ndim
+        if dt not in _DTYPES:
+            dt = np.dtype(dt)
+            if dt not in _DTYPES:
+                raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected float32, float16 or "
+                            "bfloat16")
+        if ref is None:
+            ref = dt
+        elif dt != ref:
+            raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected {ref} (the dtype of "
+                        f"{names[0]})")
+        if not 1 <= nd <= MAX_DIMS:
+            raise Error("FUSEDK_ERR_SHAPE", f"{op.name}: {name} has ndim {nd}, expected 1..{MAX_DIMS}")
+
+
+def call(op, inputs, attrs):
+    """Runs registry op `op` (an fusedk._core.Op) on `inputs` (its inputs in registry order, None
+    for absent optional ones: JAX arrays, tracers or NumPy arrays) with `attrs` (its attribute
+    values in registry order; extra trailing values are ignored). Returns the output, or a tuple
+    of the outputs that exist."""
+    if _UNAVAILABLE:
+        raise Error("FUSEDK_ERR_UNSUPPORTED", f"{op.name}: fusedk.jax is not available: {_UNAVAILABLE}")
+    mask, xs = 0, []
+    for i, a in zip(op.inputs, inputs):
+        if a is None:
+            if op.tensors[i][1] == _IN:
+                raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {op.tensors[i][0]} is None, expected a tensor")
+            continue
+        if op.tensors[i][1] == _IN_OPT:
+            mask |= 1 << i
+        xs.append(a)
+    key = (op.id, mask, tuple(attrs[:len(op.attrs)]))
+    try:
+        c = _CALLS.get(key)
+    except TypeError:  # an unhashable attribute (a JAX scalar): by its value
+        key = (op.id, mask, _attr_values(op, key[2]))
+        c = _CALLS.get(key)
+    if c is None:
+        c = _CALLS[key] = _Call(op, mask, _attr_values(op, key[2]))
+    _check(op, c.names, xs)
+    for a in xs:
+        if isinstance(a, _Tracer):  # inside jit, vmap, grad...: part of the caller's program
+            return c.traced(*xs)
+    try:
+        return c.eager(*xs)
+    except Exception as e:  # noqa: BLE001 - the C library's failures come back as fusedk.Error
+        m = _REASON.search(str(e))
+        if m is None:
+            raise
+        raise Error(m.group(2), m.group(1)) from None
+
+
+_INPUT_NAMES = {o.name: [o.tensors[i][0] for i in o.inputs] for o in OPS}
+
+
+def _run(name, attrs, **tensors):
+    """call() with the tensors and attributes by registry name."""
+    op = _OP[name]
+    return call(op, [tensors.get(n) for n in _INPUT_NAMES[name]], tuple(attrs.get(a[0], a[2]) for a in op.attrs))
+
+
+# --- the ops (fusedk's signatures, less out= and stream=) ------------------------------------
+def rmsnorm(x, weight=None, eps=1e-6, residual=None):
+    """y = r * rsqrt(mean(r^2, -1) + eps) * weight with r = x + residual (if given).
+    Returns y, or (y, r) when residual is given (r rounded to x's dtype)."""
+    return _run("rmsnorm", {"eps": eps}, x=x, residual=residual, weight=weight)
+
+
+def layernorm(x, weight=None, bias=None, eps=1e-5):
+    """y = (x - mean) * rsqrt(var + eps) * weight + bias over the last dim (biased variance)."""
+    return _run("layernorm", {"eps": eps}, x=x, weight=weight, bias=bias)
+
+
+def adaln(x, scale, shift, norm="layer", eps=1e-6, weight=None, bias=None):
+    """y[B,L,D] = norm(x) * (1 + scale[:, None]) + shift[:, None], norm = "layer" or "rms";
+    scale and shift are [B, D]."""
+    kind = {"layer": lib.FUSEDK_NORM_LAYER, "rms": lib.FUSEDK_NORM_RMS}.get(norm)
+    if kind is None:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"adaln: norm is {norm!r}, expected 'layer' or 'rms'")
+    return _run("adaln", {"norm": kind, "eps": eps}, x=x, scale=scale, shift=shift, weight=weight, bias=bias)
+
+
+def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, exact=True):
+    """Mochi: y = x + cast(x_res * rsqrt(mean(x_res^2) + eps) * tanh(gate)[:, None]).
+    exact=True reproduces PyTorch's rounding points; exact=False rounds once."""
+    return _run("residual_tanh_gated_rmsnorm", {"eps": eps, "exact": 1 if exact else 0}, x=x, x_res=x_res, gate=gate)
