@@ -18,7 +18,7 @@ def per_call(fn, n=20000):
 def main():
     import fusedk
     from fusedk import _core
-    from fusedk._ffi import ffi, lib, pylib
+    from fusedk._ffi import lib, pylib
     rows = []
 
     def row(name, fn):
@@ -64,7 +64,7 @@ def main():
         parts.insert(1, _core._ABSENT)
         parts.insert(3, _core._ABSENT)
         buf = b"".join(parts)
-        s = ffi.cast("struct CUstream_st *", cupy.cuda.get_current_stream().ptr)
+        s = cupy.cuda.get_current_stream().ptr
         row("cupy:   fusedk_op_call_packed (cffi, C path + launch)",
             lambda: lib.fusedk_op_call_packed(0, buf, len(buf), 1e-6, 0.0, 0.0, 0.0, s))
         cupy.cuda.get_current_stream().synchronize()

@@ -62,3 +62,18 @@ def assert_close(got, want, dtype, aux=None, what=""):
         idx = np.argwhere(bad)[:5]
         rows = [f"{tuple(i)}: got {got[tuple(i)]!r} want {want[tuple(i)]!r} tol {tol[tuple(i)]!r}" for i in idx]
         raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} elements off\n  " + "\n  ".join(rows))
+
+
+# GPU kernels against the CPU reference (float32 math, another summation order): the tolerance of
+# the C GPU suite and the README, eps_T = 2^-7 bf16, 2^-10 f16, 1e-5 f32, plus 1e-5 absolute
+GPU_EPS = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2.0 ** -10, BF16: 2.0 ** -7}
+
+
+def assert_close_gpu(got, want, dtype, aux=None, what=""):
+    got, want = f64(got), f64(want)
+    tol = GPU_EPS[np.dtype(dtype)] * (np.abs(want) + (0 if aux is None else np.abs(f64(aux)))) + 1e-5
+    bad = ~((np.abs(got - want) <= tol) | (got == want) | (np.isnan(got) & np.isnan(want)))
+    if bad.any():
+        idx = np.argwhere(bad)[:5]
+        rows = [f"{tuple(i)}: got {got[tuple(i)]!r} want {want[tuple(i)]!r} tol {tol[tuple(i)]!r}" for i in idx]
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} elements off\n  " + "\n  ".join(rows))

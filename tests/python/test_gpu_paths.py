@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fusedk
-from oracle import BF16, assert_close
+from oracle import BF16, assert_close_gpu as assert_close  # GPU vs the CPU reference
 
 if not fusedk.kernel_info()["cuda"]["devices"]:
     pytest.skip("no CUDA device (or fusedk built without its GPU half)", allow_module_level=True)

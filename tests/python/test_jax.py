@@ -23,7 +23,7 @@ except ImportError as e:  # pragma: no cover - CI without jax
 import fusedk  # noqa: E402
 import fusedk.jax as fk  # noqa: E402
 import oracle  # noqa: E402
-from oracle import BF16, DTYPES, assert_close  # noqa: E402
+from oracle import BF16, DTYPES, assert_close, assert_close_gpu  # noqa: E402
 
 rng = np.random.default_rng(7)
 CPU = jax.devices("cpu")[0]
@@ -323,7 +323,7 @@ def on_gpu(*arrays):
 def check_gpu(got, want, dtype, what, aux=None):
     """GPU vs the CPU reference: not bitwise; the tolerance of the GPU suites"""
     assert isinstance(got, jax.Array) and got.devices() == {GPU}, f"{what}: not a JAX array on the GPU"
-    assert_close(np.asarray(got), want, dtype, aux=aux, what=what)
+    assert_close_gpu(np.asarray(got), want, dtype, aux=aux, what=what)
 
 
 @needs_gpu
@@ -387,9 +387,9 @@ gx = jax.device_put(x, jax.devices("gpu")[0])
 for _ in range(3):
     y = np.asarray(f(gx))
 want = fusedk.layernorm((fusedk.rmsnorm(x) * np.float32(2.0)).astype(np.float32))
-err = np.max(np.abs(y - want) / (np.abs(want) + 1e-3))
+err = np.max(np.abs(y - want) / (1e-5 * np.abs(want) + 1e-5))  # the GPU tolerance, two ops deep
 print("maxrel", err)
-assert err < 1e-4, err
+assert err <= 2, err
 """
     env = dict(os.environ, XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
                                      f"--xla_gpu_graph_min_graph_size=1 --xla_dump_to={tmp_path}")

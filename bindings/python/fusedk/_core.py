@@ -156,12 +156,12 @@ _SLOT = {n: f"qiiiBBH{2 * n}q" for n in range(MAX_DIMS + 1)}
 _PACKERS = {}  # the ndims of a call's slots -> one Struct for all of them
 
 
-def cupy_path(op, args, a0, a1, stream):
+def cupy_path(op, args, a0, a1, stream, _ops=OPS, _call=lib.fusedk_op_call_packed):
     # Host time is the point here (a CuPy user compares it with cupy.add): one Struct.pack for the
     # whole call, attributes read once, outputs straight from cupy.ndarray (CuPy's memory pool).
     cupy = sys.modules["cupy"]
     nd = cupy.ndarray
-    o = OPS[op]
+    o = _ops[op]
     dev = args[o.first].data.device_id
     if dev != cupy.cuda.runtime.getDevice():
         return generic(o, args, a0, a1, stream)  # outputs belong on x's device: the generic path switches
@@ -192,8 +192,10 @@ def cupy_path(op, args, a0, a1, stream):
     if packer is None:
         packer = _PACKERS[key] = struct.Struct("<" + "".join(_SLOT[max(n, 0)] for n in key))
     buf = packer.pack(*vals)
-    s = cupy.cuda.get_current_stream().ptr if stream is None else stream_int(stream)
-    check(lib.fusedk_op_call_packed(op, buf, len(buf), a0, a1, 0.0, 0.0, ffi.cast("struct CUstream_st *", s)))
+    st = _call(op, buf, len(buf), a0, a1, 0.0, 0.0,
+               cupy.cuda.get_current_stream().ptr if stream is None else stream_int(stream))
+    if st:
+        raise error(st)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -434,7 +436,7 @@ def generic(o, args, a0, a1, stream):
         s = g.stream if g.stream is not None else (stream_int(stream) if stream is not None else 0)
         if g.fw == "cupy" and stream is None:
             s = _current_stream("cupy", g.device[1])
-        st = lib.fusedk_op_call_packed(o.id, buf, len(buf), a0, a1, 0.0, 0.0, ffi.cast("struct CUstream_st *", s))
+        st = lib.fusedk_op_call_packed(o.id, buf, len(buf), a0, a1, 0.0, 0.0, s)
         if st != lib.FUSEDK_OK:
             raise error(st, g.note if st == lib.FUSEDK_ERR_DTYPE else "")
     finally:

@@ -42,8 +42,10 @@ ffi = cffi.FFI()
 with open(HEADER) as f:
     ffi.cdef(cdef_from_header(f.read()))
 # the binding entry points of bindings/c/fusedk_py.c (not part of the C API in fusedk.h)
+# (the stream as uintptr_t: the same register as the C function's pointer, and cffi then takes a
+# plain int with no ffi.cast per call)
 ffi.cdef("int32_t fusedk_op_call_packed(int32_t op, const void *buf, size_t len, double a0, double a1, double a2,"
-         " double a3, struct CUstream_st *stream);")
+         " double a3, uintptr_t stream);")
 lib = ffi.dlopen(LIBRARY)
 
 # --- the GIL-holding half -------------------------------------------------------------------
