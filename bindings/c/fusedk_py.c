@@ -39,23 +39,28 @@ typedef struct fusedk_xapi {
   int (*current_stream)(int32_t device_type, int32_t device_id, void **out_stream);
 } fusedk_xapi;
 
-/* The CPython entry points this file uses, from the bindings (ctypes.pythonapi). */
+/* The CPython entry points this file uses, from the bindings (ctypes.pythonapi), in this order. */
 static struct {
   void *none;
   void (*incref)(void *);
+  void (*decref)(void *);
   void *(*tuple_new)(intptr_t);
   int (*tuple_setitem)(void *, intptr_t, void *); /* steals the item */
   void *(*tuple_getitem)(void *, intptr_t);       /* borrowed */
+  intptr_t (*tuple_size)(void *);
   void (*err_clear)(void);
+  void *(*getattr)(void *, const char *);         /* PyObject_GetAttrString: a new reference */
+  long long (*as_longlong)(void *);
+  void *(*dict_getitem)(void *, void *);          /* PyDict_GetItem: borrowed, no error set */
+  void *(*call)(void *, void *, void *);          /* PyObject_Call */
+  int (*isinstance)(void *, void *);
 } py;
 
 static FUSEDK__PY_TLS int last; /* the last fusedk_py_call's status, or -1: left to the generic path */
 
-FUSEDK_DEF void fusedk_py_init(void *none, void (*incref)(void *), void *(*tuple_new)(intptr_t),
-                               int (*tuple_setitem)(void *, intptr_t, void *), void *(*tuple_getitem)(void *, intptr_t),
-                               void (*err_clear)(void)) {
-  py.none = none, py.incref = incref, py.tuple_new = tuple_new;
-  py.tuple_setitem = tuple_setitem, py.tuple_getitem = tuple_getitem, py.err_clear = err_clear;
+/* fns: Py_None, then the functions of the struct above, in its order. */
+FUSEDK_DEF void fusedk_py_init(void *const *fns, int n) {
+  if (n * sizeof(void *) == sizeof py) memcpy(&py, fns, sizeof py);
 }
 
 /* The status of this thread's last fusedk_py_call, or -1 where it left the call to the generic
@@ -80,6 +85,33 @@ static void alloc_error(void *ctx, const char *kind, const char *message) {
 }
 
 static int is_gpu(int32_t t) { return t == FUSEDK_DEVICE_CUDA || t == FUSEDK_DEVICE_CUDA_MANAGED; }
+
+/* Returns the outputs that exist, in registry order: the caller's out= objects, or the new ones
+   (made[i]: handed back through the exchange API; else obj[i] already holds a new reference). */
+static void *results(const fusedk_op *o, const fusedk_tensor *const *t, void *const *obj,
+                     fusedk_dlmanaged_versioned *const *made, const fusedk_xapi *x, const int *owned, int n_out) {
+  void *res = n_out > 1 ? py.tuple_new(n_out) : NULL, *one = NULL;
+  int k = 0;
+  for (int i = 0; i < o->n_tensors; ++i) {
+    const fusedk_op_tensor *a = &o->tensors[i];
+    if (a->kind < FUSEDK_ARG_OUT || !t[i]) continue;
+    void *r = obj[i];
+    if (made && made[i]) {
+      if (x->managed_to_py(made[i], &r) != 0) { /* the tensor was written but cannot be handed back */
+        py.err_clear();
+        r = py.none;
+        fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: handing %s back to the framework failed", o->name, a->name);
+      }
+      if (r == py.none) py.incref(r);
+    } else if (!owned || !owned[i]) { /* the caller's out=: returned as a new reference */
+      py.incref(r);
+    }
+    if (res) py.tuple_setitem(res, k++, r);
+    else one = r;
+  }
+  last = FUSEDK_OK;
+  return res ? res : one;
+}
 
 /* Runs registry op `op` on `args`, a tuple of the op's tensors in registry order (None = an
    absent input, or an output to allocate), through `x`, the exchange API of the first input's
@@ -144,28 +176,107 @@ FUSEDK_DEF void *fusedk_py_call(int32_t op, const fusedk_xapi *x, void *args, do
       if (made[i] && made[i]->deleter) made[i]->deleter(made[i]);
     return failed(status);
   }
-  /* the outputs that exist, in registry order: the caller's out= objects or the new tensors */
-  void *res = n_out > 1 ? py.tuple_new(n_out) : NULL, *one = NULL;
-  int k = 0;
-  for (int i = 0; i < o->n_tensors; ++i) {
-    const fusedk_op_tensor *a = &o->tensors[i];
-    if (a->kind < FUSEDK_ARG_OUT || !t[i]) continue;
-    void *r = obj[i];
-    if (made[i]) {
-      if (x->managed_to_py(made[i], &r) != 0) { /* the tensor was written but cannot be handed back */
-        py.err_clear();
-        r = py.none;
-        fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: handing %s back to the framework failed", o->name, a->name);
-      }
-      if (r == py.none) py.incref(r);
-    } else {
-      py.incref(r);
-    }
-    if (res) py.tuple_setitem(res, k++, r);
-    else one = r;
+  return results(o, t, obj, made, x, NULL, n_out);
+}
+
+/* --- arrays read through their attributes (CuPy) -----------------------------------------
+   A framework without the exchange API whose arrays say where they are as CuPy's do: .data.ptr,
+   .data.device_id, .shape, .strides (bytes), .dtype. Read here rather than in Python, where the
+   same reads and the packing cost more than CuPy's own cupy.add call. */
+
+static long long attr_ll(void *o, const char *name, int *err) {
+  void *v = py.getattr(o, name);
+  if (!v) return *err = 1, 0;
+  long long r = py.as_longlong(v);
+  py.decref(v);
+  if (r == -1) *err = 1; /* -1 is an error, or a value no device pointer, ordinal or size has */
+  return r;
+}
+
+/* 0, or -1 where the generic path should look at it (it reports what is wrong). dtypes maps a
+   dtype to code | bits << 8 | lanes << 16. */
+static int attrs_view(void *obj, void *dtypes, fusedk_tensor *v, int64_t *dims) {
+  int err = 0;
+  void *data = py.getattr(obj, "data"), *dt = py.getattr(obj, "dtype");
+  void *shape = py.getattr(obj, "shape"), *strides = py.getattr(obj, "strides");
+  void *code = dt ? py.dict_getitem(dtypes, dt) : NULL;
+  long long ptr = data ? attr_ll(data, "ptr", &err) : 0, dev = data ? attr_ll(data, "device_id", &err) : 0;
+  long long c = code ? py.as_longlong(code) : -1;
+  intptr_t n = shape ? py.tuple_size(shape) : -1;
+  int ok = data && dt && shape && strides && !err && c >= 0 && n >= 0 && n <= FUSEDK_MAX_DIMS &&
+           py.tuple_size(strides) == n;
+  const int64_t item = ((c >> 8) & 0xff) / 8 * ((c >> 16) & 0xffff);
+  for (intptr_t d = 0; ok && d < n; ++d) {
+    dims[d] = py.as_longlong(py.tuple_getitem(shape, d));
+    const long long b = py.as_longlong(py.tuple_getitem(strides, d));
+    ok = dims[d] >= 0 && item > 0 && b % item == 0;
+    dims[n + d] = b / (item > 0 ? item : 1);
   }
-  last = FUSEDK_OK;
-  return res ? res : one;
+  void *refs[4] = {data, dt, shape, strides};
+  for (int k = 0; k < 4; ++k)
+    if (refs[k]) py.decref(refs[k]);
+  if (!ok) {
+    py.err_clear();
+    return -1;
+  }
+  v->data = (void *)(intptr_t)ptr;
+  v->device.device_type = FUSEDK_DEVICE_CUDA, v->device.device_id = (int32_t)dev;
+  v->ndim = (int32_t)n;
+  v->dtype.code = (uint8_t)(c & 0xff), v->dtype.bits = (uint8_t)((c >> 8) & 0xff), v->dtype.lanes = (uint16_t)(c >> 16);
+  v->shape = dims, v->strides = dims + n, v->byte_offset = 0;
+  return 0;
+}
+
+/* Runs registry op `op` on `args` (as fusedk_py_call) whose arrays are instances of `type`; a
+   missing output is `type(like.shape, like.dtype)` (CuPy: from its memory pool on the current
+   device). stream: the stream to run on. GIL held. */
+FUSEDK_DEF void *fusedk_py_call_attrs(int32_t op, void *type, void *dtypes, void *args, double a0, double a1, double a2,
+                                      double a3, int64_t stream) {
+  const fusedk_op *o = fusedk_op_get(op);
+  if (!o) return failed(-1);
+  fusedk_tensor view[FUSEDK_OP_MAX_TENSORS];
+  const fusedk_tensor *t[FUSEDK_OP_MAX_TENSORS] = {0};
+  int64_t dims[FUSEDK_OP_MAX_TENSORS][2 * FUSEDK_MAX_DIMS];
+  void *obj[FUSEDK_OP_MAX_TENSORS] = {0};
+  int owned[FUSEDK_OP_MAX_TENSORS] = {0}, n_out = 0, status = -1;
+  for (int pass = 0; pass < 2; ++pass) /* inputs first: outputs are made like one of them */
+    for (int i = 0; i < o->n_tensors; ++i) {
+      const fusedk_op_tensor *a = &o->tensors[i];
+      if ((a->kind >= FUSEDK_ARG_OUT) != pass) continue;
+      obj[i] = py.tuple_getitem(args, i);
+      if (!obj[i]) goto out;
+      if (obj[i] == py.none) {
+        obj[i] = NULL;
+        if (!pass || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
+        if (!obj[a->like]) goto out; /* a required input is missing: the generic path says which */
+        void *argt = py.tuple_new(2);
+        py.tuple_setitem(argt, 0, py.getattr(obj[a->like], "shape"));
+        py.tuple_setitem(argt, 1, py.getattr(obj[a->like], "dtype"));
+        obj[i] = py.call(type, argt, NULL);
+        py.decref(argt);
+        if (!obj[i]) {
+          status = fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: allocating %s through the framework failed", o->name,
+                                a->name);
+          goto out;
+        }
+        owned[i] = 1;
+      } else if (py.isinstance(obj[i], type) != 1) {
+        goto out;
+      }
+      if (attrs_view(obj[i], dtypes, &view[i], dims[i])) goto out;
+      t[i] = &view[i];
+      n_out += pass;
+    }
+  {
+    const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, a2, a3};
+    status = fusedk_op_call(op, t, attrs, (struct CUstream_st *)(intptr_t)stream);
+  }
+  if (status == FUSEDK_OK) return results(o, t, obj, NULL, NULL, owned, n_out);
+out:
+  py.err_clear();
+  for (int i = 0; i < o->n_tensors; ++i)
+    if (owned[i]) py.decref(obj[i]);
+  return failed(status);
 }
 
 /* --- packed arrays ------------------------------------------------------------------------- */

@@ -152,51 +152,25 @@ def exchange_path(api):
 
 
 # --- CuPy --------------------------------------------------------------------------------------
-_SLOT = {n: f"qiiiBBH{2 * n}q" for n in range(MAX_DIMS + 1)}
-_PACKERS = {}  # the ndims of a call's slots -> one Struct for all of them
+_CUPY_DT = {np.dtype(np.float32): 2 | 32 << 8 | 1 << 16, np.dtype(np.float16): 2 | 16 << 8 | 1 << 16}
+if BF16 is not None:
+    _CUPY_DT[BF16] = 4 | 16 << 8 | 1 << 16  # other dtypes: the generic path, which names them
 
 
-def cupy_path(op, args, a0, a1, stream, _ops=OPS, _call=lib.fusedk_op_call_packed):
-    # Host time is the point here (a CuPy user compares it with cupy.add): one Struct.pack for the
-    # whole call, attributes read once, outputs straight from cupy.ndarray (CuPy's memory pool).
+def cupy_path(op, args, a0, a1, stream, _ops=OPS, _call=pylib.fusedk_py_call_attrs, _last=pylib.fusedk_py_last):
+    # Host time is the point here (a CuPy user compares it with cupy.add): the arrays' attributes
+    # are read in C (fusedk_py.c), outputs come from cupy.ndarray (CuPy's memory pool).
     cupy = sys.modules["cupy"]
-    nd = cupy.ndarray
-    o = _ops[op]
-    dev = args[o.first].data.device_id
-    if dev != cupy.cuda.runtime.getDevice():
-        return generic(o, args, a0, a1, stream)  # outputs belong on x's device: the generic path switches
-    dims, vals, outs = [], [], []
-    for i, (_, kind, like, when) in enumerate(o.tensors):
-        a = args[i]
-        if a is None:
-            if kind < _OUT or (when >= 0 and args[when] is None):
-                dims.append(-1)
-                vals += (0, 0, 0, -1, 0, 0, 0)
-                continue
-            src = args[like]
-            a = nd(src.shape, src.dtype)
-        elif type(a) is not nd:
-            return generic(o, args, a0, a1, stream)
-        if kind >= _OUT:
-            outs.append(a)
-        shape = a.shape
-        n = len(shape)
-        if n > MAX_DIMS:
-            return generic(o, args, a0, a1, stream)  # which reports the ndim
-        d = a.data
-        code = _DT.get(a.dtype) or dtype_code(a.dtype)
-        dims.append(n)
-        vals += (d.ptr, CUDA, d.device_id, n, *code, *shape, *a.strides)
-    key = tuple(dims)
-    packer = _PACKERS.get(key)
-    if packer is None:
-        packer = _PACKERS[key] = struct.Struct("<" + "".join(_SLOT[max(n, 0)] for n in key))
-    buf = packer.pack(*vals)
-    st = _call(op, buf, len(buf), a0, a1, 0.0, 0.0,
-               cupy.cuda.get_current_stream().ptr if stream is None else stream_int(stream))
-    if st:
-        raise error(st)
-    return outs[0] if len(outs) == 1 else tuple(outs)
+    if args[_ops[op].first].data.device_id != cupy.cuda.runtime.getDevice():
+        return generic(_ops[op], args, a0, a1, stream)  # outputs belong on x's device: the generic path switches
+    r = _call(op, cupy.ndarray, _CUPY_DT, args, a0, a1, 0.0, 0.0,
+              cupy.cuda.get_current_stream().ptr if stream is None else stream_int(stream))
+    if r is not None:
+        return r
+    st = _last()
+    if st < 0:
+        return generic(_ops[op], args, a0, a1, stream)
+    raise error(st)
 
 
 # --- JAX: the XLA FFI custom calls -------------------------------------------------------------

@@ -56,8 +56,14 @@ pylib.fusedk_py_call.argtypes = [ctypes.c_int32, _p, ctypes.py_object, ctypes.c_
 pylib.fusedk_py_call.restype = ctypes.py_object  # a new reference
 pylib.fusedk_py_last.argtypes = []
 pylib.fusedk_py_last.restype = ctypes.c_int
-pylib.fusedk_py_init.argtypes = [_p] * 6
+pylib.fusedk_py_call_attrs.argtypes = [ctypes.c_int32, ctypes.py_object, ctypes.py_object, ctypes.py_object,
+                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                                       ctypes.c_int64]
+pylib.fusedk_py_call_attrs.restype = ctypes.py_object
+pylib.fusedk_py_init.argtypes = [_p, ctypes.c_int]
 pylib.fusedk_py_init.restype = None
-_api = ctypes.pythonapi
-pylib.fusedk_py_init(id(None), *(ctypes.cast(getattr(_api, n), _p) for n in
-                                 ("Py_IncRef", "PyTuple_New", "PyTuple_SetItem", "PyTuple_GetItem", "PyErr_Clear")))
+_CPYTHON = ("Py_IncRef", "Py_DecRef", "PyTuple_New", "PyTuple_SetItem", "PyTuple_GetItem", "PyTuple_Size",
+            "PyErr_Clear", "PyObject_GetAttrString", "PyLong_AsLongLong", "PyDict_GetItem", "PyObject_Call",
+            "PyObject_IsInstance")  # the order of fusedk_py.c's table, after Py_None
+_fns = (_p * (1 + len(_CPYTHON)))(id(None), *(ctypes.cast(getattr(ctypes.pythonapi, n), _p) for n in _CPYTHON))
+pylib.fusedk_py_init(_fns, len(_fns))
