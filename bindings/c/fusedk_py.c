@@ -266,6 +266,9 @@ FUSEDK_DEF void *fusedk_py_call_attrs(int32_t op, void *type, void *dtypes, void
       if (attrs_view(obj[i], dtypes, &view[i], dims[i])) goto out;
       t[i] = &view[i];
       n_out += pass;
+      /* a new output lands on the current device: when x is elsewhere, the generic path (which
+         switches devices) takes the call */
+      if (owned[i] && view[i].device.device_id != view[a->like].device.device_id) goto out;
     }
   {
     const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, a2, a3};

@@ -52,11 +52,11 @@ def mochi_exact(x, x_res, gate, eps=1e-6):
     return (np.asarray(x).astype(np.float32) + n.astype(np.float32)).astype(dt)
 
 
-def assert_close(got, want, dtype, aux=None, what=""):
-    """|got - want| <= eps_T * (|want| + aux) + 1e-6: within one unit in the last place of the
+def assert_close(got, want, dtype, aux=None, what="", eps=None, atol=1e-6):
+    """|got - want| <= eps_T * (|want| + aux) + atol: within one unit in the last place of the
     output dtype (aux adds terms whose own rounding can show, e.g. |x| for Mochi)."""
     got, want = f64(got), f64(want)
-    tol = EPS[np.dtype(dtype)] * (np.abs(want) + (0 if aux is None else np.abs(f64(aux)))) + 1e-6
+    tol = (eps or EPS)[np.dtype(dtype)] * (np.abs(want) + (0 if aux is None else np.abs(f64(aux)))) + atol
     bad = ~((np.abs(got - want) <= tol) | (got == want) | (np.isnan(got) & np.isnan(want)))
     if bad.any():
         idx = np.argwhere(bad)[:5]
@@ -70,10 +70,4 @@ GPU_EPS = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2.0 ** -10, BF16: 2
 
 
 def assert_close_gpu(got, want, dtype, aux=None, what=""):
-    got, want = f64(got), f64(want)
-    tol = GPU_EPS[np.dtype(dtype)] * (np.abs(want) + (0 if aux is None else np.abs(f64(aux)))) + 1e-5
-    bad = ~((np.abs(got - want) <= tol) | (got == want) | (np.isnan(got) & np.isnan(want)))
-    if bad.any():
-        idx = np.argwhere(bad)[:5]
-        rows = [f"{tuple(i)}: got {got[tuple(i)]!r} want {want[tuple(i)]!r} tol {tol[tuple(i)]!r}" for i in idx]
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.size} elements off\n  " + "\n  ".join(rows))
+    assert_close(got, want, dtype, aux, what, eps=GPU_EPS, atol=1e-5)

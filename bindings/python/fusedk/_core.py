@@ -137,17 +137,21 @@ def exchange_api(t):
     return ptr if ptr and ctypes.c_uint32.from_address(ptr).value == 1 else 0
 
 
+def c_failed(op, args, a0, a1, stream):
+    """After a C call path returned None: the generic path takes the call (status -1: an argument
+    it could not view), or the failure is raised."""
+    st = pylib.fusedk_py_last()
+    if st < 0:
+        return generic(OPS[op], args, a0, a1, stream)
+    raise error(st)
+
+
 def exchange_path(api):
-    call, last = pylib.fusedk_py_call, pylib.fusedk_py_last
+    call = pylib.fusedk_py_call
 
     def run(op, args, a0, a1, stream):
         r = call(op, api, args, a0, a1, 0.0, 0.0, -1 if stream is None else stream_int(stream))
-        if r is not None:
-            return r
-        st = last()
-        if st < 0:
-            return generic(OPS[op], args, a0, a1, stream)
-        raise error(st)
+        return r if r is not None else c_failed(op, args, a0, a1, stream)
     return run
 
 
@@ -157,20 +161,13 @@ if BF16 is not None:
     _CUPY_DT[BF16] = 4 | 16 << 8 | 1 << 16  # other dtypes: the generic path, which names them
 
 
-def cupy_path(op, args, a0, a1, stream, _ops=OPS, _call=pylib.fusedk_py_call_attrs, _last=pylib.fusedk_py_last):
+def cupy_path(op, args, a0, a1, stream, _call=pylib.fusedk_py_call_attrs):
     # Host time is the point here (a CuPy user compares it with cupy.add): the arrays' attributes
     # are read in C (fusedk_py.c), outputs come from cupy.ndarray (CuPy's memory pool).
     cupy = sys.modules["cupy"]
-    if args[_ops[op].first].data.device_id != cupy.cuda.runtime.getDevice():
-        return generic(_ops[op], args, a0, a1, stream)  # outputs belong on x's device: the generic path switches
     r = _call(op, cupy.ndarray, _CUPY_DT, args, a0, a1, 0.0, 0.0,
               cupy.cuda.get_current_stream().ptr if stream is None else stream_int(stream))
-    if r is not None:
-        return r
-    st = _last()
-    if st < 0:
-        return generic(_ops[op], args, a0, a1, stream)
-    raise error(st)
+    return r if r is not None else c_failed(op, args, a0, a1, stream)
 
 
 # --- JAX: the XLA FFI custom calls -------------------------------------------------------------
