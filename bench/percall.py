@@ -19,6 +19,8 @@ import statistics
 import sys
 import time
 
+import bench  # bench/bench.py: the shared timing method
+
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before any jax import
 
 EPS = 1e-6
@@ -40,27 +42,10 @@ def loop_time(fn, sync, calls, reps):
     return statistics.median(ts)
 
 
-def graph_time(torch, fn, reps=200, k=20):
-    """fn's device time alone: k calls captured in one CUDA graph (so that a replay's own launch
-    latency is spread over k kernels), replays timed with CUDA events; µs per call."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(k):
-            fn()
-    for _ in range(5):
-        g.replay()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev) * 1e3 / k
+def graph_time(fn, k=20, reps=200):
+    """fn's device time alone: k calls in one CUDA graph, replays timed with CUDA events, per call
+    (bench.py's method: a replay's own launch latency is spread over k kernels)."""
+    return bench.time_graph(lambda i: fn(), k, reps)
 
 
 def main():
@@ -71,6 +56,7 @@ def main():
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
+    bench.torch = torch  # bench.py binds torch in its own main()
     if not torch.cuda.is_available():
         sys.exit("percall.py needs a CUDA GPU and torch")
     import fusedk  # fails loudly: this bench is about fusedk's call
@@ -105,8 +91,8 @@ def main():
             loop_time(lambda: F.rms_norm(x, n, w, EPS), tsync, args.calls, args.reps))
         if liger:
             row("torch", shape, "bf16", "Liger rms_norm", loop_time(lambda: liger(x, w), tsync, args.calls, args.reps))
-        row("torch", shape, "bf16", "kernel (fusedk, graph replay)", graph_time(torch, lambda: fusedk.rmsnorm(x, w, out=out)))
-        row("torch", shape, "bf16", "kernel (F.rms_norm, graph replay)", graph_time(torch, lambda: F.rms_norm(x, n, w, EPS)))
+        row("torch", shape, "bf16", "kernel (fusedk, graph replay)", graph_time(lambda: fusedk.rmsnorm(x, w, out=out)))
+        row("torch", shape, "bf16", "kernel (F.rms_norm, graph replay)", graph_time(lambda: F.rms_norm(x, n, w, EPS)))
         del x, w, out
     # --- CuPy (fp16: CuPy has no bfloat16 arithmetic for its own add) ------------------------
     try:

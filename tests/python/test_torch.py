@@ -32,9 +32,9 @@ def calls(x, w, r, sc, sh, g):
     }
 
 
-def inputs(dtype, B=2, L=33, D=160):
-    x, r, w = torch.randn(B, L, D, dtype=dtype), torch.randn(B, L, D, dtype=dtype), torch.randn(D, dtype=dtype)
-    mod = torch.randn(B, 6 * D, dtype=dtype)
+def inputs(dtype, B=2, L=33, D=160, device="cpu"):
+    x, r = torch.randn(B, L, D, dtype=dtype, device=device), torch.randn(B, L, D, dtype=dtype, device=device)
+    w, mod = torch.randn(D, dtype=dtype, device=device), torch.randn(B, 6 * D, dtype=dtype, device=device)
     sh, sc, g = mod.chunk(6, 1)[:3]  # strided views
     return x, w, r, sc, sh, g
 
@@ -104,15 +104,21 @@ def test_fusedk_torch_matches_the_fast_path(dtype):
         assert len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b)), name
 
 
-def test_opcheck_every_op():
+_CUDA = torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"]["devices"])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _CUDA, reason="no CUDA"))])
+def test_opcheck_every_op(device):
     from torch.library import opcheck
-    x, w, r, sc, sh, g = inputs(torch.float32, 2, 5, 64)
+    x, w, r, sc, sh, g = inputs(torch.float32, 2, 5, 64, device)
     o = torch.empty_like(x)
     cases = [
         (torch.ops.fusedk.rmsnorm, (x, r, w, 1e-6)), (torch.ops.fusedk.rmsnorm, (x, None, None, 1e-6)),
         (torch.ops.fusedk.rmsnorm_out, (x, r, w, 1e-6, o.clone(), o.clone())),
         (torch.ops.fusedk.rmsnorm_out, (x, None, w, 1e-6, o.clone(), None)),
         (torch.ops.fusedk.layernorm, (x, w, w, 1e-5)), (torch.ops.fusedk.layernorm_out, (x, None, w, 1e-5, o.clone())),
+        (torch.ops.fusedk.layernorm_out, (x, None, None, 1e-5, o.clone())),
+        (torch.ops.fusedk.adaln_out, (x, sc, sh, w, None, 1, 1e-6, o.clone())),
         (torch.ops.fusedk.adaln, (x, sc, sh, w, w, 0, 1e-6)), (torch.ops.fusedk.adaln_out, (x, sc, sh, None, None, 1, 1e-6, o.clone())),
         (torch.ops.fusedk.residual_tanh_gated_rmsnorm, (x, r, g, 1e-6, 1)),
         (torch.ops.fusedk.residual_tanh_gated_rmsnorm_out, (x, r, g, 1e-6, 0, o.clone())),

@@ -176,12 +176,22 @@ def jax_path(op, args, a0, a1, stream):
     o = OPS[op]
     for i, _, _ in o.outputs:
         if args[i] is not None:
-            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.tensors[i][0]} (out=) is a JAX array; JAX "
-                        "arrays are immutable, leave it unset to get a new one")
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.tensors[i][0]} (out=) is given, but the op "
+                        "runs through JAX and JAX arrays are immutable: leave it unset to get a new one")
     if stream is not None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: stream= is not taken with JAX arrays; "
                     "XLA runs the op on its own stream")
     return fjax.call(o, [args[i] for i in o.inputs], (a0, a1))
+
+
+def rebind(fn, route):
+    """fusedk's own op function `fn` with its call routed through `route` (same signature as
+    call()): fusedk.torch and fusedk.jax reuse every op's signature, defaults and keyword mapping."""
+    import functools
+    import types
+    g = types.FunctionType(fn.__code__, {**fn.__globals__, "_call": route}, fn.__name__, fn.__defaults__,
+                           fn.__closure__)
+    return functools.update_wrapper(g, fn)
 
 
 # --- dispatch ----------------------------------------------------------------------------------

@@ -34,12 +34,11 @@ try:
 except ImportError:  # pragma: no cover - older or newer layouts of jax
     from jax._src.core import Tracer as _Tracer
 
-__all__ = ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"]
+__all__ = [o.name for o in OPS]
 
 _IN, _IN_OPT, _F32 = lib.FUSEDK_ARG_IN, lib.FUSEDK_ARG_IN_OPT, lib.FUSEDK_ATTR_F32
 _DTYPES = frozenset((np.dtype(np.float32), np.dtype(np.float16), np.dtype(jax.numpy.bfloat16)))
 _TARGETS = {o.id: "fusedk_" + o.name for o in OPS}
-_OP = {o.name: o for o in OPS}
 
 
 # --- registration --------------------------------------------------------------------------
@@ -207,37 +206,15 @@ def call(op, inputs, attrs):
         raise Error(m.group(2), m.group(1)) from None
 
 
-_INPUT_NAMES = {o.name: [o.tensors[i][0] for i in o.inputs] for o in OPS}
+# --- the ops: fusedk's own functions, every input routed here (NumPy arrays too) --------------
+def _route(op, x, args, a0, a1, stream):
+    from ._core import jax_path
+    return jax_path(op, args, a0, a1, stream)  # refuses out= and stream=
 
 
-def _run(name, attrs, **tensors):
-    """call() with the tensors and attributes by registry name."""
-    op = _OP[name]
-    return call(op, [tensors.get(n) for n in _INPUT_NAMES[name]], tuple(attrs.get(a[0], a[2]) for a in op.attrs))
+from . import adaln, layernorm, residual_tanh_gated_rmsnorm, rmsnorm  # noqa: E402
+from ._core import rebind  # noqa: E402
 
-
-# --- the ops (fusedk's signatures, less out= and stream=) ------------------------------------
-def rmsnorm(x, weight=None, eps=1e-6, residual=None):
-    """y = r * rsqrt(mean(r^2, -1) + eps) * weight with r = x + residual (if given).
-    Returns y, or (y, r) when residual is given (r rounded to x's dtype)."""
-    return _run("rmsnorm", {"eps": eps}, x=x, residual=residual, weight=weight)
-
-
-def layernorm(x, weight=None, bias=None, eps=1e-5):
-    """y = (x - mean) * rsqrt(var + eps) * weight + bias over the last dim (biased variance)."""
-    return _run("layernorm", {"eps": eps}, x=x, weight=weight, bias=bias)
-
-
-def adaln(x, scale, shift, norm="layer", eps=1e-6, weight=None, bias=None):
-    """y[B,L,D] = norm(x) * (1 + scale[:, None]) + shift[:, None], norm = "layer" or "rms";
-    scale and shift are [B, D]."""
-    kind = {"layer": lib.FUSEDK_NORM_LAYER, "rms": lib.FUSEDK_NORM_RMS}.get(norm)
-    if kind is None:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"adaln: norm is {norm!r}, expected 'layer' or 'rms'")
-    return _run("adaln", {"norm": kind, "eps": eps}, x=x, scale=scale, shift=shift, weight=weight, bias=bias)
-
-
-def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, exact=True):
-    """Mochi: y = x + cast(x_res * rsqrt(mean(x_res^2) + eps) * tanh(gate)[:, None]).
-    exact=True reproduces PyTorch's rounding points; exact=False rounds once."""
-    return _run("residual_tanh_gated_rmsnorm", {"eps": eps, "exact": 1 if exact else 0}, x=x, x_res=x_res, gate=gate)
+for _o in OPS:
+    globals()[_o.name] = rebind(globals()[_o.name], _route)
+del _o

@@ -11,9 +11,6 @@ derived from the registry: `fusedk::<op>` (functional: returns new tensors) and
 with a fake (meta) implementation. The ops are forward-only: backward through one raises an
 error that says so. For the eager call, plain `fusedk.rmsnorm(x)` is the faster path (no
 dispatcher); these exist for tracing."""
-import functools
-import types
-
 import torch
 
 from . import _core
@@ -109,8 +106,5 @@ def _route(op, x, args, a0, a1, stream):
 
 for _o in OPS:
     _register(_o)
-    _f = globals()[_o.name]  # fusedk's own function, its call routed through the operators
-    globals()[_o.name] = functools.update_wrapper(
-        types.FunctionType(_f.__code__, {**_f.__globals__, "_call": _route}, _f.__name__, _f.__defaults__,
-                           _f.__closure__), _f)
-del _o, _f
+    globals()[_o.name] = _core.rebind(globals()[_o.name], _route)  # fusedk's function through the operators
+del _o
