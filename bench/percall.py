@@ -7,7 +7,8 @@ ops and to fusedk's kernel alone.
 Needs a CUDA GPU and torch; CuPy, JAX and Liger rows appear where those import. Every eager row
 is a loop of --calls calls as users write them (no out=, no graphs, outputs dropped), timed by
 wall clock from the first call to a synchronize after the last, median of --reps loops, per call.
-"kernel" is fusedk's kernel alone: 20 of the same call captured in a CUDA graph, replays timed with
+The calls compared in one row group alternate loop by loop (their ratios are the result; a
+host's speed drifts). "kernel" is fusedk's kernel alone: 20 of the same call captured in a CUDA graph, replays timed with
 CUDA events, per call. JAX rows are back-to-back calls of jitted functions (fusedk through fusedk.jax, XLA FFI),
 timed the same way, and 10 independent calls on 10 distinct inputs inside one jitted function (per
 op: the op's cost inside a user's jit, JAX's own per-call dispatch paid once, nothing to fuse). Writes DIR/percall.json and DIR/percall.md and prints the table."""
@@ -27,19 +28,34 @@ EPS = 1e-6
 SHAPES = [(1, 64), (1, 1024, 2048), (4, 4096, 3072)]
 
 
-def loop_time(fn, sync, calls, reps):
-    """Median over reps of (wall time of `calls` calls + final sync) / calls, in µs."""
-    for _ in range(3):
-        fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def loop_times(fns, sync, calls, reps, host_only=False):
+    """For each fn: median over reps of (wall time of `calls` calls + final sync) / calls, in µs.
+    The fns' loops alternate within each rep, so that a host's clock drift (turbo, a noisy
+    neighbour) falls on all of them alike: their ratios are what this measures. host_only: the
+    final sync is left out of the time (what the calls cost the Python thread; work still queued
+    is waited for before the next loop)."""
+    for fn in fns:
+        for _ in range(3):
             fn()
-        sync()
-        ts.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(ts)
+    sync()
+    ts = [[] for _ in fns]
+    for _ in range(reps):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if not host_only:
+                sync()
+            ts[k].append((time.perf_counter() - t0) / calls * 1e6)
+            sync()
+    return [statistics.median(t) for t in ts]
+
+
+def warm_up(seconds=1.0):
+    """Busy host work first: the first rows should not pay the CPU's clock ramp."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        sum(range(1000))
 
 
 def graph_time(fn, k=20, reps=200):
@@ -63,6 +79,7 @@ def main():
     if not fusedk.kernel_info()["cuda"]["devices"]:
         sys.exit("percall.py: fusedk was built without its GPU half (or sees no device)")
     torch.set_grad_enabled(False)
+    warm_up()
     rows = []
     tsync = torch.cuda.synchronize
 
@@ -83,14 +100,13 @@ def main():
         w = torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16)
         out = torch.empty_like(x)
         n = (shape[-1],)
-        row("torch", shape, "bf16", "fusedk.rmsnorm(x, w)", loop_time(lambda: fusedk.rmsnorm(x, w), tsync,
-                                                                       args.calls, args.reps))
-        row("torch", shape, "bf16", "fusedk.rmsnorm(x, w, out=y)",
-            loop_time(lambda: fusedk.rmsnorm(x, w, out=out), tsync, args.calls, args.reps))
-        row("torch", shape, "bf16", "F.rms_norm(x, (D,), w)",
-            loop_time(lambda: F.rms_norm(x, n, w, EPS), tsync, args.calls, args.reps))
+        impls = {"fusedk.rmsnorm(x, w)": lambda: fusedk.rmsnorm(x, w),
+                 "fusedk.rmsnorm(x, w, out=y)": lambda: fusedk.rmsnorm(x, w, out=out),
+                 "F.rms_norm(x, (D,), w)": lambda: F.rms_norm(x, n, w, EPS)}
         if liger:
-            row("torch", shape, "bf16", "Liger rms_norm", loop_time(lambda: liger(x, w), tsync, args.calls, args.reps))
+            impls["Liger rms_norm"] = lambda: liger(x, w)
+        for name, us in zip(impls, loop_times(list(impls.values()), tsync, args.calls, args.reps)):
+            row("torch", shape, "bf16", name, us)
         row("torch", shape, "bf16", "kernel (fusedk, graph replay)", graph_time(lambda: fusedk.rmsnorm(x, w, out=out)))
         row("torch", shape, "bf16", "kernel (F.rms_norm, graph replay)", graph_time(lambda: F.rms_norm(x, n, w, EPS)))
         del x, w, out
@@ -105,9 +121,10 @@ def main():
             a = cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
             b = cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
             w = cupy.random.standard_normal(shape[-1], dtype=cupy.float32).astype(cupy.float16)
-            row("cupy", shape, "fp16", "fusedk.rmsnorm(x, w)", loop_time(lambda: fusedk.rmsnorm(a, w), csync,
-                                                                          args.calls, args.reps))
-            row("cupy", shape, "fp16", "cupy.add(a, b)", loop_time(lambda: cupy.add(a, b), csync, args.calls, args.reps))
+            mine, theirs = loop_times([lambda: fusedk.rmsnorm(a, w), lambda: cupy.add(a, b)], csync, args.calls,
+                                      args.reps)
+            row("cupy", shape, "fp16", "fusedk.rmsnorm(x, w)", mine)
+            row("cupy", shape, "fp16", "cupy.add(a, b)", theirs)
             del a, b, w
             cupy.get_default_memory_pool().free_all_blocks()
     # --- JAX: back-to-back jitted calls --------------------------------------------------------
@@ -156,8 +173,13 @@ def main():
                     last[0] = fn(*xs)
                 return go
             jsync = lambda: last[0].block_until_ready()  # noqa: E731
-            row("jax", shape, "bf16", f"jit(fusedk.jax.{name})", loop_time(runner(f), jsync, args.calls, args.reps))
-            row("jax", shape, "bf16", f"jit(pure JAX {name})", loop_time(runner(p), jsync, args.calls, args.reps))
+            mine, theirs = loop_times([runner(f), runner(p)], jsync, args.calls, args.reps)
+            row("jax", shape, "bf16", f"jit(fusedk.jax.{name})", mine)
+            row("jax", shape, "bf16", f"jit(pure JAX {name})", theirs)
+            if shape in ((1, 64), (2, 4096, 1152)):  # where JAX's own dispatch sets the pace
+                mine, theirs = loop_times([runner(f), runner(p)], jsync, args.calls, args.reps, host_only=True)
+                row("jax", shape, "bf16", f"jit(fusedk.jax.{name}): host time only", mine)
+                row("jax", shape, "bf16", f"jit(pure JAX {name}): host time only", theirs)
             if shape != (1, 64):
                 many = [xs[0] + jnp.asarray(k, xs[0].dtype) for k in range(10)]  # 10 distinct inputs
                 rest = xs[1:]
@@ -167,10 +189,9 @@ def main():
                     def go():
                         last[0] = fn(many, *rest)[-1]
                     return go
-                row("jax", shape, "bf16", f"jit(10 x fusedk.jax.{name}) per op",
-                    loop_time(many_runner(batch(f)), jsync, calls, args.reps) / 10)
-                row("jax", shape, "bf16", f"jit(10 x pure JAX {name}) per op",
-                    loop_time(many_runner(batch(p)), jsync, calls, args.reps) / 10)
+                mine, theirs = loop_times([many_runner(batch(f)), many_runner(batch(p))], jsync, calls, args.reps)
+                row("jax", shape, "bf16", f"jit(10 x fusedk.jax.{name}) per op", mine / 10)
+                row("jax", shape, "bf16", f"jit(10 x pure JAX {name}) per op", theirs / 10)
                 del many
             del xs, last
     # --- report ---------------------------------------------------------------------------------
@@ -182,8 +203,9 @@ def main():
     md = [f"# The user's call: µs per call ({meta['gpu']}, {meta['date']})", "",
           f"Eager loops of {args.calls} calls without `out=` (median of {args.reps} loops, wall clock to a final "
           "sync); `kernel` = 20 of the same call captured in one CUDA graph, replays timed with CUDA events, per "
-          "call. JAX: "
-          "back-to-back calls of jitted functions.", "",
+          "call. The calls of one row group alternate loop by loop (a host's speed drifts; their ratios are the "
+          "result). JAX: back-to-back calls of jitted functions; `host time only`: the same loop timed without "
+          "its final sync (what the calls cost the Python thread).", "",
           "| framework | shape | dtype | call | µs/call | vs reference |", "|---|---|---|---|---:|---|"]
     ref_of = {"torch": "F.rms_norm(x, (D,), w)", "cupy": "cupy.add(a, b)"}
     for r in rows:

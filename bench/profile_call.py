@@ -31,13 +31,14 @@ def main():
         x = torch.randn(1, 64, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(64, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)
-        api = _core.exchange_api(torch.Tensor)
         row("torch: F.rms_norm(x, (64,), w)", lambda: F.rms_norm(x, (64,), w, 1e-6))
         row("torch: fusedk.rmsnorm(x, w)", lambda: fusedk.rmsnorm(x, w))
         row("torch: fusedk.rmsnorm(x, w, out=y)", lambda: fusedk.rmsnorm(x, w, out=y))
         args = (None, None, x, None, w)
-        row("torch:   fusedk_py_call alone (ctypes, C path)",
-            lambda: pylib.fusedk_py_call(0, api, args, 1e-6, 0.0, 0.0, 0.0, -1))
+        route = _core._PATHS[torch.Tensor].route
+        row("torch:   _core.call (the C builtin, whole C path)", lambda: _core.call(0, x, args, 1e-6, 0.0, None))
+        row("torch:   the same through ctypes (fusedk_py_call_route)",
+            lambda: pylib.fusedk_py_call_route(route, 0, args, 1e-6, 0.0, -1))
         row("torch:   torch.empty_like(x)", lambda: torch.empty_like(x))
         row("torch:   x + x (an eager op)", lambda: x + x)
         torch.cuda.synchronize()
@@ -49,6 +50,13 @@ def main():
         w = cupy.ones(64, cupy.float16)
         row("cupy: cupy.add(a, a)", lambda: cupy.add(a, a))
         row("cupy: fusedk.rmsnorm(a, w)", lambda: fusedk.rmsnorm(a, w))
+        route = _core._PATHS[cupy.ndarray].route
+        print(f"cupy route through CuPy's C entry points: {bool(pylib.fusedk_py_route_native(route))}")
+        args = (None, None, a, None, w)
+        y = cupy.empty_like(a)
+        row("cupy:   _core.call (the C builtin, whole C path)", lambda: _core.call(0, a, args, 1e-6, 0.0, None))
+        row("cupy:   the same with out= (no allocation)",
+            lambda: _core.call(0, a, (y, None, a, None, w), 1e-6, 0.0, None))
         row("cupy:   cupy.empty(a.shape, a.dtype)", lambda: cupy.empty(a.shape, a.dtype))
         row("cupy:   cupy.ndarray(a.shape, a.dtype)", lambda: cupy.ndarray(a.shape, a.dtype))
         row("cupy:   a.data.ptr", lambda: a.data.ptr)

@@ -43,7 +43,11 @@ if [ $bench = 1 ] || [ $percall = 1 ]; then  # the user's call: eager loops vs t
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
     python3 bench/percall.py --out "$OUT/bench" >"$OUT/percall.log" 2>&1
   summary+=("percall rc=$?")
-  tail -32 "$OUT/percall.log"
+  tail -42 "$OUT/percall.log"
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+    python3 bench/profile_call.py >"$OUT/bench/profile_call.txt" 2>&1
+  summary+=("profile_call rc=$?")
+  head -30 "$OUT/bench/profile_call.txt"
 fi
 if [ $bench = 1 ] && [ -f bench/bench.py ]; then
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \

@@ -2,16 +2,25 @@
 
    A Python call on framework tensors costs what the framework's own op costs only if nothing in
    it goes through Python objects per tensor: no __dlpack__ capsules, no output buffers allocated
-   outside the framework's allocator, no stream objects. DLPack's C exchange API (dlpack.h >= 1.2:
-   a framework type's __dlpack_c_exchange_api__, torch >= 2.11) gives all of it in C: a DLTensor
-   view of each argument, outputs from the framework's own allocator, the framework's current
-   stream, and the result handed back as the framework's tensor. Its functions take PyObject* and
-   need the GIL, so the bindings call fusedk_py_call through ctypes.PyDLL (which keeps the GIL;
-   cffi releases it) and hand over, once, the few CPython entry points used here. Nothing here
-   needs Python's headers or links against libpython.
+   outside the framework's allocator, no stream objects, no foreign-function layer. So:
+   - fusedk_py_fast makes the builtin every op function calls (fusedk._core.call): a
+     METH_FASTCALL function, called like any C builtin (no ctypes or cffi argument conversion),
+     that picks a route by the type of the op's first input and runs the whole call in C;
+   - a route is DLPack's C exchange API (dlpack.h >= 1.2: a type's __dlpack_c_exchange_api__,
+     torch >= 2.11): a DLTensor view of each argument, outputs from the framework's allocator, its
+     current stream, the result handed back as its tensor;
+   - or, for CuPy (no exchange API), the arrays' own attributes (.data.ptr, .shape, .strides,
+     .dtype), outputs and the current stream from CuPy's own C entry points where their
+     signatures are the expected ones (CuPy's Cython C API), else from cupy.ndarray and
+     cupy.cuda.get_current_stream;
+   - types without a route (NumPy, JAX, other DLPack producers), stream objects and failures go
+     back to Python (the slow and failure callables given to fusedk_py_fast).
+   The CPython entry points used here are handed over once by the bindings (ctypes.pythonapi).
+   Nothing here needs Python's headers or links against libpython. GIL held throughout (the
+   ctypes entry points go through ctypes.PyDLL; cffi would release it).
 
-   Also here: fusedk_op_call_packed, the path of arrays without the exchange API (NumPy, CuPy):
-   the bindings pack each array's pointer, shape and byte strides into one buffer.
+   Also here: fusedk_op_call_packed, the path of arrays packed by Python (NumPy, other
+   producers): pointer, shape and byte strides of each array in one buffer.
 
    Compiled into libfusedk by meson; not part of the two-file drop-in. */
 #define FUSEDK__INTERNAL
@@ -54,17 +63,22 @@ static struct {
   void *(*dict_getitem)(void *, void *);          /* PyDict_GetItem: borrowed, no error set */
   void *(*call)(void *, void *, void *);          /* PyObject_Call */
   int (*isinstance)(void *, void *);
+  void *(*type_of)(void *);                       /* PyObject_Type: a new reference */
+  double (*as_double)(void *);                    /* PyFloat_AsDouble */
+  void *(*err_occurred)(void);
+  void *(*capsule_pointer)(void *, const char *); /* PyCapsule_GetPointer */
+  void *(*cfunction_new)(void *, void *, void *); /* PyCFunction_NewEx */
 } py;
 
-static FUSEDK__PY_TLS int last; /* the last fusedk_py_call's status, or -1: left to the generic path */
+static FUSEDK__PY_TLS int last; /* the last routed call's status, or -1: left to the generic path */
 
 /* fns: Py_None, then the functions of the struct above, in its order. */
 FUSEDK_DEF void fusedk_py_init(void *const *fns, int n) {
   if (n * sizeof(void *) == sizeof py) memcpy(&py, fns, sizeof py);
 }
 
-/* The status of this thread's last fusedk_py_call, or -1 where it left the call to the generic
-   path: an argument the exchange API cannot view (another framework's array, a list, a scalar). */
+/* The status of this thread's last routed call, or -1 where it left the call to the generic
+   path: an argument the route cannot view (another framework's array, a list, a scalar). */
 FUSEDK_DEF int fusedk_py_last(void) { return last; }
 
 /* The failure value: None (a new reference); fusedk_failure_reason() says why. */
@@ -118,8 +132,7 @@ static void *results(const fusedk_op *o, const fusedk_tensor *const *t, void *co
    type. stream < 0: the framework's current stream of that input's device. Returns a new
    reference: the output, or a tuple of the outputs that exist; None on failure, with the
    failure reason and fusedk_py_last() set. */
-FUSEDK_DEF void *fusedk_py_call(int32_t op, const fusedk_xapi *x, void *args, double a0, double a1, double a2,
-                                double a3, int64_t stream) {
+static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, double a0, double a1, int64_t stream) {
   const fusedk_op *o = fusedk_op_get(op);
   if (!o || !x || !x->view_from_py) return failed(-1);
   fusedk_tensor view[FUSEDK_OP_MAX_TENSORS];
@@ -168,7 +181,7 @@ FUSEDK_DEF void *fusedk_py_call(int32_t op, const fusedk_xapi *x, void *args, do
         s = NULL;
       }
     }
-    const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, a2, a3};
+    const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, 0.0, 0.0};
     status = fusedk_op_call(op, t, attrs, (struct CUstream_st *)s);
   }
   if (status != FUSEDK_OK) {
@@ -179,10 +192,60 @@ FUSEDK_DEF void *fusedk_py_call(int32_t op, const fusedk_xapi *x, void *args, do
   return results(o, t, obj, made, x, NULL, n_out);
 }
 
-/* --- arrays read through their attributes (CuPy) -----------------------------------------
-   A framework without the exchange API whose arrays say where they are as CuPy's do: .data.ptr,
-   .data.device_id, .shape, .strides (bytes), .dtype. Read here rather than in Python, where the
-   same reads and the packing cost more than CuPy's own cupy.add call. */
+/* --- routes: how arrays of one Python type reach the library ----------------------------- */
+
+/* CuPy's Cython C API (cupy._core.core and cupy.cuda.stream's __pyx_capi__), taken only when
+   the capsule's signature is exactly this one: _ndarray_init is the allocation CuPy's own ufuncs
+   make (its memory pool, current device), at a third of cupy.ndarray(shape, dtype)'s cost. shape_t
+   is std::vector<Py_ssize_t>: passed as the three pointers every C++ library lays it out as. */
+#define FUSEDK__CUPY_INIT_SIG "struct __pyx_obj_4cupy_5_core_4core__ndarray_base *(PyObject *, " \
+                              "__pyx_t_4cupy_5_core_7_carray_shape_t const &, PyObject *, PyObject *)"
+#define FUSEDK__CUPY_STREAM_SIG "intptr_t (void)"
+typedef struct { int64_t *begin, *end, *cap; } fusedk__shape_vec;
+
+enum { DTYPE_CACHE = 4 };
+typedef struct route {
+  void *type;              /* the arrays' exact type (a strong reference) */
+  const fusedk_xapi *x;    /* the exchange API, or NULL: read the attributes */
+  void *dtypes;            /* attributes: dict dtype -> code | bits << 8 | lanes << 16 */
+  void *(*init)(void *subtype, const fusedk__shape_vec *shape, void *dtype, void *obj); /* or NULL */
+  intptr_t (*stream_ptr)(void); /* the current stream, or NULL: get_stream().ptr */
+  void *get_stream;
+  void *dt_obj[DTYPE_CACHE]; /* dtype objects seen (strong references) and their codes: a pointer */
+  long long dt_code[DTYPE_CACHE]; /* compare instead of hashing a dtype per array */
+} route;
+enum { MAX_ROUTES = 16 };
+static route routes[MAX_ROUTES];
+static int n_routes;
+
+static void *capsule_fn(void *capsule, const char *signature) {
+  void *f = capsule && capsule != py.none ? py.capsule_pointer(capsule, signature) : NULL;
+  if (!f) py.err_clear(); /* absent, or another signature: the Python-level call instead */
+  return f;
+}
+
+/* Registers a route for `type` (GIL held): x, the exchange API; or dtypes (a dict, see above),
+   CuPy's _ndarray_init and get_current_stream_ptr capsules (None or another signature: not
+   used) and get_stream, a callable returning the current stream object (.ptr). Returns the
+   route's index, or -1 where the table is full (the type then stays on the Python path). */
+FUSEDK_DEF int fusedk_py_route(void *type, const fusedk_xapi *x, void *dtypes, void *init, void *stream_ptr,
+                               void *get_stream) {
+  for (int i = 0; i < n_routes; ++i)
+    if (routes[i].type == type) return i;
+  if (n_routes == MAX_ROUTES) return -1;
+  route *r = &routes[n_routes];
+  memset(r, 0, sizeof *r);
+  r->type = type, r->x = x, r->dtypes = dtypes, r->get_stream = get_stream;
+  r->init = (void *(*)(void *, const fusedk__shape_vec *, void *, void *))capsule_fn(init, FUSEDK__CUPY_INIT_SIG);
+  r->stream_ptr = (intptr_t(*)(void))capsule_fn(stream_ptr, FUSEDK__CUPY_STREAM_SIG);
+  py.incref(type), py.incref(dtypes), py.incref(get_stream); /* routes live as long as the process */
+  return n_routes++;
+}
+
+/* 1 where route i reads arrays through CuPy's C entry points (what the bench reports). */
+FUSEDK_DEF int fusedk_py_route_native(int i) {
+  return i >= 0 && i < n_routes && routes[i].init && routes[i].stream_ptr;
+}
 
 static long long attr_ll(void *o, const char *name, int *err) {
   void *v = py.getattr(o, name);
@@ -193,15 +256,28 @@ static long long attr_ll(void *o, const char *name, int *err) {
   return r;
 }
 
-/* 0, or -1 where the generic path should look at it (it reports what is wrong). dtypes maps a
-   dtype to code | bits << 8 | lanes << 16. */
-static int attrs_view(void *obj, void *dtypes, fusedk_tensor *v, int64_t *dims) {
+static long long dtype_code(route *r, void *dt) {
+  for (int k = 0; k < DTYPE_CACHE && r->dt_obj[k]; ++k)
+    if (r->dt_obj[k] == dt) return r->dt_code[k];
+  void *code = py.dict_getitem(r->dtypes, dt);
+  const long long c = code ? py.as_longlong(code) : -1;
+  for (int k = 0; c >= 0 && k < DTYPE_CACHE; ++k)
+    if (!r->dt_obj[k]) {
+      py.incref(dt);
+      r->dt_obj[k] = dt, r->dt_code[k] = c;
+      break;
+    }
+  return c;
+}
+
+/* The view of a CuPy-like array: 0, or -1 where the generic path should look at it (it reports
+   what is wrong). */
+static int attrs_view(route *r, void *obj, fusedk_tensor *v, int64_t *dims) {
   int err = 0;
   void *data = py.getattr(obj, "data"), *dt = py.getattr(obj, "dtype");
   void *shape = py.getattr(obj, "shape"), *strides = py.getattr(obj, "strides");
-  void *code = dt ? py.dict_getitem(dtypes, dt) : NULL;
   long long ptr = data ? attr_ll(data, "ptr", &err) : 0, dev = data ? attr_ll(data, "device_id", &err) : 0;
-  long long c = code ? py.as_longlong(code) : -1;
+  long long c = dt ? dtype_code(r, dt) : -1;
   intptr_t n = shape ? py.tuple_size(shape) : -1;
   int ok = data && dt && shape && strides && !err && c >= 0 && n >= 0 && n <= FUSEDK_MAX_DIMS &&
            py.tuple_size(strides) == n;
@@ -227,11 +303,27 @@ static int attrs_view(void *obj, void *dtypes, fusedk_tensor *v, int64_t *dims) 
   return 0;
 }
 
-/* Runs registry op `op` on `args` (as fusedk_py_call) whose arrays are instances of `type`; a
-   missing output is `type(like.shape, like.dtype)` (CuPy: from its memory pool on the current
-   device). stream: the stream to run on. GIL held. */
-FUSEDK_DEF void *fusedk_py_call_attrs(int32_t op, void *type, void *dtypes, void *args, double a0, double a1, double a2,
-                                      double a3, int64_t stream) {
+/* A new array shaped like `like` (whose sizes are dims), on the current device. */
+static void *attrs_new(const route *r, void *like, int64_t *dims, int ndim) {
+  void *dt = py.getattr(like, "dtype"), *res = NULL;
+  if (dt && r->init) {
+    const fusedk__shape_vec shape = {dims, dims + ndim, dims + ndim};
+    res = r->init(r->type, &shape, dt, py.none);
+  } else if (dt) {
+    void *argt = py.tuple_new(2);
+    py.tuple_setitem(argt, 0, py.getattr(like, "shape"));
+    py.incref(dt);
+    py.tuple_setitem(argt, 1, dt);
+    res = py.call(r->type, argt, NULL);
+    py.decref(argt);
+  }
+  if (dt) py.decref(dt);
+  return res;
+}
+
+/* Runs registry op `op` on `args` (as exchange_call) whose arrays are CuPy-like instances of
+   r->type, on `stream` (< 0: the current one). */
+static void *attrs_call(route *r, int32_t op, void *args, double a0, double a1, int64_t stream) {
   const fusedk_op *o = fusedk_op_get(op);
   if (!o) return failed(-1);
   fusedk_tensor view[FUSEDK_OP_MAX_TENSORS];
@@ -249,29 +341,37 @@ FUSEDK_DEF void *fusedk_py_call_attrs(int32_t op, void *type, void *dtypes, void
         obj[i] = NULL;
         if (!pass || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
         if (!obj[a->like]) goto out; /* a required input is missing: the generic path says which */
-        void *argt = py.tuple_new(2);
-        py.tuple_setitem(argt, 0, py.getattr(obj[a->like], "shape"));
-        py.tuple_setitem(argt, 1, py.getattr(obj[a->like], "dtype"));
-        obj[i] = py.call(type, argt, NULL);
-        py.decref(argt);
+        obj[i] = attrs_new(r, obj[a->like], dims[a->like], view[a->like].ndim);
         if (!obj[i]) {
           status = fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: allocating %s through the framework failed", o->name,
                                 a->name);
           goto out;
         }
         owned[i] = 1;
-      } else if (py.isinstance(obj[i], type) != 1) {
+      } else if (py.isinstance(obj[i], r->type) != 1) {
         goto out;
       }
-      if (attrs_view(obj[i], dtypes, &view[i], dims[i])) goto out;
+      if (attrs_view(r, obj[i], &view[i], dims[i])) goto out;
       t[i] = &view[i];
       n_out += pass;
       /* a new output lands on the current device: when x is elsewhere, the generic path (which
          switches devices) takes the call */
       if (owned[i] && view[i].device.device_id != view[a->like].device.device_id) goto out;
     }
+  if (stream < 0) {
+    stream = r->stream_ptr ? (int64_t)r->stream_ptr() : -1;
+    if (stream == -1) { /* no C entry point, or it failed: the Python-level one */
+      py.err_clear();
+      void *none = py.tuple_new(0), *s = py.call(r->get_stream, none, NULL);
+      py.decref(none);
+      int err = 0;
+      stream = s ? attr_ll(s, "ptr", &err) : -1;
+      if (s) py.decref(s);
+      if (!s || err) goto out;
+    }
+  }
   {
-    const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, a2, a3};
+    const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, 0.0, 0.0};
     status = fusedk_op_call(op, t, attrs, (struct CUstream_st *)(intptr_t)stream);
   }
   if (status == FUSEDK_OK) return results(o, t, obj, NULL, NULL, owned, n_out);
@@ -280,6 +380,73 @@ out:
   for (int i = 0; i < o->n_tensors; ++i)
     if (owned[i]) py.decref(obj[i]);
   return failed(status);
+}
+
+static void *route_call(route *r, int32_t op, void *args, double a0, double a1, int64_t stream) {
+  return r->x ? exchange_call(r->x, op, args, a0, a1, stream) : attrs_call(r, op, args, a0, a1, stream);
+}
+
+/* The Python path's entry (ctypes): route i, stream < 0 the current one. Returns as
+   exchange_call: None on failure, with fusedk_py_last() set. */
+FUSEDK_DEF void *fusedk_py_call_route(int i, int32_t op, void *args, double a0, double a1, int64_t stream) {
+  if (i < 0 || i >= n_routes) return failed(-1);
+  return route_call(&routes[i], op, args, a0, a1, stream);
+}
+
+/* --- the builtin every op function calls -------------------------------------------------- */
+
+static void *slow_fn, *failed_fn; /* Python callables: the path of an unrouted call; a failure's */
+
+static void *call_python(void *fn, void *const *args, int n) {
+  void *t = py.tuple_new(n);
+  if (!t) return NULL;
+  for (int i = 0; i < n; ++i) {
+    py.incref(args[i]);
+    py.tuple_setitem(t, i, args[i]);
+  }
+  void *r = py.call(fn, t, NULL);
+  py.decref(t);
+  return r;
+}
+
+/* call(op, x, args, a0, a1, stream): op an int, x the op's first input (its exact type picks the
+   route), args the op's tensors in registry order, a0/a1 its attributes, stream None or an int.
+   Anything else (an unrouted type, a stream object, attributes that are not numbers) goes to
+   slow(op, x, args, a0, a1, stream); a failure to failed(op, args, a0, a1, stream), which runs
+   the generic path or raises. */
+static void *fast_call(void *self, void *const *args, intptr_t n) {
+  (void)self;
+  if (n != 6) return call_python(slow_fn, args, (int)n);
+  void *tp = py.type_of(args[1]);
+  py.decref(tp); /* kept alive by its instance */
+  route *r = NULL;
+  for (int i = 0; i < n_routes && !r; ++i)
+    if (routes[i].type == tp) r = &routes[i];
+  if (!r) return call_python(slow_fn, args, 6);
+  const long long op = py.as_longlong(args[0]);
+  const double a0 = py.as_double(args[3]), a1 = py.as_double(args[4]);
+  const long long stream = args[5] == py.none ? -1 : py.as_longlong(args[5]);
+  if (py.err_occurred() || (args[5] != py.none && stream < 0) || op < 0 || op >= FUSEDK_OP_COUNT) {
+    py.err_clear();
+    return call_python(slow_fn, args, 6);
+  }
+  void *res = route_call(r, (int32_t)op, args[2], a0, a1, stream);
+  if (res != py.none) return res;
+  py.decref(res);
+  void *const fa[5] = {args[0], args[2], args[3], args[4], args[5]};
+  return call_python(failed_fn, fa, 5);
+}
+
+/* PyMethodDef, layout-identical; METH_FASTCALL (CPython >= 3.7) */
+static struct { const char *name; void *meth; int flags; const char *doc; } fast_def = {
+    "call", (void *)fast_call, 0x0080,
+    "call(op, x, args, a0, a1, stream): runs registry op `op` (fusedk._core)"};
+
+/* The builtin (a new reference), given the slow and failure callables; once per process. */
+FUSEDK_DEF void *fusedk_py_fast(void *slow, void *fail) {
+  py.incref(slow), py.incref(fail);
+  slow_fn = slow, failed_fn = fail;
+  return py.cfunction_new(&fast_def, NULL, NULL);
 }
 
 /* --- packed arrays ------------------------------------------------------------------------- */

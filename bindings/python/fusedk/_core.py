@@ -2,12 +2,13 @@
 allocator. Every op is a registry entry of fusedk.h (fusedk_op_get): its tensors in C argument
 order (inputs, and outputs that take the shape, dtype and device of an input) and its attributes.
 
-Paths, picked once per type of the op's first input and cached:
-- a type with DLPack's C exchange API (torch >= 2.11): one C call (fusedk_py_call) views the
-  arguments, allocates outputs through the framework's allocator, runs on the framework's
-  current stream and returns the framework's tensors;
-- CuPy: pointers, shapes and strides read off the arrays and packed into one buffer, outputs from
-  cupy.empty (CuPy's memory pool), CuPy's current stream;
+Every op function calls `call`, a C builtin (bindings/c/fusedk_py.c) that picks a route by the
+exact type of the op's first input. Routes, registered in C the first time a type is seen:
+- a type with DLPack's C exchange API (torch >= 2.11): views of the arguments, outputs from the
+  framework's allocator, its current stream, the framework's tensors back, all in C;
+- CuPy: pointers, shapes and strides read off the arrays in C, outputs from CuPy's memory pool,
+  CuPy's current stream.
+Other types go through the Python paths, picked once per type and cached:
 - JAX (arrays and tracers): fusedk.jax, the XLA FFI custom calls (jit-able, XLA's allocator);
 - NumPy, and anything else: the generic path below (NumPy's own arrays; other DLPack producers
   through __dlpack__, outputs allocated stream-ordered by libfusedk and handed back by DLPack).
@@ -138,20 +139,32 @@ def exchange_api(t):
 
 
 def c_failed(op, args, a0, a1, stream):
-    """After a C call path returned None: the generic path takes the call (status -1: an argument
-    it could not view), or the failure is raised."""
+    """After a C route returned None: the generic path takes the call (status -1: an argument it
+    could not view), or the failure is raised."""
     st = pylib.fusedk_py_last()
     if st < 0:
         return generic(OPS[op], args, a0, a1, stream)
     raise error(st)
 
 
-def exchange_path(api):
-    call = pylib.fusedk_py_call
+def numbers(op, a0, a1):
+    """The op's attributes as floats, or an Error naming the one that is not a number."""
+    out = []
+    for (name, _, _), v in zip(OPS[op].attrs + [("attribute", 0, 0)] * 2, (a0, a1)):
+        try:
+            out.append(float(v))
+        except (TypeError, ValueError):
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{OPS[op].name}: {name} is {v!r}, expected a number") from None
+    return out
 
+
+def routed_path(i):
+    """The Python path of C route i: the calls the builtin leaves to Python (stream objects)."""
     def run(op, args, a0, a1, stream):
-        r = call(op, api, args, a0, a1, 0.0, 0.0, -1 if stream is None else stream_int(stream))
+        a0, a1 = numbers(op, a0, a1)
+        r = pylib.fusedk_py_call_route(i, op, args, a0, a1, -1 if stream is None else stream_int(stream))
         return r if r is not None else c_failed(op, args, a0, a1, stream)
+    run.route = i
     return run
 
 
@@ -161,13 +174,15 @@ if BF16 is not None:
     _CUPY_DT[BF16] = 4 | 16 << 8 | 1 << 16  # other dtypes: the generic path, which names them
 
 
-def cupy_path(op, args, a0, a1, stream, _call=pylib.fusedk_py_call_attrs):
-    # Host time is the point here (a CuPy user compares it with cupy.add): the arrays' attributes
-    # are read in C (fusedk_py.c), outputs come from cupy.ndarray (CuPy's memory pool).
-    cupy = sys.modules["cupy"]
-    r = _call(op, cupy.ndarray, _CUPY_DT, args, a0, a1, 0.0, 0.0,
-              cupy.cuda.get_current_stream().ptr if stream is None else stream_int(stream))
-    return r if r is not None else c_failed(op, args, a0, a1, stream)
+def cupy_route(t):
+    # Host time is the point here (a CuPy user compares it with cupy.add): attributes read in C,
+    # outputs and the current stream from CuPy's own C entry points where they have the expected
+    # signatures (else cupy.ndarray and cupy.cuda.get_current_stream)
+    def capi(module, name):
+        return getattr(sys.modules.get(module), "__pyx_capi__", {}).get(name)
+    return pylib.fusedk_py_route(t, None, _CUPY_DT, capi("cupy._core.core", "_ndarray_init"),
+                                 capi("cupy.cuda.stream", "get_current_stream_ptr"),
+                                 sys.modules["cupy"].cuda.get_current_stream)
 
 
 # --- JAX: the XLA FFI custom calls -------------------------------------------------------------
@@ -204,9 +219,9 @@ def path_of(t):
         root = t.__module__.split(".")[0]
         api = exchange_api(t) if hasattr(t, "__dlpack__") else 0
         if api:
-            p = exchange_path(api)
+            p = routed_path(pylib.fusedk_py_route(t, api, None, None, None, None))
         elif root == "cupy" and t.__name__ == "ndarray":
-            p = cupy_path
+            p = routed_path(cupy_route(t))
         elif root in ("jax", "jaxlib"):
             p = jax_path
         else:
@@ -215,13 +230,19 @@ def path_of(t):
     return p
 
 
-def call(op, x, args, a0=0.0, a1=0.0, stream=None):
-    """Runs registry op `op` (an int) on args (its tensors in registry order, None = absent or
-    an output to allocate); x is its first input, whose type picks the path."""
+def slow_call(op, x, args, a0=0.0, a1=0.0, stream=None):
+    """What `call` leaves to Python: a type's first call (which registers its route), types without
+    a route, stream objects."""
     p = _PATHS.get(type(x))
     if p is None:
         p = path_of(type(x))
     return p(op, args, a0, a1, stream)
+
+
+# call(op, x, args, a0, a1, stream): runs registry op `op` (an int) on args (its tensors in
+# registry order, None = absent or an output to allocate); x is its first input, whose type picks
+# the route. A C builtin: its own call costs what any builtin's does.
+call = pylib.fusedk_py_fast(slow_call, c_failed)
 
 
 # --- the generic path --------------------------------------------------------------------------
@@ -414,6 +435,7 @@ def generic(o, args, a0, a1, stream):
             parts[i], a = g.desc(a, o.tensors[i][0], out=True)
             outs.append(a)
         buf = b"".join(parts)
+        a0, a1 = numbers(o.id, a0, a1)
         s = g.stream if g.stream is not None else (stream_int(stream) if stream is not None else 0)
         if g.fw == "cupy" and stream is None:
             s = _current_stream("cupy", g.device[1])

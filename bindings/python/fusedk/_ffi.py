@@ -1,7 +1,7 @@
 """Loads libfusedk twice over: through cffi (ABI mode; the cdef is the marked section of fusedk.h
 itself, so the bindings cannot drift from the C API) for GIL-free calls, and through
-ctypes.PyDLL for the few entry points that handle Python objects and must keep the GIL (the
-DLPack exchange-API call path, bindings/c/fusedk_py.c)."""
+ctypes.PyDLL for the few entry points that handle Python objects and must keep the GIL
+(bindings/c/fusedk_py.c: they set up the C builtin that op calls go through)."""
 import ctypes
 import os
 import re
@@ -51,19 +51,23 @@ lib = ffi.dlopen(LIBRARY)
 # --- the GIL-holding half -------------------------------------------------------------------
 pylib = ctypes.PyDLL(LIBRARY)
 _p = ctypes.c_void_p
-pylib.fusedk_py_call.argtypes = [ctypes.c_int32, _p, ctypes.py_object, ctypes.c_double, ctypes.c_double,
-                                 ctypes.c_double, ctypes.c_double, ctypes.c_int64]
-pylib.fusedk_py_call.restype = ctypes.py_object  # a new reference
+_o = ctypes.py_object
+pylib.fusedk_py_route.argtypes = [_o, _p, _o, _o, _o, _o]
+pylib.fusedk_py_route.restype = ctypes.c_int
+pylib.fusedk_py_route_native.argtypes = [ctypes.c_int]
+pylib.fusedk_py_route_native.restype = ctypes.c_int
+pylib.fusedk_py_call_route.argtypes = [ctypes.c_int, ctypes.c_int32, _o, ctypes.c_double, ctypes.c_double,
+                                       ctypes.c_int64]
+pylib.fusedk_py_call_route.restype = _o  # a new reference
+pylib.fusedk_py_fast.argtypes = [_o, _o]
+pylib.fusedk_py_fast.restype = _o
 pylib.fusedk_py_last.argtypes = []
 pylib.fusedk_py_last.restype = ctypes.c_int
-pylib.fusedk_py_call_attrs.argtypes = [ctypes.c_int32, ctypes.py_object, ctypes.py_object, ctypes.py_object,
-                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
-                                       ctypes.c_int64]
-pylib.fusedk_py_call_attrs.restype = ctypes.py_object
 pylib.fusedk_py_init.argtypes = [_p, ctypes.c_int]
 pylib.fusedk_py_init.restype = None
 _CPYTHON = ("Py_IncRef", "Py_DecRef", "PyTuple_New", "PyTuple_SetItem", "PyTuple_GetItem", "PyTuple_Size",
             "PyErr_Clear", "PyObject_GetAttrString", "PyLong_AsLongLong", "PyDict_GetItem", "PyObject_Call",
-            "PyObject_IsInstance")  # the order of fusedk_py.c's table, after Py_None
+            "PyObject_IsInstance", "PyObject_Type", "PyFloat_AsDouble", "PyErr_Occurred", "PyCapsule_GetPointer",
+            "PyCFunction_NewEx")  # the order of fusedk_py.c's table, after Py_None
 _fns = (_p * (1 + len(_CPYTHON)))(id(None), *(ctypes.cast(getattr(ctypes.pythonapi, n), _p) for n in _CPYTHON))
 pylib.fusedk_py_init(_fns, len(_fns))
