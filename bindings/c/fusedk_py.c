@@ -310,12 +310,16 @@ static void *attrs_new(const route *r, void *like, int64_t *dims, int ndim) {
     const fusedk__shape_vec shape = {dims, dims + ndim, dims + ndim};
     res = r->init(r->type, &shape, dt, py.none);
   } else if (dt) {
-    void *argt = py.tuple_new(2);
-    py.tuple_setitem(argt, 0, py.getattr(like, "shape"));
-    py.incref(dt);
-    py.tuple_setitem(argt, 1, dt);
-    res = py.call(r->type, argt, NULL);
-    py.decref(argt);
+    void *shape = py.getattr(like, "shape"), *argt = shape ? py.tuple_new(2) : NULL;
+    if (argt) {
+      py.tuple_setitem(argt, 0, shape); /* steals shape */
+      py.incref(dt);
+      py.tuple_setitem(argt, 1, dt);
+      res = py.call(r->type, argt, NULL);
+      py.decref(argt);
+    } else if (shape) {
+      py.decref(shape);
+    }
   }
   if (dt) py.decref(dt);
   return res;
