@@ -58,6 +58,22 @@
      FUSEDK_DEF              override the linkage/visibility of the public functions.
      FUSEDK_MAX_DIMS         largest ndim accepted (default 8; set the same everywhere).
 
+   CONTENTS   (section tags: grep "[norm]" finds a family in this file, in fusedk_kernels.cu,
+              tests/ and bench/)
+     declarations     [api] types, statuses, tensors   [dlpack] memory and streams
+                      [norm] the normalization ops     [registry] every op's arguments as data
+     implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] (CPU reference
+                      and entry points) [dlpack] [info]
+     GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [norm]
+                      [entry]
+
+   ADDING AN OP
+     An fusedk_op_id at the end of the enum, its registry entry (arguments in C order with kind
+     and role, attributes with defaults), its entry point (fusedk__validate, then the op's own
+     checks), its CPU reference and its kernel in its family's section; fusedk_op_call's switch.
+     kernel_info, the Python functions' registry order, the torch ops and the XLA handlers follow
+     the registry.
+
    VERSIONING
      FUSEDK_VERSION_MAJOR changes when the C ABI or an op's semantics change incompatibly,
      MINOR when ops or arguments are added (enums only grow), PATCH for fixes and speed.
@@ -69,7 +85,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 2
+#define FUSEDK_VERSION_MINOR 3
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -190,7 +206,7 @@ typedef struct fusedk_dlpack {
   struct CUstream_st *stream;   /* device memory is allocated and freed stream-ordered on it */
 } fusedk_dlpack;
 
-/* ---- library ---- */
+/* ---- [api] library ---- */
 FUSEDK_DEF const char *fusedk_version(void);               /* "MAJOR.MINOR.PATCH" */
 FUSEDK_DEF const char *fusedk_status_name(fusedk_status s); /* "FUSEDK_ERR_SHAPE", ... */
 FUSEDK_DEF const char *fusedk_failure_reason(void);         /* this thread's last failure, "" if none */
@@ -199,13 +215,13 @@ FUSEDK_DEF const char *fusedk_failure_reason(void);         /* this thread's las
 FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size);
 FUSEDK_DEF int fusedk_cuda_device_count(void);              /* 0 without the GPU half or a GPU */
 
-/* ---- describing plain buffers: fusedk_tensor_cpu(p, FUSEDK_BF16, 2, shape) ---- */
+/* ---- [api] describing plain buffers: fusedk_tensor_cpu(p, FUSEDK_BF16, 2, shape) ---- */
 FUSEDK_DEF fusedk_dtype fusedk_dtype_of(fusedk_scalar s);
 FUSEDK_DEF fusedk_tensor fusedk_tensor_cpu(void *data, fusedk_scalar s, int32_t ndim, int64_t *shape);
 FUSEDK_DEF fusedk_tensor fusedk_tensor_cuda(void *data, fusedk_scalar s, int32_t ndim, int64_t *shape,
                                             int32_t device_id);
 
-/* ---- memory and streams, for bindings (DLPack producers) ---- */
+/* ---- [dlpack] memory and streams, for bindings (DLPack producers) ---- */
 /* A compact tensor on `device`, owned by *out until exported. CPU: malloc. CUDA: cudaMallocAsync on
    `stream`, and the deleter frees it with cudaFreeAsync on the same stream (no device-wide sync):
    a consumer using it on another stream orders its last use before the release, as DLPack asks. */
@@ -217,7 +233,7 @@ FUSEDK_DEF void fusedk_dlpack_free(fusedk_dlpack *h);      /* for a never-export
 FUSEDK_DEF fusedk_status fusedk_stream_wait(int32_t device_id, struct CUstream_st *producer,
                                             struct CUstream_st *consumer);
 
-/* ---- normalization family (outputs first, stream last) ---- */
+/* ---- [norm] normalization family (outputs first, stream last) ---- */
 
 /* y = r * rsqrt(mean(r^2) + eps) * weight, r = x + residual. residual, residual_out, weight may be
    NULL; residual_out (the un-normalized sum, as the next block's residual) needs residual.
@@ -249,7 +265,7 @@ FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor 
                                                             const fusedk_tensor *gate, float eps,
                                                             int exact, struct CUstream_st *stream);
 
-/* ---- the op registry: every op's tensors and attributes, for bindings (Python, XLA FFI) ----
+/* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
    fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
    and its attributes as doubles. Outputs name the input whose shape, dtype and device they take
@@ -271,6 +287,14 @@ typedef enum fusedk_arg_kind {
   FUSEDK_ARG_OUT_OPT = 3
 } fusedk_arg_kind;
 
+/* How an argument's shape relates to the op's reference tensor: the first ROW input (x; the
+   error messages name it). Leading dims of the ROW tensors flatten jointly into rows. */
+typedef enum fusedk_arg_role {
+  FUSEDK_ROLE_ROW = 0,          /* the reference's shape [..., D] */
+  FUSEDK_ROLE_COLUMN = 1,       /* [D], contiguous: a per-column operand (weight, bias) */
+  FUSEDK_ROLE_SAMPLE = 2        /* [B, D] of a [B, L, D] op, any row stride (0 broadcasts) */
+} fusedk_arg_role;
+
 typedef enum fusedk_attr_type {
   FUSEDK_ATTR_F32 = 0,          /* a float (eps) */
   FUSEDK_ATTR_I32 = 1           /* an int, flag or enum (norm, exact) */
@@ -281,6 +305,7 @@ typedef struct fusedk_op_tensor {
   int32_t kind;                 /* fusedk_arg_kind */
   int32_t like;                 /* outputs: the input they copy shape/dtype/device from; else -1 */
   int32_t when;                 /* FUSEDK_ARG_OUT_OPT: the optional input that makes it exist; else -1 */
+  int32_t role;                 /* fusedk_arg_role */
 } fusedk_op_tensor;
 
 typedef struct fusedk_op_attr {
@@ -293,6 +318,7 @@ typedef struct fusedk_op {
   const char *name;             /* the C function without its fusedk_ prefix */
   int32_t n_tensors;
   int32_t n_attrs;
+  int32_t row_ndim;             /* 0: rows of any rank [..., D]; 3: exactly [B, L, D] */
   fusedk_op_tensor tensors[8];  /* FUSEDK_OP_MAX_TENSORS */
   fusedk_op_attr attrs[4];      /* FUSEDK_OP_MAX_ATTRS */
 } fusedk_op;
@@ -332,6 +358,7 @@ typedef struct fusedk__rows {
      n    = n * tanh(gate)                                 (optional)
      y    = base + n                                       (base optional)                  */
 typedef struct fusedk__norm_args {
+  int32_t op;       /* fusedk_op_id: which kernel variant runs (never inferred from NULLs) */
   int32_t scalar;   /* fusedk_scalar */
   int32_t rms;      /* 1: RMSNorm statistics, 0: LayerNorm */
   int32_t exact;    /* Mochi's PyTorch rounding points (gate and base) */
@@ -388,10 +415,18 @@ extern "C" {
 #define FUSEDK__TLS __thread
 #endif
 
+/* The array sizes of the public structs (plain numbers there: the cffi cdef reads that section)
+   against the limits they stand for. */
+#define FUSEDK__DLPACK_DIMS (int)(sizeof(((fusedk_dlpack *)0)->shape) / sizeof(int64_t))
+#define FUSEDK__ASSERT(name, cond) typedef char fusedk__assert_##name[(cond) ? 1 : -1]
+FUSEDK__ASSERT(dlpack_dims, sizeof(((fusedk_dlpack *)0)->shape) / sizeof(int64_t) >= FUSEDK_MAX_DIMS);
+FUSEDK__ASSERT(op_tensors, sizeof(((fusedk_op *)0)->tensors) / sizeof(fusedk_op_tensor) == FUSEDK_OP_MAX_TENSORS);
+FUSEDK__ASSERT(op_attrs, sizeof(((fusedk_op *)0)->attrs) / sizeof(fusedk_op_attr) == FUSEDK_OP_MAX_ATTRS);
+
 #define FUSEDK__STR2(x) #x
 #define FUSEDK__STR(x) FUSEDK__STR2(x)
 
-/* --- errors --------------------------------------------------------------------------- */
+/* --- [errors] ------------------------------------------------------------------------- */
 
 static FUSEDK__TLS char fusedk__reason[512];
 
@@ -456,7 +491,7 @@ size_t fusedk__cuda_info(char *buf, size_t size) {
 
 FUSEDK_DEF int fusedk_cuda_device_count(void) { return fusedk__cuda_device_count(); }
 
-/* --- tensors -------------------------------------------------------------------------- */
+/* --- [tensors] dtypes, strides, the per-argument checks --------------------------------- */
 
 FUSEDK_DEF fusedk_dtype fusedk_dtype_of(fusedk_scalar s) {
   fusedk_dtype d;
@@ -533,6 +568,7 @@ static char *fusedk__shape_str(const fusedk_tensor *t, char *buf, size_t n) {
 /* One call's validation context: the op name, the reference tensor (x) and the device. */
 typedef struct fusedk__check {
   const char *op;
+  const char *ref; /* the reference tensor's name: other tensors take its dtype and device */
   int scalar;
   fusedk_device dev;
 } fusedk__check;
@@ -566,13 +602,13 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
                           "CUDA host (3) or CUDA managed (13)", c->op, name, (int)t->device.device_type);
   } else {
     if (s != c->scalar)
-      return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s (the dtype of x)", c->op, name,
-                          fusedk__scalar_name(s), fusedk__scalar_name(c->scalar));
+      return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s (the dtype of %s)", c->op, name,
+                          fusedk__scalar_name(s), fusedk__scalar_name(c->scalar), c->ref);
     int g0 = fusedk__is_gpu(c->dev.device_type), g1 = fusedk__is_gpu(t->device.device_type);
     int known = g1 || t->device.device_type == FUSEDK_DEVICE_CPU || t->device.device_type == FUSEDK_DEVICE_CUDA_HOST;
     if (!known || g0 != g1 || (g0 && t->device.device_id != c->dev.device_id))
-      return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: %s is on device (%d, %d), expected the device of x (%d, %d)",
-                          c->op, name, (int)t->device.device_type, (int)t->device.device_id,
+      return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: %s is on device (%d, %d), expected the device of %s (%d, %d)",
+                          c->op, name, (int)t->device.device_type, (int)t->device.device_id, c->ref,
                           (int)c->dev.device_type, (int)c->dev.device_id);
   }
   int64_t n = 1;
@@ -629,23 +665,40 @@ static void *fusedk__base(const fusedk_tensor *t) {
   return t ? (void *)((char *)t->data + t->byte_offset) : NULL;
 }
 
-/* A per-sample vector [B, D] (stride 0 in dim 0 broadcasts) or a [D] weight (contiguous). */
-static fusedk_status fusedk__vector_arg(fusedk__check *c, const fusedk_tensor *t, const char *name, int64_t B,
-                                        int64_t D, int required, fusedk__rows *out) {
-  int present;
-  fusedk_status st = fusedk__check_tensor(c, t, name, required, &present);
-  memset(out, 0, sizeof *out);
-  if (st || !present) return st;
-  int64_t shape[2] = {B, D};
-  if (B < 0) {
-    if ((st = fusedk__check_shape(c, t, name, 1, shape + 1, "last dim of x"))) return st;
-  } else {
-    if ((st = fusedk__check_shape(c, t, name, 2, shape, "[B, D] of x"))) return st;
-    out->sb = fusedk__stride(t, 0);
-  }
-  out->p = fusedk__base(t);
-  return FUSEDK_OK;
-}
+/* --- [registry] each op's arguments once (C order, kind, role); [validate] one routine --- */
+
+#define FUSEDK__IN(n, role) {n, FUSEDK_ARG_IN, -1, -1, role}
+#define FUSEDK__OPT(n, role) {n, FUSEDK_ARG_IN_OPT, -1, -1, role}
+#define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_ROW}
+#define FUSEDK__EPS(v) {"eps", FUSEDK_ATTR_F32, v}
+#define FUSEDK__ROW FUSEDK_ROLE_ROW
+#define FUSEDK__COL FUSEDK_ROLE_COLUMN
+#define FUSEDK__SMP FUSEDK_ROLE_SAMPLE
+static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
+    {"rmsnorm", 5, 1, 0,
+     {FUSEDK__OUT("y", 2), {"residual_out", FUSEDK_ARG_OUT_OPT, 2, 3, FUSEDK__ROW}, FUSEDK__IN("x", FUSEDK__ROW),
+      FUSEDK__OPT("residual", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL)},
+     {FUSEDK__EPS(1e-6)}},
+    {"layernorm", 4, 1, 0,
+     {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL),
+      FUSEDK__OPT("bias", FUSEDK__COL)},
+     {FUSEDK__EPS(1e-5)}},
+    {"adaln", 6, 2, 3,
+     {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("scale", FUSEDK__SMP),
+      FUSEDK__IN("shift", FUSEDK__SMP), FUSEDK__OPT("weight", FUSEDK__COL), FUSEDK__OPT("bias", FUSEDK__COL)},
+     {{"norm", FUSEDK_ATTR_I32, FUSEDK_NORM_LAYER}, FUSEDK__EPS(1e-6)}},
+    {"residual_tanh_gated_rmsnorm", 4, 2, 3,
+     {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("x_res", FUSEDK__ROW),
+      FUSEDK__IN("gate", FUSEDK__SMP)},
+     {FUSEDK__EPS(1e-6), {"exact", FUSEDK_ATTR_I32, 1}}},
+};
+#undef FUSEDK__IN
+#undef FUSEDK__OPT
+#undef FUSEDK__OUT
+#undef FUSEDK__EPS
+#undef FUSEDK__ROW
+#undef FUSEDK__COL
+#undef FUSEDK__SMP
 
 /* Merges the leading dims of the row tensors (all of shape `ref`) jointly: adjacent dims merge
    where every tensor's strides allow it. Returns the number of levels, outermost first. */
@@ -665,35 +718,97 @@ static int fusedk__levels(const fusedk_tensor *ref, int n, const fusedk_tensor *
   return m;
 }
 
-/* Flattens the leading dims into [B, L] rows; fails if more than two levels remain. */
-static fusedk_status fusedk__rows_of(const fusedk__check *c, const fusedk_tensor *ref, int n,
-                                     const fusedk_tensor *const *ts, const char *const *names,
-                                     fusedk__rows *out, int64_t *B, int64_t *L) {
-  int64_t size[FUSEDK_MAX_DIMS], st[4][FUSEDK_MAX_DIMS];
-  int m = fusedk__levels(ref, n, ts, size, st);
+/* One validated call, family-neutral: the op, dtype and device (c), the row geometry (B rows of
+   L rows of D elements) and each argument by registry index: ROW tensors as [B, L] rows,
+   SAMPLE vectors with their row stride (sb), COLUMN vectors as a pointer. r[i].p == NULL: absent. */
+typedef struct fusedk__rowset {
+  fusedk__check c;
+  int64_t B, L, D;
+  fusedk__rows r[FUSEDK_OP_MAX_TENSORS];
+} fusedk__rowset;
+
+/* Flattens the leading dims of the ROW tensors into [B, L] rows; fails if more than two levels
+   remain. */
+static fusedk_status fusedk__flatten_rows(const fusedk_op *o, const fusedk_tensor *const *t, int ref,
+                                          fusedk__rowset *s) {
+  const fusedk_tensor *rows[FUSEDK_OP_MAX_TENSORS] = {0};
+  int64_t size[FUSEDK_MAX_DIMS], st[FUSEDK_OP_MAX_TENSORS][FUSEDK_MAX_DIMS];
+  for (int k = 0; k < o->n_tensors; ++k) rows[k] = o->tensors[k].role == FUSEDK_ROLE_ROW ? t[k] : NULL;
+  int m = fusedk__levels(t[ref], o->n_tensors, rows, size, st);
   if (m > 2) {
     char shp[160];
     int who = -1; /* a tensor that cannot flatten on its own, else they cannot jointly */
-    for (int k = 0; k < n && who < 0; ++k)
-      if (ts[k] && fusedk__levels(ref, 1, &ts[k], size, st) > 2) who = k;
+    for (int k = 0; k < o->n_tensors && who < 0; ++k)
+      if (rows[k] && fusedk__levels(t[ref], 1, &rows[k], size, st) > 2) who = k;
     return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: the leading dims of %s (shape %s) have strides that do not "
                         "flatten to at most two levels of rows; pass views with mergeable leading dims",
-                        c->op, who >= 0 ? names[who] : "the row tensors jointly",
-                        fusedk__shape_str(ref, shp, sizeof shp));
+                        o->name, who >= 0 ? o->tensors[who].name : "the row tensors jointly",
+                        fusedk__shape_str(t[ref], shp, sizeof shp));
   }
-  *B = m == 2 ? size[0] : 1;
-  *L = m >= 1 ? size[m - 1] : 1;
-  for (int k = 0; k < n; ++k) {
-    memset(&out[k], 0, sizeof out[k]);
-    if (!ts[k]) continue;
-    out[k].p = fusedk__base(ts[k]);
-    out[k].sb = m == 2 ? st[k][0] : 0;
-    out[k].sl = m >= 1 ? st[k][m - 1] : 0;
-  }
+  s->B = m == 2 ? size[0] : 1;
+  s->L = m >= 1 ? size[m - 1] : 1;
+  for (int k = 0; k < o->n_tensors; ++k)
+    if (rows[k]) {
+      s->r[k].sb = m == 2 ? st[k][0] : 0;
+      s->r[k].sl = m >= 1 ? st[k][m - 1] : 0;
+    }
   return FUSEDK_OK;
 }
 
-/* --- numerics: conversions with round-to-nearest-even ----------------------------------- */
+/* Checks every argument of op `o` against its registry entry, in one place: presence, dtype and
+   device (the reference's), alignment, contiguous last dim, shape by role, outputs that do not
+   broadcast, optional outputs only with their input. Fills s. */
+static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *const *t, fusedk__rowset *s) {
+  memset(s, 0, sizeof *s);
+  int ref = 0;
+  while (ref < o->n_tensors && (o->tensors[ref].role != FUSEDK_ROLE_ROW || o->tensors[ref].kind >= FUSEDK_ARG_OUT))
+    ++ref;
+  const char *xn = o->tensors[ref].name;
+  s->c.op = o->name, s->c.ref = xn, s->c.scalar = -1;
+  int present;
+  fusedk_status st = fusedk__check_tensor(&s->c, t[ref], xn, 1, &present);
+  if (st) return st;
+  const fusedk_tensor *x = t[ref];
+  if (o->row_ndim && x->ndim != o->row_ndim)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has ndim %d, expected %d ([B, L, D])", o->name, xn, (int)x->ndim,
+                        (int)o->row_ndim);
+  s->D = x->shape[x->ndim - 1];
+  if (s->D < 1) return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has last dim 0, expected >= 1", o->name, xn);
+  const int64_t B = x->shape[0], bd[2] = {B, s->D};
+  for (int i = 0; i < o->n_tensors; ++i) {
+    const fusedk_op_tensor *a = &o->tensors[i];
+    if (i != ref) {
+      const int required = a->kind == FUSEDK_ARG_IN || a->kind == FUSEDK_ARG_OUT;
+      if ((st = fusedk__check_tensor(&s->c, t[i], a->name, required, &present))) return st;
+      if (!present) continue;
+      if (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])
+        return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is given but %s is NULL, expected both or neither",
+                            o->name, a->name, o->tensors[a->when].name);
+      char why[48];
+      if (a->role == FUSEDK_ROLE_ROW) {
+        snprintf(why, sizeof why, "same as %s", xn);
+        st = fusedk__check_shape(&s->c, t[i], a->name, x->ndim, x->shape, why);
+      } else if (a->role == FUSEDK_ROLE_COLUMN) {
+        snprintf(why, sizeof why, "last dim of %s", xn);
+        st = fusedk__check_shape(&s->c, t[i], a->name, 1, bd + 1, why);
+      } else {
+        snprintf(why, sizeof why, "[B, D] of %s", xn);
+        st = fusedk__check_shape(&s->c, t[i], a->name, 2, bd, why);
+        s->r[i].sb = fusedk__stride(t[i], 0);
+      }
+      if (st || (a->kind >= FUSEDK_ARG_OUT && (st = fusedk__check_output(&s->c, t[i], a->name)))) return st;
+    }
+    s->r[i].p = fusedk__base(t[i]);
+  }
+  if (o->row_ndim != 3) return fusedk__flatten_rows(o, t, ref, s);
+  s->B = B, s->L = x->shape[1]; /* [B, L, D]: B stays, the per-sample vectors index it */
+  for (int i = 0; i < o->n_tensors; ++i)
+    if (t[i] && o->tensors[i].role == FUSEDK_ROLE_ROW)
+      s->r[i].sb = fusedk__stride(t[i], 0), s->r[i].sl = fusedk__stride(t[i], 1);
+  return FUSEDK_OK;
+}
+
+/* --- [numerics] conversions with round-to-nearest-even ---------------------------------- */
 
 static float fusedk__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t fusedk__f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -746,7 +861,7 @@ static void fusedk__store(void *p, int64_t i, double v, int s) {
   ((uint16_t *)p)[i] = (uint16_t)(fusedk__f32_bits((float)fusedk__round_prec(v, 8, -126)) >> 16);
 }
 
-/* --- normalization family: CPU reference ------------------------------------------------ */
+/* --- [norm] CPU reference and entry points ---------------------------------------------- */
 
 static void *fusedk__at(const fusedk__rows *r, int64_t b, int64_t l, int s) {
   return (char *)r->p + (b * r->sb + l * r->sl) * (int64_t)fusedk__scalar_size(s);
@@ -816,170 +931,78 @@ static fusedk_status fusedk__norm_run(const fusedk__check *c, fusedk__norm_args 
   return FUSEDK_OK;
 }
 
-/* Validates the shared shape of the row tensors: ts[0] is x (the reference), the rest must match
-   its shape; outputs (is_out) must not broadcast. Fills rows[], B, L and D. */
-static fusedk_status fusedk__row_tensors(fusedk__check *c, int n, const fusedk_tensor *const *ts,
-                                         const char *const *names, const int *required, const int *is_out,
-                                         int want_ndim, fusedk__rows *rows, fusedk__norm_args *a) {
-  fusedk_status st;
-  int present;
-  for (int k = 0; k < n; ++k) {
-    if ((st = fusedk__check_tensor(c, ts[k], names[k], required[k], &present))) return st;
-    if (!present) continue;
-    if (k == 0) {
-      if (want_ndim && ts[0]->ndim != want_ndim)
-        return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: x has ndim %d, expected %d ([B, L, D])", c->op,
-                            (int)ts[0]->ndim, want_ndim);
-      if (ts[0]->shape[ts[0]->ndim - 1] < 1)
-        return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: x has last dim 0, expected >= 1", c->op);
-    } else if ((st = fusedk__check_shape(c, ts[k], names[k], ts[0]->ndim, ts[0]->shape, "same as x"))) {
-      return st;
-    }
-    if (is_out[k] && (st = fusedk__check_output(c, ts[k], names[k]))) return st;
-  }
-  a->scalar = c->scalar;
-  a->D = ts[0]->shape[ts[0]->ndim - 1];
-  if (want_ndim == 3) { /* [B, L, D]: keep B, the per-sample vectors index it */
-    a->B = ts[0]->shape[0];
-    a->L = ts[0]->shape[1];
-    for (int k = 0; k < n; ++k) {
-      memset(&rows[k], 0, sizeof rows[k]);
-      if (!ts[k]) continue;
-      rows[k].p = fusedk__base(ts[k]);
-      rows[k].sb = fusedk__stride(ts[k], 0);
-      rows[k].sl = fusedk__stride(ts[k], 1);
-    }
-    return FUSEDK_OK;
-  }
-  return fusedk__rows_of(c, ts[0], n, ts, names, rows, &a->B, &a->L);
+/* The norm arguments of a validated call of registry op `op`. */
+static fusedk__norm_args fusedk__norm_of(const fusedk__rowset *s, int op, float eps) {
+  fusedk__norm_args a;
+  memset(&a, 0, sizeof a);
+  a.op = op, a.scalar = s->c.scalar, a.eps = eps;
+  a.B = s->B, a.L = s->L, a.D = s->D;
+  return a;
 }
 
 FUSEDK_DEF fusedk_status fusedk_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *residual_out,
                                         const fusedk_tensor *x, const fusedk_tensor *residual,
                                         const fusedk_tensor *weight, float eps, struct CUstream_st *stream) {
-  fusedk__check c = {"rmsnorm", -1, {0, 0}};
-  fusedk__norm_args a;
-  memset(&a, 0, sizeof a);
-  const fusedk_tensor *ts[4] = {x, y, residual, residual_out};
-  const char *names[4] = {"x", "y", "residual", "residual_out"};
-  const int req[4] = {1, 1, 0, 0}, out[4] = {0, 1, 0, 1};
-  fusedk__rows rows[4];
-  fusedk_status st = fusedk__row_tensors(&c, 4, ts, names, req, out, 0, rows, &a);
-  if (st) return st;
-  if (residual_out && !residual)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "rmsnorm: residual_out is given but residual is NULL; "
-                        "residual_out receives x + residual");
-  fusedk__rows w;
-  if ((st = fusedk__vector_arg(&c, weight, "weight", -1, a.D, 0, &w))) return st;
-  a.weight = w.p;
-  if ((st = fusedk__check_eps(&c, eps))) return st;
-  a.x = rows[0], a.y = rows[1], a.res = rows[2], a.res_out = rows[3];
+  const fusedk_tensor *t[] = {y, residual_out, x, residual, weight};
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_RMSNORM], t, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
+  fusedk__norm_args a = fusedk__norm_of(&s, FUSEDK_OP_RMSNORM, eps);
+  a.y = s.r[0], a.res_out = s.r[1], a.x = s.r[2], a.res = s.r[3], a.weight = s.r[4].p;
   a.rms = 1;
-  a.eps = eps;
-  return fusedk__norm_run(&c, &a, stream);
-}
-
-/* x and y as rows (want_ndim 0: any leading dims; 3: [B, L, D]) with the optional affine
-   weight and bias [D]: the arguments layernorm and adaln share. */
-static fusedk_status fusedk__affine_rows(fusedk__check *c, const fusedk_tensor *y, const fusedk_tensor *x,
-                                         const fusedk_tensor *weight, const fusedk_tensor *bias, int want_ndim,
-                                         fusedk__norm_args *a) {
-  const fusedk_tensor *ts[2] = {x, y};
-  const char *names[2] = {"x", "y"};
-  const int req[2] = {1, 1}, out[2] = {0, 1};
-  fusedk__rows rows[2], w, bi;
-  fusedk_status st = fusedk__row_tensors(c, 2, ts, names, req, out, want_ndim, rows, a);
-  if (st) return st;
-  if ((st = fusedk__vector_arg(c, weight, "weight", -1, a->D, 0, &w))) return st;
-  if ((st = fusedk__vector_arg(c, bias, "bias", -1, a->D, 0, &bi))) return st;
-  a->x = rows[0], a->y = rows[1];
-  a->weight = w.p, a->bias = bi.p;
-  return FUSEDK_OK;
+  return fusedk__norm_run(&s.c, &a, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_layernorm(const fusedk_tensor *y, const fusedk_tensor *x,
                                           const fusedk_tensor *weight, const fusedk_tensor *bias, float eps,
                                           struct CUstream_st *stream) {
-  fusedk__check c = {"layernorm", -1, {0, 0}};
-  fusedk__norm_args a;
-  memset(&a, 0, sizeof a);
-  fusedk_status st = fusedk__affine_rows(&c, y, x, weight, bias, 0, &a);
-  if (st || (st = fusedk__check_eps(&c, eps))) return st;
-  a.eps = eps;
-  return fusedk__norm_run(&c, &a, stream);
+  const fusedk_tensor *t[] = {y, x, weight, bias};
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LAYERNORM], t, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
+  fusedk__norm_args a = fusedk__norm_of(&s, FUSEDK_OP_LAYERNORM, eps);
+  a.y = s.r[0], a.x = s.r[1], a.weight = s.r[2].p, a.bias = s.r[3].p;
+  return fusedk__norm_run(&s.c, &a, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *scale,
                                       const fusedk_tensor *shift, fusedk_norm norm, const fusedk_tensor *weight,
                                       const fusedk_tensor *bias, float eps, struct CUstream_st *stream) {
-  fusedk__check c = {"adaln", -1, {0, 0}};
-  fusedk__norm_args a;
-  memset(&a, 0, sizeof a);
-  fusedk_status st = fusedk__affine_rows(&c, y, x, weight, bias, 3, &a);
+  const fusedk_tensor *t[] = {y, x, scale, shift, weight, bias};
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_ADALN], t, &s);
   if (st) return st;
-  if ((st = fusedk__vector_arg(&c, scale, "scale", a.B, a.D, 1, &a.scale))) return st;
-  if ((st = fusedk__vector_arg(&c, shift, "shift", a.B, a.D, 1, &a.shift))) return st;
   if (norm != FUSEDK_NORM_LAYER && norm != FUSEDK_NORM_RMS)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: norm is %d, expected FUSEDK_NORM_LAYER (0) or "
                         "FUSEDK_NORM_RMS (1)", (int)norm);
   if (bias && norm == FUSEDK_NORM_RMS)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: bias is given with FUSEDK_NORM_RMS, expected NULL "
                         "(RMSNorm has no bias)");
-  if ((st = fusedk__check_eps(&c, eps))) return st;
+  if ((st = fusedk__check_eps(&s.c, eps))) return st;
+  fusedk__norm_args a = fusedk__norm_of(&s, FUSEDK_OP_ADALN, eps);
+  a.y = s.r[0], a.x = s.r[1], a.scale = s.r[2], a.shift = s.r[3], a.weight = s.r[4].p, a.bias = s.r[5].p;
   a.rms = norm == FUSEDK_NORM_RMS;
-  a.eps = eps;
-  return fusedk__norm_run(&c, &a, stream);
+  return fusedk__norm_run(&s.c, &a, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *x,
                                                             const fusedk_tensor *x_res, const fusedk_tensor *gate,
                                                             float eps, int exact, struct CUstream_st *stream) {
-  fusedk__check c = {"residual_tanh_gated_rmsnorm", -1, {0, 0}};
-  fusedk__norm_args a;
-  memset(&a, 0, sizeof a);
-  const fusedk_tensor *ts[3] = {x, y, x_res};
-  const char *names[3] = {"x", "y", "x_res"};
-  const int req[3] = {1, 1, 1}, out[3] = {0, 1, 0};
-  fusedk__rows rows[3];
-  fusedk_status st = fusedk__row_tensors(&c, 3, ts, names, req, out, 3, rows, &a);
-  if (st) return st;
-  if ((st = fusedk__vector_arg(&c, gate, "gate", a.B, a.D, 1, &a.gate))) return st;
-  if ((st = fusedk__check_eps(&c, eps))) return st;
+  const fusedk_tensor *t[] = {y, x, x_res, gate};
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM], t, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
   if (exact != 0 && exact != 1)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "residual_tanh_gated_rmsnorm: exact is %d, expected 0 or 1",
                         exact);
-  a.base = rows[0], a.y = rows[1], a.x = rows[2]; /* x_res is normalized, x is added after */
+  fusedk__norm_args a = fusedk__norm_of(&s, FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM, eps);
+  a.y = s.r[0], a.base = s.r[1], a.x = s.r[2], a.gate = s.r[3]; /* x_res is normalized, x added after */
   a.rms = 1;
   a.exact = exact;
-  a.eps = eps;
-  return fusedk__norm_run(&c, &a, stream);
+  return fusedk__norm_run(&s.c, &a, stream);
 }
 
-/* --- the op registry ------------------------------------------------------------------------ */
-
-#define FUSEDK__IN(n) {n, FUSEDK_ARG_IN, -1, -1}
-#define FUSEDK__OPT(n) {n, FUSEDK_ARG_IN_OPT, -1, -1}
-#define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1}
-#define FUSEDK__EPS(v) {"eps", FUSEDK_ATTR_F32, v}
-static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
-    {"rmsnorm", 5, 1,
-     {FUSEDK__OUT("y", 2), {"residual_out", FUSEDK_ARG_OUT_OPT, 2, 3}, FUSEDK__IN("x"), FUSEDK__OPT("residual"),
-      FUSEDK__OPT("weight")},
-     {FUSEDK__EPS(1e-6)}},
-    {"layernorm", 4, 1, {FUSEDK__OUT("y", 1), FUSEDK__IN("x"), FUSEDK__OPT("weight"), FUSEDK__OPT("bias")},
-     {FUSEDK__EPS(1e-5)}},
-    {"adaln", 6, 2,
-     {FUSEDK__OUT("y", 1), FUSEDK__IN("x"), FUSEDK__IN("scale"), FUSEDK__IN("shift"), FUSEDK__OPT("weight"),
-      FUSEDK__OPT("bias")},
-     {{"norm", FUSEDK_ATTR_I32, FUSEDK_NORM_LAYER}, FUSEDK__EPS(1e-6)}},
-    {"residual_tanh_gated_rmsnorm", 4, 2,
-     {FUSEDK__OUT("y", 1), FUSEDK__IN("x"), FUSEDK__IN("x_res"), FUSEDK__IN("gate")},
-     {FUSEDK__EPS(1e-6), {"exact", FUSEDK_ATTR_I32, 1}}},
-};
-#undef FUSEDK__IN
-#undef FUSEDK__OPT
-#undef FUSEDK__OUT
-#undef FUSEDK__EPS
+/* --- [registry] lookup and the generic call ------------------------------------------------ */
 
 FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i) {
   return i >= 0 && i < FUSEDK_OP_COUNT ? &fusedk__ops[i] : NULL;
@@ -1006,7 +1029,7 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
   return FUSEDK_ERR_INVALID_ARGUMENT;
 }
 
-/* --- DLPack allocations and streams ------------------------------------------------------ */
+/* --- [dlpack] allocations and streams ---------------------------------------------------- */
 
 static void fusedk__dlpack_release(fusedk_dlpack *h) {
   if (!h) return;
@@ -1027,8 +1050,9 @@ FUSEDK_DEF fusedk_status fusedk_dlpack_alloc(fusedk_device device, fusedk_dtype 
                                              const int64_t *shape, struct CUstream_st *stream,
                                              fusedk_dlpack **out) {
   if (!out) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "dlpack_alloc: out is NULL");
-  if (ndim < 0 || ndim > 8 || (ndim > 0 && !shape))
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "dlpack_alloc: ndim is %d, expected 0..8 with a shape", (int)ndim);
+  if (ndim < 0 || ndim > FUSEDK__DLPACK_DIMS || (ndim > 0 && !shape))
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "dlpack_alloc: ndim is %d, expected 0..%d with a shape", (int)ndim,
+                        FUSEDK__DLPACK_DIMS);
   int s = fusedk__scalar_of(dtype);
   if (s < 0) return fusedk__fail(FUSEDK_ERR_DTYPE, "dlpack_alloc: unsupported dtype");
   size_t n = 1;
@@ -1081,7 +1105,7 @@ FUSEDK_DEF fusedk_status fusedk_stream_wait(int32_t device_id, struct CUstream_s
   return fusedk__cuda_stream_wait(device_id, producer, consumer);
 }
 
-/* --- kernel_info ---------------------------------------------------------------------------- */
+/* --- [info] kernel_info ------------------------------------------------------------------- */
 
 FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size) {
   char tmp[4096];

@@ -4,13 +4,19 @@
 //             -gencode=arch=compute_80,code=[sm_80,compute_80] -c fusedk_kernels.cu
 // and define FUSEDK_CUDA in the file that defines FUSEDK_IMPLEMENTATION (see fusedk.h). The
 // public entry points live in the header; they validate every argument and hand this file a
-// plain, already-checked argument struct, so nothing here re-validates tensors.
+// plain, already-checked argument struct naming the op, so nothing here re-validates tensors
+// or guesses which op it runs.
 //
-// defines:
-//   runtime glue ....... fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_info,
-//                        fusedk__cuda_device_count
-//   normalization ...... norm_rows_kernel (rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm),
-//                        fusedk__cuda_norm (launcher)
+// CONTENTS (each section opens with its tag; fusedk.h, tests/ and bench/ use the same tags)
+//   [runtime]   errors, device guard, per-device attributes, the >48 KB shared-memory opt-in
+//   [dispatch]  a compile-time variant from a runtime value: element type, power-of-two widths
+//   [numerics]  float <-> float32 conversions, rounding points
+//   [memory]    16-byte vectors; loads and stores named by cache policy; per-thread row walks
+//   [reduce]    warp and row-group sums
+//   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows_kernel and
+//               fusedk__cuda_norm (launcher); the tuning hook (FUSEDK_TUNING builds only)
+//   [entry]     fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count,
+//               fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
 
@@ -26,7 +32,7 @@
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Runtime glue
+// [runtime] errors, device guard, per-device attributes, launch attributes
 // ---------------------------------------------------------------------------------------------
 
 fusedk_status cuda_fail(cudaError_t e, const char *op, const char *what) {
@@ -48,8 +54,68 @@ struct DeviceGuard {
   }
 };
 
+constexpr int kMaxDevices = 64; // per-device caches below; other ordinals take the defaults
+
+// The most shared memory a block of this device may opt into, read once per device (it never
+// changes; racing readers store the same value). 48 KB where unknown.
+size_t device_smem_optin(int device_id) {
+  static std::atomic<int> optin[kMaxDevices];
+  if (device_id < 0 || device_id >= kMaxDevices) return 48 << 10;
+  int v = optin[device_id].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id) != cudaSuccess ||
+        v < (48 << 10)) {
+      cudaGetLastError(); // not sticky; fall back to the default limit
+      return 48 << 10;
+    }
+    optin[device_id].store(v, std::memory_order_relaxed);
+  }
+  return (size_t)v;
+}
+
+// Shared memory beyond 48 KB a block (dynamic `smem` + the kernel's static `fixed`) needs the
+// kernel's opt-in attribute (its dynamic part), per kernel and device. Set once per (kernel,
+// device) at the largest size asked so far, not on every launch.
+template <auto Kernel> cudaError_t smem_opt_in(size_t smem, size_t fixed, int device_id) {
+  static std::atomic<int> set[kMaxDevices];
+  if (smem + fixed <= (48 << 10)) return cudaSuccess;
+  const bool cached = device_id >= 0 && device_id < kMaxDevices;
+  if (cached && (size_t)set[device_id].load(std::memory_order_relaxed) >= smem) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess && cached) {
+    int cur = set[device_id].load(std::memory_order_relaxed);
+    while (cur < (int)smem && !set[device_id].compare_exchange_weak(cur, (int)smem)) {
+    }
+  }
+  return e;
+}
+
 // ---------------------------------------------------------------------------------------------
-// Element types and 16-byte vectors
+// [dispatch] a compile-time variant from a runtime value
+// ---------------------------------------------------------------------------------------------
+
+template <typename T> struct type_tag { using type = T; };
+template <int N> using int_c = std::integral_constant<int, N>;
+
+// f(type_tag<T>) with T the element type of fusedk scalar s.
+template <typename F> cudaError_t dispatch_scalar(int s, F &&f) {
+  switch (s) {
+    case FUSEDK_F32: return f(type_tag<float>());
+    case FUSEDK_F16: return f(type_tag<__half>());
+    case FUSEDK_BF16: return f(type_tag<__nv_bfloat16>());
+  }
+  return cudaErrorInvalidValue;
+}
+
+// f(int_c<n>) where n is one of Ns, else f(int_c<Default>).
+template <int Default, int... Ns, typename F> cudaError_t dispatch_int(int n, F &&f) {
+  cudaError_t e = cudaSuccess;
+  if (!((n == Ns ? (e = f(int_c<Ns>()), true) : false) || ...)) e = f(int_c<Default>());
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [numerics] element types <-> float32
 // ---------------------------------------------------------------------------------------------
 
 template <typename T> __device__ __forceinline__ float to_f32(T v);
@@ -64,6 +130,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 
 // v rounded to T and back: the rounding points of exact mode
 template <typename T> __device__ __forceinline__ float round_to(float v) { return to_f32<T>(from_f32<T>(v)); }
+
+// ---------------------------------------------------------------------------------------------
+// [memory] 16-byte vectors, loads and stores named by cache policy, per-thread row walks
+// ---------------------------------------------------------------------------------------------
 
 // VEC elements of T as raw 32-bit words (one 16-bit element in the low half for the scalar
 // path of 16-bit types): 16 bytes are four registers whatever T is, and a cached row costs
@@ -125,7 +195,9 @@ __device__ __forceinline__ void st_cs(void *p, uint32_t a, uint32_t b, uint32_t 
   asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d));
 }
 
-template <typename T, int VEC> __device__ __forceinline__ void store(T *p, const float (&in)[VEC]) {
+// Streaming store of VEC floats as T: 16 bytes as one st.global.cs (evict-first: outputs are not
+// re-read by this kernel); single elements as plain stores.
+template <typename T, int VEC> __device__ __forceinline__ void store_cs(T *p, const float (&in)[VEC]) {
   if constexpr (sizeof(T) == 2 && VEC == 8) {
     st_cs(p, pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]), pack2<T>(in[4], in[5]), pack2<T>(in[6], in[7]));
   } else if constexpr (sizeof(T) == 4 && VEC == 4) {
@@ -140,8 +212,62 @@ template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, in
   return static_cast<T *>(r.p) + b * r.sb + l * r.sl;
 }
 
+inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+
+template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, F &&f) {
+  const int t = threadIdx.x;
+  if constexpr (NV > 0) {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int j = t + k * G; // < 16 * 1024: cached rows are short
+      if (j < nvec) f(k, (int64_t)j);
+    }
+  } else {
+    for (int64_t j = t; j < nvec; j += G) f(0, j);
+  }
+}
+
+// An empty asm on the cached words: the compiler may no longer convert them early or reuse
+// floats converted in an earlier pass, so only the packed words stay live.
+template <typename T, int VEC> __device__ __forceinline__ Raw<T, VEC> opaque(Raw<T, VEC> r) {
+#pragma unroll
+  for (int i = 0; i < (int)(sizeof(r) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
+  return r;
+}
+
 // ---------------------------------------------------------------------------------------------
-// Normalization family: one kernel for rmsnorm, layernorm, adaln and Mochi's gated residual.
+// [reduce] warp and row-group sums
+// ---------------------------------------------------------------------------------------------
+
+// Butterfly sum over aligned groups of `width` lanes (a power of two <= 32): every lane of a
+// group gets its group's sum. Unrolled; the steps beyond the width are skipped uniformly.
+__device__ __forceinline__ float lanes_sum(float v, int width) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2)
+    if (o < width) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the G threads of a row group. G <= 32: shuffles inside the aligned lane group;
+// G > 32 (a multiple of 32, one group per block row): warp sums, one shared-memory slot per
+// warp, then each warp sums the slots with shuffles (log2(warps) steps).
+__device__ __forceinline__ float group_sum(float v, int G, float *smem) {
+  v = lanes_sum(v, G < 32 ? G : 32);
+  if (G <= 32) return v;
+  const int warps = G / 32, lane = threadIdx.x & 31;
+  int p2 = 1;
+  while (p2 < warps) p2 *= 2;
+  float *mine = smem + threadIdx.y * warps;
+  if (lane == 0) mine[threadIdx.x / 32] = v;
+  __syncthreads();
+  const int i = lane & (p2 - 1); // each aligned group of p2 lanes reads every slot once
+  return lanes_sum(i < warps ? mine[i] : 0.f, p2);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// [norm] one kernel for rmsnorm, layernorm, adaln and residual_tanh_gated_rmsnorm (Mochi).
 //
 // Launch shape (plan_norm): a group of G threads normalizes one row; a block holds blockDim.y
 // groups. Rows under 32 vectors: an aligned sub-warp per row, sums by shuffles alone. Longer
@@ -181,52 +307,6 @@ constexpr int max_threads(int nv, int vb, int streams) {
   return cache_regs(nv, vb, streams) <= 64 ? 1024 : cache_regs(nv, vb, streams) <= 128 ? 512 : 256;
 }
 constexpr bool fits(int nv, int vb, int streams) { return cache_regs(nv, vb, streams) <= 200; }
-
-// Butterfly sum over aligned groups of `width` lanes (a power of two <= 32): every lane of a
-// group gets its group's sum. Unrolled; the steps beyond the width are skipped uniformly.
-__device__ __forceinline__ float lanes_sum(float v, int width) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2)
-    if (o < width) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the G threads of a row group. G <= 32: shuffles inside the aligned lane group;
-// G > 32 (a multiple of 32, one group per block row): warp sums, one shared-memory slot per
-// warp, then each warp sums the slots with shuffles (log2(warps) steps).
-__device__ __forceinline__ float group_sum(float v, int G, float *smem) {
-  v = lanes_sum(v, G < 32 ? G : 32);
-  if (G <= 32) return v;
-  const int warps = G / 32, lane = threadIdx.x & 31;
-  int p2 = 1;
-  while (p2 < warps) p2 *= 2;
-  float *mine = smem + threadIdx.y * warps;
-  if (lane == 0) mine[threadIdx.x / 32] = v;
-  __syncthreads();
-  const int i = lane & (p2 - 1); // each aligned group of p2 lanes reads every slot once
-  return lanes_sum(i < warps ? mine[i] : 0.f, p2);
-}
-
-template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, F &&f) {
-  const int t = threadIdx.x;
-  if constexpr (NV > 0) {
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int j = t + k * G; // < 16 * 1024: cached rows are short
-      if (j < nvec) f(k, (int64_t)j);
-    }
-  } else {
-    for (int64_t j = t; j < nvec; j += G) f(0, j);
-  }
-}
-
-// An empty asm on the cached words: the compiler may no longer convert them early or reuse
-// floats converted in an earlier pass, so only the packed words stay live.
-template <typename T, int VEC> __device__ __forceinline__ Raw<T, VEC> opaque(Raw<T, VEC> r) {
-#pragma unroll
-  for (int i = 0; i < (int)(sizeof(r) / 4); ++i) asm volatile("" : "+r"(r.w[i]));
-  return r;
-}
 
 extern __shared__ uint4 norm_stage[]; // the shared-memory cache, sized at launch
 constexpr int kRedBytes = 2 * 32 * sizeof(float); // the reduction slots, static shared memory
@@ -373,7 +453,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_s
     float v[VEC], n[VEC], q[VEC];
     row_val(k, j, v);
     const int64_t d = j * VEC;
-    if (RES && ro) store<T, VEC>(ro + d, v);
+    if (RES && ro) store_cs<T, VEC>(ro + d, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) n[i] = LN ? fmaf(v[i] - K, rstd, c) : v[i] * rstd;
     if constexpr (EPI == kAdaLN) { // optional affine inside the norm (rare: not cached), then the modulation
@@ -414,7 +494,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_s
         for (int i = 0; i < VEC; ++i) n[i] += q[i];
       }
     }
-    store<T, VEC>(y + d, n);
+    store_cs<T, VEC>(y + d, n);
   });
 }
 
@@ -446,8 +526,10 @@ NormPlan plan_norm(int64_t nvec, int vb, int streams, int g_max, size_t smem_max
   return NormPlan{0, 512, 1}; // re-read from L2
 }
 
-// bench/tune_norm.py sets a launch shape through fusedk__tune_norm_plan (not API, not thread
-// safe: a measuring aid); one that does not fit the row is ignored. nv = -2 sets only g_max.
+#ifdef FUSEDK_TUNING
+// bench/tune_norm.py sets a launch shape through fusedk__tune_norm_plan (a measuring aid, not
+// API: a process-wide setting, not thread safe); one that does not fit the row is ignored.
+// nv = -2 sets only g_max. Built only with -Dtuning=true (meson), i.e. -DFUSEDK_TUNING.
 NormPlan g_tune_plan{-1, 0, 0};
 
 bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int streams, size_t smem_max) {
@@ -457,6 +539,7 @@ bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int streams, size_t sme
          (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) && (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) &&
          (p.nv == 0 || fits(p.nv, vb, streams)) && stage_bytes(p.nv, vb, streams, p.g * p.rows_per_block) <= smem_max;
 }
+#endif
 
 // One launch: the checked arguments, the row count, the stream, and the most dynamic shared
 // memory a block of this device may take (after the reduction slots).
@@ -465,58 +548,39 @@ struct NormLaunch {
   int64_t rows;
   cudaStream_t s;
   size_t smem_max;
+  int device;
 };
-constexpr size_t kSmemDefault = (48 << 10) - kRedBytes; // beyond 48 KB in all a kernel must opt in
-
-// The device's opt-in limit, read once per device (it never changes; racing readers store the
-// same value).
-size_t stage_limit(int device_id) {
-  static std::atomic<int> optin[64];
-  if (device_id < 0 || device_id >= 64) return kSmemDefault;
-  int v = optin[device_id].load(std::memory_order_relaxed);
-  if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id) != cudaSuccess ||
-        v < (48 << 10)) {
-      cudaGetLastError(); // not sticky; fall back to the default limit
-      return kSmemDefault;
-    }
-    optin[device_id].store(v, std::memory_order_relaxed);
-  }
-  return (size_t)v - kRedBytes;
-}
 
 template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
   constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
-  NormPlan p = plan_norm(nvec, vb, st, g_tune_plan.nv == -2 ? g_tune_plan.g : nvec > 512 ? 256 : 128, L.smem_max);
+  int g_max = nvec > 512 ? 256 : 128;
+#ifdef FUSEDK_TUNING
+  if (g_tune_plan.nv == -2) g_max = g_tune_plan.g;
+#endif
+  NormPlan p = plan_norm(nvec, vb, st, g_max, L.smem_max);
+#ifdef FUSEDK_TUNING
   if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, st, L.smem_max)) p = g_tune_plan;
+#endif
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (L.rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const unsigned gr = (unsigned)grid;
   const size_t smem = stage_bytes(p.nv, vb, st, p.g * p.rows_per_block);
-  cudaError_t e = cudaSuccess;
-  auto go = [&](auto nv) { // instantiates only the cache depths that fit (plan never picks others)
+  const cudaError_t e = dispatch_int<0, 1, 2, 4, 8, 16>(p.nv, [&](auto nv) {
     constexpr int NV = decltype(nv)::value;
-    if constexpr (NV == 0 || fits(NV, vb, st)) {
-      auto kernel = norm_rows_kernel<T, VEC, NV, LN, RES, EPI>;
-      if (smem > kSmemDefault) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (e == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows);
+    if constexpr (NV == 0 || fits(NV, vb, st)) { // only the cache depths that fit (plan never picks others)
+      constexpr auto kernel = norm_rows_kernel<T, VEC, NV, LN, RES, EPI>;
+      const cudaError_t err = smem_opt_in<kernel>(smem, kRedBytes, L.device);
+      if (err == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows);
+      return err;
+    } else {
+      return cudaErrorInvalidConfiguration;
     }
-  };
-  switch (p.nv) {
-    case 1: go(std::integral_constant<int, 1>()); break;
-    case 2: go(std::integral_constant<int, 2>()); break;
-    case 4: go(std::integral_constant<int, 4>()); break;
-    case 8: go(std::integral_constant<int, 8>()); break;
-    case 16: go(std::integral_constant<int, 16>()); break;
-    default: go(std::integral_constant<int, 0>()); break;
-  }
+  });
   return e != cudaSuccess ? e : cudaGetLastError();
 }
-
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // The 16-byte vector path or the scalar one (same kernel, one element per access).
 template <typename T, bool LN, bool RES, int EPI>
@@ -532,34 +596,37 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
   bool vec = a.D % V == 0 && aligned16(a.weight) && aligned16(a.bias);
   for (const fusedk__rows *r : {&a.x, &a.res, &a.res_out, &a.y, &a.base, &a.scale, &a.shift, &a.gate})
     vec = vec && aligned16(r->p) && r->sb % V == 0 && r->sl % V == 0;
-  if (a.gate.p) return launch_epi<T, false, false, kGated>(vec, L);
-  if (a.scale.p) return a.rms ? launch_epi<T, false, false, kAdaLN>(vec, L) : launch_epi<T, true, false, kAdaLN>(vec, L);
-  if (!a.rms) return launch_epi<T, true, false, kAffine>(vec, L);
-  return a.res.p ? launch_epi<T, false, true, kAffine>(vec, L) : launch_epi<T, false, false, kAffine>(vec, L);
+  switch (a.op) {
+    case FUSEDK_OP_RMSNORM:
+      return a.res.p ? launch_epi<T, false, true, kAffine>(vec, L) : launch_epi<T, false, false, kAffine>(vec, L);
+    case FUSEDK_OP_LAYERNORM: return launch_epi<T, true, false, kAffine>(vec, L);
+    case FUSEDK_OP_ADALN:
+      return a.rms ? launch_epi<T, false, false, kAdaLN>(vec, L) : launch_epi<T, true, false, kAdaLN>(vec, L);
+    case FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM: return launch_epi<T, false, false, kGated>(vec, L);
+  }
+  return cudaErrorInvalidValue;
 }
 
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Internal entry points called from fusedk.h's implementation
+// [entry] the internal entry points fusedk.h's implementation calls
 // ---------------------------------------------------------------------------------------------
 extern "C" {
 
+#ifdef FUSEDK_TUNING
 __attribute__((visibility("default"))) void fusedk__tune_norm_plan(int nv, int g, int rows_per_block) {
   g_tune_plan = NormPlan{nv, g, rows_per_block};
 }
+#endif
 
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream) {
   DeviceGuard guard(device_id);
   if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
-  const NormLaunch L{*a, a->B * a->L, stream, stage_limit(device_id)};
-  cudaError_t e = cudaErrorInvalidValue;
-  switch (a->scalar) {
-    case FUSEDK_F32: e = launch_norm<float>(L); break;
-    case FUSEDK_F16: e = launch_norm<__half>(L); break;
-    case FUSEDK_BF16: e = launch_norm<__nv_bfloat16>(L); break;
-  }
+  // the stage may take what the device lets a block opt into, after the reduction slots
+  const NormLaunch L{*a, a->B * a->L, stream, device_smem_optin(device_id) - kRedBytes, device_id};
+  const cudaError_t e = dispatch_scalar(a->scalar, [&](auto t) { return launch_norm<typename decltype(t)::type>(L); });
   return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
 }
 

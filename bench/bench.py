@@ -73,7 +73,7 @@ def err_str(e):
 
 
 # ----------------------------------------------------------------------------------------------
-# Reference formulas (torch) and their JAX twins. eps is a default argument so torch.compile
+# [norm] Reference formulas (torch) and their JAX twins. eps is a default argument so torch.compile
 # sees it as a constant and one compiled function serves every shape and dtype.
 
 def t_rms(x, w, eps=EPS_RMS):

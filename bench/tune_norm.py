@@ -1,6 +1,6 @@
 """Launch-shape sweep for the normalization kernel: times rmsnorm (and layernorm) over
 (cached vectors per thread NV, threads per row G, rows per block) through the internal hook
-fusedk__tune_norm_plan, next to the library's own choice. Timed by bench.py's time_graph (CUDA
+fusedk__tune_norm_plan (built with meson -Dtuning=true), next to the library's own choice. Timed by bench.py's time_graph (CUDA
 events over CUDA-graph replays) cycling input sets larger than L2. Prints a table; writes JSON
 if --out.
     python3 bench/tune_norm.py [--out FILE]"""
@@ -14,6 +14,9 @@ import bench  # bench/bench.py: the shared timing method
 import fusedk
 
 lib = ctypes.CDLL(fusedk.kernel_info()["library"])
+if not hasattr(lib, "fusedk__tune_norm_plan"):
+    raise SystemExit("tune_norm.py: this libfusedk has no tuning hook; build it with meson -Dtuning=true "
+                     "(tools/gpu_run.sh --tune does)")
 tune = lib.fusedk__tune_norm_plan
 tune.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
 

@@ -152,6 +152,7 @@ static void cases_for(op_t op) {
     bad(op, &c, &c.x, &c.y, FUSEDK_ERR_DTYPE, "weight has dtype float16", "weight dtype");
   }
   if (op == OP_RMS) { /* a 4-d x whose leading dims cannot flatten to two levels */
+    fresh(&c);
     int64_t sh[4] = {2, 2, 2, D}, st[4] = {64 * D, 8 * D, 2 * D, 1};
     fusedk_tensor tx = c.x, ty = c.y;
     tx.ndim = ty.ndim = 4;
@@ -241,7 +242,14 @@ static void registry_cases(void) {
              "%s: output %s copies an input", o->name, t->name);
       EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT),
              "%s: optional output %s depends on an optional input", o->name, t->name);
+      EXPECT(t->role >= FUSEDK_ROLE_ROW && t->role <= FUSEDK_ROLE_SAMPLE && (!out || t->role == FUSEDK_ROLE_ROW) &&
+             (t->role != FUSEDK_ROLE_SAMPLE || o->row_ndim == 3), "%s: %s has a valid role", o->name, t->name);
     }
+    int ref = 0; /* the reference the error messages name: the first ROW input, x in every family */
+    while (o && ref < o->n_tensors && (o->tensors[ref].kind >= FUSEDK_ARG_OUT || o->tensors[ref].role != FUSEDK_ROLE_ROW))
+      ++ref;
+    EXPECT(o && ref < o->n_tensors && o->tensors[ref].kind == FUSEDK_ARG_IN && !strcmp(o->tensors[ref].name, "x"),
+           "%s: its reference tensor is a required row input named x", names[i]);
   }
   EXPECT(!fusedk_op_get(-1) && !fusedk_op_get(FUSEDK_OP_COUNT) && fusedk_op_find("nope") == -1, "registry bounds");
   call_t c;
@@ -289,12 +297,12 @@ int main(void) {
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.2.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.3.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.2.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.3.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);

@@ -137,7 +137,7 @@ static void drop(buf_t *b) {
   memset(b, 0, sizeof *b);
 }
 
-/* --- ops ----------------------------------------------------------------------------------- */
+/* --- [norm] ops ---------------------------------------------------------------------------- */
 typedef enum { RMS, LN, ADALN_LN, ADALN_RMS, MOCHI, MOCHI_EXACT } op_t;
 static const char *op_name[] = {"rmsnorm", "layernorm", "adaln(layer)", "adaln(rms)", "mochi", "mochi(exact)"};
 enum { Y, RO, X, RES, W, BIAS, SCALE, SHIFT, GATE, NT };

@@ -55,7 +55,8 @@ if [ $bench = 1 ] && [ -f bench/bench.py ]; then
   summary+=("bench rc=$?")
   tail -60 "$OUT/bench.log"
 fi
-if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel
+if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel (its hook is built with -Dtuning=true only)
+  meson configure build-gpu -Dtuning=true >/dev/null && ninja -C build-gpu >/dev/null || exit 1
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
     python3 bench/tune_norm.py --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log"
 fi

@@ -1,4 +1,4 @@
-"""The GPU kernels through the bindings with CuPy, JAX and PyTorch CUDA arrays: results against
+"""[norm] The GPU kernels through the bindings with CuPy, JAX and PyTorch CUDA arrays: results against
 the CPU reference (same tolerance as the C GPU suite), the caller's type back, out=, streams
 (capture inside torch's CUDA graph proves the op runs on the caller's stream), DLPack capsules
 released, and Mochi's exact mode against the PyTorch formula. Skipped where a framework or a

@@ -1,4 +1,4 @@
-"""The CPU references (through the bindings, on NumPy arrays) against float64 NumPy oracles,
+"""[norm] The CPU references (through the bindings, on NumPy arrays) against float64 NumPy oracles,
 the binding's behaviour (types, out=, errors), and kernel_info."""
 import ml_dtypes
 import numpy as np
@@ -156,7 +156,7 @@ def test_errors_name_the_argument_and_leave_outputs_untouched():
 
 def test_kernel_info():
     info = fusedk.kernel_info()
-    assert info["version"] == fusedk.__version__ == "0.2.0"
+    assert info["version"] == fusedk.__version__ == "0.3.0"
     assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert isinstance(info["cuda"]["built"], bool)
