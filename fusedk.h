@@ -35,6 +35,10 @@
                          x_res*rstd*tanh in float32, rounded to the dtype, then added in float32
                          and rounded again); exact=0: one rounding at the end.
 
+     fusedk_act          y = act(x), act = gelu (erf) | gelu_tanh | silu | relu
+     fusedk_silu_fma     y = silu(a + b * c)
+     fusedk_gated_residual   out = x + gate[b] * y       (gate [B, D], a modulation chunk)
+
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
      be passed as (const fusedk_tensor *). Strides are in elements, NULL = compact row-major.
@@ -61,11 +65,12 @@
    CONTENTS   (section tags: grep "[norm]" finds a family in this file, in fusedk_kernels.cu,
               tests/ and bench/)
      declarations     [api] types, statuses, tensors   [dlpack] memory and streams
-                      [norm] the normalization ops     [registry] every op's arguments as data
-     implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] (CPU reference
-                      and entry points) [dlpack] [info]
+                      [norm] the normalization ops     [elementwise] activations, fused residuals
+                      [registry] every op's arguments as data
+     implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
+                      (CPU references and entry points) [dlpack] [info]
      GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [norm]
-                      [entry]
+                      [elementwise] [entry]
 
    ADDING AN OP
      An fusedk_op_id at the end of the enum, its registry entry (arguments in C order with kind
@@ -265,6 +270,30 @@ FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor 
                                                             const fusedk_tensor *gate, float eps,
                                                             int exact, struct CUstream_st *stream);
 
+/* ---- [elementwise] activations and fused residuals (outputs first, stream last) ----
+   Rows of D elements like the norms: any leading dims (gated_residual: [B, L, D]), contiguous last
+   dim, inputs may broadcast through stride 0, float32 math, one rounding. */
+typedef enum fusedk_activation {
+  FUSEDK_ACT_GELU = 0,          /* x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))                  */
+  FUSEDK_ACT_GELU_TANH = 1,     /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))           */
+  FUSEDK_ACT_SILU = 2,          /* x * sigmoid(x)                                              */
+  FUSEDK_ACT_RELU = 3           /* max(x, 0); NaN stays NaN                                    */
+} fusedk_activation;
+
+/* y = act(x) */
+FUSEDK_DEF fusedk_status fusedk_act(const fusedk_tensor *y, const fusedk_tensor *x, fusedk_activation kind,
+                                    struct CUstream_st *stream);
+
+/* y = silu(a + b * c); a, b, c and y share one shape */
+FUSEDK_DEF fusedk_status fusedk_silu_fma(const fusedk_tensor *y, const fusedk_tensor *a, const fusedk_tensor *b,
+                                         const fusedk_tensor *c, struct CUstream_st *stream);
+
+/* out[B,L,D] = x + gate[b] * y; gate [B, D] with any row stride (a chunk of an AdaLN-Zero
+   modulation; 0 broadcasts) */
+FUSEDK_DEF fusedk_status fusedk_gated_residual(const fusedk_tensor *out, const fusedk_tensor *x,
+                                               const fusedk_tensor *y, const fusedk_tensor *gate,
+                                               struct CUstream_st *stream);
+
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
    fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
@@ -274,9 +303,12 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_RMSNORM = 0,
   FUSEDK_OP_LAYERNORM = 1,
   FUSEDK_OP_ADALN = 2,
-  FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM = 3
-} fusedk_op_id;
-#define FUSEDK_OP_COUNT 4
+  FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM = 3,
+  FUSEDK_OP_ACT = 4,
+  FUSEDK_OP_SILU_FMA = 5,
+  FUSEDK_OP_GATED_RESIDUAL = 6
+} fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
+#define FUSEDK_OP_COUNT 7
 #define FUSEDK_OP_MAX_TENSORS 8
 #define FUSEDK_OP_MAX_ATTRS 4
 
@@ -369,6 +401,16 @@ typedef struct fusedk__norm_args {
   const void *weight, *bias; /* [D] contiguous */
 } fusedk__norm_args;
 
+/* Every op of the elementwise family: y = f(in[0], in[1], in[2]) per element; in[k].p == NULL:
+   absent. gated_residual's gate is in[2] as a per-sample vector (sl = 0). */
+typedef struct fusedk__ew_args {
+  int32_t op;       /* fusedk_op_id */
+  int32_t scalar;   /* fusedk_scalar */
+  int32_t kind;     /* fusedk_activation (act) */
+  int64_t B, L, D;
+  fusedk__rows y, in[3];
+} fusedk__ew_args;
+
 fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
@@ -376,6 +418,8 @@ fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...)
     ;
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream);
+fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
+                                       struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -471,6 +515,10 @@ static fusedk_status fusedk__no_cuda(const char *op) {
                       "FUSEDK_IMPLEMENTATION is defined", op);
 }
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t id, struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
@@ -671,6 +719,7 @@ static void *fusedk__base(const fusedk_tensor *t) {
 #define FUSEDK__OPT(n, role) {n, FUSEDK_ARG_IN_OPT, -1, -1, role}
 #define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_ROW}
 #define FUSEDK__EPS(v) {"eps", FUSEDK_ATTR_F32, v}
+#define FUSEDK__NO_ATTR {NULL, 0, 0.0}
 #define FUSEDK__ROW FUSEDK_ROLE_ROW
 #define FUSEDK__COL FUSEDK_ROLE_COLUMN
 #define FUSEDK__SMP FUSEDK_ROLE_SAMPLE
@@ -691,11 +740,20 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
      {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("x_res", FUSEDK__ROW),
       FUSEDK__IN("gate", FUSEDK__SMP)},
      {FUSEDK__EPS(1e-6), {"exact", FUSEDK_ATTR_I32, 1}}},
+    {"act", 2, 1, 0, {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW)}, {{"kind", FUSEDK_ATTR_I32, FUSEDK_ACT_GELU}}},
+    {"silu_fma", 4, 0, 0,
+     {FUSEDK__OUT("y", 1), FUSEDK__IN("a", FUSEDK__ROW), FUSEDK__IN("b", FUSEDK__ROW), FUSEDK__IN("c", FUSEDK__ROW)},
+     {FUSEDK__NO_ATTR}},
+    {"gated_residual", 4, 0, 3,
+     {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("y", FUSEDK__ROW),
+      FUSEDK__IN("gate", FUSEDK__SMP)},
+     {FUSEDK__NO_ATTR}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
 #undef FUSEDK__OUT
 #undef FUSEDK__EPS
+#undef FUSEDK__NO_ATTR
 #undef FUSEDK__ROW
 #undef FUSEDK__COL
 #undef FUSEDK__SMP
@@ -1002,6 +1060,77 @@ FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor 
   return fusedk__norm_run(&s.c, &a, stream);
 }
 
+/* --- [elementwise] CPU reference and entry points ---------------------------------------- */
+
+static double fusedk__act_f64(double v, int kind) {
+  switch (kind) {
+    case FUSEDK_ACT_GELU: return 0.5 * v * (1.0 + erf(v * 0.70710678118654752));
+    case FUSEDK_ACT_GELU_TANH: return 0.5 * v * (1.0 + tanh(0.79788456080286536 * (v + 0.044715 * v * v * v)));
+    case FUSEDK_ACT_SILU: return v / (1.0 + exp(-v));
+    default: return v > 0.0 ? v : v == v ? 0.0 : v; /* relu; NaN stays NaN */
+  }
+}
+
+static void fusedk__elementwise_cpu(const fusedk__ew_args *a) {
+  const int s = a->scalar;
+  for (int64_t b = 0; b < a->B; ++b)
+    for (int64_t l = 0; l < a->L; ++l) {
+      const void *p[3] = {NULL, NULL, NULL};
+      for (int k = 0; k < 3; ++k)
+        if (a->in[k].p) p[k] = fusedk__at(&a->in[k], b, l, s);
+      void *y = fusedk__at(&a->y, b, l, s);
+      for (int64_t d = 0; d < a->D; ++d) {
+        const double v = fusedk__load(p[0], d, s);
+        double r;
+        if (a->op == FUSEDK_OP_ACT) r = fusedk__act_f64(v, a->kind);
+        else if (a->op == FUSEDK_OP_SILU_FMA) r = fusedk__act_f64(v + fusedk__load(p[1], d, s) * fusedk__load(p[2], d, s), FUSEDK_ACT_SILU);
+        else r = v + fusedk__load(p[2], d, s) * fusedk__load(p[1], d, s); /* gated_residual */
+        fusedk__store(y, d, r, s);
+      }
+    }
+}
+
+/* Validates op `op`'s tensors t (registry order, output first) and runs it: inputs in[k] are
+   the tensors after the output. */
+static fusedk_status fusedk__elementwise(int op, const fusedk_tensor *const *t, int kind, struct CUstream_st *stream) {
+  const fusedk_op *o = &fusedk__ops[op];
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(o, t, &s);
+  if (st) return st;
+  fusedk__ew_args a;
+  memset(&a, 0, sizeof a);
+  a.op = op, a.scalar = s.c.scalar, a.kind = kind;
+  a.B = s.B, a.L = s.L, a.D = s.D;
+  a.y = s.r[0];
+  for (int k = 1; k < o->n_tensors; ++k) a.in[k - 1] = s.r[k];
+  if (a.B * a.L == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_elementwise(&a, o->name, s.c.dev.device_id, stream);
+  fusedk__elementwise_cpu(&a);
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_act(const fusedk_tensor *y, const fusedk_tensor *x, fusedk_activation kind,
+                                    struct CUstream_st *stream) {
+  if ((int)kind < FUSEDK_ACT_GELU || (int)kind > FUSEDK_ACT_RELU)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "act: kind is %d, expected FUSEDK_ACT_GELU (0), GELU_TANH (1), "
+                        "SILU (2) or RELU (3)", (int)kind);
+  const fusedk_tensor *t[] = {y, x};
+  return fusedk__elementwise(FUSEDK_OP_ACT, t, kind, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_silu_fma(const fusedk_tensor *y, const fusedk_tensor *a, const fusedk_tensor *b,
+                                         const fusedk_tensor *c, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, a, b, c};
+  return fusedk__elementwise(FUSEDK_OP_SILU_FMA, t, 0, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_gated_residual(const fusedk_tensor *out, const fusedk_tensor *x,
+                                               const fusedk_tensor *y, const fusedk_tensor *gate,
+                                               struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {out, x, y, gate};
+  return fusedk__elementwise(FUSEDK_OP_GATED_RESIDUAL, t, 0, stream);
+}
+
 /* --- [registry] lookup and the generic call ------------------------------------------------ */
 
 FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i) {
@@ -1025,6 +1154,9 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_ADALN: return fusedk_adaln(t[0], t[1], t[2], t[3], (fusedk_norm)(int)a[0], t[4], t[5], (float)a[1], s);
     case FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM:
       return fusedk_residual_tanh_gated_rmsnorm(t[0], t[1], t[2], t[3], (float)a[0], (int)a[1], s);
+    case FUSEDK_OP_ACT: return fusedk_act(t[0], t[1], (fusedk_activation)(int)a[0], s);
+    case FUSEDK_OP_SILU_FMA: return fusedk_silu_fma(t[0], t[1], t[2], t[3], s);
+    case FUSEDK_OP_GATED_RESIDUAL: return fusedk_gated_residual(t[0], t[1], t[2], t[3], s);
   }
   return FUSEDK_ERR_INVALID_ARGUMENT;
 }

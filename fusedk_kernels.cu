@@ -15,7 +15,8 @@
 //   [reduce]    warp and row-group sums
 //   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows_kernel and
 //               fusedk__cuda_norm (launcher); the tuning hook (FUSEDK_TUNING builds only)
-//   [entry]     fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count,
+//   [elementwise] act, silu_fma, gated_residual: elementwise_rows_kernel, fusedk__cuda_elementwise
+//   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count,
 //               fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
@@ -71,6 +72,21 @@ size_t device_smem_optin(int device_id) {
     optin[device_id].store(v, std::memory_order_relaxed);
   }
   return (size_t)v;
+}
+
+// The device's multiprocessor count, read once per device (grid sizes of grid-stride kernels).
+int device_sms(int device_id) {
+  static std::atomic<int> sms[kMaxDevices];
+  if (device_id < 0 || device_id >= kMaxDevices) return 132;
+  int v = sms[device_id].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device_id) != cudaSuccess || v < 1) {
+      cudaGetLastError();
+      return 132;
+    }
+    sms[device_id].store(v, std::memory_order_relaxed);
+  }
+  return v;
 }
 
 // Shared memory beyond 48 KB a block (dynamic `smem` + the kernel's static `fixed`) needs the
@@ -607,6 +623,93 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
   return cudaErrorInvalidValue;
 }
 
+// ---------------------------------------------------------------------------------------------
+// [elementwise] act, silu_fma, gated_residual: one kernel over rows of D elements.
+//
+// Launch shape: G threads per row (the power of two covering the row's 16-byte vectors, at most
+// 256), 256 / G rows per block, a grid-stride loop over rows with a grid of 8 blocks per SM (a
+// full SM). Each vector is read once per input and written once, streaming; the per-sample gate
+// of gated_residual goes through the read-only path (re-read by every row of its sample).
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float act_f32(float v, int kind) {
+  switch (kind) {
+    case FUSEDK_ACT_GELU: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case FUSEDK_ACT_GELU_TANH: return 0.5f * v * (1.f + tanhf(0.79788456080286536f * fmaf(0.044715f * v, v * v, v)));
+    case FUSEDK_ACT_SILU: return v / (1.f + expf(-v));
+    default: return v > 0.f ? v : v == v ? 0.f : v; // relu; NaN stays NaN (fmaxf would drop it)
+  }
+}
+
+template <typename T, int VEC, int OP, int KIND>
+__global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_args a, int64_t rows) {
+  const int G = blockDim.x;
+  const int64_t nvec = a.D / VEC;
+  for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows;
+       row += (int64_t)gridDim.x * blockDim.y) {
+    int64_t b = 0, l = row; // (b, l) without a 64-bit division where possible
+    if (a.B > 1) {
+      if (a.L == 1) b = row, l = 0;
+      else if (rows <= 0xffffffffll) b = (uint32_t)row / (uint32_t)a.L, l = row - b * a.L;
+      else b = row / a.L, l = row % a.L;
+    }
+    const T *p0 = at<T>(a.in[0], b, l);
+    const T *p1 = OP == FUSEDK_OP_ACT ? nullptr : at<T>(a.in[1], b, l);
+    const T *p2 = OP == FUSEDK_OP_ACT ? nullptr : at<T>(a.in[2], b, l);
+    T *y = at<T>(a.y, b, l);
+    for (int64_t j = threadIdx.x; j < nvec; j += G) {
+      float v[VEC], u[VEC], w[VEC];
+      load<T, VEC>(p0 + j * VEC, v);
+      if constexpr (OP == FUSEDK_OP_SILU_FMA) {
+        load<T, VEC>(p1 + j * VEC, u);
+        load<T, VEC>(p2 + j * VEC, w);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[i] = act_f32(fmaf(u[i], w[i], v[i]), FUSEDK_ACT_SILU);
+      } else if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) {
+        load<T, VEC>(p1 + j * VEC, u);
+        load<T, VEC, true>(p2 + j * VEC, w); // the gate: per sample, through the read-only path
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[i] = fmaf(w[i], u[i], v[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[i] = act_f32(v[i], KIND);
+      }
+      store_cs<T, VEC>(y + j * VEC, v);
+    }
+  }
+}
+
+template <typename T, int VEC, int OP, int KIND> cudaError_t launch_elementwise_vec(const fusedk__ew_args &a, cudaStream_t s, int device) {
+  const int64_t rows = a.B * a.L, nvec = a.D / VEC;
+  int g = 1;
+  while (g < nvec && g < 256) g *= 2;
+  const dim3 block(g, 256 / g);
+  const int64_t need = (rows + block.y - 1) / block.y, cap = (int64_t)device_sms(device) * 8;
+  elementwise_rows_kernel<T, VEC, OP, KIND><<<(unsigned)(need < cap ? need : cap), block, 0, s>>>(a, rows);
+  return cudaGetLastError();
+}
+
+// 16-byte vectors need every pointer 16-byte aligned and every row stride and D a multiple of the
+// vector; otherwise the same kernel one element at a time.
+template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a, cudaStream_t s, int device) {
+  constexpr int V = 16 / sizeof(T);
+  bool vec = a.D % V == 0 && aligned16(a.y.p) && a.y.sb % V == 0 && a.y.sl % V == 0;
+  for (const fusedk__rows &r : a.in)
+    vec = vec && aligned16(r.p) && r.sb % V == 0 && r.sl % V == 0;
+  auto go = [&](auto op, auto kind) {
+    constexpr int OP = decltype(op)::value, KIND = decltype(kind)::value;
+    return vec ? launch_elementwise_vec<T, V, OP, KIND>(a, s, device) : launch_elementwise_vec<T, 1, OP, KIND>(a, s, device);
+  };
+  switch (a.op) {
+    case FUSEDK_OP_ACT:
+      return dispatch_int<FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
+          a.kind, [&](auto kind) { return go(int_c<FUSEDK_OP_ACT>(), kind); });
+    case FUSEDK_OP_SILU_FMA: return go(int_c<FUSEDK_OP_SILU_FMA>(), int_c<0>());
+    case FUSEDK_OP_GATED_RESIDUAL: return go(int_c<FUSEDK_OP_GATED_RESIDUAL>(), int_c<0>());
+  }
+  return cudaErrorInvalidValue;
+}
+
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -627,6 +730,16 @@ fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int3
   // the stage may take what the device lets a block opt into, after the reduction slots
   const NormLaunch L{*a, a->B * a->L, stream, device_smem_optin(device_id) - kRedBytes, device_id};
   const cudaError_t e = dispatch_scalar(a->scalar, [&](auto t) { return launch_norm<typename decltype(t)::type>(L); });
+  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
+}
+
+fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
+                                       struct CUstream_st *stream) {
+  DeviceGuard guard(device_id);
+  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
+  const cudaError_t e = dispatch_scalar(a->scalar, [&](auto t) {
+    return launch_elementwise<typename decltype(t)::type>(*a, stream, device_id);
+  });
   return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""fusedk benchmark: fusedk vs torch eager, torch.compile, Liger and JAX on the normalization ops.
+"""fusedk benchmark: fusedk vs torch eager, torch.compile, Liger and JAX on the normalization and
+elementwise ops.
 
-    python3 bench/bench.py [--out DIR] [--quick] [--ops rmsnorm,rmsnorm_res,layernorm,adaln,rtg_rmsnorm]
+    python3 bench/bench.py [--out DIR] [--quick]
+                           [--ops rmsnorm,rmsnorm_res,layernorm,adaln,rtg_rmsnorm,act,silu_fma,gated_residual]
                            [--no-jax] [--no-compile] [--no-liger]
 
 Needs a CUDA GPU and PyTorch (JAX and Liger optional). From the repository after `meson compile -C
@@ -35,7 +37,7 @@ os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 torch = F = fusedk = None  # imported in main(), so the report code below runs without them
 jax = jnp = None
 
-OPS = ("rmsnorm", "rmsnorm_res", "layernorm", "adaln", "rtg_rmsnorm")
+OPS = ("rmsnorm", "rmsnorm_res", "layernorm", "adaln", "rtg_rmsnorm", "act", "silu_fma", "gated_residual")
 ALIASES = {"residual_tanh_gated_rmsnorm": "rtg_rmsnorm", "rtg": "rtg_rmsnorm", "rmsnorm+res": "rmsnorm_res"}
 PEERS = ("eager", "F.rms_norm", "compile", "liger", "jax")  # column order in the reports
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -49,10 +51,14 @@ NORM_SHAPES = [(1, 1024, 2048), (2, 4096, 3072), (4, 4096, 3072), (1, 2048, 3072
 def plan(quick):
     """[(op, shape, dtype)] in report order."""
     big = (4, 4096, 3072)
+    # [elementwise]: a DiT MLP hidden (2x4096x4608), a 64 Mi-element tensor, the gated residual
+    elementwise = [("act", (2, 4096, 4608), "bf16"), ("act", (4, 4096, 4096), "bf16"),
+                   ("silu_fma", (4, 4096, 4096), "bf16"), ("gated_residual", (4, 4096, 3072), "bf16"),
+                   ("gated_residual", (2, 4096, 1152), "bf16")]
     if quick:
         return [("rmsnorm", (1, 1024, 2048), "bf16"), ("rmsnorm", (2, 4096, 3072), "fp16"),
                 ("rmsnorm", big, "fp32"), ("rmsnorm_res", big, "bf16"), ("layernorm", big, "bf16"),
-                ("adaln", (2, 4096, 1152), "bf16"), ("rtg_rmsnorm", (1, 1024, 2048), "bf16")]
+                ("adaln", (2, 4096, 1152), "bf16"), ("rtg_rmsnorm", (1, 1024, 2048), "bf16")] + elementwise
     p = []
     for s in NORM_SHAPES:
         p += [("rmsnorm", s, "bf16"), ("rmsnorm", s, "fp16")] + ([("rmsnorm", s, "fp32")] if s == big else [])
@@ -61,7 +67,7 @@ def plan(quick):
         p += [("layernorm", s, "bf16")] + ([("layernorm", s, "fp16")] if s == big else [])
     p += [("adaln", s, "bf16") for s in ((2, 4096, 1152), (2, 4096, 3072), big, (1, 1024, 2048))]
     p += [("rtg_rmsnorm", s, "bf16") for s in (big, (2, 4096, 3072), (1, 1024, 2048))]
-    return p
+    return p + elementwise
 
 
 def log(*a):
@@ -98,6 +104,31 @@ def t_rtg(x, x_res, gate, eps=EPS_RMS):
     xf = x_res.float()
     n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return x + (n * torch.tanh(gate)[:, None]).type_as(x)
+
+
+# [elementwise] (act: tanh GELU, the DiT MLP's)
+def t_act(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def t_silu_fma(a, b, c):
+    return F.silu(a + b * c)
+
+
+def t_gated_residual(x, y, g):
+    return x + g[:, None] * y
+
+
+def j_act(x):
+    return jax.nn.gelu(x, approximate=True)
+
+
+def j_silu_fma(a, b, c):
+    return jax.nn.silu(a + b * c)
+
+
+def j_gated_residual(x, y, g):
+    return x + g[:, None] * y
 
 
 def j_rms(x, w, eps=EPS_RMS):
@@ -228,6 +259,37 @@ class Case:
             self.got = lambda o: [o["y"]]
             self.ref = lambda s: t_rtg(s["x"], s["xr"], s["g"])
             cfn, targs, self.jax, self.liger = t_rtg, ("x", "xr", "g"), (j_rtg, ("x", "xr", "g")), None
+            self.nbytes = (3 * n + B * D) * es
+        elif op == "act":
+            self.make = lambda: dict(x=rnd(shape))
+            self.outs = lambda s: dict(y=torch.empty_like(s["x"]))
+            self.fk = lambda s, o: fusedk.act(s["x"], "gelu_tanh", out=o["y"])
+            self.got = lambda o: [o["y"]]
+            self.ref = lambda s: t_act(s["x"])
+            cfn, targs, self.jax, self.liger = t_act, ("x",), (j_act, ("x",)), None
+            self.nbytes = 2 * n * es
+        elif op == "silu_fma":
+            self.make = lambda: dict(a=rnd(shape), b=rnd(shape), c=rnd(shape))
+            self.outs = lambda s: dict(y=torch.empty_like(s["a"]))
+            self.fk = lambda s, o: fusedk.silu_fma(s["a"], s["b"], s["c"], out=o["y"])
+            self.got = lambda o: [o["y"]]
+            self.ref = lambda s: t_silu_fma(s["a"], s["b"], s["c"])
+            cfn, targs = t_silu_fma, ("a", "b", "c")
+            self.jax, self.liger = (j_silu_fma, ("a", "b", "c")), None
+            self.nbytes = 4 * n * es
+        elif op == "gated_residual":
+            B = shape[0]
+
+            def make():  # the gate: the third D-chunk of a [B, 6D] AdaLN-Zero modulation
+                mod = rnd(B, 6 * D)
+                return dict(x=rnd(shape), y=rnd(shape), g=mod[:, 2 * D:3 * D])
+            self.make = make
+            self.outs = lambda s: dict(o=torch.empty_like(s["x"]))
+            self.fk = lambda s, o: fusedk.gated_residual(s["x"], s["y"], s["g"], out=o["o"])
+            self.got = lambda o: [o["o"]]
+            self.ref = lambda s: t_gated_residual(s["x"], s["y"], s["g"])
+            cfn, targs = t_gated_residual, ("x", "y", "g")
+            self.jax, self.liger = (j_gated_residual, ("x", "y", "g")), None
             self.nbytes = (3 * n + B * D) * es
         else:
             raise ValueError(op)

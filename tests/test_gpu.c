@@ -138,9 +138,11 @@ static void drop(buf_t *b) {
 }
 
 /* --- [norm] ops ---------------------------------------------------------------------------- */
-typedef enum { RMS, LN, ADALN_LN, ADALN_RMS, MOCHI, MOCHI_EXACT } op_t;
-static const char *op_name[] = {"rmsnorm", "layernorm", "adaln(layer)", "adaln(rms)", "mochi", "mochi(exact)"};
-enum { Y, RO, X, RES, W, BIAS, SCALE, SHIFT, GATE, NT };
+typedef enum { RMS, LN, ADALN_LN, ADALN_RMS, MOCHI, MOCHI_EXACT, GELU, GELU_TANH, SILU, RELU, SILU_FMA, GATED_RES } op_t;
+static const char *op_name[] = {"rmsnorm", "layernorm", "adaln(layer)", "adaln(rms)", "mochi", "mochi(exact)",
+                                "act(gelu)", "act(gelu_tanh)", "act(silu)", "act(relu)", "silu_fma",
+                                "gated_residual"};
+enum { Y, RO, X, RES, W, BIAS, SCALE, SHIFT, GATE, C3, NT };
 
 static fusedk_status call(op_t op, buf_t *t, int dev, cudaStream_t stream) {
   const fusedk_tensor *p[NT];
@@ -153,6 +155,13 @@ static fusedk_status call(op_t op, buf_t *t, int dev, cudaStream_t stream) {
     case ADALN_RMS: return fusedk_adaln(p[Y], p[X], p[SCALE], p[SHIFT], FUSEDK_NORM_RMS, p[W], NULL, 1e-6f, s);
     case MOCHI: return fusedk_residual_tanh_gated_rmsnorm(p[Y], p[X], p[RES], p[GATE], 1e-6f, 0, s);
     case MOCHI_EXACT: return fusedk_residual_tanh_gated_rmsnorm(p[Y], p[X], p[RES], p[GATE], 1e-6f, 1, s);
+    /* [elementwise] */
+    case GELU: return fusedk_act(p[Y], p[X], FUSEDK_ACT_GELU, s);
+    case GELU_TANH: return fusedk_act(p[Y], p[X], FUSEDK_ACT_GELU_TANH, s);
+    case SILU: return fusedk_act(p[Y], p[X], FUSEDK_ACT_SILU, s);
+    case RELU: return fusedk_act(p[Y], p[X], FUSEDK_ACT_RELU, s);
+    case SILU_FMA: return fusedk_silu_fma(p[Y], p[X], p[RES], p[C3], s);
+    case GATED_RES: return fusedk_gated_residual(p[Y], p[X], p[RES], p[GATE], s);
   }
   return FUSEDK_OK;
 }
@@ -210,9 +219,11 @@ static void run_case(const case_t *c) {
   buf_t t[NT];
   memset(t, 0, sizeof t);
   int64_t sh3[3] = {c->B, c->L, c->D}, vsh[2] = {c->B, c->D}, wsh[1] = {c->D};
-  int is_mochi = c->op == MOCHI || c->op == MOCHI_EXACT;
-  t[X] = mk(c->s, 3, sh3, c->pad, c->shift, 0, 1.0, c->op == LN ? 0.5 : 0.0);
-  if (c->residual || is_mochi) t[RES] = mk(c->s, 3, sh3, c->pad, c->shift, 0, is_mochi ? 2.0 : 1.0, 0.0);
+  int is_mochi = c->op == MOCHI || c->op == MOCHI_EXACT, is_ew = c->op >= GELU;
+  t[X] = mk(c->s, 3, sh3, c->pad, c->shift, 0, is_ew ? 3.0 : 1.0, c->op == LN ? 0.5 : 0.0);
+  if (c->residual || is_mochi || c->op == SILU_FMA || c->op == GATED_RES)
+    t[RES] = mk(c->s, 3, sh3, c->pad, c->shift, 0, is_mochi ? 2.0 : 1.0, 0.0);
+  if (c->op == SILU_FMA) t[C3] = mk(c->s, 3, sh3, c->pad, c->shift, 0, 1.0, 0.0);
   if (c->inplace) {
     t[Y] = t[X];
   } else {
@@ -225,7 +236,7 @@ static void run_case(const case_t *c) {
   }
   if (c->weight) t[W] = mk(c->s, 1, wsh, 0, 0, 0, 0.2, 1.0);
   if (c->bias) t[BIAS] = mk(c->s, 1, wsh, 0, 0, 0, 0.2, 0.0);
-  int nvec = (c->op == ADALN_LN || c->op == ADALN_RMS) ? 2 : is_mochi ? 1 : 0;
+  int nvec = (c->op == ADALN_LN || c->op == ADALN_RMS) ? 2 : is_mochi || c->op == GATED_RES ? 1 : 0;
   int which[2] = {c->op == ADALN_LN || c->op == ADALN_RMS ? SCALE : GATE, SHIFT};
   for (int k = 0; k < nvec; ++k) {
     int64_t msh[2] = {c->B, 6 * c->D};
@@ -291,7 +302,7 @@ static void run_case(const case_t *c) {
 
 /* A tensor of more than 2^31 elements: the device copy is a random block tiled across it; the
    reference runs on rows sampled from the start, the middle and the end. */
-static void run_huge(void) {
+static void run_huge(int silu) { /* rmsnorm, or act(silu) */
   const fusedk_scalar s = FUSEDK_BF16;
   const int64_t D = 1024, rows = ((int64_t)1 << 31) / D + 4099; /* 2^31 + 4099*1024 elements */
   const size_t n = (size_t)(rows * D), bytes = n * 2, blk = 33554467; /* a prime: rows differ */
@@ -312,7 +323,7 @@ static void run_huge(void) {
   CK(cudaMemset(dy, 0xff, bytes));
   int64_t shape[2] = {rows, D};
   fusedk_tensor tx = fusedk_tensor_cuda(dx, s, 2, shape, 0), ty = fusedk_tensor_cuda(dy, s, 2, shape, 0);
-  fusedk_status st = fusedk_rmsnorm(&ty, NULL, &tx, NULL, NULL, 1e-6f, NULL);
+  fusedk_status st = silu ? fusedk_act(&ty, &tx, FUSEDK_ACT_SILU, NULL) : fusedk_rmsnorm(&ty, NULL, &tx, NULL, NULL, 1e-6f, NULL);
   CK(cudaDeviceSynchronize());
   int bad = st != FUSEDK_OK;
   int64_t sample[6] = {0, 1, rows / 2, ((int64_t)1 << 31) / D, rows - 2, rows - 1};
@@ -322,7 +333,8 @@ static void run_huge(void) {
     CK(cudaMemcpy(hx, dx + sample[k] * D, D * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hy, dy + sample[k] * D, D * 2, cudaMemcpyDeviceToHost));
     fusedk_tensor rx = fusedk_tensor_cpu(hx, s, 2, rshape), rr = fusedk_tensor_cpu(ry, s, 2, rshape);
-    fusedk_rmsnorm(&rr, NULL, &rx, NULL, NULL, 1e-6f, NULL);
+    if (silu) fusedk_act(&rr, &rx, FUSEDK_ACT_SILU, NULL);
+    else fusedk_rmsnorm(&rr, NULL, &rx, NULL, NULL, 1e-6f, NULL);
     for (int64_t d = 0; d < D; ++d) {
       double a = bf16_to_f32(hy[d]), b = bf16_to_f32(ry[d]);
       if (!(fabs(a - b) <= 0x1p-7 * fabs(b) + 1e-5)) {
@@ -332,8 +344,8 @@ static void run_huge(void) {
       }
     }
   }
-  printf("%s huge rmsnorm bf16 [%lld, %lld] = %zu elements (> 2^31)\n", bad ? "FAIL" : "ok  ", (long long)rows,
-         (long long)D, n);
+  printf("%s huge %s bf16 [%lld, %lld] = %zu elements (> 2^31)\n", bad ? "FAIL" : "ok  ", silu ? "act(silu)" : "rmsnorm",
+         (long long)rows, (long long)D, n);
   failures += bad;
   CK(cudaFree(dx));
   CK(cudaFree(dy));
@@ -429,8 +441,39 @@ int main(void) {
     run_case(&sp);
   }
   if (failures == n_before) printf("ok   2M rows, 1 row, in place, NaN/Inf rows\n");
+  /* [elementwise]: every dtype, D from 1 to 65536 (vector and scalar paths, sub-row groups),
+     strided and misaligned rows, modulation-view and broadcast gates, in place, NaN/Inf */
+  const int64_t eD[] = {1, 7, 8, 64, 111, 1152, 3072, 65536};
+  for (int si = 0; si < 3; ++si)
+    for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
+      n_before = failures;
+      for (int op = GELU; op <= GATED_RES; ++op) {
+        int64_t D = eD[di], L = D >= 16384 ? 3 : 37;
+        case_t c = {(op_t)op, S[si], 2, L, D, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        run_case(&c);
+        c.pad = 8, c.vec_stride = 1; /* strided rows, the gate a modulation view */
+        run_case(&c);
+        c.pad = 3, c.shift = 1, c.vec_stride = 0, c.vec_broadcast = 1; /* misaligned: scalar path */
+        run_case(&c);
+        c.pad = 0, c.shift = 0, c.vec_broadcast = 0, c.inplace = 1, c.special = 1;
+        run_case(&c);
+      }
+      if (failures == n_before)
+        printf("ok   %s D=%lld act(gelu/gelu_tanh/silu/relu), silu_fma, gated_residual: plain, strided, "
+               "misaligned, in place + NaN/Inf\n", sname(S[si]), (long long)eD[di]);
+    }
+  n_before = failures;
+  for (int op = GELU; op <= GATED_RES; ++op) {
+    case_t many2 = {(op_t)op, FUSEDK_BF16, 1, 1 << 21, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (op == GATED_RES) many2.B = 1 << 11, many2.L = 1 << 10; /* 2M rows over 2048 samples */
+    run_case(&many2);
+    case_t one2 = {(op_t)op, FUSEDK_F16, 1, 1, 5120, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    run_case(&one2);
+  }
+  if (failures == n_before) printf("ok   elementwise: 2M rows, 1 row\n");
   run_graph();
-  run_huge();
+  run_huge(0);
+  run_huge(1);
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
 }

@@ -2,8 +2,9 @@
 # Everything the lent GPU machine is for, in one call: build for its GPU with its nvcc, run every
 # test suite (gpu, python interop, cpu, examples), then the bench. Logs and results land in
 # $OUT (default ./out); the last lines printed are the summary.
-#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--percall] [--tune] [--ncu]
-# (--no-bench --percall: the suites and the per-call table, without the kernel bench)
+#   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--percall] [--no-percall] [--tune] [--ncu]
+# (--no-bench --percall: the suites and the per-call table, without the kernel bench;
+#  --no-percall: the kernel bench without the per-call table)
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -14,10 +15,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # wheels the machine lacks (cffi, meson-
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-bench=1 quick="" percall=0
+bench=1 quick="" percall=0 no_percall=0
 tests=1 tune=0 ncu=0
 for a in "$@"; do
-  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --percall) percall=1 ;;
+  case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --percall) percall=1 ;; --no-percall) no_percall=1 ;;
     --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; esac
 done
 summary=()
@@ -38,7 +39,7 @@ if [ $tests = 1 ]; then
   summary+=("pytest: $(grep -E '[0-9]+ passed' "$OUT/testlog.txt" | grep -v failed, | tail -1)")
   grep -E "^FAIL|mochi exact vs PyTorch|^ok   huge|SKIPPED \[" "$OUT/testlog.txt" | head -20
 fi
-if [ $bench = 1 ] || [ $percall = 1 ]; then  # the user's call: eager loops vs the frameworks' own ops
+if { [ $bench = 1 ] && [ $no_percall = 0 ]; } || [ $percall = 1 ]; then  # the user's call: eager loops vs the frameworks' own ops
   mkdir -p "$OUT/bench"
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
     python3 bench/percall.py --out "$OUT/bench" >"$OUT/percall.log" 2>&1

@@ -52,6 +52,26 @@ def mochi_exact(x, x_res, gate, eps=1e-6):
     return (np.asarray(x).astype(np.float32) + n.astype(np.float32)).astype(dt)
 
 
+def act(x, kind="gelu"):
+    from math import erf
+    x = f64(x)
+    if kind == "gelu":
+        return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2.0)))
+    if kind == "gelu_tanh":
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    if kind == "silu":
+        return x / (1 + np.exp(-x))
+    return np.where(np.isnan(x), x, np.maximum(x, 0))
+
+
+def silu_fma(a, b, c):
+    return act(f64(a) + f64(b) * f64(c), "silu")
+
+
+def gated_residual(x, y, gate):
+    return f64(x) + f64(gate)[:, None, :] * f64(y)
+
+
 def assert_close(got, want, dtype, aux=None, what="", eps=None, atol=1e-6):
     """|got - want| <= eps_T * (|want| + aux) + atol: within one unit in the last place of the
     output dtype (aux adds terms whose own rounding can show, e.g. |x| for Mochi)."""

@@ -50,6 +50,9 @@ def ops(x, r, w, sc, sh, g, out=None):
         ("layernorm", lambda f, m: f.layernorm(m(x), m(w), m(w), out=o(0))),
         ("adaln", lambda f, m: f.adaln(m(x), m(sc), m(sh), out=o(0))),
         ("mochi", lambda f, m: f.residual_tanh_gated_rmsnorm(m(x), m(r), m(g), exact=False, out=o(0))),
+        ("act", lambda f, m: f.act(m(x), "gelu_tanh", out=o(0))),
+        ("silu_fma", lambda f, m: f.silu_fma(m(x), m(r), m(x), out=o(0))),
+        ("gated_residual", lambda f, m: f.gated_residual(m(x), m(r), m(g), out=o(0))),
     ]
 
 

@@ -157,7 +157,8 @@ def test_errors_name_the_argument_and_leave_outputs_untouched():
 def test_kernel_info():
     info = fusedk.kernel_info()
     assert info["version"] == fusedk.__version__ == "0.3.0"
-    assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"}
+    assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
+                                "gated_residual"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert isinstance(info["cuda"]["built"], bool)
 
@@ -203,8 +204,8 @@ def test_public_namespace():
     assert fusedk.Error.__module__ == "fusedk" and repr(fusedk.Error("S", "r")).startswith("Error(")
     assert str(fusedk.Error).startswith("<class 'fusedk.Error'>")
     public = [n for n in dir(fusedk) if not n.startswith("_")]
-    assert set(public) == {"Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "kernel_info",
-                           "torch", "jax"}
+    assert set(public) == {"Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
+                           "silu_fma", "gated_residual", "kernel_info", "torch", "jax"}
     for internal in ("json", "ffi", "lib", "check", "Call"):
         assert not hasattr(fusedk, internal), internal
 
@@ -212,7 +213,8 @@ def test_public_namespace():
 def test_every_registry_op_is_a_python_function():
     from fusedk import _core
     names = [o.name for o in _core.OPS]
-    assert names == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm"]
+    assert names == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
+                     "gated_residual"]
     assert set(names) <= set(fusedk.__all__) and set(names) == set(fusedk.kernel_info()["ops"])
 
 

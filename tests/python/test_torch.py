@@ -122,6 +122,9 @@ def test_opcheck_every_op(device):
         (torch.ops.fusedk.adaln, (x, sc, sh, w, w, 0, 1e-6)), (torch.ops.fusedk.adaln_out, (x, sc, sh, None, None, 1, 1e-6, o.clone())),
         (torch.ops.fusedk.residual_tanh_gated_rmsnorm, (x, r, g, 1e-6, 1)),
         (torch.ops.fusedk.residual_tanh_gated_rmsnorm_out, (x, r, g, 1e-6, 0, o.clone())),
+        (torch.ops.fusedk.act, (x, 0)), (torch.ops.fusedk.act_out, (x, 2, o.clone())),
+        (torch.ops.fusedk.silu_fma, (x, r, x)), (torch.ops.fusedk.silu_fma_out, (x, r, x, o.clone())),
+        (torch.ops.fusedk.gated_residual, (x, r, g)), (torch.ops.fusedk.gated_residual_out, (x, r, g, o.clone())),
     ]
     for op, a in cases:
         res = opcheck(op, a)

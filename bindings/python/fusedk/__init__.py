@@ -11,14 +11,17 @@ import json as _json
 from . import _core
 from ._core import Error
 
-__all__ = ["Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "kernel_info",
-           "__version__"]
+__all__ = ["Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
+           "gated_residual", "kernel_info", "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
 _call = _core.call
 _RMSNORM, _LAYERNORM, _ADALN, _MOCHI = (_core.lib.FUSEDK_OP_RMSNORM, _core.lib.FUSEDK_OP_LAYERNORM,
                                         _core.lib.FUSEDK_OP_ADALN, _core.lib.FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM)
 _NORMS = {"layer": _core.lib.FUSEDK_NORM_LAYER, "rms": _core.lib.FUSEDK_NORM_RMS}
+_ACT, _SILU_FMA, _GATED_RESIDUAL = _core.lib.FUSEDK_OP_ACT, _core.lib.FUSEDK_OP_SILU_FMA, _core.lib.FUSEDK_OP_GATED_RESIDUAL
+_ACTS = {"gelu": _core.lib.FUSEDK_ACT_GELU, "gelu_tanh": _core.lib.FUSEDK_ACT_GELU_TANH,
+         "silu": _core.lib.FUSEDK_ACT_SILU, "relu": _core.lib.FUSEDK_ACT_RELU}
 
 
 def __dir__():
@@ -62,3 +65,24 @@ def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, exact=True, out=None, 
     """Mochi: y = x + cast(x_res * rsqrt(mean(x_res^2) + eps) * tanh(gate)[:, None]).
     exact=True reproduces PyTorch's rounding points; exact=False rounds once."""
     return _call(_MOCHI, x, (out, x, x_res, gate), eps, 1 if exact else 0, stream)
+
+
+# --- [elementwise] -------------------------------------------------------------------------
+def act(x, kind="gelu", out=None, stream=None):
+    """y = act(x): kind "gelu" (erf), "gelu_tanh", "silu" or "relu"."""
+    k = _ACTS.get(kind)
+    if k is None:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"act: kind is {kind!r}, expected 'gelu', 'gelu_tanh', 'silu' "
+                    "or 'relu'")
+    return _call(_ACT, x, (out, x), k, 0.0, stream)
+
+
+def silu_fma(a, b, c, out=None, stream=None):
+    """y = silu(a + b * c), one shape (inputs may be broadcast views)."""
+    return _call(_SILU_FMA, a, (out, a, b, c), 0.0, 0.0, stream)
+
+
+def gated_residual(x, y, gate, out=None, stream=None):
+    """out[B, L, D] = x + gate[:, None] * y; gate [B, D] may be a strided chunk of the [B, 6D]
+    AdaLN-Zero modulation."""
+    return _call(_GATED_RESIDUAL, x, (out, x, y, gate), 0.0, 0.0, stream)

@@ -21,6 +21,7 @@ arrays.
 import ctypes
 import os
 import re
+import sys
 import warnings
 
 import jax
@@ -212,9 +213,8 @@ def _route(op, x, args, a0, a1, stream):
     return jax_path(op, args, a0, a1, stream)  # refuses out= and stream=
 
 
-from . import adaln, layernorm, residual_tanh_gated_rmsnorm, rmsnorm  # noqa: E402
 from ._core import rebind  # noqa: E402
 
 for _o in OPS:
-    globals()[_o.name] = rebind(globals()[_o.name], _route)
+    globals()[_o.name] = rebind(getattr(sys.modules[__package__], _o.name), _route)
 del _o

@@ -13,8 +13,9 @@ error that says so. For the eager call, plain `fusedk.rmsnorm(x)` is the faster 
 dispatcher); these exist for tracing."""
 import torch
 
+import sys
+
 from . import _core
-from . import adaln, layernorm, residual_tanh_gated_rmsnorm, rmsnorm  # noqa: F401 - the ops re-bound below
 from ._core import OPS, Error
 
 _IN_OPT, _OUT_OPT, _F32 = _core.lib.FUSEDK_ARG_IN_OPT, _core.lib.FUSEDK_ARG_OUT_OPT, _core.lib.FUSEDK_ATTR_F32
@@ -22,12 +23,16 @@ _IN_OPT, _OUT_OPT, _F32 = _core.lib.FUSEDK_ARG_IN_OPT, _core.lib.FUSEDK_ARG_OUT_
 __all__ = [o.name for o in OPS]
 
 
+def _arg(name):
+    return name + "_" if name == "out" else name  # torch reserves `out` for its out= overloads
+
+
 def _schemas(o):
-    ins = ", ".join(f"Tensor{'?' if o.tensors[i][1] == _IN_OPT else ''} {o.tensors[i][0]}" for i in o.inputs)
+    ins = ", ".join(f"Tensor{'?' if o.tensors[i][1] == _IN_OPT else ''} {_arg(o.tensors[i][0])}" for i in o.inputs)
     attrs = "".join(f", {'float' if t == _F32 else 'int'} {n}" for n, t, _ in o.attrs)
     n_opt = sum(o.tensors[i][1] == _OUT_OPT for i, _, _ in o.outputs)
     rets = "Tensor[]" if n_opt else ("Tensor" if len(o.outputs) == 1 else f"({', '.join(['Tensor'] * len(o.outputs))})")
-    outs = "".join(f", Tensor({chr(97 + k)}!){'?' if o.tensors[i][1] == _OUT_OPT else ''} {o.tensors[i][0]}"
+    outs = "".join(f", Tensor({chr(97 + k)}!){'?' if o.tensors[i][1] == _OUT_OPT else ''} {_arg(o.tensors[i][0])}"
                    for k, (i, _, _) in enumerate(o.outputs))
     return f"({ins}{attrs}) -> {rets}", f"({ins}{attrs}{outs}) -> ()"
 
@@ -104,7 +109,8 @@ def _route(op, x, args, a0, a1, stream):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+_pkg = sys.modules[__package__]
 for _o in OPS:
     _register(_o)
-    globals()[_o.name] = _core.rebind(globals()[_o.name], _route)  # fusedk's function through the operators
+    globals()[_o.name] = _core.rebind(getattr(_pkg, _o.name), _route)  # fusedk's function through the operators
 del _o

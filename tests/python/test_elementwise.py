@@ -1,0 +1,132 @@
+"""[elementwise] act, silu_fma and gated_residual: the CPU references (through the bindings, on
+NumPy arrays) against float64 NumPy oracles, over every dtype, awkward shapes, strided and
+broadcast views, out= and in place, and a bad value for every argument."""
+import numpy as np
+import pytest
+
+import fusedk
+import oracle
+from oracle import DTYPES, assert_close
+
+rng = np.random.default_rng()
+SHAPES = [(1, 1), (3, 7), (2, 5, 64), (1, 3072), (4, 1000), (2, 3, 4, 9)]
+KINDS = ["gelu", "gelu_tanh", "silu", "relu"]
+
+
+def rand(shape, dtype, scale=2.0):
+    return (scale * rng.standard_normal(shape)).astype(dtype)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_act(shape, dtype, kind):
+    x = rand(shape, dtype, 4.0)
+    y = fusedk.act(x, kind)
+    assert y.dtype == dtype and y.shape == shape
+    assert_close(y, oracle.act(x, kind), dtype, what=f"act {kind}")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the oracle's own inf * 0
+def test_act_specials_and_in_place():
+    x = np.array([[np.nan, np.inf, -np.inf, 0.0, -0.0, 30.0, -30.0, 1e-30]], np.float32)
+    for kind in KINDS:
+        assert_close(fusedk.act(x, kind), oracle.act(x, kind), np.float32, what=f"act {kind} specials")
+    y = rand((3, 64), np.float32)
+    want = oracle.act(y, "silu")
+    assert fusedk.act(y, "silu", out=y) is y
+    assert_close(y, want, np.float32, what="act in place")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_silu_fma(shape, dtype):
+    a, b, c = rand(shape, dtype), rand(shape, dtype), rand(shape, dtype)
+    assert_close(fusedk.silu_fma(a, b, c), oracle.silu_fma(a, b, c), dtype, what="silu_fma")
+
+
+def test_silu_fma_broadcast_and_strided_views():
+    a = rand((4, 96), np.float32)
+    b = np.broadcast_to(rand((96,), np.float32), (4, 96))  # stride 0 over rows
+    big = rand((4, 3 * 96), np.float32)
+    c = big[:, 96:192]  # a strided view (a chunk of a projection)
+    assert_close(fusedk.silu_fma(a, b, c), oracle.silu_fma(a, b, c), np.float32, what="silu_fma views")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 5, 64), (3, 17, 1152), (1, 4, 3072)], ids=str)
+def test_gated_residual(shape, dtype):
+    x, y = rand(shape, dtype), rand(shape, dtype)
+    mod = rand((shape[0], 6 * shape[2]), dtype)
+    gate = mod[:, 2 * shape[2]:3 * shape[2]]  # a chunk of the [B, 6D] AdaLN-Zero modulation
+    out = fusedk.gated_residual(x, y, gate)
+    assert_close(out, oracle.gated_residual(x, y, gate), dtype, what="gated_residual")
+    g1 = np.broadcast_to(rand((1, shape[2]), dtype), (shape[0], shape[2]))  # one gate for every sample
+    assert_close(fusedk.gated_residual(x, y, g1), oracle.gated_residual(x, y, g1), dtype, what="broadcast gate")
+
+
+def test_gated_residual_in_place():
+    x, y, g = rand((2, 9, 32), np.float16), rand((2, 9, 32), np.float16), rand((2, 32), np.float16)
+    want = oracle.gated_residual(x, y, g)
+    assert fusedk.gated_residual(x, y, g, out=x) is x
+    assert_close(x, want, np.float16, what="gated_residual in place")
+
+
+@pytest.mark.parametrize("case, status, reason", [
+    (lambda x, g: fusedk.act(x, "swish"), "INVALID_ARGUMENT", "act: kind is 'swish'"),
+    (lambda x, g: fusedk.act(x.astype(np.float64)), "DTYPE", "act: x has dtype float64"),
+    (lambda x, g: fusedk.act(x, out=np.empty((2, 3, 8), np.float32)), "SHAPE", "act: y has shape [2, 3, 8], expected [2, 3, 16]"),
+    (lambda x, g: fusedk.act(x, out=np.empty((2, 3, 16), np.float16)), "DTYPE", "act: y has dtype float16"),
+    (lambda x, g: fusedk.act(x[..., ::2]), "LAYOUT", "act: x has stride 2 in its last dim"),
+    (lambda x, g: fusedk.silu_fma(x, x, x[:, :2]), "SHAPE", "silu_fma: c has shape [2, 2, 16], expected [2, 3, 16] (same as a)"),
+    (lambda x, g: fusedk.silu_fma(x, x.astype(np.float16), x), "DTYPE", "silu_fma: b has dtype float16, expected float32 (the dtype of a)"),
+    (lambda x, g: fusedk.silu_fma(x, x, None), "INVALID_ARGUMENT", "silu_fma: c is NULL"),
+    (lambda x, g: fusedk.gated_residual(x, x, g[:1]), "SHAPE", "gated_residual: gate has shape [1, 16], expected [2, 16]"),
+    (lambda x, g: fusedk.gated_residual(x[0], x[0], g), "SHAPE", "gated_residual: x has ndim 2, expected 3"),
+    (lambda x, g: fusedk.gated_residual(x, x[:, :, :8], g), "SHAPE", "gated_residual: y has shape"),
+    (lambda x, g: fusedk.gated_residual(x, x, g, out=np.lib.stride_tricks.as_strided(
+        x.copy(), x.shape, (x.strides[0], 0, x.strides[2]))), "LAYOUT", "gated_residual: output out has stride 0"),
+])
+def test_bad_arguments(case, status, reason):
+    x, g = rand((2, 3, 16), np.float32), rand((2, 16), np.float32)
+    with pytest.raises(fusedk.Error) as e:
+        case(x, g)
+    assert e.value.status == "FUSEDK_ERR_" + status and reason in e.value.reason, e.value
+
+
+# --- the GPU kernels through torch and CuPy, against the CPU reference ---------------------------
+def _gpu_frameworks():
+    out = []
+    try:
+        import torch
+        if torch.cuda.is_available() and fusedk.kernel_info()["cuda"].get("devices"):
+            out.append(("torch", lambda a: torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).cuda().view(
+                torch.bfloat16) if a.dtype == oracle.BF16 else torch.from_numpy(np.ascontiguousarray(a)).cuda(),
+                lambda t: t.float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy()))
+    except ImportError:
+        pass
+    try:
+        import cupy
+        if fusedk.kernel_info()["cuda"].get("devices"):
+            out.append(("cupy", lambda a: None if a.dtype == oracle.BF16 else cupy.asarray(a), cupy.asnumpy))
+    except Exception:  # noqa: BLE001 - no CuPy, or no device for it
+        pass
+    return out
+
+
+@pytest.mark.skipif(not _gpu_frameworks(), reason="no CUDA device with torch or CuPy")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 37, 1), (2, 37, 111), (3, 257, 1152), (1, 2, 65536)], ids=str)
+def test_gpu_matches_the_reference(shape, dtype):
+    from oracle import assert_close_gpu
+    x, y, z = rand(shape, dtype), rand(shape, dtype), rand(shape, dtype)
+    g = rand((shape[0], 6 * shape[2]), dtype)[:, shape[2]:2 * shape[2]]
+    for fw, to_dev, to_host in _gpu_frameworks():
+        dev = [to_dev(a) for a in (x, y, z, g)]
+        if any(d is None for d in dev):
+            continue  # CuPy has no bfloat16 arrays
+        for kind in KINDS:
+            assert_close_gpu(to_host(fusedk.act(dev[0], kind)), fusedk.act(x, kind), dtype, what=f"{fw} act {kind}")
+        assert_close_gpu(to_host(fusedk.silu_fma(*dev[:3])), fusedk.silu_fma(x, y, z), dtype, what=f"{fw} silu_fma")
+        assert_close_gpu(to_host(fusedk.gated_residual(dev[0], dev[1], dev[3])), fusedk.gated_residual(x, y, g), dtype,
+                         what=f"{fw} gated_residual")
