@@ -4,7 +4,7 @@
 # $OUT (default ./out); the last lines printed are the summary.
 #   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--percall] [--no-percall] [--tune] [--ncu]
 # (--no-bench --percall: the suites and the per-call table, without the kernel bench;
-#  --no-percall: the kernel bench without the per-call table)
+#  --no-percall: the kernel bench without the per-call table; BENCH_OPS=act,silu_fma limits it)
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -52,7 +52,7 @@ if { [ $bench = 1 ] && [ $no_percall = 0 ]; } || [ $percall = 1 ]; then  # the u
 fi
 if [ $bench = 1 ] && [ -f bench/bench.py ]; then
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
-    python3 bench/bench.py --out "$OUT/bench" $quick >"$OUT/bench.log" 2>&1
+    python3 bench/bench.py --out "$OUT/bench" $quick ${BENCH_OPS:+--ops $BENCH_OPS} >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
   tail -60 "$OUT/bench.log"
 fi
