@@ -628,8 +628,8 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
 //
 // Launch shape: G threads per row (a power of two that divides the row's 16-byte vectors into
 // nearly equal passes, at most 256), 256 / G rows per block, a grid-stride loop over rows with a
-// grid of 8 blocks per SM (a full SM). Each thread moves two vectors per step, loads first. Each
-// vector is read once per input and written once, streaming; the per-sample gate of
+// grid of 8 blocks per SM (a full SM). Each thread moves U vectors per step (2; act 4), loads
+// first. Each vector is read once per input and written once, streaming; the per-sample gate of
 // gated_residual goes through the read-only path (re-read by every row of its sample).
 // ---------------------------------------------------------------------------------------------
 
@@ -687,9 +687,11 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
         store_cs<T, VEC>(y + (j + k * G) * VEC, v[k]);
       }
     };
+    // act moves 4 bytes an element against silu_fma's 8: it needs twice the vectors in flight
+    constexpr int U = OP == FUSEDK_OP_ACT ? 4 : 2;
     int64_t j = threadIdx.x;
-    for (; j + G < nvec; j += 2 * G) step(j, int_c<2>());
-    if (j < nvec) step(j, int_c<1>());
+    for (; j + (U - 1) * G < nvec; j += U * G) step(j, int_c<U>());
+    for (; j < nvec; j += G) step(j, int_c<1>());
   }
 }
 
