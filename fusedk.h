@@ -81,7 +81,9 @@
 
    VERSIONING
      FUSEDK_VERSION_MAJOR changes when the C ABI or an op's semantics change incompatibly,
-     MINOR when ops or arguments are added (enums only grow), PATCH for fixes and speed.
+     MINOR when ops or arguments are added (enums only grow), PATCH for fixes and speed. While
+     MAJOR is 0, a MINOR release may change the ABI: 0.3 added fields to fusedk_op and
+     fusedk_op_tensor (argument roles); rebuild against the header you link.
 */
 #ifndef FUSEDK_H
 #define FUSEDK_H
@@ -1148,6 +1150,11 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
   if (i < 0 || i >= FUSEDK_OP_COUNT)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: op %d, expected 0..%d", (int)i, FUSEDK_OP_COUNT - 1);
   if (!t || !a) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: %s: tensors or attrs is NULL", fusedk__ops[i].name);
+  for (int k = 0; k < fusedk__ops[i].n_attrs; ++k) /* integer attributes: cast only what is one */
+    if (fusedk__ops[i].attrs[k].type == FUSEDK_ATTR_I32 &&
+        !(a[k] >= -2147483648.0 && a[k] <= 2147483647.0 && a[k] == floor(a[k])))
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: attribute %s is %g, expected an integer",
+                          fusedk__ops[i].name, fusedk__ops[i].attrs[k].name, a[k]);
   switch ((fusedk_op_id)i) {
     case FUSEDK_OP_RMSNORM: return fusedk_rmsnorm(t[0], t[1], t[2], t[3], t[4], (float)a[0], s);
     case FUSEDK_OP_LAYERNORM: return fusedk_layernorm(t[0], t[1], t[2], t[3], (float)a[0], s);

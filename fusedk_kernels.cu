@@ -28,6 +28,7 @@
 #include <stdio.h>
 
 #include <atomic>
+#include <mutex>
 #include <type_traits>
 
 namespace {
@@ -91,18 +92,20 @@ int device_sms(int device_id) {
 
 // Shared memory beyond 48 KB a block (dynamic `smem` + the kernel's static `fixed`) needs the
 // kernel's opt-in attribute (its dynamic part), per kernel and device. Set once per (kernel,
-// device) at the largest size asked so far, not on every launch.
+// device) at the largest size asked so far, not on every launch: the fast path is one atomic
+// read; raising it takes a lock, so that two threads asking for different sizes cannot leave the
+// attribute below what the cache says.
 template <auto Kernel> cudaError_t smem_opt_in(size_t smem, size_t fixed, int device_id) {
   static std::atomic<int> set[kMaxDevices];
+  static std::mutex raise;
   if (smem + fixed <= (48 << 10)) return cudaSuccess;
-  const bool cached = device_id >= 0 && device_id < kMaxDevices;
-  if (cached && (size_t)set[device_id].load(std::memory_order_relaxed) >= smem) return cudaSuccess;
+  if (device_id < 0 || device_id >= kMaxDevices)
+    return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if ((size_t)set[device_id].load(std::memory_order_acquire) >= smem) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(raise);
+  if ((size_t)set[device_id].load(std::memory_order_relaxed) >= smem) return cudaSuccess;
   const cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e == cudaSuccess && cached) {
-    int cur = set[device_id].load(std::memory_order_relaxed);
-    while (cur < (int)smem && !set[device_id].compare_exchange_weak(cur, (int)smem)) {
-    }
-  }
+  if (e == cudaSuccess) set[device_id].store((int)smem, std::memory_order_release);
   return e;
 }
 

@@ -263,6 +263,14 @@ static void registry_cases(void) {
          fusedk_failure_reason());
   st = fusedk_op_call(FUSEDK_OP_COUNT, t, a, NULL);
   EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "op_call: op"), "op_call bad id");
+  const fusedk_tensor *none[FUSEDK_OP_MAX_TENSORS] = {0};
+  const double frac[2] = {2.5, 1e-6}, nan_attr[1] = {NAN};
+  st = fusedk_op_call(FUSEDK_OP_ADALN, none, frac, NULL);
+  EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "adaln: attribute norm is 2.5, expected an integer"),
+         "op_call: a fractional integer attribute: %s", fusedk_failure_reason());
+  st = fusedk_op_call(FUSEDK_OP_ACT, none, nan_attr, NULL);
+  EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "act: attribute kind is nan"),
+         "op_call: a NaN integer attribute: %s", fusedk_failure_reason());
   st = fusedk_op_call(FUSEDK_OP_RMSNORM, NULL, a, NULL);
   EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "rmsnorm"), "op_call NULL tensors");
   char info[4096];

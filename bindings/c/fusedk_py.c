@@ -68,6 +68,7 @@ static struct {
   void *(*err_occurred)(void);
   void *(*capsule_pointer)(void *, const char *); /* PyCapsule_GetPointer */
   void *(*cfunction_new)(void *, void *, void *); /* PyCFunction_NewEx */
+  void *(*long_from)(long);                       /* PyLong_FromLong */
 } py;
 
 static FUSEDK__PY_TLS int last; /* the last routed call's status, or -1: left to the generic path */
@@ -100,28 +101,43 @@ static void alloc_error(void *ctx, const char *kind, const char *message) {
 
 static int is_gpu(int32_t t) { return t == FUSEDK_DEVICE_CUDA || t == FUSEDK_DEVICE_CUDA_MANAGED; }
 
-/* Returns the outputs that exist, in registry order: the caller's out= objects, or the new ones
-   (made[i]: handed back through the exchange API; else obj[i] already holds a new reference). */
+/* Returns the outputs that exist, in registry order (a new reference): the caller's out=
+   objects, or the new ones (made[i]: handed to the framework through the exchange API, which
+   takes ownership whatever it returns, so made[i] is cleared; else obj[i] already holds a new
+   reference when owned[i]). NULL when the result cannot be built: the failure reason is set,
+   nothing is leaked, and the caller still owns the made[] tensors left. */
 static void *results(const fusedk_op *o, const fusedk_tensor *const *t, void *const *obj,
-                     fusedk_dlmanaged_versioned *const *made, const fusedk_xapi *x, const int *owned, int n_out) {
+                     fusedk_dlmanaged_versioned **made, const fusedk_xapi *x, const int *owned, int n_out) {
   void *res = n_out > 1 ? py.tuple_new(n_out) : NULL, *one = NULL;
-  int k = 0;
+  int k = 0, ok = n_out <= 1 || res != NULL;
+  if (!ok) fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: building the tuple of results failed", o->name);
   for (int i = 0; i < o->n_tensors; ++i) {
     const fusedk_op_tensor *a = &o->tensors[i];
     if (a->kind < FUSEDK_ARG_OUT || !t[i]) continue;
     void *r = obj[i];
     if (made && made[i]) {
-      if (x->managed_to_py(made[i], &r) != 0) { /* the tensor was written but cannot be handed back */
-        py.err_clear();
-        r = py.none;
+      r = NULL;
+      if (!ok) continue; /* the caller deletes it */
+      const int st = x->managed_to_py(made[i], &r);
+      made[i] = NULL; /* stolen, success or not */
+      if (st != 0 || !r) { /* written, but it cannot be handed back */
+        r = NULL;
+        ok = 0;
         fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: handing %s back to the framework failed", o->name, a->name);
+        continue;
       }
-      if (r == py.none) py.incref(r);
     } else if (!owned || !owned[i]) { /* the caller's out=: returned as a new reference */
       py.incref(r);
     }
-    if (res) py.tuple_setitem(res, k++, r);
-    else one = r;
+    if (res) py.tuple_setitem(res, k++, r); /* steals r */
+    else if (ok) one = r;
+    else py.decref(r);
+  }
+  if (!ok) {
+    py.err_clear();
+    if (res) py.decref(res);
+    if (one) py.decref(one);
+    return NULL;
   }
   last = FUSEDK_OK;
   return res ? res : one;
@@ -154,13 +170,16 @@ static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, double 
     if (!ref && o->tensors[i].kind <= FUSEDK_ARG_IN_OPT) ref = t[i];
   }
   int n_out = 0;
-  fusedk_status status = FUSEDK_OK;
+  int status = FUSEDK_OK; /* or -1: the generic path takes the call */
   for (int i = 0; i < o->n_tensors; ++i) {
     const fusedk_op_tensor *a = &o->tensors[i];
     if (a->kind < FUSEDK_ARG_OUT || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
     ++n_out;
     if (t[i]) continue; /* out= given */
-    if (!t[a->like]) return failed(-1); /* a required input is missing: the generic path says which */
+    if (!t[a->like]) { /* a required input is missing: the generic path says which */
+      status = -1;
+      break;
+    }
     fusedk_tensor proto = *t[a->like];
     proto.strides = NULL, proto.byte_offset = 0, proto.data = NULL;
     alloc_ctx ctx = {o->name, a->name};
@@ -184,12 +203,11 @@ static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, double 
     const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, 0.0, 0.0};
     status = fusedk_op_call(op, t, attrs, (struct CUstream_st *)s);
   }
-  if (status != FUSEDK_OK) {
-    for (int i = 0; i < o->n_tensors; ++i)
-      if (made[i] && made[i]->deleter) made[i]->deleter(made[i]);
-    return failed(status);
-  }
-  return results(o, t, obj, made, x, NULL, n_out);
+  void *res = status == FUSEDK_OK ? results(o, t, obj, made, x, NULL, n_out) : NULL;
+  if (res) return res;
+  for (int i = 0; i < o->n_tensors; ++i)
+    if (made[i] && made[i]->deleter) made[i]->deleter(made[i]);
+  return failed(status == FUSEDK_OK ? FUSEDK_ERR_OUT_OF_MEMORY : status);
 }
 
 /* --- routes: how arrays of one Python type reach the library ----------------------------- */
@@ -273,19 +291,22 @@ static long long dtype_code(route *r, void *dt) {
 /* The view of a CuPy-like array: 0, or -1 where the generic path should look at it (it reports
    what is wrong). */
 static int attrs_view(route *r, void *obj, fusedk_tensor *v, int64_t *dims) {
-  int err = 0;
-  void *data = py.getattr(obj, "data"), *dt = py.getattr(obj, "dtype");
-  void *shape = py.getattr(obj, "shape"), *strides = py.getattr(obj, "strides");
-  long long ptr = data ? attr_ll(data, "ptr", &err) : 0, dev = data ? attr_ll(data, "device_id", &err) : 0;
-  long long c = dt ? dtype_code(r, dt) : -1;
-  intptr_t n = shape ? py.tuple_size(shape) : -1;
+  int err = 0; /* each read only while nothing has failed: no CPython call with an error set */
+  void *data = py.getattr(obj, "data");
+  void *dt = data ? py.getattr(obj, "dtype") : NULL;
+  void *shape = dt ? py.getattr(obj, "shape") : NULL;
+  void *strides = shape ? py.getattr(obj, "strides") : NULL;
+  long long ptr = strides ? attr_ll(data, "ptr", &err) : 0;
+  long long dev = strides && !err ? attr_ll(data, "device_id", &err) : 0;
+  long long c = strides && !err ? dtype_code(r, dt) : -1;
+  intptr_t n = c >= 0 ? py.tuple_size(shape) : -1;
   int ok = data && dt && shape && strides && !err && c >= 0 && n >= 0 && n <= FUSEDK_MAX_DIMS &&
            py.tuple_size(strides) == n;
   const int64_t item = ((c >> 8) & 0xff) / 8 * ((c >> 16) & 0xffff);
   for (intptr_t d = 0; ok && d < n; ++d) {
     dims[d] = py.as_longlong(py.tuple_getitem(shape, d));
-    const long long b = py.as_longlong(py.tuple_getitem(strides, d));
-    ok = dims[d] >= 0 && item > 0 && b % item == 0;
+    const long long b = dims[d] >= 0 ? py.as_longlong(py.tuple_getitem(strides, d)) : 0;
+    ok = dims[d] >= 0 && !py.err_occurred() && item > 0 && b % item == 0;
     dims[n + d] = b / (item > 0 ? item : 1);
   }
   void *refs[4] = {data, dt, shape, strides};
@@ -378,7 +399,11 @@ static void *attrs_call(route *r, int32_t op, void *args, double a0, double a1, 
     const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, 0.0, 0.0};
     status = fusedk_op_call(op, t, attrs, (struct CUstream_st *)(intptr_t)stream);
   }
-  if (status == FUSEDK_OK) return results(o, t, obj, NULL, NULL, owned, n_out);
+  if (status == FUSEDK_OK) {
+    void *res = results(o, t, obj, NULL, NULL, owned, n_out);
+    if (res) return res; /* the owned outputs are in it (or were released by results) */
+    return failed(FUSEDK_ERR_OUT_OF_MEMORY);
+  }
 out:
   py.err_clear();
   for (int i = 0; i < o->n_tensors; ++i)
@@ -416,8 +441,8 @@ static void *call_python(void *fn, void *const *args, int n) {
 /* call(op, x, args, a0, a1, stream): op an int, x the op's first input (its exact type picks the
    route), args the op's tensors in registry order, a0/a1 its attributes, stream None or an int.
    Anything else (an unrouted type, a stream object, attributes that are not numbers) goes to
-   slow(op, x, args, a0, a1, stream); a failure to failed(op, args, a0, a1, stream), which runs
-   the generic path or raises. */
+   slow(op, x, args, a0, a1, stream); a failure to failed(op, args, a0, a1, stream, status),
+   which runs the generic path (status -1) or raises. */
 static void *fast_call(void *self, void *const *args, intptr_t n) {
   (void)self;
   if (n != 6) return call_python(slow_fn, args, (int)n);
@@ -427,18 +452,28 @@ static void *fast_call(void *self, void *const *args, intptr_t n) {
   for (int i = 0; i < n_routes && !r; ++i)
     if (routes[i].type == tp) r = &routes[i];
   if (!r) return call_python(slow_fn, args, 6);
-  const long long op = py.as_longlong(args[0]);
-  const double a0 = py.as_double(args[3]), a1 = py.as_double(args[4]);
-  const long long stream = args[5] == py.none ? -1 : py.as_longlong(args[5]);
-  if (py.err_occurred() || (args[5] != py.none && stream < 0) || op < 0 || op >= FUSEDK_OP_COUNT) {
+  /* each conversion only while nothing has failed (no CPython call with an error set) */
+  long long op = py.as_longlong(args[0]), stream = -1;
+  double a0 = 0.0, a1 = 0.0;
+  int bad = py.err_occurred() != NULL || op < 0 || op >= FUSEDK_OP_COUNT;
+  if (!bad) a0 = py.as_double(args[3]), bad = py.err_occurred() != NULL;
+  if (!bad) a1 = py.as_double(args[4]), bad = py.err_occurred() != NULL;
+  if (!bad && args[5] != py.none) stream = py.as_longlong(args[5]), bad = py.err_occurred() != NULL || stream < 0;
+  if (bad) {
     py.err_clear();
     return call_python(slow_fn, args, 6);
   }
   void *res = route_call(r, (int32_t)op, args[2], a0, a1, stream);
   if (res != py.none) return res;
   py.decref(res);
-  void *const fa[5] = {args[0], args[2], args[3], args[4], args[5]};
-  return call_python(failed_fn, fa, 5);
+  /* the status travels as an argument: a finalizer's fusedk call on the way could overwrite
+     this thread's `last` */
+  void *st = py.long_from(last);
+  if (!st) return NULL;
+  void *const fa[6] = {args[0], args[2], args[3], args[4], args[5], st};
+  res = call_python(failed_fn, fa, 6);
+  py.decref(st);
+  return res;
 }
 
 /* PyMethodDef, layout-identical; METH_FASTCALL (CPython >= 3.7) */

@@ -138,10 +138,11 @@ def exchange_api(t):
     return ptr if ptr and ctypes.c_uint32.from_address(ptr).value == 1 else 0
 
 
-def c_failed(op, args, a0, a1, stream):
+def c_failed(op, args, a0, a1, stream, st=None):
     """After a C route returned None: the generic path takes the call (status -1: an argument it
-    could not view), or the failure is raised."""
-    st = pylib.fusedk_py_last()
+    could not view), or the failure is raised. st: the route's status (else this thread's last)."""
+    if st is None:
+        st = pylib.fusedk_py_last()
     if st < 0:
         return generic(OPS[op], args, a0, a1, stream)
     raise error(st)
