@@ -38,6 +38,8 @@
      fusedk_act          y = act(x), act = gelu (erf) | gelu_tanh | silu | relu
      fusedk_silu_fma     y = silu(a + b * c)
      fusedk_gated_residual   out = x + gate[b] * y       (gate [B, D], a modulation chunk)
+     fusedk_glu          x[..., 2H] -> y[..., H] = act(one half) * the other half
+     fusedk_glu_pair     y = value * act(gate)
 
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
@@ -296,6 +298,17 @@ FUSEDK_DEF fusedk_status fusedk_gated_residual(const fusedk_tensor *out, const f
                                                const fusedk_tensor *y, const fusedk_tensor *gate,
                                                struct CUstream_st *stream);
 
+/* Gated linear units. glu: x[..., 2H] -> y[..., H], y = act(a) * b where a is the half named by
+   act_half (FUSEDK_GLU_FIRST: x[..., :H], FUSEDK_GLU_SECOND: x[..., H:]) and b the other half.
+   SwiGLU (TE, Liger, Mochi) = (SILU, FIRST); diffusers' GEGLU = (GELU, SECOND).
+   glu_pair: y = value * act(gate), one shape (e.g. two strided views of one projection). */
+typedef enum fusedk_glu_half { FUSEDK_GLU_FIRST = 0, FUSEDK_GLU_SECOND = 1 } fusedk_glu_half;
+FUSEDK_DEF fusedk_status fusedk_glu(const fusedk_tensor *y, const fusedk_tensor *x, fusedk_activation act,
+                                    fusedk_glu_half act_half, struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_glu_pair(const fusedk_tensor *y, const fusedk_tensor *value,
+                                         const fusedk_tensor *gate, fusedk_activation act,
+                                         struct CUstream_st *stream);
+
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
    fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
@@ -308,9 +321,11 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM = 3,
   FUSEDK_OP_ACT = 4,
   FUSEDK_OP_SILU_FMA = 5,
-  FUSEDK_OP_GATED_RESIDUAL = 6
+  FUSEDK_OP_GATED_RESIDUAL = 6,
+  FUSEDK_OP_GLU = 7,
+  FUSEDK_OP_GLU_PAIR = 8
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 7
+#define FUSEDK_OP_COUNT 9
 #define FUSEDK_OP_MAX_TENSORS 8
 #define FUSEDK_OP_MAX_ATTRS 4
 
@@ -326,7 +341,8 @@ typedef enum fusedk_arg_kind {
 typedef enum fusedk_arg_role {
   FUSEDK_ROLE_ROW = 0,          /* the reference's shape [..., D] */
   FUSEDK_ROLE_COLUMN = 1,       /* [D], contiguous: a per-column operand (weight, bias) */
-  FUSEDK_ROLE_SAMPLE = 2        /* [B, D] of a [B, L, D] op, any row stride (0 broadcasts) */
+  FUSEDK_ROLE_SAMPLE = 2,       /* [B, D] of a [B, L, D] op, any row stride (0 broadcasts) */
+  FUSEDK_ROLE_ROW_HALF = 3      /* the reference's leading dims, half its last dim [..., D/2] */
 } fusedk_arg_role;
 
 typedef enum fusedk_attr_type {
@@ -404,7 +420,8 @@ typedef struct fusedk__norm_args {
 } fusedk__norm_args;
 
 /* Every op of the elementwise family: y = f(in[0], in[1], in[2]) per element; in[k].p == NULL:
-   absent. gated_residual's gate is in[2] as a per-sample vector (sl = 0). */
+   absent. gated_residual's gate is in[2] as a per-sample vector (sl = 0). glu and glu_pair run
+   as op FUSEDK_OP_GLU: y = act(in[0]) * in[1] (glu: the two halves of x's rows, D = H). */
 typedef struct fusedk__ew_args {
   int32_t op;       /* fusedk_op_id */
   int32_t scalar;   /* fusedk_scalar */
@@ -750,6 +767,10 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
      {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("y", FUSEDK__ROW),
       FUSEDK__IN("gate", FUSEDK__SMP)},
      {FUSEDK__NO_ATTR}},
+    {"glu", 2, 2, 0, {{"y", FUSEDK_ARG_OUT, 1, -1, FUSEDK_ROLE_ROW_HALF}, FUSEDK__IN("x", FUSEDK__ROW)},
+     {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}, {"act_half", FUSEDK_ATTR_I32, FUSEDK_GLU_FIRST}}},
+    {"glu_pair", 3, 1, 0, {FUSEDK__OUT("y", 1), FUSEDK__IN("value", FUSEDK__ROW), FUSEDK__IN("gate", FUSEDK__ROW)},
+     {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -793,7 +814,8 @@ static fusedk_status fusedk__flatten_rows(const fusedk_op *o, const fusedk_tenso
                                           fusedk__rowset *s) {
   const fusedk_tensor *rows[FUSEDK_OP_MAX_TENSORS] = {0};
   int64_t size[FUSEDK_MAX_DIMS], st[FUSEDK_OP_MAX_TENSORS][FUSEDK_MAX_DIMS];
-  for (int k = 0; k < o->n_tensors; ++k) rows[k] = o->tensors[k].role == FUSEDK_ROLE_ROW ? t[k] : NULL;
+  for (int k = 0; k < o->n_tensors; ++k)
+    rows[k] = o->tensors[k].role == FUSEDK_ROLE_ROW || o->tensors[k].role == FUSEDK_ROLE_ROW_HALF ? t[k] : NULL;
   int m = fusedk__levels(t[ref], o->n_tensors, rows, size, st);
   if (m > 2) {
     char shp[160];
@@ -848,6 +870,14 @@ static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *c
       if (a->role == FUSEDK_ROLE_ROW) {
         snprintf(why, sizeof why, "same as %s", xn);
         st = fusedk__check_shape(&s->c, t[i], a->name, x->ndim, x->shape, why);
+      } else if (a->role == FUSEDK_ROLE_ROW_HALF) {
+        int64_t half[FUSEDK_MAX_DIMS];
+        memcpy(half, x->shape, (size_t)x->ndim * sizeof *half);
+        half[x->ndim - 1] = s->D / 2;
+        snprintf(why, sizeof why, "%s with half its last dim", xn);
+        st = s->D % 2 ? fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has last dim %lld, expected an even size (two "
+                                     "halves)", o->name, xn, (long long)s->D)
+                      : fusedk__check_shape(&s->c, t[i], a->name, x->ndim, half, why);
       } else if (a->role == FUSEDK_ROLE_COLUMN) {
         snprintf(why, sizeof why, "last dim of %s", xn);
         st = fusedk__check_shape(&s->c, t[i], a->name, 1, bd + 1, why);
@@ -863,7 +893,7 @@ static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *c
   if (o->row_ndim != 3) return fusedk__flatten_rows(o, t, ref, s);
   s->B = B, s->L = x->shape[1]; /* [B, L, D]: B stays, the per-sample vectors index it */
   for (int i = 0; i < o->n_tensors; ++i)
-    if (t[i] && o->tensors[i].role == FUSEDK_ROLE_ROW)
+    if (t[i] && (o->tensors[i].role == FUSEDK_ROLE_ROW || o->tensors[i].role == FUSEDK_ROLE_ROW_HALF))
       s->r[i].sb = fusedk__stride(t[i], 0), s->r[i].sl = fusedk__stride(t[i], 1);
   return FUSEDK_OK;
 }
@@ -1086,6 +1116,7 @@ static void fusedk__elementwise_cpu(const fusedk__ew_args *a) {
         double r;
         if (a->op == FUSEDK_OP_ACT) r = fusedk__act_f64(v, a->kind);
         else if (a->op == FUSEDK_OP_SILU_FMA) r = fusedk__act_f64(v + fusedk__load(p[1], d, s) * fusedk__load(p[2], d, s), FUSEDK_ACT_SILU);
+        else if (a->op == FUSEDK_OP_GLU) r = fusedk__act_f64(v, a->kind) * fusedk__load(p[1], d, s);
         else r = v + fusedk__load(p[2], d, s) * fusedk__load(p[1], d, s); /* gated_residual */
         fusedk__store(y, d, r, s);
       }
@@ -1111,11 +1142,61 @@ static fusedk_status fusedk__elementwise(int op, const fusedk_tensor *const *t, 
   return FUSEDK_OK;
 }
 
+static fusedk_status fusedk__check_act(const char *op, const char *name, int kind) {
+  if (kind < FUSEDK_ACT_GELU || kind > FUSEDK_ACT_RELU)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %d, expected FUSEDK_ACT_GELU (0), GELU_TANH (1), "
+                        "SILU (2) or RELU (3)", op, name, kind);
+  return FUSEDK_OK;
+}
+
+/* glu (x split in halves) and glu_pair (value, gate): y = act(a) * b as one FUSEDK_OP_GLU run. */
+static fusedk_status fusedk__glu(int op, const fusedk_tensor *const *t, int act, int act_half,
+                                 struct CUstream_st *stream) {
+  const fusedk_op *o = &fusedk__ops[op];
+  fusedk_status st = fusedk__check_act(o->name, "act", act);
+  if (st) return st;
+  if (act_half != FUSEDK_GLU_FIRST && act_half != FUSEDK_GLU_SECOND)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "glu: act_half is %d, expected FUSEDK_GLU_FIRST (0) or "
+                        "FUSEDK_GLU_SECOND (1)", act_half);
+  fusedk__rowset s;
+  if ((st = fusedk__validate(o, t, &s))) return st;
+  fusedk__ew_args a;
+  memset(&a, 0, sizeof a);
+  a.op = FUSEDK_OP_GLU, a.scalar = s.c.scalar, a.kind = act;
+  a.B = s.B, a.L = s.L, a.D = s.D;
+  a.y = s.r[0];
+  if (op == FUSEDK_OP_GLU) { /* the halves of x: same rows, the second H elements further */
+    a.D = s.D / 2;
+    fusedk__rows h = s.r[1];
+    h.p = (char *)h.p + a.D * (int64_t)fusedk__scalar_size(s.c.scalar);
+    a.in[0] = act_half == FUSEDK_GLU_FIRST ? s.r[1] : h;
+    a.in[1] = act_half == FUSEDK_GLU_FIRST ? h : s.r[1];
+  } else {
+    a.in[0] = s.r[2], a.in[1] = s.r[1]; /* act(gate) * value */
+  }
+  if (a.B * a.L == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_elementwise(&a, o->name, s.c.dev.device_id, stream);
+  fusedk__elementwise_cpu(&a);
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_glu(const fusedk_tensor *y, const fusedk_tensor *x, fusedk_activation act,
+                                    fusedk_glu_half act_half, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, x};
+  return fusedk__glu(FUSEDK_OP_GLU, t, act, act_half, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_glu_pair(const fusedk_tensor *y, const fusedk_tensor *value,
+                                         const fusedk_tensor *gate, fusedk_activation act,
+                                         struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, value, gate};
+  return fusedk__glu(FUSEDK_OP_GLU_PAIR, t, act, FUSEDK_GLU_FIRST, stream);
+}
+
 FUSEDK_DEF fusedk_status fusedk_act(const fusedk_tensor *y, const fusedk_tensor *x, fusedk_activation kind,
                                     struct CUstream_st *stream) {
-  if ((int)kind < FUSEDK_ACT_GELU || (int)kind > FUSEDK_ACT_RELU)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "act: kind is %d, expected FUSEDK_ACT_GELU (0), GELU_TANH (1), "
-                        "SILU (2) or RELU (3)", (int)kind);
+  fusedk_status st = fusedk__check_act("act", "kind", (int)kind);
+  if (st) return st;
   const fusedk_tensor *t[] = {y, x};
   return fusedk__elementwise(FUSEDK_OP_ACT, t, kind, stream);
 }
@@ -1164,6 +1245,8 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_ACT: return fusedk_act(t[0], t[1], (fusedk_activation)(int)a[0], s);
     case FUSEDK_OP_SILU_FMA: return fusedk_silu_fma(t[0], t[1], t[2], t[3], s);
     case FUSEDK_OP_GATED_RESIDUAL: return fusedk_gated_residual(t[0], t[1], t[2], t[3], s);
+    case FUSEDK_OP_GLU: return fusedk_glu(t[0], t[1], (fusedk_activation)(int)a[0], (fusedk_glu_half)(int)a[1], s);
+    case FUSEDK_OP_GLU_PAIR: return fusedk_glu_pair(t[0], t[1], t[2], (fusedk_activation)(int)a[0], s);
   }
   return FUSEDK_ERR_INVALID_ARGUMENT;
 }

@@ -15,7 +15,8 @@
 //   [reduce]    warp and row-group sums
 //   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows_kernel and
 //               fusedk__cuda_norm (launcher); the tuning hook (FUSEDK_TUNING builds only)
-//   [elementwise] act, silu_fma, gated_residual: elementwise_rows_kernel, fusedk__cuda_elementwise
+//   [elementwise] act, silu_fma, gated_residual, glu, glu_pair: elementwise_rows_kernel,
+//               fusedk__cuda_elementwise
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count,
 //               fusedk__cuda_info
 #define FUSEDK__INTERNAL
@@ -627,7 +628,8 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// [elementwise] act, silu_fma, gated_residual: one kernel over rows of D elements.
+// [elementwise] act, silu_fma, gated_residual, glu, glu_pair: one kernel over rows of D elements
+// (glu: the rows of x's two halves, D = H).
 //
 // Launch shape: G threads per row (a power of two that divides the row's 16-byte vectors into
 // nearly equal passes, at most 256), 256 / G rows per block, a grid-stride loop over rows with a
@@ -664,7 +666,7 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
     }
     const T *p0 = at<T>(a.in[0], b, l);
     const T *p1 = OP == FUSEDK_OP_ACT ? nullptr : at<T>(a.in[1], b, l);
-    const T *p2 = OP == FUSEDK_OP_ACT ? nullptr : at<T>(a.in[2], b, l);
+    const T *p2 = OP == FUSEDK_OP_SILU_FMA || OP == FUSEDK_OP_GATED_RESIDUAL ? at<T>(a.in[2], b, l) : nullptr;
     T *y = at<T>(a.y, b, l);
     // U vectors per step, every load issued before the first store (an output aliases an input
     // only exactly, so each element's own load still precedes its store)
@@ -685,6 +687,7 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
         for (int i = 0; i < VEC; ++i) {
           if constexpr (OP == FUSEDK_OP_SILU_FMA) v[k][i] = act_f32(fmaf(u[k][i], w[k][i], v[k][i]), FUSEDK_ACT_SILU);
           else if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) v[k][i] = fmaf(w[k][i], u[k][i], v[k][i]);
+          else if constexpr (OP == FUSEDK_OP_GLU) v[k][i] = act_f32(v[k][i], KIND) * u[k][i];
           else v[k][i] = act_f32(v[k][i], KIND);
         }
         store_cs<T, VEC>(y + (j + k * G) * VEC, v[k]);
@@ -731,6 +734,9 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a, c
     case FUSEDK_OP_ACT:
       return dispatch_int<FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
           a.kind, [&](auto kind) { return go(int_c<FUSEDK_OP_ACT>(), kind); });
+    case FUSEDK_OP_GLU: // glu and glu_pair: act(in[0]) * in[1]
+      return dispatch_int<FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
+          a.kind, [&](auto kind) { return go(int_c<FUSEDK_OP_GLU>(), kind); });
     case FUSEDK_OP_SILU_FMA: return go(int_c<FUSEDK_OP_SILU_FMA>(), int_c<0>());
     case FUSEDK_OP_GATED_RESIDUAL: return go(int_c<FUSEDK_OP_GATED_RESIDUAL>(), int_c<0>());
   }

@@ -3,7 +3,8 @@
 elementwise ops.
 
     python3 bench/bench.py [--out DIR] [--quick]
-                           [--ops rmsnorm,rmsnorm_res,layernorm,adaln,rtg_rmsnorm,act,silu_fma,gated_residual]
+                           [--ops rmsnorm,rmsnorm_res,layernorm,adaln,rtg_rmsnorm,act,silu_fma,gated_residual,
+                                  geglu,swiglu]
                            [--no-jax] [--no-compile] [--no-liger]
 
 Needs a CUDA GPU and PyTorch (JAX and Liger optional). From the repository after `meson compile -C
@@ -37,7 +38,8 @@ os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 torch = F = fusedk = None  # imported in main(), so the report code below runs without them
 jax = jnp = None
 
-OPS = ("rmsnorm", "rmsnorm_res", "layernorm", "adaln", "rtg_rmsnorm", "act", "silu_fma", "gated_residual")
+OPS = ("rmsnorm", "rmsnorm_res", "layernorm", "adaln", "rtg_rmsnorm", "act", "silu_fma", "gated_residual", "geglu",
+       "swiglu")
 ALIASES = {"residual_tanh_gated_rmsnorm": "rtg_rmsnorm", "rtg": "rtg_rmsnorm", "rmsnorm+res": "rmsnorm_res"}
 PEERS = ("eager", "F.rms_norm", "compile", "liger", "jax")  # column order in the reports
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -54,7 +56,8 @@ def plan(quick):
     # [elementwise]: a DiT MLP hidden (2x4096x4608), a 64 Mi-element tensor, the gated residual
     elementwise = [("act", (2, 4096, 4608), "bf16"), ("act", (4, 4096, 4096), "bf16"),
                    ("silu_fma", (4, 4096, 4096), "bf16"), ("gated_residual", (4, 4096, 3072), "bf16"),
-                   ("gated_residual", (2, 4096, 1152), "bf16")]
+                   ("gated_residual", (2, 4096, 1152), "bf16"), ("geglu", (2, 4096, 2 * 8192), "bf16"),
+                   ("swiglu", (2, 4096, 2 * 4608), "bf16")]
     if quick:
         return [("rmsnorm", (1, 1024, 2048), "bf16"), ("rmsnorm", (2, 4096, 3072), "fp16"),
                 ("rmsnorm", big, "fp32"), ("rmsnorm_res", big, "bf16"), ("layernorm", big, "bf16"),
@@ -117,6 +120,26 @@ def t_silu_fma(a, b, c):
 
 def t_gated_residual(x, y, g):
     return x + g[:, None] * y
+
+
+def t_geglu(x):  # diffusers' GEGLU: h, g = x.chunk(2, -1); h * gelu(g)
+    h, g = x.chunk(2, -1)
+    return h * F.gelu(g)
+
+
+def t_swiglu(x):  # SwiGLU: silu(a) * b
+    a, b = x.chunk(2, -1)
+    return F.silu(a) * b
+
+
+def j_geglu(x):
+    h, g = jnp.split(x, 2, -1)
+    return h * jax.nn.gelu(g, approximate=False)
+
+
+def j_swiglu(x):
+    a, b = jnp.split(x, 2, -1)
+    return jax.nn.silu(a) * b
 
 
 def j_act(x):
@@ -291,6 +314,18 @@ class Case:
             cfn, targs = t_gated_residual, ("x", "y", "g")
             self.jax, self.liger = (j_gated_residual, ("x", "y", "g")), None
             self.nbytes = (3 * n + B * D) * es
+        elif op in ("geglu", "swiglu"):
+            kind, half = ("gelu", "second") if op == "geglu" else ("silu", "first")
+            half_shape = tuple(shape[:-1]) + (shape[-1] // 2,)
+            self.make = lambda: dict(x=rnd(shape))
+            self.outs = lambda s: dict(y=torch.empty(half_shape, device="cuda", dtype=self.tdt))
+            self.fk = lambda s, o: fusedk.glu(s["x"], kind, half, out=o["y"])
+            self.got = lambda o: [o["y"]]
+            cfn = t_geglu if op == "geglu" else t_swiglu
+            self.ref = lambda s: cfn(s["x"])
+            targs, self.liger = ("x",), None
+            self.jax = (j_geglu if op == "geglu" else j_swiglu, ("x",))
+            self.nbytes = (n + n // 2) * es
         else:
             raise ValueError(op)
         self.peers = {"eager": self.ref, **self.peers}

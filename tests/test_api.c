@@ -231,7 +231,7 @@ static void cases_for(op_t op) {
    registry's argument order, and bad ids or arguments fail cleanly. */
 static void registry_cases(void) {
   const char *names[FUSEDK_OP_COUNT] = {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
-                                        "silu_fma", "gated_residual"};
+                                        "silu_fma", "gated_residual", "glu", "glu_pair"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -243,7 +243,8 @@ static void registry_cases(void) {
              "%s: output %s copies an input", o->name, t->name);
       EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT),
              "%s: optional output %s depends on an optional input", o->name, t->name);
-      EXPECT(t->role >= FUSEDK_ROLE_ROW && t->role <= FUSEDK_ROLE_SAMPLE && (!out || t->role == FUSEDK_ROLE_ROW) &&
+      EXPECT(t->role >= FUSEDK_ROLE_ROW && t->role <= FUSEDK_ROLE_ROW_HALF &&
+             (!out || t->role == FUSEDK_ROLE_ROW || t->role == FUSEDK_ROLE_ROW_HALF) &&
              (t->role != FUSEDK_ROLE_SAMPLE || o->row_ndim == 3), "%s: %s has a valid role", o->name, t->name);
     }
     int ref = 0; /* the reference the error messages name: the first ROW input, x in every family */

@@ -138,10 +138,11 @@ static void drop(buf_t *b) {
 }
 
 /* --- [norm] ops ---------------------------------------------------------------------------- */
-typedef enum { RMS, LN, ADALN_LN, ADALN_RMS, MOCHI, MOCHI_EXACT, GELU, GELU_TANH, SILU, RELU, SILU_FMA, GATED_RES } op_t;
+typedef enum { RMS, LN, ADALN_LN, ADALN_RMS, MOCHI, MOCHI_EXACT, GELU, GELU_TANH, SILU, RELU, SILU_FMA, GATED_RES,
+               SWIGLU, GEGLU, GLU_PAIR } op_t;
 static const char *op_name[] = {"rmsnorm", "layernorm", "adaln(layer)", "adaln(rms)", "mochi", "mochi(exact)",
                                 "act(gelu)", "act(gelu_tanh)", "act(silu)", "act(relu)", "silu_fma",
-                                "gated_residual"};
+                                "gated_residual", "glu(silu, first)", "glu(gelu, second)", "glu_pair(gelu_tanh)"};
 enum { Y, RO, X, RES, W, BIAS, SCALE, SHIFT, GATE, C3, NT };
 
 static fusedk_status call(op_t op, buf_t *t, int dev, cudaStream_t stream) {
@@ -162,6 +163,9 @@ static fusedk_status call(op_t op, buf_t *t, int dev, cudaStream_t stream) {
     case RELU: return fusedk_act(p[Y], p[X], FUSEDK_ACT_RELU, s);
     case SILU_FMA: return fusedk_silu_fma(p[Y], p[X], p[RES], p[C3], s);
     case GATED_RES: return fusedk_gated_residual(p[Y], p[X], p[RES], p[GATE], s);
+    case SWIGLU: return fusedk_glu(p[Y], p[X], FUSEDK_ACT_SILU, FUSEDK_GLU_FIRST, s);
+    case GEGLU: return fusedk_glu(p[Y], p[X], FUSEDK_ACT_GELU, FUSEDK_GLU_SECOND, s);
+    case GLU_PAIR: return fusedk_glu_pair(p[Y], p[X], p[RES], FUSEDK_ACT_GELU_TANH, s);
   }
   return FUSEDK_OK;
 }
@@ -220,8 +224,9 @@ static void run_case(const case_t *c) {
   memset(t, 0, sizeof t);
   int64_t sh3[3] = {c->B, c->L, c->D}, vsh[2] = {c->B, c->D}, wsh[1] = {c->D};
   int is_mochi = c->op == MOCHI || c->op == MOCHI_EXACT, is_ew = c->op >= GELU;
-  t[X] = mk(c->s, 3, sh3, c->pad, c->shift, 0, is_ew ? 3.0 : 1.0, c->op == LN ? 0.5 : 0.0);
-  if (c->residual || is_mochi || c->op == SILU_FMA || c->op == GATED_RES)
+  int64_t shx[3] = {c->B, c->L, (c->op == SWIGLU || c->op == GEGLU) ? 2 * c->D : c->D}; /* glu: x[..., 2H] */
+  t[X] = mk(c->s, 3, shx, c->pad, c->shift, 0, is_ew ? 3.0 : 1.0, c->op == LN ? 0.5 : 0.0);
+  if (c->residual || is_mochi || c->op == SILU_FMA || c->op == GATED_RES || c->op == GLU_PAIR)
     t[RES] = mk(c->s, 3, sh3, c->pad, c->shift, 0, is_mochi ? 2.0 : 1.0, 0.0);
   if (c->op == SILU_FMA) t[C3] = mk(c->s, 3, sh3, c->pad, c->shift, 0, 1.0, 0.0);
   if (c->inplace) {
@@ -447,7 +452,7 @@ int main(void) {
   for (int si = 0; si < 3; ++si)
     for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
       n_before = failures;
-      for (int op = GELU; op <= GATED_RES; ++op) {
+      for (int op = GELU; op <= GLU_PAIR; ++op) {
         int64_t D = eD[di], L = D >= 16384 ? 3 : 37;
         case_t c = {(op_t)op, S[si], 2, L, D, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         run_case(&c);
@@ -455,15 +460,16 @@ int main(void) {
         run_case(&c);
         c.pad = 3, c.shift = 1, c.vec_stride = 0, c.vec_broadcast = 1; /* misaligned: scalar path */
         run_case(&c);
-        c.pad = 0, c.shift = 0, c.vec_broadcast = 0, c.inplace = 1, c.special = 1;
+        c.pad = 0, c.shift = 0, c.vec_broadcast = 0, c.special = 1;
+        c.inplace = op != SWIGLU && op != GEGLU; /* glu's y is half of x: never in place */
         run_case(&c);
       }
       if (failures == n_before)
-        printf("ok   %s D=%lld act(gelu/gelu_tanh/silu/relu), silu_fma, gated_residual: plain, strided, "
+        printf("ok   %s D=%lld act(gelu/gelu_tanh/silu/relu), silu_fma, gated_residual, glu, glu_pair: plain, strided, "
                "misaligned, in place + NaN/Inf\n", sname(S[si]), (long long)eD[di]);
     }
   n_before = failures;
-  for (int op = GELU; op <= GATED_RES; ++op) {
+  for (int op = GELU; op <= GLU_PAIR; ++op) {
     case_t many2 = {(op_t)op, FUSEDK_BF16, 1, 1 << 21, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (op == GATED_RES) many2.B = 1 << 11, many2.L = 1 << 10; /* 2M rows over 2048 samples */
     run_case(&many2);

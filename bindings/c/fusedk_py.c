@@ -68,7 +68,7 @@ static struct {
   void *(*err_occurred)(void);
   void *(*capsule_pointer)(void *, const char *); /* PyCapsule_GetPointer */
   void *(*cfunction_new)(void *, void *, void *); /* PyCFunction_NewEx */
-  void *(*long_from)(long);                       /* PyLong_FromLong */
+  void *(*long_from)(long long);                  /* PyLong_FromLongLong */
 } py;
 
 static FUSEDK__PY_TLS int last; /* the last routed call's status, or -1: left to the generic path */
@@ -181,6 +181,12 @@ static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, double 
       break;
     }
     fusedk_tensor proto = *t[a->like];
+    int64_t half[FUSEDK_MAX_DIMS];
+    if (a->role == FUSEDK_ROLE_ROW_HALF) { /* glu's y: x's shape with half its last dim */
+      for (int d = 0; d < proto.ndim && d < FUSEDK_MAX_DIMS; ++d) half[d] = proto.shape[d];
+      if (proto.ndim >= 1 && proto.ndim <= FUSEDK_MAX_DIMS) half[proto.ndim - 1] /= 2;
+      proto.shape = half;
+    }
     proto.strides = NULL, proto.byte_offset = 0, proto.data = NULL;
     alloc_ctx ctx = {o->name, a->name};
     if (x->allocator(&proto, &made[i], &ctx, alloc_error) != 0 || !made[i]) {
@@ -331,7 +337,17 @@ static void *attrs_new(const route *r, void *like, int64_t *dims, int ndim) {
     const fusedk__shape_vec shape = {dims, dims + ndim, dims + ndim};
     res = r->init(r->type, &shape, dt, py.none);
   } else if (dt) {
-    void *shape = py.getattr(like, "shape"), *argt = shape ? py.tuple_new(2) : NULL;
+    void *shape = py.tuple_new(ndim); /* (dims): the output's own shape, not like's */
+    for (int d = 0; shape && d < ndim; ++d) {
+      void *v = py.long_from(dims[d]);
+      if (v) {
+        py.tuple_setitem(shape, d, v);
+      } else {
+        py.decref(shape);
+        shape = NULL;
+      }
+    }
+    void *argt = shape ? py.tuple_new(2) : NULL;
     if (argt) {
       py.tuple_setitem(argt, 0, shape); /* steals shape */
       py.incref(dt);
@@ -366,7 +382,11 @@ static void *attrs_call(route *r, int32_t op, void *args, double a0, double a1, 
         obj[i] = NULL;
         if (!pass || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
         if (!obj[a->like]) goto out; /* a required input is missing: the generic path says which */
-        obj[i] = attrs_new(r, obj[a->like], dims[a->like], view[a->like].ndim);
+        int64_t shp[FUSEDK_MAX_DIMS];
+        const int nd = view[a->like].ndim;
+        for (int d = 0; d < nd; ++d) shp[d] = dims[a->like][d];
+        if (a->role == FUSEDK_ROLE_ROW_HALF && nd > 0) shp[nd - 1] /= 2; /* glu's y */
+        obj[i] = attrs_new(r, obj[a->like], shp, nd);
         if (!obj[i]) {
           status = fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: allocating %s through the framework failed", o->name,
                                 a->name);

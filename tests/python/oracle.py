@@ -72,6 +72,15 @@ def gated_residual(x, y, gate):
     return f64(x) + f64(gate)[:, None, :] * f64(y)
 
 
+def glu(x, kind="silu", act_half="first"):
+    a, b = np.split(f64(x), 2, axis=-1)
+    return act(a, kind) * b if act_half == "first" else a * act(b, kind)
+
+
+def glu_pair(value, gate, kind="silu"):
+    return f64(value) * act(gate, kind)
+
+
 def assert_close(got, want, dtype, aux=None, what="", eps=None, atol=1e-6):
     """|got - want| <= eps_T * (|want| + aux) + atol: within one unit in the last place of the
     output dtype (aux adds terms whose own rounding can show, e.g. |x| for Mochi)."""

@@ -1,4 +1,4 @@
-"""[elementwise] act, silu_fma and gated_residual: the CPU references (through the bindings, on
+"""[elementwise] act, silu_fma, gated_residual, glu and glu_pair: the CPU references (through the bindings, on
 NumPy arrays) against float64 NumPy oracles, over every dtype, awkward shapes, strided and
 broadcast views, out= and in place, and a bad value for every argument."""
 import numpy as np
@@ -72,7 +72,39 @@ def test_gated_residual_in_place():
     assert_close(x, want, np.float16, what="gated_residual in place")
 
 
+@pytest.mark.parametrize("half", ["first", "second"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 2), (3, 14), (2, 5, 128), (2, 9216), (2, 3, 4, 18)], ids=str)
+def test_glu(shape, dtype, kind, half):
+    x = rand(shape, dtype)
+    y = fusedk.glu(x, kind, half)
+    assert y.shape == shape[:-1] + (shape[-1] // 2,) and y.dtype == dtype
+    assert_close(y, oracle.glu(x, kind, half), dtype, what=f"glu {kind} {half}")
+
+
+def test_glu_forms_of_the_models_and_views():
+    x = rand((4, 2 * 96), np.float32)
+    h, g = np.split(x, 2, axis=-1)  # diffusers' GEGLU: h, g = x.chunk(2); h * gelu(g)
+    assert_close(fusedk.glu(x, act="gelu", act_half="second"), oracle.f64(h) * oracle.act(g, "gelu"), np.float32,
+                 what="GEGLU")
+    assert_close(fusedk.glu(x), oracle.act(h, "silu") * oracle.f64(g), np.float32, what="SwiGLU")
+    proj = rand((4, 3, 2 * 96), np.float16)[:, 1]  # strided rows
+    assert_close(fusedk.glu(proj, "gelu_tanh"), oracle.glu(proj, "gelu_tanh"), np.float16, what="glu strided rows")
+    v, gate = proj[:, :96], proj[:, 96:]  # two strided views of one projection
+    assert_close(fusedk.glu(v, act="silu", gate=gate), oracle.glu_pair(v, gate), np.float16, what="glu gate=")
+    assert_close(fusedk.glu_pair(v, gate, "relu"), oracle.glu_pair(v, gate, "relu"), np.float16, what="glu_pair")
+    out = np.empty((4, 96), np.float32)
+    assert fusedk.glu(x, out=out) is out
+
+
 @pytest.mark.parametrize("case, status, reason", [
+    (lambda x, g: fusedk.glu(x[..., :15]), "SHAPE", "glu: x has last dim 15, expected an even size"),
+    (lambda x, g: fusedk.glu(x, out=np.empty((2, 3, 16), np.float32)), "SHAPE",
+     "glu: y has shape [2, 3, 16], expected [2, 3, 8] (x with half its last dim)"),
+    (lambda x, g: fusedk.glu(x, act_half="middle"), "INVALID_ARGUMENT", "glu: act_half is 'middle'"),
+    (lambda x, g: fusedk.glu(x, act="tanh"), "INVALID_ARGUMENT", "glu: act is 'tanh'"),
+    (lambda x, g: fusedk.glu(x, gate=x[:, :2]), "SHAPE", "glu_pair: gate has shape [2, 2, 16], expected [2, 3, 16]"),
     (lambda x, g: fusedk.act(x, "swish"), "INVALID_ARGUMENT", "act: kind is 'swish'"),
     (lambda x, g: fusedk.act(x.astype(np.float64)), "DTYPE", "act: x has dtype float64"),
     (lambda x, g: fusedk.act(x, out=np.empty((2, 3, 8), np.float32)), "SHAPE", "act: y has shape [2, 3, 8], expected [2, 3, 16]"),
@@ -116,7 +148,8 @@ def _gpu_frameworks():
 
 @pytest.mark.skipif(not _gpu_frameworks(), reason="no CUDA device with torch or CuPy")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(2, 37, 1), (2, 37, 111), (3, 257, 1152), (1, 2, 65536)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 37, 1), (2, 37, 111), (3, 257, 1152), (1, 2, 65536), (2, 33, 2 * 4608)],
+                         ids=str)
 def test_gpu_matches_the_reference(shape, dtype):
     from oracle import assert_close_gpu
     x, y, z = rand(shape, dtype), rand(shape, dtype), rand(shape, dtype)
@@ -130,3 +163,9 @@ def test_gpu_matches_the_reference(shape, dtype):
         assert_close_gpu(to_host(fusedk.silu_fma(*dev[:3])), fusedk.silu_fma(x, y, z), dtype, what=f"{fw} silu_fma")
         assert_close_gpu(to_host(fusedk.gated_residual(dev[0], dev[1], dev[3])), fusedk.gated_residual(x, y, g), dtype,
                          what=f"{fw} gated_residual")
+        if shape[-1] % 2 == 0:
+            for kind, half in (("silu", "first"), ("gelu", "second"), ("gelu_tanh", "first")):
+                assert_close_gpu(to_host(fusedk.glu(dev[0], kind, half)), fusedk.glu(x, kind, half), dtype,
+                                 what=f"{fw} glu {kind} {half}")
+        assert_close_gpu(to_host(fusedk.glu_pair(dev[0], dev[1], "gelu")), fusedk.glu_pair(x, y, "gelu"), dtype,
+                         what=f"{fw} glu_pair")

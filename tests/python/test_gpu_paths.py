@@ -53,6 +53,8 @@ def ops(x, r, w, sc, sh, g, out=None):
         ("act", lambda f, m: f.act(m(x), "gelu_tanh", out=o(0))),
         ("silu_fma", lambda f, m: f.silu_fma(m(x), m(r), m(x), out=o(0))),
         ("gated_residual", lambda f, m: f.gated_residual(m(x), m(r), m(g), out=o(0))),
+        ("glu", lambda f, m: f.glu(m(x), "gelu", "second", out=None if out is None else o(0)[..., :x.shape[-1] // 2])),
+        ("glu_pair", lambda f, m: f.glu_pair(m(x), m(r), out=o(0))),
     ]
 
 

@@ -140,7 +140,7 @@ def test_fusedk_functions_route_jax_arrays_here():
     assert isinstance(jax.jit(lambda x: fusedk.layernorm(x))(x), jax.Array)
     assert isinstance(fk.layernorm(np.asarray(x)), jax.Array)
     assert fk.__all__ == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
-                          "gated_residual"]
+                          "gated_residual", "glu", "glu_pair"]
 
 
 def test_every_registry_op_has_a_target():
@@ -152,10 +152,12 @@ def test_every_registry_op_has_a_target():
         ins = {"x": np.ones((2, 3, D), np.float32), "x_res": np.ones((2, 3, D), np.float32),
                "scale": np.zeros((2, D), np.float32), "shift": np.zeros((2, D), np.float32),
                "gate": np.zeros((2, D), np.float32), "y": np.ones((2, 3, D), np.float32)}
-        for name in ("a", "b", "c"):
+        for name in ("a", "b", "c", "value"):
             ins[name] = ins["x"]
+        if o.name == "glu_pair":  # a row gate, not a per-sample one
+            ins = dict(ins, gate=ins["x"])
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], tuple(a[2] for a in o.attrs) + (0.0, 0.0))
-        assert isinstance(out, jax.Array) and out.shape == (2, 3, D), o.name
+        assert isinstance(out, jax.Array) and out.shape == (2, 3, D // 2 if o.name == "glu" else D), o.name
 
 
 def test_attributes_are_static():
@@ -259,7 +261,7 @@ def test_handler_rejects_malformed_calls():
                 .block_until_ready()
 
     bad(r"fusedk: xla: no attribute op")
-    bad(r"attribute op is 7, expected a registry id 0\.\.6", op=np.int32(7))
+    bad(r"attribute op is 9, expected a registry id 0\.\.8", op=np.int32(9))
     bad(r"attribute op is 1\.5", op=np.float32(1.5))
     bad(r"attribute op is not an int32 scalar", op="rmsnorm")
     bad(r"attribute present is -1", op=np.int32(0), present=np.int32(-1))

@@ -158,7 +158,7 @@ def test_kernel_info():
     info = fusedk.kernel_info()
     assert info["version"] == fusedk.__version__ == "0.3.0"
     assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
-                                "gated_residual"}
+                                "gated_residual", "glu", "glu_pair"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert isinstance(info["cuda"]["built"], bool)
 
@@ -205,7 +205,7 @@ def test_public_namespace():
     assert str(fusedk.Error).startswith("<class 'fusedk.Error'>")
     public = [n for n in dir(fusedk) if not n.startswith("_")]
     assert set(public) == {"Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
-                           "silu_fma", "gated_residual", "kernel_info", "torch", "jax"}
+                           "silu_fma", "gated_residual", "glu", "glu_pair", "kernel_info", "torch", "jax"}
     for internal in ("json", "ffi", "lib", "check", "Call"):
         assert not hasattr(fusedk, internal), internal
 
@@ -214,7 +214,7 @@ def test_every_registry_op_is_a_python_function():
     from fusedk import _core
     names = [o.name for o in _core.OPS]
     assert names == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
-                     "gated_residual"]
+                     "gated_residual", "glu", "glu_pair"]
     assert set(names) <= set(fusedk.__all__) and set(names) == set(fusedk.kernel_info()["ops"])
 
 

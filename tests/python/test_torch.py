@@ -125,6 +125,8 @@ def test_opcheck_every_op(device):
         (torch.ops.fusedk.act, (x, 0)), (torch.ops.fusedk.act_out, (x, 2, o.clone())),
         (torch.ops.fusedk.silu_fma, (x, r, x)), (torch.ops.fusedk.silu_fma_out, (x, r, x, o.clone())),
         (torch.ops.fusedk.gated_residual, (x, r, g)), (torch.ops.fusedk.gated_residual_out, (x, r, g, o.clone())),
+        (torch.ops.fusedk.glu, (x, 2, 0)), (torch.ops.fusedk.glu_out, (x, 0, 1, o[..., :32].clone())),
+        (torch.ops.fusedk.glu_pair, (x, r, 1)), (torch.ops.fusedk.glu_pair_out, (x, r, 2, o.clone())),
     ]
     for op, a in cases:
         res = opcheck(op, a)

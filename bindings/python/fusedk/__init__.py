@@ -12,7 +12,7 @@ from . import _core
 from ._core import Error
 
 __all__ = ["Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
-           "gated_residual", "kernel_info", "__version__"]
+           "gated_residual", "glu", "glu_pair", "kernel_info", "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
 _call = _core.call
@@ -20,6 +20,8 @@ _RMSNORM, _LAYERNORM, _ADALN, _MOCHI = (_core.lib.FUSEDK_OP_RMSNORM, _core.lib.F
                                         _core.lib.FUSEDK_OP_ADALN, _core.lib.FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM)
 _NORMS = {"layer": _core.lib.FUSEDK_NORM_LAYER, "rms": _core.lib.FUSEDK_NORM_RMS}
 _ACT, _SILU_FMA, _GATED_RESIDUAL = _core.lib.FUSEDK_OP_ACT, _core.lib.FUSEDK_OP_SILU_FMA, _core.lib.FUSEDK_OP_GATED_RESIDUAL
+_GLU, _GLU_PAIR = _core.lib.FUSEDK_OP_GLU, _core.lib.FUSEDK_OP_GLU_PAIR
+_HALVES = {"first": _core.lib.FUSEDK_GLU_FIRST, "second": _core.lib.FUSEDK_GLU_SECOND}
 _ACTS = {"gelu": _core.lib.FUSEDK_ACT_GELU, "gelu_tanh": _core.lib.FUSEDK_ACT_GELU_TANH,
          "silu": _core.lib.FUSEDK_ACT_SILU, "relu": _core.lib.FUSEDK_ACT_RELU}
 
@@ -68,13 +70,35 @@ def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, exact=True, out=None, 
 
 
 # --- [elementwise] -------------------------------------------------------------------------
-def act(x, kind="gelu", out=None, stream=None):
-    """y = act(x): kind "gelu" (erf), "gelu_tanh", "silu" or "relu"."""
+def _act_code(op, name, kind):
     k = _ACTS.get(kind)
     if k is None:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"act: kind is {kind!r}, expected 'gelu', 'gelu_tanh', 'silu' "
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} is {kind!r}, expected 'gelu', 'gelu_tanh', 'silu' "
                     "or 'relu'")
-    return _call(_ACT, x, (out, x), k, 0.0, stream)
+    return k
+
+
+def act(x, kind="gelu", out=None, stream=None):
+    """y = act(x): kind "gelu" (erf), "gelu_tanh", "silu" or "relu"."""
+    return _call(_ACT, x, (out, x), _act_code("act", "kind", kind), 0.0, stream)
+
+
+def glu(x, act="silu", act_half="first", gate=None, out=None, stream=None):
+    """Gated linear unit. x[..., 2H] -> y[..., H] = act(h_a) * h_b, h_a the half named by act_half
+    ("first": x[..., :H]), h_b the other: SwiGLU = glu(x, "silu", "first"), diffusers' GEGLU =
+    glu(x, "gelu", "second"). With gate=: y = x * act(gate), one shape (fusedk.glu_pair)."""
+    k = _act_code("glu", "act", act)
+    if gate is not None:
+        return _call(_GLU_PAIR, x, (out, x, gate), k, 0.0, stream)
+    h = _HALVES.get(act_half)
+    if h is None:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"glu: act_half is {act_half!r}, expected 'first' or 'second'")
+    return _call(_GLU, x, (out, x), k, h, stream)
+
+
+def glu_pair(value, gate, act="silu", out=None, stream=None):
+    """y = value * act(gate), one shape (e.g. two strided views of one projection)."""
+    return _call(_GLU_PAIR, value, (out, value, gate), _act_code("glu_pair", "act", act), 0.0, stream)
 
 
 def silu_fma(a, b, c, out=None, stream=None):

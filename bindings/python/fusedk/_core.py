@@ -63,10 +63,16 @@ class Op:
         o = lib.fusedk_op_get(i)
         self.id, self.name = i, ffi.string(o.name).decode()
         self.tensors = [(ffi.string(t.name).decode(), t.kind, t.like, t.when) for t in o.tensors[0:o.n_tensors]]
+        self.halved = {i for i, t in enumerate(o.tensors[0:o.n_tensors]) if t.role == lib.FUSEDK_ROLE_ROW_HALF}
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
         self.first = self.inputs[0]
+
+    def out_shape(self, i, like_shape):
+        """The shape of output i, made like an input of shape like_shape (glu's y: half the last dim)."""
+        shape = tuple(int(d) for d in like_shape)
+        return shape[:-1] + (shape[-1] // 2,) if i in self.halved and shape else shape
 
 
 OPS = [Op(i) for i in range(lib.FUSEDK_OP_COUNT)]
@@ -385,8 +391,8 @@ class _Generic:
         code = (t.dtype.code, t.dtype.bits, t.dtype.lanes)
         return pack(ptr, t.device.device_type, t.device.device_id, shape, strides, code), obj
 
-    def new_output(self, like):
-        shape, dtype = tuple(like.shape), like.dtype
+    def new_output(self, like, shape):
+        dtype = like.dtype
         if self.fw == "numpy":
             return np.empty(shape, dtype)
         if self.fw == "cupy":
@@ -422,9 +428,9 @@ def generic(o, args, a0, a1, stream):
                     continue
                 if args[like] is None:
                     continue  # the C layer names the missing input
-                a = g.new_output(arr[like])
+                shape = o.out_shape(i, arr[like].shape)
+                a = g.new_output(arr[like], shape)
                 if a is None:  # libfusedk allocates, and DLPack hands it over
-                    shape = tuple(int(s) for s in arr[like].shape)
                     code = struct.unpack_from("<BBH", parts[like], 20)
                     a = DLPackBuffer(g.device, code, shape, g.stream or 0)
                     parts[i] = pack(a.ptr, g.device[0], g.device[1], shape, compact_strides(shape, code[1] // 8), code)

@@ -68,6 +68,6 @@ pylib.fusedk_py_init.restype = None
 _CPYTHON = ("Py_IncRef", "Py_DecRef", "PyTuple_New", "PyTuple_SetItem", "PyTuple_GetItem", "PyTuple_Size",
             "PyErr_Clear", "PyObject_GetAttrString", "PyLong_AsLongLong", "PyDict_GetItem", "PyObject_Call",
             "PyObject_IsInstance", "PyObject_Type", "PyFloat_AsDouble", "PyErr_Occurred", "PyCapsule_GetPointer",
-            "PyCFunction_NewEx", "PyLong_FromLong")  # the order of fusedk_py.c's table, after Py_None
+            "PyCFunction_NewEx", "PyLong_FromLongLong")  # the order of fusedk_py.c's table, after Py_None
 _fns = (_p * (1 + len(_CPYTHON)))(id(None), *(ctypes.cast(getattr(ctypes.pythonapi, n), _p) for n in _CPYTHON))
 pylib.fusedk_py_init(_fns, len(_fns))

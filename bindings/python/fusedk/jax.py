@@ -100,21 +100,21 @@ class _Call:
         given = [i for i in op.inputs if op.tensors[i][1] == _IN or (mask >> i) & 1]
         self.names = [op.tensors[i][0] for i in given]
         pos = {i: k for k, i in enumerate(given)}
-        outs = []  # the operand each existing output copies shape and dtype from
+        outs = []  # (output index, the operand it copies shape and dtype from)
         for i, like, when in op.outputs:
             if when >= 0 and when not in pos:
                 continue
             if like not in pos:  # pragma: no cover - the registry's outputs copy required inputs
                 raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {op.tensors[like][0]} is None, expected "
                             f"a tensor ({op.tensors[i][0]} takes its shape)")
-            outs.append(pos[like])
+            outs.append((i, pos[like]))
         kw = {"op": np.int32(op.id), "present": np.int32(mask)}
         for (name, typ, _), v in zip(op.attrs, attrs):
             kw[name] = np.float32(v) if typ == _F32 else np.int32(v)
         target, single = _TARGETS[op.id], len(outs) == 1
 
         def impl(*xs):
-            res = [jax.ShapeDtypeStruct(xs[k].shape, xs[k].dtype) for k in outs]
+            res = [jax.ShapeDtypeStruct(op.out_shape(i, xs[k].shape), xs[k].dtype) for i, k in outs]
             r = jax.ffi.ffi_call(target, res, vmap_method="sequential")(*xs, **kw)
             return r[0] if single else tuple(r)
 

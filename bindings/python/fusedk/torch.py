@@ -66,7 +66,7 @@ def _register(o):
     @torch.library.register_fake(qual)
     def functional_fake(*a):
         inputs = a[:n_in]
-        r = [inputs[o.inputs.index(like)].new_empty(inputs[o.inputs.index(like)].shape)
+        r = [inputs[o.inputs.index(like)].new_empty(o.out_shape(i, inputs[o.inputs.index(like)].shape))
              for i, like, when in o.outputs if _exists(o, inputs, when)]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
 
@@ -102,7 +102,7 @@ def _route(op, x, args, a0, a1, stream):
     outs = []  # out= given: the missing outputs are made here, then all are written in place
     for (i, like, when), g in zip(o.outputs, given):
         if g is None and _exists(o, inputs, when):
-            g = args[like].new_empty(args[like].shape)
+            g = args[like].new_empty(o.out_shape(i, args[like].shape))
         outs.append(g)
     getattr(torch.ops.fusedk, f"{o.name}_out")(*inputs, *attrs, *outs)
     outs = [g for g in outs if g is not None]
