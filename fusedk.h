@@ -1123,23 +1123,34 @@ static void fusedk__elementwise_cpu(const fusedk__ew_args *a) {
     }
 }
 
-/* Validates op `op`'s tensors t (registry order, output first) and runs it: inputs in[k] are
-   the tensors after the output. */
-static fusedk_status fusedk__elementwise(int op, const fusedk_tensor *const *t, int kind, struct CUstream_st *stream) {
+/* Validates registry op `op`'s tensors t (output first) into the arguments of kernel variant
+   kop: y = the output, in[k] = the k-th input. */
+static fusedk_status fusedk__ew_args_of(int op, const fusedk_tensor *const *t, int kop, int kind, fusedk__ew_args *a,
+                                        fusedk__rowset *s) {
   const fusedk_op *o = &fusedk__ops[op];
-  fusedk__rowset s;
-  fusedk_status st = fusedk__validate(o, t, &s);
+  fusedk_status st = fusedk__validate(o, t, s);
   if (st) return st;
-  fusedk__ew_args a;
-  memset(&a, 0, sizeof a);
-  a.op = op, a.scalar = s.c.scalar, a.kind = kind;
-  a.B = s.B, a.L = s.L, a.D = s.D;
-  a.y = s.r[0];
-  for (int k = 1; k < o->n_tensors; ++k) a.in[k - 1] = s.r[k];
-  if (a.B * a.L == 0) return FUSEDK_OK;
-  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_elementwise(&a, o->name, s.c.dev.device_id, stream);
-  fusedk__elementwise_cpu(&a);
+  memset(a, 0, sizeof *a);
+  a->op = kop, a->scalar = s->c.scalar, a->kind = kind;
+  a->B = s->B, a->L = s->L, a->D = s->D;
+  a->y = s->r[0];
+  for (int k = 1; k < o->n_tensors; ++k) a->in[k - 1] = s->r[k];
   return FUSEDK_OK;
+}
+
+/* Runs validated elementwise arguments where the tensors live. */
+static fusedk_status fusedk__ew_run(const fusedk__ew_args *a, const fusedk__rowset *s, struct CUstream_st *stream) {
+  if (a->B * a->L == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s->c.dev.device_type)) return fusedk__cuda_elementwise(a, s->c.op, s->c.dev.device_id, stream);
+  fusedk__elementwise_cpu(a);
+  return FUSEDK_OK;
+}
+
+static fusedk_status fusedk__elementwise(int op, const fusedk_tensor *const *t, int kind, struct CUstream_st *stream) {
+  fusedk__ew_args a;
+  fusedk__rowset s;
+  fusedk_status st = fusedk__ew_args_of(op, t, op, kind, &a, &s);
+  return st ? st : fusedk__ew_run(&a, &s, stream);
 }
 
 static fusedk_status fusedk__check_act(const char *op, const char *name, int kind) {
@@ -1158,26 +1169,20 @@ static fusedk_status fusedk__glu(int op, const fusedk_tensor *const *t, int act,
   if (act_half != FUSEDK_GLU_FIRST && act_half != FUSEDK_GLU_SECOND)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "glu: act_half is %d, expected FUSEDK_GLU_FIRST (0) or "
                         "FUSEDK_GLU_SECOND (1)", act_half);
-  fusedk__rowset s;
-  if ((st = fusedk__validate(o, t, &s))) return st;
   fusedk__ew_args a;
-  memset(&a, 0, sizeof a);
-  a.op = FUSEDK_OP_GLU, a.scalar = s.c.scalar, a.kind = act;
-  a.B = s.B, a.L = s.L, a.D = s.D;
-  a.y = s.r[0];
+  fusedk__rowset s;
+  if ((st = fusedk__ew_args_of(op, t, FUSEDK_OP_GLU, act, &a, &s))) return st;
   if (op == FUSEDK_OP_GLU) { /* the halves of x: same rows, the second H elements further */
     a.D = s.D / 2;
-    fusedk__rows h = s.r[1];
+    fusedk__rows h = a.in[0];
     h.p = (char *)h.p + a.D * (int64_t)fusedk__scalar_size(s.c.scalar);
-    a.in[0] = act_half == FUSEDK_GLU_FIRST ? s.r[1] : h;
-    a.in[1] = act_half == FUSEDK_GLU_FIRST ? h : s.r[1];
-  } else {
-    a.in[0] = s.r[2], a.in[1] = s.r[1]; /* act(gate) * value */
+    if (act_half == FUSEDK_GLU_FIRST) a.in[1] = h;
+    else a.in[1] = a.in[0], a.in[0] = h;
+  } else { /* act(gate) * value */
+    const fusedk__rows value = a.in[0];
+    a.in[0] = a.in[1], a.in[1] = value;
   }
-  if (a.B * a.L == 0) return FUSEDK_OK;
-  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_elementwise(&a, o->name, s.c.dev.device_id, stream);
-  fusedk__elementwise_cpu(&a);
-  return FUSEDK_OK;
+  return fusedk__ew_run(&a, &s, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_glu(const fusedk_tensor *y, const fusedk_tensor *x, fusedk_activation act,

@@ -154,6 +154,17 @@ def j_gated_residual(x, y, g):
     return x + g[:, None] * y
 
 
+# fusedk's call (out= last), the torch formula, its JAX twin, and the input names, per op
+ELEMENTWISE = {
+    "act": (lambda x, out: fusedk.act(x, "gelu_tanh", out=out), t_act, j_act, ("x",)),
+    "silu_fma": (lambda a, b, c, out: fusedk.silu_fma(a, b, c, out=out), t_silu_fma, j_silu_fma, ("a", "b", "c")),
+    "gated_residual": (lambda x, y, g, out: fusedk.gated_residual(x, y, g, out=out), t_gated_residual,
+                       j_gated_residual, ("x", "y", "g")),
+    "geglu": (lambda x, out: fusedk.glu(x, "gelu", "second", out=out), t_geglu, j_geglu, ("x",)),
+    "swiglu": (lambda x, out: fusedk.glu(x, "silu", "first", out=out), t_swiglu, j_swiglu, ("x",)),
+}
+
+
 def j_rms(x, w, eps=EPS_RMS):
     xf = x.astype(jnp.float32)
     return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps)).astype(x.dtype) * w
@@ -283,49 +294,22 @@ class Case:
             self.ref = lambda s: t_rtg(s["x"], s["xr"], s["g"])
             cfn, targs, self.jax, self.liger = t_rtg, ("x", "xr", "g"), (j_rtg, ("x", "xr", "g")), None
             self.nbytes = (3 * n + B * D) * es
-        elif op == "act":
-            self.make = lambda: dict(x=rnd(shape))
-            self.outs = lambda s: dict(y=torch.empty_like(s["x"]))
-            self.fk = lambda s, o: fusedk.act(s["x"], "gelu_tanh", out=o["y"])
-            self.got = lambda o: [o["y"]]
-            self.ref = lambda s: t_act(s["x"])
-            cfn, targs, self.jax, self.liger = t_act, ("x",), (j_act, ("x",)), None
-            self.nbytes = 2 * n * es
-        elif op == "silu_fma":
-            self.make = lambda: dict(a=rnd(shape), b=rnd(shape), c=rnd(shape))
-            self.outs = lambda s: dict(y=torch.empty_like(s["a"]))
-            self.fk = lambda s, o: fusedk.silu_fma(s["a"], s["b"], s["c"], out=o["y"])
-            self.got = lambda o: [o["y"]]
-            self.ref = lambda s: t_silu_fma(s["a"], s["b"], s["c"])
-            cfn, targs = t_silu_fma, ("a", "b", "c")
-            self.jax, self.liger = (j_silu_fma, ("a", "b", "c")), None
-            self.nbytes = 4 * n * es
-        elif op == "gated_residual":
+        elif op in ELEMENTWISE:  # [elementwise]: one output, fusedk's call and the peers' on the same inputs
+            fk, cfn, jfn, targs = ELEMENTWISE[op]
             B = shape[0]
-
-            def make():  # the gate: the third D-chunk of a [B, 6D] AdaLN-Zero modulation
-                mod = rnd(B, 6 * D)
-                return dict(x=rnd(shape), y=rnd(shape), g=mod[:, 2 * D:3 * D])
-            self.make = make
-            self.outs = lambda s: dict(o=torch.empty_like(s["x"]))
-            self.fk = lambda s, o: fusedk.gated_residual(s["x"], s["y"], s["g"], out=o["o"])
-            self.got = lambda o: [o["o"]]
-            self.ref = lambda s: t_gated_residual(s["x"], s["y"], s["g"])
-            cfn, targs = t_gated_residual, ("x", "y", "g")
-            self.jax, self.liger = (j_gated_residual, ("x", "y", "g")), None
-            self.nbytes = (3 * n + B * D) * es
-        elif op in ("geglu", "swiglu"):
-            kind, half = ("gelu", "second") if op == "geglu" else ("silu", "first")
-            half_shape = tuple(shape[:-1]) + (shape[-1] // 2,)
-            self.make = lambda: dict(x=rnd(shape))
-            self.outs = lambda s: dict(y=torch.empty(half_shape, device="cuda", dtype=self.tdt))
-            self.fk = lambda s, o: fusedk.glu(s["x"], kind, half, out=o["y"])
+            out_shape = tuple(shape[:-1]) + ((shape[-1] // 2,) if op in ("geglu", "swiglu") else (D,))
+            if op == "gated_residual":  # the gate: the third D-chunk of a [B, 6D] AdaLN-Zero modulation
+                self.make = lambda: dict(x=rnd(shape), y=rnd(shape), g=rnd(B, 6 * D)[:, 2 * D:3 * D])
+            else:
+                self.make = lambda: {k: rnd(shape) for k in targs}
+            self.outs = lambda s: dict(y=torch.empty(out_shape, device="cuda", dtype=self.tdt))
+            self.fk = lambda s, o: fk(*(s[k] for k in targs), out=o["y"])
             self.got = lambda o: [o["y"]]
-            cfn = t_geglu if op == "geglu" else t_swiglu
-            self.ref = lambda s: cfn(s["x"])
-            targs, self.liger = ("x",), None
-            self.jax = (j_geglu if op == "geglu" else j_swiglu, ("x",))
-            self.nbytes = (n + n // 2) * es
+            self.ref = lambda s: cfn(*(s[k] for k in targs))
+            self.jax, self.liger = (jfn, targs), None
+            # bytes: each row input read once, the output written once, the gate's B x D
+            self.nbytes = (n * len(targs) + math.prod(out_shape)) * es if op != "gated_residual" else \
+                (3 * n + B * D) * es
         else:
             raise ValueError(op)
         self.peers = {"eager": self.ref, **self.peers}

@@ -101,6 +101,13 @@ static void alloc_error(void *ctx, const char *kind, const char *message) {
 
 static int is_gpu(int32_t t) { return t == FUSEDK_DEVICE_CUDA || t == FUSEDK_DEVICE_CUDA_MANAGED; }
 
+/* The sizes of output a, made like an input of sizes like[0..nd): the same, but half the last
+   dim for a ROW_HALF output (glu's y). nd <= FUSEDK_MAX_DIMS. */
+static void out_dims(const fusedk_op_tensor *a, const int64_t *like, int nd, int64_t *dims) {
+  for (int d = 0; d < nd; ++d) dims[d] = like[d];
+  if (a->role == FUSEDK_ROLE_ROW_HALF && nd > 0) dims[nd - 1] /= 2;
+}
+
 /* Returns the outputs that exist, in registry order (a new reference): the caller's out=
    objects, or the new ones (made[i]: handed to the framework through the exchange API, which
    takes ownership whatever it returns, so made[i] is cleared; else obj[i] already holds a new
@@ -181,13 +188,13 @@ static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, double 
       break;
     }
     fusedk_tensor proto = *t[a->like];
-    int64_t half[FUSEDK_MAX_DIMS];
-    if (a->role == FUSEDK_ROLE_ROW_HALF) { /* glu's y: x's shape with half its last dim */
-      for (int d = 0; d < proto.ndim && d < FUSEDK_MAX_DIMS; ++d) half[d] = proto.shape[d];
-      if (proto.ndim >= 1 && proto.ndim <= FUSEDK_MAX_DIMS) half[proto.ndim - 1] /= 2;
-      proto.shape = half;
+    int64_t dims[FUSEDK_MAX_DIMS];
+    if (proto.ndim < 0 || proto.ndim > FUSEDK_MAX_DIMS) { /* the generic path names it */
+      status = -1;
+      break;
     }
-    proto.strides = NULL, proto.byte_offset = 0, proto.data = NULL;
+    out_dims(a, proto.shape, proto.ndim, dims);
+    proto.shape = dims, proto.strides = NULL, proto.byte_offset = 0, proto.data = NULL;
     alloc_ctx ctx = {o->name, a->name};
     if (x->allocator(&proto, &made[i], &ctx, alloc_error) != 0 || !made[i]) {
       made[i] = NULL;
@@ -383,10 +390,8 @@ static void *attrs_call(route *r, int32_t op, void *args, double a0, double a1, 
         if (!pass || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
         if (!obj[a->like]) goto out; /* a required input is missing: the generic path says which */
         int64_t shp[FUSEDK_MAX_DIMS];
-        const int nd = view[a->like].ndim;
-        for (int d = 0; d < nd; ++d) shp[d] = dims[a->like][d];
-        if (a->role == FUSEDK_ROLE_ROW_HALF && nd > 0) shp[nd - 1] /= 2; /* glu's y */
-        obj[i] = attrs_new(r, obj[a->like], shp, nd);
+        out_dims(a, dims[a->like], view[a->like].ndim, shp);
+        obj[i] = attrs_new(r, obj[a->like], shp, view[a->like].ndim);
         if (!obj[i]) {
           status = fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: allocating %s through the framework failed", o->name,
                                 a->name);

@@ -1,6 +1,5 @@
 """[norm] The CPU references (through the bindings, on NumPy arrays) against float64 NumPy oracles,
 the binding's behaviour (types, out=, errors), and kernel_info."""
-import ml_dtypes
 import numpy as np
 import pytest
 
