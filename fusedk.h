@@ -85,7 +85,8 @@
      FUSEDK_VERSION_MAJOR changes when the C ABI or an op's semantics change incompatibly,
      MINOR when ops or arguments are added (enums only grow), PATCH for fixes and speed. While
      MAJOR is 0, a MINOR release may change the ABI: 0.3 added fields to fusedk_op and
-     fusedk_op_tensor (argument roles); rebuild against the header you link.
+     fusedk_op_tensor (argument roles), 0.4 the tensors' fixed dtypes and 8 attributes an op;
+     rebuild against the header you link.
 */
 #ifndef FUSEDK_H
 #define FUSEDK_H
@@ -94,7 +95,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 3
+#define FUSEDK_VERSION_MINOR 4
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -309,6 +310,64 @@ FUSEDK_DEF fusedk_status fusedk_glu_pair(const fusedk_tensor *y, const fusedk_te
                                          const fusedk_tensor *gate, fusedk_activation act,
                                          struct CUstream_st *stream);
 
+/* ---- [position] rotary position embeddings (RoPE) and their tables ----
+   rope: q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (any strides but a contiguous last dim) rotated
+   in one launch: the first rotary_dim (R) channels of each head turn by the angles of the
+   float32 tables cos, sin [S, R/2], [S, H, R/2] or [B, S, H, R/2] (any strides, 0 broadcasts;
+   H = 1, or Hq = Hk = H); channels >= R pass through. INTERLEAVED rotates the pairs
+   (2i, 2i+1) (Flux, LTX-Video, Mochi, GPT-J), HALF the pairs (i, i + R/2) (NeoX, Llama):
+     out_a = a cos_i - b sin_i,   out_b = b cos_i + a sin_i
+   q_out = q (same pointer and strides) rotates in place. k (and k_out) may be NULL. */
+typedef enum fusedk_rope_style { FUSEDK_ROPE_INTERLEAVED = 0, FUSEDK_ROPE_HALF = 1 } fusedk_rope_style;
+FUSEDK_DEF fusedk_status fusedk_rope(const fusedk_tensor *q_out, const fusedk_tensor *k_out, const fusedk_tensor *q,
+                                     const fusedk_tensor *k, const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                     fusedk_rope_style style, int32_t rotary_dim, struct CUstream_st *stream);
+
+/* Table builders: cos, sin float32 (angles in float64, one rounding), inputs float32.
+   1d:    positions [S]            -> [S, dim/2],  angle = pos / theta^(2i/dim)
+   axes:  ids [S, n], n <= 4       -> [S, sum(axes_dim)/2]: per axis a block of axes_dim[a]/2
+          columns, angle = ids[s, a] / theta^(2i/axes_dim[a])                        (Flux)
+   ltx:   coords [S, 3] in [0, 1]  -> [S, dim/2]: (dim % 6)/2 leading columns cos 1, sin 0, then
+          column f*3 + a: angle = theta^(f/(n-1)) * pi/2 * (2 coords[s, a] - 1), n = dim/6
+                                                                                     (LTX-Video)
+   mixed: pos [S, 3], freqs [3, H, F] -> [S, H, F], angle = sum_a pos[s, a] freqs[a, h, f]
+                                                                                     (Mochi)
+   Feed them to fusedk_rope as they are (INTERLEAVED for these models). */
+FUSEDK_DEF fusedk_status fusedk_rope_table_1d(const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                              const fusedk_tensor *positions, int32_t dim, float theta,
+                                              struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_rope_table_axes(const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                                const fusedk_tensor *ids, const int32_t *axes_dim, int32_t n_axes,
+                                                float theta, struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_rope_table_ltx(const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                               const fusedk_tensor *coords, int32_t dim, float theta,
+                                               struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_rope_table_mixed(const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                                 const fusedk_tensor *pos, const fusedk_tensor *freqs,
+                                                 struct CUstream_st *stream);
+
+/* ---- [sampler] one diffusion sampler step over the latent, one read of each input ----
+   m  = uncond + guidance * (cond - uncond)   (classifier-free guidance; m = cond without uncond)
+   EULER (flow matching; Mochi, LTX-Video, Flux):  x' = x + (sigma_next - sigma) * m
+   DDIM (eta = 0, epsilon prediction):  x0 = (x - sqrt(1 - alpha_bar) m) / sqrt(alpha_bar),
+        clamped to [-clamp_x0, clamp_x0] when clamp_x0 > 0,
+        x' = sqrt(alpha_bar_prev) x0 + sqrt(1 - alpha_bar_prev) m
+   then x' = blend x' + (1 - blend) prev when prev is given (a temporal blend).
+   x, cond, uncond, prev, out: one shape (inputs may broadcast); out = x updates in place. */
+typedef enum fusedk_sampler { FUSEDK_SAMPLER_EULER = 0, FUSEDK_SAMPLER_DDIM = 1 } fusedk_sampler;
+typedef struct fusedk_step {
+  int32_t sampler;              /* fusedk_sampler */
+  float guidance;               /* used with uncond */
+  float sigma, sigma_next;      /* EULER */
+  float alpha_bar, alpha_bar_prev; /* DDIM: cumulative alpha products, (0, 1] and [0, 1] */
+  float clamp_x0;               /* DDIM: > 0 clamps x0, 0 does not */
+  float blend;                  /* used with prev */
+} fusedk_step;
+FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const fusedk_tensor *x,
+                                               const fusedk_tensor *cond, const fusedk_tensor *uncond,
+                                               const fusedk_tensor *prev, const fusedk_step *step,
+                                               struct CUstream_st *stream);
+
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
    fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
@@ -323,11 +382,17 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_SILU_FMA = 5,
   FUSEDK_OP_GATED_RESIDUAL = 6,
   FUSEDK_OP_GLU = 7,
-  FUSEDK_OP_GLU_PAIR = 8
+  FUSEDK_OP_GLU_PAIR = 8,
+  FUSEDK_OP_ROPE = 9,
+  FUSEDK_OP_ROPE_TABLE_1D = 10,
+  FUSEDK_OP_ROPE_TABLE_AXES = 11,
+  FUSEDK_OP_ROPE_TABLE_LTX = 12,
+  FUSEDK_OP_ROPE_TABLE_MIXED = 13,
+  FUSEDK_OP_DIFFUSION_STEP = 14
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 9
+#define FUSEDK_OP_COUNT 15
 #define FUSEDK_OP_MAX_TENSORS 8
-#define FUSEDK_OP_MAX_ATTRS 4
+#define FUSEDK_OP_MAX_ATTRS 8
 
 typedef enum fusedk_arg_kind {
   FUSEDK_ARG_IN = 0,
@@ -336,13 +401,16 @@ typedef enum fusedk_arg_kind {
   FUSEDK_ARG_OUT_OPT = 3
 } fusedk_arg_kind;
 
-/* How an argument's shape relates to the op's reference tensor: the first ROW input (x; the
-   error messages name it). Leading dims of the ROW tensors flatten jointly into rows. */
+/* How an argument's shape relates to the op's reference tensor, its first required input (x;
+   the error messages name it), or for an output to its `like` input. Leading dims of the ROW
+   tensors flatten jointly into rows. */
 typedef enum fusedk_arg_role {
-  FUSEDK_ROLE_ROW = 0,          /* the reference's shape [..., D] */
+  FUSEDK_ROLE_ROW = 0,          /* the reference's (an output: its like's) shape [..., D] */
   FUSEDK_ROLE_COLUMN = 1,       /* [D], contiguous: a per-column operand (weight, bias) */
   FUSEDK_ROLE_SAMPLE = 2,       /* [B, D] of a [B, L, D] op, any row stride (0 broadcasts) */
-  FUSEDK_ROLE_ROW_HALF = 3      /* the reference's leading dims, half its last dim [..., D/2] */
+  FUSEDK_ROLE_ROW_HALF = 3,     /* like's leading dims, half its last dim [..., D/2] */
+  FUSEDK_ROLE_OWN = 4           /* checked by the op (rope's k and tables); outputs: the shape
+                                   fusedk_op_out_shape gives */
 } fusedk_arg_role;
 
 typedef enum fusedk_attr_type {
@@ -356,6 +424,7 @@ typedef struct fusedk_op_tensor {
   int32_t like;                 /* outputs: the input they copy shape/dtype/device from; else -1 */
   int32_t when;                 /* FUSEDK_ARG_OUT_OPT: the optional input that makes it exist; else -1 */
   int32_t role;                 /* fusedk_arg_role */
+  int32_t scalar;               /* -1: the reference's dtype; else always this fusedk_scalar */
 } fusedk_op_tensor;
 
 typedef struct fusedk_op_attr {
@@ -368,15 +437,23 @@ typedef struct fusedk_op {
   const char *name;             /* the C function without its fusedk_ prefix */
   int32_t n_tensors;
   int32_t n_attrs;
-  int32_t row_ndim;             /* 0: rows of any rank [..., D]; 3: exactly [B, L, D] */
+  int32_t row_ndim;             /* 0: rows of any rank [..., D]; 3: exactly [B, L, D];
+                                   4: exactly [B, S, H, Dh]; -1: no rows (the op checks shapes) */
   fusedk_op_tensor tensors[8];  /* FUSEDK_OP_MAX_TENSORS */
-  fusedk_op_attr attrs[4];      /* FUSEDK_OP_MAX_ATTRS */
+  fusedk_op_attr attrs[8];      /* FUSEDK_OP_MAX_ATTRS */
 } fusedk_op;
 
 FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i);        /* NULL unless 0 <= i < FUSEDK_OP_COUNT */
 FUSEDK_DEF int32_t fusedk_op_find(const char *name);         /* -1 if no op has that name */
 FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *tensors, const double *attrs,
                                         struct CUstream_st *stream);
+/* The shape of output `out` of op i (ndim returned, sizes in shape[FUSEDK_MAX_DIMS]) given its
+   inputs (tensors in registry order; only ndim and shape are read) and attributes; a negative
+   status (-FUSEDK_ERR_SHAPE, ...) when the inputs it needs are missing or make no such output
+   (fusedk_failure_reason says why). What
+   every binding allocates. Its dtype: the tensor's `scalar` if >= 0, else the like input's. */
+FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tensor *const *tensors,
+                                       const double *attrs, int64_t *shape);
 
 /* FUSEDK_CDEF_END */
 
@@ -390,6 +467,7 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
    =========================================================================================== */
 #if (defined(FUSEDK_IMPLEMENTATION) || defined(FUSEDK__INTERNAL)) && !defined(FUSEDK__INTERNAL_H)
 #define FUSEDK__INTERNAL_H
+#include <math.h>
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -419,16 +497,71 @@ typedef struct fusedk__norm_args {
   const void *weight, *bias; /* [D] contiguous */
 } fusedk__norm_args;
 
-/* Every op of the elementwise family: y = f(in[0], in[1], in[2]) per element; in[k].p == NULL:
+/* Every op of the elementwise family: y = f(in[0], ..., in[3]) per element; in[k].p == NULL:
    absent. gated_residual's gate is in[2] as a per-sample vector (sl = 0). glu and glu_pair run
-   as op FUSEDK_OP_GLU: y = act(in[0]) * in[1] (glu: the two halves of x's rows, D = H). */
+   as op FUSEDK_OP_GLU: y = act(in[0]) * in[1] (glu: the two halves of x's rows, D = H).
+   diffusion_step: in = x, cond, uncond, prev; kind = sampler; c = its coefficients (FUSEDK__C_*). */
+enum { FUSEDK__C_GUIDANCE, FUSEDK__C_DT, FUSEDK__C_SQRT_1MA, FUSEDK__C_RSQRT_A, FUSEDK__C_CLAMP,
+       FUSEDK__C_SQRT_AP, FUSEDK__C_SQRT_1MAP, FUSEDK__C_BLEND, FUSEDK__N_C };
 typedef struct fusedk__ew_args {
   int32_t op;       /* fusedk_op_id */
   int32_t scalar;   /* fusedk_scalar */
-  int32_t kind;     /* fusedk_activation (act) */
+  int32_t kind;     /* fusedk_activation (act), fusedk_sampler (diffusion_step) */
   int64_t B, L, D;
-  fusedk__rows y, in[3];
+  fusedk__rows y, in[4];
+  double c[FUSEDK__N_C];
 } fusedk__ew_args;
+
+/* rope: q (t[0]) and k (t[1]; in == NULL: none) as [B, S, H, Dh] with element strides; the
+   tables (tab[0] cos, tab[1] sin) as [B, S, H, R/2] strides (0 broadcasts, last dim 1). */
+typedef struct fusedk__rope_args {
+  int32_t scalar, style;
+  int64_t B, S, Dh, R;
+  struct { const void *in; void *out; int64_t H, sb, ss, sh, ob, os, oh; } t[2];
+  struct { const float *p; int64_t sb, ss, sh; } tab[2];
+} fusedk__rope_args;
+
+/* The table builders: cos, sin [S, H, F] (H = 1 but for mixed) from in [S, n] (positions: n = 1)
+   and, for mixed, freqs [3, H, F]; strides in elements. */
+typedef struct fusedk__table_args {
+  int32_t op;       /* FUSEDK_OP_ROPE_TABLE_* */
+  int64_t S, H, F;
+  float *out[2];    /* cos, sin */
+  int64_t os[2], oh[2];
+  const float *in;
+  int64_t is, ia;
+  const float *freqs;
+  int64_t fa, fh;
+  int32_t dims[4];  /* axes: each axis' dim; 1d, ltx: dims[0] = dim */
+  int32_t n_axes;
+  double theta;
+} fusedk__table_args;
+
+/* The angle of table entry (s, h, f), in double: the table builders' one formula, for the CPU
+   reference and the kernel alike. */
+#if defined(__CUDACC__)
+#define FUSEDK__HD __host__ __device__
+#else
+#define FUSEDK__HD
+#endif
+static inline FUSEDK__HD double fusedk__table_angle(const fusedk__table_args *a, int64_t s, int64_t h, int64_t f) {
+  const float *in = a->in + s * a->is;
+  if (a->op == FUSEDK_OP_ROPE_TABLE_MIXED) { /* Mochi: sum over the 3 axes of pos * freqs */
+    double acc = 0.0;
+    for (int k = 0; k < 3; ++k) acc += (double)in[k * a->ia] * (double)a->freqs[k * a->fa + h * a->fh + f];
+    return acc;
+  }
+  if (a->op == FUSEDK_OP_ROPE_TABLE_LTX) { /* (dim % 6)/2 padding columns, then frequency-major */
+    const int64_t pad = (a->dims[0] % 6) / 2, n = a->dims[0] / 6;
+    if (f < pad) return 0.0; /* cos 1, sin 0 */
+    const int64_t j = f - pad, fi = j / 3;
+    const double e = n > 1 ? (double)fi / (double)(n - 1) : 0.0;
+    return pow(a->theta, e) * 1.57079632679489662 * (2.0 * (double)in[(j % 3) * a->ia] - 1.0);
+  }
+  int k = 0; /* 1d (one axis) and axes: the axis whose block holds column f */
+  while (k + 1 < a->n_axes && f >= a->dims[k] / 2) f -= a->dims[k++] / 2;
+  return (double)in[k * a->ia] * pow(a->theta, -2.0 * (double)f / (double)a->dims[k]);
+}
 
 fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -439,6 +572,10 @@ fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int3
                                 struct CUstream_st *stream);
 fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
                                        struct CUstream_st *stream);
+fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int32_t device_id,
+                                struct CUstream_st *stream);
+fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *op, int32_t device_id,
+                                      struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -538,6 +675,14 @@ fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int3
   return fusedk__no_cuda(op);
 }
 fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *op, int32_t id, struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
@@ -644,7 +789,7 @@ typedef struct fusedk__check {
    the call's, the call's device, element-aligned data, ndim in range, no negative sizes, and a
    contiguous last dim. Sets *present. */
 static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor *t, const char *name,
-                                          int required, int *present) {
+                                          int required, int fixed, int *present) {
   *present = t != NULL;
   if (!t) {
     if (required) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is NULL, expected a tensor", c->op, name);
@@ -660,7 +805,10 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
     return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected float32, float16 or bfloat16", c->op, name,
                         fusedk__dtype_str(t->dtype, dt, sizeof dt));
   }
-  if (c->scalar < 0) {
+  if (fixed >= 0 && s != fixed) {
+    return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s", c->op, name, fusedk__scalar_name(s),
+                        fusedk__scalar_name(fixed));
+  } else if (c->scalar < 0) {
     c->scalar = s;
     c->dev = t->device;
     if (!fusedk__is_gpu(t->device.device_type) && t->device.device_type != FUSEDK_DEVICE_CPU &&
@@ -668,7 +816,7 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
       return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: %s is on device type %d, expected CPU (1), CUDA (2), "
                           "CUDA host (3) or CUDA managed (13)", c->op, name, (int)t->device.device_type);
   } else {
-    if (s != c->scalar)
+    if (fixed < 0 && s != c->scalar)
       return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s (the dtype of %s)", c->op, name,
                           fusedk__scalar_name(s), fusedk__scalar_name(c->scalar), c->ref);
     int g0 = fusedk__is_gpu(c->dev.device_type), g1 = fusedk__is_gpu(t->device.device_type);
@@ -734,17 +882,21 @@ static void *fusedk__base(const fusedk_tensor *t) {
 
 /* --- [registry] each op's arguments once (C order, kind, role); [validate] one routine --- */
 
-#define FUSEDK__IN(n, role) {n, FUSEDK_ARG_IN, -1, -1, role}
-#define FUSEDK__OPT(n, role) {n, FUSEDK_ARG_IN_OPT, -1, -1, role}
-#define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_ROW}
+#define FUSEDK__IN(n, role) {n, FUSEDK_ARG_IN, -1, -1, role, -1}
+#define FUSEDK__OPT(n, role) {n, FUSEDK_ARG_IN_OPT, -1, -1, role, -1}
+#define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_ROW, -1}
+#define FUSEDK__F32_IN(n) {n, FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}
+#define FUSEDK__TABLE(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}
 #define FUSEDK__EPS(v) {"eps", FUSEDK_ATTR_F32, v}
+#define FUSEDK__I32(n, v) {n, FUSEDK_ATTR_I32, v}
+#define FUSEDK__FLT(n, v) {n, FUSEDK_ATTR_F32, v}
 #define FUSEDK__NO_ATTR {NULL, 0, 0.0}
 #define FUSEDK__ROW FUSEDK_ROLE_ROW
 #define FUSEDK__COL FUSEDK_ROLE_COLUMN
 #define FUSEDK__SMP FUSEDK_ROLE_SAMPLE
 static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
     {"rmsnorm", 5, 1, 0,
-     {FUSEDK__OUT("y", 2), {"residual_out", FUSEDK_ARG_OUT_OPT, 2, 3, FUSEDK__ROW}, FUSEDK__IN("x", FUSEDK__ROW),
+     {FUSEDK__OUT("y", 2), {"residual_out", FUSEDK_ARG_OUT_OPT, 2, 3, FUSEDK__ROW, -1}, FUSEDK__IN("x", FUSEDK__ROW),
       FUSEDK__OPT("residual", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL)},
      {FUSEDK__EPS(1e-6)}},
     {"layernorm", 4, 1, 0,
@@ -767,15 +919,39 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
      {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("y", FUSEDK__ROW),
       FUSEDK__IN("gate", FUSEDK__SMP)},
      {FUSEDK__NO_ATTR}},
-    {"glu", 2, 2, 0, {{"y", FUSEDK_ARG_OUT, 1, -1, FUSEDK_ROLE_ROW_HALF}, FUSEDK__IN("x", FUSEDK__ROW)},
+    {"glu", 2, 2, 0, {{"y", FUSEDK_ARG_OUT, 1, -1, FUSEDK_ROLE_ROW_HALF, -1}, FUSEDK__IN("x", FUSEDK__ROW)},
      {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}, {"act_half", FUSEDK_ATTR_I32, FUSEDK_GLU_FIRST}}},
     {"glu_pair", 3, 1, 0, {FUSEDK__OUT("y", 1), FUSEDK__IN("value", FUSEDK__ROW), FUSEDK__IN("gate", FUSEDK__ROW)},
      {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}}},
+    {"rope", 6, 2, 4,
+     {FUSEDK__OUT("q_out", 2), {"k_out", FUSEDK_ARG_OUT_OPT, 3, 3, FUSEDK__ROW, -1}, FUSEDK__IN("q", FUSEDK__ROW),
+      FUSEDK__OPT("k", FUSEDK_ROLE_OWN), FUSEDK__F32_IN("cos"), FUSEDK__F32_IN("sin")},
+     {FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED), FUSEDK__I32("rotary_dim", 0)}},
+    {"rope_table_1d", 3, 2, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("positions")},
+     {FUSEDK__I32("dim", 0), FUSEDK__FLT("theta", 10000.0)}},
+    {"rope_table_axes", 3, 5, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("ids")},
+     {FUSEDK__FLT("theta", 10000.0), FUSEDK__I32("axes_dim0", 16), FUSEDK__I32("axes_dim1", 56),
+      FUSEDK__I32("axes_dim2", 56), FUSEDK__I32("axes_dim3", 0)}},
+    {"rope_table_ltx", 3, 2, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("coords")},
+     {FUSEDK__I32("dim", 0), FUSEDK__FLT("theta", 10000.0)}},
+    {"rope_table_mixed", 4, 0, -1,
+     {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("pos"), FUSEDK__F32_IN("freqs")},
+     {FUSEDK__NO_ATTR}},
+    {"diffusion_step", 5, 8, 0,
+     {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("cond", FUSEDK__ROW),
+      FUSEDK__OPT("uncond", FUSEDK__ROW), FUSEDK__OPT("prev", FUSEDK__ROW)},
+     {FUSEDK__FLT("guidance", 1.0), FUSEDK__I32("sampler", FUSEDK_SAMPLER_EULER), FUSEDK__FLT("sigma", 0.0),
+      FUSEDK__FLT("sigma_next", 0.0), FUSEDK__FLT("alpha_bar", 1.0), FUSEDK__FLT("alpha_bar_prev", 1.0),
+      FUSEDK__FLT("clamp_x0", 0.0), FUSEDK__FLT("blend", 1.0)}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
 #undef FUSEDK__OUT
 #undef FUSEDK__EPS
+#undef FUSEDK__F32_IN
+#undef FUSEDK__TABLE
+#undef FUSEDK__I32
+#undef FUSEDK__FLT
 #undef FUSEDK__NO_ATTR
 #undef FUSEDK__ROW
 #undef FUSEDK__COL
@@ -842,55 +1018,60 @@ static fusedk_status fusedk__flatten_rows(const fusedk_op *o, const fusedk_tenso
    broadcast, optional outputs only with their input. Fills s. */
 static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *const *t, fusedk__rowset *s) {
   memset(s, 0, sizeof *s);
-  int ref = 0;
-  while (ref < o->n_tensors && (o->tensors[ref].role != FUSEDK_ROLE_ROW || o->tensors[ref].kind >= FUSEDK_ARG_OUT))
-    ++ref;
+  int ref = 0; /* the reference: the first required input */
+  while (ref < o->n_tensors && o->tensors[ref].kind != FUSEDK_ARG_IN) ++ref;
   const char *xn = o->tensors[ref].name;
   s->c.op = o->name, s->c.ref = xn, s->c.scalar = -1;
   int present;
-  fusedk_status st = fusedk__check_tensor(&s->c, t[ref], xn, 1, &present);
+  fusedk_status st = fusedk__check_tensor(&s->c, t[ref], xn, 1, o->tensors[ref].scalar, &present);
   if (st) return st;
   const fusedk_tensor *x = t[ref];
-  if (o->row_ndim && x->ndim != o->row_ndim)
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has ndim %d, expected %d ([B, L, D])", o->name, xn, (int)x->ndim,
-                        (int)o->row_ndim);
+  if (o->row_ndim > 0 && x->ndim != o->row_ndim)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has ndim %d, expected %d (%s)", o->name, xn, (int)x->ndim,
+                        (int)o->row_ndim, o->row_ndim == 3 ? "[B, L, D]" : "[B, S, H, Dh]");
   s->D = x->shape[x->ndim - 1];
-  if (s->D < 1) return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has last dim 0, expected >= 1", o->name, xn);
+  if (o->row_ndim >= 0 && s->D < 1)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has last dim 0, expected >= 1", o->name, xn);
   const int64_t B = x->shape[0], bd[2] = {B, s->D};
   for (int i = 0; i < o->n_tensors; ++i) {
     const fusedk_op_tensor *a = &o->tensors[i];
     if (i != ref) {
       const int required = a->kind == FUSEDK_ARG_IN || a->kind == FUSEDK_ARG_OUT;
-      if ((st = fusedk__check_tensor(&s->c, t[i], a->name, required, &present))) return st;
+      if ((st = fusedk__check_tensor(&s->c, t[i], a->name, required, a->scalar, &present))) return st;
       if (!present) continue;
       if (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])
         return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is given but %s is NULL, expected both or neither",
                             o->name, a->name, o->tensors[a->when].name);
-      char why[48];
+      /* an input's shape follows the reference, an output's its like input */
+      const int like = a->kind >= FUSEDK_ARG_OUT ? a->like : ref;
+      const fusedk_tensor *r = t[like];
+      char why[64];
       if (a->role == FUSEDK_ROLE_ROW) {
-        snprintf(why, sizeof why, "same as %s", xn);
-        st = fusedk__check_shape(&s->c, t[i], a->name, x->ndim, x->shape, why);
+        snprintf(why, sizeof why, "same as %s", o->tensors[like].name);
+        st = fusedk__check_shape(&s->c, t[i], a->name, r->ndim, r->shape, why);
       } else if (a->role == FUSEDK_ROLE_ROW_HALF) {
         int64_t half[FUSEDK_MAX_DIMS];
-        memcpy(half, x->shape, (size_t)x->ndim * sizeof *half);
-        half[x->ndim - 1] = s->D / 2;
-        snprintf(why, sizeof why, "%s with half its last dim", xn);
-        st = s->D % 2 ? fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has last dim %lld, expected an even size (two "
-                                     "halves)", o->name, xn, (long long)s->D)
-                      : fusedk__check_shape(&s->c, t[i], a->name, x->ndim, half, why);
+        memcpy(half, r->shape, (size_t)r->ndim * sizeof *half);
+        half[r->ndim - 1] = r->shape[r->ndim - 1] / 2;
+        snprintf(why, sizeof why, "%s with half its last dim", o->tensors[like].name);
+        st = r->shape[r->ndim - 1] % 2
+                 ? fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has last dim %lld, expected an even size (two halves)",
+                                o->name, o->tensors[like].name, (long long)r->shape[r->ndim - 1])
+                 : fusedk__check_shape(&s->c, t[i], a->name, r->ndim, half, why);
       } else if (a->role == FUSEDK_ROLE_COLUMN) {
         snprintf(why, sizeof why, "last dim of %s", xn);
         st = fusedk__check_shape(&s->c, t[i], a->name, 1, bd + 1, why);
-      } else {
+      } else if (a->role == FUSEDK_ROLE_SAMPLE) {
         snprintf(why, sizeof why, "[B, D] of %s", xn);
         st = fusedk__check_shape(&s->c, t[i], a->name, 2, bd, why);
         s->r[i].sb = fusedk__stride(t[i], 0);
-      }
+      } /* FUSEDK_ROLE_OWN: the op's entry point checks the shape */
       if (st || (a->kind >= FUSEDK_ARG_OUT && (st = fusedk__check_output(&s->c, t[i], a->name)))) return st;
     }
     s->r[i].p = fusedk__base(t[i]);
   }
-  if (o->row_ndim != 3) return fusedk__flatten_rows(o, t, ref, s);
+  if (o->row_ndim == 0) return fusedk__flatten_rows(o, t, ref, s);
+  if (o->row_ndim != 3) return FUSEDK_OK; /* the op walks the strides itself */
   s->B = B, s->L = x->shape[1]; /* [B, L, D]: B stays, the per-sample vectors index it */
   for (int i = 0; i < o->n_tensors; ++i)
     if (t[i] && (o->tensors[i].role == FUSEDK_ROLE_ROW || o->tensors[i].role == FUSEDK_ROLE_ROW_HALF))
@@ -1103,12 +1284,27 @@ static double fusedk__act_f64(double v, int kind) {
   }
 }
 
+/* diffusion_step on one element: x, cond, uncond, prev (the last two used when given) */
+static double fusedk__step_f64(const fusedk__ew_args *a, double x, double cond, double uncond, double prev) {
+  const double *c = a->c;
+  const double m = a->in[2].p ? uncond + c[FUSEDK__C_GUIDANCE] * (cond - uncond) : cond;
+  double r;
+  if (a->kind == FUSEDK_SAMPLER_EULER) {
+    r = x + c[FUSEDK__C_DT] * m;
+  } else {
+    double x0 = (x - c[FUSEDK__C_SQRT_1MA] * m) * c[FUSEDK__C_RSQRT_A];
+    if (c[FUSEDK__C_CLAMP] > 0.0) x0 = x0 < -c[FUSEDK__C_CLAMP] ? -c[FUSEDK__C_CLAMP] : x0 > c[FUSEDK__C_CLAMP] ? c[FUSEDK__C_CLAMP] : x0;
+    r = c[FUSEDK__C_SQRT_AP] * x0 + c[FUSEDK__C_SQRT_1MAP] * m;
+  }
+  return a->in[3].p ? c[FUSEDK__C_BLEND] * r + (1.0 - c[FUSEDK__C_BLEND]) * prev : r;
+}
+
 static void fusedk__elementwise_cpu(const fusedk__ew_args *a) {
   const int s = a->scalar;
   for (int64_t b = 0; b < a->B; ++b)
     for (int64_t l = 0; l < a->L; ++l) {
-      const void *p[3] = {NULL, NULL, NULL};
-      for (int k = 0; k < 3; ++k)
+      const void *p[4] = {NULL, NULL, NULL, NULL};
+      for (int k = 0; k < 4; ++k)
         if (a->in[k].p) p[k] = fusedk__at(&a->in[k], b, l, s);
       void *y = fusedk__at(&a->y, b, l, s);
       for (int64_t d = 0; d < a->D; ++d) {
@@ -1117,7 +1313,9 @@ static void fusedk__elementwise_cpu(const fusedk__ew_args *a) {
         if (a->op == FUSEDK_OP_ACT) r = fusedk__act_f64(v, a->kind);
         else if (a->op == FUSEDK_OP_SILU_FMA) r = fusedk__act_f64(v + fusedk__load(p[1], d, s) * fusedk__load(p[2], d, s), FUSEDK_ACT_SILU);
         else if (a->op == FUSEDK_OP_GLU) r = fusedk__act_f64(v, a->kind) * fusedk__load(p[1], d, s);
-        else r = v + fusedk__load(p[2], d, s) * fusedk__load(p[1], d, s); /* gated_residual */
+        else if (a->op == FUSEDK_OP_GATED_RESIDUAL) r = v + fusedk__load(p[2], d, s) * fusedk__load(p[1], d, s);
+        else r = fusedk__step_f64(a, v, fusedk__load(p[1], d, s), p[2] ? fusedk__load(p[2], d, s) : 0.0,
+                                  p[3] ? fusedk__load(p[3], d, s) : 0.0);
         fusedk__store(y, d, r, s);
       }
     }
@@ -1219,7 +1417,313 @@ FUSEDK_DEF fusedk_status fusedk_gated_residual(const fusedk_tensor *out, const f
   return fusedk__elementwise(FUSEDK_OP_GATED_RESIDUAL, t, 0, stream);
 }
 
-/* --- [registry] lookup and the generic call ------------------------------------------------ */
+/* --- [sampler] diffusion_step: an elementwise op with coefficients from the step ------------ */
+
+static fusedk_status fusedk__check_finite(const char *op, const char *name, double v, double lo, double hi,
+                                          const char *want) {
+  if (!(v >= lo && v <= hi))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g, expected %s", op, name, v, want);
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const fusedk_tensor *x,
+                                               const fusedk_tensor *cond, const fusedk_tensor *uncond,
+                                               const fusedk_tensor *prev, const fusedk_step *step,
+                                               struct CUstream_st *stream) {
+  const char *op = "diffusion_step";
+  if (!step) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: step is NULL, expected a fusedk_step", op);
+  const fusedk_step p = *step;
+  const double big = 3.4e38;
+  fusedk_status st = FUSEDK_OK;
+  if (p.sampler != FUSEDK_SAMPLER_EULER && p.sampler != FUSEDK_SAMPLER_DDIM)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: sampler is %d, expected FUSEDK_SAMPLER_EULER (0) or "
+                        "FUSEDK_SAMPLER_DDIM (1)", op, (int)p.sampler);
+  if ((st = fusedk__check_finite(op, "guidance", p.guidance, -big, big, "a finite number"))) return st;
+  if (!uncond && p.guidance != 1.0f)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: guidance is %g but uncond is NULL, expected the "
+                        "unconditional prediction with guidance (or guidance 1)", op, (double)p.guidance);
+  if ((st = fusedk__check_finite(op, "blend", p.blend, -big, big, "a finite number"))) return st;
+  if (!prev && p.blend != 1.0f)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: blend is %g but prev is NULL, expected the previous "
+                        "frame with blend (or blend 1)", op, (double)p.blend);
+  if (p.sampler == FUSEDK_SAMPLER_EULER) {
+    if ((st = fusedk__check_finite(op, "sigma", p.sigma, -big, big, "a finite number")) ||
+        (st = fusedk__check_finite(op, "sigma_next", p.sigma_next, -big, big, "a finite number")))
+      return st;
+  } else if ((st = fusedk__check_finite(op, "alpha_bar", p.alpha_bar, 1e-30, 1.0, "a value in (0, 1]")) ||
+             (st = fusedk__check_finite(op, "alpha_bar_prev", p.alpha_bar_prev, 0.0, 1.0, "a value in [0, 1]")) ||
+             (st = fusedk__check_finite(op, "clamp_x0", p.clamp_x0, 0.0, HUGE_VAL, ">= 0 (0: no clamp)"))) {
+    return st;
+  }
+  const fusedk_tensor *t[] = {out, x, cond, uncond, prev};
+  fusedk__ew_args a;
+  fusedk__rowset s;
+  if ((st = fusedk__ew_args_of(FUSEDK_OP_DIFFUSION_STEP, t, FUSEDK_OP_DIFFUSION_STEP, p.sampler, &a, &s))) return st;
+  a.c[FUSEDK__C_GUIDANCE] = p.guidance;
+  a.c[FUSEDK__C_DT] = (double)p.sigma_next - (double)p.sigma;
+  a.c[FUSEDK__C_SQRT_1MA] = sqrt(1.0 - (double)p.alpha_bar);
+  a.c[FUSEDK__C_RSQRT_A] = 1.0 / sqrt((double)p.alpha_bar);
+  a.c[FUSEDK__C_CLAMP] = p.clamp_x0;
+  a.c[FUSEDK__C_SQRT_AP] = sqrt((double)p.alpha_bar_prev);
+  a.c[FUSEDK__C_SQRT_1MAP] = sqrt(1.0 - (double)p.alpha_bar_prev);
+  a.c[FUSEDK__C_BLEND] = p.blend;
+  return fusedk__ew_run(&a, &s, stream);
+}
+
+/* --- [position] rope and its tables: CPU references and entry points ----------------------- */
+
+static void fusedk__rope_cpu(const fusedk__rope_args *a) {
+  const int s = a->scalar;
+  const int64_t half = a->R / 2;
+  for (int j = 0; j < 2 && a->t[j].in; ++j)
+    for (int64_t b = 0; b < a->B; ++b)
+      for (int64_t q = 0; q < a->S; ++q)
+        for (int64_t h = 0; h < a->t[j].H; ++h) {
+          const char *in = (const char *)a->t[j].in + (b * a->t[j].sb + q * a->t[j].ss + h * a->t[j].sh) * (int64_t)fusedk__scalar_size(s);
+          char *out = (char *)a->t[j].out + (b * a->t[j].ob + q * a->t[j].os + h * a->t[j].oh) * (int64_t)fusedk__scalar_size(s);
+          const float *c = a->tab[0].p + b * a->tab[0].sb + q * a->tab[0].ss + h * a->tab[0].sh;
+          const float *sn = a->tab[1].p + b * a->tab[1].sb + q * a->tab[1].ss + h * a->tab[1].sh;
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t ia = a->style == FUSEDK_ROPE_INTERLEAVED ? 2 * i : i;
+            const int64_t ib = a->style == FUSEDK_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+            const double va = fusedk__load(in, ia, s), vb = fusedk__load(in, ib, s);
+            fusedk__store(out, ia, va * c[i] - vb * sn[i], s);
+            fusedk__store(out, ib, vb * c[i] + va * sn[i], s);
+          }
+          if (out != in)
+            for (int64_t d = a->R; d < a->Dh; ++d) fusedk__store(out, d, fusedk__load(in, d, s), s);
+        }
+}
+
+/* The strides of table t as [B, S, H, R/2] (size-1 dims broadcast), checked against q's B, S
+   and the heads of q and k. */
+static fusedk_status fusedk__rope_table(const fusedk_tensor *t, const char *name, const fusedk_tensor *q,
+                                        const fusedk_tensor *k, int64_t half, int64_t *st3) {
+  const int nd = t->ndim;
+  char shp[160];
+  if (nd < 2 || nd > 4 || t->shape[nd - 1] != half)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "rope: %s has shape %s, expected [S, R/2], [S, H, R/2] or [B, S, H, R/2] "
+                        "with R/2 = %lld (rotary_dim / 2)", name, fusedk__shape_str(t, shp, sizeof shp), (long long)half);
+  const int64_t want[3] = {q->shape[0], q->shape[1], q->shape[2]};
+  for (int d = 0; d < 3; ++d) { /* b, s, h */
+    /* the table's dim for it, or < 0: absent ([S, R/2]: S; [S, H, R/2]: S, H; [B, S, H, R/2]) */
+    const int td = d == 0 ? (nd == 4 ? 0 : -1) : d == 1 ? (nd == 4 ? 1 : 0) : (nd == 2 ? -1 : nd - 2);
+    const int64_t size = td >= 0 ? t->shape[td] : 1;
+    st3[d] = size == 1 ? 0 : fusedk__stride(t, td);
+    const int ok = d == 1 ? size == want[1] : size == 1 || (size == want[d] && (d != 2 || !k || k->shape[2] == size));
+    if (!ok)
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "rope: %s has shape %s, expected its %s to be %s", name,
+                          fusedk__shape_str(t, shp, sizeof shp), d == 0 ? "B dim 1 or q's B" : d == 1 ? "S dim q's S"
+                          : "H dim 1 or the heads of q and k (equal)", d == 1 ? "(the positions)" : "(or broadcast)");
+  }
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_rope(const fusedk_tensor *q_out, const fusedk_tensor *k_out, const fusedk_tensor *q,
+                                     const fusedk_tensor *k, const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                     fusedk_rope_style style, int32_t rotary_dim, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {q_out, k_out, q, k, cos, sin};
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_ROPE], t, &s);
+  if (st) return st;
+  if (style != FUSEDK_ROPE_INTERLEAVED && style != FUSEDK_ROPE_HALF)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "rope: style is %d, expected FUSEDK_ROPE_INTERLEAVED (0) or "
+                        "FUSEDK_ROPE_HALF (1)", (int)style);
+  const int64_t Dh = q->shape[3], R = rotary_dim ? rotary_dim : Dh;
+  if (R < 2 || R > Dh || R % 2)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "rope: rotary_dim is %d, expected an even size 2..%lld (the "
+                        "head dim; 0 = all of it)", (int)rotary_dim, (long long)Dh);
+  if (k) {
+    char shp[160];
+    if (k->ndim != 4 || k->shape[0] != q->shape[0] || k->shape[1] != q->shape[1] || k->shape[3] != Dh)
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "rope: k has shape %s, expected [B, S, Hk, Dh] with q's B, S and Dh "
+                          "(%lld, %lld, %lld)", fusedk__shape_str(k, shp, sizeof shp), (long long)q->shape[0],
+                          (long long)q->shape[1], (long long)Dh);
+  }
+  if (fusedk__check_shape(&s.c, sin, "sin", cos->ndim, cos->shape, "same as cos")) return FUSEDK_ERR_SHAPE;
+  fusedk__rope_args a;
+  memset(&a, 0, sizeof a);
+  a.scalar = s.c.scalar, a.style = style;
+  a.B = q->shape[0], a.S = q->shape[1], a.Dh = Dh, a.R = R;
+  for (int j = 0; j < 2; ++j) {
+    const fusedk_tensor *in = t[2 + j], *out = t[j];
+    if (!in) continue;
+    a.t[j].in = fusedk__base(in), a.t[j].out = fusedk__base(out), a.t[j].H = in->shape[2];
+    a.t[j].sb = fusedk__stride(in, 0), a.t[j].ss = fusedk__stride(in, 1), a.t[j].sh = fusedk__stride(in, 2);
+    a.t[j].ob = fusedk__stride(out, 0), a.t[j].os = fusedk__stride(out, 1), a.t[j].oh = fusedk__stride(out, 2);
+  }
+  for (int j = 0; j < 2; ++j) {
+    int64_t st3[3];
+    if ((st = fusedk__rope_table(t[4 + j], j ? "sin" : "cos", q, k, R / 2, st3))) return st;
+    a.tab[j].p = (const float *)fusedk__base(t[4 + j]);
+    a.tab[j].sb = st3[0], a.tab[j].ss = st3[1], a.tab[j].sh = st3[2];
+  }
+  if (a.B * a.S * (a.t[0].H + a.t[1].H) == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_rope(&a, "rope", s.c.dev.device_id, stream);
+  fusedk__rope_cpu(&a);
+  return FUSEDK_OK;
+}
+
+static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape);
+
+/* A table builder's common part: validation, the output shape, the strides. The attributes
+   (dims, theta) are filled in by the caller before. */
+static fusedk_status fusedk__rope_table_run(int op, const fusedk_tensor *const *t, const double *attrs,
+                                            fusedk__table_args *a, struct CUstream_st *stream) {
+  const fusedk_op *o = &fusedk__ops[op];
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(o, t, &s);
+  if (st || (st = fusedk__check_finite(o->name, "theta", a->theta, 1e-30, 3.4e38, "a finite value > 0"))) return st;
+  const fusedk_tensor *in = t[2];
+  const int n_in = op == FUSEDK_OP_ROPE_TABLE_1D ? 1 : op == FUSEDK_OP_ROPE_TABLE_AXES ? a->n_axes : 3;
+  if ((op == FUSEDK_OP_ROPE_TABLE_1D && in->ndim != 1) || (op != FUSEDK_OP_ROPE_TABLE_1D && (in->ndim != 2 || in->shape[1] != n_in))) {
+    char shp[160];
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected %s%d]", o->name, o->tensors[2].name,
+                        fusedk__shape_str(in, shp, sizeof shp), op == FUSEDK_OP_ROPE_TABLE_1D ? "[S" : "[S, ",
+                        op == FUSEDK_OP_ROPE_TABLE_1D ? 0 : n_in);
+  }
+  if (op == FUSEDK_OP_ROPE_TABLE_MIXED) {
+    char shp[160];
+    const fusedk_tensor *f = t[3];
+    if (f->ndim != 3 || f->shape[0] != 3)
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: freqs has shape %s, expected [3, H, F]", o->name,
+                          fusedk__shape_str(f, shp, sizeof shp));
+    a->freqs = (const float *)fusedk__base(f);
+    a->fa = fusedk__stride(f, 0), a->fh = fusedk__stride(f, 1);
+  }
+  int64_t shape[FUSEDK_MAX_DIMS];
+  const int nd = fusedk__out_shape(o, 0, t, attrs, shape);
+  if (nd < 0) return (fusedk_status)-nd;
+  for (int j = 0; j < 2; ++j)
+    if ((st = fusedk__check_shape(&s.c, t[j], o->tensors[j].name, nd, shape, "the table of the inputs"))) return st;
+  a->op = op;
+  a->S = shape[0], a->H = nd == 3 ? shape[1] : 1, a->F = shape[nd - 1];
+  a->in = (const float *)fusedk__base(in);
+  a->is = fusedk__stride(in, 0), a->ia = in->ndim == 2 ? fusedk__stride(in, 1) : 0;
+  for (int j = 0; j < 2; ++j) {
+    a->out[j] = (float *)fusedk__base(t[j]);
+    a->os[j] = fusedk__stride(t[j], 0), a->oh[j] = nd == 3 ? fusedk__stride(t[j], 1) : 0;
+  }
+  if (a->S * a->H * a->F == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_rope_table(a, o->name, s.c.dev.device_id, stream);
+  for (int64_t i = 0; i < a->S; ++i)
+    for (int64_t h = 0; h < a->H; ++h)
+      for (int64_t f = 0; f < a->F; ++f) {
+        const double ang = fusedk__table_angle(a, i, h, f);
+        a->out[0][i * a->os[0] + h * a->oh[0] + f] = (float)cos(ang);
+        a->out[1][i * a->os[1] + h * a->oh[1] + f] = (float)sin(ang);
+      }
+  return FUSEDK_OK;
+}
+
+static fusedk_status fusedk__check_dim(const char *op, const char *name, int64_t dim) {
+  if (dim < 2 || dim % 2 || dim > (1 << 24))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %lld, expected an even size >= 2", op, name,
+                        (long long)dim);
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_rope_table_1d(const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                              const fusedk_tensor *positions, int32_t dim, float theta,
+                                              struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {cos, sin, positions};
+  const double attrs[] = {(double)dim, theta};
+  fusedk__table_args a;
+  memset(&a, 0, sizeof a);
+  a.dims[0] = dim, a.n_axes = 1, a.theta = theta;
+  fusedk_status st = fusedk__check_dim("rope_table_1d", "dim", dim);
+  return st ? st : fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_1D, t, attrs, &a, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_rope_table_axes(const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                                const fusedk_tensor *ids, const int32_t *axes_dim, int32_t n_axes,
+                                                float theta, struct CUstream_st *stream) {
+  const char *op = "rope_table_axes";
+  if (n_axes < 1 || n_axes > 4 || !axes_dim)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: n_axes is %d, expected 1..4 with axes_dim", op, (int)n_axes);
+  const fusedk_tensor *t[] = {cos, sin, ids};
+  double attrs[5] = {theta, 0, 0, 0, 0};
+  fusedk__table_args a;
+  memset(&a, 0, sizeof a);
+  for (int k = 0; k < n_axes; ++k) {
+    char name[16];
+    snprintf(name, sizeof name, "axes_dim[%d]", k);
+    fusedk_status st = fusedk__check_dim(op, name, axes_dim[k]);
+    if (st) return st;
+    a.dims[k] = axes_dim[k], attrs[1 + k] = axes_dim[k];
+  }
+  a.n_axes = n_axes, a.theta = theta;
+  return fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_AXES, t, attrs, &a, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_rope_table_ltx(const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                               const fusedk_tensor *coords, int32_t dim, float theta,
+                                               struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {cos, sin, coords};
+  const double attrs[] = {(double)dim, theta};
+  fusedk__table_args a;
+  memset(&a, 0, sizeof a);
+  a.dims[0] = dim, a.n_axes = 3, a.theta = theta;
+  fusedk_status st = fusedk__check_dim("rope_table_ltx", "dim", dim);
+  return st ? st : fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_LTX, t, attrs, &a, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_rope_table_mixed(const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                                 const fusedk_tensor *pos, const fusedk_tensor *freqs,
+                                                 struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {cos, sin, pos, freqs};
+  fusedk__table_args a;
+  memset(&a, 0, sizeof a);
+  a.n_axes = 3, a.theta = 1.0;
+  return fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_MIXED, t, NULL, &a, stream);
+}
+
+/* --- [registry] lookup, output shapes and the generic call ------------------------------- */
+
+static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  const fusedk_op_tensor *r = &o->tensors[i];
+  const fusedk_tensor *like = r->like >= 0 ? t[r->like] : NULL;
+  if (!like || like->ndim < 1 || like->ndim > FUSEDK_MAX_DIMS || !like->shape)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s takes its shape from %s, expected a tensor of ndim "
+                        "1..%d there", o->name, r->name, r->like >= 0 ? o->tensors[r->like].name : "an input",
+                        FUSEDK_MAX_DIMS), -FUSEDK_ERR_INVALID_ARGUMENT;
+  int nd = like->ndim;
+  memcpy(shape, like->shape, (size_t)nd * sizeof *shape);
+  if (r->role == FUSEDK_ROLE_ROW_HALF) shape[nd - 1] /= 2;
+  if (r->role != FUSEDK_ROLE_OWN) return nd;
+  const int32_t id = (int32_t)(o - fusedk__ops);
+  int64_t F = 0;
+  if (id == FUSEDK_OP_ROPE_TABLE_MIXED) {
+    const fusedk_tensor *f = t[3];
+    if (!f || f->ndim != 3 || !f->shape)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: freqs is missing or not [3, H, F]", o->name);
+    shape[1] = f->shape[1], shape[2] = f->shape[2];
+    return 3;
+  }
+  if (id == FUSEDK_OP_ROPE_TABLE_AXES) {
+    for (int k = 1; k <= 4 && a[k] != 0.0; ++k) {
+      char name[16];
+      snprintf(name, sizeof name, "axes_dim[%d]", k - 1);
+      if (fusedk__check_dim(o->name, name, (int64_t)a[k])) return -FUSEDK_ERR_INVALID_ARGUMENT;
+      F += (int64_t)a[k] / 2;
+    }
+  } else {
+    if (fusedk__check_dim(o->name, "dim", (int64_t)a[0])) return -FUSEDK_ERR_INVALID_ARGUMENT;
+    F = (int64_t)a[0] / 2;
+  }
+  shape[1] = F;
+  return 2;
+}
+
+FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tensor *const *t, const double *a,
+                                       int64_t *shape) {
+  if (i < 0 || i >= FUSEDK_OP_COUNT || !t || !a || !shape || out < 0 || out >= fusedk__ops[i].n_tensors ||
+      fusedk__ops[i].tensors[out].kind < FUSEDK_ARG_OUT)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_out_shape: op %d, tensor %d is not an output", (int)i,
+                        (int)out), -FUSEDK_ERR_INVALID_ARGUMENT;
+  return fusedk__out_shape(&fusedk__ops[i], out, t, a, shape);
+}
+
 
 FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i) {
   return i >= 0 && i < FUSEDK_OP_COUNT ? &fusedk__ops[i] : NULL;
@@ -1252,6 +1756,22 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_GATED_RESIDUAL: return fusedk_gated_residual(t[0], t[1], t[2], t[3], s);
     case FUSEDK_OP_GLU: return fusedk_glu(t[0], t[1], (fusedk_activation)(int)a[0], (fusedk_glu_half)(int)a[1], s);
     case FUSEDK_OP_GLU_PAIR: return fusedk_glu_pair(t[0], t[1], t[2], (fusedk_activation)(int)a[0], s);
+    case FUSEDK_OP_ROPE:
+      return fusedk_rope(t[0], t[1], t[2], t[3], t[4], t[5], (fusedk_rope_style)(int)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_ROPE_TABLE_1D: return fusedk_rope_table_1d(t[0], t[1], t[2], (int32_t)a[0], (float)a[1], s);
+    case FUSEDK_OP_ROPE_TABLE_AXES: {
+      int32_t dims[4], n = 0;
+      while (n < 4 && a[1 + n] != 0.0) dims[n] = (int32_t)a[1 + n], ++n;
+      return fusedk_rope_table_axes(t[0], t[1], t[2], dims, n, (float)a[0], s);
+    }
+    case FUSEDK_OP_ROPE_TABLE_LTX: return fusedk_rope_table_ltx(t[0], t[1], t[2], (int32_t)a[0], (float)a[1], s);
+    case FUSEDK_OP_ROPE_TABLE_MIXED: return fusedk_rope_table_mixed(t[0], t[1], t[2], t[3], s);
+    case FUSEDK_OP_DIFFUSION_STEP: {
+      fusedk_step p;
+      p.guidance = (float)a[0], p.sampler = (int32_t)a[1], p.sigma = (float)a[2], p.sigma_next = (float)a[3];
+      p.alpha_bar = (float)a[4], p.alpha_bar_prev = (float)a[5], p.clamp_x0 = (float)a[6], p.blend = (float)a[7];
+      return fusedk_diffusion_step(t[0], t[1], t[2], t[3], t[4], &p, s);
+    }
   }
   return FUSEDK_ERR_INVALID_ARGUMENT;
 }
@@ -1338,9 +1858,13 @@ FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size) {
   char tmp[4096];
   size_t k = (size_t)snprintf(tmp, sizeof tmp, "{\"version\": \"%s\", ", fusedk_version());
   k += fusedk__cuda_info(tmp + k, sizeof tmp - k);
-  for (int i = 0; i < FUSEDK_OP_COUNT && k < sizeof tmp; ++i)
-    k += (size_t)snprintf(tmp + k, sizeof tmp - k, "%s\"%s\": [\"float32\", \"float16\", \"bfloat16\"]",
-                          i ? ", " : ", \"ops\": {", fusedk__ops[i].name);
+  for (int i = 0; i < FUSEDK_OP_COUNT && k < sizeof tmp; ++i) {
+    int ref = 0; /* the dtypes of the reference input: float32 alone for the table builders */
+    while (fusedk__ops[i].tensors[ref].kind != FUSEDK_ARG_IN) ++ref;
+    k += (size_t)snprintf(tmp + k, sizeof tmp - k, "%s\"%s\": [\"float32\"%s]", i ? ", " : ", \"ops\": {",
+                          fusedk__ops[i].name,
+                          fusedk__ops[i].tensors[ref].scalar < 0 ? ", \"float16\", \"bfloat16\"" : "");
+  }
   if (k < sizeof tmp) k += (size_t)snprintf(tmp + k, sizeof tmp - k, "}}");
   if (buf && size) snprintf(buf, size, "%s", tmp);
   return k;

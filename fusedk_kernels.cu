@@ -15,10 +15,11 @@
 //   [reduce]    warp and row-group sums
 //   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows_kernel and
 //               fusedk__cuda_norm (launcher); the tuning hook (FUSEDK_TUNING builds only)
-//   [elementwise] act, silu_fma, gated_residual, glu, glu_pair: elementwise_rows_kernel,
-//               fusedk__cuda_elementwise
-//   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count,
-//               fusedk__cuda_info
+//   [elementwise] act, silu_fma, gated_residual, glu, glu_pair and [sampler] diffusion_step:
+//               elementwise_rows_kernel
+//   [position]  rope (rope_kernel: q and k in one launch), the table builders (rope_table_kernel)
+//   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
+//               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
 
@@ -652,9 +653,33 @@ __device__ __forceinline__ float act_f32(float v, int kind) {
   }
 }
 
+// diffusion_step's coefficients as float32 (the math of every kernel), once per thread
+struct StepC { float c[FUSEDK__N_C]; };
+
+// One element of diffusion_step: m = CFG combine, then Euler or DDIM, then the blend.
+template <int SAMPLER>
+__device__ __forceinline__ float step_f32(const StepC &st, bool has_u, bool has_p, float x, float cond, float u, float prev) {
+  const float *c = st.c;
+  const float m = has_u ? fmaf(c[FUSEDK__C_GUIDANCE], cond - u, u) : cond;
+  float r;
+  if constexpr (SAMPLER == FUSEDK_SAMPLER_EULER) {
+    r = fmaf(c[FUSEDK__C_DT], m, x);
+  } else {
+    float x0 = fmaf(-c[FUSEDK__C_SQRT_1MA], m, x) * c[FUSEDK__C_RSQRT_A];
+    const float cl = c[FUSEDK__C_CLAMP];
+    if (cl > 0.f) x0 = x0 < -cl ? -cl : x0 > cl ? cl : x0; // NaN passes
+    r = fmaf(c[FUSEDK__C_SQRT_AP], x0, c[FUSEDK__C_SQRT_1MAP] * m);
+  }
+  return has_p ? fmaf(c[FUSEDK__C_BLEND], r - prev, prev) : r;
+}
+
 template <typename T, int VEC, int OP, int KIND>
 __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_args a, int64_t rows) {
   const int G = blockDim.x;
+  [[maybe_unused]] StepC st;
+  if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP)
+#pragma unroll
+    for (int k = 0; k < FUSEDK__N_C; ++k) st.c[k] = (float)a.c[k];
   const int64_t nvec = a.D / VEC;
   for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows;
        row += (int64_t)gridDim.x * blockDim.y) {
@@ -666,26 +691,33 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
     }
     const T *p0 = at<T>(a.in[0], b, l);
     const T *p1 = OP == FUSEDK_OP_ACT ? nullptr : at<T>(a.in[1], b, l);
-    const T *p2 = OP == FUSEDK_OP_SILU_FMA || OP == FUSEDK_OP_GATED_RESIDUAL ? at<T>(a.in[2], b, l) : nullptr;
+    const T *p2 = OP == FUSEDK_OP_SILU_FMA || OP == FUSEDK_OP_GATED_RESIDUAL || OP == FUSEDK_OP_DIFFUSION_STEP
+                      ? at<T>(a.in[2], b, l) : nullptr;
+    const T *p3 = OP == FUSEDK_OP_DIFFUSION_STEP ? at<T>(a.in[3], b, l) : nullptr;
     T *y = at<T>(a.y, b, l);
     // U vectors per step, every load issued before the first store (an output aliases an input
     // only exactly, so each element's own load still precedes its store)
     auto step = [&](int64_t j, auto u_c) {
       constexpr int U = decltype(u_c)::value;
       float v[U][VEC];
-      [[maybe_unused]] float u[U][VEC], w[U][VEC]; // act reads one input
+      [[maybe_unused]] float u[U][VEC], w[U][VEC], z[U][VEC]; // act reads one input
 #pragma unroll
       for (int k = 0; k < U; ++k) {
         load<T, VEC>(p0 + (j + k * G) * VEC, v[k]);
         if constexpr (OP != FUSEDK_OP_ACT) load<T, VEC>(p1 + (j + k * G) * VEC, u[k]);
         if constexpr (OP == FUSEDK_OP_SILU_FMA) load<T, VEC>(p2 + (j + k * G) * VEC, w[k]);
         if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) load<T, VEC, true>(p2 + (j + k * G) * VEC, w[k]); // per sample
+        if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP) { // uncond and prev when given (uniform branches)
+          if (p2) load<T, VEC>(p2 + (j + k * G) * VEC, w[k]);
+          if (p3) load<T, VEC>(p3 + (j + k * G) * VEC, z[k]);
+        }
       }
 #pragma unroll
       for (int k = 0; k < U; ++k) {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          if constexpr (OP == FUSEDK_OP_SILU_FMA) v[k][i] = act_f32(fmaf(u[k][i], w[k][i], v[k][i]), FUSEDK_ACT_SILU);
+          if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP) v[k][i] = step_f32<KIND>(st, p2 != nullptr, p3 != nullptr, v[k][i], u[k][i], w[k][i], z[k][i]);
+          else if constexpr (OP == FUSEDK_OP_SILU_FMA) v[k][i] = act_f32(fmaf(u[k][i], w[k][i], v[k][i]), FUSEDK_ACT_SILU);
           else if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) v[k][i] = fmaf(w[k][i], u[k][i], v[k][i]);
           else if constexpr (OP == FUSEDK_OP_GLU) v[k][i] = act_f32(v[k][i], KIND) * u[k][i];
           else v[k][i] = act_f32(v[k][i], KIND);
@@ -739,8 +771,159 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a, c
           a.kind, [&](auto kind) { return go(int_c<FUSEDK_OP_GLU>(), kind); });
     case FUSEDK_OP_SILU_FMA: return go(int_c<FUSEDK_OP_SILU_FMA>(), int_c<0>());
     case FUSEDK_OP_GATED_RESIDUAL: return go(int_c<FUSEDK_OP_GATED_RESIDUAL>(), int_c<0>());
+    case FUSEDK_OP_DIFFUSION_STEP:
+      return dispatch_int<FUSEDK_SAMPLER_EULER, FUSEDK_SAMPLER_DDIM>(
+          a.kind, [&](auto k) { return go(int_c<FUSEDK_OP_DIFFUSION_STEP>(), k); });
   }
   return cudaErrorInvalidValue;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [position] rope (q and k in one launch) and the table builders.
+//
+// Launch shape: a block per token (b, s), grid-stride over tokens with 8 blocks per SM; the
+// block's threads walk the token's units: per head, the rotating units (VEC/2 pairs of
+// neighbours, INTERLEAVED; VEC elements and their partners R/2 further, HALF), then the pass-
+// through vectors of channels >= R (copied only out of place). Two units per thread per step,
+// all loads before the stores. q and k are read once and written once, streaming; the token's
+// cos/sin row goes through the read-only path (re-read by every head).
+// ---------------------------------------------------------------------------------------------
+
+// N floats of a table row: one or two 8/16-byte loads when VECTOR (aligned), else N loads.
+template <int N, bool VECTOR> __device__ __forceinline__ void ld_table(const float *p, float (&out)[N]) {
+  if constexpr (VECTOR && N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 f = __ldg(reinterpret_cast<const float4 *>(p + i));
+      out[i] = f.x, out[i + 1] = f.y, out[i + 2] = f.z, out[i + 3] = f.w;
+    }
+  } else if constexpr (VECTOR && N == 2) {
+    const float2 f = __ldg(reinterpret_cast<const float2 *>(p));
+    out[0] = f.x, out[1] = f.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __ldg(p + i);
+  }
+}
+
+// N elements of T as floats: one 16-byte access when N == VEC > 1, else one element at a time.
+template <typename T, int N, int VEC> __device__ __forceinline__ void ld_elems(const T *p, float (&out)[N]) {
+  if constexpr (VEC > 1) {
+    load<T, N>(p, out);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_f32<T>(p[i]);
+  }
+}
+template <typename T, int N, int VEC> __device__ __forceinline__ void st_elems(T *p, const float (&in)[N]) {
+  if constexpr (VEC > 1) {
+    store_cs<T, N>(p, in);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = from_f32<T>(in[i]);
+  }
+}
+
+template <typename T, int VEC, int STYLE>
+__global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
+  constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
+  constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC; // pairs a unit rotates
+  constexpr int E = IL ? 2 * PAIRS : PAIRS;                 // elements of each load
+  const int half = (int)(a.R / 2), nrot = half / PAIRS, npass = (int)(a.Dh - a.R) / VEC;
+  const int upr = nrot + npass, H0 = (int)a.t[0].H, units = (H0 + (int)a.t[1].H) * upr;
+  const int64_t tokens = a.B * a.S;
+  struct Unit { const T *in; T *out; const float *cs, *sn; bool rot; };
+  auto unit = [&](int64_t b, int64_t s, int u) {
+    int h = u / upr;
+    const int c = u - h * upr, j = h >= H0;
+    h -= j ? H0 : 0;
+    const auto &t = a.t[j];
+    Unit r;
+    r.in = static_cast<const T *>(t.in) + b * t.sb + s * t.ss + h * t.sh;
+    r.out = static_cast<T *>(t.out) + b * t.ob + s * t.os + h * t.oh;
+    r.rot = c < nrot;
+    if (!r.rot) { // a pass-through vector, or nothing in place
+      const int64_t e = a.R + (int64_t)(c - nrot) * VEC;
+      r.in = r.out == r.in ? nullptr : r.in + e, r.out += e;
+      return r;
+    }
+    r.cs = a.tab[0].p + b * a.tab[0].sb + s * a.tab[0].ss + h * a.tab[0].sh + c * PAIRS;
+    r.sn = a.tab[1].p + b * a.tab[1].sb + s * a.tab[1].ss + h * a.tab[1].sh + c * PAIRS;
+    const int64_t e = IL ? (int64_t)c * E : (int64_t)c * PAIRS;
+    r.in += e, r.out += e;
+    return r;
+  };
+  for (int64_t tok = blockIdx.x; tok < tokens; tok += gridDim.x) {
+    const int64_t b = tok / a.S, s = tok - b * a.S;
+    for (int u0 = threadIdx.x; u0 < units; u0 += 2 * blockDim.x) {
+      Unit w[2];
+      float x1[2][E], x2[2][IL ? 1 : E], co[2][PAIRS], si[2][PAIRS];
+      bool live[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) { // every load of both units first
+        const int u = u0 + k * blockDim.x;
+        live[k] = u < units;
+        if (!live[k]) continue;
+        w[k] = unit(b, s, u);
+        if (!w[k].rot) {
+          if (w[k].in) ld_elems<T, VEC, VEC>(w[k].in, reinterpret_cast<float(&)[VEC]>(x1[k]));
+          continue;
+        }
+        ld_elems<T, E, VEC>(w[k].in, x1[k]);
+        if constexpr (!IL) ld_elems<T, E, VEC>(w[k].in + half, x2[k]);
+        ld_table<PAIRS, (VEC > 1)>(w[k].cs, co[k]);
+        ld_table<PAIRS, (VEC > 1)>(w[k].sn, si[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        if (!live[k]) continue;
+        if (!w[k].rot) {
+          if (w[k].in) st_elems<T, VEC, VEC>(w[k].out, reinterpret_cast<float(&)[VEC]>(x1[k]));
+          continue;
+        }
+#pragma unroll
+        for (int i = 0; i < PAIRS; ++i) {
+          float &va = IL ? x1[k][2 * i] : x1[k][i];
+          float &vb = IL ? x1[k][2 * i + 1] : x2[k][IL ? 0 : i];
+          const float ra = fmaf(va, co[k][i], -vb * si[k][i]), rb = fmaf(vb, co[k][i], va * si[k][i]);
+          va = ra, vb = rb;
+        }
+        st_elems<T, E, VEC>(w[k].out, x1[k]);
+        if constexpr (!IL) st_elems<T, E, VEC>(w[k].out + half, x2[k]);
+      }
+    }
+  }
+}
+
+// 16-byte vectors need: D, R and (HALF) R/2 in whole vectors, every q/k pointer and stride
+// 16-byte aligned, the tables 16-byte aligned with strides in whole float4s.
+template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaStream_t s, int device) {
+  constexpr int V = 16 / sizeof(T);
+  bool vec = a.Dh % V == 0 && a.R % (a.style == FUSEDK_ROPE_HALF ? 2 * V : V) == 0;
+  for (const auto &t : a.t)
+    vec = vec && aligned16(t.in) && aligned16(t.out) && t.sb % V == 0 && t.ss % V == 0 && t.sh % V == 0 &&
+          t.ob % V == 0 && t.os % V == 0 && t.oh % V == 0;
+  for (const auto &t : a.tab) vec = vec && aligned16(t.p) && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
+  const int64_t tokens = a.B * a.S, cap = (int64_t)device_sms(device) * 8;
+  const unsigned grid = (unsigned)(tokens < cap ? tokens : cap);
+  return dispatch_int<FUSEDK_ROPE_INTERLEAVED, FUSEDK_ROPE_HALF>(a.style, [&](auto style) {
+    constexpr int ST = decltype(style)::value;
+    if (vec) rope_kernel<T, V, ST><<<grid, 256, 0, s>>>(a);
+    else rope_kernel<T, 1, ST><<<grid, 256, 0, s>>>(a);
+    return cudaGetLastError();
+  });
+}
+
+// The tables: one thread per entry, the angle in float64 (fusedk.h's formula), one rounding.
+__global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_args a) {
+  const int64_t n = a.S * a.H * a.F;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t f = i % a.F, h = (i / a.F) % a.H, s = i / (a.F * a.H);
+    double sn, cs;
+    sincos(fusedk__table_angle(&a, s, h, f), &sn, &cs);
+    a.out[0][s * a.os[0] + h * a.oh[0] + f] = (float)cs;
+    a.out[1][s * a.os[1] + h * a.oh[1] + f] = (float)sn;
+  }
 }
 
 } // namespace
@@ -773,6 +956,26 @@ fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op,
   const cudaError_t e = dispatch_scalar(a->scalar, [&](auto t) {
     return launch_elementwise<typename decltype(t)::type>(*a, stream, device_id);
   });
+  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
+}
+
+fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int32_t device_id,
+                                struct CUstream_st *stream) {
+  DeviceGuard guard(device_id);
+  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
+  const cudaError_t e = dispatch_scalar(a->scalar, [&](auto t) {
+    return launch_rope<typename decltype(t)::type>(*a, stream, device_id);
+  });
+  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
+}
+
+fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *op, int32_t device_id,
+                                      struct CUstream_st *stream) {
+  DeviceGuard guard(device_id);
+  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
+  const int64_t n = a->S * a->H * a->F, need = (n + 255) / 256, cap = (int64_t)device_sms(device_id) * 16;
+  rope_table_kernel<<<(unsigned)(need < cap ? need : cap), 256, 0, stream>>>(*a);
+  const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
 }
 

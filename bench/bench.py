@@ -57,7 +57,9 @@ def plan(quick):
     elementwise = [("act", (2, 4096, 4608), "bf16"), ("act", (4, 4096, 4096), "bf16"),
                    ("silu_fma", (4, 4096, 4096), "bf16"), ("gated_residual", (4, 4096, 3072), "bf16"),
                    ("gated_residual", (2, 4096, 1152), "bf16"), ("geglu", (2, 4096, 2 * 8192), "bf16"),
-                   ("swiglu", (2, 4096, 2 * 4608), "bf16")]
+                   ("swiglu", (2, 4096, 2 * 4608), "bf16"),
+                   # [position] q and k of Flux's attention (B2 S4096 H24 Dh128); [sampler] a video latent
+                   ("rope", (2, 4096, 24, 128), "bf16"), ("diffusion_step", (4, 16, 16, 128, 128), "bf16")]
     if quick:
         return [("rmsnorm", (1, 1024, 2048), "bf16"), ("rmsnorm", (2, 4096, 3072), "fp16"),
                 ("rmsnorm", big, "fp32"), ("rmsnorm_res", big, "bf16"), ("layernorm", big, "bf16"),
@@ -154,6 +156,41 @@ def j_gated_residual(x, y, g):
     return x + g[:, None] * y
 
 
+# [sampler] CFG + flow-matching Euler + temporal blend, the constants of one step
+STEP = dict(guidance=4.5, sigma=0.8, sigma_next=0.75, blend=0.9)
+
+
+def t_step(x, c, u, p, g=STEP["guidance"], dt=STEP["sigma_next"] - STEP["sigma"], w=STEP["blend"]):
+    m = u + g * (c - u)
+    return w * (x + dt * m) + (1 - w) * p
+
+
+def j_step(x, c, u, p, g=STEP["guidance"], dt=STEP["sigma_next"] - STEP["sigma"], w=STEP["blend"]):
+    m = u + g * (c - u)
+    return w * (x + dt * m) + (1 - w) * p
+
+
+# [position] interleaved RoPE (Flux, diffusers' apply_rotary_emb) from [S, Dh/2] half tables
+def t_rope_one(x, c, s):
+    xf = x.float().unflatten(-1, (-1, 2))
+    a, b, c, s = xf[..., 0], xf[..., 1], c[:, None], s[:, None]
+    return torch.stack((a * c - b * s, b * c + a * s), -1).flatten(-2).to(x.dtype)
+
+
+def t_rope(q, k, c, s):
+    return t_rope_one(q, c, s), t_rope_one(k, c, s)
+
+
+def j_rope_one(x, c, s):
+    xf = x.astype(jnp.float32).reshape(x.shape[:-1] + (-1, 2))
+    a, b, c, s = xf[..., 0], xf[..., 1], c[:, None], s[:, None]
+    return jnp.stack((a * c - b * s, b * c + a * s), -1).reshape(x.shape).astype(x.dtype)
+
+
+def j_rope(q, k, c, s):
+    return j_rope_one(q, c, s), j_rope_one(k, c, s)
+
+
 # fusedk's call (out= last), the torch formula, its JAX twin, and the input names, per op
 ELEMENTWISE = {
     "act": (lambda x, out: fusedk.act(x, "gelu_tanh", out=out), t_act, j_act, ("x",)),
@@ -162,6 +199,8 @@ ELEMENTWISE = {
                        j_gated_residual, ("x", "y", "g")),
     "geglu": (lambda x, out: fusedk.glu(x, "gelu", "second", out=out), t_geglu, j_geglu, ("x",)),
     "swiglu": (lambda x, out: fusedk.glu(x, "silu", "first", out=out), t_swiglu, j_swiglu, ("x",)),
+    "diffusion_step": (lambda x, c, u, p, out: fusedk.diffusion_step(x, c, uncond=u, prev=p, out=out, **STEP),
+                       t_step, j_step, ("x", "c", "u", "p")),
 }
 
 
@@ -294,6 +333,17 @@ class Case:
             self.ref = lambda s: t_rtg(s["x"], s["xr"], s["g"])
             cfn, targs, self.jax, self.liger = t_rtg, ("x", "xr", "g"), (j_rtg, ("x", "xr", "g")), None
             self.nbytes = (3 * n + B * D) * es
+        elif op == "rope":  # q and k [B, S, H, Dh], float32 tables [S, Dh/2]
+            S, Dh = shape[1], shape[-1]
+            ang = torch.arange(S, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, Dh, 2, device="cuda") / Dh)
+            self.make = lambda: dict(q=rnd(shape), k=rnd(shape), c=ang.cos().float(), s=ang.sin().float())
+            self.outs = lambda s: dict(q=torch.empty_like(s["q"]), k=torch.empty_like(s["k"]))
+            self.fk = lambda s, o: fusedk.rope(s["q"], s["k"], s["c"], s["s"], "interleaved", q_out=o["q"],
+                                               k_out=o["k"])
+            self.got = lambda o: [o["q"], o["k"]]
+            self.ref = lambda s: t_rope(s["q"], s["k"], s["c"], s["s"])
+            cfn, targs, self.jax, self.liger = t_rope, ("q", "k", "c", "s"), (j_rope, ("q", "k", "c", "s")), None
+            self.nbytes = 4 * n * es + 2 * S * Dh // 2 * 4
         elif op in ELEMENTWISE:  # [elementwise]: one output, fusedk's call and the peers' on the same inputs
             fk, cfn, jfn, targs = ELEMENTWISE[op]
             B = shape[0]
@@ -447,9 +497,11 @@ def time_jax(case, sets, ref, n, trials=3):
     f = jitted(fn)
     jdt = {"bf16": jnp.bfloat16, "fp16": jnp.float16, "fp32": jnp.float32}[case.dtype]
     # Same values as the torch sets, moved through the host (bf16 -> fp32 -> bf16 is exact).
-    jsets = [[jnp.asarray(s[k].float().cpu().numpy(), dtype=jdt) for k in names] for s in sets]
+    jsets = [[jnp.asarray(s[k].float().cpu().numpy(), dtype=jdt if s[k].dtype == case.tdt else jnp.float32)
+              for k in names] for s in sets]  # float32 operands (rope's tables) stay float32
     out = jax.block_until_ready(f(*jsets[0]))
-    err = max_err([torch.from_numpy(np.array(out.astype(jnp.float32))).cuda()], ref[:1])
+    outs = out if isinstance(out, tuple) else (out,)
+    err = max_err([torch.from_numpy(np.array(o.astype(jnp.float32))).cuda() for o in outs], ref[:len(outs)])
     for i in range(2 * len(jsets)):
         out = f(*jsets[i % len(jsets)])
     jax.block_until_ready(out)

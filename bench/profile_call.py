@@ -36,9 +36,10 @@ def main():
         row("torch: fusedk.rmsnorm(x, w, out=y)", lambda: fusedk.rmsnorm(x, w, out=y))
         args = (None, None, x, None, w)
         route = _core._PATHS[torch.Tensor].route
-        row("torch:   _core.call (the C builtin, whole C path)", lambda: _core.call(0, x, args, 1e-6, 0.0, None))
+        attrs = _core._ATTRS(1e-6)
+        row("torch:   _core.call (the C builtin, whole C path)", lambda: _core.call(0, x, args, (1e-6,), None))
         row("torch:   the same through ctypes (fusedk_py_call_route)",
-            lambda: pylib.fusedk_py_call_route(route, 0, args, 1e-6, 0.0, -1))
+            lambda: pylib.fusedk_py_call_route(route, 0, args, attrs, -1))
         row("torch:   torch.empty_like(x)", lambda: torch.empty_like(x))
         row("torch:   x + x (an eager op)", lambda: x + x)
         torch.cuda.synchronize()
@@ -54,9 +55,9 @@ def main():
         print(f"cupy route through CuPy's C entry points: {bool(pylib.fusedk_py_route_native(route))}")
         args = (None, None, a, None, w)
         y = cupy.empty_like(a)
-        row("cupy:   _core.call (the C builtin, whole C path)", lambda: _core.call(0, a, args, 1e-6, 0.0, None))
+        row("cupy:   _core.call (the C builtin, whole C path)", lambda: _core.call(0, a, args, (1e-6,), None))
         row("cupy:   the same with out= (no allocation)",
-            lambda: _core.call(0, a, (y, None, a, None, w), 1e-6, 0.0, None))
+            lambda: _core.call(0, a, (y, None, a, None, w), (1e-6,), None))
         row("cupy:   cupy.empty(a.shape, a.dtype)", lambda: cupy.empty(a.shape, a.dtype))
         row("cupy:   cupy.ndarray(a.shape, a.dtype)", lambda: cupy.ndarray(a.shape, a.dtype))
         row("cupy:   a.data.ptr", lambda: a.data.ptr)

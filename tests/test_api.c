@@ -231,7 +231,8 @@ static void cases_for(op_t op) {
    registry's argument order, and bad ids or arguments fail cleanly. */
 static void registry_cases(void) {
   const char *names[FUSEDK_OP_COUNT] = {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
-                                        "silu_fma", "gated_residual", "glu", "glu_pair"};
+                                        "silu_fma", "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d",
+                                        "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -239,21 +240,44 @@ static void registry_cases(void) {
     for (int k = 0; o && k < o->n_tensors; ++k) {
       const fusedk_op_tensor *t = &o->tensors[k];
       int out = t->kind >= FUSEDK_ARG_OUT;
-      EXPECT(!out || (t->like >= 0 && t->like < o->n_tensors && o->tensors[t->like].kind == FUSEDK_ARG_IN),
-             "%s: output %s copies an input", o->name, t->name);
+      EXPECT(!out || (t->like >= 0 && t->like < o->n_tensors &&
+                      (o->tensors[t->like].kind == FUSEDK_ARG_IN || (o->tensors[t->like].kind == FUSEDK_ARG_IN_OPT &&
+                                                                     t->when == t->like))),
+             "%s: output %s copies an input that exists whenever it does", o->name, t->name);
+      EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32, "%s: %s has the call's dtype or float32", o->name, t->name);
       EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT),
              "%s: optional output %s depends on an optional input", o->name, t->name);
-      EXPECT(t->role >= FUSEDK_ROLE_ROW && t->role <= FUSEDK_ROLE_ROW_HALF &&
-             (!out || t->role == FUSEDK_ROLE_ROW || t->role == FUSEDK_ROLE_ROW_HALF) &&
+      EXPECT(t->role >= FUSEDK_ROLE_ROW && t->role <= FUSEDK_ROLE_OWN &&
+             (!out || t->role == FUSEDK_ROLE_ROW || t->role == FUSEDK_ROLE_ROW_HALF || t->role == FUSEDK_ROLE_OWN) &&
              (t->role != FUSEDK_ROLE_SAMPLE || o->row_ndim == 3), "%s: %s has a valid role", o->name, t->name);
     }
-    int ref = 0; /* the reference the error messages name: the first ROW input, x in every family */
-    while (o && ref < o->n_tensors && (o->tensors[ref].kind >= FUSEDK_ARG_OUT || o->tensors[ref].role != FUSEDK_ROLE_ROW))
-      ++ref;
-    EXPECT(o && ref < o->n_tensors && o->tensors[ref].kind == FUSEDK_ARG_IN,
-           "%s: its reference tensor is a required row input", names[i]);
+    int ref = 0; /* the reference the error messages name: the first required input */
+    while (o && ref < o->n_tensors && o->tensors[ref].kind != FUSEDK_ARG_IN) ++ref;
+    EXPECT(o && ref < o->n_tensors && (o->row_ndim < 0 || o->tensors[ref].role == FUSEDK_ROLE_ROW),
+           "%s: its reference tensor is a required row input (ops with rows)", names[i]);
   }
   EXPECT(!fusedk_op_get(-1) && !fusedk_op_get(FUSEDK_OP_COUNT) && fusedk_op_find("nope") == -1, "registry bounds");
+  { /* output shapes: what every binding allocates */
+    int64_t xs[3] = {2, 3, 16}, ps[1] = {7}, fs[3] = {3, 4, 10}, shape[FUSEDK_MAX_DIMS];
+    fusedk_tensor x = fusedk_tensor_cpu(NULL, FUSEDK_F32, 3, xs), p = fusedk_tensor_cpu(NULL, FUSEDK_F32, 1, ps);
+    fusedk_tensor f = fusedk_tensor_cpu(NULL, FUSEDK_F32, 3, fs);
+    const fusedk_tensor *glu[2] = {NULL, &x}, *tab[3] = {NULL, NULL, &p}, *mix[4] = {NULL, NULL, &p, &f};
+    const double g_a[2] = {2, 0}, t_a[2] = {64, 1e4}, ax_a[5] = {1e4, 16, 56, 56, 0}, bad_a[2] = {63, 1e4};
+    int nd = fusedk_op_out_shape(FUSEDK_OP_GLU, 0, glu, g_a, shape);
+    EXPECT(nd == 3 && shape[0] == 2 && shape[1] == 3 && shape[2] == 8, "out_shape glu: %d", nd);
+    nd = fusedk_op_out_shape(FUSEDK_OP_ROPE_TABLE_1D, 1, tab, t_a, shape);
+    EXPECT(nd == 2 && shape[0] == 7 && shape[1] == 32, "out_shape rope_table_1d: %d", nd);
+    nd = fusedk_op_out_shape(FUSEDK_OP_ROPE_TABLE_AXES, 0, tab, ax_a, shape);
+    EXPECT(nd == 2 && shape[0] == 7 && shape[1] == 64, "out_shape rope_table_axes: %d", nd);
+    nd = fusedk_op_out_shape(FUSEDK_OP_ROPE_TABLE_MIXED, 0, mix, t_a, shape);
+    EXPECT(nd == 3 && shape[0] == 7 && shape[1] == 4 && shape[2] == 10, "out_shape rope_table_mixed: %d", nd);
+    nd = fusedk_op_out_shape(FUSEDK_OP_ROPE_TABLE_LTX, 0, tab, bad_a, shape);
+    EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "rope_table_ltx: dim is 63, expected an even size"),
+           "out_shape: an odd dim: %s", fusedk_failure_reason());
+    nd = fusedk_op_out_shape(FUSEDK_OP_GLU, 1, glu, g_a, shape);
+    EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "not an output"), "out_shape: an input: %s",
+           fusedk_failure_reason());
+  }
   call_t c;
   fresh(&c);
   poison();
@@ -307,12 +331,12 @@ int main(void) {
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.3.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.4.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.3.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.4.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);

@@ -18,6 +18,10 @@
 #include "fusedk.h"
 
 static int failures = 0, checks = 0;
+/* FUSEDK_TEST_SMALL=1 (tools/gpu_run.sh --sanitize): small cases of every op and path (tails,
+   strided, misaligned, in place, every table layout), none of the large ones, so the suite runs
+   under compute-sanitizer's 10-100x slowdown */
+static int small;
 #define CK(call)                                                                        \
   do {                                                                                  \
     cudaError_t e_ = (call);                                                            \
@@ -95,8 +99,8 @@ static buf_t mk(fusedk_scalar s, int ndim, const int64_t *shape, int64_t pad, si
   memset(&b, 0, sizeof b);
   b.ndim = ndim;
   b.s = s;
-  b.shape = calloc(3, sizeof(int64_t));
-  b.strides = calloc(3, sizeof(int64_t));
+  b.shape = calloc(4, sizeof(int64_t)); /* up to 4 dims: rope's [B, S, H, Dh] */
+  b.strides = calloc(4, sizeof(int64_t));
   int64_t st = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     b.shape[i] = shape[i];
@@ -139,11 +143,12 @@ static void drop(buf_t *b) {
 
 /* --- [norm] ops ---------------------------------------------------------------------------- */
 typedef enum { RMS, LN, ADALN_LN, ADALN_RMS, MOCHI, MOCHI_EXACT, GELU, GELU_TANH, SILU, RELU, SILU_FMA, GATED_RES,
-               SWIGLU, GEGLU, GLU_PAIR } op_t;
+               SWIGLU, GEGLU, GLU_PAIR, STEP_EULER, STEP_DDIM } op_t;
 static const char *op_name[] = {"rmsnorm", "layernorm", "adaln(layer)", "adaln(rms)", "mochi", "mochi(exact)",
                                 "act(gelu)", "act(gelu_tanh)", "act(silu)", "act(relu)", "silu_fma",
-                                "gated_residual", "glu(silu, first)", "glu(gelu, second)", "glu_pair(gelu_tanh)"};
-enum { Y, RO, X, RES, W, BIAS, SCALE, SHIFT, GATE, C3, NT };
+                                "gated_residual", "glu(silu, first)", "glu(gelu, second)", "glu_pair(gelu_tanh)",
+                                "diffusion_step(euler, cfg)", "diffusion_step(ddim, cfg, clamp, blend)"};
+enum { Y, RO, X, RES, W, BIAS, SCALE, SHIFT, GATE, C3, C4, NT };
 
 static fusedk_status call(op_t op, buf_t *t, int dev, cudaStream_t stream) {
   const fusedk_tensor *p[NT];
@@ -166,6 +171,15 @@ static fusedk_status call(op_t op, buf_t *t, int dev, cudaStream_t stream) {
     case SWIGLU: return fusedk_glu(p[Y], p[X], FUSEDK_ACT_SILU, FUSEDK_GLU_FIRST, s);
     case GEGLU: return fusedk_glu(p[Y], p[X], FUSEDK_ACT_GELU, FUSEDK_GLU_SECOND, s);
     case GLU_PAIR: return fusedk_glu_pair(p[Y], p[X], p[RES], FUSEDK_ACT_GELU_TANH, s);
+    /* [sampler]: x = X, cond = RES, uncond = C3, prev = C4 */
+    case STEP_EULER: {
+      const fusedk_step st = {FUSEDK_SAMPLER_EULER, 4.5f, 0.8f, 0.55f, 1.f, 1.f, 0.f, 1.f};
+      return fusedk_diffusion_step(p[Y], p[X], p[RES], p[C3], NULL, &st, s);
+    }
+    case STEP_DDIM: {
+      const fusedk_step st = {FUSEDK_SAMPLER_DDIM, 3.f, 0.f, 0.f, 0.45f, 0.6f, 1.5f, 0.8f};
+      return fusedk_diffusion_step(p[Y], p[X], p[RES], p[C3], p[C4], &st, s);
+    }
   }
   return FUSEDK_OK;
 }
@@ -226,9 +240,12 @@ static void run_case(const case_t *c) {
   int is_mochi = c->op == MOCHI || c->op == MOCHI_EXACT, is_ew = c->op >= GELU;
   int64_t shx[3] = {c->B, c->L, (c->op == SWIGLU || c->op == GEGLU) ? 2 * c->D : c->D}; /* glu: x[..., 2H] */
   t[X] = mk(c->s, 3, shx, c->pad, c->shift, 0, is_ew ? 3.0 : 1.0, c->op == LN ? 0.5 : 0.0);
-  if (c->residual || is_mochi || c->op == SILU_FMA || c->op == GATED_RES || c->op == GLU_PAIR)
+  const int is_step = c->op == STEP_EULER || c->op == STEP_DDIM;
+  if (c->residual || is_mochi || c->op == SILU_FMA || c->op == GATED_RES || c->op == GLU_PAIR || is_step)
     t[RES] = mk(c->s, 3, sh3, c->pad, c->shift, 0, is_mochi ? 2.0 : 1.0, 0.0);
-  if (c->op == SILU_FMA) t[C3] = mk(c->s, 3, sh3, c->pad, c->shift, 0, 1.0, 0.0);
+  if (c->op == SILU_FMA || is_step) t[C3] = mk(c->s, 3, sh3, c->pad, c->shift, 0, 1.0, 0.0);
+  if (c->op == STEP_DDIM) /* prev: broadcast over B in the broadcast cases */
+    t[C4] = mk(c->s, 3, sh3, c->pad, c->shift, c->vec_broadcast, 1.0, 0.0);
   if (c->inplace) {
     t[Y] = t[X];
   } else {
@@ -303,6 +320,98 @@ static void run_case(const case_t *c) {
       if (i == SCALE || i == SHIFT || i == GATE) t[i].off = 0;
       drop(&t[i]);
     }
+}
+
+/* --- [position] rope and the table builders ------------------------------------------------ */
+
+/* rope of q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (Hk = 0: no k); tables of kind tk: 2 [S, R/2],
+   3 [S, H, R/2], 4 [B, S, H, R/2], 5 the same broadcast over B (stride 0); pad: strided heads;
+   shift: misaligned bases (scalar path); inplace: q_out = q. */
+static void run_rope(fusedk_scalar s, int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t Dh, int64_t R, int style,
+                     int tk, int64_t pad, size_t shift, int inplace) {
+  int64_t shp[2][4] = {{B, S, Hq, Dh}, {B, S, Hk, Dh}};
+  buf_t in[2] = {{0}}, ref[2] = {{0}}, out[2] = {{0}}, tab[2];
+  for (int j = 0; j < 1 + (Hk > 0); ++j) {
+    in[j] = mk(s, 4, shp[j], pad, shift, 0, 1.0, 0.0);
+    ref[j] = mk(s, 4, shp[j], pad, shift, 0, 0.0, 0.0); /* the CPU's output (host), poisoned */
+    poison(&ref[j]);
+    if (inplace) memcpy(ref[j].h, in[j].h, in[j].n_alloc * esize(s)); /* untouched channels */
+  }
+  int64_t t2[2] = {S, R / 2}, t3[3] = {S, Hq, R / 2}, t4[4] = {B, S, tk == 5 ? 1 : Hq, R / 2};
+  for (int j = 0; j < 2; ++j)
+    tab[j] = tk == 2 ? mk(FUSEDK_F32, 2, t2, 0, 0, 0, 1.0, 0.0) : tk == 3 ? mk(FUSEDK_F32, 3, t3, 0, 0, 0, 1.0, 0.0)
+                                                                   : mk(FUSEDK_F32, 4, t4, 0, 0, tk == 5, 1.0, 0.0);
+  const fusedk_tensor *k_in = Hk ? &in[1].th : NULL, *k_out = Hk ? &ref[1].th : NULL;
+  char what[200];
+  snprintf(what, sizeof what, "rope(%s) %s q[%lld,%lld,%lld,%lld] Hk %lld R %lld table %d pad %lld shift %zu%s",
+           style ? "half" : "interleaved", sname(s), (long long)B, (long long)S, (long long)Hq, (long long)Dh,
+           (long long)Hk, (long long)R, tk, (long long)pad, shift, inplace ? " inplace" : "");
+  ++checks;
+  fusedk_status sc = fusedk_rope(&ref[0].th, k_out, &in[0].th, k_in, &tab[0].th, &tab[1].th,
+                                 (fusedk_rope_style)style, (int32_t)R, NULL);
+  for (int j = 0; j < 1 + (Hk > 0); ++j) { /* the GPU writes out[j]: in[j] itself in place */
+    out[j] = ref[j];
+    if (inplace) out[j].d = in[j].d, out[j].td.data = in[j].d;
+  }
+  fusedk_status sg = fusedk_rope(&out[0].td, Hk ? &out[1].td : NULL, &in[0].td, Hk ? &in[1].td : NULL, &tab[0].td,
+                                 &tab[1].td, (fusedk_rope_style)style, (int32_t)R, NULL);
+  cudaError_t ce = cudaDeviceSynchronize();
+  int bad = 0;
+  if (sc || sg || ce) {
+    printf("FAIL %s: cpu %s gpu %s cuda %s: %s\n", what, fusedk_status_name(sc), fusedk_status_name(sg),
+           cudaGetErrorString(ce), fusedk_failure_reason());
+    bad = 1;
+  } else {
+    for (int j = 0; j < 1 + (Hk > 0); ++j) bad += compare(what, &out[j], NULL, 0, eps_of(s));
+    if (bad) printf("FAIL %s\n", what);
+  }
+  failures += bad != 0;
+  for (int j = 0; j < 2; ++j) drop(&in[j]), drop(&ref[j]), drop(&tab[j]);
+}
+
+/* the four table builders, GPU against the CPU reference (both float64 angles, one rounding) */
+static void run_tables(int64_t S) {
+  int64_t s1[1] = {S}, s3[2] = {S, 3}, fr[3] = {3, 24, 64}, o1[2] = {S, 64}, o2[2] = {S, 64}, o3[2] = {S, 1024},
+          o4[3] = {S, 24, 64};
+  buf_t pos = mk(FUSEDK_F32, 1, s1, 0, 0, 0, 300.0, 0.0), ids = mk(FUSEDK_F32, 2, s3, 0, 0, 0, 40.0, 0.0);
+  buf_t crd = mk(FUSEDK_F32, 2, s3, 0, 0, 0, 0.4, 0.5), frq = mk(FUSEDK_F32, 3, fr, 0, 0, 0, 0.1, 0.0);
+  buf_t pos3 = mk(FUSEDK_F32, 2, s3, 0, 0, 0, 20.0, 0.0);
+  const int32_t axes[3] = {16, 56, 56};
+  for (int op = 0; op < 4; ++op) {
+    const int64_t *osh = op == 0 ? o1 : op == 1 ? o2 : op == 2 ? o3 : o4;
+    buf_t t[2];
+    for (int j = 0; j < 2; ++j) {
+      t[j] = mk(FUSEDK_F32, op == 3 ? 3 : 2, osh, op == 1 ? 5 : 0, 0, 0, 0.0, 0.0); /* axes: padded rows */
+      poison(&t[j]);
+    }
+    fusedk_status st[2];
+    for (int dev = 0; dev < 2; ++dev) {
+      const fusedk_tensor *c = dev ? &t[0].td : &t[0].th, *sn = dev ? &t[1].td : &t[1].th;
+#define FUSEDK__T(b) (dev ? &(b).td : &(b).th)
+      st[dev] = op == 0   ? fusedk_rope_table_1d(c, sn, FUSEDK__T(pos), 128, 10000.f, NULL)
+                : op == 1 ? fusedk_rope_table_axes(c, sn, FUSEDK__T(ids), axes, 3, 10000.f, NULL)
+                : op == 2 ? fusedk_rope_table_ltx(c, sn, FUSEDK__T(crd), 2048, 10000.f, NULL)
+                          : fusedk_rope_table_mixed(c, sn, FUSEDK__T(pos3), FUSEDK__T(frq), NULL);
+#undef FUSEDK__T
+    }
+    const char *names[4] = {"rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed"};
+    char what[96];
+    snprintf(what, sizeof what, "%s S=%lld", names[op], (long long)S);
+    ++checks;
+    cudaError_t ce = cudaDeviceSynchronize();
+    int bad = 0;
+    if (st[0] || st[1] || ce) {
+      printf("FAIL %s: cpu %s gpu %s cuda %s: %s\n", what, fusedk_status_name(st[0]), fusedk_status_name(st[1]),
+             cudaGetErrorString(ce), fusedk_failure_reason());
+      bad = 1;
+    } else {
+      bad = compare(what, &t[0], NULL, 0, 0x1p-22) + compare(what, &t[1], NULL, 0, 0x1p-22);
+      if (bad) printf("FAIL %s\n", what);
+    }
+    failures += bad != 0;
+    drop(&t[0]), drop(&t[1]);
+  }
+  drop(&pos), drop(&ids), drop(&crd), drop(&frq), drop(&pos3);
 }
 
 /* A tensor of more than 2^31 elements: the device copy is a random block tiled across it; the
@@ -394,13 +503,16 @@ int main(void) {
   CK(cudaGetDeviceProperties(&p, 0));
   printf("device: %s (sm_%d%d, %d SMs)\n", p.name, p.major, p.minor, p.multiProcessorCount);
   const fusedk_scalar S[3] = {FUSEDK_F32, FUSEDK_F16, FUSEDK_BF16};
+  small = getenv("FUSEDK_TEST_SMALL") && atoi(getenv("FUSEDK_TEST_SMALL"));
+  if (small) printf("small cases only (FUSEDK_TEST_SMALL)\n");
   /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
   /* 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit */
   const int64_t Ds[] = {1, 2, 7, 8, 64, 111, 128, 1000, 1152, 2048, 3072, 3584, 5120, 8192, 16384, 65536, 100000, 262144};
   int n_before;
   for (int si = 0; si < 3; ++si)
     for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; ++di) {
-      int64_t D = Ds[di], L = D >= 16384 ? 3 : D >= 3072 ? 19 : 989;
+      int64_t D = Ds[di], L = D >= 16384 ? 3 : D >= 3072 ? 19 : small ? 67 : 989;
+      if (small && D > 16384) continue;
       n_before = failures;
       case_t c = {RMS, S[si], 1, L, D, 1, 0, 0, 0, 0, 0, 0, 0, 0};
       run_case(&c);
@@ -433,7 +545,7 @@ int main(void) {
   }
   /* millions of rows, one row, in place */
   n_before = failures;
-  case_t many = {RMS, FUSEDK_BF16, 1, 1 << 21, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+  case_t many = {RMS, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0};
   run_case(&many);
   case_t one = {LN, FUSEDK_F16, 1, 1, 5120, 1, 1, 0, 0, 0, 0, 0, 0, 0};
   run_case(&one);
@@ -451,8 +563,9 @@ int main(void) {
   const int64_t eD[] = {1, 7, 8, 64, 111, 1152, 3072, 65536};
   for (int si = 0; si < 3; ++si)
     for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
+      if (small && eD[di] > 3072) continue;
       n_before = failures;
-      for (int op = GELU; op <= GLU_PAIR; ++op) {
+      for (int op = GELU; op <= STEP_DDIM; ++op) {
         int64_t D = eD[di], L = D >= 16384 ? 3 : 37;
         case_t c = {(op_t)op, S[si], 2, L, D, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         run_case(&c);
@@ -465,21 +578,52 @@ int main(void) {
         run_case(&c);
       }
       if (failures == n_before)
-        printf("ok   %s D=%lld act(gelu/gelu_tanh/silu/relu), silu_fma, gated_residual, glu, glu_pair: plain, strided, "
-               "misaligned, in place + NaN/Inf\n", sname(S[si]), (long long)eD[di]);
+        printf("ok   %s D=%lld act(gelu/gelu_tanh/silu/relu), silu_fma, gated_residual, glu, glu_pair, "
+               "diffusion_step(euler/ddim): plain, strided, misaligned, in place + NaN/Inf\n", sname(S[si]),
+               (long long)eD[di]);
     }
   n_before = failures;
-  for (int op = GELU; op <= GLU_PAIR; ++op) {
-    case_t many2 = {(op_t)op, FUSEDK_BF16, 1, 1 << 21, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    if (op == GATED_RES) many2.B = 1 << 11, many2.L = 1 << 10; /* 2M rows over 2048 samples */
+  for (int op = GELU; op <= STEP_DDIM; ++op) {
+    case_t many2 = {(op_t)op, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (op == GATED_RES) many2.B = small ? 64 : 1 << 11, many2.L = small ? 64 : 1 << 10; /* rows over samples */
     run_case(&many2);
     case_t one2 = {(op_t)op, FUSEDK_F16, 1, 1, 5120, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     run_case(&one2);
   }
   if (failures == n_before) printf("ok   elementwise: 2M rows, 1 row\n");
+  /* [position]: both styles, every dtype, GQA, partial rotary, each table layout, strided heads,
+     misaligned (scalar path), in place, odd sizes, 1 token, many tokens */
+  for (int si = 0; si < 3; ++si)
+    for (int style = 0; style < 2; ++style) {
+      n_before = failures;
+      const int64_t dims[][2] = {{128, 128}, {64, 32}, {128, 64}, {96, 96}, {6, 4}, {2, 2}};
+      for (int d = 0; d < 6; ++d) {
+        const int64_t Dh = dims[d][0], R = dims[d][1];
+        for (int tk = 2; tk <= 5; ++tk)
+          run_rope(S[si], 2, 37, 4, tk == 2 ? 2 : 4, Dh, R, style, tk, 0, 0, 0);
+        run_rope(S[si], 2, 19, 3, 1, Dh, R, style, 2, 8, 0, 0);     /* strided heads */
+        run_rope(S[si], 2, 19, 3, 1, Dh, R, style, 2, 3, 1, 0);     /* misaligned: scalar path */
+        run_rope(S[si], 1, 23, 4, 4, Dh, R, style, 3, 0, 0, 1);     /* in place */
+        run_rope(S[si], 1, 23, 4, 0, Dh, R, style, 4, 0, 0, 1);     /* in place, q alone */
+      }
+      if (failures == n_before)
+        printf("ok   %s rope(%s): Dh/R 128/128 64/32 128/64 96/96 6/4 2/2, GQA, every table layout, strided, "
+               "misaligned, in place\n", sname(S[si]), style ? "half" : "interleaved");
+    }
+  n_before = failures;
+  if (!small) {
+    run_rope(FUSEDK_BF16, 2, 4096, 24, 24, 128, 128, 0, 2, 0, 0, 0); /* the bench shape */
+    run_rope(FUSEDK_BF16, 1, 1 << 16, 8, 2, 64, 64, 1, 2, 0, 0, 0);  /* 64K tokens, GQA */
+  }
+  run_rope(FUSEDK_F16, 1, 1, 1, 1, 64, 64, 1, 2, 0, 0, 0); /* one token */
+  run_tables(small ? 257 : 4097);
+  run_tables(1);
+  if (failures == n_before) printf("ok   rope: bench shape, 1 token, 64K tokens; rope_table_1d/axes/ltx/mixed\n");
   run_graph();
-  run_huge(0);
-  run_huge(1);
+  if (!small) {
+    run_huge(0);
+    run_huge(1);
+  }
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
 }

@@ -3,8 +3,11 @@
 # test suite (gpu, python interop, cpu, examples), then the bench. Logs and results land in
 # $OUT (default ./out); the last lines printed are the summary.
 #   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--percall] [--no-percall] [--tune] [--ncu]
+#                         [--sanitize]
 # (--no-bench --percall: the suites and the per-call table, without the kernel bench;
-#  --no-percall: the kernel bench without the per-call table; BENCH_OPS=act,silu_fma limits it)
+#  --no-percall: the kernel bench without the per-call table; BENCH_OPS=act,silu_fma limits it;
+#  --sanitize: compute-sanitizer memcheck, racecheck, initcheck and synccheck over the GPU suite's
+#  small cases of every op (FUSEDK_TEST_SMALL=1), reports in $OUT/sanitize-<tool>.txt)
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -16,10 +19,10 @@ fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 bench=1 quick="" percall=0 no_percall=0
-tests=1 tune=0 ncu=0
+tests=1 tune=0 ncu=0 sanitize=0
 for a in "$@"; do
   case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --percall) percall=1 ;; --no-percall) no_percall=1 ;;
-    --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; esac
+    --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; --sanitize) sanitize=1 tests=0 bench=0 ;; esac
 done
 summary=()
 t0=$(date +%s)
@@ -68,6 +71,17 @@ if [ $ncu = 1 ]; then  # hardware counters of the norm kernels next to Liger's (
     python3 bench/ncu_norm.py >"$OUT/ncu.txt" 2>&1
   summary+=("ncu rc=$?")
   grep -E "norm|DRAM Throughput|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|Block Size|Grid Size" "$OUT/ncu.txt" | head -150
+fi
+if [ $sanitize = 1 ]; then  # every GPU op's small cases under each compute-sanitizer tool
+  for tool in memcheck racecheck initcheck synccheck; do
+    extra=""
+    [ $tool = memcheck ] && extra="--leak-check full"
+    FUSEDK_TEST_SMALL=1 timeout 900 compute-sanitizer --tool $tool $extra --error-exitcode 9 \
+      build-gpu/tests/test_gpu >"$OUT/sanitize-$tool.txt" 2>&1
+    rc=$?
+    summary+=("sanitize $tool rc=$rc: $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/sanitize-$tool.txt") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.txt" | tr '\n' ' ')")
+    grep -E "^FAIL|Invalid|Uninitialized|hazard|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize-$tool.txt" | head -8
+  done
 fi
 echo "=== summary ==="
 printf '%s\n' "${summary[@]}"

@@ -101,12 +101,6 @@ static void alloc_error(void *ctx, const char *kind, const char *message) {
 
 static int is_gpu(int32_t t) { return t == FUSEDK_DEVICE_CUDA || t == FUSEDK_DEVICE_CUDA_MANAGED; }
 
-/* The sizes of output a, made like an input of sizes like[0..nd): the same, but half the last
-   dim for a ROW_HALF output (glu's y). nd <= FUSEDK_MAX_DIMS. */
-static void out_dims(const fusedk_op_tensor *a, const int64_t *like, int nd, int64_t *dims) {
-  for (int d = 0; d < nd; ++d) dims[d] = like[d];
-  if (a->role == FUSEDK_ROLE_ROW_HALF && nd > 0) dims[nd - 1] /= 2;
-}
 
 /* Returns the outputs that exist, in registry order (a new reference): the caller's out=
    objects, or the new ones (made[i]: handed to the framework through the exchange API, which
@@ -155,7 +149,7 @@ static void *results(const fusedk_op *o, const fusedk_tensor *const *t, void *co
    type. stream < 0: the framework's current stream of that input's device. Returns a new
    reference: the output, or a tuple of the outputs that exist; None on failure, with the
    failure reason and fusedk_py_last() set. */
-static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, double a0, double a1, int64_t stream) {
+static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, const double *attrs, int64_t stream) {
   const fusedk_op *o = fusedk_op_get(op);
   if (!o || !x || !x->view_from_py) return failed(-1);
   fusedk_tensor view[FUSEDK_OP_MAX_TENSORS];
@@ -189,12 +183,13 @@ static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, double 
     }
     fusedk_tensor proto = *t[a->like];
     int64_t dims[FUSEDK_MAX_DIMS];
-    if (proto.ndim < 0 || proto.ndim > FUSEDK_MAX_DIMS) { /* the generic path names it */
+    const int32_t nd = fusedk_op_out_shape(op, i, t, attrs, dims);
+    if (nd < 0) { /* the generic path names what is wrong */
       status = -1;
       break;
     }
-    out_dims(a, proto.shape, proto.ndim, dims);
-    proto.shape = dims, proto.strides = NULL, proto.byte_offset = 0, proto.data = NULL;
+    proto.ndim = nd, proto.shape = dims, proto.strides = NULL, proto.byte_offset = 0, proto.data = NULL;
+    if (a->scalar >= 0) proto.dtype = fusedk_dtype_of((fusedk_scalar)a->scalar);
     alloc_ctx ctx = {o->name, a->name};
     if (x->allocator(&proto, &made[i], &ctx, alloc_error) != 0 || !made[i]) {
       made[i] = NULL;
@@ -213,7 +208,6 @@ static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, double 
         s = NULL;
       }
     }
-    const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, 0.0, 0.0};
     status = fusedk_op_call(op, t, attrs, (struct CUstream_st *)s);
   }
   void *res = status == FUSEDK_OK ? results(o, t, obj, made, x, NULL, n_out) : NULL;
@@ -371,7 +365,7 @@ static void *attrs_new(const route *r, void *like, int64_t *dims, int ndim) {
 
 /* Runs registry op `op` on `args` (as exchange_call) whose arrays are CuPy-like instances of
    r->type, on `stream` (< 0: the current one). */
-static void *attrs_call(route *r, int32_t op, void *args, double a0, double a1, int64_t stream) {
+static void *attrs_call(route *r, int32_t op, void *args, const double *attrs, int64_t stream) {
   const fusedk_op *o = fusedk_op_get(op);
   if (!o) return failed(-1);
   fusedk_tensor view[FUSEDK_OP_MAX_TENSORS];
@@ -388,10 +382,13 @@ static void *attrs_call(route *r, int32_t op, void *args, double a0, double a1, 
       if (obj[i] == py.none) {
         obj[i] = NULL;
         if (!pass || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
-        if (!obj[a->like]) goto out; /* a required input is missing: the generic path says which */
+        /* a required input missing, an output of its own dtype (no dtype object here): the
+           generic path takes the call */
+        if (!obj[a->like] || a->scalar >= 0) goto out;
         int64_t shp[FUSEDK_MAX_DIMS];
-        out_dims(a, dims[a->like], view[a->like].ndim, shp);
-        obj[i] = attrs_new(r, obj[a->like], shp, view[a->like].ndim);
+        const int32_t nd = fusedk_op_out_shape(op, i, t, attrs, shp);
+        if (nd < 0) goto out;
+        obj[i] = attrs_new(r, obj[a->like], shp, nd);
         if (!obj[i]) {
           status = fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: allocating %s through the framework failed", o->name,
                                 a->name);
@@ -420,10 +417,7 @@ static void *attrs_call(route *r, int32_t op, void *args, double a0, double a1, 
       if (!s || err) goto out;
     }
   }
-  {
-    const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, 0.0, 0.0};
-    status = fusedk_op_call(op, t, attrs, (struct CUstream_st *)(intptr_t)stream);
-  }
+  status = fusedk_op_call(op, t, attrs, (struct CUstream_st *)(intptr_t)stream);
   if (status == FUSEDK_OK) {
     void *res = results(o, t, obj, NULL, NULL, owned, n_out);
     if (res) return res; /* the owned outputs are in it (or were released by results) */
@@ -436,15 +430,16 @@ out:
   return failed(status);
 }
 
-static void *route_call(route *r, int32_t op, void *args, double a0, double a1, int64_t stream) {
-  return r->x ? exchange_call(r->x, op, args, a0, a1, stream) : attrs_call(r, op, args, a0, a1, stream);
+static void *route_call(route *r, int32_t op, void *args, const double *attrs, int64_t stream) {
+  return r->x ? exchange_call(r->x, op, args, attrs, stream) : attrs_call(r, op, args, attrs, stream);
 }
 
-/* The Python path's entry (ctypes): route i, stream < 0 the current one. Returns as
-   exchange_call: None on failure, with fusedk_py_last() set. */
-FUSEDK_DEF void *fusedk_py_call_route(int i, int32_t op, void *args, double a0, double a1, int64_t stream) {
-  if (i < 0 || i >= n_routes) return failed(-1);
-  return route_call(&routes[i], op, args, a0, a1, stream);
+/* The Python path's entry (ctypes): route i, attrs[FUSEDK_OP_MAX_ATTRS] (the op's attributes
+   in registry order), stream < 0 the current one. Returns as exchange_call: None on failure,
+   with fusedk_py_last() set. */
+FUSEDK_DEF void *fusedk_py_call_route(int i, int32_t op, void *args, const double *attrs, int64_t stream) {
+  if (i < 0 || i >= n_routes || !attrs) return failed(-1);
+  return route_call(&routes[i], op, args, attrs, stream);
 }
 
 /* --- the builtin every op function calls -------------------------------------------------- */
@@ -463,40 +458,44 @@ static void *call_python(void *fn, void *const *args, int n) {
   return r;
 }
 
-/* call(op, x, args, a0, a1, stream): op an int, x the op's first input (its exact type picks the
-   route), args the op's tensors in registry order, a0/a1 its attributes, stream None or an int.
-   Anything else (an unrouted type, a stream object, attributes that are not numbers) goes to
-   slow(op, x, args, a0, a1, stream); a failure to failed(op, args, a0, a1, stream, status),
-   which runs the generic path (status -1) or raises. */
+/* call(op, x, args, attrs, stream): op an int, x the op's first input (its exact type picks the
+   route), args the op's tensors in registry order, attrs a tuple of its leading attributes in
+   registry order (the rest take their defaults), stream None or an int. Anything else (an
+   unrouted type, a stream object, attributes that are not numbers) goes to
+   slow(op, x, args, attrs, stream); a failure to failed(op, args, attrs, stream, status), which
+   runs the generic path (status -1) or raises. */
 static void *fast_call(void *self, void *const *args, intptr_t n) {
   (void)self;
-  if (n != 6) return call_python(slow_fn, args, (int)n);
+  if (n != 5) return call_python(slow_fn, args, (int)n);
   void *tp = py.type_of(args[1]);
   py.decref(tp); /* kept alive by its instance */
   route *r = NULL;
   for (int i = 0; i < n_routes && !r; ++i)
     if (routes[i].type == tp) r = &routes[i];
-  if (!r) return call_python(slow_fn, args, 6);
+  if (!r) return call_python(slow_fn, args, 5);
   /* each conversion only while nothing has failed (no CPython call with an error set) */
   long long op = py.as_longlong(args[0]), stream = -1;
-  double a0 = 0.0, a1 = 0.0;
+  double attrs[FUSEDK_OP_MAX_ATTRS] = {0};
   int bad = py.err_occurred() != NULL || op < 0 || op >= FUSEDK_OP_COUNT;
-  if (!bad) a0 = py.as_double(args[3]), bad = py.err_occurred() != NULL;
-  if (!bad) a1 = py.as_double(args[4]), bad = py.err_occurred() != NULL;
-  if (!bad && args[5] != py.none) stream = py.as_longlong(args[5]), bad = py.err_occurred() != NULL || stream < 0;
+  const fusedk_op *o = bad ? NULL : fusedk_op_get((int32_t)op);
+  const intptr_t na = bad ? 0 : py.tuple_size(args[3]); /* not a tuple: -1 and an error */
+  bad = bad || py.err_occurred() != NULL || na < 0 || na > o->n_attrs;
+  for (int k = 0; !bad && k < o->n_attrs; ++k)
+    attrs[k] = k < na ? py.as_double(py.tuple_getitem(args[3], k)) : o->attrs[k].value, bad = py.err_occurred() != NULL;
+  if (!bad && args[4] != py.none) stream = py.as_longlong(args[4]), bad = py.err_occurred() != NULL || stream < 0;
   if (bad) {
     py.err_clear();
-    return call_python(slow_fn, args, 6);
+    return call_python(slow_fn, args, 5);
   }
-  void *res = route_call(r, (int32_t)op, args[2], a0, a1, stream);
+  void *res = route_call(r, (int32_t)op, args[2], attrs, stream);
   if (res != py.none) return res;
   py.decref(res);
   /* the status travels as an argument: a finalizer's fusedk call on the way could overwrite
      this thread's `last` */
   void *st = py.long_from(last);
   if (!st) return NULL;
-  void *const fa[6] = {args[0], args[2], args[3], args[4], args[5], st};
-  res = call_python(failed_fn, fa, 6);
+  void *const fa[5] = {args[0], args[2], args[3], args[4], st};
+  res = call_python(failed_fn, fa, 5);
   py.decref(st);
   return res;
 }
@@ -504,7 +503,7 @@ static void *fast_call(void *self, void *const *args, intptr_t n) {
 /* PyMethodDef, layout-identical; METH_FASTCALL (CPython >= 3.7) */
 static struct { const char *name; void *meth; int flags; const char *doc; } fast_def = {
     "call", (void *)fast_call, 0x0080,
-    "call(op, x, args, a0, a1, stream): runs registry op `op` (fusedk._core)"};
+    "call(op, x, args, attrs, stream): runs registry op `op` (fusedk._core)"};
 
 /* The builtin (a new reference), given the slow and failure callables; once per process. */
 FUSEDK_DEF void *fusedk_py_fast(void *slow, void *fail) {
@@ -524,9 +523,10 @@ typedef struct {
   uint16_t lanes;
 } packed_head;
 
-/* Runs registry op `op` on tensors packed one after another in `buf`. GIL-free (cffi). */
-FUSEDK_DEF fusedk_status fusedk_op_call_packed(int32_t op, const void *buf, size_t len, double a0, double a1, double a2,
-                                               double a3, struct CUstream_st *stream) {
+/* Runs registry op `op` on tensors packed one after another in `buf`, with attrs (all of the
+   op's attributes, registry order). GIL-free (cffi). */
+FUSEDK_DEF fusedk_status fusedk_op_call_packed(int32_t op, const void *buf, size_t len, const double *attrs,
+                                               struct CUstream_st *stream) {
   const fusedk_op *o = fusedk_op_get(op);
   if (!o) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call_packed: op %d is unknown", (int)op);
   fusedk_tensor view[FUSEDK_OP_MAX_TENSORS];
@@ -565,6 +565,5 @@ FUSEDK_DEF fusedk_status fusedk_op_call_packed(int32_t op, const void *buf, size
     v->strides = st[i];
     p += 16 * h.ndim;
   }
-  const double attrs[FUSEDK_OP_MAX_ATTRS] = {a0, a1, a2, a3};
   return fusedk_op_call(op, t, attrs, stream);
 }

@@ -100,3 +100,102 @@ GPU_EPS = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2.0 ** -10, BF16: 2
 
 def assert_close_gpu(got, want, dtype, aux=None, what=""):
     assert_close(got, want, dtype, aux, what, eps=GPU_EPS, atol=1e-5)
+
+
+# --- [rope] and [sampling] -----------------------------------------------------------------
+def _rope_table(t):
+    """A half table [S, R/2] | [S, H, R/2] | [B, S, H, R/2] as [B|1, S, H|1, R/2] float64."""
+    t = f64(t)
+    if t.ndim == 2:
+        return t[None, :, None, :]
+    if t.ndim == 3:
+        return t[None]
+    return t
+
+
+def rope(x, cos, sin, style="interleaved", rotary_dim=None):
+    """Rotary embedding of x [B, S, H, Dh] with half tables cos/sin (angle per channel pair):
+    "interleaved" rotates the pairs (2i, 2i+1) (diffusers' apply_rotary_emb, Flux, LTX, Mochi),
+    "half" the pairs (i, i + R/2) (GPT-NeoX / Llama rotate_half). Channels >= R pass through."""
+    x = f64(x)
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    c, s = _rope_table(cos), _rope_table(sin)
+    assert c.shape[-1] == r // 2 and s.shape == c.shape, (c.shape, s.shape, r)
+    out = x.copy()
+    if style == "interleaved":
+        a, b = x[..., 0:r:2], x[..., 1:r:2]
+        out[..., 0:r:2] = a * c - b * s
+        out[..., 1:r:2] = b * c + a * s
+    elif style == "half":
+        a, b = x[..., :r // 2], x[..., r // 2:r]
+        out[..., :r // 2] = a * c - b * s
+        out[..., r // 2:r] = b * c + a * s
+    else:
+        raise ValueError(style)
+    return out
+
+
+def rope_table_1d(positions, dim, theta=10000.0):
+    """(cos, sin) [S, dim/2]: angle[s, i] = pos[s] / theta^(2i/dim) (diffusers'
+    get_1d_rotary_pos_embed before its repeat_interleave)."""
+    pos = f64(positions).reshape(-1)
+    inv = 1.0 / np.float64(theta) ** (np.arange(dim // 2, dtype=np.float64) * 2.0 / dim)
+    ang = pos[:, None] * inv[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def rope_table_axes(ids, axes_dim=(16, 56, 56), theta=10000.0):
+    """Flux: one 1-D table per axis of ids [S, n_axes], axis a over axes_dim[a]/2 columns,
+    concatenated -> [S, sum(axes_dim)/2]."""
+    ids = f64(ids)
+    parts = [rope_table_1d(ids[:, a], d, theta) for a, d in enumerate(axes_dim)]
+    return np.concatenate([p[0] for p in parts], -1), np.concatenate([p[1] for p in parts], -1)
+
+
+def rope_table_ltx(coords, dim, theta=10000.0):
+    """LTX-Video: n = dim // 6 frequencies f_k = theta^(k/(n-1)) * pi/2 (f_0 = pi/2 when n == 1),
+    angle = f_k * (2 * coords[s, a] - 1); half-table columns: (dim % 6) / 2 identity columns
+    (cos 1, sin 0), then column 3k + a (the three axes interleaved per frequency) -> [S, dim/2]."""
+    coords = f64(coords)
+    n, pad = dim // 6, (dim % 6) // 2
+    freqs = np.float64(theta) ** np.linspace(0.0, 1.0, n) * (np.pi / 2)  # linspace(0, 1, 1) == [0.]
+    ang = freqs[None, :, None] * (2.0 * coords[:, None, :] - 1.0)  # [S, n, 3]
+    ang = ang.reshape(coords.shape[0], 3 * n)
+    ones, zeros = np.ones((coords.shape[0], pad)), np.zeros((coords.shape[0], pad))
+    return np.concatenate([ones, np.cos(ang)], -1), np.concatenate([zeros, np.sin(ang)], -1)
+
+
+def rope_table_mixed(pos, freqs):
+    """Mochi: angle[s, h, f] = sum_a pos[s, a] * freqs[a, h, f] -> (cos, sin) [S, H, F]."""
+    ang = np.einsum("sa,ahf->shf", f64(pos), f64(freqs))
+    return np.cos(ang), np.sin(ang)
+
+
+def _attr(v):
+    """An attribute as the C op sees it: a float32, widened."""
+    return None if v is None else np.float64(np.float32(v))
+
+
+def diffusion_step(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.0, sigma_next=0.0, alpha_bar=1.0,
+                   alpha_bar_prev=1.0, clamp_x0=None, prev=None, blend=1.0):
+    """One sampler step on the model output with classifier-free guidance:
+    m = uncond + guidance * (cond - uncond) (or cond); euler: x + (sigma_next - sigma) * m;
+    ddim (eta 0, epsilon prediction): x0 = (x - sqrt(1 - ab) * m) / sqrt(ab), clipped to
+    [-clamp_x0, clamp_x0], x' = sqrt(ab_prev) * x0 + sqrt(1 - ab_prev) * m; then, with prev,
+    x' = blend * x' + (1 - blend) * prev."""
+    x, c = f64(x), f64(cond)
+    m = c if uncond is None else f64(uncond) + _attr(guidance) * (c - f64(uncond))
+    if sampler == "euler":
+        y = x + (_attr(sigma_next) - _attr(sigma)) * m
+    elif sampler == "ddim":
+        ab, abp = _attr(alpha_bar), _attr(alpha_bar_prev)
+        x0 = (x - np.sqrt(1.0 - ab) * m) / np.sqrt(ab)
+        if clamp_x0 is not None:
+            x0 = np.clip(x0, -_attr(clamp_x0), _attr(clamp_x0))
+        y = np.sqrt(abp) * x0 + np.sqrt(1.0 - abp) * m
+    else:
+        raise ValueError(sampler)
+    if prev is not None:
+        b = _attr(blend)
+        y = b * y + (1.0 - b) * f64(prev)
+    return y

@@ -44,6 +44,11 @@ def torch_inputs(B=2, L=300, D=1152, dtype=None):
 def ops(x, r, w, sc, sh, g, out=None):
     """(name, call(fusedk-like module, tensor map), tensors whose outputs are written) per op."""
     o = (lambda k: None) if out is None else out
+    B, L, D = x.shape
+    hd = (B, L, 8, D // 8)  # rope: [B, S, H, Dh] views of the rows; tables [S, 48] for rotary_dim 96
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    cs, sn = (torch.randn(L, 48, device=x.device, generator=gen) for _ in range(2))
+    pos = torch.arange(L, device=x.device, dtype=torch.float32)
     return [
         ("rmsnorm", lambda f, m: f.rmsnorm(m(x), m(w), out=o(0))),
         ("rmsnorm+res", lambda f, m: f.rmsnorm(m(x), m(w), residual=m(r), out=o(0), residual_out=o(1))),
@@ -55,6 +60,13 @@ def ops(x, r, w, sc, sh, g, out=None):
         ("gated_residual", lambda f, m: f.gated_residual(m(x), m(r), m(g), out=o(0))),
         ("glu", lambda f, m: f.glu(m(x), "gelu", "second", out=None if out is None else o(0)[..., :x.shape[-1] // 2])),
         ("glu_pair", lambda f, m: f.glu_pair(m(x), m(r), out=o(0))),
+        ("rope", lambda f, m: f.rope(m(x).view(*hd), m(r).view(*hd), m(cs), m(sn), style="half", rotary_dim=96,
+                                     q_out=None if out is None else o(0).view(*hd),
+                                     k_out=None if out is None else o(1).view(*hd))),
+        ("rope_table_1d", lambda f, m: f.rope_table_1d(m(pos), 144)),
+        ("diffusion_step", lambda f, m: f.diffusion_step(m(x), m(r), uncond=m(x[:, :1].expand_as(x)), guidance=3.0,
+                                                         sampler="ddim", alpha_bar=0.5, alpha_bar_prev=0.7,
+                                                         clamp_x0=2.0, prev=m(r), blend=0.9, out=o(0))),
     ]
 
 

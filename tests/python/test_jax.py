@@ -140,7 +140,8 @@ def test_fusedk_functions_route_jax_arrays_here():
     assert isinstance(jax.jit(lambda x: fusedk.layernorm(x))(x), jax.Array)
     assert isinstance(fk.layernorm(np.asarray(x)), jax.Array)
     assert fk.__all__ == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
-                          "gated_residual", "glu", "glu_pair"]
+                          "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
+                              "rope_table_ltx", "rope_table_mixed", "diffusion_step"]
 
 
 def test_every_registry_op_has_a_target():
@@ -156,8 +157,24 @@ def test_every_registry_op_has_a_target():
             ins[name] = ins["x"]
         if o.name == "glu_pair":  # a row gate, not a per-sample one
             ins = dict(ins, gate=ins["x"])
-        out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], tuple(a[2] for a in o.attrs) + (0.0, 0.0))
-        assert isinstance(out, jax.Array) and out.shape == (2, 3, D // 2 if o.name == "glu" else D), o.name
+        attrs, want = tuple(a[2] for a in o.attrs), (2, 3, D // 2 if o.name == "glu" else D)
+        if o.name == "rope":
+            ins = dict(q=np.ones((2, 3, 4, D), np.float32), cos=np.ones((3, D // 2), np.float32),
+                       sin=np.zeros((3, D // 2), np.float32))
+            want = (2, 3, 4, D)
+        elif o.name.startswith("rope_table"):  # (cos, sin) float32 tables of 5 positions
+            ins = dict(positions=np.arange(5, dtype=np.float32), ids=np.ones((5, 3), np.float32),
+                       coords=np.ones((5, 3), np.float32), pos=np.ones((5, 3), np.float32),
+                       freqs=np.ones((3, 2, 4), np.float32))
+            attrs = (12,) + attrs[1:] if o.attrs and o.attrs[0][0] == "dim" else attrs
+            want = {"rope_table_1d": (5, 6), "rope_table_axes": (5, 64), "rope_table_ltx": (5, 6)}.get(o.name, (5, 2, 4))
+        elif o.name == "diffusion_step":
+            ins = dict(x=ins["x"], cond=ins["x"])
+        out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
+        if o.name.startswith("rope_table"):
+            assert all(isinstance(t, jax.Array) and t.shape == want and t.dtype == np.float32 for t in out), o.name
+        else:
+            assert isinstance(out, jax.Array) and out.shape == want, o.name
 
 
 def test_attributes_are_static():
@@ -261,7 +278,8 @@ def test_handler_rejects_malformed_calls():
                 .block_until_ready()
 
     bad(r"fusedk: xla: no attribute op")
-    bad(r"attribute op is 9, expected a registry id 0\.\.8", op=np.int32(9))
+    n = len(fusedk._core.OPS)
+    bad(rf"attribute op is {n}, expected a registry id 0\.\.{n - 1}", op=np.int32(n))
     bad(r"attribute op is 1\.5", op=np.float32(1.5))
     bad(r"attribute op is not an int32 scalar", op="rmsnorm")
     bad(r"attribute present is -1", op=np.int32(0), present=np.int32(-1))

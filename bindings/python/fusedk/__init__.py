@@ -12,7 +12,8 @@ from . import _core
 from ._core import Error
 
 __all__ = ["Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
-           "gated_residual", "glu", "glu_pair", "kernel_info", "__version__"]
+           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
+           "rope_table_mixed", "diffusion_step", "kernel_info", "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
 _call = _core.call
@@ -21,6 +22,11 @@ _RMSNORM, _LAYERNORM, _ADALN, _MOCHI = (_core.lib.FUSEDK_OP_RMSNORM, _core.lib.F
 _NORMS = {"layer": _core.lib.FUSEDK_NORM_LAYER, "rms": _core.lib.FUSEDK_NORM_RMS}
 _ACT, _SILU_FMA, _GATED_RESIDUAL = _core.lib.FUSEDK_OP_ACT, _core.lib.FUSEDK_OP_SILU_FMA, _core.lib.FUSEDK_OP_GATED_RESIDUAL
 _GLU, _GLU_PAIR = _core.lib.FUSEDK_OP_GLU, _core.lib.FUSEDK_OP_GLU_PAIR
+_ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.lib.FUSEDK_OP_ROPE_TABLE_1D,
+                                             _core.lib.FUSEDK_OP_ROPE_TABLE_AXES, _core.lib.FUSEDK_OP_ROPE_TABLE_LTX,
+                                             _core.lib.FUSEDK_OP_ROPE_TABLE_MIXED, _core.lib.FUSEDK_OP_DIFFUSION_STEP)
+_STYLES = {"interleaved": _core.lib.FUSEDK_ROPE_INTERLEAVED, "half": _core.lib.FUSEDK_ROPE_HALF}
+_SAMPLERS = {"euler": _core.lib.FUSEDK_SAMPLER_EULER, "ddim": _core.lib.FUSEDK_SAMPLER_DDIM}
 _HALVES = {"first": _core.lib.FUSEDK_GLU_FIRST, "second": _core.lib.FUSEDK_GLU_SECOND}
 _ACTS = {"gelu": _core.lib.FUSEDK_ACT_GELU, "gelu_tanh": _core.lib.FUSEDK_ACT_GELU_TANH,
          "silu": _core.lib.FUSEDK_ACT_SILU, "relu": _core.lib.FUSEDK_ACT_RELU}
@@ -46,12 +52,12 @@ def rmsnorm(x, weight=None, eps=1e-6, residual=None, out=None, residual_out=None
     """y = r * rsqrt(mean(r^2, -1) + eps) * weight with r = x + residual (if given).
     Returns y, or (y, r) when residual is given (r rounded to x's dtype; the unrounded sum is
     what gets normalized). residual_out=residual updates the residual in place."""
-    return _call(_RMSNORM, x, (out, residual_out, x, residual, weight), eps, 0.0, stream)
+    return _call(_RMSNORM, x, (out, residual_out, x, residual, weight), (eps,), stream)
 
 
 def layernorm(x, weight=None, bias=None, eps=1e-5, out=None, stream=None):
     """y = (x - mean) * rsqrt(var + eps) * weight + bias over the last dim (biased variance)."""
-    return _call(_LAYERNORM, x, (out, x, weight, bias), eps, 0.0, stream)
+    return _call(_LAYERNORM, x, (out, x, weight, bias), (eps,), stream)
 
 
 def adaln(x, scale, shift, norm="layer", eps=1e-6, weight=None, bias=None, out=None, stream=None):
@@ -60,13 +66,13 @@ def adaln(x, scale, shift, norm="layer", eps=1e-6, weight=None, bias=None, out=N
     kind = _NORMS.get(norm)
     if kind is None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"adaln: norm is {norm!r}, expected 'layer' or 'rms'")
-    return _call(_ADALN, x, (out, x, scale, shift, weight, bias), kind, eps, stream)
+    return _call(_ADALN, x, (out, x, scale, shift, weight, bias), (kind, eps), stream)
 
 
 def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, exact=True, out=None, stream=None):
     """Mochi: y = x + cast(x_res * rsqrt(mean(x_res^2) + eps) * tanh(gate)[:, None]).
     exact=True reproduces PyTorch's rounding points; exact=False rounds once."""
-    return _call(_MOCHI, x, (out, x, x_res, gate), eps, 1 if exact else 0, stream)
+    return _call(_MOCHI, x, (out, x, x_res, gate), (eps, 1 if exact else 0), stream)
 
 
 # --- [elementwise] -------------------------------------------------------------------------
@@ -80,7 +86,7 @@ def _act_code(op, name, kind):
 
 def act(x, kind="gelu", out=None, stream=None):
     """y = act(x): kind "gelu" (erf), "gelu_tanh", "silu" or "relu"."""
-    return _call(_ACT, x, (out, x), _act_code("act", "kind", kind), 0.0, stream)
+    return _call(_ACT, x, (out, x), (_act_code("act", "kind", kind),), stream)
 
 
 def glu(x, act="silu", act_half="first", gate=None, out=None, stream=None):
@@ -89,24 +95,101 @@ def glu(x, act="silu", act_half="first", gate=None, out=None, stream=None):
     glu(x, "gelu", "second"). With gate=: y = x * act(gate), one shape (fusedk.glu_pair)."""
     k = _act_code("glu", "act", act)
     if gate is not None:
-        return _call(_GLU_PAIR, x, (out, x, gate), k, 0.0, stream)
+        return _call(_GLU_PAIR, x, (out, x, gate), (k,), stream)
     h = _HALVES.get(act_half)
     if h is None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"glu: act_half is {act_half!r}, expected 'first' or 'second'")
-    return _call(_GLU, x, (out, x), k, h, stream)
+    return _call(_GLU, x, (out, x), (k, h), stream)
 
 
 def glu_pair(value, gate, act="silu", out=None, stream=None):
     """y = value * act(gate), one shape (e.g. two strided views of one projection)."""
-    return _call(_GLU_PAIR, value, (out, value, gate), _act_code("glu_pair", "act", act), 0.0, stream)
+    return _call(_GLU_PAIR, value, (out, value, gate), (_act_code("glu_pair", "act", act),), stream)
 
 
 def silu_fma(a, b, c, out=None, stream=None):
     """y = silu(a + b * c), one shape (inputs may be broadcast views)."""
-    return _call(_SILU_FMA, a, (out, a, b, c), 0.0, 0.0, stream)
+    return _call(_SILU_FMA, a, (out, a, b, c), (), stream)
 
 
 def gated_residual(x, y, gate, out=None, stream=None):
     """out[B, L, D] = x + gate[:, None] * y; gate [B, D] may be a strided chunk of the [B, 6D]
     AdaLN-Zero modulation."""
-    return _call(_GATED_RESIDUAL, x, (out, x, y, gate), 0.0, 0.0, stream)
+    return _call(_GATED_RESIDUAL, x, (out, x, y, gate), (), stream)
+
+
+# --- [position] ------------------------------------------------------------------------------
+def _choice(op, name, value, table):
+    v = table.get(value)
+    if v is None:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} is {value!r}, expected "
+                    + " or ".join(repr(k) for k in table))
+    return v
+
+
+def rope(q, k, cos, sin, style="interleaved", rotary_dim=None, inplace=False, q_out=None, k_out=None, stream=None):
+    """Rotary position embedding of q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (k may be None) in one
+    launch: the first rotary_dim channels of each head (None: all) turn by the angles of the
+    float32 tables cos, sin ([S, R/2], [S, H, R/2] or [B, S, H, R/2], any strides). style
+    "interleaved" rotates pairs (2i, 2i+1) (Flux, LTX-Video, Mochi, GPT-J), "half" pairs
+    (i, i + R/2) (NeoX, Llama). Returns (q', k'), or q' when k is None; inplace=True writes q and k."""
+    st = _choice("rope", "style", style, _STYLES)
+    if inplace:
+        q_out, k_out = q, k
+    return _call(_ROPE, q, (q_out, k_out, q, k, cos, sin), (st, rotary_dim or 0), stream)
+
+
+def _f32(a):
+    """Lists and NumPy arrays of another dtype (integer positions) as float32 NumPy arrays."""
+    import numpy as np
+    if isinstance(a, (list, tuple)) or (isinstance(a, np.ndarray) and a.dtype != np.float32):
+        return np.asarray(a, np.float32)
+    return a
+
+
+def rope_table_1d(positions, dim, theta=10000.0, stream=None):
+    """(cos, sin) float32 [S, dim/2] of positions [S]: angle = pos / theta^(2i/dim)."""
+    positions = _f32(positions)
+    return _call(_T1D, positions, (None, None, positions), (dim, theta), stream)
+
+
+def rope_table_axes(ids, axes_dim=(16, 56, 56), theta=10000.0, stream=None):
+    """Flux: (cos, sin) float32 [S, sum(axes_dim)/2] of ids [S, n_axes]: per axis a block of
+    axes_dim[a]/2 columns, angle = ids[:, a] / theta^(2i/axes_dim[a])."""
+    dims = tuple(int(d) for d in axes_dim)
+    if not 1 <= len(dims) <= 4 or 0 in dims:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"rope_table_axes: axes_dim is {tuple(axes_dim)!r}, expected 1 to "
+                    "4 even sizes >= 2")
+    ids = _f32(ids)
+    return _call(_TAXES, ids, (None, None, ids), (theta,) + dims + (0,) * (4 - len(dims)), stream)
+
+
+def rope_table_ltx(coords, dim, theta=10000.0, stream=None):
+    """LTX-Video: (cos, sin) float32 [S, dim/2] of coords [S, 3] in [0, 1] (frame, height, width
+    fractions): frequencies theta^linspace(0, 1, dim//6) * pi/2, angle = freq * (2 coord - 1),
+    axes interleaved per frequency, (dim % 6)/2 leading columns cos 1, sin 0."""
+    coords = _f32(coords)
+    return _call(_TLTX, coords, (None, None, coords), (dim, theta), stream)
+
+
+def rope_table_mixed(pos, freqs, stream=None):
+    """Mochi: (cos, sin) float32 [S, H, F] of pos [S, 3] and learned freqs [3, H, F]:
+    angle = sum over the axes of pos * freqs."""
+    pos, freqs = _f32(pos), _f32(freqs)
+    return _call(_TMIXED, pos, (None, None, pos, freqs), (), stream)
+
+
+# --- [sampler] -------------------------------------------------------------------------------
+def diffusion_step(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.0, sigma_next=0.0, alpha_bar=1.0,
+                   alpha_bar_prev=1.0, clamp_x0=None, prev=None, blend=1.0, out=None, stream=None):
+    """One sampler step over the latent in one pass: m = uncond + guidance * (cond - uncond) (or
+    cond); "euler" (flow matching): x + (sigma_next - sigma) * m; "ddim" (eta 0, epsilon):
+    x0 = (x - sqrt(1 - alpha_bar) m) / sqrt(alpha_bar) clamped to +-clamp_x0, then
+    sqrt(alpha_bar_prev) x0 + sqrt(1 - alpha_bar_prev) m; then blend * x' + (1 - blend) * prev
+    when prev is given. out=x updates the latent in place."""
+    smp = _choice("diffusion_step", "sampler", sampler, _SAMPLERS)
+    if clamp_x0 is not None and not clamp_x0 > 0:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"diffusion_step: clamp_x0 is {clamp_x0!r}, expected a value > 0 "
+                    "(or None: no clamp)")
+    return _call(_STEP, x, (out, x, cond, uncond, prev),
+                 (guidance, smp, sigma, sigma_next, alpha_bar, alpha_bar_prev, clamp_x0 or 0.0, blend), stream)

@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     BF16 = None
 
 CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
+MAX_DIMS = 8  # FUSEDK_MAX_DIMS of the library build; larger ndims pack a bare head and C says why
 GPU = (CUDA, CUDA_MANAGED)
 _OUT, _OUT_OPT = lib.FUSEDK_ARG_OUT, lib.FUSEDK_ARG_OUT_OPT
 
@@ -62,17 +63,51 @@ class Op:
     def __init__(self, i):
         o = lib.fusedk_op_get(i)
         self.id, self.name = i, ffi.string(o.name).decode()
-        self.tensors = [(ffi.string(t.name).decode(), t.kind, t.like, t.when) for t in o.tensors[0:o.n_tensors]]
-        self.halved = {i for i, t in enumerate(o.tensors[0:o.n_tensors]) if t.role == lib.FUSEDK_ROLE_ROW_HALF}
+        ts = o.tensors[0:o.n_tensors]
+        self.tensors = [(ffi.string(t.name).decode(), t.kind, t.like, t.when) for t in ts]
+        self.same_shape = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW}  # outputs: like's shape
+        self.float32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_F32}  # always float32
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
         self.first = self.inputs[0]
 
-    def out_shape(self, i, like_shape):
-        """The shape of output i, made like an input of shape like_shape (glu's y: half the last dim)."""
-        shape = tuple(int(d) for d in like_shape)
-        return shape[:-1] + (shape[-1] // 2,) if i in self.halved and shape else shape
+    def values(self, attrs):
+        """Every attribute as a float, registry order: the given leading ones, then the defaults; an
+        Error names one that is not a number."""
+        if len(attrs) > len(self.attrs):
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.name}: {len(attrs)} attributes, expected at most "
+                        f"{len(self.attrs)}")
+        out = []
+        for k, (name, _, default) in enumerate(self.attrs):
+            v = attrs[k] if k < len(attrs) else default
+            try:
+                out.append(float(v))
+            except (TypeError, ValueError):
+                raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.name}: {name} is {v!r}, expected a number") from None
+        return out
+
+    def typed(self, attrs):
+        """values() with the integer attributes as ints (what torch schemas and XLA take)."""
+        return [v if t == lib.FUSEDK_ATTR_F32 else int(v) for (_, t, _), v in zip(self.attrs, self.values(attrs))]
+
+    def out_shape(self, i, shapes, attrs=()):
+        """The shape of output i given the inputs' shapes (registry order, None where absent) and
+        the attributes: fusedk_op_out_shape, the rule every allocation follows."""
+        like = shapes[self.tensors[i][2]]
+        if i in self.same_shape and like is not None:
+            return tuple(int(d) for d in like)
+        n = len(self.tensors)
+        ts, ptrs, keep = ffi.new("fusedk_tensor[]", n), ffi.new("fusedk_tensor *[]", n), []
+        for k in self.inputs:
+            if k < len(shapes) and shapes[k] is not None:
+                keep.append(ffi.new("int64_t[]", [int(d) for d in shapes[k]] or [0]))
+                ts[k].ndim, ts[k].shape, ptrs[k] = len(shapes[k]), keep[-1], ts + k
+        out = ffi.new("int64_t[]", MAX_DIMS)
+        nd = lib.fusedk_op_out_shape(self.id, i, ptrs, ffi.new("double[]", self.values(attrs) or [0.0]), out)
+        if nd < 0:
+            raise error(-nd)
+        return tuple(out[0:nd])
 
 
 OPS = [Op(i) for i in range(lib.FUSEDK_OP_COUNT)]
@@ -87,7 +122,6 @@ def stream_int(stream):
 
 
 # --- packed descriptors: data, device type/id, ndim, dtype, sizes, byte strides ----------------
-MAX_DIMS = 8  # FUSEDK_MAX_DIMS of the library build; larger ndims pack a bare head and C says why
 _HEADS = [struct.Struct(f"<qiiiBBH{2 * n}q") for n in range(MAX_DIMS + 1)]
 _ABSENT = struct.pack("<qiiiBBH", 0, 0, 0, -1, 0, 0, 0)
 _DT = {}  # dtype -> (code, bits, lanes), NumPy and CuPy dtypes alike
@@ -144,33 +178,25 @@ def exchange_api(t):
     return ptr if ptr and ctypes.c_uint32.from_address(ptr).value == 1 else 0
 
 
-def c_failed(op, args, a0, a1, stream, st=None):
+def c_failed(op, args, attrs, stream, st=None):
     """After a C route returned None: the generic path takes the call (status -1: an argument it
     could not view), or the failure is raised. st: the route's status (else this thread's last)."""
     if st is None:
         st = pylib.fusedk_py_last()
     if st < 0:
-        return generic(OPS[op], args, a0, a1, stream)
+        return generic(OPS[op], args, attrs, stream)
     raise error(st)
 
 
-def numbers(op, a0, a1):
-    """The op's attributes as floats, or an Error naming the one that is not a number."""
-    out = []
-    for (name, _, _), v in zip(OPS[op].attrs + [("attribute", 0, 0)] * 2, (a0, a1)):
-        try:
-            out.append(float(v))
-        except (TypeError, ValueError):
-            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{OPS[op].name}: {name} is {v!r}, expected a number") from None
-    return out
+_ATTRS = ctypes.c_double * 8  # FUSEDK_OP_MAX_ATTRS
 
 
 def routed_path(i):
     """The Python path of C route i: the calls the builtin leaves to Python (stream objects)."""
-    def run(op, args, a0, a1, stream):
-        a0, a1 = numbers(op, a0, a1)
-        r = pylib.fusedk_py_call_route(i, op, args, a0, a1, -1 if stream is None else stream_int(stream))
-        return r if r is not None else c_failed(op, args, a0, a1, stream)
+    def run(op, args, attrs, stream):
+        a = _ATTRS(*OPS[op].values(attrs))
+        r = pylib.fusedk_py_call_route(i, op, args, a, -1 if stream is None else stream_int(stream))
+        return r if r is not None else c_failed(op, args, attrs, stream)
     run.route = i
     return run
 
@@ -193,7 +219,7 @@ def cupy_route(t):
 
 
 # --- JAX: the XLA FFI custom calls -------------------------------------------------------------
-def jax_path(op, args, a0, a1, stream):
+def jax_path(op, args, attrs, stream):
     from . import jax as fjax  # imports jax, which the caller has imported already
     o = OPS[op]
     for i, _, _ in o.outputs:
@@ -203,7 +229,7 @@ def jax_path(op, args, a0, a1, stream):
     if stream is not None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: stream= is not taken with JAX arrays; "
                     "XLA runs the op on its own stream")
-    return fjax.call(o, [args[i] for i in o.inputs], (a0, a1))
+    return fjax.call(o, [args[i] for i in o.inputs], attrs)
 
 
 def rebind(fn, route):
@@ -232,23 +258,26 @@ def path_of(t):
         elif root in ("jax", "jaxlib"):
             p = jax_path
         else:
-            p = lambda op, args, a0, a1, stream: generic(OPS[op], args, a0, a1, stream)  # noqa: E731
+            p = lambda op, args, attrs, stream: generic(OPS[op], args, attrs, stream)  # noqa: E731
         _PATHS[t] = p
     return p
 
 
-def slow_call(op, x, args, a0=0.0, a1=0.0, stream=None):
+def slow_call(op, x, args, attrs=(), stream=None):
     """What `call` leaves to Python: a type's first call (which registers its route), types without
-    a route, stream objects."""
+    a route, stream objects, attributes that are not a tuple of numbers."""
+    if not isinstance(attrs, tuple):
+        attrs = tuple(attrs)
     p = _PATHS.get(type(x))
     if p is None:
         p = path_of(type(x))
-    return p(op, args, a0, a1, stream)
+    return p(op, args, attrs, stream)
 
 
-# call(op, x, args, a0, a1, stream): runs registry op `op` (an int) on args (its tensors in
-# registry order, None = absent or an output to allocate); x is its first input, whose type picks
-# the route. A C builtin: its own call costs what any builtin's does.
+# call(op, x, args, attrs, stream): runs registry op `op` (an int) on args (its tensors in
+# registry order, None = absent or an output to allocate) with attrs (a tuple of its leading
+# attributes in registry order; the rest take their defaults); x is its first input, whose type
+# picks the route. A C builtin: its own call costs what any builtin's does.
 call = pylib.fusedk_py_fast(slow_call, c_failed)
 
 
@@ -391,16 +420,16 @@ class _Generic:
         code = (t.dtype.code, t.dtype.bits, t.dtype.lanes)
         return pack(ptr, t.device.device_type, t.device.device_id, shape, strides, code), obj
 
-    def new_output(self, like, shape):
-        dtype = like.dtype
+    def new_output(self, like, shape, f32=False):
+        dtype = np.float32 if f32 else like.dtype
         if self.fw == "numpy":
             return np.empty(shape, dtype)
         if self.fw == "cupy":
             cupy = sys.modules["cupy"]
             with cupy.cuda.Device(self.device[1]):
                 return cupy.empty(shape, dtype)
-        if self.fw == "torch":
-            return like.new_empty(shape)  # torch's caching allocator
+        if self.fw == "torch":  # torch's caching allocator
+            return like.new_empty(shape, dtype=sys.modules["torch"].float32) if f32 else like.new_empty(shape)
         return None  # another producer: libfusedk allocates (DLPackBuffer)
 
     def release(self):
@@ -414,9 +443,10 @@ class _Generic:
         self.capsules.clear()
 
 
-def generic(o, args, a0, a1, stream):
+def generic(o, args, attrs, stream):
     g = _Generic(o, stream)
     try:
+        values = o.values(attrs)
         parts, outs, arr = [_ABSENT] * len(args), [], list(args)  # arr: lists turned into arrays
         for i in o.inputs:
             if args[i] is not None:
@@ -428,10 +458,10 @@ def generic(o, args, a0, a1, stream):
                     continue
                 if args[like] is None:
                     continue  # the C layer names the missing input
-                shape = o.out_shape(i, arr[like].shape)
-                a = g.new_output(arr[like], shape)
+                shape = o.out_shape(i, [None if v is None else getattr(v, "shape", None) for v in arr], values)
+                a = g.new_output(arr[like], shape, i in o.float32)
                 if a is None:  # libfusedk allocates, and DLPack hands it over
-                    code = struct.unpack_from("<BBH", parts[like], 20)
+                    code = (2, 32, 1) if i in o.float32 else struct.unpack_from("<BBH", parts[like], 20)
                     a = DLPackBuffer(g.device, code, shape, g.stream or 0)
                     parts[i] = pack(a.ptr, g.device[0], g.device[1], shape, compact_strides(shape, code[1] // 8), code)
                     outs.append(a)
@@ -442,11 +472,10 @@ def generic(o, args, a0, a1, stream):
             parts[i], a = g.desc(a, o.tensors[i][0], out=True)
             outs.append(a)
         buf = b"".join(parts)
-        a0, a1 = numbers(o.id, a0, a1)
         s = g.stream if g.stream is not None else (stream_int(stream) if stream is not None else 0)
         if g.fw == "cupy" and stream is None:
             s = _current_stream("cupy", g.device[1])
-        st = lib.fusedk_op_call_packed(o.id, buf, len(buf), a0, a1, 0.0, 0.0, s)
+        st = lib.fusedk_op_call_packed(o.id, buf, len(buf), ffi.new("double[]", values or [0.0]), s)
         if st != lib.FUSEDK_OK:
             raise error(st, g.note if st == lib.FUSEDK_ERR_DTYPE else "")
     finally:

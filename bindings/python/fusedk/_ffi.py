@@ -44,8 +44,8 @@ with open(HEADER) as f:
 # the binding entry points of bindings/c/fusedk_py.c (not part of the C API in fusedk.h)
 # (the stream as uintptr_t: the same register as the C function's pointer, and cffi then takes a
 # plain int with no ffi.cast per call)
-ffi.cdef("int32_t fusedk_op_call_packed(int32_t op, const void *buf, size_t len, double a0, double a1, double a2,"
-         " double a3, uintptr_t stream);")
+ffi.cdef("int32_t fusedk_op_call_packed(int32_t op, const void *buf, size_t len, const double *attrs,"
+         " uintptr_t stream);")
 lib = ffi.dlopen(LIBRARY)
 
 # --- the GIL-holding half -------------------------------------------------------------------
@@ -56,7 +56,7 @@ pylib.fusedk_py_route.argtypes = [_o, _p, _o, _o, _o, _o]
 pylib.fusedk_py_route.restype = ctypes.c_int
 pylib.fusedk_py_route_native.argtypes = [ctypes.c_int]
 pylib.fusedk_py_route_native.restype = ctypes.c_int
-pylib.fusedk_py_call_route.argtypes = [ctypes.c_int, ctypes.c_int32, _o, ctypes.c_double, ctypes.c_double,
+pylib.fusedk_py_call_route.argtypes = [ctypes.c_int, ctypes.c_int32, _o, ctypes.POINTER(ctypes.c_double),
                                        ctypes.c_int64]
 pylib.fusedk_py_call_route.restype = _o  # a new reference
 pylib.fusedk_py_fast.argtypes = [_o, _o]

@@ -98,7 +98,6 @@ class _Call:
 
     def __init__(self, op, mask, attrs):
         given = [i for i in op.inputs if op.tensors[i][1] == _IN or (mask >> i) & 1]
-        self.names = [op.tensors[i][0] for i in given]
         pos = {i: k for k, i in enumerate(given)}
         outs = []  # (output index, the operand it copies shape and dtype from)
         for i, like, when in op.outputs:
@@ -112,9 +111,14 @@ class _Call:
         for (name, typ, _), v in zip(op.attrs, attrs):
             kw[name] = np.float32(v) if typ == _F32 else np.int32(v)
         target, single = _TARGETS[op.id], len(outs) == 1
+        self.given = given
 
         def impl(*xs):
-            res = [jax.ShapeDtypeStruct(op.out_shape(i, xs[k].shape), xs[k].dtype) for i, k in outs]
+            shapes = [None] * len(op.tensors)
+            for i, a in zip(given, xs):
+                shapes[i] = a.shape
+            res = [jax.ShapeDtypeStruct(op.out_shape(i, shapes, attrs), np.float32 if i in op.float32 else xs[k].dtype)
+                   for i, k in outs]
             r = jax.ffi.ffi_call(target, res, vmap_method="sequential")(*xs, **kw)
             return r[0] if single else tuple(r)
 
@@ -148,10 +152,10 @@ def _attr_values(op, attrs):
     return tuple(out)
 
 
-def _check(op, names, xs):
+def _check(op, given, xs):
     """What JAX knows at trace time: dtypes and ndims (the C library's wording)."""
-    ref = None
-    for name, a in zip(names, xs):
+    ref, names = None, [op.tensors[i][0] for i in given]
+    for i, name, a in zip(given, names, xs):
         dt, nd = getattr(a, "dtype", None), getattr(a, "ndim", None)
         if dt is None or nd is None:  # a list or a Python scalar
             a = np.asarray(a)
@@ -161,11 +165,14 @@ def _check(op, names, xs):
             if dt not in _DTYPES:
                 raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected float32, float16 or "
                             "bfloat16")
-        if ref is None:
-            ref = dt
+        if i in op.float32:
+            if dt != np.float32:
+                raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected float32")
+        elif ref is None:
+            ref, ref_name = dt, name
         elif dt != ref:
             raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected {ref} (the dtype of "
-                        f"{names[0]})")
+                        f"{ref_name})")
         if not 1 <= nd <= MAX_DIMS:
             raise Error("FUSEDK_ERR_SHAPE", f"{op.name}: {name} has ndim {nd}, expected 1..{MAX_DIMS}")
 
@@ -186,7 +193,7 @@ def call(op, inputs, attrs):
         if op.tensors[i][1] == _IN_OPT:
             mask |= 1 << i
         xs.append(a)
-    key = (op.id, mask, tuple(attrs[:len(op.attrs)]))
+    key = (op.id, mask, tuple(attrs))
     try:
         c = _CALLS.get(key)
     except TypeError:  # an unhashable attribute (a JAX scalar): by its value
@@ -194,7 +201,7 @@ def call(op, inputs, attrs):
         c = _CALLS.get(key)
     if c is None:
         c = _CALLS[key] = _Call(op, mask, _attr_values(op, key[2]))
-    _check(op, c.names, xs)
+    _check(op, c.given, xs)
     for a in xs:
         if isinstance(a, _Tracer):  # inside jit, vmap, grad...: part of the caller's program
             return c.traced(*xs)
@@ -208,9 +215,9 @@ def call(op, inputs, attrs):
 
 
 # --- the ops: fusedk's own functions, every input routed here (NumPy arrays too) --------------
-def _route(op, x, args, a0, a1, stream):
+def _route(op, x, args, attrs, stream):
     from ._core import jax_path
-    return jax_path(op, args, a0, a1, stream)  # refuses out= and stream=
+    return jax_path(op, args, attrs, stream)  # refuses out= and stream=
 
 
 from ._core import rebind  # noqa: E402

@@ -48,33 +48,30 @@ def _register(o):
     torch.library.define(qual_out, out_schema)
     n_in, listed = len(o.inputs), any(o.tensors[i][1] == _OUT_OPT for i, _, _ in o.outputs)
 
-    def args_of(inputs, outputs, attrs):  # registry order for _core.call
+    def args_of(inputs, outputs):  # registry order for _core.call
         args = [None] * len(o.tensors)
         for i, v in zip(o.inputs, inputs):
             args[i] = v
         for (i, _, _), v in zip(o.outputs, outputs):
             args[i] = v
-        return args, inputs[0], (list(attrs) + [0.0, 0.0])[:2]
+        return tuple(args)
 
     @torch.library.impl(qual, ("cpu", "cuda"))
     def functional(*a):
-        args, x, (a0, a1) = args_of(a[:n_in], (), a[n_in:])
-        r = _core.call(o.id, x, tuple(args), a0, a1, None)
+        r = _core.call(o.id, a[0], args_of(a[:n_in], ()), tuple(a[n_in:]), None)
         r = list(r) if isinstance(r, tuple) else [r]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
 
     @torch.library.register_fake(qual)
     def functional_fake(*a):
-        inputs = a[:n_in]
-        r = [inputs[o.inputs.index(like)].new_empty(o.out_shape(i, inputs[o.inputs.index(like)].shape))
-             for i, like, when in o.outputs if _exists(o, inputs, when)]
+        inputs, attrs = a[:n_in], a[n_in:]
+        r = [_new(o, i, args_of(inputs, ()), attrs) for i, like, when in o.outputs if _exists(o, inputs, when)]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
 
     @torch.library.impl(qual_out, ("cpu", "cuda"))
     def out(*a):
         n_attr = len(o.attrs)
-        args, x, (a0, a1) = args_of(a[:n_in], a[n_in + n_attr:], a[n_in:n_in + n_attr])
-        _core.call(o.id, x, tuple(args), a0, a1, None)
+        _core.call(o.id, a[0], args_of(a[:n_in], a[n_in + n_attr:]), tuple(a[n_in:n_in + n_attr]), None)
 
     @torch.library.register_fake(qual_out)
     def out_fake(*a):
@@ -87,14 +84,21 @@ def _register(o):
     torch.library.register_autograd(qual, backward, setup_context=lambda ctx, inputs, output: None)
 
 
-def _route(op, x, args, a0, a1, stream):
+def _new(o, i, args, attrs):
+    """Output i of op o, allocated like its like input (fusedk_op_out_shape's shape)."""
+    like = args[o.tensors[i][2]]
+    shape = o.out_shape(i, [None if a is None else a.shape for a in args], attrs)
+    return like.new_empty(shape, dtype=torch.float32) if i in o.float32 else like.new_empty(shape)
+
+
+def _route(op, x, args, attrs, stream):
     """fusedk's call, through the registered operators (what torch.compile traces)."""
     o = OPS[op]
     if stream is not None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: fusedk.torch ops run on torch's current stream; "
                     "use `with torch.cuda.stream(s):` instead of stream=")
     inputs = [args[i] for i in o.inputs]
-    attrs = (a0, a1)[:len(o.attrs)]
+    attrs = o.typed(attrs)  # every attribute: the schema's int and float arguments
     given = [args[i] for i, _, _ in o.outputs]
     if all(g is None for g in given):
         r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
@@ -102,7 +106,7 @@ def _route(op, x, args, a0, a1, stream):
     outs = []  # out= given: the missing outputs are made here, then all are written in place
     for (i, like, when), g in zip(o.outputs, given):
         if g is None and _exists(o, inputs, when):
-            g = args[like].new_empty(o.out_shape(i, args[like].shape))
+            g = _new(o, i, args, attrs)
         outs.append(g)
     getattr(torch.ops.fusedk, f"{o.name}_out")(*inputs, *attrs, *outs)
     outs = [g for g in outs if g is not None]
