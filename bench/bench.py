@@ -39,7 +39,7 @@ torch = F = fusedk = None  # imported in main(), so the report code below runs w
 jax = jnp = None
 
 OPS = ("rmsnorm", "rmsnorm_res", "layernorm", "adaln", "rtg_rmsnorm", "act", "silu_fma", "gated_residual", "geglu",
-       "swiglu")
+       "swiglu", "rope", "diffusion_step")
 ALIASES = {"residual_tanh_gated_rmsnorm": "rtg_rmsnorm", "rtg": "rtg_rmsnorm", "rmsnorm+res": "rmsnorm_res"}
 PEERS = ("eager", "F.rms_norm", "compile", "liger", "jax")  # column order in the reports
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
