@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <type_traits>
@@ -753,8 +754,24 @@ template <typename T, int VEC, int OP, int KIND> cudaError_t launch_elementwise_
 
 // 16-byte vectors need every pointer 16-byte aligned and every row stride and D a multiple of the
 // vector; otherwise the same kernel one element at a time.
-template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a, cudaStream_t s, int device) {
+template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, cudaStream_t s, int device) {
   constexpr int V = 16 / sizeof(T);
+  // Short compact rows (a video latent's 128, a head's 64) leave each thread one vector a row and
+  // a load-to-store round trip per vector: where every tensor is compact and the op has no
+  // per-sample operand, k rows are one row of k * D (k a power of two dividing the rows, k * D
+  // <= 8192), so each thread has several vectors of loads in flight.
+  fusedk__ew_args a = a0;
+  if (a.op != FUSEDK_OP_GATED_RESIDUAL && a.D < 4096) {
+    bool compact = a.y.sl == a.D && (a.B == 1 || a.y.sb == a.L * a.D);
+    for (const fusedk__rows &r : a.in) compact = compact && (!r.p || (r.sl == a.D && (a.B == 1 || r.sb == a.L * a.D)));
+    int64_t k = 1;
+    while (compact && 2 * k * a.D <= 8192 && (a.B * a.L) % (2 * k) == 0) k *= 2;
+    if (k > 1) {
+      a.L = a.B * a.L / k, a.B = 1, a.D *= k;
+      for (fusedk__rows *r : {&a.y, &a.in[0], &a.in[1], &a.in[2], &a.in[3]})
+        if (r->p) r->sb = 0, r->sl = a.D; // absent operands stay NULL rows (the kernel tests them)
+    }
+  }
   bool vec = a.D % V == 0 && aligned16(a.y.p) && a.y.sb % V == 0 && a.y.sl % V == 0;
   for (const fusedk__rows &r : a.in)
     vec = vec && aligned16(r.p) && r.sb % V == 0 && r.sl % V == 0;
@@ -781,12 +798,12 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a, c
 // ---------------------------------------------------------------------------------------------
 // [position] rope (q and k in one launch) and the table builders.
 //
-// Launch shape: a block per token (b, s), grid-stride over tokens with 8 blocks per SM; the
-// block's threads walk the token's units: per head, the rotating units (VEC/2 pairs of
-// neighbours, INTERLEAVED; VEC elements and their partners R/2 further, HALF), then the pass-
-// through vectors of channels >= R (copied only out of place). Two units per thread per step,
-// all loads before the stores. q and k are read once and written once, streaming; the token's
-// cos/sin row goes through the read-only path (re-read by every head).
+// Each thread owns one head (of q, then of k) and one unit of it, for every token: the rotating
+// units (VEC/2 pairs of neighbours, INTERLEAVED; VEC elements and their partners R/2 further,
+// HALF), then the pass-through vectors of channels >= R (copied only out of place). No index
+// division; two tokens per step, all loads before the stores. q and k are read once and
+// written once, streaming; the token's cos/sin row goes through the read-only path (re-read by
+// every head).
 // ---------------------------------------------------------------------------------------------
 
 // N floats of a table row: one or two 8/16-byte loads when VECTOR (aligned), else N loads.
@@ -830,73 +847,70 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
   constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC; // pairs a unit rotates
   constexpr int E = IL ? 2 * PAIRS : PAIRS;                 // elements of each load
   const int half = (int)(a.R / 2), nrot = half / PAIRS, npass = (int)(a.Dh - a.R) / VEC;
-  const int upr = nrot + npass, H0 = (int)a.t[0].H, units = (H0 + (int)a.t[1].H) * upr;
-  const int64_t tokens = a.B * a.S;
-  struct Unit { const T *in; T *out; const float *cs, *sn; bool rot; };
-  auto unit = [&](int64_t b, int64_t s, int u) {
-    int h = u / upr;
-    const int c = u - h * upr, j = h >= H0;
-    h -= j ? H0 : 0;
-    const auto &t = a.t[j];
-    Unit r;
-    r.in = static_cast<const T *>(t.in) + b * t.sb + s * t.ss + h * t.sh;
-    r.out = static_cast<T *>(t.out) + b * t.ob + s * t.os + h * t.oh;
-    r.rot = c < nrot;
-    if (!r.rot) { // a pass-through vector, or nothing in place
-      const int64_t e = a.R + (int64_t)(c - nrot) * VEC;
-      r.in = r.out == r.in ? nullptr : r.in + e, r.out += e;
-      return r;
-    }
-    r.cs = a.tab[0].p + b * a.tab[0].sb + s * a.tab[0].ss + h * a.tab[0].sh + c * PAIRS;
-    r.sn = a.tab[1].p + b * a.tab[1].sb + s * a.tab[1].ss + h * a.tab[1].sh + c * PAIRS;
-    const int64_t e = IL ? (int64_t)c * E : (int64_t)c * PAIRS;
-    r.in += e, r.out += e;
-    return r;
-  };
-  for (int64_t tok = blockIdx.x; tok < tokens; tok += gridDim.x) {
-    const int64_t b = tok / a.S, s = tok - b * a.S;
-    for (int u0 = threadIdx.x; u0 < units; u0 += 2 * blockDim.x) {
-      Unit w[2];
-      float x1[2][E], x2[2][IL ? 1 : E], co[2][PAIRS], si[2][PAIRS];
-      bool live[2];
+  const int upr = nrot + npass, H0 = (int)a.t[0].H, Ht = H0 + (int)a.t[1].H;
+  // this thread's head (q's, then k's) and units: fixed for every token, no division
+  const int hh = blockIdx.y * blockDim.y + threadIdx.y;
+  if (hh >= Ht) return;
+  const int j = hh >= H0, h = hh - (j ? H0 : 0);
+  const auto &t = a.t[j];
+  const T *in_h = static_cast<const T *>(t.in) + h * t.sh;
+  T *out_h = static_cast<T *>(t.out) + h * t.oh;
+  const bool inplace = t.in == t.out;
+  const float *cs_h = a.tab[0].p + h * a.tab[0].sh, *sn_h = a.tab[1].p + h * a.tab[1].sh;
+  for (int64_t b = blockIdx.z; b < a.B; b += gridDim.z)
+    for (int c = threadIdx.x; c < upr; c += blockDim.x) {
+      const bool rot = c < nrot;
+      if (!rot && inplace) continue; // pass-through channels are already in place
+      const int64_t e = rot ? (IL ? (int64_t)c * E : (int64_t)c * PAIRS) : a.R + (int64_t)(c - nrot) * VEC;
+      const T *in_c = in_h + b * t.sb + e;
+      T *out_c = out_h + b * t.ob + e;
+      const float *cs_c = cs_h + b * a.tab[0].sb + c * PAIRS, *sn_c = sn_h + b * a.tab[1].sb + c * PAIRS;
+      // U tokens a step, every load before the first store (in place: each element's own load
+      // precedes its store)
+      constexpr int U = 2;
+      for (int64_t s0 = blockIdx.x; s0 < a.S; s0 += (int64_t)U * gridDim.x) {
+        float x1[U][E], x2[U][IL ? 1 : E], co[U][PAIRS], si[U][PAIRS];
 #pragma unroll
-      for (int k = 0; k < 2; ++k) { // every load of both units first
-        const int u = u0 + k * blockDim.x;
-        live[k] = u < units;
-        if (!live[k]) continue;
-        w[k] = unit(b, s, u);
-        if (!w[k].rot) {
-          if (w[k].in) ld_elems<T, VEC, VEC>(w[k].in, reinterpret_cast<float(&)[VEC]>(x1[k]));
-          continue;
-        }
-        ld_elems<T, E, VEC>(w[k].in, x1[k]);
-        if constexpr (!IL) ld_elems<T, E, VEC>(w[k].in + half, x2[k]);
-        ld_table<PAIRS, (VEC > 1)>(w[k].cs, co[k]);
-        ld_table<PAIRS, (VEC > 1)>(w[k].sn, si[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        if (!live[k]) continue;
-        if (!w[k].rot) {
-          if (w[k].in) st_elems<T, VEC, VEC>(w[k].out, reinterpret_cast<float(&)[VEC]>(x1[k]));
-          continue;
+        for (int k = 0; k < U; ++k) {
+          const int64_t s = s0 + (int64_t)k * gridDim.x;
+          if (s >= a.S) continue;
+          if (!rot) {
+            ld_elems<T, VEC, VEC>(in_c + s * t.ss, reinterpret_cast<float(&)[VEC]>(x1[k]));
+            continue;
+          }
+          ld_elems<T, E, VEC>(in_c + s * t.ss, x1[k]);
+          if constexpr (!IL) ld_elems<T, E, VEC>(in_c + s * t.ss + half, x2[k]);
+          ld_table<PAIRS, (VEC > 1)>(cs_c + s * a.tab[0].ss, co[k]);
+          ld_table<PAIRS, (VEC > 1)>(sn_c + s * a.tab[1].ss, si[k]);
         }
 #pragma unroll
-        for (int i = 0; i < PAIRS; ++i) {
-          float &va = IL ? x1[k][2 * i] : x1[k][i];
-          float &vb = IL ? x1[k][2 * i + 1] : x2[k][IL ? 0 : i];
-          const float ra = fmaf(va, co[k][i], -vb * si[k][i]), rb = fmaf(vb, co[k][i], va * si[k][i]);
-          va = ra, vb = rb;
+        for (int k = 0; k < U; ++k) {
+          const int64_t s = s0 + (int64_t)k * gridDim.x;
+          if (s >= a.S) continue;
+          T *o = out_c + s * t.os;
+          if (!rot) {
+            st_elems<T, VEC, VEC>(o, reinterpret_cast<float(&)[VEC]>(x1[k]));
+            continue;
+          }
+#pragma unroll
+          for (int i = 0; i < PAIRS; ++i) {
+            float &va = IL ? x1[k][2 * i] : x1[k][i];
+            float &vb = IL ? x1[k][2 * i + 1] : x2[k][IL ? 0 : i];
+            const float ra = fmaf(va, co[k][i], -vb * si[k][i]), rb = fmaf(vb, co[k][i], va * si[k][i]);
+            va = ra, vb = rb;
+          }
+          st_elems<T, E, VEC>(o, x1[k]);
+          if constexpr (!IL) st_elems<T, E, VEC>(o + half, x2[k]);
         }
-        st_elems<T, E, VEC>(w[k].out, x1[k]);
-        if constexpr (!IL) st_elems<T, E, VEC>(w[k].out + half, x2[k]);
       }
     }
-  }
 }
 
 // 16-byte vectors need: D, R and (HALF) R/2 in whole vectors, every q/k pointer and stride
 // 16-byte aligned, the tables 16-byte aligned with strides in whole float4s.
+// Launch shape: X threads (a power of two >= a head's units, <= 32) per head, 256 / X heads a
+// block; grid (tokens, head groups, B), each block walking ~2 tokens a step over an even share
+// of the S positions; ~8 blocks per SM in all.
 template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaStream_t s, int device) {
   constexpr int V = 16 / sizeof(T);
   bool vec = a.Dh % V == 0 && a.R % (a.style == FUSEDK_ROPE_HALF ? 2 * V : V) == 0;
@@ -904,12 +918,20 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
     vec = vec && aligned16(t.in) && aligned16(t.out) && t.sb % V == 0 && t.ss % V == 0 && t.sh % V == 0 &&
           t.ob % V == 0 && t.os % V == 0 && t.oh % V == 0;
   for (const auto &t : a.tab) vec = vec && aligned16(t.p) && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
-  const int64_t tokens = a.B * a.S, cap = (int64_t)device_sms(device) * 8;
-  const unsigned grid = (unsigned)(tokens < cap ? tokens : cap);
+  const int v = vec ? V : 1, pairs = a.style == FUSEDK_ROPE_INTERLEAVED ? (v > 1 ? v / 2 : 1) : v;
+  const int64_t upr = a.R / 2 / pairs + (a.Dh - a.R) / v, Ht = a.t[0].H + a.t[1].H;
+  int X = 1;
+  while (X < upr && X < 32) X *= 2;
+  const dim3 block(X, 256 / X);
+  const int64_t gy = (Ht + block.y - 1) / block.y, gz = a.B < 65535 ? a.B : 65535;
+  const int64_t cap = (int64_t)device_sms(device) * 8, gx0 = std::max<int64_t>(1, cap / (gy * gz));
+  const int64_t steps = (a.S + 2 * gx0 - 1) / (2 * gx0), gx = std::min<int64_t>((a.S + 2 * steps - 1) / (2 * steps), 2147483647);
+  if (gy > 65535) return cudaErrorInvalidConfiguration; // > 16M heads
+  const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)gz);
   return dispatch_int<FUSEDK_ROPE_INTERLEAVED, FUSEDK_ROPE_HALF>(a.style, [&](auto style) {
     constexpr int ST = decltype(style)::value;
-    if (vec) rope_kernel<T, V, ST><<<grid, 256, 0, s>>>(a);
-    else rope_kernel<T, 1, ST><<<grid, 256, 0, s>>>(a);
+    if (vec) rope_kernel<T, V, ST><<<grid, block, 0, s>>>(a);
+    else rope_kernel<T, 1, ST><<<grid, block, 0, s>>>(a);
     return cudaGetLastError();
   });
 }
