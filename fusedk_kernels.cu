@@ -801,7 +801,7 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, 
 // Each thread owns one head (of q, then of k) and one unit of it, for every token: the rotating
 // units (VEC/2 pairs of neighbours, INTERLEAVED; VEC elements and their partners R/2 further,
 // HALF), then the pass-through vectors of channels >= R (copied only out of place). No index
-// division; two tokens per step, all loads before the stores. q and k are read once and
+// division; U tokens per step, all loads before the stores. q and k are read once and
 // written once, streaming; the token's cos/sin row goes through the read-only path (re-read by
 // every head).
 // ---------------------------------------------------------------------------------------------
@@ -841,6 +841,9 @@ template <typename T, int N, int VEC> __device__ __forceinline__ void st_elems(T
   }
 }
 
+#ifndef FUSEDK__ROPE_U
+#define FUSEDK__ROPE_U 4 // tokens a step
+#endif
 template <typename T, int VEC, int STYLE>
 __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
   constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
@@ -867,7 +870,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
       const float *cs_c = cs_h + b * a.tab[0].sb + c * PAIRS, *sn_c = sn_h + b * a.tab[1].sb + c * PAIRS;
       // U tokens a step, every load before the first store (in place: each element's own load
       // precedes its store)
-      constexpr int U = 2;
+      constexpr int U = FUSEDK__ROPE_U;
       for (int64_t s0 = blockIdx.x; s0 < a.S; s0 += (int64_t)U * gridDim.x) {
         float x1[U][E], x2[U][IL ? 1 : E], co[U][PAIRS], si[U][PAIRS];
 #pragma unroll
@@ -909,7 +912,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
 // 16-byte vectors need: D, R and (HALF) R/2 in whole vectors, every q/k pointer and stride
 // 16-byte aligned, the tables 16-byte aligned with strides in whole float4s.
 // Launch shape: X threads (a power of two >= a head's units, <= 32) per head, 256 / X heads a
-// block; grid (tokens, head groups, B), each block walking ~2 tokens a step over an even share
+// block; grid (tokens, head groups, B), each block walking U tokens a step over an even share
 // of the S positions; ~8 blocks per SM in all.
 template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaStream_t s, int device) {
   constexpr int V = 16 / sizeof(T);
@@ -925,7 +928,8 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
   const dim3 block(X, 256 / X);
   const int64_t gy = (Ht + block.y - 1) / block.y, gz = a.B < 65535 ? a.B : 65535;
   const int64_t cap = (int64_t)device_sms(device) * 8, gx0 = std::max<int64_t>(1, cap / (gy * gz));
-  const int64_t steps = (a.S + 2 * gx0 - 1) / (2 * gx0), gx = std::min<int64_t>((a.S + 2 * steps - 1) / (2 * steps), 2147483647);
+  constexpr int U = FUSEDK__ROPE_U;
+  const int64_t steps = (a.S + U * gx0 - 1) / (U * gx0), gx = std::min<int64_t>((a.S + U * steps - 1) / (U * steps), 2147483647);
   if (gy > 65535) return cudaErrorInvalidConfiguration; // > 16M heads
   const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)gz);
   return dispatch_int<FUSEDK_ROPE_INTERLEAVED, FUSEDK_ROPE_HALF>(a.style, [&](auto style) {
