@@ -842,7 +842,7 @@ template <typename T, int N, int VEC> __device__ __forceinline__ void st_elems(T
 }
 
 #ifndef FUSEDK__ROPE_U
-#define FUSEDK__ROPE_U 4 // tokens a step
+#define FUSEDK__ROPE_U 2 // tokens a step (4: 112 registers, 24 % occupancy, 7 % slower on the H100)
 #endif
 template <typename T, int VEC, int STYLE>
 __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
