@@ -41,12 +41,21 @@
      fusedk_glu          x[..., 2H] -> y[..., H] = act(one half) * the other half
      fusedk_glu_pair     y = value * act(gate)
 
+     fusedk_rope         q [B,S,Hq,D], k [B,S,Hk,D]: the first R channels of each head rotate,
+                         pairs (2i, 2i+1) or (i, i+R/2): a' = a cos - b sin, b' = b cos + a sin,
+                         float32 tables cos/sin [S,R/2], [S,H,R/2] or [B,S,H,R/2]
+     fusedk_rope_table_1d / _axes (Flux) / _ltx (LTX-Video) / _mixed (Mochi)
+                         the float32 (cos, sin) tables of those models (angles in float64)
+     fusedk_diffusion_step   classifier-free guidance, an Euler (flow matching) or DDIM step,
+                         an optional x0 clamp and temporal blend, in one pass
+
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
      be passed as (const fusedk_tensor *). Strides are in elements, NULL = compact row-major.
      The normalized (last) dim must be contiguous; every other stride is honoured, stride 0
      broadcasts inputs. Outputs may alias an input only exactly (same pointer and strides).
-     dtypes: float32, float16, bfloat16; all tensors of one call share x's dtype and device.
+     dtypes: float32, float16, bfloat16; all tensors of one call share x's dtype and device, but
+     for those the registry marks float32 (rope's tables, the table builders' tensors).
 
    ERRORS
      Every call returns fusedk_status. On failure nothing is launched or written and
@@ -68,11 +77,12 @@
               tests/ and bench/)
      declarations     [api] types, statuses, tensors   [dlpack] memory and streams
                       [norm] the normalization ops     [elementwise] activations, fused residuals
-                      [registry] every op's arguments as data
+                      [position] rope and its tables   [sampler] diffusion_step
+                      [registry] every op's arguments as data, output shapes
      implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
-                      (CPU references and entry points) [dlpack] [info]
+                      [sampler] [position] (CPU references and entry points) [dlpack] [info]
      GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [norm]
-                      [elementwise] [entry]
+                      [elementwise] (with [sampler]) [position] [entry]
 
    ADDING AN OP
      An fusedk_op_id at the end of the enum, its registry entry (arguments in C order with kind
