@@ -1633,16 +1633,22 @@ static fusedk_status fusedk__check_dim(const char *op, const char *name, int64_t
   return FUSEDK_OK;
 }
 
+/* The tables of one dim (1d, ltx): attributes (dim, theta). */
+static fusedk_status fusedk__rope_table_of_dim(int op, const fusedk_tensor *const *t, int32_t dim, float theta,
+                                               struct CUstream_st *stream) {
+  const double attrs[] = {(double)dim, theta};
+  fusedk__table_args a;
+  memset(&a, 0, sizeof a);
+  a.dims[0] = dim, a.n_axes = op == FUSEDK_OP_ROPE_TABLE_1D ? 1 : 3, a.theta = theta;
+  fusedk_status st = fusedk__check_dim(fusedk__ops[op].name, "dim", dim);
+  return st ? st : fusedk__rope_table_run(op, t, attrs, &a, stream);
+}
+
 FUSEDK_DEF fusedk_status fusedk_rope_table_1d(const fusedk_tensor *cos, const fusedk_tensor *sin,
                                               const fusedk_tensor *positions, int32_t dim, float theta,
                                               struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {cos, sin, positions};
-  const double attrs[] = {(double)dim, theta};
-  fusedk__table_args a;
-  memset(&a, 0, sizeof a);
-  a.dims[0] = dim, a.n_axes = 1, a.theta = theta;
-  fusedk_status st = fusedk__check_dim("rope_table_1d", "dim", dim);
-  return st ? st : fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_1D, t, attrs, &a, stream);
+  return fusedk__rope_table_of_dim(FUSEDK_OP_ROPE_TABLE_1D, t, dim, theta, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_rope_table_axes(const fusedk_tensor *cos, const fusedk_tensor *sin,
@@ -1670,12 +1676,7 @@ FUSEDK_DEF fusedk_status fusedk_rope_table_ltx(const fusedk_tensor *cos, const f
                                                const fusedk_tensor *coords, int32_t dim, float theta,
                                                struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {cos, sin, coords};
-  const double attrs[] = {(double)dim, theta};
-  fusedk__table_args a;
-  memset(&a, 0, sizeof a);
-  a.dims[0] = dim, a.n_axes = 3, a.theta = theta;
-  fusedk_status st = fusedk__check_dim("rope_table_ltx", "dim", dim);
-  return st ? st : fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_LTX, t, attrs, &a, stream);
+  return fusedk__rope_table_of_dim(FUSEDK_OP_ROPE_TABLE_LTX, t, dim, theta, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_rope_table_mixed(const fusedk_tensor *cos, const fusedk_tensor *sin,

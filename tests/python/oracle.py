@@ -199,3 +199,27 @@ def diffusion_step(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.
         b = _attr(blend)
         y = b * y + (1.0 - b) * f64(prev)
     return y
+
+
+# --- the frameworks the GPU tests run through ------------------------------------------------
+def gpu_frameworks():
+    """(name, to_device, to_host, broadcast_to) per framework with a CUDA device."""
+    import fusedk
+    out = []
+    try:
+        import torch
+        if torch.cuda.is_available() and fusedk.kernel_info()["cuda"].get("devices"):
+            out.append(("torch", lambda a: torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).cuda().view(
+                torch.bfloat16) if a.dtype == BF16 else torch.from_numpy(np.ascontiguousarray(a)).cuda(),
+                lambda t: t.float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy(),
+                lambda t, shape: t.expand(shape)))
+    except ImportError:
+        pass
+    try:
+        import cupy
+        if fusedk.kernel_info()["cuda"].get("devices"):
+            out.append(("cupy", lambda a: None if a.dtype == BF16 else cupy.asarray(a), cupy.asnumpy,
+                        cupy.broadcast_to))
+    except Exception:  # noqa: BLE001 - no CuPy, or no device for it
+        pass
+    return out

@@ -172,29 +172,7 @@ def test_bad_arguments(case, status, name):
 
 
 # --- the GPU kernel through torch and CuPy, against the CPU reference ----------------------------
-def _gpu_frameworks():
-    """(name, to_device, to_host, broadcast_to) per framework with a CUDA device."""
-    out = []
-    try:
-        import torch
-        if torch.cuda.is_available() and fusedk.kernel_info()["cuda"].get("devices"):
-            out.append(("torch", lambda a: torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).cuda().view(
-                torch.bfloat16) if a.dtype == oracle.BF16 else torch.from_numpy(np.ascontiguousarray(a)).cuda(),
-                lambda t: t.float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy(),
-                lambda t, shape: t.expand(shape)))
-    except ImportError:
-        pass
-    try:
-        import cupy
-        if fusedk.kernel_info()["cuda"].get("devices"):
-            out.append(("cupy", lambda a: None if a.dtype == oracle.BF16 else cupy.asarray(a), cupy.asnumpy,
-                        cupy.broadcast_to))
-    except Exception:  # noqa: BLE001 - no CuPy, or no device for it
-        pass
-    return out
-
-
-@pytest.mark.skipif(not _gpu_frameworks(), reason="no CUDA device with torch or CuPy")
+@pytest.mark.skipif(not oracle.gpu_frameworks(), reason="no CUDA device with torch or CuPy")
 @pytest.mark.parametrize("sampler", ["euler", "ddim"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 16, 64, 64), (1, 4096, 320)], ids=str)
@@ -213,7 +191,7 @@ def test_gpu_matches_the_reference(shape, dtype, sampler):
         kw = dict(base, **extra)
         want = fusedk.diffusion_step(x, c, **kw)
         a = aux(x, c, **kw)
-        for fw, to_dev, to_host, bcast in _gpu_frameworks():
+        for fw, to_dev, to_host, bcast in oracle.gpu_frameworks():
             xd = to_dev(x)
             if xd is None:
                 continue  # CuPy has no bfloat16 arrays

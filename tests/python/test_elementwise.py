@@ -127,26 +127,7 @@ def test_bad_arguments(case, status, reason):
 
 
 # --- the GPU kernels through torch and CuPy, against the CPU reference ---------------------------
-def _gpu_frameworks():
-    out = []
-    try:
-        import torch
-        if torch.cuda.is_available() and fusedk.kernel_info()["cuda"].get("devices"):
-            out.append(("torch", lambda a: torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).cuda().view(
-                torch.bfloat16) if a.dtype == oracle.BF16 else torch.from_numpy(np.ascontiguousarray(a)).cuda(),
-                lambda t: t.float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy()))
-    except ImportError:
-        pass
-    try:
-        import cupy
-        if fusedk.kernel_info()["cuda"].get("devices"):
-            out.append(("cupy", lambda a: None if a.dtype == oracle.BF16 else cupy.asarray(a), cupy.asnumpy))
-    except Exception:  # noqa: BLE001 - no CuPy, or no device for it
-        pass
-    return out
-
-
-@pytest.mark.skipif(not _gpu_frameworks(), reason="no CUDA device with torch or CuPy")
+@pytest.mark.skipif(not oracle.gpu_frameworks(), reason="no CUDA device with torch or CuPy")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 37, 1), (2, 37, 111), (3, 257, 1152), (1, 2, 65536), (2, 33, 2 * 4608)],
                          ids=str)
@@ -154,7 +135,7 @@ def test_gpu_matches_the_reference(shape, dtype):
     from oracle import assert_close_gpu
     x, y, z = rand(shape, dtype), rand(shape, dtype), rand(shape, dtype)
     g = rand((shape[0], 6 * shape[2]), dtype)[:, shape[2]:2 * shape[2]]
-    for fw, to_dev, to_host in _gpu_frameworks():
+    for fw, to_dev, to_host, _ in oracle.gpu_frameworks():
         dev = [to_dev(a) for a in (x, y, z, g)]
         if any(d is None for d in dev):
             continue  # CuPy has no bfloat16 arrays

@@ -421,28 +421,6 @@ def test_bad_arguments(case, status, op, name):
 
 
 # --- the GPU kernels through torch and CuPy, against the CPU reference ---------------------------
-def _gpu_frameworks():
-    """(name, to_device, to_host, broadcast_to) per framework with a CUDA device."""
-    out = []
-    try:
-        import torch
-        if torch.cuda.is_available() and fusedk.kernel_info()["cuda"].get("devices"):
-            out.append(("torch", lambda a: torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).cuda().view(
-                torch.bfloat16) if a.dtype == oracle.BF16 else torch.from_numpy(np.ascontiguousarray(a)).cuda(),
-                lambda t: t.float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy(),
-                lambda t, shape: t.expand(shape)))
-    except ImportError:
-        pass
-    try:
-        import cupy
-        if fusedk.kernel_info()["cuda"].get("devices"):
-            out.append(("cupy", lambda a: None if a.dtype == oracle.BF16 else cupy.asarray(a), cupy.asnumpy,
-                        cupy.broadcast_to))
-    except Exception:  # noqa: BLE001 - no CuPy, or no device for it
-        pass
-    return out
-
-
 def _pair_aux(x, style, rotary_dim=None):
     """|x| + |partner| per rotated channel (|cos|, |sin| <= 1): the terms of x c -+ x' s whose float32
     rounding can show when they cancel."""
@@ -466,7 +444,7 @@ GPU_CASES = {  # (B, S, Hq, Hk, Dh, rotary_dim, table kind, in place)
 }
 
 
-@pytest.mark.skipif(not _gpu_frameworks(), reason="no CUDA device with torch or CuPy")
+@pytest.mark.skipif(not oracle.gpu_frameworks(), reason="no CUDA device with torch or CuPy")
 @pytest.mark.parametrize("style", ["interleaved", "half"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", list(GPU_CASES))
@@ -476,7 +454,7 @@ def test_gpu_rope_matches_the_reference(case, dtype, style):
     q, k = rand((B, S, Hq, Dh), dtype), rand((B, S, Hk, Dh), dtype)
     c, s = tables(table_shape(kind, B, S, Hq, (R or Dh) // 2))
     wq, wk = fusedk.rope(q, k, c, s, style=style, rotary_dim=R)
-    for fw, to_dev, to_host, _ in _gpu_frameworks():
+    for fw, to_dev, to_host, _ in oracle.gpu_frameworks():
         qd, kd = to_dev(q), to_dev(k)
         if qd is None:
             continue  # CuPy has no bfloat16 arrays
@@ -487,14 +465,14 @@ def test_gpu_rope_matches_the_reference(case, dtype, style):
         assert_close_gpu(to_host(k2), wk, dtype, _pair_aux(k, style, R), what=f"{fw} rope {case} {style} k")
 
 
-@pytest.mark.skipif(not _gpu_frameworks(), reason="no CUDA device with torch or CuPy")
+@pytest.mark.skipif(not oracle.gpu_frameworks(), reason="no CUDA device with torch or CuPy")
 def test_gpu_rope_strided_and_broadcast_views():
     from oracle import assert_close_gpu
     B, S, H, Dh = 2, 77, 4, 64
     qkv = rand((B, S, 3, H, Dh), np.float16)
     c, s = tables((S, Dh // 2))
     want = fusedk.rope(qkv[:, :, 0], qkv[:, :, 1], c, s)
-    for fw, to_dev, to_host, bcast in _gpu_frameworks():
+    for fw, to_dev, to_host, bcast in oracle.gpu_frameworks():
         d = to_dev(qkv)
         cd, sd = (bcast(to_dev(t)[None, :, None, :], (B, S, H, Dh // 2)) for t in (c, s))
         got = fusedk.rope(d[:, :, 0], d[:, :, 1], cd, sd)
@@ -509,7 +487,7 @@ def test_gpu_rope_strided_and_broadcast_views():
 GPU_TABLE_TOL = {"eps": {F32: 2e-6}, "atol": 2e-6}  # float64 angle on the GPU, rounded once
 
 
-@pytest.mark.skipif(not _gpu_frameworks(), reason="no CUDA device with torch or CuPy")
+@pytest.mark.skipif(not oracle.gpu_frameworks(), reason="no CUDA device with torch or CuPy")
 def test_gpu_tables_match_the_reference():
     pos = (np.arange(4096) + rng.uniform(-0.5, 0.5, 4096)).astype(np.float32)
     ids = flux_ids(512, 64, 64)
@@ -527,7 +505,7 @@ def test_gpu_tables_match_the_reference():
     }
     for name, (call, args) in calls.items():
         wc, ws = call(args)
-        for fw, to_dev, to_host, _ in _gpu_frameworks():
+        for fw, to_dev, to_host, _ in oracle.gpu_frameworks():
             gc, gs = call(tuple(to_dev(a) for a in args))
             gc, gs = to_host(gc), to_host(gs)
             assert gc.dtype == F32 and gc.shape == wc.shape and gs.shape == ws.shape
