@@ -957,6 +957,16 @@ __global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_arg
 // ---------------------------------------------------------------------------------------------
 // [entry] the internal entry points fusedk.h's implementation calls
 // ---------------------------------------------------------------------------------------------
+namespace {
+// One op's launch on device_id: the device selected for it, a CUDA error reported with the op.
+template <typename F> fusedk_status on_device(int32_t device_id, const char *op, F &&launch) {
+  DeviceGuard guard(device_id);
+  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
+  const cudaError_t e = launch();
+  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
+}
+} // namespace
+
 extern "C" {
 
 #ifdef FUSEDK_TUNING
@@ -967,42 +977,36 @@ __attribute__((visibility("default"))) void fusedk__tune_norm_plan(int nv, int g
 
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream) {
-  DeviceGuard guard(device_id);
-  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
-  // the stage may take what the device lets a block opt into, after the reduction slots
-  const NormLaunch L{*a, a->B * a->L, stream, device_smem_optin(device_id) - kRedBytes, device_id};
-  const cudaError_t e = dispatch_scalar(a->scalar, [&](auto t) { return launch_norm<typename decltype(t)::type>(L); });
-  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
+  return on_device(device_id, op, [&] {
+    // the stage may take what the device lets a block opt into, after the reduction slots
+    const NormLaunch L{*a, a->B * a->L, stream, device_smem_optin(device_id) - kRedBytes, device_id};
+    return dispatch_scalar(a->scalar, [&](auto t) { return launch_norm<typename decltype(t)::type>(L); });
+  });
 }
 
 fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
                                        struct CUstream_st *stream) {
-  DeviceGuard guard(device_id);
-  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
-  const cudaError_t e = dispatch_scalar(a->scalar, [&](auto t) {
-    return launch_elementwise<typename decltype(t)::type>(*a, stream, device_id);
+  return on_device(device_id, op, [&] {
+    return dispatch_scalar(a->scalar, [&](auto t) {
+      return launch_elementwise<typename decltype(t)::type>(*a, stream, device_id);
+    });
   });
-  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
 }
 
 fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream) {
-  DeviceGuard guard(device_id);
-  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
-  const cudaError_t e = dispatch_scalar(a->scalar, [&](auto t) {
-    return launch_rope<typename decltype(t)::type>(*a, stream, device_id);
+  return on_device(device_id, op, [&] {
+    return dispatch_scalar(a->scalar, [&](auto t) { return launch_rope<typename decltype(t)::type>(*a, stream, device_id); });
   });
-  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
 }
 
 fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *op, int32_t device_id,
                                       struct CUstream_st *stream) {
-  DeviceGuard guard(device_id);
-  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
-  const int64_t n = a->S * a->H * a->F, need = (n + 255) / 256, cap = (int64_t)device_sms(device_id) * 16;
-  rope_table_kernel<<<(unsigned)(need < cap ? need : cap), 256, 0, stream>>>(*a);
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
+  return on_device(device_id, op, [&] {
+    const int64_t n = a->S * a->H * a->F, need = (n + 255) / 256, cap = (int64_t)device_sms(device_id) * 16;
+    rope_table_kernel<<<(unsigned)(need < cap ? need : cap), 256, 0, stream>>>(*a);
+    return cudaGetLastError();
+  });
 }
 
 // Stream-ordered, from the device's default memory pool: no device-wide synchronization, and

@@ -220,6 +220,15 @@ static int compare(const char *what, buf_t *o, const buf_t *aux, int aux_ref, do
   return bad;
 }
 
+/* A failed call or launch: printed, 1; else 0. */
+static int call_failed(const char *what, fusedk_status sc, fusedk_status sg) {
+  cudaError_t ce = cudaDeviceSynchronize();
+  if (!sc && !sg && !ce) return 0;
+  printf("FAIL %s: cpu %s gpu %s cuda %s: %s\n", what, fusedk_status_name(sc), fusedk_status_name(sg),
+         cudaGetErrorString(ce), fusedk_failure_reason());
+  return 1;
+}
+
 typedef struct {
   op_t op;
   fusedk_scalar s;
@@ -293,13 +302,8 @@ static void run_case(const case_t *c) {
   ++checks;
   fusedk_status sc = call(c->op, t, 0, 0);
   fusedk_status sg = call(c->op, t, 1, 0);
-  cudaError_t ce = cudaDeviceSynchronize();
-  int bad = 0;
-  if (sc || sg || ce) {
-    printf("FAIL %s: cpu %s gpu %s cuda %s: %s\n", what, fusedk_status_name(sc), fusedk_status_name(sg),
-           cudaGetErrorString(ce), fusedk_failure_reason());
-    bad = 1;
-  } else {
+  int bad = call_failed(what, sc, sg);
+  if (!bad) {
     bad += compare(what, &t[Y], is_mochi ? &t[X] : NULL, c->op == MOCHI_EXACT, eps_of(c->s));
     if (t[RO].h) bad += compare(what, &t[RO], NULL, 0, eps_of(c->s));
     if (!c->inplace) { /* determinism: a second run is bitwise identical */
@@ -355,13 +359,8 @@ static void run_rope(fusedk_scalar s, int64_t B, int64_t S, int64_t Hq, int64_t 
   }
   fusedk_status sg = fusedk_rope(&out[0].td, Hk ? &out[1].td : NULL, &in[0].td, Hk ? &in[1].td : NULL, &tab[0].td,
                                  &tab[1].td, (fusedk_rope_style)style, (int32_t)R, NULL);
-  cudaError_t ce = cudaDeviceSynchronize();
-  int bad = 0;
-  if (sc || sg || ce) {
-    printf("FAIL %s: cpu %s gpu %s cuda %s: %s\n", what, fusedk_status_name(sc), fusedk_status_name(sg),
-           cudaGetErrorString(ce), fusedk_failure_reason());
-    bad = 1;
-  } else {
+  int bad = call_failed(what, sc, sg);
+  if (!bad) {
     for (int j = 0; j < 1 + (Hk > 0); ++j) bad += compare(what, &out[j], NULL, 0, eps_of(s));
     if (bad) printf("FAIL %s\n", what);
   }
@@ -398,13 +397,8 @@ static void run_tables(int64_t S) {
     char what[96];
     snprintf(what, sizeof what, "%s S=%lld", names[op], (long long)S);
     ++checks;
-    cudaError_t ce = cudaDeviceSynchronize();
-    int bad = 0;
-    if (st[0] || st[1] || ce) {
-      printf("FAIL %s: cpu %s gpu %s cuda %s: %s\n", what, fusedk_status_name(st[0]), fusedk_status_name(st[1]),
-             cudaGetErrorString(ce), fusedk_failure_reason());
-      bad = 1;
-    } else {
+    int bad = call_failed(what, st[0], st[1]);
+    if (!bad) {
       bad = compare(what, &t[0], NULL, 0, 0x1p-22) + compare(what, &t[1], NULL, 0, 0x1p-22);
       if (bad) printf("FAIL %s\n", what);
     }
