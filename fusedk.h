@@ -46,6 +46,9 @@
                          float32 tables cos/sin [S,R/2], [S,H,R/2] or [B,S,H,R/2]
      fusedk_rope_table_1d / _axes (Flux) / _ltx (LTX-Video) / _mixed (Mochi)
                          the float32 (cos, sin) tables of those models (angles in float64)
+     fusedk_qk_norm_rope q, k, v of a packed QKV projection -> RMSNorm (per head or over the
+                         full H*Dh) and RoPE of q and k, all three written in the attention
+                         layout [B,H,S,Dh] or [B,S,H,Dh], one pass
      fusedk_diffusion_step   classifier-free guidance, an Euler (flow matching) or DDIM step,
                          an optional x0 clamp and temporal blend, in one pass
 
@@ -77,7 +80,7 @@
               tests/ and bench/)
      declarations     [api] types, statuses, tensors   [dlpack] memory and streams
                       [norm] the normalization ops     [elementwise] activations, fused residuals
-                      [position] rope and its tables   [sampler] diffusion_step
+                      [position] rope, its tables, qk_norm_rope   [sampler] diffusion_step
                       [registry] every op's arguments as data, output shapes
      implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
                       [sampler] [position] (CPU references and entry points) [dlpack] [info]
@@ -95,7 +98,8 @@
      FUSEDK_VERSION_MAJOR changes when the C ABI or an op's semantics change incompatibly,
      MINOR when ops or arguments are added (enums only grow), PATCH for fixes and speed. While
      MAJOR is 0, a MINOR release may change the ABI: 0.3 added fields to fusedk_op and
-     fusedk_op_tensor (argument roles), 0.4 the tensors' fixed dtypes and 8 attributes an op;
+     fusedk_op_tensor (argument roles), 0.4 the tensors' fixed dtypes and 8 attributes an op,
+     0.5 12 tensors an op (qk_norm_rope takes 10);
      rebuild against the header you link.
 */
 #ifndef FUSEDK_H
@@ -105,7 +109,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 4
+#define FUSEDK_VERSION_MINOR 5
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -356,6 +360,26 @@ FUSEDK_DEF fusedk_status fusedk_rope_table_mixed(const fusedk_tensor *cos, const
                                                  const fusedk_tensor *pos, const fusedk_tensor *freqs,
                                                  struct CUstream_st *stream);
 
+/* qk_norm_rope: the attention prologue of a DiT in one pass. q [B, S, Hq, Dh], k and v
+   [B, S, Hk, Dh] (any strides but a contiguous last dim: e.g. the three views q, k, v =
+   qkv.unbind(2) of a packed [B, S, 3, H, Dh] projection) ->
+     q', k' = rope(rmsnorm(q) * q_weight), rope(rmsnorm(k) * k_weight),   v' = v,
+   written in `layout`: BHSD [B, H, S, Dh] (what SDPA and most attention kernels take) or BSHD
+   [B, S, H, Dh] (FlashAttention's), any output strides. norm: HEAD normalizes each head's Dh
+   channels (Flux, Mochi, HunyuanVideo; weights [Dh]), FULL the whole H*Dh row of a token
+   (LTX-Video, Wan; weights [H*Dh], H*Dh <= 8192), NONE skips it. Weights optional (NULL: 1).
+   RoPE as fusedk_rope (style, tables, rotary_dim; channels >= R are normalized, not rotated).
+   v and v_out may be NULL. float32 math, one rounding. */
+typedef enum fusedk_qk_norm { FUSEDK_QK_NORM_HEAD = 0, FUSEDK_QK_NORM_FULL = 1, FUSEDK_QK_NORM_NONE = 2 } fusedk_qk_norm;
+typedef enum fusedk_layout { FUSEDK_LAYOUT_BHSD = 0, FUSEDK_LAYOUT_BSHD = 1 } fusedk_layout;
+FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const fusedk_tensor *k_out,
+                                             const fusedk_tensor *v_out, const fusedk_tensor *q,
+                                             const fusedk_tensor *k, const fusedk_tensor *v,
+                                             const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                             const fusedk_tensor *q_weight, const fusedk_tensor *k_weight,
+                                             float eps, fusedk_qk_norm norm, fusedk_rope_style style,
+                                             fusedk_layout layout, int32_t rotary_dim, struct CUstream_st *stream);
+
 /* ---- [sampler] one diffusion sampler step over the latent, one read of each input ----
    m  = uncond + guidance * (cond - uncond)   (classifier-free guidance; m = cond without uncond)
    EULER (flow matching; Mochi, LTX-Video, Flux):  x' = x + (sigma_next - sigma) * m
@@ -398,10 +422,11 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_ROPE_TABLE_AXES = 11,
   FUSEDK_OP_ROPE_TABLE_LTX = 12,
   FUSEDK_OP_ROPE_TABLE_MIXED = 13,
-  FUSEDK_OP_DIFFUSION_STEP = 14
+  FUSEDK_OP_DIFFUSION_STEP = 14,
+  FUSEDK_OP_QK_NORM_ROPE = 15
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 15
-#define FUSEDK_OP_MAX_TENSORS 8
+#define FUSEDK_OP_COUNT 16
+#define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
 typedef enum fusedk_arg_kind {
@@ -449,7 +474,7 @@ typedef struct fusedk_op {
   int32_t n_attrs;
   int32_t row_ndim;             /* 0: rows of any rank [..., D]; 3: exactly [B, L, D];
                                    4: exactly [B, S, H, Dh]; -1: no rows (the op checks shapes) */
-  fusedk_op_tensor tensors[8];  /* FUSEDK_OP_MAX_TENSORS */
+  fusedk_op_tensor tensors[12]; /* FUSEDK_OP_MAX_TENSORS */
   fusedk_op_attr attrs[8];      /* FUSEDK_OP_MAX_ATTRS */
 } fusedk_op;
 
@@ -522,12 +547,16 @@ typedef struct fusedk__ew_args {
   double c[FUSEDK__N_C];
 } fusedk__ew_args;
 
-/* rope: q (t[0]) and k (t[1]; in == NULL: none) as [B, S, H, Dh] with element strides; the
-   tables (tab[0] cos, tab[1] sin) as [B, S, H, R/2] strides (0 broadcasts, last dim 1). */
+/* rope and qk_norm_rope: q, k, v (t[0..2]; in == NULL: none, only a suffix may be absent) as
+   [B, S, H, Dh] with element strides, written through their out strides (any layout). q and k
+   are RMS-normalized first (norm: FUSEDK_QK_NORM_*; rope: NONE) with weight w (Dh, or H*Dh for
+   FULL; NULL: none), then rotated; v is copied. The tables (tab[0] cos, tab[1] sin) as
+   [B, S, H, R/2] strides (0 broadcasts, last dim 1). */
 typedef struct fusedk__rope_args {
-  int32_t scalar, style;
+  int32_t scalar, style, norm;
+  float eps;
   int64_t B, S, Dh, R;
-  struct { const void *in; void *out; int64_t H, sb, ss, sh, ob, os, oh; } t[2];
+  struct { const void *in; void *out; const void *w; int64_t H, sb, ss, sh, ob, os, oh; } t[3];
   struct { const float *p; int64_t sb, ss, sh; } tab[2];
 } fusedk__rope_args;
 
@@ -897,6 +926,7 @@ static void *fusedk__base(const fusedk_tensor *t) {
 #define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_ROW, -1}
 #define FUSEDK__F32_IN(n) {n, FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}
 #define FUSEDK__TABLE(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}
+#define FUSEDK__OWN_OUT(n, like, when) {n, (when) < 0 ? FUSEDK_ARG_OUT : FUSEDK_ARG_OUT_OPT, like, when, FUSEDK_ROLE_OWN, -1}
 #define FUSEDK__EPS(v) {"eps", FUSEDK_ATTR_F32, v}
 #define FUSEDK__I32(n, v) {n, FUSEDK_ATTR_I32, v}
 #define FUSEDK__FLT(n, v) {n, FUSEDK_ATTR_F32, v}
@@ -953,6 +983,13 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
      {FUSEDK__FLT("guidance", 1.0), FUSEDK__I32("sampler", FUSEDK_SAMPLER_EULER), FUSEDK__FLT("sigma", 0.0),
       FUSEDK__FLT("sigma_next", 0.0), FUSEDK__FLT("alpha_bar", 1.0), FUSEDK__FLT("alpha_bar_prev", 1.0),
       FUSEDK__FLT("clamp_x0", 0.0), FUSEDK__FLT("blend", 1.0)}},
+    {"qk_norm_rope", 10, 5, 4,
+     {FUSEDK__OWN_OUT("q_out", 3, -1), FUSEDK__OWN_OUT("k_out", 4, -1), FUSEDK__OWN_OUT("v_out", 5, 5),
+      FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__OPT("v", FUSEDK_ROLE_OWN),
+      FUSEDK__F32_IN("cos"), FUSEDK__F32_IN("sin"), FUSEDK__OPT("q_weight", FUSEDK_ROLE_OWN),
+      FUSEDK__OPT("k_weight", FUSEDK_ROLE_OWN)},
+     {FUSEDK__EPS(1e-6), FUSEDK__I32("norm", FUSEDK_QK_NORM_HEAD), FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED),
+      FUSEDK__I32("layout", FUSEDK_LAYOUT_BHSD), FUSEDK__I32("rotary_dim", 0)}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -960,6 +997,7 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
 #undef FUSEDK__EPS
 #undef FUSEDK__F32_IN
 #undef FUSEDK__TABLE
+#undef FUSEDK__OWN_OUT
 #undef FUSEDK__I32
 #undef FUSEDK__FLT
 #undef FUSEDK__NO_ATTR
@@ -1482,38 +1520,62 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
 
 /* --- [position] rope and its tables: CPU references and entry points ----------------------- */
 
+/* rope and qk_norm_rope: per token and tensor, the rstd (one of the row, or of each head), then
+   each head normalized and rotated (pass-through channels normalized) in double, one rounding. */
+static double fusedk__sq(double v) { return v * v; }
+static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape);
 static void fusedk__rope_cpu(const fusedk__rope_args *a) {
   const int s = a->scalar;
-  const int64_t half = a->R / 2;
-  for (int j = 0; j < 2 && a->t[j].in; ++j)
+  const int64_t es = (int64_t)fusedk__scalar_size(s), Dh = a->Dh;
+  for (int j = 0; j < 3 && a->t[j].in; ++j) {
+    const int norm = j < 2 ? a->norm : FUSEDK_QK_NORM_NONE;
+    const int64_t R = j < 2 ? a->R : 0, half = R / 2, H = a->t[j].H;
+    const void *w = a->t[j].w;
     for (int64_t b = 0; b < a->B; ++b)
-      for (int64_t q = 0; q < a->S; ++q)
-        for (int64_t h = 0; h < a->t[j].H; ++h) {
-          const char *in = (const char *)a->t[j].in + (b * a->t[j].sb + q * a->t[j].ss + h * a->t[j].sh) * (int64_t)fusedk__scalar_size(s);
-          char *out = (char *)a->t[j].out + (b * a->t[j].ob + q * a->t[j].os + h * a->t[j].oh) * (int64_t)fusedk__scalar_size(s);
+      for (int64_t q = 0; q < a->S; ++q) {
+        const char *row = (const char *)a->t[j].in + (b * a->t[j].sb + q * a->t[j].ss) * es;
+        double full = 0.0; /* FULL: the sum of squares over every head of the token */
+        for (int64_t h = 0; norm == FUSEDK_QK_NORM_FULL && h < H; ++h)
+          for (int64_t d = 0; d < Dh; ++d) full += fusedk__sq(fusedk__load(row + h * a->t[j].sh * es, d, s));
+        for (int64_t h = 0; h < H; ++h) {
+          const char *in = row + h * a->t[j].sh * es;
+          char *out = (char *)a->t[j].out + (b * a->t[j].ob + q * a->t[j].os + h * a->t[j].oh) * es;
+          double r = 1.0, sum = 0.0;
+          if (norm == FUSEDK_QK_NORM_HEAD) {
+            for (int64_t d = 0; d < Dh; ++d) sum += fusedk__sq(fusedk__load(in, d, s));
+            r = 1.0 / sqrt(sum / (double)Dh + (double)a->eps);
+          } else if (norm == FUSEDK_QK_NORM_FULL) {
+            r = 1.0 / sqrt(full / (double)(H * Dh) + (double)a->eps);
+          }
+          const int64_t wo = norm == FUSEDK_QK_NORM_FULL ? h * Dh : 0; /* FULL: the head's weights */
+#define FUSEDK__N(d) (fusedk__load(in, d, s) * r * (w ? fusedk__load(w, wo + (d), s) : 1.0))
           const float *c = a->tab[0].p + b * a->tab[0].sb + q * a->tab[0].ss + h * a->tab[0].sh;
           const float *sn = a->tab[1].p + b * a->tab[1].sb + q * a->tab[1].ss + h * a->tab[1].sh;
           for (int64_t i = 0; i < half; ++i) {
             const int64_t ia = a->style == FUSEDK_ROPE_INTERLEAVED ? 2 * i : i;
             const int64_t ib = a->style == FUSEDK_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
-            const double va = fusedk__load(in, ia, s), vb = fusedk__load(in, ib, s);
+            const double va = FUSEDK__N(ia), vb = FUSEDK__N(ib);
             fusedk__store(out, ia, va * c[i] - vb * sn[i], s);
             fusedk__store(out, ib, vb * c[i] + va * sn[i], s);
           }
-          if (out != in)
-            for (int64_t d = a->R; d < a->Dh; ++d) fusedk__store(out, d, fusedk__load(in, d, s), s);
+          if (out != in || norm != FUSEDK_QK_NORM_NONE)
+            for (int64_t d = R; d < Dh; ++d) fusedk__store(out, d, FUSEDK__N(d), s);
+#undef FUSEDK__N
         }
+      }
+  }
 }
 
 /* The strides of table t as [B, S, H, R/2] (size-1 dims broadcast), checked against q's B, S
    and the heads of q and k. */
-static fusedk_status fusedk__rope_table(const fusedk_tensor *t, const char *name, const fusedk_tensor *q,
-                                        const fusedk_tensor *k, int64_t half, int64_t *st3) {
+static fusedk_status fusedk__rope_table(const char *op, const fusedk_tensor *t, const char *name,
+                                        const fusedk_tensor *q, const fusedk_tensor *k, int64_t half, int64_t *st3) {
   const int nd = t->ndim;
   char shp[160];
   if (nd < 2 || nd > 4 || t->shape[nd - 1] != half)
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "rope: %s has shape %s, expected [S, R/2], [S, H, R/2] or [B, S, H, R/2] "
-                        "with R/2 = %lld (rotary_dim / 2)", name, fusedk__shape_str(t, shp, sizeof shp), (long long)half);
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [S, R/2], [S, H, R/2] or [B, S, H, R/2] "
+                        "with R/2 = %lld (rotary_dim / 2)", op, name, fusedk__shape_str(t, shp, sizeof shp),
+                        (long long)half);
   const int64_t want[3] = {q->shape[0], q->shape[1], q->shape[2]};
   for (int d = 0; d < 3; ++d) { /* b, s, h */
     /* the table's dim for it, or < 0: absent ([S, R/2]: S; [S, H, R/2]: S, H; [B, S, H, R/2]) */
@@ -1522,10 +1584,67 @@ static fusedk_status fusedk__rope_table(const fusedk_tensor *t, const char *name
     st3[d] = size == 1 ? 0 : fusedk__stride(t, td);
     const int ok = d == 1 ? size == want[1] : size == 1 || (size == want[d] && (d != 2 || !k || k->shape[2] == size));
     if (!ok)
-      return fusedk__fail(FUSEDK_ERR_SHAPE, "rope: %s has shape %s, expected its %s to be %s", name,
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected its %s to be %s", op, name,
                           fusedk__shape_str(t, shp, sizeof shp), d == 0 ? "B dim 1 or q's B" : d == 1 ? "S dim q's S"
                           : "H dim 1 or the heads of q and k (equal)", d == 1 ? "(the positions)" : "(or broadcast)");
   }
+  return FUSEDK_OK;
+}
+
+/* rope's and qk_norm_rope's common part: style, rotary_dim, the shapes of k and v against q,
+   the tables; fills a (out: the outputs, their strides read as [B, S, H, Dh], or [B, H, S, Dh]
+   when bhsd). */
+static fusedk_status fusedk__rope_setup(const fusedk__check *c, const fusedk_tensor *const *out,
+                                        const fusedk_tensor *const *in, const fusedk_tensor *cos,
+                                        const fusedk_tensor *sin, int style, int32_t rotary_dim, int bhsd,
+                                        fusedk__rope_args *a) {
+  const char *op = c->op;
+  const fusedk_tensor *q = in[0], *k = in[1];
+  char shp[160];
+  if (style != FUSEDK_ROPE_INTERLEAVED && style != FUSEDK_ROPE_HALF)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: style is %d, expected FUSEDK_ROPE_INTERLEAVED (0) or "
+                        "FUSEDK_ROPE_HALF (1)", op, style);
+  const int64_t Dh = q->shape[3], R = rotary_dim ? rotary_dim : Dh;
+  if (Dh > 8192)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q has shape %s, expected a head dim (last) of at most 8192", op,
+                        fusedk__shape_str(q, shp, sizeof shp));
+  if (R < 2 || R > Dh || R % 2)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: rotary_dim is %d, expected an even size 2..%lld (the "
+                        "head dim; 0 = all of it)", op, (int)rotary_dim, (long long)Dh);
+  for (int j = 1; j < 3; ++j) {
+    const fusedk_tensor *t = in[j];
+    if (t && (t->ndim != 4 || t->shape[0] != q->shape[0] || t->shape[1] != q->shape[1] || t->shape[3] != Dh ||
+              (j == 2 && t->shape[2] != k->shape[2])))
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [B, S, Hk, Dh] with q's B, S and Dh "
+                          "(%lld, %lld, %lld)%s", op, j == 1 ? "k" : "v", fusedk__shape_str(t, shp, sizeof shp),
+                          (long long)q->shape[0], (long long)q->shape[1], (long long)Dh, j == 2 ? " and k's Hk" : "");
+  }
+  if (fusedk__check_shape(c, sin, "sin", cos->ndim, cos->shape, "same as cos")) return FUSEDK_ERR_SHAPE;
+  memset(a, 0, sizeof *a);
+  a->scalar = c->scalar, a->style = style, a->norm = FUSEDK_QK_NORM_NONE;
+  a->B = q->shape[0], a->S = q->shape[1], a->Dh = Dh, a->R = R;
+  for (int j = 0; j < 3; ++j) {
+    const fusedk_tensor *i = in[j], *o = out[j];
+    if (!i) continue;
+    a->t[j].in = fusedk__base(i), a->t[j].out = fusedk__base(o), a->t[j].H = i->shape[2];
+    a->t[j].sb = fusedk__stride(i, 0), a->t[j].ss = fusedk__stride(i, 1), a->t[j].sh = fusedk__stride(i, 2);
+    a->t[j].ob = fusedk__stride(o, 0), a->t[j].os = fusedk__stride(o, bhsd ? 2 : 1);
+    a->t[j].oh = fusedk__stride(o, bhsd ? 1 : 2);
+  }
+  for (int j = 0; j < 2; ++j) {
+    int64_t st3[3];
+    fusedk_status st = fusedk__rope_table(op, j ? sin : cos, j ? "sin" : "cos", q, k, R / 2, st3);
+    if (st) return st;
+    a->tab[j].p = (const float *)fusedk__base(j ? sin : cos);
+    a->tab[j].sb = st3[0], a->tab[j].ss = st3[1], a->tab[j].sh = st3[2];
+  }
+  return FUSEDK_OK;
+}
+
+static fusedk_status fusedk__rope_run(const fusedk__rope_args *a, const fusedk__check *c, struct CUstream_st *stream) {
+  if (a->B * a->S * (a->t[0].H + a->t[1].H + a->t[2].H) == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_rope(a, c->op, c->dev.device_id, stream);
+  fusedk__rope_cpu(a);
   return FUSEDK_OK;
 }
 
@@ -1533,48 +1652,67 @@ FUSEDK_DEF fusedk_status fusedk_rope(const fusedk_tensor *q_out, const fusedk_te
                                      const fusedk_tensor *k, const fusedk_tensor *cos, const fusedk_tensor *sin,
                                      fusedk_rope_style style, int32_t rotary_dim, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {q_out, k_out, q, k, cos, sin};
+  const fusedk_tensor *out[3] = {q_out, k_out, NULL}, *in[3] = {q, k, NULL};
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_ROPE], t, &s);
-  if (st) return st;
-  if (style != FUSEDK_ROPE_INTERLEAVED && style != FUSEDK_ROPE_HALF)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "rope: style is %d, expected FUSEDK_ROPE_INTERLEAVED (0) or "
-                        "FUSEDK_ROPE_HALF (1)", (int)style);
-  const int64_t Dh = q->shape[3], R = rotary_dim ? rotary_dim : Dh;
-  if (R < 2 || R > Dh || R % 2)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "rope: rotary_dim is %d, expected an even size 2..%lld (the "
-                        "head dim; 0 = all of it)", (int)rotary_dim, (long long)Dh);
-  if (k) {
-    char shp[160];
-    if (k->ndim != 4 || k->shape[0] != q->shape[0] || k->shape[1] != q->shape[1] || k->shape[3] != Dh)
-      return fusedk__fail(FUSEDK_ERR_SHAPE, "rope: k has shape %s, expected [B, S, Hk, Dh] with q's B, S and Dh "
-                          "(%lld, %lld, %lld)", fusedk__shape_str(k, shp, sizeof shp), (long long)q->shape[0],
-                          (long long)q->shape[1], (long long)Dh);
-  }
-  if (fusedk__check_shape(&s.c, sin, "sin", cos->ndim, cos->shape, "same as cos")) return FUSEDK_ERR_SHAPE;
   fusedk__rope_args a;
-  memset(&a, 0, sizeof a);
-  a.scalar = s.c.scalar, a.style = style;
-  a.B = q->shape[0], a.S = q->shape[1], a.Dh = Dh, a.R = R;
-  for (int j = 0; j < 2; ++j) {
-    const fusedk_tensor *in = t[2 + j], *out = t[j];
-    if (!in) continue;
-    a.t[j].in = fusedk__base(in), a.t[j].out = fusedk__base(out), a.t[j].H = in->shape[2];
-    a.t[j].sb = fusedk__stride(in, 0), a.t[j].ss = fusedk__stride(in, 1), a.t[j].sh = fusedk__stride(in, 2);
-    a.t[j].ob = fusedk__stride(out, 0), a.t[j].os = fusedk__stride(out, 1), a.t[j].oh = fusedk__stride(out, 2);
-  }
-  for (int j = 0; j < 2; ++j) {
-    int64_t st3[3];
-    if ((st = fusedk__rope_table(t[4 + j], j ? "sin" : "cos", q, k, R / 2, st3))) return st;
-    a.tab[j].p = (const float *)fusedk__base(t[4 + j]);
-    a.tab[j].sb = st3[0], a.tab[j].ss = st3[1], a.tab[j].sh = st3[2];
-  }
-  if (a.B * a.S * (a.t[0].H + a.t[1].H) == 0) return FUSEDK_OK;
-  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_rope(&a, "rope", s.c.dev.device_id, stream);
-  fusedk__rope_cpu(&a);
-  return FUSEDK_OK;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_ROPE], t, &s);
+  if (st || (st = fusedk__rope_setup(&s.c, out, in, cos, sin, (int)style, rotary_dim, 0, &a))) return st;
+  return fusedk__rope_run(&a, &s.c, stream);
 }
 
-static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape);
+FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const fusedk_tensor *k_out,
+                                             const fusedk_tensor *v_out, const fusedk_tensor *q,
+                                             const fusedk_tensor *k, const fusedk_tensor *v,
+                                             const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                             const fusedk_tensor *q_weight, const fusedk_tensor *k_weight,
+                                             float eps, fusedk_qk_norm norm, fusedk_rope_style style,
+                                             fusedk_layout layout, int32_t rotary_dim, struct CUstream_st *stream) {
+  const fusedk_op *o = &fusedk__ops[FUSEDK_OP_QK_NORM_ROPE];
+  const fusedk_tensor *t[] = {q_out, k_out, v_out, q, k, v, cos, sin, q_weight, k_weight};
+  const fusedk_tensor *w[2] = {q_weight, k_weight};
+  fusedk__rowset s;
+  fusedk__rope_args a;
+  fusedk_status st = fusedk__validate(o, t, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
+  if (norm != FUSEDK_QK_NORM_HEAD && norm != FUSEDK_QK_NORM_FULL && norm != FUSEDK_QK_NORM_NONE)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "qk_norm_rope: norm is %d, expected FUSEDK_QK_NORM_HEAD (0), "
+                        "FUSEDK_QK_NORM_FULL (1) or FUSEDK_QK_NORM_NONE (2)", (int)norm);
+  /* the outputs' shapes in the layout (its check too), from the one rule the bindings allocate by */
+  const double attrs[5] = {eps, (double)norm, (double)style, (double)layout, (double)rotary_dim};
+  for (int j = 0; j < 3; ++j) {
+    int64_t shape[FUSEDK_MAX_DIMS];
+    if (!t[j]) continue;
+    if (t[3 + j]->ndim != 4) break; /* k, v: setup names the shape */
+    const int nd = fusedk__out_shape(o, j, t, attrs, shape);
+    if (nd < 0) return (fusedk_status)-nd;
+    if ((st = fusedk__check_shape(&s.c, t[j], o->tensors[j].name, nd, shape,
+                                  layout == FUSEDK_LAYOUT_BHSD ? "[B, H, S, Dh] of its input" : "its input's")))
+      return st;
+  }
+  if ((st = fusedk__rope_setup(&s.c, t, t + 3, cos, sin, (int)style, rotary_dim, layout == FUSEDK_LAYOUT_BHSD, &a)))
+    return st;
+  for (int j = 0; j < 2; ++j) {
+    const fusedk_tensor *x = t[3 + j];
+    const int64_t n = norm == FUSEDK_QK_NORM_FULL ? x->shape[2] * x->shape[3] : x->shape[3];
+    char why[64];
+    if (norm == FUSEDK_QK_NORM_FULL && n > 8192)
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "qk_norm_rope: norm is FULL over %s's H*Dh = %lld channels, expected at "
+                          "most 8192", j ? "k" : "q", (long long)n);
+    if (!w[j]) continue;
+    if (norm == FUSEDK_QK_NORM_NONE)
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "qk_norm_rope: %s is given but norm is NONE, expected no "
+                          "weights", o->tensors[8 + j].name);
+    snprintf(why, sizeof why, "%s of %s", norm == FUSEDK_QK_NORM_FULL ? "H*Dh" : "Dh", j ? "k" : "q");
+    if ((st = fusedk__check_shape(&s.c, w[j], o->tensors[8 + j].name, 1, &n, why))) return st;
+    if (n > 1 && fusedk__stride(w[j], 0) != 1)
+      return fusedk__fail(FUSEDK_ERR_LAYOUT, "qk_norm_rope: %s has stride %lld, expected a contiguous vector",
+                          o->tensors[8 + j].name, (long long)fusedk__stride(w[j], 0));
+    a.t[j].w = fusedk__base(w[j]);
+  }
+  a.norm = (int32_t)norm, a.eps = eps;
+  return fusedk__rope_run(&a, &s.c, stream);
+}
+
 
 /* A table builder's common part: validation, the output shape, the strides. The attributes
    (dims, theta) are filled in by the caller before. */
@@ -1703,6 +1841,17 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
   if (r->role == FUSEDK_ROLE_ROW_HALF) shape[nd - 1] /= 2;
   if (r->role != FUSEDK_ROLE_OWN) return nd;
   const int32_t id = (int32_t)(o - fusedk__ops);
+  if (id == FUSEDK_OP_QK_NORM_ROPE) { /* the input's [B, S, H, Dh], or [B, H, S, Dh] for BHSD */
+    char shp[160];
+    if (nd != 4)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [B, S, H, Dh]", o->name,
+                           o->tensors[r->like].name, fusedk__shape_str(like, shp, sizeof shp));
+    if (a[3] != FUSEDK_LAYOUT_BHSD && a[3] != FUSEDK_LAYOUT_BSHD)
+      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: layout is %g, expected FUSEDK_LAYOUT_BHSD (0) or "
+                           "FUSEDK_LAYOUT_BSHD (1)", o->name, a[3]);
+    if (a[3] == FUSEDK_LAYOUT_BHSD) shape[1] = like->shape[2], shape[2] = like->shape[1];
+    return 4;
+  }
   int64_t F = 0;
   if (id == FUSEDK_OP_ROPE_TABLE_MIXED) {
     const fusedk_tensor *f = t[3];
@@ -1777,6 +1926,10 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     }
     case FUSEDK_OP_ROPE_TABLE_LTX: return fusedk_rope_table_ltx(t[0], t[1], t[2], (int32_t)a[0], (float)a[1], s);
     case FUSEDK_OP_ROPE_TABLE_MIXED: return fusedk_rope_table_mixed(t[0], t[1], t[2], t[3], s);
+    case FUSEDK_OP_QK_NORM_ROPE:
+      return fusedk_qk_norm_rope(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], (float)a[0],
+                                 (fusedk_qk_norm)(int)a[1], (fusedk_rope_style)(int)a[2], (fusedk_layout)(int)a[3],
+                                 (int32_t)a[4], s);
     case FUSEDK_OP_DIFFUSION_STEP: {
       fusedk_step p;
       p.guidance = (float)a[0], p.sampler = (int32_t)a[1], p.sigma = (float)a[2], p.sigma_next = (float)a[3];

@@ -232,7 +232,8 @@ static void cases_for(op_t op) {
 static void registry_cases(void) {
   const char *names[FUSEDK_OP_COUNT] = {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
                                         "silu_fma", "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d",
-                                        "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step"};
+                                        "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step",
+                                        "qk_norm_rope"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -274,6 +275,21 @@ static void registry_cases(void) {
     nd = fusedk_op_out_shape(FUSEDK_OP_ROPE_TABLE_LTX, 0, tab, bad_a, shape);
     EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "rope_table_ltx: dim is 63, expected an even size"),
            "out_shape: an odd dim: %s", fusedk_failure_reason());
+    { /* qk_norm_rope: each output in the layout attribute's order */
+      int64_t qs[4] = {2, 5, 6, 8}, ks[4] = {2, 5, 3, 8};
+      fusedk_tensor q = fusedk_tensor_cpu(NULL, FUSEDK_F32, 4, qs), k = fusedk_tensor_cpu(NULL, FUSEDK_F32, 4, ks);
+      const fusedk_tensor *qk[10] = {NULL, NULL, NULL, &q, &k, &k};
+      double la[5] = {1e-6, FUSEDK_QK_NORM_HEAD, FUSEDK_ROPE_INTERLEAVED, FUSEDK_LAYOUT_BHSD, 0};
+      nd = fusedk_op_out_shape(FUSEDK_OP_QK_NORM_ROPE, 1, qk, la, shape);
+      EXPECT(nd == 4 && shape[0] == 2 && shape[1] == 3 && shape[2] == 5 && shape[3] == 8, "out_shape qk_norm_rope bhsd");
+      la[3] = FUSEDK_LAYOUT_BSHD;
+      nd = fusedk_op_out_shape(FUSEDK_OP_QK_NORM_ROPE, 0, qk, la, shape);
+      EXPECT(nd == 4 && shape[1] == 5 && shape[2] == 6, "out_shape qk_norm_rope bshd");
+      la[3] = 7;
+      nd = fusedk_op_out_shape(FUSEDK_OP_QK_NORM_ROPE, 2, qk, la, shape);
+      EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "qk_norm_rope: layout is 7"),
+             "out_shape qk_norm_rope: a bad layout: %s", fusedk_failure_reason());
+    }
     nd = fusedk_op_out_shape(FUSEDK_OP_GLU, 1, glu, g_a, shape);
     EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "not an output"), "out_shape: an input: %s",
            fusedk_failure_reason());
@@ -331,12 +347,12 @@ int main(void) {
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.4.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.5.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.4.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.5.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);

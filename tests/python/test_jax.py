@@ -141,7 +141,7 @@ def test_fusedk_functions_route_jax_arrays_here():
     assert isinstance(fk.layernorm(np.asarray(x)), jax.Array)
     assert fk.__all__ == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
-                              "rope_table_ltx", "rope_table_mixed", "diffusion_step"]
+                              "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope"]
 
 
 def test_every_registry_op_has_a_target():
@@ -170,8 +170,13 @@ def test_every_registry_op_has_a_target():
             want = {"rope_table_1d": (5, 6), "rope_table_axes": (5, 64), "rope_table_ltx": (5, 6)}.get(o.name, (5, 2, 4))
         elif o.name == "diffusion_step":
             ins = dict(x=ins["x"], cond=ins["x"])
+        elif o.name == "qk_norm_rope":  # q and k in, [B, H, S, Dh] out (the default layout)
+            ins = dict(q=np.ones((2, 3, 4, D), np.float32), k=np.ones((2, 3, 2, D), np.float32),
+                       cos=np.ones((3, D // 2), np.float32), sin=np.zeros((3, D // 2), np.float32))
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
-        if o.name.startswith("rope_table"):
+        if o.name == "qk_norm_rope":
+            assert [t.shape for t in out] == [(2, 4, 3, D), (2, 2, 3, D)], o.name
+        elif o.name.startswith("rope_table"):
             assert all(isinstance(t, jax.Array) and t.shape == want and t.dtype == np.float32 for t in out), o.name
         else:
             assert isinstance(out, jax.Array) and out.shape == want, o.name

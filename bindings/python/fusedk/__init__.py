@@ -13,7 +13,7 @@ from ._core import Error
 
 __all__ = ["Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
-           "rope_table_mixed", "diffusion_step", "kernel_info", "__version__"]
+           "rope_table_mixed", "qk_norm_rope", "diffusion_step", "kernel_info", "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
 _call = _core.call
@@ -25,6 +25,10 @@ _GLU, _GLU_PAIR = _core.lib.FUSEDK_OP_GLU, _core.lib.FUSEDK_OP_GLU_PAIR
 _ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.lib.FUSEDK_OP_ROPE_TABLE_1D,
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_AXES, _core.lib.FUSEDK_OP_ROPE_TABLE_LTX,
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_MIXED, _core.lib.FUSEDK_OP_DIFFUSION_STEP)
+_QKNR = _core.lib.FUSEDK_OP_QK_NORM_ROPE
+_QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
+             "none": _core.lib.FUSEDK_QK_NORM_NONE}
+_LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOUT_BSHD}
 _STYLES = {"interleaved": _core.lib.FUSEDK_ROPE_INTERLEAVED, "half": _core.lib.FUSEDK_ROPE_HALF}
 _SAMPLERS = {"euler": _core.lib.FUSEDK_SAMPLER_EULER, "ddim": _core.lib.FUSEDK_SAMPLER_DDIM}
 _HALVES = {"first": _core.lib.FUSEDK_GLU_FIRST, "second": _core.lib.FUSEDK_GLU_SECOND}
@@ -177,6 +181,35 @@ def rope_table_mixed(pos, freqs, stream=None):
     angle = sum over the axes of pos * freqs."""
     pos, freqs = _f32(pos), _f32(freqs)
     return _call(_TMIXED, pos, (None, None, pos, freqs), (), stream)
+
+
+def qk_norm_rope(qkv, cos, sin, q_weight=None, k_weight=None, eps=1e-6, norm="head", style="interleaved",
+                 layout="bhsd", rotary_dim=None, out=None, stream=None):
+    """The attention prologue in one pass: qkv [B, S, 3, H, Dh] (a packed projection) or a tuple
+    (q, k, v) of [B, S, H, Dh] tensors (k, v: Hk heads; any strides; v may be None) ->
+    (q', k', v') with q' = rope(rmsnorm(q) * q_weight), k' likewise, v' = v, each written in
+    `layout`: "bhsd" [B, H, S, Dh] (SDPA) or "bshd" [B, S, H, Dh] (FlashAttention). norm "head"
+    normalizes each head (weights [Dh]: Flux, Mochi), "full" the whole H*Dh row (weights
+    [H*Dh]: LTX-Video, Wan), "none" skips it. RoPE as fusedk.rope (tables [S, R/2], [S, H, R/2]
+    or [B, S, H, R/2] float32, style, rotary_dim). out=(q_out, k_out, v_out) writes there."""
+    if isinstance(qkv, (tuple, list)):
+        if len(qkv) != 3:
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"qk_norm_rope: qkv is a sequence of {len(qkv)}, expected "
+                        "(q, k, v)")
+        q, k, v = qkv
+    else:
+        shape = tuple(getattr(qkv, "shape", ()))
+        if len(shape) != 5 or shape[2] != 3:
+            raise Error("FUSEDK_ERR_SHAPE", f"qk_norm_rope: qkv has shape {shape}, expected [B, S, 3, H, Dh] or a "
+                        "tuple (q, k, v)")
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # views (NumPy, torch, CuPy)
+    outs = (None, None, None) if out is None else tuple(out)
+    if len(outs) != 3:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"qk_norm_rope: out has {len(outs)} arrays, expected "
+                    "(q_out, k_out, v_out)")
+    attrs = (eps, _choice("qk_norm_rope", "norm", norm, _QK_NORMS), _choice("qk_norm_rope", "style", style, _STYLES),
+             _choice("qk_norm_rope", "layout", layout, _LAYOUTS), rotary_dim or 0)
+    return _call(_QKNR, q, outs + (q, k, v, cos, sin, q_weight, k_weight), attrs, stream)
 
 
 # --- [sampler] -------------------------------------------------------------------------------
