@@ -327,7 +327,8 @@ FUSEDK_DEF fusedk_status fusedk_glu_pair(const fusedk_tensor *y, const fusedk_te
 /* ---- [position] rotary position embeddings (RoPE) and their tables ----
    rope: q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (any strides but a contiguous last dim) rotated
    in one launch: the first rotary_dim (R) channels of each head turn by the angles of the
-   float32 tables cos, sin [S, R/2], [S, H, R/2] or [B, S, H, R/2] (any strides, 0 broadcasts;
+   float32 tables cos, sin [S, R/2], [S, H, R/2] or [B, S, H, R/2] (any strides but a
+   contiguous last dim, 0 broadcasts;
    H = 1, or Hq = Hk = H); channels >= R pass through. INTERLEAVED rotates the pairs
    (2i, 2i+1) (Flux, LTX-Video, Mochi, GPT-J), HALF the pairs (i, i + R/2) (NeoX, Llama):
      out_a = a cos_i - b sin_i,   out_b = b cos_i + a sin_i
@@ -369,7 +370,8 @@ FUSEDK_DEF fusedk_status fusedk_rope_table_mixed(const fusedk_tensor *cos, const
    channels (Flux, Mochi, HunyuanVideo; weights [Dh]), FULL the whole H*Dh row of a token
    (LTX-Video, Wan; weights [H*Dh], H*Dh <= 8192), NONE skips it. Weights optional (NULL: 1).
    RoPE as fusedk_rope (style, tables, rotary_dim; channels >= R are normalized, not rotated).
-   v and v_out may be NULL. float32 math, one rounding. */
+   v and v_out may be NULL. float32 math, one rounding. In place: an output that is exactly its
+   input (BSHD, or BHSD through a transposed view of the input). */
 typedef enum fusedk_qk_norm { FUSEDK_QK_NORM_HEAD = 0, FUSEDK_QK_NORM_FULL = 1, FUSEDK_QK_NORM_NONE = 2 } fusedk_qk_norm;
 typedef enum fusedk_layout { FUSEDK_LAYOUT_BHSD = 0, FUSEDK_LAYOUT_BSHD = 1 } fusedk_layout;
 FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const fusedk_tensor *k_out,
@@ -1081,8 +1083,11 @@ static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *c
   if (o->row_ndim >= 0 && s->D < 1)
     return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has last dim 0, expected >= 1", o->name, xn);
   const int64_t B = x->shape[0], bd[2] = {B, s->D};
-  for (int i = 0; i < o->n_tensors; ++i) {
+  /* inputs before outputs: a bad input is named, not the output a binding allocated like it */
+  for (int k = 0; k < 2 * o->n_tensors; ++k) {
+    const int i = k % o->n_tensors;
     const fusedk_op_tensor *a = &o->tensors[i];
+    if ((a->kind >= FUSEDK_ARG_OUT) != (k >= o->n_tensors)) continue;
     if (i != ref) {
       const int required = a->kind == FUSEDK_ARG_IN || a->kind == FUSEDK_ARG_OUT;
       if ((st = fusedk__check_tensor(&s->c, t[i], a->name, required, a->scalar, &present))) return st;
@@ -1584,9 +1589,10 @@ static fusedk_status fusedk__rope_table(const char *op, const fusedk_tensor *t, 
     st3[d] = size == 1 ? 0 : fusedk__stride(t, td);
     const int ok = d == 1 ? size == want[1] : size == 1 || (size == want[d] && (d != 2 || !k || k->shape[2] == size));
     if (!ok)
-      return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected its %s to be %s", op, name,
-                          fusedk__shape_str(t, shp, sizeof shp), d == 0 ? "B dim 1 or q's B" : d == 1 ? "S dim q's S"
-                          : "H dim 1 or the heads of q and k (equal)", d == 1 ? "(the positions)" : "(or broadcast)");
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected its %s", op, name,
+                          fusedk__shape_str(t, shp, sizeof shp), d == 0 ? "B dim to be 1 or q's B"
+                          : d == 1 ? "S dim to be q's S (the positions)"
+                          : "H dim to be 1 or the heads of q and k (equal)");
   }
   return FUSEDK_OK;
 }

@@ -940,6 +940,250 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
   });
 }
 
+// qk_norm_rope (and rope's widest heads): one kernel. Block row blockIdx.y takes one tensor (q,
+// k, v) and walks its tokens, U a step: a token's row is its H heads (a chunk of them when they
+// exceed the block), each head cut in items: the rotating units above and the pass-through
+// vectors (v: all pass-through). Item i of a chunk is thread i % NT's (i / NT)-th of M. A step
+// issues every load of its U rows first (the memory-level parallelism), then the sums of
+// squares: a head whose items are a power of two <= 32 lanes sums by shuffles alone; a full row
+// (FULL) or an odd head sums through shared-memory atomics and one barrier (a triple buffer, so
+// zeroing the next buffer needs no second barrier). Then the weight, the rotation and streaming
+// stores through the output strides (the layout). Reads and writes each element once.
+// (Measured on the H100, bench/NOTES.md: holding the 16-bit items packed and reading a
+// head-less table once a token raised registers to 106-124 and ran slower; staging the items
+// through shared memory with cp.async, three steps ahead, slower still.)
+template <typename T, int VEC, int STYLE, int U, int M>
+__global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk__rope_args a) {
+  constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
+  constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC; // pairs a unit rotates
+  constexpr int E = IL ? 2 * PAIRS : PAIRS;                 // elements of each load (>= VEC)
+  extern __shared__ float red[];                            // [3][U][slots] sums of squares
+  const int j = blockIdx.y;
+  const auto &t = a.t[j];
+  const bool rot = j < 2;
+  const int norm = rot ? a.norm : FUSEDK_QK_NORM_NONE, NT = blockDim.x;
+  const int half = rot ? (int)(a.R / 2) : 0, r0 = rot ? (int)a.R : 0, H = (int)t.H;
+  const int nrot = half / PAIRS, iph = nrot + ((int)a.Dh - r0) / VEC;
+  const int hpc = norm == FUSEDK_QK_NORM_FULL ? H : min(H, NT * M / iph); // heads a chunk
+  const bool lanes = norm == FUSEDK_QK_NORM_HEAD && iph <= 32 && (iph & (iph - 1)) == 0;
+  const bool atomics = norm != FUSEDK_QK_NORM_NONE && !lanes;
+  const int slots = norm == FUSEDK_QK_NORM_FULL ? 1 : hpc;
+  const bool skip_pass = norm == FUSEDK_QK_NORM_NONE && t.in == t.out; // in place: already there
+  const float inv_n = 1.f / (float)(norm == FUSEDK_QK_NORM_FULL ? (int64_t)H * a.Dh : a.Dh);
+  const T *w = static_cast<const T *>(t.w);
+  if (atomics) {
+    for (int i = threadIdx.x; i < 3 * U * slots; i += NT) red[i] = 0.f;
+    __syncthreads();
+  }
+  int phase = 0;
+  for (int64_t b = blockIdx.z; b < a.B; b += gridDim.z)
+    for (int64_t s0 = blockIdx.x; s0 < a.S; s0 += (int64_t)U * gridDim.x)
+      for (int h0 = 0; h0 < H; h0 += hpc) {
+        const int n = min(hpc, H - h0) * iph;
+        float x1[U][M][E], x2[U][M][IL ? 1 : E], sq[U][M];
+        int kind[U][M]; // 0: no item, 1: rotating, 2: pass-through
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const int i = threadIdx.x + m * NT, hl = i / iph, c = i - hl * iph;
+            const int64_t s = s0 + (int64_t)u * gridDim.x;
+            kind[u][m] = i >= n || s >= a.S ? 0 : c < nrot ? 1 : skip_pass ? 0 : 2;
+            sq[u][m] = 0.f;
+            const T *p = static_cast<const T *>(t.in) + b * t.sb + s * t.ss + (h0 + hl) * t.sh;
+            if (kind[u][m] == 1) {
+              const int e = IL ? c * E : c * PAIRS;
+              ld_elems<T, E, VEC>(p + e, x1[u][m]);
+              if constexpr (!IL) ld_elems<T, E, VEC>(p + e + half, x2[u][m]);
+            } else if (kind[u][m] == 2) {
+              ld_elems<T, VEC, VEC>(p + r0 + (c - nrot) * VEC, reinterpret_cast<float(&)[VEC]>(x1[u][m]));
+            }
+          }
+        if (norm != FUSEDK_QK_NORM_NONE) {
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+              if (kind[u][m] == 0) continue;
+#pragma unroll
+              for (int e = 0; e < E; ++e)
+                if (kind[u][m] == 1 || e < VEC) sq[u][m] = fmaf(x1[u][m][e], x1[u][m][e], sq[u][m]);
+              if constexpr (!IL)
+                if (kind[u][m] == 1)
+#pragma unroll
+                  for (int e = 0; e < E; ++e) sq[u][m] = fmaf(x2[u][m][e], x2[u][m][e], sq[u][m]);
+            }
+          if (lanes) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+              for (int m = 0; m < M; ++m) sq[u][m] = lanes_sum(sq[u][m], iph);
+          } else {
+            float *r = red + phase * U * slots;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              if (norm == FUSEDK_QK_NORM_FULL) {
+                float v = 0.f;
+#pragma unroll
+                for (int m = 0; m < M; ++m) v += sq[u][m];
+                v = lanes_sum(v, 32);
+                if ((threadIdx.x & 31) == 0) atomicAdd(r + u, v);
+              } else {
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+                  if (kind[u][m]) atomicAdd(r + u * slots + (threadIdx.x + m * NT) / iph, sq[u][m]);
+              }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+              for (int m = 0; m < M; ++m)
+                if (kind[u][m]) sq[u][m] = r[u * slots + (norm == FUSEDK_QK_NORM_FULL ? 0 : (threadIdx.x + m * NT) / iph)];
+            // the buffer of two steps on: its readers (the step before) all passed this barrier
+            float *z = red + (phase == 0 ? 2 : phase - 1) * U * slots;
+            for (int i = threadIdx.x; i < U * slots; i += NT) z[i] = 0.f;
+            phase = phase == 2 ? 0 : phase + 1;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            if (kind[u][m] == 0) continue;
+            const int i = threadIdx.x + m * NT, hl = i / iph, c = i - hl * iph, h = h0 + hl;
+            const int64_t s = s0 + (int64_t)u * gridDim.x;
+            T *o = static_cast<T *>(t.out) + b * t.ob + s * t.os + h * t.oh;
+            const float rs = norm == FUSEDK_QK_NORM_NONE ? 1.f : rsqrtf(fmaf(sq[u][m], inv_n, a.eps));
+            const T *wh = w ? w + (norm == FUSEDK_QK_NORM_FULL ? h * a.Dh : 0) : nullptr;
+            if (kind[u][m] == 2) {
+              const int e = r0 + (c - nrot) * VEC;
+              float (&x)[VEC] = reinterpret_cast<float(&)[VEC]>(x1[u][m]);
+              if (norm != FUSEDK_QK_NORM_NONE) {
+                float wv[VEC];
+                if (wh) ld_elems<T, VEC, VEC>(wh + e, wv);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) x[k] *= wh ? rs * wv[k] : rs;
+              }
+              st_elems<T, VEC, VEC>(o + e, x);
+              continue;
+            }
+            const int e = IL ? c * E : c * PAIRS;
+            if (norm != FUSEDK_QK_NORM_NONE) {
+              float w1[E], w2[IL ? 1 : E];
+              if (wh) {
+                ld_elems<T, E, VEC>(wh + e, w1);
+                if constexpr (!IL) ld_elems<T, E, VEC>(wh + e + half, w2);
+              }
+#pragma unroll
+              for (int k = 0; k < E; ++k) {
+                x1[u][m][k] *= wh ? rs * w1[k] : rs;
+                if constexpr (!IL) x2[u][m][k] *= wh ? rs * w2[k] : rs;
+              }
+            }
+            float co[PAIRS], si[PAIRS];
+            ld_table<PAIRS, (VEC > 1)>(a.tab[0].p + b * a.tab[0].sb + s * a.tab[0].ss + h * a.tab[0].sh + c * PAIRS, co);
+            ld_table<PAIRS, (VEC > 1)>(a.tab[1].p + b * a.tab[1].sb + s * a.tab[1].ss + h * a.tab[1].sh + c * PAIRS, si);
+#pragma unroll
+            for (int k = 0; k < PAIRS; ++k) {
+              float &va = IL ? x1[u][m][2 * k] : x1[u][m][k];
+              float &vb = IL ? x1[u][m][2 * k + 1] : x2[u][m][IL ? 0 : k];
+              const float ra = fmaf(va, co[k], -vb * si[k]), rb = fmaf(vb, co[k], va * si[k]);
+              va = ra, vb = rb;
+            }
+            st_elems<T, E, VEC>(o + e, x1[u][m]);
+            if constexpr (!IL) st_elems<T, E, VEC>(o + e + half, x2[u][m]);
+          }
+      }
+}
+
+// Resident blocks a multiprocessor of Kernel at `threads` a block (a multiple of 32, <= 512),
+// asked once per (kernel, device, block size): the grid of a grid-stride kernel is one wave.
+template <auto Kernel> int resident_blocks(int device, int threads, size_t smem) {
+  static std::atomic<int> cache[kMaxDevices][17];
+  const int slot = threads / 32;
+  const bool cached = device >= 0 && device < kMaxDevices && threads % 32 == 0 && slot <= 16;
+  int v = cached ? cache[device][slot].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kernel, threads, smem) != cudaSuccess || v < 1) {
+      cudaGetLastError();
+      v = 1;
+    }
+    if (cached) cache[device][slot].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+struct QkvLaunch {
+  dim3 grid;
+  int NT;
+  size_t smem;
+  cudaStream_t s;
+  int device;
+};
+template <typename T, int VEC, int ST, int U, int M> cudaError_t run_qkv(const fusedk__rope_args &a, QkvLaunch L) {
+  constexpr auto kernel = qkv_kernel<T, VEC, ST, U, M>;
+  const int64_t ny = L.grid.y, gz = L.grid.z;
+  const int64_t blocks = (int64_t)device_sms(L.device) * resident_blocks<kernel>(L.device, L.NT, L.smem);
+  const int64_t gx0 = std::max<int64_t>(1, blocks / (ny * gz)), steps = (a.S + U * gx0 - 1) / (U * gx0);
+  L.grid.x = (unsigned)std::min<int64_t>((a.S + U * steps - 1) / (U * steps), 2147483647);
+  kernel<<<L.grid, L.NT, L.smem, L.s>>>(a);
+  return cudaGetLastError();
+}
+
+// Vector path needs: Dh, R and (HALF) R/2 in whole vectors, every pointer and stride of q, k, v,
+// their outputs and weights 16-byte aligned, the tables 16-byte aligned in whole float4s.
+// Launch shape: the largest row in M items a thread of NT <= 512 threads (a multiple of 32);
+// U = 2 tokens a step when M = 1. Rows beyond NT * M items go in chunks of heads (FULL never:
+// fusedk.h caps its rows). Grid (tokens, tensors, B), one wave of resident blocks.
+template <typename T> cudaError_t launch_qkv(const fusedk__rope_args &a, cudaStream_t s, int device) {
+  constexpr int V = 16 / sizeof(T);
+  bool vec = a.Dh % V == 0 && a.R % (a.style == FUSEDK_ROPE_HALF ? 2 * V : V) == 0;
+  for (const auto &t : a.t)
+    vec = vec && aligned16(t.in) && aligned16(t.out) && aligned16(t.w) && t.sb % V == 0 && t.ss % V == 0 &&
+          t.sh % V == 0 && t.ob % V == 0 && t.os % V == 0 && t.oh % V == 0;
+  for (const auto &t : a.tab) vec = vec && aligned16(t.p) && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
+  const int v = vec ? V : 1, pairs = a.style == FUSEDK_ROPE_INTERLEAVED ? (v > 1 ? v / 2 : 1) : v;
+  int ny = 0;
+  int64_t items = 0, iph[3] = {0, 0, 0};
+  for (; ny < 3 && a.t[ny].in; ++ny) {
+    iph[ny] = ny < 2 ? a.R / 2 / pairs + (a.Dh - a.R) / v : a.Dh / v;
+    items = std::max(items, a.t[ny].H * iph[ny]);
+  }
+  const int mmax = vec ? 4 : 16; // a full row fits (fusedk.h: H * Dh <= 8192), and any head
+  int m = 1;
+  while (m < mmax && (items + m - 1) / m > 512) m *= 2;
+  const int NT = (int)std::min<int64_t>(512, ((items + m - 1) / m + 31) / 32 * 32), U = m == 1 ? 2 : 1;
+  const bool full = a.norm == FUSEDK_QK_NORM_FULL;
+  // shared sums: FULL one a row; HEAD one a head of the chunk unless its items sum by shuffles
+  int64_t slots = 0;
+  for (int j = 0; j < ny && j < 2; ++j) {
+    if ((int64_t)NT * m < (full ? a.t[j].H * iph[j] : iph[j])) return cudaErrorInvalidConfiguration;
+    if (full) slots = 1;
+    else if (a.norm == FUSEDK_QK_NORM_HEAD && (iph[j] > 32 || (iph[j] & (iph[j] - 1))))
+      slots = std::max(slots, std::min<int64_t>(a.t[j].H, (int64_t)NT * m / iph[j]));
+  }
+  const QkvLaunch L{dim3(1, (unsigned)ny, (unsigned)std::min<int64_t>(a.B, 65535)), NT,
+                    (size_t)(3 * U * slots) * sizeof(float), s, device}; // <= 3 * 8192 / 3 floats: no opt-in
+  return dispatch_int<FUSEDK_ROPE_INTERLEAVED, FUSEDK_ROPE_HALF>(a.style, [&](auto style) {
+    constexpr int ST = decltype(style)::value;
+    if (vec) {
+      switch (m) {
+        case 1: return run_qkv<T, V, ST, 2, 1>(a, L);
+        case 2: return run_qkv<T, V, ST, 1, 2>(a, L);
+        default: return run_qkv<T, V, ST, 1, 4>(a, L);
+      }
+    }
+    switch (m) {
+      case 1: return run_qkv<T, 1, ST, 2, 1>(a, L);
+      case 2: return run_qkv<T, 1, ST, 1, 2>(a, L);
+      case 4: return run_qkv<T, 1, ST, 1, 4>(a, L);
+      case 8: return run_qkv<T, 1, ST, 1, 8>(a, L);
+      default: return run_qkv<T, 1, ST, 1, 16>(a, L);
+    }
+  });
+}
+
 // The tables: one thread per entry, the angle in float64 (fusedk.h's formula), one rounding.
 __global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_args a) {
   const int64_t n = a.S * a.H * a.F;
@@ -996,7 +1240,12 @@ fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op,
 fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream) {
   return on_device(device_id, op, [&] {
-    return dispatch_scalar(a->scalar, [&](auto t) { return launch_rope<typename decltype(t)::type>(*a, stream, device_id); });
+    return dispatch_scalar(a->scalar, [&](auto t) {
+      using T = typename decltype(t)::type;
+      // rope: thread-per-head-unit kernel (90 us vs 120 for the row kernel at B2 S4096 H24 Dh128)
+      if (a->norm == FUSEDK_QK_NORM_NONE && !a->t[2].in) return launch_rope<T>(*a, stream, device_id);
+      return launch_qkv<T>(*a, stream, device_id);
+    });
   });
 }
 

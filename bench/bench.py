@@ -39,7 +39,7 @@ torch = F = fusedk = None  # imported in main(), so the report code below runs w
 jax = jnp = None
 
 OPS = ("rmsnorm", "rmsnorm_res", "layernorm", "adaln", "rtg_rmsnorm", "act", "silu_fma", "gated_residual", "geglu",
-       "swiglu", "rope", "diffusion_step")
+       "swiglu", "rope", "qk_norm_rope", "diffusion_step")
 ALIASES = {"residual_tanh_gated_rmsnorm": "rtg_rmsnorm", "rtg": "rtg_rmsnorm", "rmsnorm+res": "rmsnorm_res"}
 PEERS = ("eager", "F.rms_norm", "compile", "liger", "jax")  # column order in the reports
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -59,7 +59,8 @@ def plan(quick):
                    ("gated_residual", (2, 4096, 1152), "bf16"), ("geglu", (2, 4096, 2 * 8192), "bf16"),
                    ("swiglu", (2, 4096, 2 * 4608), "bf16"),
                    # [position] q and k of Flux's attention (B2 S4096 H24 Dh128); [sampler] a video latent
-                   ("rope", (2, 4096, 24, 128), "bf16"), ("diffusion_step", (4, 16, 16, 128, 128), "bf16")]
+                   ("rope", (2, 4096, 24, 128), "bf16"), ("qk_norm_rope", (2, 4096, 24, 128), "bf16"),
+                   ("diffusion_step", (4, 16, 16, 128, 128), "bf16")]
     if quick:
         return [("rmsnorm", (1, 1024, 2048), "bf16"), ("rmsnorm", (2, 4096, 3072), "fp16"),
                 ("rmsnorm", big, "fp32"), ("rmsnorm_res", big, "bf16"), ("layernorm", big, "bf16"),
@@ -189,6 +190,28 @@ def j_rope_one(x, c, s):
 
 def j_rope(q, k, c, s):
     return j_rope_one(q, c, s), j_rope_one(k, c, s)
+
+
+# [position] qk_norm_rope's unfused chain, diffusers' way (Flux): q, k, v = unbind; RMSNorm of each
+# head (float32 statistics, rounded, times the weight); RoPE; [B, H, S, Dh] for attention
+def t_rms_head(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS_RMS)).to(x.dtype) * w
+
+
+def t_qknr(qkv, qw, kw, c, s):
+    q, k, v = qkv.unbind(2)
+    q, k = t_rope_one(t_rms_head(q, qw), c, s), t_rope_one(t_rms_head(k, kw), c, s)
+    return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+
+def j_qknr(qkv, qw, kw, c, s):
+    def norm(x, w):
+        xf = x.astype(jnp.float32)
+        return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + EPS_RMS)).astype(x.dtype) * w
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q, k = j_rope_one(norm(q, qw), c, s), j_rope_one(norm(k, kw), c, s)
+    return tuple(jnp.swapaxes(t, 1, 2) for t in (q, k, v))
 
 
 # fusedk's call (out= last), the torch formula, its JAX twin, and the input names, per op
@@ -344,6 +367,19 @@ class Case:
             self.ref = lambda s: t_rope(s["q"], s["k"], s["c"], s["s"])
             cfn, targs, self.jax, self.liger = t_rope, ("q", "k", "c", "s"), (j_rope, ("q", "k", "c", "s")), None
             self.nbytes = 4 * n * es + 2 * S * Dh // 2 * 4
+        elif op == "qk_norm_rope":  # packed qkv [B, S, 3, H, Dh] -> q, k, v [B, H, S, Dh], weights [Dh]
+            B, S, H, Dh = shape
+            ang = torch.arange(S, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, Dh, 2, device="cuda") / Dh)
+            self.make = lambda: dict(qkv=rnd(B, S, 3, H, Dh), qw=1 + 0.1 * rnd(Dh), kw=1 + 0.1 * rnd(Dh),
+                                     c=ang.cos().float(), s=ang.sin().float())
+            self.outs = lambda s: {k: torch.empty(B, H, S, Dh, device="cuda", dtype=self.tdt) for k in "qkv"}
+            self.fk = lambda s, o: fusedk.qk_norm_rope(s["qkv"], s["c"], s["s"], q_weight=s["qw"], k_weight=s["kw"],
+                                                       eps=EPS_RMS, out=(o["q"], o["k"], o["v"]))
+            self.got = lambda o: [o["q"], o["k"], o["v"]]
+            self.ref = lambda s: t_qknr(s["qkv"], s["qw"], s["kw"], s["c"], s["s"])
+            targs = ("qkv", "qw", "kw", "c", "s")
+            cfn, self.jax, self.liger = t_qknr, (j_qknr, targs), None
+            self.nbytes = 6 * n * es + 2 * S * Dh // 2 * 4 + 2 * Dh * es
         elif op in ELEMENTWISE:  # [elementwise]: one output, fusedk's call and the peers' on the same inputs
             fk, cfn, jfn, targs = ELEMENTWISE[op]
             B = shape[0]

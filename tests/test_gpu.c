@@ -368,6 +368,96 @@ static void run_rope(fusedk_scalar s, int64_t B, int64_t S, int64_t Hq, int64_t 
   for (int j = 0; j < 2; ++j) drop(&in[j]), drop(&ref[j]), drop(&tab[j]);
 }
 
+/* qk_norm_rope of q [B, S, Hq, Dh], k and v [B, S, Hk, Dh] into `layout` ([B, H, S, Dh] or
+   [B, S, H, Dh]), outputs with padded rows (the padding must stay poisoned); q_weight/k_weight
+   ([Dh], or [H*Dh] for FULL) when `weights`; tables of kind tk as run_rope (3, 4: Hq == Hk);
+   packed: q, k, v are views of one [B, S, 3, H, Dh] buffer (Hq == Hk), and with inplace (BSHD)
+   the outputs are those views; pad: row padding of the inputs (strided heads); shift: leading
+   elements of every tensor but the tables (misaligned bases: the scalar path). */
+typedef struct {
+  fusedk_scalar s;
+  int64_t B, S, Hq, Hk, Dh, R; /* R 0: all of Dh */
+  int style, norm, layout;     /* fusedk_rope_style, fusedk_qk_norm, fusedk_layout */
+  int weights, no_v, tk, packed, inplace;
+  int64_t pad;
+  size_t shift;
+} qknr_t;
+
+static const char *qk_norm_name(int n) { return n == FUSEDK_QK_NORM_HEAD ? "head" : n == FUSEDK_QK_NORM_FULL ? "full" : "none"; }
+
+static void run_qknr(qknr_t c) {
+  const int nt = c.no_v ? 2 : 3, bhsd = c.layout == FUSEDK_LAYOUT_BHSD;
+  const int64_t H[3] = {c.Hq, c.Hk, c.Hk}, R = c.R ? c.R : c.Dh, es = (int64_t)esize(c.s);
+  buf_t in[3] = {{0}}, out[3] = {{0}}, w[2] = {{0}}, tab[2], pk = {0}, whole = {0};
+  fusedk_tensor ti[3][2], to[3][2]; /* [tensor][0 host, 1 device] */
+  int64_t vsh[4] = {c.B, c.S, c.Hq, c.Dh}, vst[4];
+  void *ref_h = NULL; /* in place: the CPU's output, a host copy of the packed buffer */
+  if (c.packed) { /* [B, S, 3*H, Dh] = [B, S, 3, H, Dh]: q, k, v at head offsets 0, H, 2H */
+    int64_t psh[4] = {c.B, c.S, 3 * c.Hq, c.Dh};
+    pk = mk(c.s, 4, psh, c.pad, c.shift, 0, 2.0, 0.25);
+    memcpy(vst, pk.strides, sizeof vst);
+    for (int j = 0; j < nt; ++j) {
+      ti[j][0] = fusedk_tensor_cpu(pk.h, c.s, 4, vsh);
+      ti[j][0].strides = vst;
+      ti[j][0].byte_offset = (pk.off + (size_t)(j * c.Hq * vst[2])) * es;
+      ti[j][1] = ti[j][0];
+      ti[j][1].data = pk.d;
+      ti[j][1].device.device_type = FUSEDK_DEVICE_CUDA;
+    }
+    if (c.inplace) {
+      ref_h = malloc(pk.n_alloc * es);
+      memcpy(ref_h, pk.h, pk.n_alloc * es);
+      whole = pk, whole.h = ref_h; /* compared whole: device (in place) against the host copy */
+      for (int j = 0; j < nt; ++j) to[j][0] = ti[j][0], to[j][0].data = ref_h, to[j][1] = ti[j][1];
+    }
+  } else {
+    for (int j = 0; j < nt; ++j) {
+      int64_t sh[4] = {c.B, c.S, H[j], c.Dh};
+      in[j] = mk(c.s, 4, sh, c.pad, c.shift, 0, 2.0, 0.25);
+      ti[j][0] = in[j].th, ti[j][1] = in[j].td;
+    }
+  }
+  if (!c.inplace)
+    for (int j = 0; j < nt; ++j) { /* the layout's shape, rows padded by 3 */
+      int64_t sh[4] = {c.B, bhsd ? H[j] : c.S, bhsd ? c.S : H[j], c.Dh};
+      out[j] = mk(c.s, 4, sh, 3, c.shift, 0, 0.0, 0.0);
+      poison(&out[j]);
+      to[j][0] = out[j].th, to[j][1] = out[j].td;
+    }
+  for (int j = 0; c.weights && c.norm != FUSEDK_QK_NORM_NONE && j < 2; ++j) {
+    int64_t n = c.norm == FUSEDK_QK_NORM_FULL ? H[j] * c.Dh : c.Dh;
+    w[j] = mk(c.s, 1, &n, 0, c.shift, 0, 0.2, 1.0);
+  }
+  int64_t t2[2] = {c.S, R / 2}, t3[3] = {c.S, c.Hq, R / 2}, t4[4] = {c.B, c.S, c.tk == 5 ? 1 : c.Hq, R / 2};
+  for (int j = 0; j < 2; ++j)
+    tab[j] = c.tk == 2 ? mk(FUSEDK_F32, 2, t2, 0, 0, 0, 1.0, 0.0) : c.tk == 3 ? mk(FUSEDK_F32, 3, t3, 0, 0, 0, 1.0, 0.0)
+                                                                   : mk(FUSEDK_F32, 4, t4, 0, 0, c.tk == 5, 1.0, 0.0);
+  char what[240];
+  snprintf(what, sizeof what, "qk_norm_rope(%s, %s, %s) %s q[%lld,%lld,%lld,%lld] Hk %lld R %lld table %d%s%s%s%s "
+           "pad %lld shift %zu", qk_norm_name(c.norm), c.style ? "half" : "interleaved", bhsd ? "bhsd" : "bshd",
+           sname(c.s), (long long)c.B, (long long)c.S, (long long)c.Hq, (long long)c.Dh, (long long)c.Hk,
+           (long long)c.R, c.tk, w[0].h ? " w" : "", c.no_v ? " no-v" : "", c.packed ? " packed" : "",
+           c.inplace ? " inplace" : "", (long long)c.pad, c.shift);
+  ++checks;
+  fusedk_status st[2];
+  for (int d = 0; d < 2; ++d)
+    st[d] = fusedk_qk_norm_rope(&to[0][d], &to[1][d], c.no_v ? NULL : &to[2][d], &ti[0][d], &ti[1][d],
+                                c.no_v ? NULL : &ti[2][d], d ? &tab[0].td : &tab[0].th, d ? &tab[1].td : &tab[1].th,
+                                w[0].h ? (d ? &w[0].td : &w[0].th) : NULL, w[1].h ? (d ? &w[1].td : &w[1].th) : NULL,
+                                1e-6f, (fusedk_qk_norm)c.norm, (fusedk_rope_style)c.style, (fusedk_layout)c.layout,
+                                (int32_t)c.R, NULL);
+  int bad = call_failed(what, st[0], st[1]);
+  if (!bad) {
+    if (c.inplace) bad += compare(what, &whole, NULL, 0, eps_of(c.s));
+    for (int j = 0; !c.inplace && j < nt; ++j) bad += compare(what, &out[j], NULL, 0, eps_of(c.s));
+    if (bad) printf("FAIL %s\n", what);
+  }
+  failures += bad != 0;
+  free(ref_h);
+  for (int j = 0; j < 3; ++j) drop(&in[j]), drop(&out[j]);
+  drop(&w[0]), drop(&w[1]), drop(&tab[0]), drop(&tab[1]), drop(&pk);
+}
+
 /* the four table builders, GPU against the CPU reference (both float64 angles, one rounding) */
 static void run_tables(int64_t S) {
   int64_t s1[1] = {S}, s3[2] = {S, 3}, fr[3] = {3, 24, 64}, o1[2] = {S, 64}, o2[2] = {S, 64}, o3[2] = {S, 1024},
@@ -604,6 +694,63 @@ int main(void) {
         printf("ok   %s rope(%s): Dh/R 128/128 64/32 128/64 96/96 6/4 2/2, GQA, every table layout, strided, "
                "misaligned, in place\n", sname(S[si]), style ? "half" : "interleaved");
     }
+  /* qk_norm_rope: every dtype, style, norm and layout; weights given and absent, packed qkv views,
+     GQA without v, per-head and per-batch tables, strided heads, misaligned (scalar path), in
+     place into the packed buffer; Dh 2 to 256, partial rotary */
+  for (int si = 0; si < 3; ++si)
+    for (int style = 0; style < 2; ++style)
+      for (int norm = 0; norm < 3; ++norm) {
+        n_before = failures;
+        const int64_t dims[][2] = {{128, 128}, {64, 32}, {96, 96}, {256, 256}, {10, 4}, {2, 2}};
+        for (int d = 0; d < 6; ++d)
+          for (int layout = 0; layout < 2; ++layout) {
+            const int64_t Dh = dims[d][0], R = dims[d][1] == Dh && d ? 0 : dims[d][1]; /* R 0: all of Dh */
+            qknr_t c = {S[si], 2, 37, 4, 4, Dh, R, style, norm, layout, 1, 0, 2, 1, 0, 0, 0};
+            run_qknr(c); /* packed qkv, weights */
+            c.Hq = 8, c.Hk = 2, c.weights = 0, c.no_v = 1, c.tk = 5, c.packed = 0; /* GQA, no v, [B,S,1,R/2] bcast */
+            run_qknr(c);
+            c.Hq = c.Hk = 3, c.weights = 1, c.no_v = 0, c.tk = 3; /* per-head tables */
+            run_qknr(c);
+            c.B = 3, c.S = 11, c.tk = 4, c.pad = 8; /* per-batch tables, strided heads */
+            run_qknr(c);
+            c = (qknr_t){S[si], 2, 19, 3, 1, Dh, R, style, norm, layout, 1, 0, 2, 0, 0, 3, 1}; /* misaligned */
+            run_qknr(c);
+            c.Hk = 3, c.packed = 1, c.pad = 1; /* misaligned packed views */
+            run_qknr(c);
+            if (layout == FUSEDK_LAYOUT_BSHD) {
+              c = (qknr_t){S[si], 2, 23, 4, 4, Dh, R, style, norm, layout, 1, 0, 2, 1, 1, 0, 0}; /* in place */
+              run_qknr(c);
+            }
+          }
+        if (failures == n_before)
+          printf("ok   %s qk_norm_rope(%s, %s): Dh/R 128/128 64/32 96/96 256/256 10/4 2/2, bhsd/bshd, packed, GQA "
+                 "no v, per-head/batch tables, strided, misaligned, in place\n", sname(S[si]), qk_norm_name(norm),
+                 style ? "half" : "interleaved");
+      }
+  n_before = failures;
+  {
+    const qknr_t big[] = {
+        /* H*Dh = 8192 over a full-row norm: Dh 128, 256 and 64, GQA, both layouts */
+        {FUSEDK_BF16, 1, small ? 33 : 333, 64, 64, 128, 0, 0, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1, 0, 0, 0},
+        {FUSEDK_F16, 1, small ? 17 : 129, 32, 32, 256, 0, 1, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 0, 0},
+        {FUSEDK_F32, 2, small ? 9 : 65, 128, 8, 64, 0, 0, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 0, 0, 0, 0},
+        {FUSEDK_BF16, 1, 21, 64, 64, 128, 64, 1, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 3, 1},
+        /* one token */
+        {FUSEDK_F16, 1, 1, 1, 1, 64, 0, 1, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1, 0, 0, 0},
+        {FUSEDK_BF16, 1, 1, 24, 24, 128, 0, 0, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; ++i) run_qknr(big[i]);
+    if (!small) {
+      /* the bench shape: B2 S4096 H24 Dh128 bf16, bhsd, head norm; 64K tokens */
+      run_qknr((qknr_t){FUSEDK_BF16, 2, 4096, 24, 24, 128, 0, 0, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1,
+                        0, 0, 0});
+      run_qknr((qknr_t){FUSEDK_BF16, 1, 1 << 16, 2, 2, 64, 0, 1, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1,
+                        0, 0, 0});
+    }
+  }
+  if (failures == n_before)
+    printf("ok   qk_norm_rope: H*Dh 8192 full norm (Dh 64/128/256, GQA, misaligned), 1 token%s\n",
+           small ? "" : ", bench shape, 64K tokens");
   n_before = failures;
   if (!small) {
     run_rope(FUSEDK_BF16, 2, 4096, 24, 24, 128, 128, 0, 2, 0, 0, 0); /* the bench shape */

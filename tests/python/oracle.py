@@ -135,6 +135,43 @@ def rope(x, cos, sin, style="interleaved", rotary_dim=None):
     return out
 
 
+
+def qk_norm(x, weight=None, eps=1e-6, norm="head"):
+    """RMSNorm of x [B, S, H, Dh] before the rotation: "head" over each head's Dh channels (weight
+    [Dh]), "full" over the token's whole H*Dh row (weight [H*Dh], head h its slice h*Dh..), "none"
+    x itself (no weight)."""
+    x = f64(x)
+    B, S, H, Dh = x.shape
+    e = np.float64(np.float32(eps))
+    if norm == "head":
+        y = x / np.sqrt((x * x).mean(-1, keepdims=True) + e)
+        return y if weight is None else y * f64(weight)
+    if norm == "full":
+        row = x.reshape(B, S, H * Dh)
+        y = (row / np.sqrt((row * row).mean(-1, keepdims=True) + e)).reshape(x.shape)
+        return y if weight is None else y * f64(weight).reshape(H, Dh)
+    if norm == "none":
+        assert weight is None
+        return x
+    raise ValueError(norm)
+
+
+def qk_norm_rope(q, k, v, cos, sin, q_weight=None, k_weight=None, eps=1e-6, norm="head", style="interleaved",
+                 layout="bhsd", rotary_dim=None):
+    """q [B, S, Hq, Dh], k and v [B, S, Hk, Dh] (v may be None) -> (q', k', v') or (q', k'):
+    q' = rope(qk_norm(q) * q_weight), k' likewise, v' = v, each in `layout` ("bhsd": transposed to
+    [B, H, S, Dh], "bshd": as they are)."""
+    outs = [rope(qk_norm(q, q_weight, eps, norm), cos, sin, style, rotary_dim),
+            rope(qk_norm(k, k_weight, eps, norm), cos, sin, style, rotary_dim)]
+    if v is not None:
+        outs.append(f64(v))
+    if layout == "bhsd":
+        outs = [o.transpose(0, 2, 1, 3) for o in outs]
+    elif layout != "bshd":
+        raise ValueError(layout)
+    return tuple(outs)
+
+
 def rope_table_1d(positions, dim, theta=10000.0):
     """(cos, sin) [S, dim/2]: angle[s, i] = pos[s] / theta^(2i/dim) (diffusers'
     get_1d_rotary_pos_embed before its repeat_interleave)."""

@@ -46,6 +46,7 @@ def ops(x, r, w, sc, sh, g, out=None):
     o = (lambda k: None) if out is None else out
     B, L, D = x.shape
     hd = (B, L, 8, D // 8)  # rope: [B, S, H, Dh] views of the rows; tables [S, 48] for rotary_dim 96
+    qkv = (B, L, 3, 4, D // 12)  # qk_norm_rope: [B, S, 3, H, Dh] with Dh 96
     gen = torch.Generator(device=x.device).manual_seed(0)
     cs, sn = (torch.randn(L, 48, device=x.device, generator=gen) for _ in range(2))
     pos = torch.arange(L, device=x.device, dtype=torch.float32)
@@ -64,6 +65,12 @@ def ops(x, r, w, sc, sh, g, out=None):
                                      q_out=None if out is None else o(0).reshape(hd),
                                      k_out=None if out is None else o(1).reshape(hd))),
         ("rope_table_1d", lambda f, m: f.rope_table_1d(m(pos), 144)),
+        # qk_norm_rope: x as a packed [B, L, 3, 4, D/12] projection (head dim 96: cs, sn are its full
+        # tables), full-row norm with [4 * 96] weights, out= strided [B, 4, L, 96] views of one buffer
+        ("qk_norm_rope", lambda f, m: f.qk_norm_rope(m(x).reshape(qkv), m(cs), m(sn), q_weight=m(w[:D // 3]),
+                                                     k_weight=m(w[D // 3:2 * D // 3]), norm="full", style="half",
+                                                     out=None if out is None else tuple(
+                                                         o(0).view(qkv)[:, :, j].transpose(1, 2) for j in range(3)))),
         ("diffusion_step", lambda f, m: f.diffusion_step(m(x), m(r), uncond=m(x[:, :1].expand_as(x)), guidance=3.0,
                                                          sampler="ddim", alpha_bar=0.5, alpha_bar_prev=0.7,
                                                          clamp_x0=2.0, prev=m(r), blend=0.9, out=o(0))),
