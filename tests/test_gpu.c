@@ -589,6 +589,9 @@ int main(void) {
   const fusedk_scalar S[3] = {FUSEDK_F32, FUSEDK_F16, FUSEDK_BF16};
   small = getenv("FUSEDK_TEST_SMALL") && atoi(getenv("FUSEDK_TEST_SMALL"));
   if (small) printf("small cases only (FUSEDK_TEST_SMALL)\n");
+  /* FUSEDK_TEST_ONLY=qk_norm_rope: that op's cases alone (a sanitizer pass over a new kernel) */
+  const char *only = getenv("FUSEDK_TEST_ONLY");
+  if (only && !strcmp(only, "qk_norm_rope")) goto qk_norm_rope;
   /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
   /* 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit */
   const int64_t Ds[] = {1, 2, 7, 8, 64, 111, 128, 1000, 1152, 2048, 3072, 3584, 5120, 8192, 16384, 65536, 100000, 262144};
@@ -697,6 +700,7 @@ int main(void) {
   /* qk_norm_rope: every dtype, style, norm and layout; weights given and absent, packed qkv views,
      GQA without v, per-head and per-batch tables, strided heads, misaligned (scalar path), in
      place into the packed buffer; Dh 2 to 256, partial rotary */
+qk_norm_rope:
   for (int si = 0; si < 3; ++si)
     for (int style = 0; style < 2; ++style)
       for (int norm = 0; norm < 3; ++norm) {
