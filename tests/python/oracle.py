@@ -260,3 +260,24 @@ def gpu_frameworks():
     except Exception:  # noqa: BLE001 - no CuPy, or no device for it
         pass
     return out
+
+
+def tables(shape):
+    """float32 (cos, sin) of random angles, any table shape [..., R/2] (rope's tests)."""
+    ang = np.random.default_rng().uniform(-4.0, 4.0, shape)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def table_shape(kind, B, S, H, half):
+    return {"SR": (S, half), "SHR": (S, H, half), "S1R": (S, 1, half), "BSHR": (B, S, H, half),
+            "BS1R": (B, S, 1, half)}[kind]
+
+
+def table_views(B, S, H, half):
+    """{what: view} of an [S, R/2] table as the broadcast and strided shapes rope accepts."""
+    return {
+        "[S,H,R/2] stride 0 over H": lambda t: np.broadcast_to(t[:, None, :], (S, H, half)),
+        "[B,S,H,R/2] stride 0 over B and H": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, H, half)),
+        "[B,S,1,R/2] stride 0 over B": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, 1, half)),
+        "[S,R/2] strided rows": lambda t: np.concatenate([t, t], -1)[:, :half],
+    }

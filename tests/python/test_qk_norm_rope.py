@@ -14,7 +14,7 @@ import pytest
 
 import fusedk
 import oracle
-from oracle import BF16, DTYPES, assert_close
+from oracle import BF16, DTYPES, assert_close, table_shape, tables
 
 rng = np.random.default_rng()
 F32 = np.dtype(np.float32)
@@ -24,17 +24,6 @@ LAYOUTS = ["bhsd", "bshd"]
 
 def rand(shape, dtype, scale=1.0, mean=0.0):
     return (mean + scale * rng.standard_normal(shape)).astype(dtype)
-
-
-def tables(shape):
-    """float32 (cos, sin) of random angles, any table shape [..., R/2]."""
-    ang = rng.uniform(-4.0, 4.0, shape)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
-def table_shape(kind, B, S, H, half):
-    return {"SR": (S, half), "SHR": (S, H, half), "S1R": (S, 1, half), "BSHR": (B, S, H, half),
-            "BS1R": (B, S, 1, half)}[kind]
 
 
 def bits(a):
@@ -184,12 +173,7 @@ def test_broadcast_table_views(style):
     qkv, q, k, v = inputs("packed", B, S, H, H, Dh, np.float32)
     qw, kw = weights("head", True, H, H, Dh, np.float32)
     c, s = tables((S, Dh // 2))
-    views = {
-        "[S,H,R/2] stride 0 over H": lambda t: np.broadcast_to(t[:, None, :], (S, H, Dh // 2)),
-        "[B,S,H,R/2] stride 0 over B and H": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, H, Dh // 2)),
-        "[B,S,1,R/2] stride 0 over B": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, 1, Dh // 2)),
-        "[S,R/2] strided rows": lambda t: np.concatenate([t, t], -1)[:, :Dh // 2],
-    }
+    views = oracle.table_views(B, S, H, Dh // 2)
     for what, view in views.items():
         cv, sv = view(c), view(s)
         for layout in LAYOUTS:

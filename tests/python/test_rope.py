@@ -10,7 +10,7 @@ import pytest
 
 import fusedk
 import oracle
-from oracle import DTYPES, assert_close
+from oracle import DTYPES, assert_close, table_shape, tables
 
 rng = np.random.default_rng()
 F32 = np.dtype(np.float32)
@@ -18,17 +18,6 @@ F32 = np.dtype(np.float32)
 
 def rand(shape, dtype, scale=1.0):
     return (scale * rng.standard_normal(shape)).astype(dtype)
-
-
-def tables(shape):
-    """float32 (cos, sin) of random angles, any table shape [..., R/2]."""
-    ang = rng.uniform(-4.0, 4.0, shape)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
-def table_shape(kind, B, S, H, half):
-    return {"SR": (S, half), "SHR": (S, H, half), "S1R": (S, 1, half), "BSHR": (B, S, H, half),
-            "BS1R": (B, S, 1, half)}[kind]
 
 
 # (B, S, Hq, Hk, Dh, rotary_dim, table kind)
@@ -68,12 +57,7 @@ def test_rope_broadcast_table_views(style):
     B, S, H, Dh = 2, 6, 4, 32
     q, k = rand((B, S, H, Dh), np.float32), rand((B, S, H, Dh), np.float32)
     c, s = tables((S, Dh // 2))
-    views = {
-        "[S,H,R/2] stride 0 over H": lambda t: np.broadcast_to(t[:, None, :], (S, H, Dh // 2)),
-        "[B,S,H,R/2] stride 0 over B and H": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, H, Dh // 2)),
-        "[B,S,1,R/2] stride 0 over B": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, 1, Dh // 2)),
-        "[S,R/2] strided rows": lambda t: np.concatenate([t, t], -1)[:, :Dh // 2],
-    }
+    views = oracle.table_views(B, S, H, Dh // 2)
     for what, view in views.items():
         cv, sv = view(c), view(s)
         q2, k2 = fusedk.rope(q, k, cv, sv, style=style)
