@@ -17,7 +17,8 @@
 //               fusedk__cuda_norm (launcher); the tuning hook (FUSEDK_TUNING builds only)
 //   [elementwise] act, silu_fma, gated_residual, glu, glu_pair and [sampler] diffusion_step:
 //               elementwise_rows_kernel
-//   [position]  rope (rope_kernel: q and k in one launch), the table builders (rope_table_kernel)
+//   [position]  rope (rope_kernel: q and k in one launch), qk_norm_rope (qkv_kernel: q, k, v rows),
+//               the table builders (rope_table_kernel)
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
@@ -796,7 +797,7 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// [position] rope (q and k in one launch) and the table builders.
+// [position] rope (q and k in one launch), qk_norm_rope and the table builders.
 //
 // Each thread owns one head (of q, then of k) and one unit of it, for every token: the rotating
 // units (VEC/2 pairs of neighbours, INTERLEAVED; VEC elements and their partners R/2 further,
