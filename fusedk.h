@@ -1709,10 +1709,7 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
       return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "qk_norm_rope: %s is given but norm is NONE, expected no "
                           "weights", o->tensors[8 + j].name);
     snprintf(why, sizeof why, "%s of %s", norm == FUSEDK_QK_NORM_FULL ? "H*Dh" : "Dh", j ? "k" : "q");
-    if ((st = fusedk__check_shape(&s.c, w[j], o->tensors[8 + j].name, 1, &n, why))) return st;
-    if (n > 1 && fusedk__stride(w[j], 0) != 1)
-      return fusedk__fail(FUSEDK_ERR_LAYOUT, "qk_norm_rope: %s has stride %lld, expected a contiguous vector",
-                          o->tensors[8 + j].name, (long long)fusedk__stride(w[j], 0));
+    if ((st = fusedk__check_shape(&s.c, w[j], o->tensors[8 + j].name, 1, &n, why))) return st; /* contiguous: validated */
     a.t[j].w = fusedk__base(w[j]);
   }
   a.norm = (int32_t)norm, a.eps = eps;

@@ -910,19 +910,30 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
     }
 }
 
-// 16-byte vectors need: D, R and (HALF) R/2 in whole vectors, every q/k pointer and stride
-// 16-byte aligned, the tables 16-byte aligned with strides in whole float4s.
+// The element width of rope's and qk_norm_rope's loads: 16-byte vectors (16 / sizeof(T)) when
+// Dh, R and (HALF) R/2 are whole vectors, every pointer and stride of q, k, v, their outputs and
+// weights 16-byte aligned and the tables 16-byte aligned with strides in whole float4s; else 1.
+// *pairs: the pairs a unit rotates at that width.
+template <typename T> int rope_width(const fusedk__rope_args &a, int *pairs) {
+  constexpr int V = 16 / sizeof(T);
+  bool vec = a.Dh % V == 0 && a.R % (a.style == FUSEDK_ROPE_HALF ? 2 * V : V) == 0;
+  for (const auto &t : a.t)
+    vec = vec && aligned16(t.in) && aligned16(t.out) && aligned16(t.w) && t.sb % V == 0 && t.ss % V == 0 &&
+          t.sh % V == 0 && t.ob % V == 0 && t.os % V == 0 && t.oh % V == 0;
+  for (const auto &t : a.tab) vec = vec && aligned16(t.p) && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
+  const int v = vec ? V : 1;
+  *pairs = a.style == FUSEDK_ROPE_INTERLEAVED ? (v > 1 ? v / 2 : 1) : v;
+  return v;
+}
+
 // Launch shape: X threads (a power of two >= a head's units, <= 32) per head, 256 / X heads a
 // block; grid (tokens, head groups, B), each block walking U tokens a step over an even share
 // of the S positions; ~8 blocks per SM in all.
 template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaStream_t s, int device) {
   constexpr int V = 16 / sizeof(T);
-  bool vec = a.Dh % V == 0 && a.R % (a.style == FUSEDK_ROPE_HALF ? 2 * V : V) == 0;
-  for (const auto &t : a.t)
-    vec = vec && aligned16(t.in) && aligned16(t.out) && t.sb % V == 0 && t.ss % V == 0 && t.sh % V == 0 &&
-          t.ob % V == 0 && t.os % V == 0 && t.oh % V == 0;
-  for (const auto &t : a.tab) vec = vec && aligned16(t.p) && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
-  const int v = vec ? V : 1, pairs = a.style == FUSEDK_ROPE_INTERLEAVED ? (v > 1 ? v / 2 : 1) : v;
+  int pairs;
+  const int v = rope_width<T>(a, &pairs);
+  const bool vec = v > 1;
   const int64_t upr = a.R / 2 / pairs + (a.Dh - a.R) / v, Ht = a.t[0].H + a.t[1].H;
   int X = 1;
   while (X < upr && X < 32) X *= 2;
@@ -941,8 +952,8 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
   });
 }
 
-// qk_norm_rope (and rope's widest heads): one kernel. Block row blockIdx.y takes one tensor (q,
-// k, v) and walks its tokens, U a step: a token's row is its H heads (a chunk of them when they
+// qk_norm_rope's kernel (rope keeps its per-head one). Block row blockIdx.y takes one tensor
+// (q, k, v) and walks its tokens, U a step: a token's row is its H heads (a chunk of them when they
 // exceed the block), each head cut in items: the rotating units above and the pass-through
 // vectors (v: all pass-through). Item i of a chunk is thread i % NT's (i / NT)-th of M. A step
 // issues every load of its U rows first (the memory-level parallelism), then the sums of
@@ -1132,19 +1143,14 @@ template <typename T, int VEC, int ST, int U, int M> cudaError_t run_qkv(const f
   return cudaGetLastError();
 }
 
-// Vector path needs: Dh, R and (HALF) R/2 in whole vectors, every pointer and stride of q, k, v,
-// their outputs and weights 16-byte aligned, the tables 16-byte aligned in whole float4s.
-// Launch shape: the largest row in M items a thread of NT <= 512 threads (a multiple of 32);
+// Launch shape (the width: rope_width): the largest row in M items a thread of NT <= 512 threads (a multiple of 32);
 // U = 2 tokens a step when M = 1. Rows beyond NT * M items go in chunks of heads (FULL never:
 // fusedk.h caps its rows). Grid (tokens, tensors, B), one wave of resident blocks.
 template <typename T> cudaError_t launch_qkv(const fusedk__rope_args &a, cudaStream_t s, int device) {
   constexpr int V = 16 / sizeof(T);
-  bool vec = a.Dh % V == 0 && a.R % (a.style == FUSEDK_ROPE_HALF ? 2 * V : V) == 0;
-  for (const auto &t : a.t)
-    vec = vec && aligned16(t.in) && aligned16(t.out) && aligned16(t.w) && t.sb % V == 0 && t.ss % V == 0 &&
-          t.sh % V == 0 && t.ob % V == 0 && t.os % V == 0 && t.oh % V == 0;
-  for (const auto &t : a.tab) vec = vec && aligned16(t.p) && t.sb % 4 == 0 && t.ss % 4 == 0 && t.sh % 4 == 0;
-  const int v = vec ? V : 1, pairs = a.style == FUSEDK_ROPE_INTERLEAVED ? (v > 1 ? v / 2 : 1) : v;
+  int pairs;
+  const int v = rope_width<T>(a, &pairs);
+  const bool vec = v > 1;
   int ny = 0;
   int64_t items = 0, iph[3] = {0, 0, 0};
   for (; ny < 3 && a.t[ny].in; ++ny) {

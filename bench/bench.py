@@ -193,24 +193,16 @@ def j_rope(q, k, c, s):
 
 
 # [position] qk_norm_rope's unfused chain, diffusers' way (Flux): q, k, v = unbind; RMSNorm of each
-# head (float32 statistics, rounded, times the weight); RoPE; [B, H, S, Dh] for attention
-def t_rms_head(x, w):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS_RMS)).to(x.dtype) * w
-
-
+# head (t_rms: float32 statistics, rounded, times the weight); RoPE; [B, H, S, Dh] for attention
 def t_qknr(qkv, qw, kw, c, s):
     q, k, v = qkv.unbind(2)
-    q, k = t_rope_one(t_rms_head(q, qw), c, s), t_rope_one(t_rms_head(k, kw), c, s)
+    q, k = t_rope_one(t_rms(q, qw), c, s), t_rope_one(t_rms(k, kw), c, s)
     return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
 
 
 def j_qknr(qkv, qw, kw, c, s):
-    def norm(x, w):
-        xf = x.astype(jnp.float32)
-        return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + EPS_RMS)).astype(x.dtype) * w
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    q, k = j_rope_one(norm(q, qw), c, s), j_rope_one(norm(k, kw), c, s)
+    q, k = j_rope_one(j_rms(q, qw), c, s), j_rope_one(j_rms(k, kw), c, s)
     return tuple(jnp.swapaxes(t, 1, 2) for t in (q, k, v))
 
 
