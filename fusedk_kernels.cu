@@ -29,6 +29,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <atomic>
@@ -236,6 +238,37 @@ template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, in
 }
 
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+// Hopper bulk copies (cp.async.bulk, the TMA engine without a tensor map): one thread moves a
+// contiguous run of bytes global -> shared and an mbarrier counts them in. The data in flight
+// costs no registers, so a block can keep tens of KB of loads outstanding. sm_90+ only: the
+// kernels using them check the device code they got (tma_code) before they are launched.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FUSEDK__SM90 1
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int arrivals) { // arrivals a phase
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() { // the copy engine (async proxy) sees the init
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// The barrier's phase completes when the issuing thread has arrived, expecting `bytes`, and
+// that many have landed through bulk_copy (dst and src 16-byte aligned, bytes a multiple of 16).
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+#endif
 
 
 template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, F &&f) {
@@ -807,20 +840,21 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, 
 // every head).
 // ---------------------------------------------------------------------------------------------
 
-// N floats of a table row: one or two 8/16-byte loads when VECTOR (aligned), else N loads.
-template <int N, bool VECTOR> __device__ __forceinline__ void ld_table(const float *p, float (&out)[N]) {
+// N floats of a table row: one or two 8/16-byte loads when VECTOR (aligned), else N loads;
+// NC: through the read-only path (global tables), else plain (a row staged in shared memory).
+template <int N, bool VECTOR, bool NC = true> __device__ __forceinline__ void ld_table(const float *p, float (&out)[N]) {
   if constexpr (VECTOR && N % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
-      const float4 f = __ldg(reinterpret_cast<const float4 *>(p + i));
+      const float4 f = NC ? __ldg(reinterpret_cast<const float4 *>(p + i)) : *reinterpret_cast<const float4 *>(p + i);
       out[i] = f.x, out[i + 1] = f.y, out[i + 2] = f.z, out[i + 3] = f.w;
     }
   } else if constexpr (VECTOR && N == 2) {
-    const float2 f = __ldg(reinterpret_cast<const float2 *>(p));
+    const float2 f = NC ? __ldg(reinterpret_cast<const float2 *>(p)) : *reinterpret_cast<const float2 *>(p);
     out[0] = f.x, out[1] = f.y;
   } else {
 #pragma unroll
-    for (int i = 0; i < N; ++i) out[i] = __ldg(p + i);
+    for (int i = 0; i < N; ++i) out[i] = NC ? __ldg(p + i) : p[i];
   }
 }
 
@@ -842,6 +876,18 @@ template <typename T, int N, int VEC> __device__ __forceinline__ void st_elems(T
   }
 }
 
+// The rotation of a unit's PAIRS pairs: INTERLEAVED (x1[2i], x1[2i+1]); HALF (x1[i], x2[i]).
+template <bool IL, int PAIRS, int E, int E2>
+__device__ __forceinline__ void rotate(float (&x1)[E], float (&x2)[E2], const float (&co)[PAIRS], const float (&si)[PAIRS]) {
+#pragma unroll
+  for (int k = 0; k < PAIRS; ++k) {
+    float &va = IL ? x1[2 * k] : x1[k];
+    float &vb = IL ? x1[2 * k + 1] : x2[IL ? 0 : k];
+    const float ra = fmaf(va, co[k], -vb * si[k]), rb = fmaf(vb, co[k], va * si[k]);
+    va = ra, vb = rb;
+  }
+}
+
 #ifndef FUSEDK__ROPE_U
 #define FUSEDK__ROPE_U 2 // tokens a step (4: 112 registers, 24 % occupancy, 7 % slower on the H100)
 #endif
@@ -860,7 +906,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
   const T *in_h = static_cast<const T *>(t.in) + h * t.sh;
   T *out_h = static_cast<T *>(t.out) + h * t.oh;
   const bool inplace = t.in == t.out;
-  const float *cs_h = a.tab[0].p + h * a.tab[0].sh, *sn_h = a.tab[1].p + h * a.tab[1].sh;
+  const float *src_sh = a.tab[0].p + h * a.tab[0].sh, *sn_h = a.tab[1].p + h * a.tab[1].sh;
   for (int64_t b = blockIdx.z; b < a.B; b += gridDim.z)
     for (int c = threadIdx.x; c < upr; c += blockDim.x) {
       const bool rot = c < nrot;
@@ -868,7 +914,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
       const int64_t e = rot ? (IL ? (int64_t)c * E : (int64_t)c * PAIRS) : a.R + (int64_t)(c - nrot) * VEC;
       const T *in_c = in_h + b * t.sb + e;
       T *out_c = out_h + b * t.ob + e;
-      const float *cs_c = cs_h + b * a.tab[0].sb + c * PAIRS, *sn_c = sn_h + b * a.tab[1].sb + c * PAIRS;
+      const float *src_sc = src_sh + b * a.tab[0].sb + c * PAIRS, *sn_c = sn_h + b * a.tab[1].sb + c * PAIRS;
       // U tokens a step, every load before the first store (in place: each element's own load
       // precedes its store)
       constexpr int U = FUSEDK__ROPE_U;
@@ -884,7 +930,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
           }
           ld_elems<T, E, VEC>(in_c + s * t.ss, x1[k]);
           if constexpr (!IL) ld_elems<T, E, VEC>(in_c + s * t.ss + half, x2[k]);
-          ld_table<PAIRS, (VEC > 1)>(cs_c + s * a.tab[0].ss, co[k]);
+          ld_table<PAIRS, (VEC > 1)>(src_sc + s * a.tab[0].ss, co[k]);
           ld_table<PAIRS, (VEC > 1)>(sn_c + s * a.tab[1].ss, si[k]);
         }
 #pragma unroll
@@ -896,13 +942,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
             st_elems<T, VEC, VEC>(o, reinterpret_cast<float(&)[VEC]>(x1[k]));
             continue;
           }
-#pragma unroll
-          for (int i = 0; i < PAIRS; ++i) {
-            float &va = IL ? x1[k][2 * i] : x1[k][i];
-            float &vb = IL ? x1[k][2 * i + 1] : x2[k][IL ? 0 : i];
-            const float ra = fmaf(va, co[k][i], -vb * si[k][i]), rb = fmaf(vb, co[k][i], va * si[k][i]);
-            va = ra, vb = rb;
-          }
+          rotate<IL>(x1[k], x2[k], co[k], si[k]);
           st_elems<T, E, VEC>(o, x1[k]);
           if constexpr (!IL) st_elems<T, E, VEC>(o + half, x2[k]);
         }
@@ -952,6 +992,55 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
   });
 }
 
+using RopeTensor = std::remove_reference_t<decltype(fusedk__rope_args::t[0])>; // q, k or v
+
+// One qk_norm_rope item's end (both kernels): times rsqrt(mean square + eps) and the weight
+// (norm != NONE), then the rotation by the token's table row (rotating units) and a streaming
+// store into the output's layout. kind 1: rotating unit c; 2: pass-through vector c - nrot.
+template <typename T, int VEC, int STYLE, int E, int E2>
+__device__ __forceinline__ void qk_item_out(const fusedk__rope_args &a, const RopeTensor &t,
+                                            int kind, float (&x1)[E], float (&x2)[E2], int norm, float sq,
+                                            float inv_n, int c, int nrot, int half, int r0, int64_t b, int64_t s,
+                                            int h) {
+  constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
+  constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC;
+  T *o = static_cast<T *>(t.out) + b * t.ob + s * t.os + h * t.oh;
+  const float rs = norm == FUSEDK_QK_NORM_NONE ? 1.f : rsqrtf(fmaf(sq, inv_n, a.eps));
+  const T *w = static_cast<const T *>(t.w);
+  const T *wh = w ? w + (norm == FUSEDK_QK_NORM_FULL ? h * a.Dh : 0) : nullptr;
+  if (kind == 2) {
+    const int e = r0 + (c - nrot) * VEC;
+    float (&x)[VEC] = reinterpret_cast<float(&)[VEC]>(x1);
+    if (norm != FUSEDK_QK_NORM_NONE) {
+      float wv[VEC];
+      if (wh) ld_elems<T, VEC, VEC>(wh + e, wv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) x[k] *= wh ? rs * wv[k] : rs;
+    }
+    st_elems<T, VEC, VEC>(o + e, x);
+    return;
+  }
+  const int e = IL ? c * E : c * PAIRS;
+  if (norm != FUSEDK_QK_NORM_NONE) {
+    float w1[E], w2[E2];
+    if (wh) {
+      ld_elems<T, E, VEC>(wh + e, w1);
+      if constexpr (!IL) ld_elems<T, E, VEC>(wh + e + half, w2);
+    }
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      x1[k] *= wh ? rs * w1[k] : rs;
+      if constexpr (!IL) x2[k] *= wh ? rs * w2[k] : rs;
+    }
+  }
+  float co[PAIRS], si[PAIRS];
+  ld_table<PAIRS, (VEC > 1)>(a.tab[0].p + b * a.tab[0].sb + s * a.tab[0].ss + h * a.tab[0].sh + c * PAIRS, co);
+  ld_table<PAIRS, (VEC > 1)>(a.tab[1].p + b * a.tab[1].sb + s * a.tab[1].ss + h * a.tab[1].sh + c * PAIRS, si);
+  rotate<IL>(x1, x2, co, si);
+  st_elems<T, E, VEC>(o + e, x1);
+  if constexpr (!IL) st_elems<T, E, VEC>(o + e + half, x2);
+}
+
 // qk_norm_rope's kernel (rope keeps its per-head one). Block row blockIdx.y takes one tensor
 // (q, k, v) and walks its tokens, U a step: a token's row is its H heads (a chunk of them when they
 // exceed the block), each head cut in items: the rotating units above and the pass-through
@@ -982,7 +1071,6 @@ __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk
   const int slots = norm == FUSEDK_QK_NORM_FULL ? 1 : hpc;
   const bool skip_pass = norm == FUSEDK_QK_NORM_NONE && t.in == t.out; // in place: already there
   const float inv_n = 1.f / (float)(norm == FUSEDK_QK_NORM_FULL ? (int64_t)H * a.Dh : a.Dh);
-  const T *w = static_cast<const T *>(t.w);
   if (atomics) {
     for (int i = threadIdx.x; i < 3 * U * slots; i += NT) red[i] = 0.f;
     __syncthreads();
@@ -1065,65 +1153,263 @@ __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk
             if (kind[u][m] == 0) continue;
             const int i = threadIdx.x + m * NT, hl = i / iph, c = i - hl * iph, h = h0 + hl;
             const int64_t s = s0 + (int64_t)u * gridDim.x;
-            T *o = static_cast<T *>(t.out) + b * t.ob + s * t.os + h * t.oh;
-            const float rs = norm == FUSEDK_QK_NORM_NONE ? 1.f : rsqrtf(fmaf(sq[u][m], inv_n, a.eps));
-            const T *wh = w ? w + (norm == FUSEDK_QK_NORM_FULL ? h * a.Dh : 0) : nullptr;
-            if (kind[u][m] == 2) {
-              const int e = r0 + (c - nrot) * VEC;
-              float (&x)[VEC] = reinterpret_cast<float(&)[VEC]>(x1[u][m]);
-              if (norm != FUSEDK_QK_NORM_NONE) {
-                float wv[VEC];
-                if (wh) ld_elems<T, VEC, VEC>(wh + e, wv);
-#pragma unroll
-                for (int k = 0; k < VEC; ++k) x[k] *= wh ? rs * wv[k] : rs;
-              }
-              st_elems<T, VEC, VEC>(o + e, x);
-              continue;
-            }
-            const int e = IL ? c * E : c * PAIRS;
-            if (norm != FUSEDK_QK_NORM_NONE) {
-              float w1[E], w2[IL ? 1 : E];
-              if (wh) {
-                ld_elems<T, E, VEC>(wh + e, w1);
-                if constexpr (!IL) ld_elems<T, E, VEC>(wh + e + half, w2);
-              }
-#pragma unroll
-              for (int k = 0; k < E; ++k) {
-                x1[u][m][k] *= wh ? rs * w1[k] : rs;
-                if constexpr (!IL) x2[u][m][k] *= wh ? rs * w2[k] : rs;
-              }
-            }
-            float co[PAIRS], si[PAIRS];
-            ld_table<PAIRS, (VEC > 1)>(a.tab[0].p + b * a.tab[0].sb + s * a.tab[0].ss + h * a.tab[0].sh + c * PAIRS, co);
-            ld_table<PAIRS, (VEC > 1)>(a.tab[1].p + b * a.tab[1].sb + s * a.tab[1].ss + h * a.tab[1].sh + c * PAIRS, si);
-#pragma unroll
-            for (int k = 0; k < PAIRS; ++k) {
-              float &va = IL ? x1[u][m][2 * k] : x1[u][m][k];
-              float &vb = IL ? x1[u][m][2 * k + 1] : x2[u][m][IL ? 0 : k];
-              const float ra = fmaf(va, co[k], -vb * si[k]), rb = fmaf(vb, co[k], va * si[k]);
-              va = ra, vb = rb;
-            }
-            st_elems<T, E, VEC>(o + e, x1[u][m]);
-            if constexpr (!IL) st_elems<T, E, VEC>(o + e + half, x2[u][m]);
+            qk_item_out<T, VEC, STYLE>(a, t, kind[u][m], x1[u][m], x2[u][m], norm, sq[u][m], inv_n, c, nrot, half, r0, b, s, h);
           }
       }
 }
 
-// Resident blocks a multiprocessor of Kernel at `threads` a block (a multiple of 32, <= 512),
-// asked once per (kernel, device, block size): the grid of a grid-stride kernel is one wave.
+// Resident blocks a multiprocessor of Kernel at `threads` a block (a multiple of 32) and `smem`
+// dynamic bytes: the grid of a grid-stride kernel is one wave. Asked once per (kernel, device,
+// block size) and remembered with its smem; another smem asks again (and is remembered instead).
 template <auto Kernel> int resident_blocks(int device, int threads, size_t smem) {
-  static std::atomic<int> cache[kMaxDevices][17];
+  static std::atomic<int64_t> cache[kMaxDevices][33]; // smem << 16 | blocks
   const int slot = threads / 32;
-  const bool cached = device >= 0 && device < kMaxDevices && threads % 32 == 0 && slot <= 16;
-  int v = cached ? cache[device][slot].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kernel, threads, smem) != cudaSuccess || v < 1) {
-      cudaGetLastError();
-      v = 1;
-    }
-    if (cached) cache[device][slot].store(v, std::memory_order_relaxed);
+  const bool cached = device >= 0 && device < kMaxDevices && threads % 32 == 0 && slot <= 32;
+  const int64_t c = cached ? cache[device][slot].load(std::memory_order_relaxed) : 0;
+  if (c && (size_t)(c >> 16) == smem) return (int)(c & 0xffff);
+  int v = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kernel, threads, smem) != cudaSuccess || v < 1) {
+    cudaGetLastError();
+    v = 1;
   }
+  if (cached) cache[device][slot].store((int64_t)smem << 16 | v, std::memory_order_relaxed);
   return v;
+}
+
+// The Hopper form of both ops (launch_tma below picks it). A row is one tensor (q, k or v) of
+// one token whose H heads are contiguous (H * Dh elements); a block takes kTmaRows rows of one
+// tensor, consecutive tokens. Lanes of warp 0 copy them all at once into shared memory, a stage
+// a row with its token's cos and sin rows (q, k), as bulk copies side by side, each row's landing
+// counted by an mbarrier: the loads in flight cost no registers. A thread's items (M, as
+// qkv_kernel's) are the same in every row of its block, so their offsets and weights are read
+// once; a row costs shared-memory reads, the sums of squares (HEAD: over a head's lanes; FULL:
+// the row, one barrier), the scaling, the rotation and 16-byte streaming stores into the output
+// layout. Short blocks, not one persistent block an SM's share, so the hardware keeps every SM
+// busy to the end (measured on the H100: rows a block 4 best of 2, 4, 8, 16 and persistent).
+constexpr int kTmaRows = 4;
+struct TmaPlan {
+  int ny, stage_bytes;               // tensors, bytes a stage (a row and its tables)
+  int tab_off, tab_floats, tab_head; // a stage's cos row at tab_off bytes, sin tab_floats on; a head's offset in them
+};
+
+template <typename T, int STYLE, int M>
+__global__ void __maxnreg__(M == 1 ? (STYLE == FUSEDK_ROPE_INTERLEAVED ? 56 : 64) : 128)
+qkv_tma_kernel(const __grid_constant__ fusedk__rope_args a, const TmaPlan p) {
+#ifdef FUSEDK__SM90
+  constexpr int VEC = 16 / sizeof(T);
+  constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
+  constexpr int PAIRS = IL ? VEC / 2 : VEC, E2 = IL ? 1 : VEC; // a unit: VEC/2 neighbour pairs, or VEC and partners
+  extern __shared__ __align__(128) unsigned char stage[];
+  __shared__ uint64_t full[kTmaRows]; // a row's copies landed
+  __shared__ float warp_sq[2][16];    // FULL: a warp's sum, by row parity
+  const int tid = threadIdx.x, NT = blockDim.x, j = (int)(blockIdx.x % p.ny);
+  const auto &t = a.t[j];
+  const bool rot = j < 2;
+  const int norm = rot ? a.norm : FUSEDK_QK_NORM_NONE, Dh = (int)a.Dh;
+  const int half = rot ? (int)(a.R / 2) : 0, r0 = rot ? (int)a.R : 0, nrot = half / PAIRS;
+  const int iph = nrot + (Dh - r0) / VEC, n = (int)t.H * iph;
+  const bool skip_pass = norm == FUSEDK_QK_NORM_NONE && t.in == t.out; // in place: already there
+  const float inv_n = 1.f / (float)(norm == FUSEDK_QK_NORM_FULL ? t.H * a.Dh : a.Dh);
+  const uint32_t row_bytes = (uint32_t)(t.H * a.Dh * (int64_t)sizeof(T)), tab_bytes = rot ? p.tab_floats * 4 : 0;
+  const int64_t tok0 = (int64_t)(blockIdx.x / p.ny) * kTmaRows;
+  const int rows = (int)min((int64_t)kTmaRows, a.B * a.S - tok0);
+  if (tid < 32) { // lane 3r + k copies row r's data (k 0, arriving with every byte expected), cos (1), sin (2)
+    const int per = rot ? 3 : 1, r = tid / per, k = tid - r * per;
+    if (tid < rows) mbar_init(&full[tid], 1);
+    fence_mbar_init();
+    __syncwarp();
+    if (r < rows) {
+      const int64_t b = (tok0 + r) / a.S, s = tok0 + r - b * a.S;
+      const char *src = k ? reinterpret_cast<const char *>(a.tab[k - 1].p + b * a.tab[k - 1].sb + s * a.tab[k - 1].ss)
+                          : reinterpret_cast<const char *>(static_cast<const T *>(t.in) + b * t.sb + s * t.ss);
+      if (k == 0) mbar_expect(&full[r], row_bytes + 2 * tab_bytes); // (a copy may land first: the arrival is pending)
+      bulk_copy(stage + r * p.stage_bytes + (k ? p.tab_off + (k - 1) * tab_bytes : 0), src, k ? tab_bytes : row_bytes,
+                &full[r]);
+    }
+  }
+  // this thread's items, the same in every row: kind (0 none, 1 rotating, 2 pass-through), the
+  // offsets in the staged row, its table rows and the output row; the weights as loaded
+  int kind[M], xo[M], to[M];
+  int64_t oo[M];
+  Raw<T, VEC> w1[M], w2[M];
+  const T *w = static_cast<const T *>(t.w);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const int i = tid + m * NT, hl = i / iph, c = i - hl * iph;
+    kind[m] = i >= n ? 0 : c < nrot ? 1 : skip_pass ? 0 : 2;
+    const int e = c < nrot ? (IL ? c * VEC : c * PAIRS) : r0 + (c - nrot) * VEC;
+    xo[m] = hl * Dh + e, oo[m] = hl * t.oh + e, to[m] = hl * p.tab_head + c * PAIRS;
+    if (w && kind[m] && norm != FUSEDK_QK_NORM_NONE) {
+      const T *wh = w + (norm == FUSEDK_QK_NORM_FULL ? hl * a.Dh : 0) + e;
+      w1[m] = ld<T, VEC, true>(wh);
+      if (!IL && kind[m] == 1) w2[m] = ld<T, VEC, true>(wh + half); // (IL: w2 unused)
+    }
+  }
+  __syncthreads(); // the barriers' init before any wait
+  int64_t b = tok0 / a.S, s = tok0 - b * a.S;
+  for (int r = 0; r < rows; ++r) {
+    const int odd = r & 1;
+    const unsigned char *d = stage + r * p.stage_bytes;
+    const T *row = reinterpret_cast<const T *>(d);
+    const float *cs = reinterpret_cast<const float *>(d + p.tab_off), *sn = cs + p.tab_floats;
+    mbar_wait(&full[r], 0);
+    float x1[M][VEC], x2[M][E2], sq[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      sq[m] = 0.f;
+      if (!kind[m]) continue;
+      load<T, VEC>(row + xo[m], x1[m]);
+      if constexpr (!IL)
+        if (kind[m] == 1) load<T, VEC>(row + xo[m] + half, x2[m]);
+      if (norm == FUSEDK_QK_NORM_NONE) continue;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) sq[m] = fmaf(x1[m][e], x1[m][e], sq[m]);
+      if constexpr (!IL)
+        if (kind[m] == 1)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) sq[m] = fmaf(x2[m][e], x2[m][e], sq[m]);
+    }
+    if (norm == FUSEDK_QK_NORM_HEAD) { // a head's items: iph (a power of two <= 32) aligned lanes
+#pragma unroll
+      for (int m = 0; m < M; ++m) sq[m] = lanes_sum(sq[m], iph);
+    } else if (norm == FUSEDK_QK_NORM_FULL) {
+      float v = 0.f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) v += sq[m];
+      v = lanes_sum(v, 32);
+      // a buffer is rewritten two rows on, after every warp has passed the next row's barrier,
+      // so after it read this one
+      if ((tid & 31) == 0) warp_sq[odd][tid / 32] = v;
+      __syncthreads();
+      v = 0.f;
+      for (int k = 0; k < NT / 32; ++k) v += warp_sq[odd][k];
+#pragma unroll
+      for (int m = 0; m < M; ++m) sq[m] = v;
+    }
+    T *out = static_cast<T *>(t.out) + b * t.ob + s * t.os;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (!kind[m]) continue;
+      if (norm != FUSEDK_QK_NORM_NONE) { // x * rs * w: the weight first, rs folded into the rotation
+        const float rs = rsqrtf(fmaf(sq[m], inv_n, a.eps));
+        float wv[VEC];
+        if (w) {
+          to_floats<T, VEC>(w1[m], wv);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) x1[m][e] *= wv[e];
+          if constexpr (!IL)
+            if (kind[m] == 1) {
+              to_floats<T, VEC>(w2[m], wv);
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) x2[m][e] *= wv[e];
+            }
+        }
+        if (kind[m] == 2) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) x1[m][e] *= rs;
+        } else {
+          float co[PAIRS], si[PAIRS];
+          ld_table<PAIRS, true, false>(cs + to[m], co), ld_table<PAIRS, true, false>(sn + to[m], si);
+#pragma unroll
+          for (int k = 0; k < PAIRS; ++k) co[k] *= rs, si[k] *= rs;
+          rotate<IL>(x1[m], x2[m], co, si);
+        }
+      } else if (kind[m] == 1) {
+        float co[PAIRS], si[PAIRS];
+        ld_table<PAIRS, true, false>(cs + to[m], co), ld_table<PAIRS, true, false>(sn + to[m], si);
+        rotate<IL>(x1[m], x2[m], co, si);
+      }
+      store_cs<T, VEC>(out + oo[m], x1[m]);
+      if constexpr (!IL)
+        if (kind[m] == 1) store_cs<T, VEC>(out + oo[m] + half, x2[m]);
+    }
+    if (++s == a.S) s = 0, ++b;
+  }
+#endif
+}
+
+// Whether the device runs Kernel from sm_90+ code (the bulk copies exist there; an sm_80-only
+// build, or a later GPU JIT-compiling the compute_80 PTX, gets the empty body). Once per device.
+template <auto Kernel> bool tma_code(int device) {
+  static std::atomic<int> cache[kMaxDevices]; // 0 unknown, 1 yes, 2 no
+  const bool cached = device >= 0 && device < kMaxDevices;
+  int v = cached ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    cudaFuncAttributes fa;
+    v = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 ? 1 : 2;
+    cudaGetLastError();
+    if (cached) cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+// FUSEDK_NO_TMA=1 in the environment: the pre-Hopper kernels everywhere (A/B and their tests).
+bool tma_disabled() {
+  static const bool off = [] {
+    const char *e = getenv("FUSEDK_NO_TMA");
+    return e && *e && strcmp(e, "0") != 0;
+  }();
+  return off;
+}
+
+template <typename T, int ST, int M>
+cudaError_t run_tma(const fusedk__rope_args &a, const TmaPlan &p, int NT, cudaStream_t s, int device, bool *used) {
+  constexpr auto kernel = qkv_tma_kernel<T, ST, M>;
+  constexpr size_t fixed = kTmaRows * sizeof(uint64_t) + 2 * 16 * sizeof(float); // barriers, warp sums
+  const size_t smem = (size_t)kTmaRows * p.stage_bytes;
+  const int64_t blocks = (a.B * a.S + kTmaRows - 1) / kTmaRows * p.ny;
+  if (!tma_code<kernel>(device) || smem + fixed > device_smem_optin(device) || blocks > 2147483647) return cudaSuccess;
+  const cudaError_t e = smem_opt_in<kernel>(smem, fixed, device);
+  if (e != cudaSuccess) return e;
+  kernel<<<(unsigned)blocks, NT, smem, s>>>(a, p);
+  *used = true;
+  return cudaGetLastError();
+}
+
+// The Hopper path when it applies: 16-byte vectors (rope_width), each tensor's heads contiguous
+// (one bulk copy a row), tables whose token slice is one run of whole 16 bytes (a head-less row,
+// or every head's row back to back), HEAD norms over a power-of-two <= 32 items a head (shuffle
+// sums), rows of <= 2048 items (M <= 4 a thread of <= 512; HALF <= 1024). *used = false: not
+// taken, nothing launched.
+template <typename T>
+cudaError_t launch_tma(const fusedk__rope_args &a, cudaStream_t s, int device, bool *used) {
+  constexpr int V = 16 / sizeof(T);
+  *used = false;
+  int pairs;
+  if (tma_disabled() || rope_width<T>(a, &pairs) != V) return cudaSuccess;
+  int ny = 0;
+  int64_t items = 0, bytes = 0;
+  for (; ny < 3 && a.t[ny].in; ++ny) {
+    const auto &t = a.t[ny];
+    if (t.H > 1 && t.sh != a.Dh) return cudaSuccess;
+    const int64_t iph = ny < 2 ? a.R / 2 / pairs + (a.Dh - a.R) / V : a.Dh / V;
+    if (ny < 2 && a.norm == FUSEDK_QK_NORM_HEAD && (iph > 32 || (iph & (iph - 1)))) return cudaSuccess;
+    items = std::max(items, t.H * iph);
+    bytes = std::max(bytes, t.H * a.Dh * (int64_t)sizeof(T));
+  }
+  const int64_t half = a.R / 2, H = a.t[0].H;
+  int64_t head = -1; // floats from one head's table row to the next in the slice
+  for (const auto &tb : a.tab) {
+    const int64_t th = tb.sh == 0 || H == 1 ? 0 : tb.sh == half ? half : -1;
+    if (th < 0 || (head >= 0 && th != head)) return cudaSuccess;
+    head = th;
+  }
+  const int64_t tab_floats = head ? H * half : half, tab_off = (bytes + 15) / 16 * 16;
+  const int64_t stage = (tab_off + 2 * 4 * tab_floats + 127) / 128 * 128;
+  if (items > 2048 || tab_floats % 4 || stage > (1 << 20)) return cudaSuccess;
+  const int m = items <= 512 ? 1 : items <= 1024 ? 2 : 4;
+  const int NT = (int)std::max<int64_t>(32, ((items + m - 1) / m + 31) / 32 * 32);
+  const TmaPlan p{ny, (int)stage, (int)tab_off, (int)tab_floats, (int)head};
+  return dispatch_int<FUSEDK_ROPE_INTERLEAVED, FUSEDK_ROPE_HALF>(a.style, [&](auto style) {
+    constexpr int ST = decltype(style)::value;
+    switch (m) {
+      case 1: return run_tma<T, ST, 1>(a, p, NT, s, device, used);
+      case 2: return run_tma<T, ST, 2>(a, p, NT, s, device, used);
+      default: // (HALF at M = 4 would spill: the other kernels take those rows)
+        if constexpr (ST == FUSEDK_ROPE_HALF) return cudaSuccess;
+        else return run_tma<T, ST, 4>(a, p, NT, s, device, used);
+    }
+  });
 }
 
 struct QkvLaunch {
@@ -1249,6 +1535,9 @@ fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int3
   return on_device(device_id, op, [&] {
     return dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
+      bool used; // Hopper: rows through bulk copies when they apply
+      const cudaError_t e = launch_tma<T>(*a, stream, device_id, &used);
+      if (used || e != cudaSuccess) return e;
       // rope: thread-per-head-unit kernel (90 us vs 120 for the row kernel at B2 S4096 H24 Dh128)
       if (a->norm == FUSEDK_QK_NORM_NONE && !a->t[2].in) return launch_rope<T>(*a, stream, device_id);
       return launch_qkv<T>(*a, stream, device_id);

@@ -589,9 +589,11 @@ int main(void) {
   const fusedk_scalar S[3] = {FUSEDK_F32, FUSEDK_F16, FUSEDK_BF16};
   small = getenv("FUSEDK_TEST_SMALL") && atoi(getenv("FUSEDK_TEST_SMALL"));
   if (small) printf("small cases only (FUSEDK_TEST_SMALL)\n");
-  /* FUSEDK_TEST_ONLY=qk_norm_rope: that op's cases alone (a sanitizer pass over a new kernel) */
+  /* FUSEDK_TEST_ONLY=qk_norm_rope: that op's cases alone (a sanitizer pass over a new kernel);
+     =position: rope's and qk_norm_rope's (with FUSEDK_NO_TMA=1: their pre-Hopper kernels) */
   const char *only = getenv("FUSEDK_TEST_ONLY");
   if (only && !strcmp(only, "qk_norm_rope")) goto qk_norm_rope;
+  if (only && !strcmp(only, "position")) goto position;
   /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
   /* 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit */
   const int64_t Ds[] = {1, 2, 7, 8, 64, 111, 128, 1000, 1152, 2048, 3072, 3584, 5120, 8192, 16384, 65536, 100000, 262144};
@@ -680,6 +682,7 @@ int main(void) {
   if (failures == n_before) printf("ok   elementwise: 2M rows, 1 row\n");
   /* [position]: both styles, every dtype, GQA, partial rotary, each table layout, strided heads,
      misaligned (scalar path), in place, odd sizes, 1 token, many tokens */
+position:
   for (int si = 0; si < 3; ++si)
     for (int style = 0; style < 2; ++style) {
       n_before = failures;
@@ -744,6 +747,9 @@ qk_norm_rope:
         {FUSEDK_BF16, 1, 1, 24, 24, 128, 0, 0, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof big / sizeof big[0]; ++i) run_qknr(big[i]);
+    /* many batches of few tokens: a block's token steps wrap S (more rows than the grid) */
+    run_qknr((qknr_t){FUSEDK_BF16, 397, 5, 6, 2, 64, 0, 0, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 0, 0, 0, 0});
+    run_qknr((qknr_t){FUSEDK_F16, 211, 3, 4, 4, 128, 0, 1, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 0, 0});
     if (!small) {
       /* the bench shape: B2 S4096 H24 Dh128 bf16, bhsd, head norm; 64K tokens */
       run_qknr((qknr_t){FUSEDK_BF16, 2, 4096, 24, 24, 128, 0, 0, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1,
@@ -753,7 +759,8 @@ qk_norm_rope:
     }
   }
   if (failures == n_before)
-    printf("ok   qk_norm_rope: H*Dh 8192 full norm (Dh 64/128/256, GQA, misaligned), 1 token%s\n",
+    printf("ok   qk_norm_rope: H*Dh 8192 full norm (Dh 64/128/256, GQA, misaligned), 1 token, 397 x 5 and 211 x 3 "
+           "tokens%s\n",
            small ? "" : ", bench shape, 64K tokens");
   n_before = failures;
   if (!small) {
@@ -761,9 +768,11 @@ qk_norm_rope:
     run_rope(FUSEDK_BF16, 1, 1 << 16, 8, 2, 64, 64, 1, 2, 0, 0, 0);  /* 64K tokens, GQA */
   }
   run_rope(FUSEDK_F16, 1, 1, 1, 1, 64, 64, 1, 2, 0, 0, 0); /* one token */
+  run_rope(FUSEDK_F32, 601, 3, 4, 2, 64, 32, 0, 2, 0, 0, 0); /* many batches of 3 tokens */
   run_tables(small ? 257 : 4097);
   run_tables(1);
-  if (failures == n_before) printf("ok   rope: bench shape, 1 token, 64K tokens; rope_table_1d/axes/ltx/mixed\n");
+  if (failures == n_before)
+    printf("ok   rope: bench shape, 1 token, 64K tokens, 601 x 3 tokens; rope_table_1d/axes/ltx/mixed\n");
   run_graph();
   if (!small) {
     run_huge(0);
