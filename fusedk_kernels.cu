@@ -11,13 +11,15 @@
 //   [runtime]   errors, device guard, per-device attributes, the >48 KB shared-memory opt-in
 //   [dispatch]  a compile-time variant from a runtime value: element type, power-of-two widths
 //   [numerics]  float <-> float32 conversions, rounding points
-//   [memory]    16-byte vectors; loads and stores named by cache policy; per-thread row walks
+//   [memory]    16-byte vectors; loads and stores named by cache policy; per-thread row walks;
+//               Hopper bulk copies (cp.async.bulk) counted by mbarriers
 //   [reduce]    warp and row-group sums
 //   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows_kernel and
 //               fusedk__cuda_norm (launcher); the tuning hook (FUSEDK_TUNING builds only)
 //   [elementwise] act, silu_fma, gated_residual, glu, glu_pair and [sampler] diffusion_step:
 //               elementwise_rows_kernel
-//   [position]  rope (rope_kernel: q and k in one launch), qk_norm_rope (qkv_kernel: q, k, v rows),
+//   [position]  rope and qk_norm_rope: on Hopper qkv_tma_kernel (rows of 4 tokens through bulk
+//               copies); else rope_kernel (q and k in one launch) and qkv_kernel (q, k, v rows);
 //               the table builders (rope_table_kernel)
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
@@ -832,7 +834,8 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, 
 // ---------------------------------------------------------------------------------------------
 // [position] rope (q and k in one launch), qk_norm_rope and the table builders.
 //
-// Each thread owns one head (of q, then of k) and one unit of it, for every token: the rotating
+// On Hopper both ops run qkv_tma_kernel (below) where its conditions hold (launch_tma). Else:
+// rope_kernel: each thread owns one head (of q, then of k) and one unit of it, for every token: the rotating
 // units (VEC/2 pairs of neighbours, INTERLEAVED; VEC elements and their partners R/2 further,
 // HALF), then the pass-through vectors of channels >= R (copied only out of place). No index
 // division; U tokens per step, all loads before the stores. q and k are read once and
