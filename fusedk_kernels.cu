@@ -909,7 +909,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
   const T *in_h = static_cast<const T *>(t.in) + h * t.sh;
   T *out_h = static_cast<T *>(t.out) + h * t.oh;
   const bool inplace = t.in == t.out;
-  const float *src_sh = a.tab[0].p + h * a.tab[0].sh, *sn_h = a.tab[1].p + h * a.tab[1].sh;
+  const float *cs_h = a.tab[0].p + h * a.tab[0].sh, *sn_h = a.tab[1].p + h * a.tab[1].sh;
   for (int64_t b = blockIdx.z; b < a.B; b += gridDim.z)
     for (int c = threadIdx.x; c < upr; c += blockDim.x) {
       const bool rot = c < nrot;
@@ -917,7 +917,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
       const int64_t e = rot ? (IL ? (int64_t)c * E : (int64_t)c * PAIRS) : a.R + (int64_t)(c - nrot) * VEC;
       const T *in_c = in_h + b * t.sb + e;
       T *out_c = out_h + b * t.ob + e;
-      const float *src_sc = src_sh + b * a.tab[0].sb + c * PAIRS, *sn_c = sn_h + b * a.tab[1].sb + c * PAIRS;
+      const float *cs_c = cs_h + b * a.tab[0].sb + c * PAIRS, *sn_c = sn_h + b * a.tab[1].sb + c * PAIRS;
       // U tokens a step, every load before the first store (in place: each element's own load
       // precedes its store)
       constexpr int U = FUSEDK__ROPE_U;
@@ -933,7 +933,7 @@ __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
           }
           ld_elems<T, E, VEC>(in_c + s * t.ss, x1[k]);
           if constexpr (!IL) ld_elems<T, E, VEC>(in_c + s * t.ss + half, x2[k]);
-          ld_table<PAIRS, (VEC > 1)>(src_sc + s * a.tab[0].ss, co[k]);
+          ld_table<PAIRS, (VEC > 1)>(cs_c + s * a.tab[0].ss, co[k]);
           ld_table<PAIRS, (VEC > 1)>(sn_c + s * a.tab[1].ss, si[k]);
         }
 #pragma unroll
@@ -997,7 +997,7 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
 
 using RopeTensor = std::remove_reference_t<decltype(fusedk__rope_args::t[0])>; // q, k or v
 
-// One qk_norm_rope item's end (both kernels): times rsqrt(mean square + eps) and the weight
+// One item's end in qkv_kernel: times rsqrt(mean square + eps) and the weight
 // (norm != NONE), then the rotation by the token's table row (rotating units) and a streaming
 // store into the output's layout. kind 1: rotating unit c; 2: pass-through vector c - nrot.
 template <typename T, int VEC, int STYLE, int E, int E2>
