@@ -1063,13 +1063,19 @@ static fusedk_status fusedk__flatten_rows(const fusedk_op *o, const fusedk_tenso
   return FUSEDK_OK;
 }
 
+/* An op's reference tensor: its first required input (x; what shapes and dtypes follow). */
+static int fusedk__ref(const fusedk_op *o) {
+  int ref = 0;
+  while (ref < o->n_tensors && o->tensors[ref].kind != FUSEDK_ARG_IN) ++ref;
+  return ref;
+}
+
 /* Checks every argument of op `o` against its registry entry, in one place: presence, dtype and
    device (the reference's), alignment, contiguous last dim, shape by role, outputs that do not
    broadcast, optional outputs only with their input. Fills s. */
 static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *const *t, fusedk__rowset *s) {
   memset(s, 0, sizeof *s);
-  int ref = 0; /* the reference: the first required input */
-  while (ref < o->n_tensors && o->tensors[ref].kind != FUSEDK_ARG_IN) ++ref;
+  const int ref = fusedk__ref(o);
   const char *xn = o->tensors[ref].name;
   s->c.op = o->name, s->c.ref = xn, s->c.scalar = -1;
   int present;
@@ -1774,6 +1780,19 @@ static fusedk_status fusedk__check_dim(const char *op, const char *name, int64_t
   return FUSEDK_OK;
 }
 
+/* Flux's axes_dim[0..n): each an even size >= 2; *F = their columns, sum(axes_dim) / 2. */
+static fusedk_status fusedk__check_axes(const char *op, const int64_t *dims, int n, int64_t *F) {
+  *F = 0;
+  for (int k = 0; k < n; ++k) {
+    char name[24];
+    snprintf(name, sizeof name, "axes_dim[%d]", k);
+    fusedk_status st = fusedk__check_dim(op, name, dims[k]);
+    if (st) return st;
+    *F += dims[k] / 2;
+  }
+  return FUSEDK_OK;
+}
+
 /* The tables of one dim (1d, ltx): attributes (dim, theta). */
 static fusedk_status fusedk__rope_table_of_dim(int op, const fusedk_tensor *const *t, int32_t dim, float theta,
                                                struct CUstream_st *stream) {
@@ -1800,15 +1819,12 @@ FUSEDK_DEF fusedk_status fusedk_rope_table_axes(const fusedk_tensor *cos, const 
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: n_axes is %d, expected 1..4 with axes_dim", op, (int)n_axes);
   const fusedk_tensor *t[] = {cos, sin, ids};
   double attrs[5] = {theta, 0, 0, 0, 0};
+  int64_t dims[4], F;
   fusedk__table_args a;
   memset(&a, 0, sizeof a);
-  for (int k = 0; k < n_axes; ++k) {
-    char name[16];
-    snprintf(name, sizeof name, "axes_dim[%d]", k);
-    fusedk_status st = fusedk__check_dim(op, name, axes_dim[k]);
-    if (st) return st;
-    a.dims[k] = axes_dim[k], attrs[1 + k] = axes_dim[k];
-  }
+  for (int k = 0; k < n_axes; ++k) dims[k] = axes_dim[k], a.dims[k] = axes_dim[k], attrs[1 + k] = axes_dim[k];
+  fusedk_status st = fusedk__check_axes(op, dims, n_axes, &F);
+  if (st) return st;
   a.n_axes = n_axes, a.theta = theta;
   return fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_AXES, t, attrs, &a, stream);
 }
@@ -1863,13 +1879,11 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
     shape[1] = f->shape[1], shape[2] = f->shape[2];
     return 3;
   }
-  if (id == FUSEDK_OP_ROPE_TABLE_AXES) {
-    for (int k = 1; k <= 4 && a[k] != 0.0; ++k) {
-      char name[16];
-      snprintf(name, sizeof name, "axes_dim[%d]", k - 1);
-      if (fusedk__check_dim(o->name, name, (int64_t)a[k])) return -FUSEDK_ERR_INVALID_ARGUMENT;
-      F += (int64_t)a[k] / 2;
-    }
+  if (id == FUSEDK_OP_ROPE_TABLE_AXES) { /* 0-terminated */
+    int64_t dims[4];
+    int n = 0;
+    while (n < 4 && a[1 + n] != 0.0) dims[n] = (int64_t)a[1 + n], ++n;
+    if (fusedk__check_axes(o->name, dims, n, &F)) return -FUSEDK_ERR_INVALID_ARGUMENT;
   } else {
     if (fusedk__check_dim(o->name, "dim", (int64_t)a[0])) return -FUSEDK_ERR_INVALID_ARGUMENT;
     F = (int64_t)a[0] / 2;
@@ -2026,11 +2040,9 @@ FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size) {
   size_t k = (size_t)snprintf(tmp, sizeof tmp, "{\"version\": \"%s\", ", fusedk_version());
   k += fusedk__cuda_info(tmp + k, sizeof tmp - k);
   for (int i = 0; i < FUSEDK_OP_COUNT && k < sizeof tmp; ++i) {
-    int ref = 0; /* the dtypes of the reference input: float32 alone for the table builders */
-    while (fusedk__ops[i].tensors[ref].kind != FUSEDK_ARG_IN) ++ref;
-    k += (size_t)snprintf(tmp + k, sizeof tmp - k, "%s\"%s\": [\"float32\"%s]", i ? ", " : ", \"ops\": {",
-                          fusedk__ops[i].name,
-                          fusedk__ops[i].tensors[ref].scalar < 0 ? ", \"float16\", \"bfloat16\"" : "");
+    const fusedk_op *o = &fusedk__ops[i]; /* its reference input's dtypes: the table builders' float32 alone */
+    k += (size_t)snprintf(tmp + k, sizeof tmp - k, "%s\"%s\": [\"float32\"%s]", i ? ", " : ", \"ops\": {", o->name,
+                          o->tensors[fusedk__ref(o)].scalar < 0 ? ", \"float16\", \"bfloat16\"" : "");
   }
   if (k < sizeof tmp) k += (size_t)snprintf(tmp + k, sizeof tmp - k, "}}");
   if (buf && size) snprintf(buf, size, "%s", tmp);

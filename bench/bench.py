@@ -162,13 +162,13 @@ STEP = dict(guidance=4.5, sigma=0.8, sigma_next=0.75, blend=0.9)
 
 
 def t_step(x, c, u, p, g=STEP["guidance"], dt=STEP["sigma_next"] - STEP["sigma"], w=STEP["blend"]):
-    m = u + g * (c - u)
+    m = u + g * (c - u)  # the same formula on torch and JAX arrays (ELEMENTWISE uses it for both)
     return w * (x + dt * m) + (1 - w) * p
 
 
-def j_step(x, c, u, p, g=STEP["guidance"], dt=STEP["sigma_next"] - STEP["sigma"], w=STEP["blend"]):
-    m = u + g * (c - u)
-    return w * (x + dt * m) + (1 - w) * p
+# [position] the angles of the [S, Dh/2] float32 tables (theta 10000) both rope rows use
+def rope_angles(S, Dh):
+    return torch.arange(S, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, Dh, 2, device="cuda") / Dh)
 
 
 # [position] interleaved RoPE (Flux, diffusers' apply_rotary_emb) from [S, Dh/2] half tables
@@ -215,7 +215,7 @@ ELEMENTWISE = {
     "geglu": (lambda x, out: fusedk.glu(x, "gelu", "second", out=out), t_geglu, j_geglu, ("x",)),
     "swiglu": (lambda x, out: fusedk.glu(x, "silu", "first", out=out), t_swiglu, j_swiglu, ("x",)),
     "diffusion_step": (lambda x, c, u, p, out: fusedk.diffusion_step(x, c, uncond=u, prev=p, out=out, **STEP),
-                       t_step, j_step, ("x", "c", "u", "p")),
+                       t_step, t_step, ("x", "c", "u", "p")),
 }
 
 
@@ -350,7 +350,7 @@ class Case:
             self.nbytes = (3 * n + B * D) * es
         elif op == "rope":  # q and k [B, S, H, Dh], float32 tables [S, Dh/2]
             S, Dh = shape[1], shape[-1]
-            ang = torch.arange(S, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, Dh, 2, device="cuda") / Dh)
+            ang = rope_angles(S, Dh)
             self.make = lambda: dict(q=rnd(shape), k=rnd(shape), c=ang.cos().float(), s=ang.sin().float())
             self.outs = lambda s: dict(q=torch.empty_like(s["q"]), k=torch.empty_like(s["k"]))
             self.fk = lambda s, o: fusedk.rope(s["q"], s["k"], s["c"], s["s"], "interleaved", q_out=o["q"],
@@ -358,10 +358,10 @@ class Case:
             self.got = lambda o: [o["q"], o["k"]]
             self.ref = lambda s: t_rope(s["q"], s["k"], s["c"], s["s"])
             cfn, targs, self.jax, self.liger = t_rope, ("q", "k", "c", "s"), (j_rope, ("q", "k", "c", "s")), None
-            self.nbytes = 4 * n * es + 2 * S * Dh // 2 * 4
+            self.nbytes = 4 * n * es + ang.numel() * 2 * 4
         elif op == "qk_norm_rope":  # packed qkv [B, S, 3, H, Dh] -> q, k, v [B, H, S, Dh], weights [Dh]
             B, S, H, Dh = shape
-            ang = torch.arange(S, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, Dh, 2, device="cuda") / Dh)
+            ang = rope_angles(S, Dh)
             self.make = lambda: dict(qkv=rnd(B, S, 3, H, Dh), qw=1 + 0.1 * rnd(Dh), kw=1 + 0.1 * rnd(Dh),
                                      c=ang.cos().float(), s=ang.sin().float())
             self.outs = lambda s: {k: torch.empty(B, H, S, Dh, device="cuda", dtype=self.tdt) for k in "qkv"}
@@ -371,7 +371,7 @@ class Case:
             self.ref = lambda s: t_qknr(s["qkv"], s["qw"], s["kw"], s["c"], s["s"])
             targs = ("qkv", "qw", "kw", "c", "s")
             cfn, self.jax, self.liger = t_qknr, (j_qknr, targs), None
-            self.nbytes = 6 * n * es + 2 * S * Dh // 2 * 4 + 2 * Dh * es
+            self.nbytes = 6 * n * es + ang.numel() * 2 * 4 + 2 * Dh * es
         elif op in ELEMENTWISE:  # [elementwise]: one output, fusedk's call and the peers' on the same inputs
             fk, cfn, jfn, targs = ELEMENTWISE[op]
             B = shape[0]

@@ -12,7 +12,7 @@ t_rope, t_qknr = bench.t_rope, bench.t_qknr
 q, k = (torch.randn(2, 4096, 24, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 qkv = torch.randn(2, 4096, 3, 24, 128, device="cuda", dtype=torch.bfloat16)
 w = 1 + 0.1 * torch.randn(2, 128, device="cuda", dtype=torch.bfloat16)
-ang = torch.arange(4096, device="cuda")[:, None] * 10000.0 ** (-torch.arange(0, 128, 2, device="cuda") / 128)
+ang = bench.rope_angles(4096, 128)
 c, s = ang.cos().float(), ang.sin().float()
 f, g = torch.compile(t_rope), torch.compile(t_qknr)
 for _ in range(3):

@@ -541,7 +541,7 @@ BAD = [  # (call(a: _A), status, a regex the reason must contain after "qk_norm_
     (lambda a: _qknr(a, (a.q, a.k, a.v[:, :, :, None])), "SHAPE", r"v has shape \[2, 5, 4, 1, 16\], expected "
      r"\[B, S, H, Dh\]"),
     # the strings
-    (lambda a: _qknr(a, norm="layer"), "INVALID_ARGUMENT", r"norm is 'layer', expected 'head' or 'full' or 'none'"),
+    (lambda a: _qknr(a, norm="layer"), "INVALID_ARGUMENT", r"norm is 'layer', expected 'head', 'full' or 'none'"),
     (lambda a: _qknr(a, norm=0), "INVALID_ARGUMENT", r"norm is 0, expected 'head'"),
     (lambda a: _qknr(a, style="neox"), "INVALID_ARGUMENT", r"style is 'neox', expected 'interleaved' or 'half'"),
     (lambda a: _qknr(a, layout="sbhd"), "INVALID_ARGUMENT", r"layout is 'sbhd', expected 'bhsd' or 'bshd'"),

@@ -59,6 +59,16 @@ def rmsnorm(x, weight=None, eps=1e-6, residual=None, out=None, residual_out=None
     return _call(_RMSNORM, x, (out, residual_out, x, residual, weight), (eps,), stream)
 
 
+def _choice(op, name, value, table):
+    """table[value], or an Error naming the argument and the values it takes."""
+    v = table.get(value)
+    if v is None:
+        keys = [repr(k) for k in table]
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} is {value!r}, expected "
+                    + (", ".join(keys[:-1]) + " or " + keys[-1] if len(keys) > 1 else keys[0]))
+    return v
+
+
 def layernorm(x, weight=None, bias=None, eps=1e-5, out=None, stream=None):
     """y = (x - mean) * rsqrt(var + eps) * weight + bias over the last dim (biased variance)."""
     return _call(_LAYERNORM, x, (out, x, weight, bias), (eps,), stream)
@@ -67,9 +77,7 @@ def layernorm(x, weight=None, bias=None, eps=1e-5, out=None, stream=None):
 def adaln(x, scale, shift, norm="layer", eps=1e-6, weight=None, bias=None, out=None, stream=None):
     """y[B,L,D] = norm(x) * (1 + scale[:, None]) + shift[:, None], norm = "layer" or "rms";
     scale and shift are [B, D] and may be strided views (e.g. chunks of a [B, 6D] modulation)."""
-    kind = _NORMS.get(norm)
-    if kind is None:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"adaln: norm is {norm!r}, expected 'layer' or 'rms'")
+    kind = _choice("adaln", "norm", norm, _NORMS)
     return _call(_ADALN, x, (out, x, scale, shift, weight, bias), (kind, eps), stream)
 
 
@@ -80,35 +88,24 @@ def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, exact=True, out=None, 
 
 
 # --- [elementwise] -------------------------------------------------------------------------
-def _act_code(op, name, kind):
-    k = _ACTS.get(kind)
-    if k is None:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} is {kind!r}, expected 'gelu', 'gelu_tanh', 'silu' "
-                    "or 'relu'")
-    return k
-
-
 def act(x, kind="gelu", out=None, stream=None):
     """y = act(x): kind "gelu" (erf), "gelu_tanh", "silu" or "relu"."""
-    return _call(_ACT, x, (out, x), (_act_code("act", "kind", kind),), stream)
+    return _call(_ACT, x, (out, x), (_choice("act", "kind", kind, _ACTS),), stream)
 
 
 def glu(x, act="silu", act_half="first", gate=None, out=None, stream=None):
     """Gated linear unit. x[..., 2H] -> y[..., H] = act(h_a) * h_b, h_a the half named by act_half
     ("first": x[..., :H]), h_b the other: SwiGLU = glu(x, "silu", "first"), diffusers' GEGLU =
     glu(x, "gelu", "second"). With gate=: y = x * act(gate), one shape (fusedk.glu_pair)."""
-    k = _act_code("glu", "act", act)
+    k = _choice("glu", "act", act, _ACTS)
     if gate is not None:
         return _call(_GLU_PAIR, x, (out, x, gate), (k,), stream)
-    h = _HALVES.get(act_half)
-    if h is None:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"glu: act_half is {act_half!r}, expected 'first' or 'second'")
-    return _call(_GLU, x, (out, x), (k, h), stream)
+    return _call(_GLU, x, (out, x), (k, _choice("glu", "act_half", act_half, _HALVES)), stream)
 
 
 def glu_pair(value, gate, act="silu", out=None, stream=None):
     """y = value * act(gate), one shape (e.g. two strided views of one projection)."""
-    return _call(_GLU_PAIR, value, (out, value, gate), (_act_code("glu_pair", "act", act),), stream)
+    return _call(_GLU_PAIR, value, (out, value, gate), (_choice("glu_pair", "act", act, _ACTS),), stream)
 
 
 def silu_fma(a, b, c, out=None, stream=None):
@@ -123,14 +120,6 @@ def gated_residual(x, y, gate, out=None, stream=None):
 
 
 # --- [position] ------------------------------------------------------------------------------
-def _choice(op, name, value, table):
-    v = table.get(value)
-    if v is None:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} is {value!r}, expected "
-                    + " or ".join(repr(k) for k in table))
-    return v
-
-
 def rope(q, k, cos, sin, style="interleaved", rotary_dim=None, inplace=False, q_out=None, k_out=None, stream=None):
     """Rotary position embedding of q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (k may be None) in one
     launch: the first rotary_dim channels of each head (None: all) turn by the angles of the
@@ -145,7 +134,7 @@ def rope(q, k, cos, sin, style="interleaved", rotary_dim=None, inplace=False, q_
 
 def _f32(a):
     """Lists and NumPy arrays of another dtype (integer positions) as float32 NumPy arrays."""
-    import numpy as np
+    np = _core.np
     if isinstance(a, (list, tuple)) or (isinstance(a, np.ndarray) and a.dtype != np.float32):
         return np.asarray(a, np.float32)
     return a
@@ -160,10 +149,10 @@ def rope_table_1d(positions, dim, theta=10000.0, stream=None):
 def rope_table_axes(ids, axes_dim=(16, 56, 56), theta=10000.0, stream=None):
     """Flux: (cos, sin) float32 [S, sum(axes_dim)/2] of ids [S, n_axes]: per axis a block of
     axes_dim[a]/2 columns, angle = ids[:, a] / theta^(2i/axes_dim[a])."""
-    dims = tuple(int(d) for d in axes_dim)
-    if not 1 <= len(dims) <= 4 or 0 in dims:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"rope_table_axes: axes_dim is {tuple(axes_dim)!r}, expected 1 to "
-                    "4 even sizes >= 2")
+    dims = tuple(axes_dim)  # 0-terminated in the attributes: C checks each size
+    if len(dims) > 4 or 0 in dims:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"rope_table_axes: axes_dim is {dims!r}, expected 1 to 4 even "
+                    "sizes >= 2")
     ids = _f32(ids)
     return _call(_TAXES, ids, (None, None, ids), (theta,) + dims + (0,) * (4 - len(dims)), stream)
 

@@ -14,6 +14,7 @@ Other types go through the Python paths, picked once per type and cached:
   through __dlpack__, outputs allocated stream-ordered by libfusedk and handed back by DLPack).
 A framework is only ever reached through sys.modules: fusedk never imports one itself."""
 import ctypes
+import math
 import struct
 import sys
 
@@ -88,8 +89,16 @@ class Op:
         return out
 
     def typed(self, attrs):
-        """values() with the integer attributes as ints (what torch schemas and XLA take)."""
-        return [v if t == lib.FUSEDK_ATTR_F32 else int(v) for (_, t, _), v in zip(self.attrs, self.values(attrs))]
+        """values() with the integer attributes as ints (what torch schemas and XLA take); an Error
+        names one given a value that is not an integer (the C registry call's check)."""
+        out = self.values(attrs)
+        for k, (name, t, _) in enumerate(self.attrs):
+            if t != lib.FUSEDK_ATTR_F32:
+                if not (math.isfinite(out[k]) and out[k] == int(out[k])):
+                    raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.name}: {name} is {attrs[k]!r}, expected an "
+                                "integer")
+                out[k] = int(out[k])
+        return out
 
     def out_shape(self, i, shapes, attrs=()):
         """The shape of output i given the inputs' shapes (registry order, None where absent) and
@@ -188,7 +197,7 @@ def c_failed(op, args, attrs, stream, st=None):
     raise error(st)
 
 
-_ATTRS = ctypes.c_double * 8  # FUSEDK_OP_MAX_ATTRS
+_ATTRS = ctypes.c_double * lib.FUSEDK_OP_MAX_ATTRS
 
 
 def routed_path(i):
@@ -451,6 +460,7 @@ def generic(o, args, attrs, stream):
         for i in o.inputs:
             if args[i] is not None:
                 parts[i], arr[i] = g.desc(args[i], o.tensors[i][0])
+        shapes = [None if v is None else getattr(v, "shape", None) for v in arr]  # the inputs' (outputs unread)
         for i, like, when in o.outputs:
             a = args[i]
             if a is None:
@@ -458,10 +468,10 @@ def generic(o, args, attrs, stream):
                     continue
                 if args[like] is None:
                     continue  # the C layer names the missing input
-                shape = o.out_shape(i, [None if v is None else getattr(v, "shape", None) for v in arr], values)
+                shape = o.out_shape(i, shapes, values)
                 a = g.new_output(arr[like], shape, i in o.float32)
                 if a is None:  # libfusedk allocates, and DLPack hands it over
-                    code = (2, 32, 1) if i in o.float32 else struct.unpack_from("<BBH", parts[like], 20)
+                    code = dtype_code(np.float32) if i in o.float32 else struct.unpack_from("<BBH", parts[like], 20)
                     a = DLPackBuffer(g.device, code, shape, g.stream or 0)
                     parts[i] = pack(a.ptr, g.device[0], g.device[1], shape, compact_strides(shape, code[1] // 8), code)
                     outs.append(a)

@@ -111,7 +111,7 @@ class _Call:
         for (name, typ, _), v in zip(op.attrs, attrs):
             kw[name] = np.float32(v) if typ == _F32 else np.int32(v)
         target, single = _TARGETS[op.id], len(outs) == 1
-        self.given = given
+        self.checks = [(op.tensors[i][0], i in op.float32) for i in given]  # what _check reads
 
         def impl(*xs):
             shapes = [None] * len(op.tensors)
@@ -138,24 +138,21 @@ _REASON = re.compile(r"fusedk: (.*) \[(FUSEDK_\w+)\]", re.S)
 
 
 def _attr_values(op, attrs):
-    """The attribute values as Python numbers: compile-time constants of the custom call."""
-    out = []
-    for (name, typ, _), v in zip(op.attrs, attrs):
+    """The attribute values as Python numbers (Op.typed): compile-time constants of the custom call."""
+    for (name, _, _), v in zip(op.attrs, attrs):
         try:
-            f = float(v)
+            float(v)
         except Exception:  # noqa: BLE001 - a tracer (or not a number at all)
             raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {name} is a {type(v).__name__}, expected a "
                         "Python or NumPy number (attributes are static, compiled into the call)") from None
-        if typ != _F32 and int(f) != f:
-            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {name} is {v!r}, expected an integer")
-        out.append(f if typ == _F32 else int(f))
-    return tuple(out)
+    return tuple(op.typed(attrs))
 
 
-def _check(op, given, xs):
-    """What JAX knows at trace time: dtypes and ndims (the C library's wording)."""
-    ref, names = None, [op.tensors[i][0] for i in given]
-    for i, name, a in zip(given, names, xs):
+def _check(op, checks, xs):
+    """What JAX knows at trace time: dtypes and ndims (the C library's wording); checks: the given
+    inputs as (name, always float32)."""
+    ref = None
+    for (name, f32), a in zip(checks, xs):
         dt, nd = getattr(a, "dtype", None), getattr(a, "ndim", None)
         if dt is None or nd is None:  # a list or a Python scalar
             a = np.asarray(a)
@@ -165,7 +162,7 @@ def _check(op, given, xs):
             if dt not in _DTYPES:
                 raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected float32, float16 or "
                             "bfloat16")
-        if i in op.float32:
+        if f32:
             if dt != np.float32:
                 raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected float32")
         elif ref is None:
@@ -180,8 +177,8 @@ def _check(op, given, xs):
 def call(op, inputs, attrs):
     """Runs registry op `op` (an fusedk._core.Op) on `inputs` (its inputs in registry order, None
     for absent optional ones: JAX arrays, tracers or NumPy arrays) with `attrs` (its attribute
-    values in registry order; extra trailing values are ignored). Returns the output, or a tuple
-    of the outputs that exist."""
+    values in registry order; missing trailing ones take the registry's defaults). Returns the
+    output, or a tuple of the outputs that exist."""
     if _UNAVAILABLE:
         raise Error("FUSEDK_ERR_UNSUPPORTED", f"{op.name}: fusedk.jax is not available: {_UNAVAILABLE}")
     mask, xs = 0, []
@@ -201,7 +198,7 @@ def call(op, inputs, attrs):
         c = _CALLS.get(key)
     if c is None:
         c = _CALLS[key] = _Call(op, mask, _attr_values(op, key[2]))
-    _check(op, c.given, xs)
+    _check(op, c.checks, xs)
     for a in xs:
         if isinstance(a, _Tracer):  # inside jit, vmap, grad...: part of the caller's program
             return c.traced(*xs)
