@@ -284,7 +284,7 @@ static void registry_cases(void) {
       EXPECT(nd == 4 && shape[0] == 2 && shape[1] == 3 && shape[2] == 5 && shape[3] == 8, "out_shape qk_norm_rope bhsd");
       la[3] = FUSEDK_LAYOUT_BSHD;
       nd = fusedk_op_out_shape(FUSEDK_OP_QK_NORM_ROPE, 0, qk, la, shape);
-      EXPECT(nd == 4 && shape[1] == 5 && shape[2] == 6, "out_shape qk_norm_rope bshd");
+      EXPECT(nd == 4 && shape[0] == 2 && shape[1] == 5 && shape[2] == 6 && shape[3] == 8, "out_shape qk_norm_rope bshd");
       la[3] = 7;
       nd = fusedk_op_out_shape(FUSEDK_OP_QK_NORM_ROPE, 2, qk, la, shape);
       EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "qk_norm_rope: layout is 7"),

@@ -328,6 +328,14 @@ static void run_case(const case_t *c) {
 
 /* --- [position] rope and the table builders ------------------------------------------------ */
 
+/* a float32 cos or sin table of kind tk: 2 [S, R/2], 3 [S, H, R/2], 4 [B, S, H, R/2], 5 the same
+   broadcast over B (stride 0) */
+static buf_t mk_table(int tk, int64_t B, int64_t S, int64_t H, int64_t R) {
+  int64_t t2[2] = {S, R / 2}, t3[3] = {S, H, R / 2}, t4[4] = {B, S, tk == 5 ? 1 : H, R / 2};
+  return tk == 2 ? mk(FUSEDK_F32, 2, t2, 0, 0, 0, 1.0, 0.0) : tk == 3 ? mk(FUSEDK_F32, 3, t3, 0, 0, 0, 1.0, 0.0)
+                                                       : mk(FUSEDK_F32, 4, t4, 0, 0, tk == 5, 1.0, 0.0);
+}
+
 /* rope of q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (Hk = 0: no k); tables of kind tk: 2 [S, R/2],
    3 [S, H, R/2], 4 [B, S, H, R/2], 5 the same broadcast over B (stride 0); pad: strided heads;
    shift: misaligned bases (scalar path); inplace: q_out = q. */
@@ -341,10 +349,7 @@ static void run_rope(fusedk_scalar s, int64_t B, int64_t S, int64_t Hq, int64_t 
     poison(&ref[j]);
     if (inplace) memcpy(ref[j].h, in[j].h, in[j].n_alloc * esize(s)); /* untouched channels */
   }
-  int64_t t2[2] = {S, R / 2}, t3[3] = {S, Hq, R / 2}, t4[4] = {B, S, tk == 5 ? 1 : Hq, R / 2};
-  for (int j = 0; j < 2; ++j)
-    tab[j] = tk == 2 ? mk(FUSEDK_F32, 2, t2, 0, 0, 0, 1.0, 0.0) : tk == 3 ? mk(FUSEDK_F32, 3, t3, 0, 0, 0, 1.0, 0.0)
-                                                                   : mk(FUSEDK_F32, 4, t4, 0, 0, tk == 5, 1.0, 0.0);
+  for (int j = 0; j < 2; ++j) tab[j] = mk_table(tk, B, S, Hq, R);
   const fusedk_tensor *k_in = Hk ? &in[1].th : NULL, *k_out = Hk ? &ref[1].th : NULL;
   char what[200];
   snprintf(what, sizeof what, "rope(%s) %s q[%lld,%lld,%lld,%lld] Hk %lld R %lld table %d pad %lld shift %zu%s",
@@ -428,10 +433,7 @@ static void run_qknr(qknr_t c) {
     int64_t n = c.norm == FUSEDK_QK_NORM_FULL ? H[j] * c.Dh : c.Dh;
     w[j] = mk(c.s, 1, &n, 0, c.shift, 0, 0.2, 1.0);
   }
-  int64_t t2[2] = {c.S, R / 2}, t3[3] = {c.S, c.Hq, R / 2}, t4[4] = {c.B, c.S, c.tk == 5 ? 1 : c.Hq, R / 2};
-  for (int j = 0; j < 2; ++j)
-    tab[j] = c.tk == 2 ? mk(FUSEDK_F32, 2, t2, 0, 0, 0, 1.0, 0.0) : c.tk == 3 ? mk(FUSEDK_F32, 3, t3, 0, 0, 0, 1.0, 0.0)
-                                                                   : mk(FUSEDK_F32, 4, t4, 0, 0, c.tk == 5, 1.0, 0.0);
+  for (int j = 0; j < 2; ++j) tab[j] = mk_table(c.tk, c.B, c.S, c.Hq, R);
   char what[240];
   snprintf(what, sizeof what, "qk_norm_rope(%s, %s, %s) %s q[%lld,%lld,%lld,%lld] Hk %lld R %lld table %d%s%s%s%s "
            "pad %lld shift %zu", qk_norm_name(c.norm), c.style ? "half" : "interleaved", bhsd ? "bhsd" : "bshd",
@@ -589,11 +591,16 @@ int main(void) {
   const fusedk_scalar S[3] = {FUSEDK_F32, FUSEDK_F16, FUSEDK_BF16};
   small = getenv("FUSEDK_TEST_SMALL") && atoi(getenv("FUSEDK_TEST_SMALL"));
   if (small) printf("small cases only (FUSEDK_TEST_SMALL)\n");
-  /* FUSEDK_TEST_ONLY=qk_norm_rope: that op's cases alone (a sanitizer pass over a new kernel);
-     =position: rope's and qk_norm_rope's (with FUSEDK_NO_TMA=1: their pre-Hopper kernels) */
+  /* FUSEDK_TEST_ONLY=qk_norm_rope: start at that op's cases (a sanitizer pass over a new kernel);
+     =position: at rope's (with FUSEDK_NO_TMA=1: their pre-Hopper kernels). What follows them runs
+     too: the table builders, graph capture and, unless FUSEDK_TEST_SMALL, the huge cases. */
   const char *only = getenv("FUSEDK_TEST_ONLY");
   if (only && !strcmp(only, "qk_norm_rope")) goto qk_norm_rope;
   if (only && !strcmp(only, "position")) goto position;
+  if (only && *only) {
+    printf("FUSEDK_TEST_ONLY=%s: expected qk_norm_rope or position\n", only);
+    return 2;
+  }
   /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
   /* 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit */
   const int64_t Ds[] = {1, 2, 7, 8, 64, 111, 128, 1000, 1152, 2048, 3072, 3584, 5120, 8192, 16384, 65536, 100000, 262144};

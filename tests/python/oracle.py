@@ -14,6 +14,17 @@ def f64(a):
     return None if a is None else np.asarray(a).astype(np.float64)
 
 
+def bits(a):
+    """a's raw bits (unsigned integers of its item size), for bitwise comparisons."""
+    a = np.asarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def wide(t):
+    """t twice along its last dim: twice the size, and [..., ::2] of it t's values at stride 2."""
+    return np.concatenate([t, t], -1)
+
+
 def rmsnorm(x, weight=None, eps=1e-6, residual=None):
     r = f64(x) + (0 if residual is None else f64(residual))
     y = r / np.sqrt((r * r).mean(-1, keepdims=True) + np.float64(np.float32(eps)))
@@ -135,6 +146,19 @@ def rope(x, cos, sin, style="interleaved", rotary_dim=None):
     return out
 
 
+def pair_aux(x, style, rotary_dim=None, keep_rest=False):
+    """|x| + |partner| per rotated channel (|cos|, |sin| <= 1): the terms of x c -+ x' s whose float32
+    rounding can show when they cancel (the aux of assert_close_gpu). Past rotary_dim: 0 (rope
+    copies those channels), or with keep_rest |x| (qk_norm_rope's x, the normalized values)."""
+    x = np.abs(f64(x))
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    aux = x.copy() if keep_rest else np.zeros_like(x)
+    if style == "interleaved":
+        aux[..., 0:r:2] = aux[..., 1:r:2] = x[..., 0:r:2] + x[..., 1:r:2]
+    else:
+        aux[..., :r // 2] = aux[..., r // 2:r] = x[..., :r // 2] + x[..., r // 2:r]
+    return aux
+
 
 def qk_norm(x, weight=None, eps=1e-6, norm="head"):
     """RMSNorm of x [B, S, H, Dh] before the rotation: "head" over each head's Dh channels (weight
@@ -142,14 +166,10 @@ def qk_norm(x, weight=None, eps=1e-6, norm="head"):
     x itself (no weight)."""
     x = f64(x)
     B, S, H, Dh = x.shape
-    e = np.float64(np.float32(eps))
     if norm == "head":
-        y = x / np.sqrt((x * x).mean(-1, keepdims=True) + e)
-        return y if weight is None else y * f64(weight)
+        return rmsnorm(x, weight, eps)[0]
     if norm == "full":
-        row = x.reshape(B, S, H * Dh)
-        y = (row / np.sqrt((row * row).mean(-1, keepdims=True) + e)).reshape(x.shape)
-        return y if weight is None else y * f64(weight).reshape(H, Dh)
+        return rmsnorm(x.reshape(B, S, H * Dh), weight, eps)[0].reshape(x.shape)
     if norm == "none":
         assert weight is None
         return x
@@ -260,6 +280,13 @@ def gpu_frameworks():
     except Exception:  # noqa: BLE001 - no CuPy, or no device for it
         pass
     return out
+
+
+def np_of(t):
+    """A torch tensor on the host as NumPy (bfloat16 as ml_dtypes' bfloat16, bit for bit)."""
+    import torch
+    t = t.detach().cpu()
+    return t.view(torch.uint16).numpy().view(BF16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def tables(shape):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fusedk
-from oracle import BF16, assert_close_gpu as assert_close  # GPU vs the CPU reference
+from oracle import assert_close_gpu as assert_close, np_of  # GPU vs the CPU reference
 
 if not fusedk.kernel_info()["cuda"]["devices"]:
     pytest.skip("no CUDA device (or fusedk built without its GPU half)", allow_module_level=True)
@@ -24,11 +24,6 @@ try:
 except ImportError:  # pragma: no cover
     cupy = None
 needs_cupy = pytest.mark.skipif(cupy is None, reason="CuPy not installed")
-
-
-def np_of(t):
-    t = t.detach().cpu()
-    return t.view(torch.uint16).numpy().view(BF16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def torch_inputs(B=2, L=300, D=1152, dtype=None):

@@ -23,7 +23,7 @@ except ImportError as e:  # pragma: no cover - CI without jax
 import fusedk  # noqa: E402
 import fusedk.jax as fk  # noqa: E402
 import oracle  # noqa: E402
-from oracle import BF16, DTYPES, assert_close, assert_close_gpu  # noqa: E402
+from oracle import BF16, DTYPES, assert_close, assert_close_gpu, bits  # noqa: E402
 
 rng = np.random.default_rng(7)
 CPU = jax.devices("cpu")[0]
@@ -35,11 +35,6 @@ def rand(shape, dtype, scale=1.0, mean=0.0):
 
 def on_cpu(*arrays):
     return [None if a is None else jax.device_put(a, CPU) for a in arrays]
-
-
-def bits(a):
-    a = np.asarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
 
 
 def assert_same(got, want, what):
@@ -175,6 +170,7 @@ def test_every_registry_op_has_a_target():
                        cos=np.ones((3, D // 2), np.float32), sin=np.zeros((3, D // 2), np.float32))
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
         if o.name == "qk_norm_rope":
+            assert all(isinstance(t, jax.Array) and t.dtype == np.float32 for t in out), o.name
             assert [t.shape for t in out] == [(2, 4, 3, D), (2, 2, 3, D)], o.name
         elif o.name.startswith("rope_table"):
             assert all(isinstance(t, jax.Array) and t.shape == want and t.dtype == np.float32 for t in out), o.name

@@ -14,7 +14,8 @@ import pytest
 
 import fusedk
 import oracle
-from oracle import BF16, DTYPES, assert_close, table_shape, tables
+from models import diffusers_apply_rotary_emb, flux_ids, llama_apply_rotary, mochi_apply_rotary_emb, mochi_positions
+from oracle import BF16, DTYPES, assert_close, bits, f64, np_of, pair_aux, rmsnorm, table_shape, tables, wide
 
 rng = np.random.default_rng()
 F32 = np.dtype(np.float32)
@@ -24,11 +25,6 @@ LAYOUTS = ["bhsd", "bshd"]
 
 def rand(shape, dtype, scale=1.0, mean=0.0):
     return (mean + scale * rng.standard_normal(shape)).astype(dtype)
-
-
-def bits(a):
-    a = np.asarray(a)
-    return a.view(f"u{a.dtype.itemsize}")
 
 
 def same_bits(a, b):
@@ -64,7 +60,7 @@ def snapshot(*arrays):
     return [None if a is None else a.copy() for a in arrays]
 
 
-def check(got, qkv, q, k, v, cos, sin, dtype, what, q_weight=None, k_weight=None, eps=1e-6, norm="head",
+def check(got, q, k, v, cos, sin, dtype, what, q_weight=None, k_weight=None, eps=1e-6, norm="head",
           style="interleaved", layout="bhsd", rotary_dim=None):
     """got (the op's result) against the float64 oracle; v' bit for bit; shapes and dtypes."""
     want = oracle.qk_norm_rope(q, k, v, cos, sin, q_weight, k_weight, eps, norm, style, layout, rotary_dim)
@@ -111,7 +107,7 @@ def test_qk_norm_rope(case, dtype, style, norm_w, layout):
     before = snapshot(q, k, v, qw, kw, c, s)
     got = fusedk.qk_norm_rope(qkv, c, s, q_weight=qw, k_weight=kw, norm=norm, style=style, layout=layout,
                               rotary_dim=R)
-    check(got, qkv, q, k, v, c, s, dtype, f"qk_norm_rope {case} {norm_w} {style} {layout}", qw, kw, norm=norm,
+    check(got, q, k, v, c, s, dtype, f"qk_norm_rope {case} {norm_w} {style} {layout}", qw, kw, norm=norm,
           style=style, layout=layout, rotary_dim=R)
     for a, b in zip((q, k, v, qw, kw, c, s), before):  # inputs untouched
         assert a is None or same_bits(a, b)
@@ -154,7 +150,7 @@ def test_eps(eps):
     c, s = tables((4, 16))
     for norm in ("head", "full"):
         got = fusedk.qk_norm_rope(qkv, c, s, eps=eps, norm=norm)
-        check(got, qkv, q, k, v, c, s, F32, f"eps {eps} {norm}", eps=eps, norm=norm)
+        check(got, q, k, v, c, s, F32, f"eps {eps} {norm}", eps=eps, norm=norm)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -164,7 +160,7 @@ def test_full_norm_up_to_8192_channels(H, Dh, dtype):
     qw, kw = weights("full", True, H, H, Dh, dtype)
     c, s = tables((3, Dh // 2))
     got = fusedk.qk_norm_rope(qkv, c, s, qw, kw, norm="full", style="half")
-    check(got, qkv, q, k, v, c, s, dtype, f"full H*Dh {H * Dh}", qw, kw, norm="full", style="half")
+    check(got, q, k, v, c, s, dtype, f"full H*Dh {H * Dh}", qw, kw, norm="full", style="half")
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -178,7 +174,7 @@ def test_broadcast_table_views(style):
         cv, sv = view(c), view(s)
         for layout in LAYOUTS:
             got = fusedk.qk_norm_rope(qkv, cv, sv, qw, kw, style=style, layout=layout)
-            check(got, qkv, q, k, v, c, s, F32, f"table {what} {layout}", qw, kw, style=style, layout=layout)
+            check(got, q, k, v, c, s, F32, f"table {what} {layout}", qw, kw, style=style, layout=layout)
 
 
 def _strided(B, S, Hq, Hk, Dh, dtype):
@@ -208,7 +204,7 @@ def test_strided_inputs(norm, dtype, layout):
         qw, kw = weights(norm, True, q.shape[2], k.shape[2], Dh, dtype)
         before = snapshot(q, k, v)
         got = fusedk.qk_norm_rope(qkv, c, s, qw, kw, norm=norm, layout=layout, rotary_dim=16)
-        check(got, qkv, q, k, v, c, s, dtype, f"strided {name} {norm} {layout}", qw, kw, norm=norm, layout=layout,
+        check(got, q, k, v, c, s, dtype, f"strided {name} {norm} {layout}", qw, kw, norm=norm, layout=layout,
               rotary_dim=16)
         for a, b in zip((q, k, v), before):
             assert a is None or same_bits(a, b)
@@ -311,36 +307,9 @@ def test_bhsd_outputs_are_compact_and_bshd_outputs_too():
 
 
 # --- the models' own chains, unfused, written the models' way (float64 NumPy) ---------------------
-def f64(a):
-    return oracle.f64(a)
-
-
-def rms_norm(x, weight, eps):
-    """diffusers' RMSNorm: x * rsqrt(mean(x^2, -1) + eps) * weight, over the last dim."""
-    x = f64(x)
-    variance = (x ** 2).mean(-1, keepdims=True)
-    x = x * (1.0 / np.sqrt(variance + np.float64(np.float32(eps))))
-    return x if weight is None else x * f64(weight)
-
-
-def apply_rotary_emb(x, cos, sin):
-    """diffusers' apply_rotary_emb(use_real=True, use_real_unbind_dim=-1) (Flux, LTX-Video,
-    HunyuanVideo): full-width tables, x as (real, imag) pairs, rotated = stack([-imag, real])."""
-    x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2)[..., 0], x.reshape(*x.shape[:-1], -1, 2)[..., 1]
-    x_rotated = np.stack([-x_imag, x_real], -1).reshape(x.shape)
-    return x * cos + x_rotated * sin
-
-
 def full_width(t):
     """a half table [..., R/2] as the models' repeat_interleave(2) full-width one [..., R]"""
     return np.repeat(f64(t), 2, -1)
-
-
-def flux_ids(txt_len, h, w):
-    img = np.zeros((h, w, 3), np.float32)
-    img[..., 1] += np.arange(h)[:, None]
-    img[..., 2] += np.arange(w)[None, :]
-    return np.concatenate([np.zeros((txt_len, 3), np.float32), img.reshape(-1, 3)])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -357,23 +326,14 @@ def test_flux_the_model_way(dtype):
     # the model's chain
     query, key, value = np.split(f64(proj), 3, -1)
     query, key, value = (t.reshape(B, -1, H, Dh).transpose(0, 2, 1, 3) for t in (query, key, value))
-    query, key = rms_norm(query, wq, eps), rms_norm(key, wk, eps)
+    query, key = rmsnorm(query, wq, eps)[0], rmsnorm(key, wk, eps)[0]
     cf, sf = full_width(c)[None, None], full_width(s)[None, None]  # [1, 1, S, Dh]
-    query, key = apply_rotary_emb(query, cf, sf), apply_rotary_emb(key, cf, sf)
+    query, key = diffusers_apply_rotary_emb(query, cf, sf), diffusers_apply_rotary_emb(key, cf, sf)
     # fused: the projection unflattened to [B, S, 3, H, Dh] (a view)
     got = fusedk.qk_norm_rope(proj.reshape(B, S, 3, H, Dh), c, s, wq, wk, eps=eps, norm="head")
     for g, w, n in zip(got, (query, key, value), "qkv"):
         assert g.shape == (B, H, S, Dh)
         assert_close(g, w, dtype, what=f"Flux {n}")
-
-
-def ltx_apply_rotary_emb(x, freqs):
-    """LTX-Video's own apply_rotary_emb on x [B, S, inner]: (real, imag) pairs of the whole inner
-    dim, tables [B, S, inner]."""
-    cos, sin = freqs
-    x_real, x_imag = x.reshape(*x.shape[:2], -1, 2)[..., 0], x.reshape(*x.shape[:2], -1, 2)[..., 1]
-    x_rotated = np.stack([-x_imag, x_real], -1).reshape(x.shape)
-    return x * cos + x_rotated * sin
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -390,8 +350,8 @@ def test_ltx_video_the_model_way(dtype):
     coords = rng.uniform(0, 1, (B, S, 3)).astype(np.float32)
     c, s = (np.stack(t) for t in zip(*(fusedk.rope_table_ltx(coords[b], inner) for b in range(B))))  # [B, S, inner/2]
     freqs = full_width(c), full_width(s)
-    query = ltx_apply_rotary_emb(rms_norm(xq, wq, eps), freqs)
-    key = ltx_apply_rotary_emb(rms_norm(xk, wk, eps), freqs)
+    query = diffusers_apply_rotary_emb(rmsnorm(xq, wq, eps)[0], *freqs)  # LTX's own: the whole inner dim
+    key = diffusers_apply_rotary_emb(rmsnorm(xk, wk, eps)[0], *freqs)
     query, key, value = (t.reshape(B, S, H, Dh).transpose(0, 2, 1, 3) for t in (query, key, f64(xv)))
     tq, ts = c.reshape(B, S, H, Dh // 2), s.reshape(B, S, H, Dh // 2)
     got = fusedk.qk_norm_rope((xq.reshape(B, S, H, Dh), xk.reshape(B, S, H, Dh), xv.reshape(B, S, H, Dh)), tq, ts,
@@ -406,22 +366,15 @@ def test_mochi_the_model_way(dtype):
     the rotation on even/odd channels with [S, H, Dh/2] tables (rope_table_mixed), stacked back;
     then transpose(1, 2)."""
     B, H, Dh, eps = 1, 4, 32, 1e-6
-    t, hh, ww = np.meshgrid(np.arange(2), np.arange(4), np.arange(6), indexing="ij")
-    pos = np.stack([t, hh, ww], -1).reshape(-1, 3).astype(np.float32)
+    pos = mochi_positions(2, 4, 6)
     S = pos.shape[0]
     freqs = rand((3, H, Dh // 2), np.float32, 0.3)
     c, s = fusedk.rope_table_mixed(pos, freqs)
     xq, xk, xv = (rand((B, S, H * Dh), dtype, 2.0) for _ in range(3))
     wq, wk = rand((Dh,), dtype, 0.2, 1.0), rand((Dh,), dtype, 0.2, 1.0)
-
-    def mochi_rope(x, cos, sin):
-        x_even, x_odd = x[..., 0::2], x[..., 1::2]
-        co = x_even * cos - x_odd * sin
-        si = x_even * sin + x_odd * cos
-        return np.stack([co, si], -1).reshape(x.shape)
-
-    query = mochi_rope(rms_norm(f64(xq).reshape(B, S, H, Dh), wq, eps), f64(c), f64(s)).transpose(0, 2, 1, 3)
-    key = mochi_rope(rms_norm(f64(xk).reshape(B, S, H, Dh), wk, eps), f64(c), f64(s)).transpose(0, 2, 1, 3)
+    query = mochi_apply_rotary_emb(rmsnorm(f64(xq).reshape(B, S, H, Dh), wq, eps)[0], f64(c), f64(s))
+    key = mochi_apply_rotary_emb(rmsnorm(f64(xk).reshape(B, S, H, Dh), wk, eps)[0], f64(c), f64(s))
+    query, key = query.transpose(0, 2, 1, 3), key.transpose(0, 2, 1, 3)
     value = f64(xv).reshape(B, S, H, Dh).transpose(0, 2, 1, 3)
     got = fusedk.qk_norm_rope(tuple(x.reshape(B, S, H, Dh) for x in (xq, xk, xv)), c, s, wq, wk, eps=eps)
     for g, w, n in zip(got, (query, key, value), "qkv"):
@@ -447,8 +400,8 @@ def test_wan_the_model_way(dtype):
         out[..., 1::2] = x1 * sin + x2 * cos
         return out
 
-    query = wan_rope(rms_norm(xq, wq, eps).reshape(B, S, H, Dh))
-    key = wan_rope(rms_norm(xk, wk, eps).reshape(B, S, H, Dh))
+    query = wan_rope(rmsnorm(xq, wq, eps)[0].reshape(B, S, H, Dh))
+    key = wan_rope(rmsnorm(xk, wk, eps)[0].reshape(B, S, H, Dh))
     got = fusedk.qk_norm_rope(tuple(x.reshape(B, S, H, Dh) for x in (xq, xk, xv)), c, s, wq, wk, eps=eps, norm="full",
                               layout="bshd")
     for g, w, n in zip(got, (query, key, f64(xv).reshape(B, S, H, Dh)), "qkv"):
@@ -468,17 +421,10 @@ def test_qwen3_llama_gqa_the_model_way(rotary_dim, dtype):
     wq, wk = rand((Dh,), dtype, 0.2, 1.0), rand((Dh,), dtype, 0.2, 1.0)
     c, s = fusedk.rope_table_1d(np.arange(S), rotary_dim, 1000000.0)
     cos, sin = np.concatenate([c, c], -1).astype(np.float64), np.concatenate([s, s], -1).astype(np.float64)
-
-    def rotate_half(x):
-        x1, x2 = x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-        return np.concatenate([-x2, x1], -1)
-
-    def apply_rotary_pos_emb(x):  # x [B, H, S, Dh], cos [S, R] unsqueezed over the heads
-        rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-        return np.concatenate([rot * cos[None, None] + rotate_half(rot) * sin[None, None], rest], -1)
-
-    query = apply_rotary_pos_emb(rms_norm(xq.reshape(B, S, Hq, Dh), wq, eps).transpose(0, 2, 1, 3))
-    key = apply_rotary_pos_emb(rms_norm(xk.reshape(B, S, Hk, Dh), wk, eps).transpose(0, 2, 1, 3))
+    cos, sin = cos[None, None], sin[None, None]  # [S, R] unsqueezed over the heads of x [B, H, S, Dh]
+    query = rmsnorm(xq.reshape(B, S, Hq, Dh), wq, eps)[0].transpose(0, 2, 1, 3)
+    key = rmsnorm(xk.reshape(B, S, Hk, Dh), wk, eps)[0].transpose(0, 2, 1, 3)
+    query, key = llama_apply_rotary(query, cos, sin, rotary_dim), llama_apply_rotary(key, cos, sin, rotary_dim)
     value = f64(xv).reshape(B, S, Hk, Dh).transpose(0, 2, 1, 3)
     got = fusedk.qk_norm_rope((xq.reshape(B, S, Hq, Dh), xk.reshape(B, S, Hk, Dh), xv.reshape(B, S, Hk, Dh)), c, s,
                               wq, wk, eps=eps, style="half", rotary_dim=rotary_dim)
@@ -505,10 +451,6 @@ def _qknr(a, qkv=None, c=None, s=None, **kw):
     return fusedk.qk_norm_rope(a.qkv if qkv is None else qkv, a.c if c is None else c, a.s if s is None else s, **kw)
 
 
-def _wide(t):
-    return np.concatenate([t, t], -1)
-
-
 BAD = [  # (call(a: _A), status, a regex the reason must contain after "qk_norm_rope: ")
     # qkv: the packed array or the tuple
     (lambda a: _qknr(a, a.qkv[0]), "SHAPE", r"qkv has shape \(5, 3, 4, 16\), expected \[B, S, 3, H, Dh\]"),
@@ -520,7 +462,7 @@ BAD = [  # (call(a: _A), status, a regex the reason must contain after "qk_norm_
     (lambda a: _qknr(a, (a.q[0], a.k, a.v)), "SHAPE", r"q has shape \[5, 4, 16\], expected \[B, S, H, Dh\]"),
     (lambda a: _qknr(a, (a.q.astype(np.float64), a.k, a.v)), "DTYPE", r"q has dtype float64, expected float32, "
      r"float16 or bfloat16"),
-    (lambda a: _qknr(a, (_wide(a.q)[..., ::2], a.k, a.v)), "LAYOUT", r"q has stride 2 in its last dim"),
+    (lambda a: _qknr(a, (wide(a.q)[..., ::2], a.k, a.v)), "LAYOUT", r"q has stride 2 in its last dim"),
     (lambda a: _qknr(a, (a.q, a.k.astype(np.float16), a.v), out=(a.bhsd, a.bhsd.copy(), a.bhsd.copy())), "DTYPE",
      r"k has dtype float16, expected float32 \(the dtype of q\)"),
     (lambda a: _qknr(a, (a.q, a.k, a.v.astype(BF16)), out=(a.bhsd, a.bhsd.copy(), a.bhsd.copy())), "DTYPE",
@@ -549,7 +491,7 @@ BAD = [  # (call(a: _A), status, a regex the reason must contain after "qk_norm_
     # rotary_dim
     (lambda a: _qknr(a, c=a.c[:, :3], s=a.s[:, :3], rotary_dim=7), "INVALID_ARGUMENT",
      r"rotary_dim is 7, expected an even size 2\.\.16"),
-    (lambda a: _qknr(a, c=_wide(a.c), s=_wide(a.s), rotary_dim=32), "INVALID_ARGUMENT",
+    (lambda a: _qknr(a, c=wide(a.c), s=wide(a.s), rotary_dim=32), "INVALID_ARGUMENT",
      r"rotary_dim is 32, expected an even size 2\.\.16"),
     (lambda a: _qknr(a, rotary_dim=-2), "INVALID_ARGUMENT", r"rotary_dim is -2, expected an even size"),
     (lambda a: _qknr(a, rotary_dim=1.5), "INVALID_ARGUMENT", r"attribute rotary_dim is 1\.5, expected an integer"),
@@ -576,7 +518,7 @@ BAD = [  # (call(a: _A), status, a regex the reason must contain after "qk_norm_
      r"cos has shape \[3, 5, 1, 8\], expected its B dim to be 1 or q's B"),
     (lambda a: _qknr(a, c=a.c.astype(np.float16)), "DTYPE", r"cos has dtype float16, expected float32"),
     (lambda a: _qknr(a, s=a.s.astype(BF16)), "DTYPE", r"sin has dtype bfloat16, expected float32"),
-    (lambda a: _qknr(a, c=_wide(a.c)[:, ::2], s=_wide(a.s)[:, ::2]), "LAYOUT", r"cos has stride 2 in its last dim"),
+    (lambda a: _qknr(a, c=wide(a.c)[:, ::2], s=wide(a.s)[:, ::2]), "LAYOUT", r"cos has stride 2 in its last dim"),
     # the weights
     (lambda a: _qknr(a, q_weight=a.w[:8]), "SHAPE", r"q_weight has shape \[8\], expected \[16\] \(Dh of q\)"),
     (lambda a: _qknr(a, k_weight=a.w64), "SHAPE", r"k_weight has shape \[64\], expected \[16\] \(Dh of k\)"),
@@ -592,7 +534,7 @@ BAD = [  # (call(a: _A), status, a regex the reason must contain after "qk_norm_
     (lambda a: _qknr(a, q_weight=a.w.astype(np.float16)), "DTYPE",
      r"q_weight has dtype float16, expected float32 \(the dtype of q\)"),
     (lambda a: _qknr(a, k_weight=a.w.astype(BF16)), "DTYPE", r"k_weight has dtype bfloat16, expected float32"),
-    (lambda a: _qknr(a, q_weight=_wide(a.w)[::2]), "LAYOUT", r"q_weight has stride 2"),
+    (lambda a: _qknr(a, q_weight=wide(a.w)[::2]), "LAYOUT", r"q_weight has stride 2"),
     # norm FULL: at most 8192 channels a token (q's, or k's)
     (lambda a: _qknr(a, rand((1, 2, 3, 65, 128), np.float32), c=np.ones((2, 64), np.float32),
                      s=np.zeros((2, 64), np.float32), norm="full"), "SHAPE",
@@ -622,7 +564,7 @@ BAD = [  # (call(a: _A), status, a regex the reason must contain after "qk_norm_
      r"broadcast"),
     (lambda a: _qknr(a, out=(np.broadcast_to(a.bhsd[:1], a.bhsd.shape), None, None)), "INVALID_ARGUMENT",
      r"q_out is read-only, expected a writable array"),
-    (lambda a: _qknr(a, out=(_wide(a.bhsd)[..., ::2], None, None)), "LAYOUT", r"q_out has stride 2 in its last dim"),
+    (lambda a: _qknr(a, out=(wide(a.bhsd)[..., ::2], None, None)), "LAYOUT", r"q_out has stride 2 in its last dim"),
     (lambda a: _qknr(a, (a.q, a.k, None), out=(None, None, a.bhsd)), "INVALID_ARGUMENT",
      r"v_out is given but v is NULL, expected both or neither"),
     (lambda a: _qknr(a, out=(a.bhsd, a.bhsd.copy())), "INVALID_ARGUMENT",
@@ -674,12 +616,6 @@ def _cuda_ok():
         return torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"]["devices"])
     except ImportError:
         return False
-
-
-def np_of(t):
-    t = t.detach().cpu()
-    import torch
-    return t.view(torch.uint16).numpy().view(BF16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def _torch_inputs(torch, device, dtype, B=2, S=64, H=4, Dh=64, R=None):
@@ -805,19 +741,6 @@ def test_jax_errors():
 
 
 # --- the GPU kernel through torch and CuPy, against the CPU reference ---------------------------
-def _pair_aux(n, style, rotary_dim=None):
-    """|n_a| + |n_b| per rotated channel of the normalized values n (|cos|, |sin| <= 1): the terms of
-    n_a c -+ n_b s whose float32 rounding can show when they cancel."""
-    n = np.abs(n)
-    r = n.shape[-1] if rotary_dim is None else rotary_dim
-    aux = n.copy()
-    if style == "interleaved":
-        aux[..., 0:r:2] = aux[..., 1:r:2] = n[..., 0:r:2] + n[..., 1:r:2]
-    else:
-        aux[..., :r // 2] = aux[..., r // 2:r] = n[..., :r // 2] + n[..., r // 2:r]
-    return aux
-
-
 def _perm(a, layout):
     """a [B, S, H, Dh] seen in `layout` (NumPy, torch, CuPy)."""
     if layout == "bshd":
@@ -902,13 +825,14 @@ def _gpu_inputs(case, dtype):
 @pytest.mark.parametrize("case", list(GPU_CASES))
 def test_gpu_qk_norm_rope_matches_the_reference(case, dtype, style):
     from oracle import assert_close_gpu
-    B, S, Hq, Hk, Dh, R, kind, form, norm, with_w, layout, view, out = GPU_CASES[case]
-    bases, build, q, k, v = _gpu_inputs(case, dtype)
+    B, S, Hq, Hk, Dh, R, kind, form, norm, with_w, layout, _, out = GPU_CASES[case]
+    bases, build, q, k, _ = _gpu_inputs(case, dtype)
     qw, kw = weights(norm, with_w, Hq, Hk, Dh, dtype)
     c, s = tables(table_shape(kind, B, S, Hq, (R or Dh) // 2))
     attrs = dict(norm=norm, style=style, layout=layout, rotary_dim=R)
     want = fusedk.qk_norm_rope(build(bases), c, s, qw, kw, **attrs)  # the CPU reference, same views
-    aux = [in_layout(_pair_aux(oracle.qk_norm(x, w, 1e-6, norm), style, R), layout) for x, w in ((q, qw), (k, kw))]
+    aux = [in_layout(pair_aux(oracle.qk_norm(x, w, 1e-6, norm), style, R, keep_rest=True), layout)
+           for x, w in ((q, qw), (k, kw))]
     for fw, to_dev, to_host, _ in oracle.gpu_frameworks():
         dev = {n: to_dev(b) for n, b in bases.items()}
         if any(d is None for d in dev.values()):
@@ -951,7 +875,8 @@ def test_gpu_broadcast_table_views_and_determinism():
     qw, kw = weights("head", True, H, H, Dh, np.float16)
     c, s = tables((S, Dh // 2))
     want = fusedk.qk_norm_rope(qkv, c, s, qw, kw)
-    aux = [in_layout(_pair_aux(oracle.qk_norm(x, w), "interleaved"), "bhsd") for x, w in ((q, qw), (k, kw))]
+    aux = [in_layout(pair_aux(oracle.qk_norm(x, w), "interleaved", keep_rest=True), "bhsd")
+           for x, w in ((q, qw), (k, kw))]
     for fw, to_dev, to_host, bcast in oracle.gpu_frameworks():
         d = to_dev(qkv)
         for what, view in {"[B,S,H,R/2] stride 0": lambda t: bcast(t[None, :, None, :], (B, S, H, Dh // 2)),
@@ -987,7 +912,8 @@ def test_gpu_jax(dtype, jit):
     qw, kw = weights("head", True, H, H, Dh, dtype)
     c, s = tables((S, Dh // 2))
     want = fusedk.qk_norm_rope(qkv, c, s, qw, kw)
-    aux = [in_layout(_pair_aux(oracle.qk_norm(x, w), "interleaved"), "bhsd") for x, w in ((q, qw), (k, kw))]
+    aux = [in_layout(pair_aux(oracle.qk_norm(x, w), "interleaved", keep_rest=True), "bhsd")
+           for x, w in ((q, qw), (k, kw))]
     args = [jax.device_put(a, gpu) for a in (qkv, c, s, qw, kw)]
     f = (lambda qkv, c, s, qw, kw: fk.qk_norm_rope(qkv, c, s, qw, kw))
     got = jax.jit(f)(*args) if jit else f(*args)

@@ -10,7 +10,9 @@ import pytest
 
 import fusedk
 import oracle
-from oracle import DTYPES, assert_close, table_shape, tables
+from models import (diffusers_apply_rotary_emb, flux_full_tables, flux_ids, llama_apply_rotary, ltx_full_tables,
+                    mochi_apply_rotary_emb, mochi_positions)
+from oracle import DTYPES, assert_close, pair_aux, table_shape, tables, wide
 
 rng = np.random.default_rng()
 F32 = np.dtype(np.float32)
@@ -49,6 +51,7 @@ def test_rope(case, dtype, style):
     assert_close(k2, oracle.rope(k, c, s, style, R), dtype, what=f"rope {style} {case} k")
     if R is not None:  # the channels past rotary_dim pass through bit for bit
         assert np.array_equal(q2[..., R:].view(np.uint8), q[..., R:].view(np.uint8))
+        assert np.array_equal(k2[..., R:].view(np.uint8), k[..., R:].view(np.uint8))
     assert np.array_equal(q.view(np.uint8), q0.view(np.uint8)) and np.array_equal(k.view(np.uint8), k0.view(np.uint8))
 
 
@@ -114,10 +117,13 @@ def test_rope_out_arrays_and_k_none():
     q1 = fusedk.rope(q, None, c, s, style="half")  # k=None: q' alone, not a tuple
     assert isinstance(q1, np.ndarray) and q1.shape == q.shape
     assert_close(q1, oracle.rope(q, c, s, "half"), np.float16, what="rope k=None")
+    wq = oracle.rope(q.copy(), c, s)  # before q is rotated in place
     q3 = fusedk.rope(q, None, c, s, inplace=True)
     assert q3 is q
+    assert_close(q, wq, np.float16, what="rope k=None in place")
     qo = np.empty_like(q)
     assert fusedk.rope(q1, None, c, s, q_out=qo) is qo
+    assert_close(qo, oracle.rope(q1, c, s), np.float16, what="rope k=None q_out")
 
 
 def test_rope_identity_and_quarter_turn():
@@ -130,82 +136,6 @@ def test_rope_identity_and_quarter_turn():
     assert np.array_equal(q2[..., 0::2], -q[..., 1::2]) and np.array_equal(q2[..., 1::2], q[..., 0::2])
     q2 = fusedk.rope(q, None, s, c, style="half")
     assert np.array_equal(q2[..., :4], -q[..., 4:]) and np.array_equal(q2[..., 4:], q[..., :4])
-
-
-# --- the models' own formulas, written the models' way (float64 NumPy) --------------------------
-def diffusers_apply_rotary_emb(x, cos_full, sin_full):
-    """diffusers' apply_rotary_emb(use_real=True, unbind dim -1), LTX's apply_rotary_emb: full-width
-    [S, D] tables; x viewed as (real, imag) pairs, rotated = stack([-imag, real])."""
-    x = oracle.f64(x)
-    pairs = x.reshape(*x.shape[:-1], -1, 2)
-    rotated = np.stack([-pairs[..., 1], pairs[..., 0]], -1).reshape(x.shape)
-    return x * cos_full + rotated * sin_full
-
-
-def mochi_apply_rotary_emb(x, cos, sin):
-    """Mochi's attention processor: [S, H, D/2] tables; even/odd channels, stacked back."""
-    x = oracle.f64(x)
-    ev, od = x[..., 0::2], x[..., 1::2]
-    return np.stack([ev * cos - od * sin, ev * sin + od * cos], -1).reshape(x.shape)
-
-
-def llama_apply_rotary(x, cos_full, sin_full, rotary_dim):
-    """Llama / GPT-NeoX: rotate_half over the first rotary_dim channels (cat(-x2, x1)),
-    full-width tables cat(freqs, freqs); the rest passes (NeoX rotary_pct)."""
-    x = oracle.f64(x)
-    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    x1, x2 = rot[..., :rotary_dim // 2], rot[..., rotary_dim // 2:]
-    rot = rot * cos_full + np.concatenate([-x2, x1], -1) * sin_full
-    return np.concatenate([rot, rest], -1)
-
-
-def flux_full_tables(ids, axes_dim, theta):
-    """FluxPosEmbed: per axis get_1d_rotary_pos_embed(repeat_interleave_real=True), concatenated."""
-    cos_out, sin_out = [], []
-    for a, d in enumerate(axes_dim):
-        freqs = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64)[: d // 2] / d))
-        ang = np.outer(oracle.f64(ids)[:, a], freqs)
-        cos_out.append(np.repeat(np.cos(ang), 2, axis=1))
-        sin_out.append(np.repeat(np.sin(ang), 2, axis=1))
-    return np.concatenate(cos_out, -1), np.concatenate(sin_out, -1)
-
-
-def ltx_full_tables(grid, dim, theta):
-    """LTXVideoRotaryPosEmbed.forward from its grid [B, S, 3]: freqs = theta ** linspace(log_theta(1),
-    log_theta(theta), dim // 6) * pi / 2, * (2 grid - 1), transpose(-1, -2).flatten(2),
-    repeat_interleave(2), then dim % 6 leading channels of cos 1 / sin 0."""
-    import math
-    grid = oracle.f64(grid)
-    freqs = theta ** np.linspace(math.log(1.0, theta), math.log(theta, theta), dim // 6)
-    freqs = freqs * math.pi / 2.0
-    freqs = freqs * (grid[..., None] * 2 - 1)  # [B, S, 3, n]
-    freqs = np.swapaxes(freqs, -1, -2).reshape(*grid.shape[:2], 3 * (dim // 6))
-    cos, sin = np.repeat(np.cos(freqs), 2, axis=-1), np.repeat(np.sin(freqs), 2, axis=-1)
-    if dim % 6:
-        pad = grid.shape[:2] + (dim % 6,)
-        cos, sin = np.concatenate([np.ones(pad), cos], -1), np.concatenate([np.zeros(pad), sin], -1)
-    return cos, sin
-
-
-def mochi_positions(num_frames, height, width, target_area=192 * 192):
-    """MochiRoPE._get_positions: t = arange(T); h, w = the centres of height (width) cells spanning
-    +-size*scale/2, scale = sqrt(target_area / (height * width))."""
-    scale = (target_area / (height * width)) ** 0.5
-
-    def centres(n):
-        e = np.linspace(-n * scale / 2, n * scale / 2, n + 1)
-        return (e[:-1] + e[1:]) / 2
-
-    g = np.meshgrid(np.arange(num_frames, dtype=np.float64), centres(height), centres(width), indexing="ij")
-    return np.stack(g, -1).reshape(-1, 3).astype(np.float32)
-
-
-def flux_ids(txt_len, h, w):
-    """Flux's ids: text tokens all 0, image tokens (0, row, col)."""
-    img = np.zeros((h, w, 3), np.float32)
-    img[..., 1] += np.arange(h)[:, None]
-    img[..., 2] += np.arange(w)[None, :]
-    return np.concatenate([np.zeros((txt_len, 3), np.float32), img.reshape(-1, 3)])
 
 
 # --- the table builders ------------------------------------------------------------------------
@@ -338,14 +268,10 @@ def test_llama_neox_tables_into_rope(rotary_dim):
 
 
 # --- bad arguments -----------------------------------------------------------------------------
-def _wide(t):
-    return np.concatenate([t, t], -1)
-
-
 BAD = [  # (call(q [2,5,4,16] f32, k [2,5,2,16], c, s [5,8]), status, op, argument)
     (lambda q, k, c, s: fusedk.rope(q, k, c, s, style="neox"), "INVALID_ARGUMENT", "rope", "style"),
     (lambda q, k, c, s: fusedk.rope(q, k, c[:, :3], s[:, :3], rotary_dim=7), "INVALID_ARGUMENT", "rope", "rotary_dim"),
-    (lambda q, k, c, s: fusedk.rope(q, k, _wide(c), _wide(s), rotary_dim=32), "INVALID_ARGUMENT", "rope",
+    (lambda q, k, c, s: fusedk.rope(q, k, wide(c), wide(s), rotary_dim=32), "INVALID_ARGUMENT", "rope",
      "rotary_dim"),
     (lambda q, k, c, s: fusedk.rope(q, k, c.astype(np.float16), s), "DTYPE", "rope", "cos"),
     (lambda q, k, c, s: fusedk.rope(q, k, c, s.astype(np.float16)), "DTYPE", "rope", "sin"),
@@ -359,7 +285,7 @@ BAD = [  # (call(q [2,5,4,16] f32, k [2,5,2,16], c, s [5,8]), status, op, argume
     (lambda q, k, c, s: fusedk.rope(q, k, np.stack([c] * 4, 1), np.stack([s] * 4, 1)), "SHAPE", "rope", "cos"),
     (lambda q, k, c, s: fusedk.rope(q, k, np.stack([c[:, None]] * 3), np.stack([s[:, None]] * 3)), "SHAPE", "rope",
      "cos"),
-    (lambda q, k, c, s: fusedk.rope(q, k, _wide(c)[:, ::2], _wide(s)[:, ::2]), "LAYOUT", "rope", "cos"),
+    (lambda q, k, c, s: fusedk.rope(q, k, wide(c)[:, ::2], wide(s)[:, ::2]), "LAYOUT", "rope", "cos"),
     (lambda q, k, c, s: fusedk.rope(q, k[:1], c, s), "SHAPE", "rope", "k"),
     (lambda q, k, c, s: fusedk.rope(q, k[:, :4], c, s), "SHAPE", "rope", "k"),
     (lambda q, k, c, s: fusedk.rope(q, k[..., :8], c, s), "SHAPE", "rope", "k"),
@@ -367,7 +293,7 @@ BAD = [  # (call(q [2,5,4,16] f32, k [2,5,2,16], c, s [5,8]), status, op, argume
     (lambda q, k, c, s: fusedk.rope(q, k.astype(np.float16), c, s), "DTYPE", "rope", "k"),
     (lambda q, k, c, s: fusedk.rope(q.astype(np.float64), None, c, s), "DTYPE", "rope", "q"),
     (lambda q, k, c, s: fusedk.rope(q[0], None, c, s), "SHAPE", "rope", "q"),
-    (lambda q, k, c, s: fusedk.rope(_wide(q)[..., ::2], k, c, s), "LAYOUT", "rope", "q"),
+    (lambda q, k, c, s: fusedk.rope(wide(q)[..., ::2], k, c, s), "LAYOUT", "rope", "q"),
     (lambda q, k, c, s: fusedk.rope(q, k, c, s, q_out=np.empty((2, 5, 4, 8), np.float32)), "SHAPE", "rope", "q_out"),
     (lambda q, k, c, s: fusedk.rope(q, k, c, s, q_out=np.empty_like(q, np.float16)), "DTYPE", "rope", "q_out"),
     (lambda q, k, c, s: fusedk.rope(q, k, c, s, k_out=np.empty_like(q)), "SHAPE", "rope", "k_out"),
@@ -405,19 +331,6 @@ def test_bad_arguments(case, status, op, name):
 
 
 # --- the GPU kernels through torch and CuPy, against the CPU reference ---------------------------
-def _pair_aux(x, style, rotary_dim=None):
-    """|x| + |partner| per rotated channel (|cos|, |sin| <= 1): the terms of x c -+ x' s whose float32
-    rounding can show when they cancel."""
-    x = np.abs(oracle.f64(x))
-    r = x.shape[-1] if rotary_dim is None else rotary_dim
-    aux = np.zeros_like(x)
-    if style == "interleaved":
-        aux[..., 0:r:2] = aux[..., 1:r:2] = x[..., 0:r:2] + x[..., 1:r:2]
-    else:
-        aux[..., :r // 2] = aux[..., r // 2:r] = x[..., :r // 2] + x[..., r // 2:r]
-    return aux
-
-
 GPU_CASES = {  # (B, S, Hq, Hk, Dh, rotary_dim, table kind, in place)
     "basic": (2, 300, 8, 8, 64, None, "SR", False),
     "gqa": (2, 257, 16, 4, 128, None, "SR", False),
@@ -445,8 +358,8 @@ def test_gpu_rope_matches_the_reference(case, dtype, style):
         q2, k2 = fusedk.rope(qd, kd, to_dev(c), to_dev(s), style=style, rotary_dim=R, inplace=inplace)
         if inplace:
             assert q2 is qd and k2 is kd
-        assert_close_gpu(to_host(q2), wq, dtype, _pair_aux(q, style, R), what=f"{fw} rope {case} {style} q")
-        assert_close_gpu(to_host(k2), wk, dtype, _pair_aux(k, style, R), what=f"{fw} rope {case} {style} k")
+        assert_close_gpu(to_host(q2), wq, dtype, pair_aux(q, style, R), what=f"{fw} rope {case} {style} q")
+        assert_close_gpu(to_host(k2), wk, dtype, pair_aux(k, style, R), what=f"{fw} rope {case} {style} k")
 
 
 @pytest.mark.skipif(not oracle.gpu_frameworks(), reason="no CUDA device with torch or CuPy")
@@ -461,10 +374,10 @@ def test_gpu_rope_strided_and_broadcast_views():
         cd, sd = (bcast(to_dev(t)[None, :, None, :], (B, S, H, Dh // 2)) for t in (c, s))
         got = fusedk.rope(d[:, :, 0], d[:, :, 1], cd, sd)
         for g, w, x, n in zip(got, want, (qkv[:, :, 0], qkv[:, :, 1]), "qk"):
-            assert_close_gpu(to_host(g), w, np.float16, _pair_aux(x, "interleaved"), what=f"{fw} rope strided {n}")
+            assert_close_gpu(to_host(g), w, np.float16, pair_aux(x, "interleaved"), what=f"{fw} rope strided {n}")
         fusedk.rope(d[:, :, 0], d[:, :, 1], cd, sd, inplace=True)  # in place into the packed buffer
         h = to_host(d)
-        assert_close_gpu(h[:, :, 0], want[0], np.float16, _pair_aux(qkv[:, :, 0], "interleaved"), what=f"{fw} in place")
+        assert_close_gpu(h[:, :, 0], want[0], np.float16, pair_aux(qkv[:, :, 0], "interleaved"), what=f"{fw} in place")
         assert np.array_equal(h[:, :, 2], qkv[:, :, 2])
 
 
