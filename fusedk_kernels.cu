@@ -333,11 +333,12 @@ __device__ __forceinline__ float group_sum(float v, int G, float *smem) {
 // Memory traffic is the minimum: each input is read once and each output written once while the
 // row is cached (NV > 0). Each thread issues every load its row needs before the first use: NV
 // 16-byte vectors of each row stream (x; the residual or Mochi's base) and of each per-column
-// operand (weight/bias, scale/shift, gate). They go to shared memory through cp.async, so a row
-// waiting on DRAM holds no registers: an SM keeps as many rows in flight as its shared memory
-// takes (a register cache allowed 8-10, and bandwidth tracked that number). The scalar path
-// caches single elements in registers. A row then costs one memory round trip, a reduction and
-// its stores. Longer rows (NV == 0) are re-read per pass; a row then comes back from L2.
+// operand (weight/bias, scale/shift, gate). For rmsnorm and Mochi they go to shared memory
+// through cp.async, so a row waiting on DRAM holds no registers: an SM keeps as many rows in
+// flight as its shared memory takes (a register cache allowed 8-10, and bandwidth tracked that
+// number). LayerNorm and AdaLN read the cache three times and are issue-bound: they keep it in
+// registers (reg_cache), as does the scalar path. A row then costs one memory round trip, a
+// reduction and its stores. Longer rows (NV == 0) are re-read per pass; a row then comes back from L2.
 // Statistics are two-pass from the cache (LayerNorm: mean first, then squared deviations).
 // What is fused is fixed at compile time (norm kind, residual, epilogue): a kernel carries only
 // the registers and instructions its op uses.
@@ -350,21 +351,26 @@ __host__ __device__ constexpr int cached_streams(bool ln, bool res, int epi) {
   return 1 + (res || epi == kGated) + 1 + (epi == kAdaLN || (epi == kAffine && ln));
 }
 
-// Where the cache lives: 16-byte vectors in shared memory, single elements (vb < 16) in registers.
-__host__ __device__ constexpr bool staged(int vb) { return vb == 16; }
-constexpr size_t stage_bytes(int nv, int vb, int streams, int threads) {
-  return staged(vb) ? (size_t)nv * 16 * streams * threads : 0;
+// Where the cache lives: 16-byte vectors in shared memory (rmsnorm, Mochi), or in registers
+// (single elements; LayerNorm and AdaLN, whose three passes over the cache make them issue-bound:
+// the H100 sweep measured them 1-9 % faster from registers, rmsnorm up to 8 % slower).
+__host__ __device__ constexpr bool reg_cache(bool ln, int epi) { return ln || epi == kAdaLN; }
+__host__ __device__ constexpr bool staged(int vb, bool reg) { return vb == 16 && !reg; }
+constexpr size_t stage_bytes(int nv, int vb, bool reg, int streams, int threads) {
+  return staged(vb, reg) ? (size_t)nv * 16 * streams * threads : 0;
 }
 
 // Register budget: ~40 registers of addressing, statistics and epilogue, plus a register cache
 // of one element per slot and stream. Deeper caches are capped at fewer threads per block so
 // that each thread gets what it needs (no spills), and beyond 200 registers they are not
 // instantiated.
-constexpr int cache_regs(int nv, int vb, int streams) { return 40 + (staged(vb) ? 0 : nv * streams); }
-constexpr int max_threads(int nv, int vb, int streams) {
-  return cache_regs(nv, vb, streams) <= 64 ? 1024 : cache_regs(nv, vb, streams) <= 128 ? 512 : 256;
+constexpr int cache_regs(int nv, int vb, bool reg, int streams) {
+  return 40 + (staged(vb, reg) ? 0 : nv * streams * ((vb + 3) / 4));
 }
-constexpr bool fits(int nv, int vb, int streams) { return cache_regs(nv, vb, streams) <= 200; }
+constexpr int max_threads(int nv, int vb, bool reg, int streams) {
+  return cache_regs(nv, vb, reg, streams) <= 64 ? 1024 : cache_regs(nv, vb, reg, streams) <= 128 ? 512 : 256;
+}
+constexpr bool fits(int nv, int vb, bool reg, int streams) { return cache_regs(nv, vb, reg, streams) <= 200; }
 
 extern __shared__ uint4 norm_stage[]; // the shared-memory cache, sized at launch
 constexpr int kRedBytes = 2 * 32 * sizeof(float); // the reduction slots, static shared memory
@@ -375,8 +381,8 @@ constexpr int kRedBytes = 2 * 32 * sizeof(float); // the reduction slots, static
 // itself, so cp.async.wait_all orders them and no barrier is needed. Consecutive threads own
 // consecutive 16 bytes of a slot: conflict-free. Registers (scalar path): opaque words.
 // NV == 0: nothing cached, get() loads vector j from memory.
-template <typename T, int VEC, int NV, int NS> struct RowCache {
-  static constexpr bool kShared = staged(sizeof(T) * VEC) && NV > 0;
+template <typename T, int VEC, int NV, int NS, bool REG> struct RowCache {
+  static constexpr bool kShared = staged(sizeof(T) * VEC, REG) && NV > 0;
   Raw<T, VEC> reg[kShared || NV == 0 ? 1 : NS][kShared || NV == 0 ? 1 : NV];
   uint4 *sm;  // this thread's slot (0, 0); slot (s, k) at sm[(s * NV + k) * stride]
   int stride; // threads per block
@@ -416,7 +422,7 @@ template <typename T, int VEC, int NV, int NS> struct RowCache {
 };
 
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI>
-__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_streams(LN, RES, EPI)))
+__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), reg_cache(LN, EPI), cached_streams(LN, RES, EPI)))
     norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
   constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
   constexpr bool C1 = EPI == kAdaLN || (EPI == kAffine && LN); // second column operand: bias or shift
@@ -446,7 +452,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), cached_s
   const T *c0 = EPI == kAffine ? static_cast<const T *>(a.weight) : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
   const T *c1 = !C1 ? nullptr : EPI == kAffine ? static_cast<const T *>(a.bias) : at<T>(a.shift, b, 0);
 
-  RowCache<T, VEC, NV, cached_streams(LN, RES, EPI)> cache;
+  RowCache<T, VEC, NV, cached_streams(LN, RES, EPI), reg_cache(LN, EPI)> cache;
   if constexpr (NV > 0) { // row streams first (DRAM), then column operands (L1/L2 hits)
     for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
       cache.template put<false>(kX, k, x + j * VEC);
@@ -565,7 +571,7 @@ struct NormPlan {
 // most g_max threads per row and whose cache fits (shared memory up to smem_max, registers);
 // blocks of >= 128 threads. The H100 sweep (bench/results/) put every shape that caches the row
 // within ~1% of the best; g_max 128 (256 past 512 vectors) picks one of the best on each.
-NormPlan plan_norm(int64_t nvec, int vb, int streams, int g_max, size_t smem_max) {
+NormPlan plan_norm(int64_t nvec, int vb, bool reg, int streams, int g_max, size_t smem_max) {
   NormPlan p{1, 1, 1};
   if (nvec < 32) { // a sub-warp group per row, 256 threads per block
     while (p.g < nvec) p.g *= 2;
@@ -573,12 +579,12 @@ NormPlan plan_norm(int64_t nvec, int vb, int streams, int g_max, size_t smem_max
     return p;
   }
   int nv_max = 16; // the deepest cache that fits; only it may use more than g_max threads
-  while (!fits(nv_max, vb, streams)) nv_max /= 2;
+  while (!fits(nv_max, vb, reg, streams)) nv_max /= 2;
   for (int nv : {1, 2, 4, 8, 16}) {
     const int64_t g = (nvec + nv - 1) / nv;
     const int g32 = (int)((g + 31) / 32 * 32), rpb = g32 < 128 ? 128 / g32 : 1;
-    if (nv <= nv_max && g <= (nv == nv_max ? max_threads(nv, vb, streams) : g_max) &&
-        stage_bytes(nv, vb, streams, g32 * rpb) <= smem_max)
+    if (nv <= nv_max && g <= (nv == nv_max ? max_threads(nv, vb, reg, streams) : g_max) &&
+        stage_bytes(nv, vb, reg, streams, g32 * rpb) <= smem_max)
       return NormPlan{nv, g32, rpb};
   }
   return NormPlan{0, 512, 1}; // re-read from L2
@@ -590,12 +596,12 @@ NormPlan plan_norm(int64_t nvec, int vb, int streams, int g_max, size_t smem_max
 // nv = -2 sets only g_max. Built only with -Dtuning=true (meson), i.e. -DFUSEDK_TUNING.
 NormPlan g_tune_plan{-1, 0, 0};
 
-bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int streams, size_t smem_max) {
+bool plan_valid(const NormPlan &p, int64_t nvec, int vb, bool reg, int streams, size_t smem_max) {
   const bool gok = p.g > 32 ? p.g % 32 == 0 : (p.g & (p.g - 1)) == 0;
   const bool nvok = p.nv == 0 || p.nv == 1 || p.nv == 2 || p.nv == 4 || p.nv == 8 || p.nv == 16;
-  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, streams) &&
+  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, reg, streams) &&
          (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) && (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) &&
-         (p.nv == 0 || fits(p.nv, vb, streams)) && stage_bytes(p.nv, vb, streams, p.g * p.rows_per_block) <= smem_max;
+         (p.nv == 0 || fits(p.nv, vb, reg, streams)) && stage_bytes(p.nv, vb, reg, streams, p.g * p.rows_per_block) <= smem_max;
 }
 #endif
 
@@ -611,24 +617,25 @@ struct NormLaunch {
 
 template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
   constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
+  constexpr bool reg = reg_cache(LN, EPI);
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
   int g_max = nvec > 512 ? 256 : 128;
 #ifdef FUSEDK_TUNING
   if (g_tune_plan.nv == -2) g_max = g_tune_plan.g;
 #endif
-  NormPlan p = plan_norm(nvec, vb, st, g_max, L.smem_max);
+  NormPlan p = plan_norm(nvec, vb, reg, st, g_max, L.smem_max);
 #ifdef FUSEDK_TUNING
-  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, st, L.smem_max)) p = g_tune_plan;
+  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, reg, st, L.smem_max)) p = g_tune_plan;
 #endif
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (L.rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const unsigned gr = (unsigned)grid;
-  const size_t smem = stage_bytes(p.nv, vb, st, p.g * p.rows_per_block);
+  const size_t smem = stage_bytes(p.nv, vb, reg, st, p.g * p.rows_per_block);
   const cudaError_t e = dispatch_int<0, 1, 2, 4, 8, 16>(p.nv, [&](auto nv) {
     constexpr int NV = decltype(nv)::value;
-    if constexpr (NV == 0 || fits(NV, vb, st)) { // only the cache depths that fit (plan never picks others)
+    if constexpr (NV == 0 || fits(NV, vb, reg, st)) { // only the cache depths that fit (plan never picks others)
       constexpr auto kernel = norm_rows_kernel<T, VEC, NV, LN, RES, EPI>;
       const cudaError_t err = smem_opt_in<kernel>(smem, kRedBytes, L.device);
       if (err == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows);
@@ -667,12 +674,12 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
 
 // ---------------------------------------------------------------------------------------------
 // [elementwise] act, silu_fma, gated_residual, glu, glu_pair: one kernel over rows of D elements
-// (glu: the rows of x's two halves, D = H).
+// (glu: the rows of x's two halves, D = H; compact tensors without a per-sample operand: one row
+// of every element).
 //
-// Launch shape: G threads per row (a power of two that divides the row's 16-byte vectors into
-// nearly equal passes, at most 256), 256 / G rows per block, a grid-stride loop over rows with a
-// grid of 8 blocks per SM (a full SM). Each thread moves U vectors per step (2; act 4), loads
-// first. Each vector is read once per input and written once, streaming; the per-sample gate of
+// Launch shape (plan_ew): a block moves one chunk of U * G 16-byte vectors of a row, U vectors a
+// thread, loads first, and exits (no grid-stride loop: the block scheduler balances the SMs).
+// Each vector is read once per input and written once, streaming; the per-sample gate of
 // gated_residual goes through the read-only path (re-read by every row of its sample).
 // ---------------------------------------------------------------------------------------------
 
@@ -710,110 +717,149 @@ __device__ __forceinline__ float step_f32(const StepC &st, bool has_u, bool has_
   return has_p ? fmaf(c[FUSEDK__C_BLEND], r - prev, prev) : r;
 }
 
-template <typename T, int VEC, int OP, int KIND>
-__global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_args a, int64_t rows) {
+template <typename T, int VEC, int OP, int KIND, int U>
+__global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_args a, int64_t rows, uint32_t cpr) {
   const int G = blockDim.x;
   [[maybe_unused]] StepC st;
   if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP)
 #pragma unroll
     for (int k = 0; k < FUSEDK__N_C; ++k) st.c[k] = (float)a.c[k];
+  // the block's chunk c of rows r0 .. r0 + blockDim.y - 1 (32-bit: the grid is)
+  const uint32_t q = cpr == 1 ? blockIdx.x : blockIdx.x / cpr, c = blockIdx.x - q * cpr;
+  const int64_t row = (int64_t)q * blockDim.y + threadIdx.y;
+  if (row >= rows) return; // no barriers below
+  int64_t b = 0, l = row; // (b, l) without a 64-bit division where possible
+  if (a.B > 1) {
+    if (a.L == 1) b = row, l = 0;
+    else if (rows <= 0xffffffffll) b = (uint32_t)row / (uint32_t)a.L, l = row - b * a.L;
+    else b = row / a.L, l = row % a.L;
+  }
   const int64_t nvec = a.D / VEC;
-  for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows;
-       row += (int64_t)gridDim.x * blockDim.y) {
-    int64_t b = 0, l = row; // (b, l) without a 64-bit division where possible
-    if (a.B > 1) {
-      if (a.L == 1) b = row, l = 0;
-      else if (rows <= 0xffffffffll) b = (uint32_t)row / (uint32_t)a.L, l = row - b * a.L;
-      else b = row / a.L, l = row % a.L;
-    }
-    const T *p0 = at<T>(a.in[0], b, l);
-    const T *p1 = OP == FUSEDK_OP_ACT ? nullptr : at<T>(a.in[1], b, l);
-    const T *p2 = OP == FUSEDK_OP_SILU_FMA || OP == FUSEDK_OP_GATED_RESIDUAL || OP == FUSEDK_OP_DIFFUSION_STEP
-                      ? at<T>(a.in[2], b, l) : nullptr;
-    const T *p3 = OP == FUSEDK_OP_DIFFUSION_STEP ? at<T>(a.in[3], b, l) : nullptr;
-    T *y = at<T>(a.y, b, l);
-    // U vectors per step, every load issued before the first store (an output aliases an input
-    // only exactly, so each element's own load still precedes its store)
-    auto step = [&](int64_t j, auto u_c) {
-      constexpr int U = decltype(u_c)::value;
-      float v[U][VEC];
-      [[maybe_unused]] float u[U][VEC], w[U][VEC], z[U][VEC]; // act reads one input
+  const T *p0 = at<T>(a.in[0], b, l);
+  const T *p1 = OP == FUSEDK_OP_ACT ? nullptr : at<T>(a.in[1], b, l);
+  const T *p2 = OP == FUSEDK_OP_SILU_FMA || OP == FUSEDK_OP_GATED_RESIDUAL || OP == FUSEDK_OP_DIFFUSION_STEP
+                    ? at<T>(a.in[2], b, l) : nullptr;
+  const T *p3 = OP == FUSEDK_OP_DIFFUSION_STEP ? at<T>(a.in[3], b, l) : nullptr;
+  T *y = at<T>(a.y, b, l);
+  // N vectors j, j + G, ..., every load issued before the first store (an output aliases an
+  // input only exactly, so each element's own load still precedes its store)
+  auto step = [&](int64_t j, auto n_c) {
+    constexpr int N = decltype(n_c)::value;
+    float v[N][VEC];
+    [[maybe_unused]] float u[N][VEC], w[N][VEC], z[N][VEC]; // act reads one input
 #pragma unroll
-      for (int k = 0; k < U; ++k) {
-        load<T, VEC>(p0 + (j + k * G) * VEC, v[k]);
-        if constexpr (OP != FUSEDK_OP_ACT) load<T, VEC>(p1 + (j + k * G) * VEC, u[k]);
-        if constexpr (OP == FUSEDK_OP_SILU_FMA) load<T, VEC>(p2 + (j + k * G) * VEC, w[k]);
-        if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) load<T, VEC, true>(p2 + (j + k * G) * VEC, w[k]); // per sample
-        if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP) { // uncond and prev when given (uniform branches)
-          if (p2) load<T, VEC>(p2 + (j + k * G) * VEC, w[k]);
-          if (p3) load<T, VEC>(p3 + (j + k * G) * VEC, z[k]);
-        }
+    for (int k = 0; k < N; ++k) {
+      load<T, VEC>(p0 + (j + k * G) * VEC, v[k]);
+      if constexpr (OP != FUSEDK_OP_ACT) load<T, VEC>(p1 + (j + k * G) * VEC, u[k]);
+      if constexpr (OP == FUSEDK_OP_SILU_FMA) load<T, VEC>(p2 + (j + k * G) * VEC, w[k]);
+      if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) load<T, VEC, true>(p2 + (j + k * G) * VEC, w[k]); // per sample
+      if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP) { // uncond and prev when given (uniform branches)
+        if (p2) load<T, VEC>(p2 + (j + k * G) * VEC, w[k]);
+        if (p3) load<T, VEC>(p3 + (j + k * G) * VEC, z[k]);
       }
-#pragma unroll
-      for (int k = 0; k < U; ++k) {
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP) v[k][i] = step_f32<KIND>(st, p2 != nullptr, p3 != nullptr, v[k][i], u[k][i], w[k][i], z[k][i]);
-          else if constexpr (OP == FUSEDK_OP_SILU_FMA) v[k][i] = act_f32(fmaf(u[k][i], w[k][i], v[k][i]), FUSEDK_ACT_SILU);
-          else if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) v[k][i] = fmaf(w[k][i], u[k][i], v[k][i]);
-          else if constexpr (OP == FUSEDK_OP_GLU) v[k][i] = act_f32(v[k][i], KIND) * u[k][i];
-          else v[k][i] = act_f32(v[k][i], KIND);
-        }
-        store_cs<T, VEC>(y + (j + k * G) * VEC, v[k]);
-      }
-    };
-    // act moves 4 bytes an element against silu_fma's 8: it needs twice the vectors in flight
-    constexpr int U = OP == FUSEDK_OP_ACT ? 4 : 2;
-    int64_t j = threadIdx.x;
-    for (; j + (U - 1) * G < nvec; j += U * G) step(j, int_c<U>());
-    if constexpr (U > 2) {
-      if (j + G < nvec) step(j, int_c<2>()), j += 2 * G;
     }
-    for (; j < nvec; j += G) step(j, int_c<1>());
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP) v[k][i] = step_f32<KIND>(st, p2 != nullptr, p3 != nullptr, v[k][i], u[k][i], w[k][i], z[k][i]);
+        else if constexpr (OP == FUSEDK_OP_SILU_FMA) v[k][i] = act_f32(fmaf(u[k][i], w[k][i], v[k][i]), FUSEDK_ACT_SILU);
+        else if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) v[k][i] = fmaf(w[k][i], u[k][i], v[k][i]);
+        else if constexpr (OP == FUSEDK_OP_GLU) v[k][i] = act_f32(v[k][i], KIND) * u[k][i];
+        else v[k][i] = act_f32(v[k][i], KIND);
+      }
+      store_cs<T, VEC>(y + (j + k * G) * VEC, v[k]);
+    }
+  };
+  const int64_t j = (int64_t)c * G * U + threadIdx.x;
+  if (j + (U - 1) * G < nvec) {
+    step(j, int_c<U>());
+  } else {
+#pragma unroll
+    for (int k = 0; k < U; ++k)
+      if (j + k * G < nvec) step(j + k * G, int_c<1>());
   }
 }
 
-template <typename T, int VEC, int OP, int KIND> cudaError_t launch_elementwise_vec(const fusedk__ew_args &a, cudaStream_t s, int device) {
+// Vectors a thread (U) and the most threads a row (g_max, 128): one block moves a chunk of U * G
+// vectors of a row and exits; the block scheduler balances the SMs (a capped grid-stride grid
+// ended unevenly and, at four vectors a thread, held 64 registers: 44 % occupancy, ncu). The
+// H100 sweep (bench/tune_ew.py): act, one input, wants two vectors a thread (36 registers), the
+// ops of two or more inputs one; 128 threads were level with or up to 1.8 % ahead of 256 and 64.
+struct EwPlan {
+  int u, g, rows_per_block;
+  int64_t cpr; // chunks a row
+};
+constexpr int ew_vectors(int op) { return op == FUSEDK_OP_ACT ? 2 : 1; }
+
+#ifdef FUSEDK_TUNING
+// bench's sweeps set U and g_max through fusedk__tune_ew_plan (a measuring aid, not API: a
+// process-wide setting, not thread safe); 0 keeps the library's choice.
+int g_tune_ew[2] = {0, 0};
+#endif
+
+// G threads a row (a multiple of 32 that splits the row into nearly equal chunks of U * G
+// vectors: 576 vectors are 3 chunks of 192, not 2.25 of 256), rows under 32 U vectors: a
+// power-of-two group a row, 256 / G rows a block.
+inline EwPlan plan_ew(int64_t nvec, int u, int g_max) {
+  EwPlan p{u, 1, 1, 1};
+  const int64_t per = (nvec + u - 1) / u; // threads the row wants
+  if (per < 32) {
+    while (p.g < per) p.g *= 2;
+    p.rows_per_block = 256 / p.g;
+    return p;
+  }
+  const int64_t cpr = (per + g_max - 1) / g_max;
+  p.g = (int)(((per + cpr - 1) / cpr + 31) / 32 * 32);
+  p.cpr = cpr;
+  p.rows_per_block = p.g <= 64 ? 128 / p.g : 1; // >= 2048 threads an SM under the 32-block limit
+  return p;
+}
+
+template <typename T, int VEC, int OP, int KIND> cudaError_t launch_elementwise_vec(const fusedk__ew_args &a, cudaStream_t s) {
   const int64_t rows = a.B * a.L, nvec = a.D / VEC;
-  // threads per row: the largest power of two <= 256 that keeps >= 95 % of them busy on every
-  // pass over the row (576 vectors: 64 threads x 9, not 256 x 2.25 with a quarter idle on the
-  // last), and, for act, gives each thread its four vectors a step (512 vectors: 128 x 4)
-  int g = OP == FUSEDK_OP_ACT && nvec >= 4 ? 1 : 256;
-  if (g == 1)
-    while (g < 256 && 2 * g * 4 <= nvec) g *= 2;
-  while (g > 1 && (double)nvec / (double)(((nvec + g - 1) / g) * g) < 0.95) g /= 2;
-  const dim3 block(g, 256 / g);
-  const int64_t need = (rows + block.y - 1) / block.y, cap = (int64_t)device_sms(device) * 8;
-  elementwise_rows_kernel<T, VEC, OP, KIND><<<(unsigned)(need < cap ? need : cap), block, 0, s>>>(a, rows);
-  return cudaGetLastError();
+  int u = ew_vectors(OP), g_max = 128;
+#ifdef FUSEDK_TUNING
+  if (g_tune_ew[0] > 0) u = g_tune_ew[0];
+  if (g_tune_ew[1] > 0) g_max = g_tune_ew[1];
+#endif
+  const EwPlan p = plan_ew(nvec, u, g_max);
+  const int64_t grid = (rows + p.rows_per_block - 1) / p.rows_per_block * p.cpr;
+  if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 block(p.g, p.rows_per_block);
+  auto go = [&](auto u_c) {
+    constexpr int U = decltype(u_c)::value;
+    elementwise_rows_kernel<T, VEC, OP, KIND, U><<<(unsigned)grid, block, 0, s>>>(a, rows, (uint32_t)p.cpr);
+    return cudaGetLastError();
+  };
+#ifdef FUSEDK_TUNING
+  return dispatch_int<1, 2>(u, go);
+#else
+  return go(int_c<ew_vectors(OP)>());
+#endif
 }
 
 // 16-byte vectors need every pointer 16-byte aligned and every row stride and D a multiple of the
 // vector; otherwise the same kernel one element at a time.
-template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, cudaStream_t s, int device) {
+template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, cudaStream_t s) {
   constexpr int V = 16 / sizeof(T);
-  // Short compact rows (a video latent's 128, a head's 64) leave each thread one vector a row and
-  // a load-to-store round trip per vector: where every tensor is compact and the op has no
-  // per-sample operand, k rows are one row of k * D (k a power of two dividing the rows, k * D
-  // <= 8192), so each thread has several vectors of loads in flight.
+  // Where every tensor is compact and the op has no per-sample operand, the tensors are one row
+  // of B * L * D elements: no per-row tail, and short rows (a video latent's 128) do not leave a
+  // thread one vector a row.
   fusedk__ew_args a = a0;
-  if (a.op != FUSEDK_OP_GATED_RESIDUAL && a.D < 4096) {
-    bool compact = a.y.sl == a.D && (a.B == 1 || a.y.sb == a.L * a.D);
-    for (const fusedk__rows &r : a.in) compact = compact && (!r.p || (r.sl == a.D && (a.B == 1 || r.sb == a.L * a.D)));
-    int64_t k = 1;
-    while (compact && 2 * k * a.D <= 8192 && (a.B * a.L) % (2 * k) == 0) k *= 2;
-    if (k > 1) {
-      a.L = a.B * a.L / k, a.B = 1, a.D *= k;
-      for (fusedk__rows *r : {&a.y, &a.in[0], &a.in[1], &a.in[2], &a.in[3]})
-        if (r->p) r->sb = 0, r->sl = a.D; // absent operands stay NULL rows (the kernel tests them)
-    }
+  bool compact = a.op != FUSEDK_OP_GATED_RESIDUAL && a.y.sl == a.D && (a.B == 1 || a.y.sb == a.L * a.D);
+  for (const fusedk__rows &r : a.in) compact = compact && (!r.p || (r.sl == a.D && (a.B == 1 || r.sb == a.L * a.D)));
+  if (compact && a.B * a.L > 1) {
+    a.D *= a.B * a.L, a.B = a.L = 1;
+    for (fusedk__rows *r : {&a.y, &a.in[0], &a.in[1], &a.in[2], &a.in[3]})
+      if (r->p) r->sb = 0, r->sl = a.D; // absent operands stay NULL rows (the kernel tests them)
   }
   bool vec = a.D % V == 0 && aligned16(a.y.p) && a.y.sb % V == 0 && a.y.sl % V == 0;
   for (const fusedk__rows &r : a.in)
     vec = vec && aligned16(r.p) && r.sb % V == 0 && r.sl % V == 0;
   auto go = [&](auto op, auto kind) {
     constexpr int OP = decltype(op)::value, KIND = decltype(kind)::value;
-    return vec ? launch_elementwise_vec<T, V, OP, KIND>(a, s, device) : launch_elementwise_vec<T, 1, OP, KIND>(a, s, device);
+    return vec ? launch_elementwise_vec<T, V, OP, KIND>(a, s) : launch_elementwise_vec<T, 1, OP, KIND>(a, s);
   };
   switch (a.op) {
     case FUSEDK_OP_ACT:
@@ -1513,6 +1559,11 @@ extern "C" {
 __attribute__((visibility("default"))) void fusedk__tune_norm_plan(int nv, int g, int rows_per_block) {
   g_tune_plan = NormPlan{nv, g, rows_per_block};
 }
+// elementwise: vectors a thread (1 or 2) and the most threads a row (32..256); 0 = the library's
+__attribute__((visibility("default"))) void fusedk__tune_ew_plan(int u, int g_max) {
+  g_tune_ew[0] = u == 1 || u == 2 ? u : 0;
+  g_tune_ew[1] = g_max >= 32 && g_max <= 256 && g_max % 32 == 0 ? g_max : 0;
+}
 #endif
 
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
@@ -1528,7 +1579,7 @@ fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op,
                                        struct CUstream_st *stream) {
   return on_device(device_id, op, [&] {
     return dispatch_scalar(a->scalar, [&](auto t) {
-      return launch_elementwise<typename decltype(t)::type>(*a, stream, device_id);
+      return launch_elementwise<typename decltype(t)::type>(*a, stream);
     });
   });
 }

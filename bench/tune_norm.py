@@ -38,12 +38,16 @@ def main():
     bench.torch = torch  # bench.py binds torch in its own main()
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--shapes", default="", help="op:RxD,... (op rmsnorm, layernorm or rtg) instead of the default list")
     args = ap.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows = []
-    for op, R, D in [("rmsnorm", 16384, 3072), ("rmsnorm", 1024, 2048), ("rmsnorm", 2048, 3072),
-                     ("rmsnorm", 8192, 1152), ("rmsnorm", 8192, 4096), ("rmsnorm", 8192, 8192),
-                     ("rmsnorm", 4096, 3584), ("layernorm", 16384, 3072), ("rtg", 16384, 3072)]:
+    shapes = [("rmsnorm", 16384, 3072), ("rmsnorm", 1024, 2048), ("rmsnorm", 2048, 3072), ("rmsnorm", 8192, 1152),
+              ("rmsnorm", 8192, 4096), ("rmsnorm", 8192, 8192), ("rmsnorm", 4096, 3584), ("layernorm", 16384, 3072),
+              ("rtg", 16384, 3072)]
+    if args.shapes:
+        shapes = [(o, *map(int, rd.split("x"))) for o, rd in (t.split(":") for t in args.shapes.split(","))]
+    for op, R, D in shapes:
         nbytes = R * D * 2 * (3 if op == "rtg" else 2)
         nsets = max(1, min(32, -(-3 * l2 // nbytes)))
         w = torch.randn(D, device="cuda", dtype=torch.bfloat16)

@@ -591,14 +591,17 @@ int main(void) {
   const fusedk_scalar S[3] = {FUSEDK_F32, FUSEDK_F16, FUSEDK_BF16};
   small = getenv("FUSEDK_TEST_SMALL") && atoi(getenv("FUSEDK_TEST_SMALL"));
   if (small) printf("small cases only (FUSEDK_TEST_SMALL)\n");
-  /* FUSEDK_TEST_ONLY=qk_norm_rope: start at that op's cases (a sanitizer pass over a new kernel);
-     =position: at rope's (with FUSEDK_NO_TMA=1: their pre-Hopper kernels). What follows them runs
+  /* FUSEDK_TEST_ONLY=norm or =elementwise: that family's cases alone (a sanitizer pass over a
+     changed kernel); =qk_norm_rope: start at that op's cases; =position: at rope's (with
+     FUSEDK_NO_TMA=1: their pre-Hopper kernels). What follows these last two runs
      too: the table builders, graph capture and, unless FUSEDK_TEST_SMALL, the huge cases. */
   const char *only = getenv("FUSEDK_TEST_ONLY");
   if (only && !strcmp(only, "qk_norm_rope")) goto qk_norm_rope;
   if (only && !strcmp(only, "position")) goto position;
-  if (only && *only) {
-    printf("FUSEDK_TEST_ONLY=%s: expected qk_norm_rope or position\n", only);
+  const int only_norm = only && !strcmp(only, "norm"), only_ew = only && !strcmp(only, "elementwise");
+  if (only_ew) goto elementwise;
+  if (only && *only && !only_norm) {
+    printf("FUSEDK_TEST_ONLY=%s: expected norm, elementwise, qk_norm_rope or position\n", only);
     return 2;
   }
   /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
@@ -654,9 +657,12 @@ int main(void) {
     run_case(&sp);
   }
   if (failures == n_before) printf("ok   2M rows, 1 row, in place, NaN/Inf rows\n");
+  if (only_norm) goto done;
   /* [elementwise]: every dtype, D from 1 to 65536 (vector and scalar paths, sub-row groups),
-     strided and misaligned rows, modulation-view and broadcast gates, in place, NaN/Inf */
-  const int64_t eD[] = {1, 7, 8, 64, 111, 1152, 3072, 65536};
+     strided and misaligned rows, modulation-view and broadcast gates, in place, NaN/Inf; 400 bf16:
+     a 64-thread row, two a block */
+elementwise:
+  const int64_t eD[] = {1, 7, 8, 64, 111, 400, 1152, 3072, 65536};
   for (int si = 0; si < 3; ++si)
     for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
       if (small && eD[di] > 3072) continue;
@@ -687,6 +693,7 @@ int main(void) {
     run_case(&one2);
   }
   if (failures == n_before) printf("ok   elementwise: 2M rows, 1 row\n");
+  if (only_ew) goto done;
   /* [position]: both styles, every dtype, GQA, partial rotary, each table layout, strided heads,
      misaligned (scalar path), in place, odd sizes, 1 token, many tokens */
 position:
@@ -785,6 +792,7 @@ qk_norm_rope:
     run_huge(0);
     run_huge(1);
   }
+done:
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
 }
