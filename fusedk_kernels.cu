@@ -333,12 +333,12 @@ __device__ __forceinline__ float group_sum(float v, int G, float *smem) {
 // Memory traffic is the minimum: each input is read once and each output written once while the
 // row is cached (NV > 0). Each thread issues every load its row needs before the first use: NV
 // 16-byte vectors of each row stream (x; the residual or Mochi's base) and of each per-column
-// operand (weight/bias, scale/shift, gate). For rmsnorm and Mochi they go to shared memory
-// through cp.async, so a row waiting on DRAM holds no registers: an SM keeps as many rows in
-// flight as its shared memory takes (a register cache allowed 8-10, and bandwidth tracked that
-// number). LayerNorm and AdaLN read the cache three times and are issue-bound: they keep it in
-// registers (reg_cache), as does the scalar path. A row then costs one memory round trip, a
-// reduction and its stores. Longer rows (NV == 0) are re-read per pass; a row then comes back from L2.
+// operand (weight/bias, scale/shift, gate). With RMS statistics they go to shared memory through
+// cp.async, so a row waiting on DRAM holds no registers: an SM keeps as many rows in flight as
+// its shared memory takes (a register cache allowed 8-10, and bandwidth tracked that number).
+// LayerNorm statistics (layernorm, adaln's layer norm) read the cache three times and are
+// issue-bound: they keep it in registers while it fits there (reg_cache), as does the scalar
+// path. A row then costs one memory round trip, a reduction and its stores. Longer rows (NV == 0) are re-read per pass; a row then comes back from L2.
 // Statistics are two-pass from the cache (LayerNorm: mean first, then squared deviations).
 // What is fused is fixed at compile time (norm kind, residual, epilogue): a kernel carries only
 // the registers and instructions its op uses.
@@ -351,17 +351,18 @@ __host__ __device__ constexpr int cached_streams(bool ln, bool res, int epi) {
   return 1 + (res || epi == kGated) + 1 + (epi == kAdaLN || (epi == kAffine && ln));
 }
 
-// Where the cache lives: 16-byte vectors in shared memory (rmsnorm, Mochi), or in registers
-// (single elements; LayerNorm and AdaLN, whose three passes over the cache make them issue-bound:
-// the H100 sweep measured them 1-9 % faster from registers, rmsnorm up to 8 % slower).
-__host__ __device__ constexpr bool reg_cache(bool ln, int epi) { return ln || epi == kAdaLN; }
+// Where the cache lives: 16-byte vectors in shared memory (RMS statistics), or in registers
+// (single elements; LayerNorm statistics, whose three passes over the cache make them
+// issue-bound: the H100 sweep measured layernorm and adaln 1-9 % faster from registers, rmsnorm
+// up to 8 % slower). A row too long for a register cache is staged (launch_norm_vec).
+__host__ __device__ constexpr bool reg_cache(bool ln) { return ln; }
 __host__ __device__ constexpr bool staged(int vb, bool reg) { return vb == 16 && !reg; }
 constexpr size_t stage_bytes(int nv, int vb, bool reg, int streams, int threads) {
   return staged(vb, reg) ? (size_t)nv * 16 * streams * threads : 0;
 }
 
 // Register budget: ~40 registers of addressing, statistics and epilogue, plus a register cache
-// of one element per slot and stream. Deeper caches are capped at fewer threads per block so
+// of one register per 32-bit word of a slot, per stream. Deeper caches are capped at fewer threads per block so
 // that each thread gets what it needs (no spills), and beyond 200 registers they are not
 // instantiated.
 constexpr int cache_regs(int nv, int vb, bool reg, int streams) {
@@ -379,7 +380,7 @@ constexpr int kRedBytes = 2 * 32 * sizeof(float); // the reduction slots, static
 // Shared memory (16-byte vectors): filled by cp.async (.cg: rows stream past L1; .ca: column
 // operands, re-read by every row, stay in L1); each thread reads back only the slots it filled
 // itself, so cp.async.wait_all orders them and no barrier is needed. Consecutive threads own
-// consecutive 16 bytes of a slot: conflict-free. Registers (scalar path): opaque words.
+// consecutive 16 bytes of a slot: conflict-free. Registers (scalar path, REG): opaque words.
 // NV == 0: nothing cached, get() loads vector j from memory.
 template <typename T, int VEC, int NV, int NS, bool REG> struct RowCache {
   static constexpr bool kShared = staged(sizeof(T) * VEC, REG) && NV > 0;
@@ -421,8 +422,8 @@ template <typename T, int VEC, int NV, int NS, bool REG> struct RowCache {
   }
 };
 
-template <typename T, int VEC, int NV, bool LN, bool RES, int EPI>
-__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), reg_cache(LN, EPI), cached_streams(LN, RES, EPI)))
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG>
+__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cached_streams(LN, RES, EPI)))
     norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
   constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
   constexpr bool C1 = EPI == kAdaLN || (EPI == kAffine && LN); // second column operand: bias or shift
@@ -452,7 +453,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), reg_cach
   const T *c0 = EPI == kAffine ? static_cast<const T *>(a.weight) : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
   const T *c1 = !C1 ? nullptr : EPI == kAffine ? static_cast<const T *>(a.bias) : at<T>(a.shift, b, 0);
 
-  RowCache<T, VEC, NV, cached_streams(LN, RES, EPI), reg_cache(LN, EPI)> cache;
+  RowCache<T, VEC, NV, cached_streams(LN, RES, EPI), REG> cache;
   if constexpr (NV > 0) { // row streams first (DRAM), then column operands (L1/L2 hits)
     for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
       cache.template put<false>(kX, k, x + j * VEC);
@@ -583,7 +584,7 @@ NormPlan plan_norm(int64_t nvec, int vb, bool reg, int streams, int g_max, size_
   for (int nv : {1, 2, 4, 8, 16}) {
     const int64_t g = (nvec + nv - 1) / nv;
     const int g32 = (int)((g + 31) / 32 * 32), rpb = g32 < 128 ? 128 / g32 : 1;
-    if (nv <= nv_max && g <= (nv == nv_max ? max_threads(nv, vb, reg, streams) : g_max) &&
+    if (nv <= nv_max && g <= std::min<int64_t>(nv == nv_max ? 1024 : g_max, max_threads(nv, vb, reg, streams)) &&
         stage_bytes(nv, vb, reg, streams, g32 * rpb) <= smem_max)
       return NormPlan{nv, g32, rpb};
   }
@@ -617,14 +618,17 @@ struct NormLaunch {
 
 template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
   constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
-  constexpr bool reg = reg_cache(LN, EPI);
+  constexpr bool can_reg = reg_cache(LN) && vb == 16; // the scalar path caches in registers anyway
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
   int g_max = nvec > 512 ? 256 : 128;
 #ifdef FUSEDK_TUNING
   if (g_tune_plan.nv == -2) g_max = g_tune_plan.g;
 #endif
+  bool reg = can_reg;
   NormPlan p = plan_norm(nvec, vb, reg, st, g_max, L.smem_max);
+  if (reg && p.nv == 0) // too long for registers: staged, not re-read from L2
+    reg = false, p = plan_norm(nvec, vb, reg, st, g_max, L.smem_max);
 #ifdef FUSEDK_TUNING
   if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, reg, st, L.smem_max)) p = g_tune_plan;
 #endif
@@ -633,17 +637,23 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const unsigned gr = (unsigned)grid;
   const size_t smem = stage_bytes(p.nv, vb, reg, st, p.g * p.rows_per_block);
-  const cudaError_t e = dispatch_int<0, 1, 2, 4, 8, 16>(p.nv, [&](auto nv) {
-    constexpr int NV = decltype(nv)::value;
-    if constexpr (NV == 0 || fits(NV, vb, reg, st)) { // only the cache depths that fit (plan never picks others)
-      constexpr auto kernel = norm_rows_kernel<T, VEC, NV, LN, RES, EPI>;
-      const cudaError_t err = smem_opt_in<kernel>(smem, kRedBytes, L.device);
-      if (err == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows);
-      return err;
-    } else {
-      return cudaErrorInvalidConfiguration;
-    }
-  });
+  auto go = [&](auto reg_c) {
+    constexpr bool REG = decltype(reg_c)::value;
+    return dispatch_int<0, 1, 2, 4, 8, 16>(p.nv, [&](auto nv) {
+      constexpr int NV = decltype(nv)::value;
+      if constexpr (NV == 0 || fits(NV, vb, REG, st)) { // only the cache depths that fit (plan never picks others)
+        constexpr auto kernel = norm_rows_kernel<T, VEC, NV, LN, RES, EPI, REG>;
+        const cudaError_t err = smem_opt_in<kernel>(smem, kRedBytes, L.device);
+        if (err == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows);
+        return err;
+      } else {
+        return cudaErrorInvalidConfiguration;
+      }
+    });
+  };
+  cudaError_t e;
+  if constexpr (can_reg) e = reg ? go(std::true_type()) : go(std::false_type());
+  else e = go(std::false_type());
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -724,8 +734,9 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
   if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP)
 #pragma unroll
     for (int k = 0; k < FUSEDK__N_C; ++k) st.c[k] = (float)a.c[k];
-  // the block's chunk c of rows r0 .. r0 + blockDim.y - 1 (32-bit: the grid is)
-  const uint32_t q = cpr == 1 ? blockIdx.x : blockIdx.x / cpr, c = blockIdx.x - q * cpr;
+  // the block's chunk c of rows q * blockDim.y ... (32-bit: the grid is); one row (compact
+  // tensors): no division
+  const uint32_t q = rows == 1 ? 0 : cpr == 1 ? blockIdx.x : blockIdx.x / cpr, c = blockIdx.x - q * cpr;
   const int64_t row = (int64_t)q * blockDim.y + threadIdx.y;
   if (row >= rows) return; // no barriers below
   int64_t b = 0, l = row; // (b, l) without a 64-bit division where possible
@@ -785,7 +796,8 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
 // vectors of a row and exits; the block scheduler balances the SMs (a capped grid-stride grid
 // ended unevenly and, at four vectors a thread, held 64 registers: 44 % occupancy, ncu). The
 // H100 sweep (bench/tune_ew.py): act, one input, wants two vectors a thread (36 registers), the
-// ops of two or more inputs one; 128 threads were level with or up to 1.8 % ahead of 256 and 64.
+// ops of two or more inputs one. 128 threads were level with 256 or up to 1.7 % ahead (act), and
+// 4-5 % ahead of 64 for act.
 struct EwPlan {
   int u, g, rows_per_block;
   int64_t cpr; // chunks a row
@@ -798,9 +810,9 @@ constexpr int ew_vectors(int op) { return op == FUSEDK_OP_ACT ? 2 : 1; }
 int g_tune_ew[2] = {0, 0};
 #endif
 
-// G threads a row (a multiple of 32 that splits the row into nearly equal chunks of U * G
-// vectors: 576 vectors are 3 chunks of 192, not 2.25 of 256), rows under 32 U vectors: a
-// power-of-two group a row, 256 / G rows a block.
+// The fewest chunks of at most g_max threads a row, then the fewest warps that cover a chunk
+// (576 vectors at U = 2, g_max 256: two chunks of 160 threads, not 256 + 32); rows under 32 U
+// vectors: a power-of-two group a row, 256 / G rows a block.
 inline EwPlan plan_ew(int64_t nvec, int u, int g_max) {
   EwPlan p{u, 1, 1, 1};
   const int64_t per = (nvec + u - 1) / u; // threads the row wants

@@ -1,7 +1,9 @@
 """Drives a few normalization kernels for Nsight Compute (ncu): fusedk's and Liger's rmsnorm and
-layernorm, and fusedk's gated residual norm, on the 4x4096x3072 bf16 bench shape, each called
-3 times (ncu profiles the last call of each kernel). tools/gpu_run.sh --ncu runs it under ncu.
-    python3 bench/ncu_norm.py"""
+layernorm, and fusedk's gated residual norm, on the 4x4096x3072 bf16 bench shape (--shape BxLxD
+for another), each called 3 times. tools/gpu_run.sh --ncu runs it under ncu.
+    python3 bench/ncu_norm.py [--shape 1x4096x3584]"""
+import argparse
+
 import torch
 
 import bench  # the Liger wrapper shared with the bench
@@ -9,7 +11,9 @@ import fusedk
 
 bench.torch = torch
 torch.set_grad_enabled(False)
-B, L, D = 4, 4096, 3072
+ap = argparse.ArgumentParser()
+ap.add_argument("--shape", default="4x4096x3072")
+B, L, D = map(int, ap.parse_args().shape.split("x"))
 g = torch.Generator(device="cuda").manual_seed(0)
 x = torch.randn(B, L, D, device="cuda", dtype=torch.bfloat16, generator=g)
 r = torch.randn_like(x)
