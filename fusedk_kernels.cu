@@ -338,7 +338,8 @@ __device__ __forceinline__ float group_sum(float v, int G, float *smem) {
 // its shared memory takes (a register cache allowed 8-10, and bandwidth tracked that number).
 // LayerNorm statistics (layernorm, adaln's layer norm) read the cache three times and are
 // issue-bound: they keep it in registers while it fits there (reg_cache), as does the scalar
-// path. A row then costs one memory round trip, a reduction and its stores. Longer rows (NV == 0) are re-read per pass; a row then comes back from L2.
+// path. A row then costs one memory round trip, a reduction and its stores. Longer rows
+// (NV == 0) are re-read per pass; a row then comes back from L2.
 // Statistics are two-pass from the cache (LayerNorm: mean first, then squared deviations).
 // What is fused is fixed at compile time (norm kind, residual, epilogue): a kernel carries only
 // the registers and instructions its op uses.
@@ -362,9 +363,9 @@ constexpr size_t stage_bytes(int nv, int vb, bool reg, int streams, int threads)
 }
 
 // Register budget: ~40 registers of addressing, statistics and epilogue, plus a register cache
-// of one register per 32-bit word of a slot, per stream. Deeper caches are capped at fewer threads per block so
-// that each thread gets what it needs (no spills), and beyond 200 registers they are not
-// instantiated.
+// of one register per 32-bit word of a slot, per stream. Deeper caches are capped at fewer
+// threads per block so that each thread gets what it needs (no spills), and beyond 200 registers
+// they are not instantiated.
 constexpr int cache_regs(int nv, int vb, bool reg, int streams) {
   return 40 + (staged(vb, reg) ? 0 : nv * streams * ((vb + 3) / 4));
 }
