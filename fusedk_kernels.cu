@@ -337,8 +337,8 @@ __device__ __forceinline__ float group_sum(float v, int G, float *smem) {
 // cp.async, so a row waiting on DRAM holds no registers: an SM keeps as many rows in flight as
 // its shared memory takes (a register cache allowed 8-10, and bandwidth tracked that number).
 // LayerNorm statistics (layernorm, adaln's layer norm) read the cache three times and are
-// issue-bound: they keep it in registers while it fits there (reg_cache), as does the scalar
-// path. A row then costs one memory round trip, a reduction and its stores. Longer rows
+// issue-bound: they keep it in registers while it fits there (launch_norm_vec), as does the
+// scalar path. A row then costs one memory round trip, a reduction and its stores. Longer rows
 // (NV == 0) are re-read per pass; a row then comes back from L2.
 // Statistics are two-pass from the cache (LayerNorm: mean first, then squared deviations).
 // What is fused is fixed at compile time (norm kind, residual, epilogue): a kernel carries only
@@ -352,11 +352,8 @@ __host__ __device__ constexpr int cached_streams(bool ln, bool res, int epi) {
   return 1 + (res || epi == kGated) + 1 + (epi == kAdaLN || (epi == kAffine && ln));
 }
 
-// Where the cache lives: 16-byte vectors in shared memory (RMS statistics), or in registers
-// (single elements; LayerNorm statistics, whose three passes over the cache make them
-// issue-bound: the H100 sweep measured layernorm and adaln 1-9 % faster from registers, rmsnorm
-// up to 8 % slower). A row too long for a register cache is staged (launch_norm_vec).
-__host__ __device__ constexpr bool reg_cache(bool ln) { return ln; }
+// Where the cache lives: 16-byte vectors in shared memory, or in registers (reg: LayerNorm's
+// 16-byte rows, see launch_norm_vec; single elements always).
 __host__ __device__ constexpr bool staged(int vb, bool reg) { return vb == 16 && !reg; }
 constexpr size_t stage_bytes(int nv, int vb, bool reg, int streams, int threads) {
   return staged(vb, reg) ? (size_t)nv * 16 * streams * threads : 0;
@@ -619,7 +616,10 @@ struct NormLaunch {
 
 template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
   constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
-  constexpr bool can_reg = reg_cache(LN) && vb == 16; // the scalar path caches in registers anyway
+  // LayerNorm statistics read the cache three times and are issue-bound: the H100 sweep measured
+  // layernorm and adaln 1-9 % faster with a register cache, rmsnorm up to 8 % slower. A row too
+  // long for registers is staged, not re-read from L2. (The scalar path caches in registers anyway.)
+  constexpr bool can_reg = LN && vb == 16;
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
   int g_max = nvec > 512 ? 256 : 128;
@@ -628,7 +628,7 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
 #endif
   bool reg = can_reg;
   NormPlan p = plan_norm(nvec, vb, reg, st, g_max, L.smem_max);
-  if (reg && p.nv == 0) // too long for registers: staged, not re-read from L2
+  if (reg && p.nv == 0)
     reg = false, p = plan_norm(nvec, vb, reg, st, g_max, L.smem_max);
 #ifdef FUSEDK_TUNING
   if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, reg, st, L.smem_max)) p = g_tune_plan;
@@ -800,7 +800,7 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
 // ops of two or more inputs one. 128 threads were level with 256 or up to 1.7 % ahead (act), and
 // 4-5 % ahead of 64 for act.
 struct EwPlan {
-  int u, g, rows_per_block;
+  int g, rows_per_block;
   int64_t cpr; // chunks a row
 };
 constexpr int ew_vectors(int op) { return op == FUSEDK_OP_ACT ? 2 : 1; }
@@ -815,7 +815,7 @@ int g_tune_ew[2] = {0, 0};
 // (576 vectors at U = 2, g_max 256: two chunks of 160 threads, not 256 + 32); rows under 32 U
 // vectors: a power-of-two group a row, 256 / G rows a block.
 inline EwPlan plan_ew(int64_t nvec, int u, int g_max) {
-  EwPlan p{u, 1, 1, 1};
+  EwPlan p{1, 1, 1};
   const int64_t per = (nvec + u - 1) / u; // threads the row wants
   if (per < 32) {
     while (p.g < per) p.g *= 2;
@@ -860,8 +860,9 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, 
   // of B * L * D elements: no per-row tail, and short rows (a video latent's 128) do not leave a
   // thread one vector a row.
   fusedk__ew_args a = a0;
-  bool compact = a.op != FUSEDK_OP_GATED_RESIDUAL && a.y.sl == a.D && (a.B == 1 || a.y.sb == a.L * a.D);
-  for (const fusedk__rows &r : a.in) compact = compact && (!r.p || (r.sl == a.D && (a.B == 1 || r.sb == a.L * a.D)));
+  auto dense = [&](const fusedk__rows &r) { return !r.p || (r.sl == a.D && (a.B == 1 || r.sb == a.L * a.D)); };
+  bool compact = a.op != FUSEDK_OP_GATED_RESIDUAL && dense(a.y);
+  for (const fusedk__rows &r : a.in) compact = compact && dense(r);
   if (compact && a.B * a.L > 1) {
     a.D *= a.B * a.L, a.B = a.L = 1;
     for (fusedk__rows *r : {&a.y, &a.in[0], &a.in[1], &a.in[2], &a.in[3]})

@@ -342,9 +342,8 @@ static buf_t mk_table(int tk, int64_t B, int64_t S, int64_t H, int64_t R) {
                                                        : mk(FUSEDK_F32, 4, t4, 0, 0, tk == 5, 1.0, 0.0);
 }
 
-/* rope of q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (Hk = 0: no k); tables of kind tk: 2 [S, R/2],
-   3 [S, H, R/2], 4 [B, S, H, R/2], 5 the same broadcast over B (stride 0); pad: strided heads;
-   shift: misaligned bases (scalar path); inplace: q_out = q. */
+/* rope of q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (Hk = 0: no k); tables of kind tk (mk_table);
+   pad: strided heads; shift: misaligned bases (scalar path); inplace: q_out = q. */
 static void run_rope(fusedk_scalar s, int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t Dh, int64_t R, int style,
                      int tk, int64_t pad, size_t shift, int inplace) {
   int64_t shp[2][4] = {{B, S, Hq, Dh}, {B, S, Hk, Dh}};
