@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cac
       }
       cache.template get<true>(kC0, k, c0, j, q);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] *= 1.f + q[i];
+      for (int i = 0; i < VEC; ++i) n[i] = fmaf(n[i], q[i], n[i]); // n * (1 + scale), one rounding
       cache.template get<true>(kC1, k, c1, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) n[i] += q[i];
@@ -1057,9 +1057,31 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
 
 using RopeTensor = std::remove_reference_t<decltype(fusedk__rope_args::t[0])>; // q, k or v
 
-// One item's end in qkv_kernel: times rsqrt(mean square + eps) and the weight
-// (norm != NONE), then the rotation by the token's table row (rotating units) and a streaming
-// store into the output's layout. kind 1: rotating unit c; 2: pass-through vector c - nrot.
+// One item's math in both qk_norm_rope kernels: the weight (weigh, when normed), then
+// 1/rms (rs): a pass-through vector (kind 2) is scaled, a rotating unit (kind 1) gets rs inside
+// its cos/sin (2 x PAIRS multiplies, not one an element) and is rotated by the token's table row
+// (table fills co, si).
+template <bool IL, int VEC, int PAIRS, int E, int E2, typename W, typename Tab>
+__device__ __forceinline__ void item_math(int kind, bool normed, float rs, float (&x1)[E], float (&x2)[E2], W &&weigh,
+                                          Tab &&table) {
+  if (normed) weigh();
+  if (kind == 2) {
+    if (normed)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) x1[e] *= rs;
+    return;
+  }
+  float co[PAIRS], si[PAIRS];
+  table(co, si);
+  if (normed)
+#pragma unroll
+    for (int k = 0; k < PAIRS; ++k) co[k] *= rs, si[k] *= rs;
+  rotate<IL>(x1, x2, co, si);
+}
+
+// One item's end in qkv_kernel: item_math with the weight and the token's table row read from
+// global memory, and a streaming store into the output's layout. kind 1: rotating unit c; 2:
+// pass-through vector c - nrot.
 template <typename T, int VEC, int STYLE, int E, int E2>
 __device__ __forceinline__ void qk_item_out(const fusedk__rope_args &a, const RopeTensor &t,
                                             int kind, float (&x1)[E], float (&x2)[E2], int norm, float sq,
@@ -1068,38 +1090,38 @@ __device__ __forceinline__ void qk_item_out(const fusedk__rope_args &a, const Ro
   constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
   constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC;
   T *o = static_cast<T *>(t.out) + b * t.ob + s * t.os + h * t.oh;
-  const float rs = norm == FUSEDK_QK_NORM_NONE ? 1.f : rsqrtf(fmaf(sq, inv_n, a.eps));
+  const bool normed = norm != FUSEDK_QK_NORM_NONE;
+  const float rs = normed ? rsqrtf(fmaf(sq, inv_n, a.eps)) : 1.f;
   const T *w = static_cast<const T *>(t.w);
   const T *wh = w ? w + (norm == FUSEDK_QK_NORM_FULL ? h * a.Dh : 0) : nullptr;
-  if (kind == 2) {
-    const int e = r0 + (c - nrot) * VEC;
-    float (&x)[VEC] = reinterpret_cast<float(&)[VEC]>(x1);
-    if (norm != FUSEDK_QK_NORM_NONE) {
+  const int e = kind == 2 ? r0 + (c - nrot) * VEC : IL ? c * E : c * PAIRS;
+  auto weigh = [&] {
+    if (!wh) return;
+    if (kind == 2) {
       float wv[VEC];
-      if (wh) ld_elems<T, VEC, VEC>(wh + e, wv);
+      ld_elems<T, VEC, VEC>(wh + e, wv);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) x[k] *= wh ? rs * wv[k] : rs;
+      for (int k = 0; k < VEC; ++k) x1[k] *= wv[k];
+      return;
     }
-    st_elems<T, VEC, VEC>(o + e, x);
-    return;
-  }
-  const int e = IL ? c * E : c * PAIRS;
-  if (norm != FUSEDK_QK_NORM_NONE) {
     float w1[E], w2[E2];
-    if (wh) {
-      ld_elems<T, E, VEC>(wh + e, w1);
-      if constexpr (!IL) ld_elems<T, E, VEC>(wh + e + half, w2);
-    }
+    ld_elems<T, E, VEC>(wh + e, w1);
+    if constexpr (!IL) ld_elems<T, E, VEC>(wh + e + half, w2);
 #pragma unroll
     for (int k = 0; k < E; ++k) {
-      x1[k] *= wh ? rs * w1[k] : rs;
-      if constexpr (!IL) x2[k] *= wh ? rs * w2[k] : rs;
+      x1[k] *= w1[k];
+      if constexpr (!IL) x2[k] *= w2[k];
     }
+  };
+  auto table = [&](float(&co)[PAIRS], float(&si)[PAIRS]) {
+    ld_table<PAIRS, (VEC > 1)>(a.tab[0].p + b * a.tab[0].sb + s * a.tab[0].ss + h * a.tab[0].sh + c * PAIRS, co);
+    ld_table<PAIRS, (VEC > 1)>(a.tab[1].p + b * a.tab[1].sb + s * a.tab[1].ss + h * a.tab[1].sh + c * PAIRS, si);
+  };
+  item_math<IL, VEC, PAIRS>(kind, normed, rs, x1, x2, weigh, table);
+  if (kind == 2) {
+    st_elems<T, VEC, VEC>(o + e, reinterpret_cast<float(&)[VEC]>(x1));
+    return;
   }
-  float co[PAIRS], si[PAIRS];
-  ld_table<PAIRS, (VEC > 1)>(a.tab[0].p + b * a.tab[0].sb + s * a.tab[0].ss + h * a.tab[0].sh + c * PAIRS, co);
-  ld_table<PAIRS, (VEC > 1)>(a.tab[1].p + b * a.tab[1].sb + s * a.tab[1].ss + h * a.tab[1].sh + c * PAIRS, si);
-  rotate<IL>(x1, x2, co, si);
   st_elems<T, E, VEC>(o + e, x1);
   if constexpr (!IL) st_elems<T, E, VEC>(o + e + half, x2);
 }
@@ -1353,35 +1375,25 @@ qkv_tma_kernel(const __grid_constant__ fusedk__rope_args a, const TmaPlan p) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       if (!kind[m]) continue;
-      if (norm != FUSEDK_QK_NORM_NONE) { // x * rs * w: the weight first, rs folded into the rotation
-        const float rs = rsqrtf(fmaf(sq[m], inv_n, a.eps));
+      const bool normed = norm != FUSEDK_QK_NORM_NONE;
+      auto weigh = [&] {
+        if (!w) return;
         float wv[VEC];
-        if (w) {
-          to_floats<T, VEC>(w1[m], wv);
+        to_floats<T, VEC>(w1[m], wv);
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) x1[m][e] *= wv[e];
-          if constexpr (!IL)
-            if (kind[m] == 1) {
-              to_floats<T, VEC>(w2[m], wv);
+        for (int e = 0; e < VEC; ++e) x1[m][e] *= wv[e];
+        if constexpr (!IL)
+          if (kind[m] == 1) {
+            to_floats<T, VEC>(w2[m], wv);
 #pragma unroll
-              for (int e = 0; e < VEC; ++e) x2[m][e] *= wv[e];
-            }
-        }
-        if (kind[m] == 2) {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) x1[m][e] *= rs;
-        } else {
-          float co[PAIRS], si[PAIRS];
-          ld_table<PAIRS, true, false>(cs + to[m], co), ld_table<PAIRS, true, false>(sn + to[m], si);
-#pragma unroll
-          for (int k = 0; k < PAIRS; ++k) co[k] *= rs, si[k] *= rs;
-          rotate<IL>(x1[m], x2[m], co, si);
-        }
-      } else if (kind[m] == 1) {
-        float co[PAIRS], si[PAIRS];
+            for (int e = 0; e < VEC; ++e) x2[m][e] *= wv[e];
+          }
+      };
+      auto table = [&](float(&co)[PAIRS], float(&si)[PAIRS]) {
         ld_table<PAIRS, true, false>(cs + to[m], co), ld_table<PAIRS, true, false>(sn + to[m], si);
-        rotate<IL>(x1[m], x2[m], co, si);
-      }
+      };
+      item_math<IL, VEC, PAIRS>(kind[m], normed, normed ? rsqrtf(fmaf(sq[m], inv_n, a.eps)) : 1.f, x1[m], x2[m], weigh,
+                                table);
       store_cs<T, VEC>(out + oo[m], x1[m]);
       if constexpr (!IL)
         if (kind[m] == 1) store_cs<T, VEC>(out + oo[m] + half, x2[m]);

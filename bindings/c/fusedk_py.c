@@ -382,9 +382,13 @@ static void *attrs_call(route *r, int32_t op, void *args, const double *attrs, i
       if (obj[i] == py.none) {
         obj[i] = NULL;
         if (!pass || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
-        /* a required input missing, an output of its own dtype (no dtype object here): the
-           generic path takes the call */
-        if (!obj[a->like] || a->scalar >= 0) goto out;
+        /* a required input missing, or an output of its own dtype (the table builders' float32)
+           unlike its model input's (no dtype object here): the generic path takes the call */
+        if (!obj[a->like]) goto out;
+        if (a->scalar >= 0) {
+          const fusedk_dtype want = fusedk_dtype_of((fusedk_scalar)a->scalar), got = t[a->like]->dtype;
+          if (want.code != got.code || want.bits != got.bits || want.lanes != got.lanes) goto out;
+        }
         int64_t shp[FUSEDK_MAX_DIMS];
         const int32_t nd = fusedk_op_out_shape(op, i, t, attrs, shp);
         if (nd < 0) goto out;

@@ -116,6 +116,19 @@ def test_attribute_route_failures():
         fusedk.rmsnorm(T((0, 16), np.int64))
 
 
+def test_attribute_route_makes_fixed_dtype_outputs():
+    # the table builders' cos/sin are float32 whatever the op: made by the route from a float32
+    # input, left to the generic path (which names the dtype) from another
+    T = fake_type("ArrTable")
+    _, seen = make_route(T, True)
+    cos, sin = fusedk.rope_table_1d(T((0,), np.float32), 8)
+    assert type(cos) is T and type(sin) is T and cos.shape == sin.shape == (0, 4) and cos.dtype == np.float32
+    assert [(s, d) for _, s, d, _ in seen["init"]] == [((0, 4), np.float32)] * 2
+    with pytest.raises(fusedk.Error, match="positions"):
+        fusedk.rope_table_1d(T((0,), np.float16), 8)
+    assert len(seen["init"]) == 2
+
+
 def test_attribute_route_hands_unusual_calls_to_python():
     T = fake_type("ArrSlow")
     make_route(T, True)
