@@ -118,15 +118,16 @@ def test_attribute_route_failures():
 
 def test_attribute_route_makes_fixed_dtype_outputs():
     # the table builders' cos/sin are float32 whatever the op: made by the route from a float32
-    # input, left to the generic path (which names the dtype) from another
+    # input; from another dtype the route allocates nothing and leaves the call to the generic
+    # path (which cannot view this stand-in type and raises)
     T = fake_type("ArrTable")
     _, seen = make_route(T, True)
     cos, sin = fusedk.rope_table_1d(T((0,), np.float32), 8)
     assert type(cos) is T and type(sin) is T and cos.shape == sin.shape == (0, 4) and cos.dtype == np.float32
     assert [(s, d) for _, s, d, _ in seen["init"]] == [((0, 4), np.float32)] * 2
-    with pytest.raises(fusedk.Error, match="positions"):
+    with pytest.raises(fusedk.Error):
         fusedk.rope_table_1d(T((0,), np.float16), 8)
-    assert len(seen["init"]) == 2
+    assert len(seen["init"]) == 2  # no float16 (nor float32) outputs made for it
 
 
 def test_attribute_route_hands_unusual_calls_to_python():
