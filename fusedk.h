@@ -1780,16 +1780,18 @@ static fusedk_status fusedk__check_dim(const char *op, const char *name, int64_t
   return FUSEDK_OK;
 }
 
-/* Flux's axes_dim[0..n): each an even size >= 2; *F = their columns, sum(axes_dim) / 2. */
-static fusedk_status fusedk__check_axes(const char *op, const int64_t *dims, int n, int64_t *F) {
-  *F = 0;
+/* Flux's axes_dim[0..n) (as the attributes hold them): each an even size >= 2; *F (F may be NULL) =
+   their columns, sum(axes_dim) / 2. */
+static fusedk_status fusedk__check_axes(const char *op, const double *dims, int n, int64_t *F) {
+  int64_t f = 0;
   for (int k = 0; k < n; ++k) {
     char name[24];
     snprintf(name, sizeof name, "axes_dim[%d]", k);
-    fusedk_status st = fusedk__check_dim(op, name, dims[k]);
+    fusedk_status st = fusedk__check_dim(op, name, (int64_t)dims[k]);
     if (st) return st;
-    *F += dims[k] / 2;
+    f += (int64_t)dims[k] / 2;
   }
+  if (F) *F = f;
   return FUSEDK_OK;
 }
 
@@ -1818,12 +1820,12 @@ FUSEDK_DEF fusedk_status fusedk_rope_table_axes(const fusedk_tensor *cos, const 
   if (n_axes < 1 || n_axes > 4 || !axes_dim)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: n_axes is %d, expected 1..4 with axes_dim", op, (int)n_axes);
   const fusedk_tensor *t[] = {cos, sin, ids};
-  double attrs[5] = {theta, 0, 0, 0, 0};
-  int64_t dims[4], F;
+  double attrs[5] = {theta, 0, 0, 0, 0}; /* the registry's form: axes_dim 0-terminated */
   fusedk__table_args a;
   memset(&a, 0, sizeof a);
-  for (int k = 0; k < n_axes; ++k) dims[k] = axes_dim[k], a.dims[k] = axes_dim[k], attrs[1 + k] = axes_dim[k];
-  fusedk_status st = fusedk__check_axes(op, dims, n_axes, &F);
+  for (int k = 0; k < n_axes; ++k) a.dims[k] = axes_dim[k], attrs[1 + k] = axes_dim[k];
+  /* here, not only in the output shape: a 0 would end the attributes' list early */
+  fusedk_status st = fusedk__check_axes(op, attrs + 1, n_axes, NULL);
   if (st) return st;
   a.n_axes = n_axes, a.theta = theta;
   return fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_AXES, t, attrs, &a, stream);
@@ -1880,10 +1882,9 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
     return 3;
   }
   if (id == FUSEDK_OP_ROPE_TABLE_AXES) { /* 0-terminated */
-    int64_t dims[4];
     int n = 0;
-    while (n < 4 && a[1 + n] != 0.0) dims[n] = (int64_t)a[1 + n], ++n;
-    if (fusedk__check_axes(o->name, dims, n, &F)) return -FUSEDK_ERR_INVALID_ARGUMENT;
+    while (n < 4 && a[1 + n] != 0.0) ++n;
+    if (fusedk__check_axes(o->name, a + 1, n, &F)) return -FUSEDK_ERR_INVALID_ARGUMENT;
   } else {
     if (fusedk__check_dim(o->name, "dim", (int64_t)a[0])) return -FUSEDK_ERR_INVALID_ARGUMENT;
     F = (int64_t)a[0] / 2;

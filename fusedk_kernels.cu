@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cac
       }
       cache.template get<true>(kC0, k, c0, j, q);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] = fmaf(n[i], q[i], n[i]); // n * (1 + scale), one rounding
+      for (int i = 0; i < VEC; ++i) n[i] *= 1.f + q[i];
       cache.template get<true>(kC1, k, c1, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) n[i] += q[i];
@@ -1057,6 +1057,21 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
 
 using RopeTensor = std::remove_reference_t<decltype(fusedk__rope_args::t[0])>; // q, k or v
 
+// One item's sum of squares in both qk_norm_rope kernels: a pass-through vector's VEC elements
+// (kind 2), or a rotating unit's (kind 1: x1, and x2 for HALF).
+template <bool IL, int VEC, int E, int E2>
+__device__ __forceinline__ float item_sq(int kind, const float (&x1)[E], const float (&x2)[E2]) {
+  float sq = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (kind == 1 || e < VEC) sq = fmaf(x1[e], x1[e], sq);
+  if constexpr (!IL)
+    if (kind == 1)
+#pragma unroll
+      for (int e = 0; e < E; ++e) sq = fmaf(x2[e], x2[e], sq);
+  return sq;
+}
+
 // One item's math in both qk_norm_rope kernels: the weight (weigh, when normed), then
 // 1/rms (rs): a pass-through vector (kind 2) is scaled, a rotating unit (kind 1) gets rs inside
 // its cos/sin (2 x PAIRS multiplies, not one an element) and is rotated by the token's table row
@@ -1188,16 +1203,8 @@ __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk
 #pragma unroll
           for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int m = 0; m < M; ++m) {
-              if (kind[u][m] == 0) continue;
-#pragma unroll
-              for (int e = 0; e < E; ++e)
-                if (kind[u][m] == 1 || e < VEC) sq[u][m] = fmaf(x1[u][m][e], x1[u][m][e], sq[u][m]);
-              if constexpr (!IL)
-                if (kind[u][m] == 1)
-#pragma unroll
-                  for (int e = 0; e < E; ++e) sq[u][m] = fmaf(x2[u][m][e], x2[u][m][e], sq[u][m]);
-            }
+            for (int m = 0; m < M; ++m)
+              if (kind[u][m]) sq[u][m] = item_sq<IL, VEC>(kind[u][m], x1[u][m], x2[u][m]);
           if (lanes) {
 #pragma unroll
             for (int u = 0; u < U; ++u)
@@ -1346,13 +1353,7 @@ qkv_tma_kernel(const __grid_constant__ fusedk__rope_args a, const TmaPlan p) {
       load<T, VEC>(row + xo[m], x1[m]);
       if constexpr (!IL)
         if (kind[m] == 1) load<T, VEC>(row + xo[m] + half, x2[m]);
-      if (norm == FUSEDK_QK_NORM_NONE) continue;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) sq[m] = fmaf(x1[m][e], x1[m][e], sq[m]);
-      if constexpr (!IL)
-        if (kind[m] == 1)
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) sq[m] = fmaf(x2[m][e], x2[m][e], sq[m]);
+      if (norm != FUSEDK_QK_NORM_NONE) sq[m] = item_sq<IL, VEC>(kind[m], x1[m], x2[m]);
     }
     if (norm == FUSEDK_QK_NORM_HEAD) { // a head's items: iph (a power of two <= 32) aligned lanes
 #pragma unroll

@@ -547,15 +547,19 @@ def time_jax(case, sets, ref, n, trials=3):
 # ----------------------------------------------------------------------------------------------
 # One row
 
+def sizing(nbytes, l2):
+    """(R, K): R input sets so a set is reused only after > 2x L2 of other traffic; K calls per
+    graph, a multiple of R, enough for ~150 µs per replay so the graph launch gap is amortized."""
+    R = min(64, max(1, math.ceil(2 * l2 / nbytes)))
+    est_us = nbytes / 3e6  # at ~3 TB/s
+    return R, min(256, R * math.ceil(max(4, 150 / max(est_us, 1.0)) / R))
+
+
 def run_case(op, shape, dtype, args, env):
     c = Case(op, shape, dtype, args)
     row = dict(op=op, shape=list(shape), shape_str="x".join(map(str, shape)), dtype=dtype, bytes=c.nbytes,
                fusedk={}, peers={})
-    # R sets so a set is reused only after > 2x L2 of other traffic; K calls per graph, a multiple
-    # of R, enough for ~150 µs per replay so the graph launch gap is amortized.
-    R = min(64, max(1, math.ceil(2 * env["l2"] / c.nbytes)))
-    est_us = c.nbytes / 3e6  # at ~3 TB/s
-    K = min(256, R * math.ceil(max(4, 150 / max(est_us, 1.0)) / R))
+    R, K = sizing(c.nbytes, env["l2"])
     row.update(R=R, K=K)
     torch.manual_seed(zlib.crc32(f"{op}{shape}{dtype}".encode()))  # fresh per row, reproducible
     sets = [c.make() for _ in range(R)]

@@ -7,7 +7,6 @@ than L2. Prints a table; writes JSON if --out.
 import argparse
 import ctypes
 import json
-import math
 import types
 
 import torch
@@ -37,8 +36,7 @@ def main():
         if op not in bench.ELEMENTWISE or (ops and op not in ops):
             continue
         c = bench.Case(op, shape, dtype, cargs)
-        R = min(64, max(1, math.ceil(2 * l2 / c.nbytes)))
-        K = min(256, R * math.ceil(max(4, 150 / max(c.nbytes / 3e6, 1.0)) / R))
+        R, K = bench.sizing(c.nbytes, l2)  # the bench's own set count and graph length
         sets = [c.make() for _ in range(R)]
         outs = [c.outs(s) for s in sets]
         ref = [t.clone() for t in bench.as_list(c.ref(sets[0]))]

@@ -41,9 +41,6 @@ if [ $tests = 1 ]; then
   summary+=("gpu suite: $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/testlog.txt" | tr '\n' ' ')")
   summary+=("pytest: $(grep -E '[0-9]+ passed' "$OUT/testlog.txt" | grep -v failed, | tail -1)")
   grep -E "^FAIL|mochi exact vs PyTorch|^ok   huge|SKIPPED \[" "$OUT/testlog.txt" | head -20
-  # rope's and qk_norm_rope's pre-Hopper kernels (what sm_80 and strided rows get), forced on
-  FUSEDK_NO_TMA=1 FUSEDK_TEST_SMALL=1 FUSEDK_TEST_ONLY=position build-gpu/tests/test_gpu >"$OUT/gpu-no-tma.txt" 2>&1
-  summary+=("gpu suite, position ops, FUSEDK_NO_TMA=1: rc=$? $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/gpu-no-tma.txt")")
 fi
 if { [ $bench = 1 ] && [ $no_percall = 0 ]; } || [ $percall = 1 ]; then  # the user's call: eager loops vs the frameworks' own ops
   mkdir -p "$OUT/bench"

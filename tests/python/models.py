@@ -6,6 +6,11 @@ import numpy as np
 from oracle import f64
 
 
+def full_width(t):
+    """A half table [..., R/2] as the models' repeat_interleave(2) full-width one [..., R]."""
+    return np.repeat(f64(t), 2, -1)
+
+
 def diffusers_apply_rotary_emb(x, cos_full, sin_full):
     """diffusers' apply_rotary_emb(use_real=True, unbind dim -1), LTX's apply_rotary_emb: full-width
     [S, D] tables; x viewed as (real, imag) pairs, rotated = stack([-imag, real])."""

@@ -306,5 +306,5 @@ def table_views(B, S, H, half):
         "[S,H,R/2] stride 0 over H": lambda t: np.broadcast_to(t[:, None, :], (S, H, half)),
         "[B,S,H,R/2] stride 0 over B and H": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, H, half)),
         "[B,S,1,R/2] stride 0 over B": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, 1, half)),
-        "[S,R/2] strided rows": lambda t: np.concatenate([t, t], -1)[:, :half],
+        "[S,R/2] strided rows": lambda t: wide(t)[:, :half],
     }

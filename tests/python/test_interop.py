@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fusedk
-from oracle import BF16, EPS, assert_close
+from oracle import BF16, EPS, assert_close, np_of
 
 if not fusedk.kernel_info()["cuda"]["devices"]:
     pytest.skip("no CUDA device (or fusedk built without its GPU half)", allow_module_level=True)
@@ -36,11 +36,6 @@ def to_torch(a):
     return torch.from_numpy(a.view(np.uint16) if a.dtype == BF16 else a).view(dt).cuda()
 
 
-def to_numpy(t, dtype):
-    t = t.detach().cpu()
-    return t.view(torch.uint16).numpy().view(BF16) if dtype == BF16 else t.numpy()
-
-
 @needs_torch
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float16), BF16], ids=str)
 @pytest.mark.parametrize("shape", [(4, 4096, 3072), (1, 1, 111), (3, 2048), (7, 65536)], ids=str)
@@ -49,8 +44,8 @@ def test_torch_rmsnorm_matches_reference(shape, dtype):
     y, ro = fusedk.rmsnorm(to_torch(x), to_torch(w), residual=to_torch(r))
     assert isinstance(y, torch.Tensor) and y.is_cuda and y.shape == shape and str(y.dtype).endswith(TORCH_DT[dtype])
     want_y, want_r = fusedk.rmsnorm(x, w, residual=r)  # the CPU reference
-    assert_close(to_numpy(y, dtype), want_y, dtype, what="torch rmsnorm")
-    assert_close(to_numpy(ro, dtype), want_r, dtype, what="torch residual_out")
+    assert_close(np_of(y), want_y, dtype, what="torch rmsnorm")
+    assert_close(np_of(ro), want_r, dtype, what="torch residual_out")
 
 
 @needs_torch
@@ -62,10 +57,10 @@ def test_torch_adaln_views_and_layernorm(norm):
     shift, scale = tmod.chunk(6, dim=1)[:2]  # strided views, no copies
     got = fusedk.adaln(tx, scale, shift, norm=norm)
     want = fusedk.adaln(x, mod[:, D:2 * D], mod[:, :D], norm=norm)
-    assert_close(to_numpy(got, BF16), want, BF16, what=f"torch adaln {norm}")
+    assert_close(np_of(got), want, BF16, what=f"torch adaln {norm}")
     w, b = host((D,), BF16, 0.2, 1.0), host((D,), BF16, 0.2)
     got = fusedk.layernorm(tx, to_torch(w), to_torch(b))
-    assert_close(to_numpy(got, BF16), fusedk.layernorm(x, w, b), BF16, what="torch layernorm")
+    assert_close(np_of(got), fusedk.layernorm(x, w, b), BF16, what="torch layernorm")
 
 
 @needs_torch
@@ -74,8 +69,8 @@ def test_torch_out_and_graph_capture_on_current_stream():
     out = torch.empty_like(x)
     y = fusedk.rmsnorm(x, out=out)
     assert y is out
-    want = fusedk.rmsnorm(to_numpy(x, BF16))
-    assert_close(to_numpy(out, BF16), want, BF16, what="out=")
+    want = fusedk.rmsnorm(np_of(x))
+    assert_close(np_of(out), want, BF16, what="out=")
     # graph capture runs on a side stream: a launch anywhere else would break the capture
     out.fill_(float("nan"))
     g = torch.cuda.CUDAGraph()
@@ -89,7 +84,7 @@ def test_torch_out_and_graph_capture_on_current_stream():
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    assert_close(to_numpy(out, BF16), want, BF16, what="graph replay")
+    assert_close(np_of(out), want, BF16, what="graph replay")
 
 
 @needs_torch
@@ -100,9 +95,9 @@ def test_torch_side_stream_and_explicit_stream():
         y = fusedk.layernorm(x)
         y2 = fusedk.layernorm(x, stream=s)  # the same stream, named
     s.synchronize()
-    want = fusedk.layernorm(to_numpy(x, np.float16))
-    assert_close(to_numpy(y, np.float16), want, np.float16, what="side stream")
-    assert_close(to_numpy(y2, np.float16), want, np.float16, what="stream=")
+    want = fusedk.layernorm(np_of(x))
+    assert_close(np_of(y), want, np.float16, what="side stream")
+    assert_close(np_of(y2), want, np.float16, what="stream=")
 
 
 @needs_torch
@@ -199,7 +194,7 @@ def test_cupy_bf16_mochi():
         pytest.skip("bf16 CuPy arrays need a DLPack producer for bfloat16")
     y = fusedk.residual_tanh_gated_rmsnorm(cupy.from_dlpack(to_torch(x)), cupy.from_dlpack(to_torch(xr)),
                                            cupy.from_dlpack(to_torch(g)))
-    got = to_numpy(torch.from_dlpack(y), BF16)
+    got = np_of(torch.from_dlpack(y))
     want = fusedk.residual_tanh_gated_rmsnorm(x, xr, g)
     assert_close(got, want, BF16, aux=np.abs(x.astype(np.float64)) + np.abs(want.astype(np.float64)), what="cupy bf16 mochi")
 

@@ -14,7 +14,8 @@ import pytest
 
 import fusedk
 import oracle
-from models import diffusers_apply_rotary_emb, flux_ids, llama_apply_rotary, mochi_apply_rotary_emb, mochi_positions
+from models import (diffusers_apply_rotary_emb, flux_ids, full_width, llama_apply_rotary, mochi_apply_rotary_emb,
+                    mochi_positions)
 from oracle import BF16, DTYPES, assert_close, bits, f64, np_of, pair_aux, rmsnorm, table_shape, tables, wide
 
 rng = np.random.default_rng()
@@ -307,11 +308,6 @@ def test_bhsd_outputs_are_compact_and_bshd_outputs_too():
 
 
 # --- the models' own chains, unfused, written the models' way (float64 NumPy) ---------------------
-def full_width(t):
-    """a half table [..., R/2] as the models' repeat_interleave(2) full-width one [..., R]"""
-    return np.repeat(f64(t), 2, -1)
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_flux_the_model_way(dtype):
     """Flux (FluxAttnProcessor2_0, fused projections): qkv = to_qkv(x); q, k, v = chunk(3);
@@ -420,7 +416,7 @@ def test_qwen3_llama_gqa_the_model_way(rotary_dim, dtype):
     xq, xk, xv = rand((B, S, Hq * Dh), dtype, 2.0), rand((B, S, Hk * Dh), dtype, 2.0), rand((B, S, Hk * Dh), dtype)
     wq, wk = rand((Dh,), dtype, 0.2, 1.0), rand((Dh,), dtype, 0.2, 1.0)
     c, s = fusedk.rope_table_1d(np.arange(S), rotary_dim, 1000000.0)
-    cos, sin = np.concatenate([c, c], -1).astype(np.float64), np.concatenate([s, s], -1).astype(np.float64)
+    cos, sin = f64(wide(c)), f64(wide(s))  # the models' cat((freqs, freqs), -1)
     cos, sin = cos[None, None], sin[None, None]  # [S, R] unsqueezed over the heads of x [B, H, S, Dh]
     query = rmsnorm(xq.reshape(B, S, Hq, Dh), wq, eps)[0].transpose(0, 2, 1, 3)
     key = rmsnorm(xk.reshape(B, S, Hk, Dh), wk, eps)[0].transpose(0, 2, 1, 3)

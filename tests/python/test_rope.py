@@ -10,8 +10,8 @@ import pytest
 
 import fusedk
 import oracle
-from models import (diffusers_apply_rotary_emb, flux_full_tables, flux_ids, llama_apply_rotary, ltx_full_tables,
-                    mochi_apply_rotary_emb, mochi_positions)
+from models import (diffusers_apply_rotary_emb, flux_full_tables, flux_ids, full_width, llama_apply_rotary,
+                    ltx_full_tables, mochi_apply_rotary_emb, mochi_positions)
 from oracle import DTYPES, assert_close, pair_aux, table_shape, tables, wide
 
 rng = np.random.default_rng()
@@ -223,7 +223,7 @@ def test_flux_tables_into_rope(dtype):
     q, k = rand((2, S, H, Dh), dtype), rand((2, S, H, Dh), dtype)
     c, s = fusedk.rope_table_axes(ids, (16, 56, 56))
     q2, k2 = fusedk.rope(q, k, c, s)
-    cf, sf = np.repeat(oracle.f64(c), 2, -1)[None, :, None], np.repeat(oracle.f64(s), 2, -1)[None, :, None]
+    cf, sf = full_width(c)[None, :, None], full_width(s)[None, :, None]
     assert_close(q2, diffusers_apply_rotary_emb(q, cf, sf), dtype, what="Flux rope q")
     assert_close(k2, diffusers_apply_rotary_emb(k, cf, sf), dtype, what="Flux rope k")
 
@@ -239,7 +239,7 @@ def test_ltx_tables_into_rope(dtype):
     q2 = fusedk.rope(q, None, c[:, :, None], s[:, :, None])
     lc, ls = ltx_full_tables(coords, inner, 10000.0)
     assert_close(np.repeat(c, 2, -1), lc, np.float32, what="LTX tables vs diffusers")
-    cf, sf = np.repeat(oracle.f64(c), 2, -1)[:, :, None], np.repeat(oracle.f64(s), 2, -1)[:, :, None]
+    cf, sf = full_width(c)[:, :, None], full_width(s)[:, :, None]
     assert_close(q2, diffusers_apply_rotary_emb(q, cf, sf), dtype, what="LTX rope")
 
 
@@ -261,8 +261,7 @@ def test_llama_neox_tables_into_rope(rotary_dim):
     c, s = fusedk.rope_table_1d(np.arange(S), rotary_dim, 10000.0)
     q, k = rand((2, S, 8, Dh), np.float32), rand((2, S, 2, Dh), np.float32)
     q2, k2 = fusedk.rope(q, k, c, s, style="half", rotary_dim=rotary_dim)
-    cf = np.concatenate([c, c], -1).astype(np.float64)[None, :, None]
-    sf = np.concatenate([s, s], -1).astype(np.float64)[None, :, None]
+    cf, sf = oracle.f64(wide(c))[None, :, None], oracle.f64(wide(s))[None, :, None]  # cat((freqs, freqs), -1)
     assert_close(q2, llama_apply_rotary(q, cf, sf, rotary_dim), np.float32, what="Llama rope q")
     assert_close(k2, llama_apply_rotary(k, cf, sf, rotary_dim), np.float32, what="Llama rope k")
 

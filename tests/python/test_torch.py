@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fusedk
-from oracle import BF16
+from oracle import np_of
 
 torch = pytest.importorskip("torch")
 if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
@@ -14,11 +14,6 @@ import fusedk.torch as fkt  # noqa: E402
 from fusedk import _core  # noqa: E402
 
 DT = [torch.float32, torch.float16, torch.bfloat16]
-
-
-def np_of(t):
-    t = t.detach()
-    return t.view(torch.uint16).numpy().view(BF16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def calls(x, w, r, sc, sh, g):
