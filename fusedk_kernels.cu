@@ -14,8 +14,9 @@
 //   [memory]    16-byte vectors; loads and stores named by cache policy; per-thread row walks;
 //               Hopper bulk copies (cp.async.bulk) counted by mbarriers
 //   [reduce]    warp and row-group sums
-//   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows_kernel and
-//               fusedk__cuda_norm (launcher); the tuning hook (FUSEDK_TUNING builds only)
+//   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows (entry points
+//               norm_rows_kernel, norm_rows_reg_kernel) and fusedk__cuda_norm (launcher); the
+//               tuning hook (FUSEDK_TUNING builds only)
 //   [elementwise] act, silu_fma, gated_residual, glu, glu_pair and [sampler] diffusion_step:
 //               elementwise_rows_kernel
 //   [position]  rope and qk_norm_rope: on Hopper qkv_tma_kernel (rows of 4 tokens through bulk
@@ -307,20 +308,25 @@ __device__ __forceinline__ float lanes_sum(float v, int width) {
   return v;
 }
 
-// Sum over the G threads of a row group. G <= 32: shuffles inside the aligned lane group;
-// G > 32 (a multiple of 32, one group per block row): warp sums, one shared-memory slot per
-// warp, then each warp sums the slots with shuffles (log2(warps) steps).
-__device__ __forceinline__ float group_sum(float v, int G, float *smem) {
-  v = lanes_sum(v, G < 32 ? G : 32);
-  if (G <= 32) return v;
-  const int warps = G / 32, lane = threadIdx.x & 31;
+// N sums over the G threads of a row group, each thread getting all N. G <= 32: shuffles inside
+// the aligned lane group; G > 32 (a multiple of 32, one group per block row): warp sums, one
+// shared-memory slot per warp and sum (smem[k]), one barrier for all N, then each warp sums the
+// slots with shuffles (log2(warps) steps). Every lane gets bitwise the same sums (a butterfly of
+// commutative adds), so what a row decides from them is uniform over its group.
+template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G, float (*smem)[32]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = lanes_sum(v[k], G < 32 ? G : 32);
+  if (G <= 32) return;
+  const int warps = G / 32, lane = threadIdx.x & 31, base = threadIdx.y * warps;
   int p2 = 1;
   while (p2 < warps) p2 *= 2;
-  float *mine = smem + threadIdx.y * warps;
-  if (lane == 0) mine[threadIdx.x / 32] = v;
+  if (lane == 0)
+#pragma unroll
+    for (int k = 0; k < N; ++k) smem[k][base + threadIdx.x / 32] = v[k];
   __syncthreads();
   const int i = lane & (p2 - 1); // each aligned group of p2 lanes reads every slot once
-  return lanes_sum(i < warps ? mine[i] : 0.f, p2);
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = lanes_sum(i < warps ? smem[k][base + i] : 0.f, p2);
 }
 
 
@@ -336,11 +342,13 @@ __device__ __forceinline__ float group_sum(float v, int G, float *smem) {
 // operand (weight/bias, scale/shift, gate). With RMS statistics they go to shared memory through
 // cp.async, so a row waiting on DRAM holds no registers: an SM keeps as many rows in flight as
 // its shared memory takes (a register cache allowed 8-10, and bandwidth tracked that number).
-// LayerNorm statistics (layernorm, adaln's layer norm) read the cache three times and are
-// issue-bound: they keep it in registers while it fits there (launch_norm_vec), as does the
+// LayerNorm statistics (layernorm, adaln's layer norm) read the cache twice or three times and
+// are issue-bound: they keep it in registers while it fits there (launch_norm_vec), as does the
 // scalar path. A row then costs one memory round trip, a reduction and its stores. Longer rows
 // (NV == 0) are re-read per pass; a row then comes back from L2.
-// Statistics are two-pass from the cache (LayerNorm: mean first, then squared deviations).
+// Statistics: RMSNorm one pass (sum of squares); LayerNorm one pass of shifted sums (d = v -
+// x[0]: the sum of d and of d^2 in one reduction), with a second pass over v - mean for the rows
+// where that would lose bits (x[0] far from the mean).
 // What is fused is fixed at compile time (norm kind, residual, epilogue): a kernel carries only
 // the registers and instructions its op uses.
 // ---------------------------------------------------------------------------------------------
@@ -372,7 +380,7 @@ constexpr int max_threads(int nv, int vb, bool reg, int streams) {
 constexpr bool fits(int nv, int vb, bool reg, int streams) { return cache_regs(nv, vb, reg, streams) <= 200; }
 
 extern __shared__ uint4 norm_stage[]; // the shared-memory cache, sized at launch
-constexpr int kRedBytes = 2 * 32 * sizeof(float); // the reduction slots, static shared memory
+constexpr int kRedBytes = 4 * 32 * sizeof(float); // the reduction slots, static shared memory
 
 // A thread's share of its row between passes (NV > 0): NS streams of NV vectors, slot (s, k).
 // Shared memory (16-byte vectors): filled by cp.async (.cg: rows stream past L1; .ca: column
@@ -420,13 +428,13 @@ template <typename T, int VEC, int NV, int NS, bool REG> struct RowCache {
   }
 };
 
+// The kernel body; norm_rows_kernel and norm_rows_reg_kernel below are its entry points.
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG>
-__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cached_streams(LN, RES, EPI)))
-    norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
+__device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t rows) {
   constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
   constexpr bool C1 = EPI == kAdaLN || (EPI == kAffine && LN); // second column operand: bias or shift
   constexpr int kX = 0, kS = 1, kC0 = 1 + S2, kC1 = kC0 + 1; // cache streams
-  __shared__ float red[2][32]; // kRedBytes: one slot per warp, one array per reduction (no reuse barrier)
+  __shared__ float red[LN ? 4 : 1][32]; // <= kRedBytes: a slot per warp and sum; LayerNorm's second pass: red[2], red[3]
   const int G = blockDim.x;
   const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
   const bool live = row < rows; // dead groups still join the block's barriers
@@ -479,31 +487,57 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cac
   if (LN && live) K = to_f32<T>(x[0]) + (RES ? to_f32<T>(s2[0]) : 0.f);
   cache.wait();
 
-  // pass 1: sum v - K (LayerNorm) or v^2 (RMSNorm)
-  float s1 = 0.f;
+  // pass 1: RMSNorm sums v^2; LayerNorm sums d = v - K and d^2 in one reduction (one barrier)
+  float s[LN ? 2 : 1] = {};
   for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
     float v[VEC];
     row_val(k, j, v);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) s1 += LN ? v[i] - K : v[i] * v[i];
+    for (int i = 0; i < VEC; ++i) {
+      if constexpr (LN) {
+        const float d = v[i] - K;
+        s[0] += d, s[1] = fmaf(d, d, s[1]);
+      } else {
+        s[0] += v[i] * v[i];
+      }
+    }
   });
-  s1 = group_sum(s1, G, red[0]);
+  group_sums(s, G, red);
   float dm = 0.f, var; // dm = mean - K
   if constexpr (LN) {
-    dm = s1 * (1.f / (float)a.D);
-    // centred on M = K + dm rounded: an error d in the centre adds d^2 to the variance (second
-    // order), and saves one subtraction per element (the kernel is issue-bound here, not DRAM)
-    const float M = K + dm;
-    float sq = 0.f;
-    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-      float v[VEC];
-      row_val(k, j, v);
+    dm = s[0] * (1.f / (float)a.D);
+    // var = E[d^2] - dm^2 loses about (1 + dm^2 / var) ulps to the subtraction: nothing while
+    // K = x[0] sits within sqrt(8) standard deviations of the mean (the common row: one pass
+    // and one barrier, where two-pass LayerNorm was issue-bound). A row whose first element is
+    // further out (an outlier channel, a flat row far from zero) takes a second pass from M =
+    // K + dm: sum(v - M) corrects the mean (its error is first order in the output) and
+    // sum((v - M)^2) gives the variance. A row group decides for itself (its results do not
+    // depend on its neighbours); the whole warp or block joins the shuffles and barriers.
+    var = fmaf(s[1], 1.f / (float)a.D, -dm * dm);
+    const bool again = !(dm * dm <= 8.f * var); // NaN included
+    const bool any = G > 32 ? (blockDim.y > 1 ? __syncthreads_or(again) : again) : __any_sync(0xffffffffu, again);
+    if (any) {
+      const float M = K + dm;
+      float t[2] = {0.f, 0.f};
+      if (again)
+        for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+          float v[VEC];
+          row_val(k, j, v);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) sq += (v[i] - M) * (v[i] - M);
-    });
-    var = group_sum(sq, G, red[1]) * (1.f / (float)a.D);
+          for (int i = 0; i < VEC; ++i) {
+            const float e = v[i] - M;
+            t[0] += e, t[1] = fmaf(e, e, t[1]);
+          }
+        });
+      group_sums(t, G, red + 2); // a slower warp may still read red[0], red[1]
+      if (again) { // the epilogue centred on M (v - K would round at K's scale): K + dm = M + r exactly
+        const float de = t[0] * (1.f / (float)a.D), bb = M - K, r = (K - (M - bb)) + (dm - bb);
+        var = fmaf(t[1], 1.f / (float)a.D, -de * de);
+        K = M, dm = r + de;
+      }
+    }
   } else {
-    var = EPI == kGated && a.exact ? s1 / (float)a.D : s1 * (1.f / (float)a.D); // exact: PyTorch's mean
+    var = EPI == kGated && a.exact ? s[0] / (float)a.D : s[0] * (1.f / (float)a.D); // exact: PyTorch's mean
   }
   const float rstd = rsqrtf(var + a.eps);
 
@@ -559,6 +593,28 @@ __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cac
     }
     store_cs<T, VEC>(y + d, n);
   });
+}
+
+// Entry points. LayerNorm's register-cached rows of two and four vectors a thread run under a
+// register cap that keeps more blocks an SM resident (ptxas -v, sm_90a): four vectors (48
+// registers of row, weight and bias) take 76 a thread left alone, 24 warps an SM; at 72, 28 (9
+// blocks of 96 threads at D = 3072, 7 of 128 at D = 4096), with 8-16 bytes of spill stored once
+// a thread and reloaded only by the second statistics pass and out-of-line slow paths (SASS).
+// Two vectors take 51; at 48 (no spill), 14 blocks of 96 threads (D = 1152), not 12. H100,
+// bf16: adaln 4-5 % faster at 4x4096x3072 and 2x4096x1152 (bench/NOTES.md, session 12).
+constexpr int reg_cap(int nv) { return nv == 4 ? 72 : 48; }
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG>
+__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cached_streams(LN, RES, EPI)))
+    norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
+  norm_rows<T, VEC, NV, LN, RES, EPI, REG>(a, rows);
+}
+template <typename T, int VEC, int NV, bool RES, int EPI>
+__global__ void __maxnreg__(reg_cap(NV)) norm_rows_reg_kernel(const fusedk__norm_args a, int64_t rows) {
+  norm_rows<T, VEC, NV, true, RES, EPI, true>(a, rows);
+}
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG> constexpr auto norm_entry() {
+  if constexpr (REG && (NV == 2 || NV == 4)) return norm_rows_reg_kernel<T, VEC, NV, RES, EPI>;
+  else return norm_rows_kernel<T, VEC, NV, LN, RES, EPI, REG>;
 }
 
 // The launch shape for rows of nvec vectors: NV vectors cached per thread, G threads per row.
@@ -622,7 +678,13 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   constexpr bool can_reg = LN && vb == 16;
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
-  int g_max = nvec > 512 ? 256 : 128;
+  // RMS statistics on rows that are all resident at once with one vector a thread (one wave):
+  // one vector a thread, up to 256 threads a row, shortens each thread's chain where no other
+  // rows hide it (H100: rmsnorm 1x1024x2048 2-3 % faster, Mochi 5-6 %: its tanh an element;
+  // not LayerNorm's register rows, 11 % slower, nor rows of several waves: rmsnorm 2x4096x1152
+  // 4 % slower)
+  const bool spread = !LN && nvec <= 256 && L.rows * nvec <= (int64_t)device_sms(L.device) * 2048;
+  int g_max = nvec > 512 || spread ? 256 : 128;
 #ifdef FUSEDK_TUNING
   if (g_tune_plan.nv == -2) g_max = g_tune_plan.g;
 #endif
@@ -643,7 +705,7 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
     return dispatch_int<0, 1, 2, 4, 8, 16>(p.nv, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       if constexpr (NV == 0 || fits(NV, vb, REG, st)) { // only the cache depths that fit (plan never picks others)
-        constexpr auto kernel = norm_rows_kernel<T, VEC, NV, LN, RES, EPI, REG>;
+        constexpr auto kernel = norm_entry<T, VEC, NV, LN, RES, EPI, REG>();
         const cudaError_t err = smem_opt_in<kernel>(smem, kRedBytes, L.device);
         if (err == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows);
         return err;

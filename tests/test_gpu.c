@@ -245,7 +245,8 @@ typedef struct {
   int vec_stride;      /* per-sample vectors as views into a [B, 6D] modulation tensor */
   int vec_broadcast;   /* per-sample vectors with stride 0 over B */
   int inplace;         /* y aliases x */
-  int special;         /* a NaN in row 0 and an Inf in row 1 of x */
+  int special;         /* 1: a NaN in row 0 and an Inf in row 1 of x; 2: element 0 of rows 0, 1 (mod 3)
+                          far from the row's mean (LayerNorm's second pass) */
 } case_t;
 
 static void run_case(const case_t *c) {
@@ -287,7 +288,13 @@ static void run_case(const case_t *c) {
       t[which[k]] = mk(c->s, 2, vsh, 0, 0, c->vec_broadcast, 0.5, 0.0);
     }
   }
-  if (c->special && c->B * c->L >= 2) { /* IEEE: the row of a NaN or an Inf is NaN, nothing hangs */
+  if (c->special == 2) { /* the shift K = x[0] of LayerNorm's one-pass sums 40 or 25 sd off the mean */
+    for (int64_t r = 0; r < c->B * c->L; ++r)
+      if (r % 3 != 2)
+        put(t[X].h, t[X].off + (size_t)((r / c->L) * t[X].strides[0] + (r % c->L) * t[X].strides[1]), r % 3 ? -25.0 : 40.0, c->s);
+    CK(cudaMemcpy(t[X].d, t[X].h, t[X].n_alloc * esize(c->s), cudaMemcpyHostToDevice));
+  }
+  if (c->special == 1 && c->B * c->L >= 2) { /* IEEE: the row of a NaN or an Inf is NaN, nothing hangs */
     put(t[X].h, t[X].off, NAN, c->s);
     put(t[X].h, t[X].off + (size_t)t[X].strides[1], INFINITY, c->s);
     CK(cudaMemcpy(t[X].d, t[X].h, t[X].n_alloc * esize(c->s), cudaMemcpyHostToDevice));
@@ -304,14 +311,14 @@ static void run_case(const case_t *c) {
   snprintf(what, sizeof what, "%s %s [%lld,%lld,%lld]%s%s%s pad %lld shift %zu%s%s%s", op_name[c->op], sname(c->s),
            (long long)c->B, (long long)c->L, (long long)c->D, c->weight ? " w" : "", c->bias ? " b" : "",
            c->residual ? " res" : "", (long long)c->pad, c->shift, c->vec_stride ? " mod-view" : "",
-           c->vec_broadcast ? " bcast" : "", c->inplace ? " inplace" : "");
+           c->vec_broadcast ? " bcast" : "", c->inplace ? " inplace" : c->special == 2 ? " x[0] outliers" : "");
   ++checks;
   fusedk_status sc = call(c->op, t, 0, 0);
   fusedk_status sg = call(c->op, t, 1, 0);
   int bad = call_failed(what, sc, sg);
   if (!bad) {
-    bad += compare(what, &t[Y], is_mochi ? &t[X] : NULL, c->op == MOCHI_EXACT, eps_of(c->s), !c->special);
-    if (t[RO].h) bad += compare(what, &t[RO], NULL, 0, eps_of(c->s), !c->special);
+    bad += compare(what, &t[Y], is_mochi ? &t[X] : NULL, c->op == MOCHI_EXACT, eps_of(c->s), c->special != 1);
+    if (t[RO].h) bad += compare(what, &t[RO], NULL, 0, eps_of(c->s), c->special != 1);
     if (!c->inplace) { /* determinism: a second run is bitwise identical */
       size_t bytes = t[Y].n_alloc * esize(c->s);
       void *a = malloc(bytes), *b = malloc(bytes);
@@ -632,6 +639,22 @@ int main(void) {
       run_case(&c);
       if (failures == n_before) printf("ok   %s D=%lld (rmsnorm, +residual, layernorm, strided, misaligned)\n", sname(S[si]), (long long)D);
     }
+  /* LayerNorm rows whose first element is far from their mean take the second statistics pass;
+     the rows beside them (same warp or block) do not: sub-warp groups (7, 64), two rows of 64
+     threads a block (512, f16/bf16), a block a row (1000), register-cached rows of four vectors a
+     thread (3072), staged or re-read rows (24576), the scalar path (shift) */
+  for (int si = 0; si < 3; ++si) {
+    n_before = failures;
+    const int64_t oD[] = {7, 64, 512, 1000, 3072, 24576};
+    for (size_t di = 0; di < sizeof oD / sizeof oD[0]; ++di)
+      for (int op = LN; op <= ADALN_LN; ++op) {
+        case_t c = {(op_t)op, S[si], 2, 13, oD[di], 1, 1, 0, 0, 0, 0, 0, 0, 2};
+        run_case(&c);
+        c.shift = 1, c.pad = 3;
+        run_case(&c);
+      }
+    if (failures == n_before) printf("ok   %s layernorm, adaln(layer): rows with x[0] far from the mean\n", sname(S[si]));
+  }
   for (int si = 0; si < 3; ++si) {
     const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536}};
     for (int k = 0; k < 5; ++k) {

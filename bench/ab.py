@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""A/B of libfusedk builds in one process. Each build is loaded as its own copy of the Python
+package (its own libfusedk), and every row times the builds in turn, round after round, with
+bench.py's method (CUDA-graph replays cycling input sets past 2x L2) on the same inputs. Peers
+(eager, Liger) can ride along as columns. Separate bench.py processes of one build spread by up
+to 7 % on single-wave shapes (1x1024x2048); here the builds share the process, the inputs, the
+clocks and the minute, so a few-percent difference between builds is measurable.
+
+    python3 bench/ab.py --lib base=build-a/libfusedk.so --lib new=build-b/libfusedk.so
+                        [--rows layernorm:1x1024x2048:bf16,adaln:4x4096x3072:bf16]
+                        [--rounds 3] [--iters 100] [--peers eager,liger] [--out FILE.json]
+
+Prints, per row, the median over rounds of each build (and peer) in µs and each build's speedup
+over the first (its time / theirs); writes every round's numbers to --out. Build variants: meson setup DIR -Dtests=false
+"-Dcuda_args=['-DFLAG']" (bench/NOTES.md names the flags each A/B used)."""
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import types
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.join(HERE, "..", "bindings", "python", "fusedk")
+
+
+def load_build(name, path):
+    """The fusedk package once more, as module fusedk_ab_<name>, bound to the library at path."""
+    os.environ["FUSEDK_LIBRARY"] = os.path.abspath(path)
+    mod = f"fusedk_ab_{name}"
+    spec = importlib.util.spec_from_file_location(mod, os.path.join(PKG, "__init__.py"),
+                                                  submodule_search_locations=[PKG])
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[mod] = m
+    spec.loader.exec_module(m)
+    return m
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", action="append", required=True, help="name=path/to/libfusedk.so (first: the base)")
+    ap.add_argument("--rows", default="layernorm:1x1024x2048:bf16,layernorm:4x4096x3072:bf16",
+                    help="comma list of op:shape:dtype (bench.py's op names)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=100, help="graph replays a timing")
+    ap.add_argument("--peers", default="", help="comma list of eager, liger")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    builds = [tuple(s.split("=", 1)) for s in args.lib]
+    mods = {n: load_build(n, p) for n, p in builds}
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, HERE)
+    import bench
+    bench.torch, bench.F = torch, F
+    peers = [p for p in args.peers.split(",") if p]
+    cargs = types.SimpleNamespace(no_compile=True, no_liger="liger" not in peers, no_jax=True)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    names = [n for n, _ in builds]
+    report = {"gpu": torch.cuda.get_device_name(), "builds": dict(builds), "peers": peers, "rows": []}
+    print(f"# A/B on {report['gpu']}: " + ", ".join(f"{n}={p}" for n, p in builds) + f"; {args.rounds} rounds")
+    print("| op | shape | dtype | " + " | ".join(names + peers) + " | " + " | ".join(f"{n} speedup" for n in names[1:]) + " |")
+    print("|---|---|---|" + "---:|" * (2 * len(names) - 1 + len(peers)))
+    for spec in args.rows.split(","):
+        op, shape_s, dtype = spec.split(":")
+        shape = tuple(int(v) for v in shape_s.split("x"))
+        bench.fusedk = mods[names[0]]
+        c = bench.Case(op, shape, dtype, cargs)
+        R, K = bench.sizing(c.nbytes, l2)
+        torch.manual_seed(zlib.crc32(f"{op}{shape}{dtype}".encode()))
+        sets = [c.make() for _ in range(R)]
+        outs = [c.outs(s) for s in sets]
+        ref = [t.clone() for t in bench.as_list(c.ref(sets[0]))]
+        tol = bench.REL_TOL[dtype] * max(t.float().abs().max().item() for t in ref)
+        calls = {}
+        for n in names:
+            bench.fusedk = mods[n]
+            c.fk(sets[0], outs[0])
+            e = bench.max_err(c.got(outs[0]), ref)
+            if not e <= tol:
+                raise SystemExit(f"{n} {spec}: max abs error {e:.3g} > {tol:.3g}")
+            calls[n] = lambda i, m=mods[n]: (setattr(bench, "fusedk", m), c.fk(sets[i % R], outs[i % R]))[1]
+        for p in peers:
+            if p in c.peers and not isinstance(c.peers[p], Exception):
+                calls[p] = lambda i, fn=c.peers[p]: fn(sets[i % R])
+        times = {k: [] for k in calls}
+        for r in range(args.rounds):
+            order = list(calls)
+            order = order[r % len(order):] + order[:r % len(order)]  # each build leads a round in turn
+            for k in order:
+                times[k].append(bench.time_graph(calls[k], K, args.iters))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        cols = [f"{med[k]:.2f}" if k in med else "—" for k in names + peers]
+        ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]
+        print(f"| {op} | {shape_s} | {dtype} | " + " | ".join(cols + ratios) + " |", flush=True)
+        report["rows"].append(dict(op=op, shape=shape_s, dtype=dtype, R=R, K=K, us=times, median=med))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(report, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
