@@ -506,13 +506,14 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
   float dm = 0.f, var; // dm = mean - K
   if constexpr (LN) {
     dm = s[0] * (1.f / (float)a.D);
-    // var = E[d^2] - dm^2 loses about (1 + dm^2 / var) ulps to the subtraction: nothing while
-    // K = x[0] sits within sqrt(8) standard deviations of the mean (the common row: one pass
-    // and one barrier, where two-pass LayerNorm was issue-bound). A row whose first element is
-    // further out (an outlier channel, a flat row far from zero) takes a second pass from M =
-    // K + dm: sum(v - M) corrects the mean (its error is first order in the output) and
-    // sum((v - M)^2) gives the variance. A row group decides for itself (its results do not
-    // depend on its neighbours); the whole warp or block joins the shuffles and barriers.
+    // var = E[d^2] - dm^2 loses about (1 + dm^2 / var) ulps to the subtraction: at most ~9
+    // while K = x[0] sits within sqrt(8) standard deviations of the mean (the common row: one
+    // pass and one barrier). A row whose first element is further out (an outlier channel, a
+    // flat row far from zero) takes a second pass from the float M = K + dm: mean(v - M) fixes
+    // the mean (its error is first order in the output), mean((v - M)^2) the variance, and the
+    // epilogue is centred on M (v - K would round at K's scale). A row group decides for itself
+    // (its results do not depend on its neighbours); the whole warp or block joins the shuffles
+    // and barriers.
     var = fmaf(s[1], 1.f / (float)a.D, -dm * dm);
     const bool again = !(dm * dm <= 8.f * var); // NaN included
     const bool any = G > 32 ? (blockDim.y > 1 ? __syncthreads_or(again) : again) : __any_sync(0xffffffffu, again);
@@ -530,10 +531,10 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
           }
         });
       group_sums(t, G, red + 2); // a slower warp may still read red[0], red[1]
-      if (again) { // the epilogue centred on M (v - K would round at K's scale): K + dm = M + r exactly
-        const float de = t[0] * (1.f / (float)a.D), bb = M - K, r = (K - (M - bb)) + (dm - bb);
-        var = fmaf(t[1], 1.f / (float)a.D, -de * de);
-        K = M, dm = r + de;
+      if (again) { // mean = M + de: e was measured from M itself
+        const float de = t[0] * (1.f / (float)a.D);
+        var = fmaxf(fmaf(t[1], 1.f / (float)a.D, -de * de), 0.f);
+        K = M, dm = de;
       }
     }
   } else {
@@ -598,10 +599,11 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 // Entry points. LayerNorm's register-cached rows of two and four vectors a thread run under a
 // register cap that keeps more blocks an SM resident (ptxas -v, sm_90a): four vectors (48
 // registers of row, weight and bias) take 76 a thread left alone, 24 warps an SM; at 72, 28 (9
-// blocks of 96 threads at D = 3072, 7 of 128 at D = 4096), with 8-16 bytes of spill stored once
+// blocks of 96 threads at D = 3072, 7 of 128 at D = 4096), with 4-16 bytes of spill stored once
 // a thread and reloaded only by the second statistics pass and out-of-line slow paths (SASS).
-// Two vectors take 51; at 48 (no spill), 14 blocks of 96 threads (D = 1152), not 12. H100,
-// bf16: adaln 4-5 % faster at 4x4096x3072 and 2x4096x1152 (bench/NOTES.md, session 12).
+// Two vectors take 51; at 48, 14 blocks of 96 threads (D = 1152), not 12, for one 4-byte spill
+// a thread (a store and a load before the statistics vote). H100, bf16: adaln 4-5 % faster at
+// 4x4096x3072 and 2x4096x1152, layernorm 2x4096x1152 5 % (bench/NOTES.md, session 12).
 constexpr int reg_cap(int nv) { return nv == 4 ? 72 : 48; }
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG>
 __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cached_streams(LN, RES, EPI)))
@@ -625,7 +627,8 @@ struct NormPlan {
 // Rows under 32 vectors: a sub-warp per row. Longer rows: the smallest cache depth that needs at
 // most g_max threads per row and whose cache fits (shared memory up to smem_max, registers);
 // blocks of >= 128 threads. The H100 sweep (bench/results/) put every shape that caches the row
-// within ~1% of the best; g_max 128 (256 past 512 vectors) picks one of the best on each.
+// within ~1% of the best; g_max 128 (256 past 512 vectors, and for RMS rows of one wave: see
+// launch_norm_vec) picks one of the best on each.
 NormPlan plan_norm(int64_t nvec, int vb, bool reg, int streams, int g_max, size_t smem_max) {
   NormPlan p{1, 1, 1};
   if (nvec < 32) { // a sub-warp group per row, 256 threads per block
@@ -672,9 +675,10 @@ struct NormLaunch {
 
 template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
   constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
-  // LayerNorm statistics read the cache three times and are issue-bound: the H100 sweep measured
-  // layernorm and adaln 1-9 % faster with a register cache, rmsnorm up to 8 % slower. A row too
-  // long for registers is staged, not re-read from L2. (The scalar path caches in registers anyway.)
+  // LayerNorm statistics read the cache two or three times and are issue-bound: the H100 sweep
+  // measured layernorm and adaln 1-9 % faster with a register cache, rmsnorm up to 8 % slower. A
+  // row too long for registers is staged, not re-read from L2. (The scalar path caches in
+  // registers anyway.)
   constexpr bool can_reg = LN && vb == 16;
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
@@ -682,7 +686,9 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   // one vector a thread, up to 256 threads a row, shortens each thread's chain where no other
   // rows hide it (H100: rmsnorm 1x1024x2048 2-3 % faster, Mochi 5-6 %: its tanh an element;
   // not LayerNorm's register rows, 11 % slower, nor rows of several waves: rmsnorm 2x4096x1152
-  // 4 % slower)
+  // 4 % slower). The test counts vectors, not threads rounded to warps: approximate. A row's
+  // launch shape, so its reduction order and last bits, then depends on the row count (one
+  // call's results are still the same run to run).
   const bool spread = !LN && nvec <= 256 && L.rows * nvec <= (int64_t)device_sms(L.device) * 2048;
   int g_max = nvec > 512 || spread ? 256 : 128;
 #ifdef FUSEDK_TUNING

@@ -4,15 +4,18 @@ package (its own libfusedk), and every row times the builds in turn, round after
 bench.py's method (CUDA-graph replays cycling input sets past 2x L2) on the same inputs. Peers
 (eager, Liger) can ride along as columns. Separate bench.py processes of one build spread by up
 to 7 % on single-wave shapes (1x1024x2048); here the builds share the process, the inputs, the
-clocks and the minute, so a few-percent difference between builds is measurable.
+clocks and the minute, so a few-percent difference between builds is measurable. Every build
+goes through this tree's Python package and fusedk.h: the builds compared must share the C API
+(kernel changes, not registry or binding changes).
 
     python3 bench/ab.py --lib base=build-a/libfusedk.so --lib new=build-b/libfusedk.so
                         [--rows layernorm:1x1024x2048:bf16,adaln:4x4096x3072:bf16]
                         [--rounds 3] [--iters 100] [--peers eager,liger] [--out FILE.json]
 
 Prints, per row, the median over rounds of each build (and peer) in µs and each build's speedup
-over the first (its time / theirs); writes every round's numbers to --out. Build variants: meson setup DIR -Dtests=false
-"-Dcuda_args=['-DFLAG']" (bench/NOTES.md names the flags each A/B used)."""
+over the first (the first's time / the build's); writes every round's numbers to --out. Build
+variants: meson setup DIR -Dtests=false "-Dcuda_args=['-DFLAG']" (bench/NOTES.md names the flags
+each A/B used)."""
 import argparse
 import importlib.util
 import json
@@ -28,14 +31,21 @@ PKG = os.path.join(HERE, "..", "bindings", "python", "fusedk")
 
 def load_build(name, path):
     """The fusedk package once more, as module fusedk_ab_<name>, bound to the library at path."""
-    os.environ["FUSEDK_LIBRARY"] = os.path.abspath(path)
-    mod = f"fusedk_ab_{name}"
-    spec = importlib.util.spec_from_file_location(mod, os.path.join(PKG, "__init__.py"),
-                                                  submodule_search_locations=[PKG])
-    m = importlib.util.module_from_spec(spec)
-    sys.modules[mod] = m
-    spec.loader.exec_module(m)
-    return m
+    old = os.environ.get("FUSEDK_LIBRARY")
+    os.environ["FUSEDK_LIBRARY"] = os.path.abspath(path)  # read once, at import
+    try:
+        mod = f"fusedk_ab_{name}"
+        spec = importlib.util.spec_from_file_location(mod, os.path.join(PKG, "__init__.py"),
+                                                      submodule_search_locations=[PKG])
+        m = importlib.util.module_from_spec(spec)
+        sys.modules[mod] = m
+        spec.loader.exec_module(m)
+        return m
+    finally:
+        if old is None:
+            os.environ.pop("FUSEDK_LIBRARY", None)
+        else:
+            os.environ["FUSEDK_LIBRARY"] = old
 
 
 def main():
@@ -45,10 +55,15 @@ def main():
                     help="comma list of op:shape:dtype (bench.py's op names)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=100, help="graph replays a timing")
-    ap.add_argument("--peers", default="", help="comma list of eager, liger")
+    ap.add_argument("--peers", default="", help="comma list of eager, liger (torch.compile: use bench.py)")
     ap.add_argument("--out")
     args = ap.parse_args()
     builds = [tuple(s.split("=", 1)) for s in args.lib]
+    if any(len(b) != 2 or not all(b) for b in builds) or len({n for n, _ in builds}) != len(builds):
+        ap.error("--lib wants distinct name=path/to/libfusedk.so")
+    bad = [p for p in args.peers.split(",") if p and p not in ("eager", "liger")]
+    if bad:
+        ap.error(f"--peers: {bad} (eager, liger)")
     mods = {n: load_build(n, p) for n, p in builds}
     import torch
     import torch.nn.functional as F

@@ -246,7 +246,8 @@ typedef struct {
   int vec_broadcast;   /* per-sample vectors with stride 0 over B */
   int inplace;         /* y aliases x */
   int special;         /* 1: a NaN in row 0 and an Inf in row 1 of x; 2: element 0 of rows 0, 1 (mod 3)
-                          far from the row's mean (LayerNorm's second pass) */
+                          far from the row's mean (LayerNorm's second pass); 3: the same with rows
+                          of 1000 + 0.01 N(0, 1) and element 0 at 1000.3 (f32: a mean far from 0) */
 } case_t;
 
 static void run_case(const case_t *c) {
@@ -255,7 +256,8 @@ static void run_case(const case_t *c) {
   int64_t sh3[3] = {c->B, c->L, c->D}, vsh[2] = {c->B, c->D}, wsh[1] = {c->D};
   int is_mochi = c->op == MOCHI || c->op == MOCHI_EXACT, is_ew = c->op >= GELU;
   int64_t shx[3] = {c->B, c->L, (c->op == SWIGLU || c->op == GEGLU) ? 2 * c->D : c->D}; /* glu: x[..., 2H] */
-  t[X] = mk(c->s, 3, shx, c->pad, c->shift, 0, is_ew ? 3.0 : 1.0, c->op == LN ? 0.5 : 0.0);
+  t[X] = c->special == 3 ? mk(c->s, 3, shx, c->pad, c->shift, 0, 0.01, 1000.0)
+                         : mk(c->s, 3, shx, c->pad, c->shift, 0, is_ew ? 3.0 : 1.0, c->op == LN ? 0.5 : 0.0);
   const int is_step = c->op == STEP_EULER || c->op == STEP_DDIM;
   if (c->residual || is_mochi || c->op == SILU_FMA || c->op == GATED_RES || c->op == GLU_PAIR || is_step)
     t[RES] = mk(c->s, 3, sh3, c->pad, c->shift, 0, is_mochi ? 2.0 : 1.0, 0.0);
@@ -288,10 +290,11 @@ static void run_case(const case_t *c) {
       t[which[k]] = mk(c->s, 2, vsh, 0, 0, c->vec_broadcast, 0.5, 0.0);
     }
   }
-  if (c->special == 2) { /* the shift K = x[0] of LayerNorm's one-pass sums 40 or 25 sd off the mean */
+  if (c->special >= 2) { /* the shift K = x[0] of LayerNorm's one-pass sums 25-40 sd off the mean */
     for (int64_t r = 0; r < c->B * c->L; ++r)
       if (r % 3 != 2)
-        put(t[X].h, t[X].off + (size_t)((r / c->L) * t[X].strides[0] + (r % c->L) * t[X].strides[1]), r % 3 ? -25.0 : 40.0, c->s);
+        put(t[X].h, t[X].off + (size_t)((r / c->L) * t[X].strides[0] + (r % c->L) * t[X].strides[1]),
+            c->special == 3 ? (r % 3 ? 999.75 : 1000.3) : r % 3 ? -25.0 : 40.0, c->s);
     CK(cudaMemcpy(t[X].d, t[X].h, t[X].n_alloc * esize(c->s), cudaMemcpyHostToDevice));
   }
   if (c->special == 1 && c->B * c->L >= 2) { /* IEEE: the row of a NaN or an Inf is NaN, nothing hangs */
@@ -311,7 +314,7 @@ static void run_case(const case_t *c) {
   snprintf(what, sizeof what, "%s %s [%lld,%lld,%lld]%s%s%s pad %lld shift %zu%s%s%s", op_name[c->op], sname(c->s),
            (long long)c->B, (long long)c->L, (long long)c->D, c->weight ? " w" : "", c->bias ? " b" : "",
            c->residual ? " res" : "", (long long)c->pad, c->shift, c->vec_stride ? " mod-view" : "",
-           c->vec_broadcast ? " bcast" : "", c->inplace ? " inplace" : c->special == 2 ? " x[0] outliers" : "");
+           c->vec_broadcast ? " bcast" : "", c->inplace ? " inplace" : c->special >= 2 ? " x[0] outliers" : "");
   ++checks;
   fusedk_status sc = call(c->op, t, 0, 0);
   fusedk_status sg = call(c->op, t, 1, 0);
@@ -640,19 +643,21 @@ int main(void) {
       if (failures == n_before) printf("ok   %s D=%lld (rmsnorm, +residual, layernorm, strided, misaligned)\n", sname(S[si]), (long long)D);
     }
   /* LayerNorm rows whose first element is far from their mean take the second statistics pass;
-     the rows beside them (same warp or block) do not: sub-warp groups (7, 64), two rows of 64
+     the rows beside them (same warp or block) do not: sub-warp groups (16, 64), two rows of 64
      threads a block (512, f16/bf16), a block a row (1000), register-cached rows of four vectors a
-     thread (3072), staged or re-read rows (24576), the scalar path (shift) */
+     thread (3072), staged or re-read rows (24576), the scalar path (shift); in f32 also rows
+     whose mean is far from zero (1000, sd 0.01: the epilogue centred on the corrected mean) */
   for (int si = 0; si < 3; ++si) {
     n_before = failures;
-    const int64_t oD[] = {7, 64, 512, 1000, 3072, 24576};
+    const int64_t oD[] = {16, 64, 512, 1000, 3072, 24576};
     for (size_t di = 0; di < sizeof oD / sizeof oD[0]; ++di)
-      for (int op = LN; op <= ADALN_LN; ++op) {
-        case_t c = {(op_t)op, S[si], 2, 13, oD[di], 1, 1, 0, 0, 0, 0, 0, 0, 2};
-        run_case(&c);
-        c.shift = 1, c.pad = 3;
-        run_case(&c);
-      }
+      for (int op = LN; op <= ADALN_LN; ++op)
+        for (int sp = 2; sp <= (S[si] == FUSEDK_F32 ? 3 : 2); ++sp) {
+          case_t c = {(op_t)op, S[si], 2, 13, oD[di], 1, 1, 0, 0, 0, 0, 0, 0, sp};
+          run_case(&c);
+          c.shift = 1, c.pad = 3;
+          run_case(&c);
+        }
     if (failures == n_before) printf("ok   %s layernorm, adaln(layer): rows with x[0] far from the mean\n", sname(S[si]));
   }
   for (int si = 0; si < 3; ++si) {
