@@ -380,7 +380,8 @@ constexpr int max_threads(int nv, int vb, bool reg, int streams) {
 constexpr bool fits(int nv, int vb, bool reg, int streams) { return cache_regs(nv, vb, reg, streams) <= 200; }
 
 extern __shared__ uint4 norm_stage[]; // the shared-memory cache, sized at launch
-constexpr int kRedBytes = 4 * 32 * sizeof(float); // the reduction slots, static shared memory
+constexpr int kRedSums = 4; // LayerNorm's sums: two in pass 1, two in its second pass (RMS: one)
+constexpr int kRedBytes = kRedSums * 32 * sizeof(float); // the reduction slots, static shared memory
 
 // A thread's share of its row between passes (NV > 0): NS streams of NV vectors, slot (s, k).
 // Shared memory (16-byte vectors): filled by cp.async (.cg: rows stream past L1; .ca: column
@@ -434,7 +435,7 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
   constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
   constexpr bool C1 = EPI == kAdaLN || (EPI == kAffine && LN); // second column operand: bias or shift
   constexpr int kX = 0, kS = 1, kC0 = 1 + S2, kC1 = kC0 + 1; // cache streams
-  __shared__ float red[LN ? 4 : 1][32]; // <= kRedBytes: a slot per warp and sum; LayerNorm's second pass: red[2], red[3]
+  __shared__ float red[LN ? kRedSums : 1][32]; // <= kRedBytes: a slot per warp and sum; LayerNorm's second pass: red[2], red[3]
   const int G = blockDim.x;
   const int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
   const bool live = row < rows; // dead groups still join the block's barriers
@@ -604,7 +605,7 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 // Two vectors take 51; at 48, 14 blocks of 96 threads (D = 1152), not 12, for one 4-byte spill
 // a thread (a store and a load before the statistics vote). H100, bf16: adaln 4-5 % faster at
 // 4x4096x3072 and 2x4096x1152, layernorm 2x4096x1152 5 % (bench/NOTES.md, session 12).
-constexpr int reg_cap(int nv) { return nv == 4 ? 72 : 48; }
+constexpr int reg_cap(int nv) { return nv == 4 ? 72 : nv == 2 ? 48 : 0; } // 0: no cap (norm_rows_kernel)
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG>
 __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cached_streams(LN, RES, EPI)))
     norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
@@ -615,7 +616,7 @@ __global__ void __maxnreg__(reg_cap(NV)) norm_rows_reg_kernel(const fusedk__norm
   norm_rows<T, VEC, NV, true, RES, EPI, true>(a, rows);
 }
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG> constexpr auto norm_entry() {
-  if constexpr (REG && (NV == 2 || NV == 4)) return norm_rows_reg_kernel<T, VEC, NV, RES, EPI>;
+  if constexpr (REG && reg_cap(NV) > 0) return norm_rows_reg_kernel<T, VEC, NV, RES, EPI>;
   else return norm_rows_kernel<T, VEC, NV, LN, RES, EPI, REG>;
 }
 
