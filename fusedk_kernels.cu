@@ -355,29 +355,33 @@ template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G
 
 enum Epi { kAffine = 0, kAdaLN = 1, kGated = 2 }; // rms/layernorm; adaln; Mochi
 
+// Where a thread's cache of its row lives (launch_norm_vec picks): 16-byte vectors in shared
+// memory (kStaged; single elements are in registers whatever the mode), in registers (kRegs), or
+// the row streams in registers and the per-column operands not cached at all, read from L1 in the
+// epilogue (kRowRegs: every row of an SM reads the same weight, bias, scale or shift).
+enum Cache { kStaged = 0, kRegs = 1, kRowRegs = 2 };
+
 // Vectors a thread caches per slot k: the row streams and the per-column operands of a kind.
-__host__ __device__ constexpr int cached_streams(bool ln, bool res, int epi) {
-  return 1 + (res || epi == kGated) + 1 + (epi == kAdaLN || (epi == kAffine && ln));
+__host__ __device__ constexpr int cached_streams(bool ln, bool res, int epi, int cm) {
+  return 1 + (res || epi == kGated) + (cm == kRowRegs ? 0 : 1 + (epi == kAdaLN || (epi == kAffine && ln)));
 }
 
-// Where the cache lives: 16-byte vectors in shared memory, or in registers (reg: LayerNorm's
-// 16-byte rows, see launch_norm_vec; single elements always).
-__host__ __device__ constexpr bool staged(int vb, bool reg) { return vb == 16 && !reg; }
-constexpr size_t stage_bytes(int nv, int vb, bool reg, int streams, int threads) {
-  return staged(vb, reg) ? (size_t)nv * 16 * streams * threads : 0;
+__host__ __device__ constexpr bool staged(int vb, int cm) { return vb == 16 && cm == kStaged; }
+constexpr size_t stage_bytes(int nv, int vb, int cm, int streams, int threads) {
+  return staged(vb, cm) ? (size_t)nv * 16 * streams * threads : 0;
 }
 
 // Register budget: ~40 registers of addressing, statistics and epilogue, plus a register cache
 // of one register per 32-bit word of a slot, per stream. Deeper caches are capped at fewer
 // threads per block so that each thread gets what it needs (no spills), and beyond 200 registers
 // they are not instantiated.
-constexpr int cache_regs(int nv, int vb, bool reg, int streams) {
-  return 40 + (staged(vb, reg) ? 0 : nv * streams * ((vb + 3) / 4));
+constexpr int cache_regs(int nv, int vb, int cm, int streams) {
+  return 40 + (staged(vb, cm) ? 0 : nv * streams * ((vb + 3) / 4));
 }
-constexpr int max_threads(int nv, int vb, bool reg, int streams) {
-  return cache_regs(nv, vb, reg, streams) <= 64 ? 1024 : cache_regs(nv, vb, reg, streams) <= 128 ? 512 : 256;
+constexpr int max_threads(int nv, int vb, int cm, int streams) {
+  return cache_regs(nv, vb, cm, streams) <= 64 ? 1024 : cache_regs(nv, vb, cm, streams) <= 128 ? 512 : 256;
 }
-constexpr bool fits(int nv, int vb, bool reg, int streams) { return cache_regs(nv, vb, reg, streams) <= 200; }
+constexpr bool fits(int nv, int vb, int cm, int streams) { return cache_regs(nv, vb, cm, streams) <= 200; }
 
 extern __shared__ uint4 norm_stage[]; // the shared-memory cache, sized at launch
 constexpr int kRedSums = 4; // LayerNorm's sums: two in pass 1, two in its second pass (RMS: one)
@@ -387,10 +391,10 @@ constexpr int kRedBytes = kRedSums * 32 * sizeof(float); // the reduction slots,
 // Shared memory (16-byte vectors): filled by cp.async (.cg: rows stream past L1; .ca: column
 // operands, re-read by every row, stay in L1); each thread reads back only the slots it filled
 // itself, so cp.async.wait_all orders them and no barrier is needed. Consecutive threads own
-// consecutive 16 bytes of a slot: conflict-free. Registers (scalar path, REG): opaque words.
+// consecutive 16 bytes of a slot: conflict-free. Registers (scalar path, kRegs, kRowRegs): opaque words.
 // NV == 0: nothing cached, get() loads vector j from memory.
-template <typename T, int VEC, int NV, int NS, bool REG> struct RowCache {
-  static constexpr bool kShared = staged(sizeof(T) * VEC, REG) && NV > 0;
+template <typename T, int VEC, int NV, int NS, int CM> struct RowCache {
+  static constexpr bool kShared = staged(sizeof(T) * VEC, CM) && NV > 0;
   Raw<T, VEC> reg[kShared || NV == 0 ? 1 : NS][kShared || NV == 0 ? 1 : NV];
   uint4 *sm;  // this thread's slot (0, 0); slot (s, k) at sm[(s * NV + k) * stride]
   int stride; // threads per block
@@ -430,7 +434,7 @@ template <typename T, int VEC, int NV, int NS, bool REG> struct RowCache {
 };
 
 // The kernel body; norm_rows_kernel and norm_rows_reg_kernel below are its entry points.
-template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG>
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM>
 __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t rows) {
   constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
   constexpr bool C1 = EPI == kAdaLN || (EPI == kAffine && LN); // second column operand: bias or shift
@@ -460,16 +464,23 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
   const T *c0 = EPI == kAffine ? static_cast<const T *>(a.weight) : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
   const T *c1 = !C1 ? nullptr : EPI == kAffine ? static_cast<const T *>(a.bias) : at<T>(a.shift, b, 0);
 
-  RowCache<T, VEC, NV, cached_streams(LN, RES, EPI), REG> cache;
+  constexpr bool kCols = CM != kRowRegs;
+  RowCache<T, VEC, NV, cached_streams(LN, RES, EPI, CM), CM> cache;
+  // a per-column operand's vector: cached, or loaded now (L1: every row of the SM reads it)
+  auto col = [&](int s, int k, const T *p, int64_t j, float(&v)[VEC]) {
+    if constexpr (kCols) cache.template get<true>(s, k, p, j, v);
+    else load<T, VEC, true>(p + j * VEC, v);
+  };
   if constexpr (NV > 0) { // row streams first (DRAM), then column operands (L1/L2 hits)
     for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
       cache.template put<false>(kX, k, x + j * VEC);
       if constexpr (S2) cache.template put<false>(kS, k, s2 + j * VEC); // not read-only: base may alias y
     });
-    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-      if (c0) cache.template put<true>(kC0, k, c0 + j * VEC);
-      if (C1 && c1) cache.template put<true>(kC1, k, c1 + j * VEC);
-    });
+    if constexpr (kCols)
+      for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+        if (c0) cache.template put<true>(kC0, k, c0 + j * VEC);
+        if (C1 && c1) cache.template put<true>(kC1, k, c1 + j * VEC);
+      });
   }
   // v = x (+ residual), in float, unrounded
   auto row_val = [&](int k, int64_t j, float(&v)[VEC]) {
@@ -566,15 +577,15 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 #pragma unroll
         for (int i = 0; i < VEC; ++i) n[i] += q[i];
       }
-      cache.template get<true>(kC0, k, c0, j, q);
+      col(kC0, k, c0, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) n[i] *= 1.f + q[i];
-      cache.template get<true>(kC1, k, c1, j, q);
+      col(kC1, k, c1, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) n[i] += q[i];
     } else if constexpr (EPI == kGated) { // y = base + n * tanh(gate), PyTorch's roundings when exact
       float g[VEC];
-      cache.template get<true>(kC0, k, c0, j, g);
+      col(kC0, k, c0, j, g);
       cache.template get<false>(kS, k, s2, j, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -583,12 +594,12 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
       }
     } else {
       if (c0) {
-        cache.template get<true>(kC0, k, c0, j, q);
+        col(kC0, k, c0, j, q);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) n[i] *= q[i];
       }
       if (C1 && c1) {
-        cache.template get<true>(kC1, k, c1, j, q);
+        col(kC1, k, c1, j, q);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) n[i] += q[i];
       }
@@ -597,27 +608,27 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
   });
 }
 
-// Entry points. LayerNorm's register-cached rows of two and four vectors a thread run under a
-// register cap that keeps more blocks an SM resident (ptxas -v, sm_90a): four vectors (48
-// registers of row, weight and bias) take 76 a thread left alone, 24 warps an SM; at 72, 28 (9
-// blocks of 96 threads at D = 3072, 7 of 128 at D = 4096), with 4-16 bytes of spill stored once
-// a thread and reloaded only by the second statistics pass and out-of-line slow paths (SASS).
-// Two vectors take 51; at 48, 14 blocks of 96 threads (D = 1152), not 12, for one 4-byte spill
-// a thread (a store and a load before the statistics vote). H100, bf16: adaln 4-5 % faster at
-// 4x4096x3072 and 2x4096x1152, layernorm 2x4096x1152 5 % (bench/NOTES.md, session 12).
+// Entry points. LayerNorm's rows of two and four vectors a thread cached in registers with their
+// column operands (kRegs: adaln's) run under a register cap that keeps more blocks an SM
+// resident (ptxas -v, sm_90a): four vectors (48 registers of row, scale and shift) take 76 a
+// thread left alone, 24 warps an SM; at 72, 28 (9 blocks of 96 threads at D = 3072), with 4-16
+// bytes of spill stored once a thread and reloaded only by the second statistics pass and
+// out-of-line slow paths (SASS). Two vectors take 51; at 48, 14 blocks of 96 threads (D = 1152),
+// not 12, for one 4-byte spill a thread (a store and a load before the statistics vote). H100,
+// bf16: adaln 4-5 % faster at 4x4096x3072 and 2x4096x1152 (bench/NOTES.md, session 12).
 constexpr int reg_cap(int nv) { return nv == 4 ? 72 : nv == 2 ? 48 : 0; } // 0: no cap (norm_rows_kernel)
-template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG>
-__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), REG, cached_streams(LN, RES, EPI)))
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM>
+__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), CM, cached_streams(LN, RES, EPI, CM)))
     norm_rows_kernel(const fusedk__norm_args a, int64_t rows) {
-  norm_rows<T, VEC, NV, LN, RES, EPI, REG>(a, rows);
+  norm_rows<T, VEC, NV, LN, RES, EPI, CM>(a, rows);
 }
 template <typename T, int VEC, int NV, bool RES, int EPI>
 __global__ void __maxnreg__(reg_cap(NV)) norm_rows_reg_kernel(const fusedk__norm_args a, int64_t rows) {
-  norm_rows<T, VEC, NV, true, RES, EPI, true>(a, rows);
+  norm_rows<T, VEC, NV, true, RES, EPI, kRegs>(a, rows);
 }
-template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, bool REG> constexpr auto norm_entry() {
-  if constexpr (REG && reg_cap(NV) > 0) return norm_rows_reg_kernel<T, VEC, NV, RES, EPI>;
-  else return norm_rows_kernel<T, VEC, NV, LN, RES, EPI, REG>;
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM> constexpr auto norm_entry() {
+  if constexpr (CM == kRegs && reg_cap(NV) > 0) return norm_rows_reg_kernel<T, VEC, NV, RES, EPI>;
+  else return norm_rows_kernel<T, VEC, NV, LN, RES, EPI, CM>;
 }
 
 // The launch shape for rows of nvec vectors: NV vectors cached per thread, G threads per row.
@@ -628,9 +639,9 @@ struct NormPlan {
 // Rows under 32 vectors: a sub-warp per row. Longer rows: the smallest cache depth that needs at
 // most g_max threads per row and whose cache fits (shared memory up to smem_max, registers);
 // blocks of >= 128 threads. The H100 sweep (bench/results/) put every shape that caches the row
-// within ~1% of the best; g_max 128 (256 past 512 vectors, and for RMS rows of one wave: see
-// launch_norm_vec) picks one of the best on each.
-NormPlan plan_norm(int64_t nvec, int vb, bool reg, int streams, int g_max, size_t smem_max) {
+// within ~1% of the best; g_max 128 (256 past 512 vectors, for rows of one wave and layernorm's
+// past 256: see launch_norm_vec) picks one of the best on each.
+NormPlan plan_norm(int64_t nvec, int vb, int cm, int streams, int g_max, size_t smem_max) {
   NormPlan p{1, 1, 1};
   if (nvec < 32) { // a sub-warp group per row, 256 threads per block
     while (p.g < nvec) p.g *= 2;
@@ -638,12 +649,12 @@ NormPlan plan_norm(int64_t nvec, int vb, bool reg, int streams, int g_max, size_
     return p;
   }
   int nv_max = 16; // the deepest cache that fits; only it may use more than g_max threads
-  while (!fits(nv_max, vb, reg, streams)) nv_max /= 2;
+  while (!fits(nv_max, vb, cm, streams)) nv_max /= 2;
   for (int nv : {1, 2, 4, 8, 16}) {
     const int64_t g = (nvec + nv - 1) / nv;
     const int g32 = (int)((g + 31) / 32 * 32), rpb = g32 < 128 ? 128 / g32 : 1;
-    if (nv <= nv_max && g <= std::min<int64_t>(nv == nv_max ? 1024 : g_max, max_threads(nv, vb, reg, streams)) &&
-        stage_bytes(nv, vb, reg, streams, g32 * rpb) <= smem_max)
+    if (nv <= nv_max && g <= std::min<int64_t>(nv == nv_max ? 1024 : g_max, max_threads(nv, vb, cm, streams)) &&
+        stage_bytes(nv, vb, cm, streams, g32 * rpb) <= smem_max)
       return NormPlan{nv, g32, rpb};
   }
   return NormPlan{0, 512, 1}; // re-read from L2
@@ -655,12 +666,12 @@ NormPlan plan_norm(int64_t nvec, int vb, bool reg, int streams, int g_max, size_
 // nv = -2 sets only g_max. Built only with -Dtuning=true (meson), i.e. -DFUSEDK_TUNING.
 NormPlan g_tune_plan{-1, 0, 0};
 
-bool plan_valid(const NormPlan &p, int64_t nvec, int vb, bool reg, int streams, size_t smem_max) {
+bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int cm, int streams, size_t smem_max) {
   const bool gok = p.g > 32 ? p.g % 32 == 0 : (p.g & (p.g - 1)) == 0;
   const bool nvok = p.nv == 0 || p.nv == 1 || p.nv == 2 || p.nv == 4 || p.nv == 8 || p.nv == 16;
-  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, reg, streams) &&
+  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, cm, streams) &&
          (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) && (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) &&
-         (p.nv == 0 || fits(p.nv, vb, reg, streams)) && stage_bytes(p.nv, vb, reg, streams, p.g * p.rows_per_block) <= smem_max;
+         (p.nv == 0 || fits(p.nv, vb, cm, streams)) && stage_bytes(p.nv, vb, cm, streams, p.g * p.rows_per_block) <= smem_max;
 }
 #endif
 
@@ -675,44 +686,52 @@ struct NormLaunch {
 };
 
 template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
-  constexpr int vb = VEC * (int)sizeof(T), st = cached_streams(LN, RES, EPI);
-  // LayerNorm statistics read the cache two or three times and are issue-bound: the H100 sweep
-  // measured layernorm and adaln 1-9 % faster with a register cache, rmsnorm up to 8 % slower. A
-  // row too long for registers is staged, not re-read from L2. (The scalar path caches in
-  // registers anyway.)
+  constexpr int vb = VEC * (int)sizeof(T);
+  // LayerNorm statistics are issue-bound: the H100 sweep measured layernorm and adaln 1-9 %
+  // faster with a register cache, rmsnorm up to 8 % slower. A row too long for registers is
+  // staged, not re-read from L2. (The scalar path caches in registers anyway.)
   constexpr bool can_reg = LN && vb == 16;
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
-  // RMS statistics on rows that are all resident at once with one vector a thread (one wave):
-  // one vector a thread, up to 256 threads a row, shortens each thread's chain where no other
-  // rows hide it (H100: rmsnorm 1x1024x2048 2-3 % faster, Mochi 5-6 %: its tanh an element;
-  // not LayerNorm's register rows, 11 % slower, nor rows of several waves: rmsnorm 2x4096x1152
-  // 4 % slower). The test counts vectors, not threads rounded to warps: approximate. A row's
-  // launch shape, so its reduction order and last bits, then depends on the row count (one
-  // call's results are still the same run to run).
-  const bool spread = !LN && nvec <= 256 && L.rows * nvec <= (int64_t)device_sms(L.device) * 2048;
-  int g_max = nvec > 512 || spread ? 256 : 128;
+  // rows all resident at once at one vector a thread (one wave): no other rows hide a row's latency
+  const bool one_wave = L.rows * nvec <= (int64_t)device_sms(L.device) * 2048;
+  // One wave: one vector a thread, up to 256 threads a row, shortens each thread's chain where
+  // no other rows hide it (H100: rmsnorm 1x1024x2048 2-3 % faster, Mochi 5-6 %: its tanh an
+  // element, layernorm 2 %; not adaln, 2-12 % slower, nor rows of several waves: rmsnorm
+  // 2x4096x1152 4 % slower). The test counts vectors, not threads rounded to warps:
+  // approximate. A row's launch shape, so its reduction order and last bits, then depends on
+  // the row count (one call's results are still the same run to run).
+  const bool spread = (!LN || (can_reg && EPI == kAffine)) && nvec <= 256 && one_wave;
+  // LayerNorm's registers (H100, bf16; bench/NOTES.md, session 13): layernorm leaves weight and
+  // bias to L1 (kRowRegs: 43 registers, not 72, at four vectors a thread; 10 blocks of 128
+  // threads an SM, not 7): 1-7 % faster at every bench shape. adaln does so for one wave of rows
+  // (1x1024x2048 2 % faster); with more rows, uncached scale and shift are 2-3.5 % slower.
+  int cm = !can_reg ? kStaged : EPI == kAffine || one_wave ? kRowRegs : kRegs;
+  // layernorm's rows of 257-512 vectors: up to 256 threads a row, two vectors a thread
+  // (1x2048x3072 10 % faster, 2x4096x3072 1 %; adaln's cached rows 11-13 % slower)
+  int g_max = nvec > 512 || spread || (can_reg && EPI == kAffine && nvec > 256) ? 256 : 128;
 #ifdef FUSEDK_TUNING
   if (g_tune_plan.nv == -2) g_max = g_tune_plan.g;
 #endif
-  bool reg = can_reg;
-  NormPlan p = plan_norm(nvec, vb, reg, st, g_max, L.smem_max);
-  if (reg && p.nv == 0)
-    reg = false, p = plan_norm(nvec, vb, reg, st, g_max, L.smem_max);
+  int st = cached_streams(LN, RES, EPI, cm);
+  NormPlan p = plan_norm(nvec, vb, cm, st, g_max, L.smem_max);
+  if (cm != kStaged && p.nv == 0)
+    cm = kStaged, st = cached_streams(LN, RES, EPI, cm), p = plan_norm(nvec, vb, cm, st, g_max, L.smem_max);
 #ifdef FUSEDK_TUNING
-  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, reg, st, L.smem_max)) p = g_tune_plan;
+  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, cm, st, L.smem_max)) p = g_tune_plan;
 #endif
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (L.rows + p.rows_per_block - 1) / p.rows_per_block;
   if (grid > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const unsigned gr = (unsigned)grid;
-  const size_t smem = stage_bytes(p.nv, vb, reg, st, p.g * p.rows_per_block);
-  auto go = [&](auto reg_c) {
-    constexpr bool REG = decltype(reg_c)::value;
+  const size_t smem = stage_bytes(p.nv, vb, cm, st, p.g * p.rows_per_block);
+  auto go = [&](auto cm_c) {
+    constexpr int CM = decltype(cm_c)::value;
     return dispatch_int<0, 1, 2, 4, 8, 16>(p.nv, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
-      if constexpr (NV == 0 || fits(NV, vb, REG, st)) { // only the cache depths that fit (plan never picks others)
-        constexpr auto kernel = norm_entry<T, VEC, NV, LN, RES, EPI, REG>();
+      // only the cache depths that fit (plan never picks others)
+      if constexpr (NV == 0 || fits(NV, vb, CM, cached_streams(LN, RES, EPI, CM))) {
+        constexpr auto kernel = norm_entry<T, VEC, NV, LN, RES, EPI, CM>();
         const cudaError_t err = smem_opt_in<kernel>(smem, kRedBytes, L.device);
         if (err == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows);
         return err;
@@ -722,8 +741,9 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
     });
   };
   cudaError_t e;
-  if constexpr (can_reg) e = reg ? go(std::true_type()) : go(std::false_type());
-  else e = go(std::false_type());
+  if constexpr (!can_reg) e = go(int_c<kStaged>());
+  else if constexpr (EPI == kAffine) e = cm == kRowRegs ? go(int_c<kRowRegs>()) : go(int_c<kStaged>()); // never kRegs
+  else e = dispatch_int<kStaged, kRegs, kRowRegs>(cm, [&](auto c) { return go(c); });
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 

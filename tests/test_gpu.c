@@ -624,8 +624,8 @@ int main(void) {
     return 2;
   }
   /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
-  /* 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit; layernorm's rows too
-     long for its register cache, staged instead: 16384 f32, 24576 f16/bf16 */
+  /* 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit; layernorm's rows in
+     registers up to 16 vectors a thread (65536 f16/bf16), re-read beyond */
   const int64_t Ds[] = {1,    2,    7,    8,    64,    111,   128,   1000,   1152,  2048,
                         3072, 3584, 5120, 8192, 16384, 24576, 65536, 100000, 262144};
   int n_before;
@@ -649,7 +649,8 @@ int main(void) {
   /* LayerNorm rows whose first element is far from their mean take the second statistics pass;
      the rows beside them (same warp or block) do not: sub-warp groups (16, 64), two rows of 64
      threads a block (512, f16/bf16), a block a row (1000), register-cached rows of four vectors a
-     thread (3072), staged or re-read rows (24576), the scalar path (shift); in f32 also rows
+     thread (3072), 24576 (layernorm: 16 vectors a thread; adaln at 26 rows: the same, its scale
+     and shift uncached), the scalar path (shift); in f32 also rows
      whose mean is far from zero (1000, sd 0.01: the epilogue centred on the corrected mean) */
   for (int si = 0; si < 3; ++si) {
     n_before = failures;
@@ -665,8 +666,12 @@ int main(void) {
     if (failures == n_before) printf("ok   %s layernorm, adaln(layer): rows with x[0] far from the mean\n", sname(S[si]));
   }
   for (int si = 0; si < 3; ++si) {
-    const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536}};
-    for (int k = 0; k < 5; ++k) {
+    /* adaln's launch modes (16-byte rows): one wave of rows (rows x D/8 <= SMs x 2048, H100) with
+       scale and shift uncached ([2,77,1152], [2,5,65536]); more rows cached with them, in
+       registers at 2 and 4 vectors a thread ([4,600,1152], [3,256,3072]) or staged
+       ([2,67,24576]) */
+    const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536}, {4, 600, 1152}, {2, 67, 24576}};
+    for (int k = 0; k < 7; ++k) {
       n_before = failures;
       for (int op = ADALN_LN; op <= MOCHI_EXACT; ++op) {
         case_t c = {(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], op == ADALN_LN, op == ADALN_LN, 0, 0, 0, 0, 0, 0, 0};
