@@ -339,16 +339,17 @@ template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G
 // Memory traffic is the minimum: each input is read once and each output written once while the
 // row is cached (NV > 0). Each thread issues every load its row needs before the first use: NV
 // 16-byte vectors of each row stream (x; the residual or Mochi's base) and of each per-column
-// operand (weight/bias, scale/shift, gate). With RMS statistics they go to shared memory through
-// cp.async, so a row waiting on DRAM holds no registers: an SM keeps as many rows in flight as
-// its shared memory takes (a register cache allowed 8-10, and bandwidth tracked that number).
-// LayerNorm statistics (layernorm, adaln's layer norm) read the cache twice or three times and
-// are issue-bound: they keep it in registers while it fits there (launch_norm_vec), as does the
-// scalar path. A row then costs one memory round trip, a reduction and its stores. Longer rows
-// (NV == 0) are re-read per pass; a row then comes back from L2.
-// Statistics: RMSNorm one pass (sum of squares); LayerNorm one pass of shifted sums (d = v -
-// x[0]: the sum of d and of d^2 in one reduction), with a second pass over v - mean for the rows
-// where that would lose bits (x[0] far from the mean).
+// operand (weight/bias, scale/shift, gate) it caches. With RMS statistics they go to shared memory
+// through cp.async, so a row waiting on DRAM holds no registers: an SM keeps as many rows in
+// flight as its shared memory takes (a register cache allowed 8-10, and bandwidth tracked that
+// number). LayerNorm statistics (layernorm, adaln's layer norm) are issue-bound: they keep the
+// cache in registers while it fits there, layernorm's (and adaln's at one wave of rows) without
+// its column operands, read from L1 in the epilogue (enum Cache, launch_norm_vec); the scalar
+// path caches in registers too. A row then costs one memory round trip, a reduction and its
+// stores. Longer rows (NV == 0) are re-read per pass; a row then comes back from L2.
+// Statistics: RMSNorm one pass (sum of squares); LayerNorm one pass (the sums of v and v^2 in one
+// reduction), with a second pass over v - mean for the rows where that would lose bits (a mean
+// far from zero against the standard deviation).
 // What is fused is fixed at compile time (norm kind, residual, epilogue): a kernel carries only
 // the registers and instructions its op uses.
 // ---------------------------------------------------------------------------------------------
@@ -493,13 +494,9 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
     }
   };
 
-  // LayerNorm sums v - K with K = the row's first element (shifted data): when a row's values
-  // sit close together far from zero, mean and v - mean keep their bits in float32
-  float K = 0.f;
-  if (LN && live) K = to_f32<T>(x[0]) + (RES ? to_f32<T>(s2[0]) : 0.f);
   cache.wait();
 
-  // pass 1: RMSNorm sums v^2; LayerNorm sums d = v - K and d^2 in one reduction (one barrier)
+  // pass 1: RMSNorm sums v^2; LayerNorm sums v and v^2 in one reduction (one barrier)
   float s[LN ? 2 : 1] = {};
   for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
     float v[VEC];
@@ -507,25 +504,25 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       if constexpr (LN) {
-        const float d = v[i] - K;
-        s[0] += d, s[1] = fmaf(d, d, s[1]);
+        s[0] += v[i], s[1] = fmaf(v[i], v[i], s[1]);
       } else {
         s[0] += v[i] * v[i];
       }
     }
   });
   group_sums(s, G, red);
-  float dm = 0.f, var; // dm = mean - K
+  float K = 0.f, dm = 0.f, var; // LayerNorm: mean = K + dm, K = 0 unless the second pass ran
   if constexpr (LN) {
     dm = s[0] * (1.f / (float)a.D);
-    // var = E[d^2] - dm^2 loses about (1 + dm^2 / var) ulps to the subtraction: at most ~9
-    // while K = x[0] sits within sqrt(8) standard deviations of the mean (the common row: one
-    // pass and one barrier). A row whose first element is further out (an outlier channel, a
-    // flat row far from zero) takes a second pass from the float M = K + dm: mean(v - M) fixes
-    // the mean (its error is first order in the output), mean((v - M)^2) the variance, and the
-    // epilogue is centred on M (v - K would round at K's scale). A row group decides for itself
-    // (its results do not depend on its neighbours); the whole warp or block joins the shuffles
-    // and barriers.
+    // var = E[v^2] - mean^2 loses about (1 + mean^2 / var) ulps to the subtraction: at most ~9
+    // while the mean is within sqrt(8) standard deviations of zero (the common row: one pass, one
+    // barrier; a shift by x[0], which every thread loaded before its sums, made layernorm and
+    // adaln 2-6 % slower: bench/NOTES.md, session 13). A row whose mean is further out (values
+    // close together far from zero) takes a second pass from the float M = mean: mean(v - M)
+    // fixes the mean (its error is first order in the output), mean((v - M)^2) the variance, and
+    // the epilogue is centred on M (v alone would round at M's scale). A row group decides for
+    // itself (its results do not depend on its neighbours); the whole warp or block joins the
+    // shuffles and barriers.
     var = fmaf(s[1], 1.f / (float)a.D, -dm * dm);
     const bool again = !(dm * dm <= 8.f * var); // NaN included
     const bool any = G > 32 ? (blockDim.y > 1 ? __syncthreads_or(again) : again) : __any_sync(0xffffffffu, again);
@@ -558,7 +555,7 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
   T *y = at<T>(a.y, b, l);
   T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
   const bool exact = EPI == kGated && a.exact;
-  const float c = -dm * rstd; // LayerNorm: (v - K - dm) * rstd as one FMA; v - K is exact near K
+  const float c = -dm * rstd; // LayerNorm: (v - K - dm) * rstd as one FMA; v - K is exact near K = M
   for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
     float v[VEC], n[VEC], q[VEC];
     row_val(k, j, v);
