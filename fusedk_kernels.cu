@@ -524,7 +524,9 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
     // itself (its results do not depend on its neighbours); the whole warp or block joins the
     // shuffles and barriers.
     var = fmaf(s[1], 1.f / (float)a.D, -dm * dm);
-    const bool again = !(dm * dm <= 8.f * var); // NaN included
+    // NaN included; var = Inf: v^2 overflowed, v - M may not (rows far from zero, |v| > ~1e19).
+    // (Rows of |v| beyond FLT_MAX / D overflow the sum of v itself and come out NaN.)
+    const bool again = !(dm * dm <= 8.f * var) || var == INFINITY;
     const bool any = G > 32 ? (blockDim.y > 1 ? __syncthreads_or(again) : again) : __any_sync(0xffffffffu, again);
     if (any) {
       const float M = K + dm;
@@ -607,12 +609,11 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 
 // Entry points. LayerNorm's rows of two and four vectors a thread cached in registers with their
 // column operands (kRegs: adaln's) run under a register cap that keeps more blocks an SM
-// resident (ptxas -v, sm_90a): four vectors (48 registers of row, scale and shift) take 76 a
-// thread left alone, 24 warps an SM; at 72, 28 (9 blocks of 96 threads at D = 3072), with 4-16
-// bytes of spill stored once a thread and reloaded only by the second statistics pass and
-// out-of-line slow paths (SASS). Two vectors take 51; at 48, 14 blocks of 96 threads (D = 1152),
-// not 12, for one 4-byte spill a thread (a store and a load before the statistics vote). H100,
-// bf16: adaln 4-5 % faster at 4x4096x3072 and 2x4096x1152 (bench/NOTES.md, session 12).
+// resident (ptxas -v, sm_90a): four vectors (48 registers of row, scale and shift) take 75 a
+// thread left alone, 24 warps an SM; at 72, 28 (9 blocks of 96 threads at D = 3072), with at
+// most 16 bytes of spill (bf16, session 13: 8 bytes stored, not reloaded on the common path).
+// Two vectors take 50; at 48, 14 blocks of 96 threads (D = 1152), not 12. H100, bf16: adaln 4-5 %
+// faster at 4x4096x3072 and 2x4096x1152 (bench/NOTES.md, session 12).
 constexpr int reg_cap(int nv) { return nv == 4 ? 72 : nv == 2 ? 48 : 0; } // 0: no cap (norm_rows_kernel)
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM>
 __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), CM, cached_streams(LN, RES, EPI, CM)))
@@ -686,7 +687,8 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   constexpr int vb = VEC * (int)sizeof(T);
   // LayerNorm statistics are issue-bound: the H100 sweep measured layernorm and adaln 1-9 %
   // faster with a register cache, rmsnorm up to 8 % slower. A row too long for registers is
-  // staged, not re-read from L2. (The scalar path caches in registers anyway.)
+  // staged where it fits in shared memory (adaln's cached rows), else re-read from L2 (kRowRegs
+  // rows hold up to 8192 vectors: past that no stage fits). The scalar path caches in registers.
   constexpr bool can_reg = LN && vb == 16;
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
@@ -700,7 +702,7 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   // the row count (one call's results are still the same run to run).
   const bool spread = (!LN || (can_reg && EPI == kAffine)) && nvec <= 256 && one_wave;
   // LayerNorm's registers (H100, bf16; bench/NOTES.md, session 13): layernorm leaves weight and
-  // bias to L1 (kRowRegs: 43 registers, not 72, at four vectors a thread; 10 blocks of 128
+  // bias to L1 (kRowRegs: 45 registers, not 72, at four vectors a thread; 10 blocks of 128
   // threads an SM, not 7): 1-7 % faster at every bench shape. adaln does so for one wave of rows
   // (1x1024x2048 2 % faster); with more rows, uncached scale and shift are 2-3.5 % slower.
   int cm = !can_reg ? kStaged : EPI == kAffine || one_wave ? kRowRegs : kRegs;

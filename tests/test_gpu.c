@@ -249,9 +249,9 @@ typedef struct {
   int vec_stride;      /* per-sample vectors as views into a [B, 6D] modulation tensor */
   int vec_broadcast;   /* per-sample vectors with stride 0 over B */
   int inplace;         /* y aliases x */
-  int special;         /* 1: a NaN in row 0 and an Inf in row 1 of x; 2: element 0 of rows 0, 1 (mod 3)
-                          far from the row's mean (LayerNorm's second pass); 3: the same with rows
-                          of 1000 + 0.01 N(0, 1) and element 0 at 1000.3 (f32: a mean far from 0) */
+  int special;         /* 1: a NaN in row 0 and an Inf in row 1 of x; 2: rows 0, 1 (mod 3) offset by
+                          +40 / -25 (LayerNorm's second pass; rows 2 (mod 3) stay near zero); 3:
+                          rows of 1000 + 0.01 N(0, 1), element 0 at 999.75 / 1000.3 (f32) */
 } case_t;
 
 static void run_case(const case_t *c) {
@@ -295,7 +295,7 @@ static void run_case(const case_t *c) {
     }
   }
   if (c->special >= 2) { /* LayerNorm's second statistics pass: two rows in three with a mean 25-40 sd
-                            from zero (2), or (3: rows of mean 1000, sd 0.01) x[0] 30-70 sd out */
+                            from zero (2); (3) rows of mean 1000, sd 0.01, element 0 25-30 sd out */
     for (int64_t r = 0; r < c->B * c->L; ++r) {
       const size_t row = t[X].off + (size_t)((r / c->L) * t[X].strides[0] + (r % c->L) * t[X].strides[1]);
       if (r % 3 == 2) continue;
@@ -653,14 +653,15 @@ int main(void) {
     }
   /* LayerNorm rows whose mean is far from zero (against their sd) take the second statistics pass;
      the rows beside them (same warp or block) do not: sub-warp groups (16, 64), two rows of 64
-     threads a block (512, f16/bf16), a block a row (1000), register-cached rows of four vectors a
-     thread (3072), 24576 (layernorm: 16 vectors a thread; adaln at 26 rows: the same, its scale
-     and shift uncached), the scalar path (shift); in f32 also rows of mean 1000, sd 0.01, every
-     row through the second pass (the epilogue centred on the corrected mean) */
+     threads a block (512, f16/bf16), a block a row (1000, 3072), 16 vectors a thread (24576
+     f16/bf16, 65536), rows re-read from L2 (262144; f32 65536), the scalar path (shift); at 26
+     rows these are one wave (adaln: scale and shift uncached); adaln's cached and staged rows
+     are in the launch-mode loop below; in f32 also rows of mean 1000, sd 0.01, every row through
+     the second pass (the epilogue centred on the corrected mean) */
   for (int si = 0; si < 3; ++si) {
     n_before = failures;
-    const int64_t oD[] = {16, 64, 512, 1000, 3072, 24576};
-    for (size_t di = 0; di < sizeof oD / sizeof oD[0]; ++di)
+    const int64_t oD[] = {16, 64, 512, 1000, 3072, 24576, 65536, 262144};
+    for (size_t di = 0; di < sizeof oD / sizeof oD[0] - (small ? 2 : 0); ++di)
       for (int op = LN; op <= ADALN_LN; ++op)
         for (int sp = 2; sp <= (S[si] == FUSEDK_F32 ? 3 : 2); ++sp) {
           case_t c = {(op_t)op, S[si], 2, 13, oD[di], 1, 1, 0, 0, 0, 0, 0, 0, sp};
@@ -671,10 +672,11 @@ int main(void) {
     if (failures == n_before) printf("ok   %s layernorm, adaln(layer): rows with a mean far from zero\n", sname(S[si]));
   }
   for (int si = 0; si < 3; ++si) {
-    /* adaln's launch modes (16-byte rows): one wave of rows (rows x D/8 <= SMs x 2048, H100) with
-       scale and shift uncached ([2,77,1152], [2,5,65536]); more rows cached with them, in
-       registers at 2 and 4 vectors a thread ([4,600,1152], [3,256,3072]) or staged
-       ([2,67,24576]) */
+    /* adaln's launch modes (f16/bf16 rows, H100's 132 SMs): one wave of rows (rows x D/8 <= SMs x
+       2048) with scale and shift uncached ([2,77,1152], [2,5,65536]); more rows cached with
+       them, in registers at 2 and 4 vectors a thread ([4,600,1152], [3,256,3072]) or staged
+       ([2,67,24576]); each also with rows far from zero (second statistics pass). f32 rows of
+       65536 and 24576 are re-read from L2 */
     const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536}, {4, 600, 1152}, {2, 67, 24576}};
     for (int k = 0; k < 7; ++k) {
       n_before = failures;
@@ -685,6 +687,10 @@ int main(void) {
         run_case(&c);
         c.vec_stride = 0, c.vec_broadcast = 1, c.pad = 0, c.shift = 3; /* broadcast vectors, scalar path */
         run_case(&c);
+        if (op == ADALN_LN) { /* the second statistics pass in this launch mode */
+          c = (case_t){(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], 1, 1, 0, 0, 0, 0, 0, 0, 2};
+          run_case(&c);
+        }
       }
       if (failures == n_before)
         printf("ok   %s [%lld,%lld,%lld] adaln(layer/rms), mochi(exact 0/1): plain, modulation views, broadcast\n",
