@@ -361,10 +361,11 @@ enum Epi { kAffine = 0, kAdaLN = 1, kGated = 2 }; // rms/layernorm; adaln; Mochi
 // the row streams in registers and the per-column operands not cached at all, read from L1 in the
 // epilogue (kRowRegs: every row of an SM reads the same weight, bias, scale or shift).
 enum Cache { kStaged = 0, kRegs = 1, kRowRegs = 2 };
+__host__ __device__ constexpr bool cols_cached(int cm) { return cm != kRowRegs; }
 
 // Vectors a thread caches per slot k: the row streams and the per-column operands of a kind.
 __host__ __device__ constexpr int cached_streams(bool ln, bool res, int epi, int cm) {
-  return 1 + (res || epi == kGated) + (cm == kRowRegs ? 0 : 1 + (epi == kAdaLN || (epi == kAffine && ln)));
+  return 1 + (res || epi == kGated) + (cols_cached(cm) ? 1 + (epi == kAdaLN || (epi == kAffine && ln)) : 0);
 }
 
 __host__ __device__ constexpr bool staged(int vb, int cm) { return vb == 16 && cm == kStaged; }
@@ -465,7 +466,7 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
   const T *c0 = EPI == kAffine ? static_cast<const T *>(a.weight) : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
   const T *c1 = !C1 ? nullptr : EPI == kAffine ? static_cast<const T *>(a.bias) : at<T>(a.shift, b, 0);
 
-  constexpr bool kCols = CM != kRowRegs;
+  constexpr bool kCols = cols_cached(CM);
   RowCache<T, VEC, NV, cached_streams(LN, RES, EPI, CM), CM> cache;
   // a per-column operand's vector: cached, or loaded now (L1: every row of the SM reads it)
   auto col = [&](int s, int k, const T *p, int64_t j, float(&v)[VEC]) {
@@ -496,20 +497,30 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 
   cache.wait();
 
+  // LayerNorm's sums of e = v - M and e^2 over this thread's share of the row (pass 1: M = 0)
+  auto centred_sums = [&](float M, float(&t)[2]) {
+    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+      float v[VEC];
+      row_val(k, j, v);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float e = v[i] - M;
+        t[0] += e, t[1] = fmaf(e, e, t[1]);
+      }
+    });
+  };
+
   // pass 1: RMSNorm sums v^2; LayerNorm sums v and v^2 in one reduction (one barrier)
   float s[LN ? 2 : 1] = {};
-  for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-    float v[VEC];
-    row_val(k, j, v);
+  if constexpr (LN)
+    centred_sums(0.f, s);
+  else
+    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+      float v[VEC];
+      row_val(k, j, v);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      if constexpr (LN) {
-        s[0] += v[i], s[1] = fmaf(v[i], v[i], s[1]);
-      } else {
-        s[0] += v[i] * v[i];
-      }
-    }
-  });
+      for (int i = 0; i < VEC; ++i) s[0] += v[i] * v[i];
+    });
   group_sums(s, G, red);
   float K = 0.f, dm = 0.f, var; // LayerNorm: mean = K + dm, K = 0 unless the second pass ran
   if constexpr (LN) {
@@ -529,18 +540,9 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
     const bool again = !(dm * dm <= 8.f * var) || var == INFINITY;
     const bool any = G > 32 ? (blockDim.y > 1 ? __syncthreads_or(again) : again) : __any_sync(0xffffffffu, again);
     if (any) {
-      const float M = K + dm;
+      const float M = dm; // the mean (K is still 0)
       float t[2] = {0.f, 0.f};
-      if (again)
-        for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-          float v[VEC];
-          row_val(k, j, v);
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            const float e = v[i] - M;
-            t[0] += e, t[1] = fmaf(e, e, t[1]);
-          }
-        });
+      if (again) centred_sums(M, t);
       group_sums(t, G, red + 2); // a slower warp may still read red[0], red[1]
       if (again) { // mean = M + de: e was measured from M itself
         const float de = t[0] * (1.f / (float)a.D);
@@ -690,6 +692,7 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   // staged where it fits in shared memory (adaln's cached rows), else re-read from L2 (kRowRegs
   // rows hold up to 8192 vectors: past that no stage fits). The scalar path caches in registers.
   constexpr bool can_reg = LN && vb == 16;
+  constexpr bool layernorm = can_reg && EPI == kAffine; // layernorm's 16-byte rows
   const fusedk__norm_args &a = L.a;
   const int64_t nvec = a.D / VEC;
   // rows all resident at once at one vector a thread (one wave): no other rows hide a row's latency
@@ -700,15 +703,15 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   // 2x4096x1152 4 % slower). The test counts vectors, not threads rounded to warps:
   // approximate. A row's launch shape, so its reduction order and last bits, then depends on
   // the row count (one call's results are still the same run to run).
-  const bool spread = (!LN || (can_reg && EPI == kAffine)) && nvec <= 256 && one_wave;
+  const bool spread = (!LN || layernorm) && nvec <= 256 && one_wave;
   // LayerNorm's registers (H100, bf16; bench/NOTES.md, session 13): layernorm leaves weight and
   // bias to L1 (kRowRegs: 45 registers, not 72, at four vectors a thread; 10 blocks of 128
   // threads an SM, not 7): 1-7 % faster at every bench shape. adaln does so for one wave of rows
   // (1x1024x2048 2 % faster); with more rows, uncached scale and shift are 2-3.5 % slower.
-  int cm = !can_reg ? kStaged : EPI == kAffine || one_wave ? kRowRegs : kRegs;
+  int cm = !can_reg ? kStaged : layernorm || one_wave ? kRowRegs : kRegs;
   // layernorm's rows of 257-512 vectors: up to 256 threads a row, two vectors a thread
   // (1x2048x3072 10 % faster, 2x4096x3072 1 %; adaln's cached rows 11-13 % slower)
-  int g_max = nvec > 512 || spread || (can_reg && EPI == kAffine && nvec > 256) ? 256 : 128;
+  int g_max = nvec > 512 || spread || (layernorm && nvec > 256) ? 256 : 128;
 #ifdef FUSEDK_TUNING
   if (g_tune_plan.nv == -2) g_max = g_tune_plan.g;
 #endif
@@ -741,7 +744,7 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   };
   cudaError_t e;
   if constexpr (!can_reg) e = go(int_c<kStaged>());
-  else if constexpr (EPI == kAffine) e = cm == kRowRegs ? go(int_c<kRowRegs>()) : go(int_c<kStaged>()); // never kRegs
+  else if constexpr (layernorm) e = cm == kRowRegs ? go(int_c<kRowRegs>()) : go(int_c<kStaged>()); // never kRegs
   else e = dispatch_int<kStaged, kRegs, kRowRegs>(cm, [&](auto c) { return go(c); });
   return e != cudaSuccess ? e : cudaGetLastError();
 }

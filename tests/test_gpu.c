@@ -681,14 +681,15 @@ int main(void) {
     for (int k = 0; k < 7; ++k) {
       n_before = failures;
       for (int op = ADALN_LN; op <= MOCHI_EXACT; ++op) {
-        case_t c = {(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], op == ADALN_LN, op == ADALN_LN, 0, 0, 0, 0, 0, 0, 0};
+        const case_t base = {(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], op == ADALN_LN, op == ADALN_LN, 0, 0, 0, 0, 0, 0, 0};
+        case_t c = base;
         run_case(&c);
         c.vec_stride = 1, c.weight = 0, c.bias = 0, c.pad = 8; /* modulation views, strided rows */
         run_case(&c);
         c.vec_stride = 0, c.vec_broadcast = 1, c.pad = 0, c.shift = 3; /* broadcast vectors, scalar path */
         run_case(&c);
         if (op == ADALN_LN) { /* the second statistics pass in this launch mode */
-          c = (case_t){(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], 1, 1, 0, 0, 0, 0, 0, 0, 2};
+          c = base, c.special = 2;
           run_case(&c);
         }
       }
