@@ -2,7 +2,7 @@
 """fusedk benchmark: fusedk vs torch eager, torch.compile, Liger and JAX on the normalization and
 elementwise ops.
 
-    python3 bench/bench.py [--out DIR] [--quick]
+    python3 bench/bench.py [--out DIR] [--quick] [--rounds N]
                            [--ops rmsnorm,rmsnorm_res,layernorm,adaln,rtg_rmsnorm,act,silu_fma,gated_residual,
                                   geglu,swiglu]
                            [--no-jax] [--no-compile] [--no-liger]
@@ -16,7 +16,10 @@ the Markdown table last on stdout; progress goes to stderr.
 Method: every torch-side implementation (fusedk with out=, eager, torch.compile, Liger) is timed
 the same way: K calls captured in one CUDA graph, cycling through R input/output sets so that a
 set is reused only after more than 2x the L2 of other data has been touched; each replay is timed
-with CUDA events and per-call time = median replay / K. JAX is timed by wall clock over back-to-back
+with CUDA events and per-call time = median replay / K. Every implementation is timed --rounds times
+(default 3), the order rotated each round, and the median is reported: whichever runs first in a
+row measured up to ~4 % slow on large shapes (H100; bench/NOTES.md, session 14), so a single
+sequential pass favoured the peers timed after fusedk. JAX is timed by wall clock over back-to-back
 jitted calls. Bandwidth = (bytes read once + bytes written once) / time, compared with a 1 GiB
 device-to-device copy measured in the same run.
 """
@@ -568,31 +571,54 @@ def run_case(op, shape, dtype, args, env):
     row["ref_max_abs"] = max(t.float().abs().max().item() for t in ref)
     tol = REL_TOL[dtype] * row["ref_max_abs"]
 
+    # Check each implementation once (its first call also compiles), then time them all, round
+    # after round, the order rotated each round so that no implementation always runs first or
+    # last (clocks and L2 state follow what ran before); per implementation the median of its
+    # rounds. --rounds 1 is the sequential order: fusedk, then each peer.
+    calls = {}
     if env.get("fusedk_error"):
         row["fusedk"] = {"error": env["fusedk_error"]}
     else:
         try:
             c.fk(sets[0], outs[0])
             e = max_err(c.got(outs[0]), ref)
-            us, meth = time_torch(lambda i: c.fk(sets[i % R], outs[i % R]), K, args.iters)
-            row["fusedk"] = dict(us=us, method=meth, err=e, ok=e <= tol)  # NaN counts as not ok
+            row["fusedk"] = dict(err=e, ok=e <= tol)  # NaN counts as not ok
             if not e <= tol:
                 log(f"WARNING {op} {row['shape_str']} {dtype}: fusedk max_abs_err {e:.3g} > tol {tol:.3g}")
+            calls["fusedk"] = lambda i: c.fk(sets[i % R], outs[i % R])
         except Exception as ex:
             row["fusedk"] = {"error": err_str(ex)}
             log(f"  fusedk failed: {err_str(ex)[:200]}")
-
     for name, fn in c.peers.items():
         if isinstance(fn, Exception):
             row["peers"][name] = {"error": err_str(fn), "missing": True}
             continue
         try:
-            e = max_err(as_list(fn(sets[0])), ref)  # first call also compiles
-            us, meth = time_torch(lambda i: fn(sets[i % R]), K, args.iters)
-            row["peers"][name] = dict(us=us, method=meth, err=e)
+            row["peers"][name] = dict(err=max_err(as_list(fn(sets[0])), ref))
+            calls[name] = lambda i, fn=fn: fn(sets[i % R])
         except Exception as ex:
             row["peers"][name] = {"error": err_str(ex)}
             log(f"  {name} failed: {err_str(ex)[:200]}")
+    rounds = {k: [] for k in calls}
+    for r in range(args.rounds):
+        order = list(calls)
+        for k in order[r % len(order):] + order[:r % len(order)] if order else []:
+            d = row["fusedk"] if k == "fusedk" else row["peers"][k]
+            if "error" in d:
+                continue
+            try:
+                us, d["method"] = time_torch(calls[k], K, args.iters)
+                rounds[k].append(us)
+            except Exception as ex:
+                d.clear()
+                d["error"] = err_str(ex)
+                log(f"  {k} failed: {err_str(ex)[:200]}")
+    for k, v in rounds.items():
+        d = row["fusedk"] if k == "fusedk" else row["peers"][k]
+        if v and "error" not in d:
+            d["us"] = statistics.median(v)
+            if len(v) > 1:
+                d["rounds_us"] = v
 
     if c.jax and not args.no_jax:
         if env.get("jax_error"):
@@ -665,7 +691,10 @@ def markdown(res):
         + (" (missing: " + "; ".join(f"{p}: {e[:80]}" for p, e in missing.items()) + ")" if missing else "") + ".",
         "Method: CUDA events over CUDA-graph replays of K calls cycling R input/output sets "
         "(reuse distance > 2x L2), per-call µs = median replay / K"
-        f" ({m.get('iters', '?')} replays); jax = wall clock over {m.get('jax_calls', '?')} back-to-back "
+        f" ({m.get('iters', '?')} replays)"
+        + (f", median of {m['rounds']} rounds timing every implementation in turn, the order rotated each round"
+           if (m.get("rounds") or 1) > 1 else ", each implementation timed once, fusedk first")
+        + f"; jax = wall clock over {m.get('jax_calls', '?')} back-to-back "
         "jitted calls; * = eager events loop (capture failed); ! = fusedk beyond tolerance. "
         "GB/s = (bytes read once + written once) / fusedk time. rtg_rmsnorm = "
         "residual_tanh_gated_rmsnorm(exact=True).",
@@ -782,6 +811,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="few shapes and replays (smoke test)")
     ap.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
     ap.add_argument("--iters", type=int, default=None, help="graph replays timed per implementation")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="timings per implementation and row, in rotating order; the median is reported "
+                         "(default 3, --quick 1)")
     ap.add_argument("--jax-calls", type=int, default=None, help="back-to-back calls per JAX timing")
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
@@ -789,6 +821,9 @@ def main():
     ap.add_argument("--peers-only", action="store_true", help="run even if fusedk cannot be imported")
     args = ap.parse_args()
     args.iters = args.iters or (30 if args.quick else 200)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    if args.rounds < 1:
+        ap.error("--rounds wants a count >= 1")
     args.jax_calls = args.jax_calls or (50 if args.quick else 200)
     want = [ALIASES.get(o.strip(), o.strip()) for o in args.ops.split(",") if o.strip()]
     bad = [o for o in want if o not in OPS]
@@ -814,7 +849,7 @@ def main():
 
     env = {}
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "argv": sys.argv[1:], "quick": args.quick, "iters": args.iters, "jax_calls": args.jax_calls}
+            "argv": sys.argv[1:], "quick": args.quick, "iters": args.iters, "rounds": args.rounds, "jax_calls": args.jax_calls}
     try:
         import fusedk as _fk
         fusedk = _fk

@@ -1,29 +1,37 @@
 """Drives a few normalization kernels for Nsight Compute (ncu): fusedk's and Liger's rmsnorm and
-layernorm, and fusedk's gated residual norm, on the 4x4096x3072 bf16 bench shape (--shape BxLxD
-for another), each called 3 times. tools/gpu_run.sh --ncu runs it under ncu.
-    python3 bench/ncu_norm.py [--shape 1x4096x3584]"""
+layernorm, fusedk's and torch.compile's gated residual norm (Mochi, exact), on the 4x4096x3072
+bf16 bench shape (--shape BxLxD, --dtype for others), each called 3 times. tools/gpu_run.sh --ncu
+runs it under ncu; set TORCHINDUCTOR_CACHE_DIR or TORCH_LOGS=output_code to keep Triton's source.
+    python3 bench/ncu_norm.py [--shape 1x1024x2048] [--dtype fp16] [--no-compile]"""
 import argparse
 
 import torch
 
-import bench  # the Liger wrapper shared with the bench
+import bench  # the Liger wrapper and reference formulas shared with the bench
 import fusedk
 
 bench.torch = torch
 torch.set_grad_enabled(False)
 ap = argparse.ArgumentParser()
 ap.add_argument("--shape", default="4x4096x3072")
-B, L, D = map(int, ap.parse_args().shape.split("x"))
+ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+ap.add_argument("--no-compile", action="store_true")
+args = ap.parse_args()
+B, L, D = map(int, args.shape.split("x"))
+dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
 g = torch.Generator(device="cuda").manual_seed(0)
-x = torch.randn(B, L, D, device="cuda", dtype=torch.bfloat16, generator=g)
+x = torch.randn(B, L, D, device="cuda", dtype=dt, generator=g)
 r = torch.randn_like(x)
-w = torch.randn(D, device="cuda", dtype=torch.bfloat16, generator=g)
+w = torch.randn(D, device="cuda", dtype=dt, generator=g)
 b = torch.randn_like(w)
-gate = torch.randn(B, D, device="cuda", dtype=torch.bfloat16, generator=g)
+gate = torch.randn(B, D, device="cuda", dtype=dt, generator=g)
 y = torch.empty_like(x)
 calls = [("fusedk rmsnorm", lambda: fusedk.rmsnorm(x, w, 1e-6, out=y)),
          ("fusedk layernorm", lambda: fusedk.layernorm(x, w, b, 1e-5, out=y)),
-         ("fusedk rtg", lambda: fusedk.residual_tanh_gated_rmsnorm(x, r, gate, 1e-6, out=y))]
+         ("fusedk rtg", lambda: fusedk.residual_tanh_gated_rmsnorm(x, r, gate, 1e-6, exact=True, out=y))]
+if not args.no_compile:
+    rtg = torch.compile(bench.t_rtg, dynamic=False)
+    calls.append(("compile rtg", lambda: rtg(x, r, gate)))
 try:
     lrms, lln = bench.liger_fn("rms"), bench.liger_fn("ln")
     calls += [("liger rmsnorm", lambda: lrms(x.view(-1, D), w)),

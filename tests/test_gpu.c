@@ -698,6 +698,22 @@ int main(void) {
                sname(S[si]), (long long)ad[k][0], (long long)ad[k][1], (long long)ad[k][2]);
     }
   }
+  /* Mochi's launch shapes (f16/bf16): one wave of rows of 256 vectors, a block of 256 threads a
+     row, its sums through a whole-warp butterfly over 8 slots ([2,64,2048]); sub-warp rows, 32 a
+     block ([2,64,64]; [1,3,64]: 29 dead rows); two rows of 64 threads a block ([2,32,512]); the
+     rows of a block crossing samples ([3,10,40]) */
+  for (int si = 0; si < 3; ++si) {
+    n_before = failures;
+    const int64_t md[][3] = {{2, 64, 2048}, {2, 64, 64}, {1, 3, 64}, {2, 32, 512}, {3, 10, 40}};
+    for (int k = 0; k < 5; ++k)
+      for (int op = MOCHI; op <= MOCHI_EXACT; ++op) {
+        case_t c = {(op_t)op, S[si], md[k][0], md[k][1], md[k][2], 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        run_case(&c);
+        c.vec_stride = 1, c.pad = 8; /* a gate view, strided rows */
+        run_case(&c);
+      }
+    if (failures == n_before) printf("ok   %s mochi(exact 0/1): one wave, sub-warp rows, rows of a block across samples\n", sname(S[si]));
+  }
   /* millions of rows, one row, in place */
   n_before = failures;
   case_t many = {RMS, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0};

@@ -66,7 +66,7 @@ if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel (its hook is bui
 fi
 if [ $ncu = 1 ]; then  # hardware counters of the norm kernels next to Liger's (Firecracker machines only)
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:$PWD/bench:${PYTHONPATH:-} \
-    ncu --clock-control none --kernel-name regex:"norm_rows|_norm_forward" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    ncu --clock-control none --kernel-name regex:"norm_rows|_norm_forward|triton_" --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
     python3 bench/ncu_norm.py >"$OUT/ncu.txt" 2>&1
   summary+=("ncu rc=$?")
