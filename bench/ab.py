@@ -100,12 +100,10 @@ def main():
         for p in peers:
             if p in c.peers and not isinstance(c.peers[p], Exception):
                 calls[p] = lambda i, fn=c.peers[p]: fn(sets[i % R])
-        times = {k: [] for k in calls}
-        for r in range(args.rounds):
-            order = list(calls)
-            order = order[r % len(order):] + order[:r % len(order)]  # each build leads a round in turn
-            for k in order:
-                times[k].append(bench.time_graph(calls[k], K, args.iters))
+        times, _, errs = bench.time_rounds(calls, K, args.iters, args.rounds,
+                                           timer=lambda f, k, n: (bench.time_graph(f, k, n), "cuda-graph"))
+        if errs:
+            raise SystemExit(f"{spec}: {errs}")
         med = {k: statistics.median(v) for k, v in times.items()}
         cols = [f"{med[k]:.2f}" if k in med else "—" for k in names + peers]
         ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]

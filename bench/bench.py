@@ -17,9 +17,9 @@ Method: every torch-side implementation (fusedk with out=, eager, torch.compile,
 the same way: K calls captured in one CUDA graph, cycling through R input/output sets so that a
 set is reused only after more than 2x the L2 of other data has been touched; each replay is timed
 with CUDA events and per-call time = median replay / K. Every implementation is timed --rounds times
-(default 3), the order rotated each round, and the median is reported: whichever runs first in a
-row measured up to ~4 % slow on large shapes (H100; bench/NOTES.md, session 14), so a single
-sequential pass favoured the peers timed after fusedk. JAX is timed by wall clock over back-to-back
+(default 3), the order rotated each round, and the median is reported: fusedk's first timing in
+a row measured 2-6.5 % slow on the norm and position rows of >= 64 MB (H100; bench/NOTES.md,
+session 14), which a single pass, fusedk first, reported as fusedk's time. JAX is timed by wall clock over back-to-back
 jitted calls. Bandwidth = (bytes read once + bytes written once) / time, compared with a 1 GiB
 device-to-device copy measured in the same run.
 """
@@ -473,6 +473,28 @@ def time_torch(call, K, iters):
         return time_loop(call, K, max(20, iters // 4)), "events-loop"
 
 
+def time_rounds(calls, K, iters, rounds, timer=None):
+    """Times every call(i) of calls {name: call} `rounds` times, round after round, the order
+    rotated each round (each leads one round in turn: fusedk's first timing in a row ran up to
+    6.5 % slow on the H100, bench/NOTES.md session 14). timer(call, K, iters) -> (µs, method),
+    time_torch by default. Returns {name: [µs a round]}, {name: method}, {name: error}: a call that
+    raises is recorded and not timed again."""
+    timer = timer or time_torch
+    us, meth, err = {k: [] for k in calls}, {}, {}
+    names = list(calls)
+    for r in range(rounds if names else 0):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            if k in err:
+                continue
+            try:
+                t, meth[k] = timer(calls[k], K, iters)
+                us[k].append(t)
+            except Exception as ex:
+                err[k] = err_str(ex)
+                log(f"  {k} failed: {err[k][:200]}")
+    return us, meth, err
+
+
 def copy_ceiling(iters):
     """GB/s of a 1 GiB device-to-device copy, counting read + write."""
     src = torch.randn(2 ** 28, device="cuda")  # 1 GiB of float32
@@ -571,10 +593,9 @@ def run_case(op, shape, dtype, args, env):
     row["ref_max_abs"] = max(t.float().abs().max().item() for t in ref)
     tol = REL_TOL[dtype] * row["ref_max_abs"]
 
-    # Check each implementation once (its first call also compiles), then time them all, round
-    # after round, the order rotated each round so that no implementation always runs first or
-    # last (clocks and L2 state follow what ran before); per implementation the median of its
-    # rounds. --rounds 1 is the sequential order: fusedk, then each peer.
+    # Check each implementation once (its first call also compiles), then time them all in
+    # rotated rounds (time_rounds); per implementation the median of its rounds. --rounds 1 is
+    # the sequential order: fusedk, then each peer.
     calls = {}
     if env.get("fusedk_error"):
         row["fusedk"] = {"error": env["fusedk_error"]}
@@ -599,24 +620,14 @@ def run_case(op, shape, dtype, args, env):
         except Exception as ex:
             row["peers"][name] = {"error": err_str(ex)}
             log(f"  {name} failed: {err_str(ex)[:200]}")
-    rounds = {k: [] for k in calls}
-    for r in range(args.rounds):
-        order = list(calls)
-        for k in order[r % len(order):] + order[:r % len(order)] if order else []:
-            d = row["fusedk"] if k == "fusedk" else row["peers"][k]
-            if "error" in d:
-                continue
-            try:
-                us, d["method"] = time_torch(calls[k], K, args.iters)
-                rounds[k].append(us)
-            except Exception as ex:
-                d.clear()
-                d["error"] = err_str(ex)
-                log(f"  {k} failed: {err_str(ex)[:200]}")
+    rounds, meth, errs = time_rounds(calls, K, args.iters, args.rounds)
     for k, v in rounds.items():
         d = row["fusedk"] if k == "fusedk" else row["peers"][k]
-        if v and "error" not in d:
-            d["us"] = statistics.median(v)
+        if k in errs:
+            d.clear()
+            d["error"] = errs[k]
+        elif v:
+            d.update(us=statistics.median(v), method=meth[k])
             if len(v) > 1:
                 d["rounds_us"] = v
 

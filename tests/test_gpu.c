@@ -676,9 +676,13 @@ int main(void) {
        2048) with scale and shift uncached ([2,77,1152], [2,5,65536]); more rows cached with
        them, in registers at 2 and 4 vectors a thread ([4,600,1152], [3,256,3072]) or staged
        ([2,67,24576]); each also with rows far from zero (second statistics pass). f32 rows of
-       65536 and 24576 are re-read from L2 */
-    const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536}, {4, 600, 1152}, {2, 67, 24576}};
-    for (int k = 0; k < 7; ++k) {
+       65536 and 24576 are re-read from L2. RMS rows (adaln(rms), Mochi): one wave of rows of 256
+       vectors, a block of 256 threads a row, its sums through a whole-warp butterfly over 8
+       slots ([2,64,2048]); sub-warp rows, 32 a block ([2,64,64]; [1,3,64]: 29 dead rows); two
+       rows of 64 threads a block ([2,32,512]); the rows of a block crossing samples ([3,10,40]) */
+    const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64},  {2, 19, 111}, {2, 5, 65536}, {4, 600, 1152},
+                             {2, 67, 24576}, {2, 64, 2048}, {2, 64, 64}, {1, 3, 64},   {2, 32, 512},  {3, 10, 40}};
+    for (int k = 0; k < (int)(sizeof ad / sizeof ad[0]); ++k) {
       n_before = failures;
       for (int op = ADALN_LN; op <= MOCHI_EXACT; ++op) {
         const case_t base = {(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], op == ADALN_LN, op == ADALN_LN, 0, 0, 0, 0, 0, 0, 0};
@@ -697,22 +701,6 @@ int main(void) {
         printf("ok   %s [%lld,%lld,%lld] adaln(layer/rms), mochi(exact 0/1): plain, modulation views, broadcast\n",
                sname(S[si]), (long long)ad[k][0], (long long)ad[k][1], (long long)ad[k][2]);
     }
-  }
-  /* Mochi's launch shapes (f16/bf16): one wave of rows of 256 vectors, a block of 256 threads a
-     row, its sums through a whole-warp butterfly over 8 slots ([2,64,2048]); sub-warp rows, 32 a
-     block ([2,64,64]; [1,3,64]: 29 dead rows); two rows of 64 threads a block ([2,32,512]); the
-     rows of a block crossing samples ([3,10,40]) */
-  for (int si = 0; si < 3; ++si) {
-    n_before = failures;
-    const int64_t md[][3] = {{2, 64, 2048}, {2, 64, 64}, {1, 3, 64}, {2, 32, 512}, {3, 10, 40}};
-    for (int k = 0; k < 5; ++k)
-      for (int op = MOCHI; op <= MOCHI_EXACT; ++op) {
-        case_t c = {(op_t)op, S[si], md[k][0], md[k][1], md[k][2], 0, 0, 0, 0, 0, 0, 0, 0, 0};
-        run_case(&c);
-        c.vec_stride = 1, c.pad = 8; /* a gate view, strided rows */
-        run_case(&c);
-      }
-    if (failures == n_before) printf("ok   %s mochi(exact 0/1): one wave, sub-warp rows, rows of a block across samples\n", sname(S[si]));
   }
   /* millions of rows, one row, in place */
   n_before = failures;
