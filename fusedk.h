@@ -52,6 +52,9 @@
      fusedk_diffusion_step   classifier-free guidance, an Euler (flow matching) or DDIM step,
                          an optional x0 clamp and temporal blend, in one pass
 
+     fusedk_linear       y = act(x w^T + bias) through cuBLASLt's epilogues (aux_out = x w^T + bias)
+     fusedk_linear_backward   dx, dw, db of it (dz = dy * act'(aux)), each optional
+
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
      be passed as (const fusedk_tensor *). Strides are in elements, NULL = compact row-major.
@@ -81,11 +84,12 @@
      declarations     [api] types, statuses, tensors   [dlpack] memory and streams
                       [norm] the normalization ops     [elementwise] activations, fused residuals
                       [position] rope, its tables, qk_norm_rope   [sampler] diffusion_step
+                      [linear] linear, linear_backward (cuBLASLt)
                       [registry] every op's arguments as data, output shapes
      implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
-                      [sampler] [position] (CPU references and entry points) [dlpack] [info]
+                      [sampler] [position] [linear] (CPU references and entry points) [dlpack] [info]
      GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [norm]
-                      [elementwise] (with [sampler]) [position] [entry]
+                      [elementwise] (with [sampler]) [position] [linear] [entry]
 
    ADDING AN OP
      An fusedk_op_id at the end of the enum, its registry entry (arguments in C order with kind
@@ -99,7 +103,8 @@
      MINOR when ops or arguments are added (enums only grow), PATCH for fixes and speed. While
      MAJOR is 0, a MINOR release may change the ABI: 0.3 added fields to fusedk_op and
      fusedk_op_tensor (argument roles), 0.4 the tensors' fixed dtypes and 8 attributes an op,
-     0.5 12 tensors an op (qk_norm_rope takes 10);
+     0.5 12 tensors an op (qk_norm_rope takes 10), 0.6 outputs asked for by an attribute
+     (when <= -2) and FUSEDK_ACT_NONE;
      rebuild against the header you link.
 */
 #ifndef FUSEDK_H
@@ -109,7 +114,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 5
+#define FUSEDK_VERSION_MINOR 6
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -296,7 +301,8 @@ typedef enum fusedk_activation {
   FUSEDK_ACT_GELU = 0,          /* x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))                  */
   FUSEDK_ACT_GELU_TANH = 1,     /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))           */
   FUSEDK_ACT_SILU = 2,          /* x * sigmoid(x)                                              */
-  FUSEDK_ACT_RELU = 3           /* max(x, 0); NaN stays NaN                                    */
+  FUSEDK_ACT_RELU = 3,          /* max(x, 0); NaN stays NaN                                    */
+  FUSEDK_ACT_NONE = 4           /* the identity: linear and linear_backward only               */
 } fusedk_activation;
 
 /* y = act(x) */
@@ -404,11 +410,50 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
                                                const fusedk_tensor *prev, const fusedk_step *step,
                                                struct CUstream_st *stream);
 
+/* ---- [linear] the matrix family: cuBLASLt GEMMs with fused epilogues ----
+   linear:  z = x[..., K] . w[N, K]^T + bias[N],  y[..., N] = act(z)
+     x's leading dims are the M rows (they must flatten to one row stride); w and bias as
+     nn.Linear keeps them; bias and aux_out may be NULL. f16/bf16 with float32 accumulation;
+     float32 in full precision, or through TF32 tensor cores when tf32 = 1.
+     NONE, RELU, GELU_TANH: one GEMM, bias and act in cuBLASLt's epilogue (aux_out too for
+     GELU_TANH). GELU (erf) and SILU, which cuBLASLt lacks, and RELU with aux_out: the GEMM
+     (+ bias) writes z rounded to the dtype, then one fusedk pass applies act; so for GELU and
+     SILU y = act(z rounded to the dtype), as the unfused chain computes it. Matrices whose
+     rows are not 16-byte aligned (odd N or K, offset views), an unaligned bias, K = 0: the GEMM
+     in float32 into scratch, then one fusedk pass adds the bias, applies act and rounds once
+     (cuBLASLt's 16-bit outputs for unaligned rows were several ulps off). A large GEMM's first
+     call times the heuristic's first 8 algorithms and keeps the fastest (not during a capture).
+     aux_out = z rounded to the dtype (the pre-activation): what linear_backward needs for
+     act != NONE (for RELU, y itself serves as well: relu'(z) = [y > 0]).
+   linear_backward: with dz = dy * act'(aux) rounded to the dtype (dz = dy for NONE),
+     dx[..., K] = dz . w,   dw[N, K] = dz^T . x,   db[N] = sum over the rows of dz;
+     each output optional (NULL: not computed); aux required unless act is NONE. dz is one
+     fusedk pass into a per-stream scratch buffer (cuBLASLt's DRELU/DGELU epilogues apply act'
+     to a GEMM's output, and dy is an input here); db is summed in a fixed order (bitwise the same
+     run to run). dx, dw with unaligned rows: float32 GEMM results converted by a pass.
+   Plans (cuBLASLt descriptors and the heuristic's algorithm) are cached per shape, dtype,
+   epilogue, leading dims, pointer alignment and device, a 32 MiB workspace per (device,
+   stream) is made once: a cached call allocates nothing and runs no heuristic, and is
+   CUDA-graph capturable. Thread safe. fusedk_shutdown() releases all of it. */
+FUSEDK_DEF fusedk_status fusedk_linear(const fusedk_tensor *y, const fusedk_tensor *aux_out, const fusedk_tensor *x,
+                                       const fusedk_tensor *w, const fusedk_tensor *bias, fusedk_activation act,
+                                       int32_t tf32, struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const fusedk_tensor *dw,
+                                                const fusedk_tensor *db, const fusedk_tensor *dy,
+                                                const fusedk_tensor *x, const fusedk_tensor *w,
+                                                const fusedk_tensor *aux, fusedk_activation act, int32_t tf32,
+                                                struct CUstream_st *stream);
+/* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch).
+   Call it with no op in flight; later calls make them again. */
+FUSEDK_DEF void fusedk_shutdown(void);
+
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
    fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
    and its attributes as doubles. Outputs name the input whose shape, dtype and device they take
-   (`like`); an optional output exists exactly when the optional input `when` is given. */
+   (`like`); an optional output exists exactly when the optional input `when` is given, or, for
+   when <= -2, when attribute -2 - when is nonzero (linear's aux, linear_backward's dx, dw, db:
+   fusedk_op_out_exists). */
 typedef enum fusedk_op_id {
   FUSEDK_OP_RMSNORM = 0,
   FUSEDK_OP_LAYERNORM = 1,
@@ -425,9 +470,11 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_ROPE_TABLE_LTX = 12,
   FUSEDK_OP_ROPE_TABLE_MIXED = 13,
   FUSEDK_OP_DIFFUSION_STEP = 14,
-  FUSEDK_OP_QK_NORM_ROPE = 15
+  FUSEDK_OP_QK_NORM_ROPE = 15,
+  FUSEDK_OP_LINEAR = 16,
+  FUSEDK_OP_LINEAR_BACKWARD = 17
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 16
+#define FUSEDK_OP_COUNT 18
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -459,7 +506,8 @@ typedef struct fusedk_op_tensor {
   const char *name;
   int32_t kind;                 /* fusedk_arg_kind */
   int32_t like;                 /* outputs: the input they copy shape/dtype/device from; else -1 */
-  int32_t when;                 /* FUSEDK_ARG_OUT_OPT: the optional input that makes it exist; else -1 */
+  int32_t when;                 /* FUSEDK_ARG_OUT_OPT: the optional input that makes it exist, or
+                                   -2 - k: attribute k asks for it; else -1 */
   int32_t role;                 /* fusedk_arg_role */
   int32_t scalar;               /* -1: the reference's dtype; else always this fusedk_scalar */
 } fusedk_op_tensor;
@@ -491,6 +539,9 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
    every binding allocates. Its dtype: the tensor's `scalar` if >= 0, else the like input's. */
 FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tensor *const *tensors,
                                        const double *attrs, int64_t *shape);
+/* 1 if output `out` of op i exists for these inputs (NULL = absent) and attributes, else 0. */
+FUSEDK_DEF int32_t fusedk_op_out_exists(int32_t i, int32_t out, const fusedk_tensor *const *tensors,
+                                        const double *attrs);
 
 /* FUSEDK_CDEF_END */
 
@@ -578,6 +629,23 @@ typedef struct fusedk__table_args {
   double theta;
 } fusedk__table_args;
 
+/* linear and linear_backward: row-major matrices as pointer + row stride (elements); p == NULL:
+   absent. Forward: y[M, N] = act(x[M, K] w[N, K]^T + bias), aux = the pre-activation.
+   Backward: dx[M, K], dw[N, K], db[N] from dy[M, N], x, w and aux (act != NONE). */
+typedef struct fusedk__mat {
+  void *p;
+  int64_t ld;
+} fusedk__mat;
+typedef struct fusedk__linear_args {
+  int32_t op;       /* FUSEDK_OP_LINEAR or FUSEDK_OP_LINEAR_BACKWARD */
+  int32_t scalar;   /* fusedk_scalar */
+  int32_t act;      /* fusedk_activation */
+  int32_t tf32;     /* float32: 1 = TF32 tensor cores */
+  int64_t M, N, K;
+  fusedk__mat y, aux, x, w, dx, dw, dy;
+  void *bias, *db;  /* [N] contiguous */
+} fusedk__linear_args;
+
 /* The angle of table entry (s, h, f), in double: the table builders' one formula, for the CPU
    reference and the kernel alike. */
 #if defined(__CUDACC__)
@@ -617,6 +685,9 @@ fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int3
                                 struct CUstream_st *stream);
 fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *op, int32_t device_id,
                                       struct CUstream_st *stream);
+fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t device_id,
+                                  struct CUstream_st *stream);
+void fusedk__cuda_shutdown(void);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -727,6 +798,11 @@ fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *o
   (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
+fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+void fusedk__cuda_shutdown(void) {}
 fusedk_status fusedk__cuda_alloc(int32_t id, size_t bytes, struct CUstream_st *s, void **p) {
   (void)id, (void)bytes, (void)s, (void)p;
   return fusedk__no_cuda("dlpack_alloc");
@@ -743,6 +819,7 @@ size_t fusedk__cuda_info(char *buf, size_t size) {
 #endif
 
 FUSEDK_DEF int fusedk_cuda_device_count(void) { return fusedk__cuda_device_count(); }
+FUSEDK_DEF void fusedk_shutdown(void) { fusedk__cuda_shutdown(); }
 
 /* --- [tensors] dtypes, strides, the per-argument checks --------------------------------- */
 
@@ -928,7 +1005,7 @@ static void *fusedk__base(const fusedk_tensor *t) {
 #define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_ROW, -1}
 #define FUSEDK__F32_IN(n) {n, FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}
 #define FUSEDK__TABLE(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}
-#define FUSEDK__OWN_OUT(n, like, when) {n, (when) < 0 ? FUSEDK_ARG_OUT : FUSEDK_ARG_OUT_OPT, like, when, FUSEDK_ROLE_OWN, -1}
+#define FUSEDK__OWN_OUT(n, like, when) {n, (when) == -1 ? FUSEDK_ARG_OUT : FUSEDK_ARG_OUT_OPT, like, when, FUSEDK_ROLE_OWN, -1}
 #define FUSEDK__EPS(v) {"eps", FUSEDK_ATTR_F32, v}
 #define FUSEDK__I32(n, v) {n, FUSEDK_ATTR_I32, v}
 #define FUSEDK__FLT(n, v) {n, FUSEDK_ATTR_F32, v}
@@ -992,6 +1069,17 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
       FUSEDK__OPT("k_weight", FUSEDK_ROLE_OWN)},
      {FUSEDK__EPS(1e-6), FUSEDK__I32("norm", FUSEDK_QK_NORM_HEAD), FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED),
       FUSEDK__I32("layout", FUSEDK_LAYOUT_BHSD), FUSEDK__I32("rotary_dim", 0)}},
+    /* [linear]: the optional outputs exist when their attribute asks (when = -2 - attribute) */
+    {"linear", 5, 3, -1,
+     {FUSEDK__OWN_OUT("y", 2, -1), FUSEDK__OWN_OUT("aux_out", 2, -2 - 2), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+      FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("bias", FUSEDK_ROLE_OWN)},
+     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("aux", 0)}},
+    {"linear_backward", 7, 5, -1,
+     {{"dx", FUSEDK_ARG_OUT_OPT, 4, -2 - 2, FUSEDK__ROW, -1}, {"dw", FUSEDK_ARG_OUT_OPT, 5, -2 - 3, FUSEDK__ROW, -1},
+      FUSEDK__OWN_OUT("db", 5, -2 - 4), FUSEDK__IN("dy", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+      FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("aux", FUSEDK_ROLE_OWN)},
+     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("dx", 1), FUSEDK__I32("dw", 1),
+      FUSEDK__I32("db", 1)}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -1098,7 +1186,7 @@ static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *c
       const int required = a->kind == FUSEDK_ARG_IN || a->kind == FUSEDK_ARG_OUT;
       if ((st = fusedk__check_tensor(&s->c, t[i], a->name, required, a->scalar, &present))) return st;
       if (!present) continue;
-      if (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])
+      if (a->kind == FUSEDK_ARG_OUT_OPT && a->when >= 0 && !t[a->when])
         return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is given but %s is NULL, expected both or neither",
                             o->name, a->name, o->tensors[a->when].name);
       /* an input's shape follows the reference, an output's its like input */
@@ -1848,6 +1936,260 @@ FUSEDK_DEF fusedk_status fusedk_rope_table_mixed(const fusedk_tensor *cos, const
   return fusedk__rope_table_run(FUSEDK_OP_ROPE_TABLE_MIXED, t, NULL, &a, stream);
 }
 
+/* --- [linear] CPU references and entry points --------------------------------------------- */
+
+/* d act / dz in double (the derivative of fusedk__act_f64; NONE: 1) */
+static double fusedk__act_grad_f64(double z, int kind) {
+  switch (kind) {
+    case FUSEDK_ACT_GELU: return 0.5 * (1.0 + erf(z * 0.70710678118654752)) + z * exp(-0.5 * z * z) * 0.39894228040143268;
+    case FUSEDK_ACT_GELU_TANH: {
+      const double c = 0.79788456080286536, t = tanh(c * (z + 0.044715 * z * z * z));
+      return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * z * z);
+    }
+    case FUSEDK_ACT_SILU: {
+      const double sg = 1.0 / (1.0 + exp(-z));
+      return sg * (1.0 + z * (1.0 - sg));
+    }
+    case FUSEDK_ACT_RELU: return z > 0.0 ? 1.0 : 0.0;
+    default: return 1.0;
+  }
+}
+
+/* act(z) as the GPU computes it: GELU (erf) and SILU, two passes, see z rounded to the dtype */
+static double fusedk__linear_act(double z, int act, int s) {
+  if (act == FUSEDK_ACT_NONE) return z;
+  if (act == FUSEDK_ACT_GELU || act == FUSEDK_ACT_SILU) z = fusedk__round(z, s);
+  return fusedk__act_f64(z, act);
+}
+
+/* rows r of matrix m as doubles (n columns each) */
+static void fusedk__mat_rows(const fusedk__mat *m, int64_t rows, int64_t n, int s, double *out) {
+  const int64_t es = (int64_t)fusedk__scalar_size(s);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) out[r * n + c] = fusedk__load((const char *)m->p + r * m->ld * es, c, s);
+}
+
+static void *fusedk__mat_row(const fusedk__mat *m, int64_t r, int s) {
+  return (char *)m->p + r * m->ld * (int64_t)fusedk__scalar_size(s);
+}
+
+/* The references: inputs converted to double once, dot products accumulated in double over
+   contiguous rows, one rounding (dz rounded to the dtype before the backward GEMMs, as the GPU
+   keeps it). 0, or -1 when a buffer cannot be allocated (nothing written then). */
+static int fusedk__linear_cpu(const fusedk__linear_args *a) {
+  const int s = a->scalar;
+  const int64_t M = a->M, N = a->N, K = a->K;
+  double *w = (double *)malloc((size_t)(N * K + K + N) * sizeof(double) + 1), *xr = w + N * K, *b = xr + K;
+  if (!w) return -1;
+  fusedk__mat_rows(&a->w, N, K, s, w);
+  for (int64_t n = 0; n < N; ++n) b[n] = a->bias ? fusedk__load(a->bias, n, s) : 0.0;
+  for (int64_t m = 0; m < M; ++m) {
+    fusedk__mat row = {fusedk__mat_row(&a->x, m, s), 0};
+    fusedk__mat_rows(&row, 1, K, s, xr);
+    for (int64_t n = 0; n < N; ++n) {
+      double z = b[n];
+      for (int64_t k = 0; k < K; ++k) z += xr[k] * w[n * K + k];
+      if (a->aux.p) fusedk__store(fusedk__mat_row(&a->aux, m, s), n, z, s);
+      fusedk__store(fusedk__mat_row(&a->y, m, s), n, fusedk__linear_act(z, a->act, s), s);
+    }
+  }
+  free(w);
+  return 0;
+}
+
+static int fusedk__linear_backward_cpu(const fusedk__linear_args *a) {
+  const int s = a->scalar;
+  const int64_t M = a->M, N = a->N, K = a->K;
+  double *dz = (double *)malloc((size_t)(M * N + M * K + N * K) * sizeof(double) + 1), *x = dz + M * N, *w = x + M * K;
+  if (!dz) return -1;
+  fusedk__mat_rows(&a->dy, M, N, s, dz);
+  fusedk__mat_rows(&a->x, M, K, s, x);
+  fusedk__mat_rows(&a->w, N, K, s, w);
+  if (a->act != FUSEDK_ACT_NONE)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        const double z = fusedk__load(fusedk__mat_row(&a->aux, m, s), n, s);
+        dz[m * N + n] = fusedk__round(dz[m * N + n] * fusedk__act_grad_f64(z, a->act), s);
+      }
+  for (int64_t m = 0; a->dx.p && m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      double acc = 0.0;
+      for (int64_t n = 0; n < N; ++n) acc += dz[m * N + n] * w[n * K + k];
+      fusedk__store(fusedk__mat_row(&a->dx, m, s), k, acc, s);
+    }
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; a->dw.p && k < K; ++k) {
+      double acc = 0.0;
+      for (int64_t m = 0; m < M; ++m) acc += dz[m * N + n] * x[m * K + k];
+      fusedk__store(fusedk__mat_row(&a->dw, n, s), k, acc, s);
+    }
+    if (a->db) {
+      double acc = 0.0;
+      for (int64_t m = 0; m < M; ++m) acc += dz[m * N + n];
+      fusedk__store(a->db, n, acc, s);
+    }
+  }
+  free(dz);
+  return 0;
+}
+
+/* The byte range [lo, hi) a tensor's elements span (strides of any sign); lo == hi: empty. */
+static void fusedk__extent(const fusedk_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+  const int64_t es = (int64_t)fusedk__scalar_size(fusedk__scalar_of(t->dtype));
+  int64_t a = 0, b = 0;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) { *lo = *hi = 0; return; }
+    const int64_t d = (t->shape[i] - 1) * fusedk__stride(t, i);
+    if (d < 0) a += d; else b += d;
+  }
+  *lo = (uintptr_t)fusedk__base(t) + (uintptr_t)(a * es);
+  *hi = (uintptr_t)fusedk__base(t) + (uintptr_t)((b + 1) * es);
+}
+
+/* An output sharing memory with another argument: a GEMM reads its inputs while it writes. */
+static fusedk_status fusedk__check_disjoint(const fusedk__check *c, const fusedk_tensor *out, const char *oname,
+                                            const fusedk_tensor *t, const char *name) {
+  uintptr_t a0, a1, b0, b1;
+  if (!out || !t) return FUSEDK_OK;
+  fusedk__extent(out, &a0, &a1);
+  fusedk__extent(t, &b0, &b1);
+  if (a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1)
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: output %s overlaps %s in memory, expected separate buffers",
+                        c->op, oname, name);
+  return FUSEDK_OK;
+}
+
+/* A [..., n] matrix argument whose leading dims are `lead` (the M rows): its shape, and the one
+   row stride its leading dims flatten to. */
+static fusedk_status fusedk__linear_rows(const fusedk__check *c, const fusedk_tensor *t, const char *name,
+                                         const fusedk_tensor *lead, const char *lead_name, int64_t n,
+                                         fusedk__mat *m) {
+  int64_t shape[FUSEDK_MAX_DIMS], size[FUSEDK_MAX_DIMS], st[1][FUSEDK_MAX_DIMS];
+  char why[80];
+  memcpy(shape, lead->shape, (size_t)lead->ndim * sizeof *shape);
+  shape[lead->ndim - 1] = n;
+  snprintf(why, sizeof why, "the leading dims of %s, then %lld", lead_name, (long long)n);
+  fusedk_status e = fusedk__check_shape(c, t, name, lead->ndim, shape, why);
+  if (e) return e;
+  int64_t rows = 1;
+  for (int i = 0; i < t->ndim - 1; ++i) rows *= t->shape[i];
+  if (rows == 0 || n == 0) { /* no elements: no layout (NumPy gives empty arrays strides of 0) */
+    m->p = fusedk__base(t), m->ld = n ? n : 1;
+    return FUSEDK_OK;
+  }
+  const int levels = fusedk__levels(t, 1, &t, size, st);
+  if (levels > 1) {
+    char shp[160];
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: the leading dims of %s (shape %s) do not flatten to one row "
+                        "stride, expected a view whose rows are evenly spaced (e.g. contiguous)", c->op, name,
+                        fusedk__shape_str(t, shp, sizeof shp));
+  }
+  m->p = fusedk__base(t);
+  m->ld = levels == 1 ? st[0][0] : n; /* one row: any stride, as a compact one */
+  if (m->ld < n && levels == 1)
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has a row stride of %lld elements, expected >= %lld (its row "
+                        "length: rows may not overlap)", c->op, name, (long long)m->ld, (long long)n);
+  return FUSEDK_OK;
+}
+
+/* linear's and linear_backward's common checks: act, tf32, w [N, K] against x [..., K]. */
+static fusedk_status fusedk__linear_common(const fusedk__check *c, int act, int32_t tf32, const fusedk_tensor *x,
+                                           const fusedk_tensor *w, fusedk__linear_args *a) {
+  char shp[160];
+  if (act < FUSEDK_ACT_GELU || act > FUSEDK_ACT_NONE)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected FUSEDK_ACT_NONE (4), RELU (3), "
+                        "GELU_TANH (1), GELU (0) or SILU (2)", c->op, act);
+  if (tf32 != 0 && tf32 != 1)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: tf32 is %d, expected 0 or 1", c->op, (int)tf32);
+  const int64_t K = x->shape[x->ndim - 1];
+  if (w->ndim != 2 || w->shape[1] != K)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, %lld] (K = the last dim of x)", c->op,
+                        fusedk__shape_str(w, shp, sizeof shp), (long long)K);
+  memset(a, 0, sizeof *a);
+  a->scalar = c->scalar, a->act = act, a->tf32 = tf32;
+  a->N = w->shape[0], a->K = K;
+  a->M = 1;
+  for (int i = 0; i < x->ndim - 1; ++i) a->M *= x->shape[i];
+  a->w.p = fusedk__base(w);
+  a->w.ld = w->shape[0] > 1 ? fusedk__stride(w, 0) : K;
+  if (a->w.ld < K)
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: w has a row stride of %lld elements, expected >= %lld (K)", c->op,
+                        (long long)a->w.ld, (long long)K);
+  return FUSEDK_OK;
+}
+
+static fusedk_status fusedk__linear_run(const fusedk__linear_args *a, const fusedk__check *c,
+                                        struct CUstream_st *stream) {
+  if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_linear(a, c->op, c->dev.device_id, stream);
+  const int r = a->op == FUSEDK_OP_LINEAR ? fusedk__linear_cpu(a) : fusedk__linear_backward_cpu(a);
+  return r ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers", c->op) : FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_linear(const fusedk_tensor *y, const fusedk_tensor *aux_out, const fusedk_tensor *x,
+                                       const fusedk_tensor *w, const fusedk_tensor *bias, fusedk_activation act,
+                                       int32_t tf32, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, aux_out, x, w, bias};
+  fusedk__rowset s;
+  fusedk__linear_args a;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR], t, &s);
+  if (st || (st = fusedk__linear_common(&s.c, (int)act, tf32, x, w, &a))) return st;
+  a.op = FUSEDK_OP_LINEAR;
+  if (bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &a.N, "[N] (the first dim of w)"))) return st;
+  if ((st = fusedk__linear_rows(&s.c, x, "x", x, "x", a.K, &a.x)) ||
+      (st = fusedk__linear_rows(&s.c, y, "y", x, "x", a.N, &a.y)) ||
+      (aux_out && (st = fusedk__linear_rows(&s.c, aux_out, "aux_out", x, "x", a.N, &a.aux))))
+    return st;
+  const fusedk_tensor *ins[] = {x, w, bias, aux_out};
+  const char *names[] = {"x", "w", "bias", "aux_out"};
+  for (int i = 0; i < 4; ++i)
+    if ((st = fusedk__check_disjoint(&s.c, y, "y", ins[i], names[i])) ||
+        (i < 3 && (st = fusedk__check_disjoint(&s.c, aux_out, "aux_out", ins[i], names[i]))))
+      return st;
+  a.bias = fusedk__base(bias);
+  if (a.M == 0 || a.N == 0) return FUSEDK_OK;
+  return fusedk__linear_run(&a, &s.c, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const fusedk_tensor *dw,
+                                                const fusedk_tensor *db, const fusedk_tensor *dy,
+                                                const fusedk_tensor *x, const fusedk_tensor *w,
+                                                const fusedk_tensor *aux, fusedk_activation act, int32_t tf32,
+                                                struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {dx, dw, db, dy, x, w, aux};
+  fusedk__rowset s;
+  fusedk__linear_args a;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_BACKWARD], t, &s);
+  if (st || (st = fusedk__linear_common(&s.c, (int)act, tf32, x, w, &a))) return st;
+  a.op = FUSEDK_OP_LINEAR_BACKWARD;
+  if (act != FUSEDK_ACT_NONE && !aux)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "linear_backward: aux is NULL, expected the forward's aux_out "
+                        "(its pre-activation; for RELU its y will do) since act is not NONE");
+  if ((st = fusedk__linear_rows(&s.c, x, "x", x, "x", a.K, &a.x)) ||
+      (st = fusedk__linear_rows(&s.c, dy, "dy", x, "x", a.N, &a.dy)) ||
+      (aux && (st = fusedk__linear_rows(&s.c, aux, "aux", x, "x", a.N, &a.aux))) ||
+      (dx && (st = fusedk__linear_rows(&s.c, dx, "dx", x, "x", a.K, &a.dx))) ||
+      (db && (st = fusedk__check_shape(&s.c, db, "db", 1, &a.N, "[N] (the first dim of w)"))))
+    return st;
+  if (dw) {
+    a.dw.p = fusedk__base(dw);
+    a.dw.ld = a.N > 1 ? fusedk__stride(dw, 0) : a.K;
+    if (a.dw.ld < a.K)
+      return fusedk__fail(FUSEDK_ERR_LAYOUT, "linear_backward: dw has a row stride of %lld elements, expected >= "
+                          "%lld (K)", (long long)a.dw.ld, (long long)a.K);
+  }
+  const fusedk_tensor *outs[] = {dx, dw, db}, *ins[] = {dy, x, w, aux};
+  const char *onames[] = {"dx", "dw", "db"}, *inames[] = {"dy", "x", "w", "aux"};
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 4; ++j)
+      if ((st = fusedk__check_disjoint(&s.c, outs[i], onames[i], ins[j], inames[j]))) return st;
+    for (int j = i + 1; j < 3; ++j)
+      if ((st = fusedk__check_disjoint(&s.c, outs[i], onames[i], outs[j], onames[j]))) return st;
+  }
+  a.db = fusedk__base(db);
+  if (!dx && !dw && !db) return FUSEDK_OK;
+  return fusedk__linear_run(&a, &s.c, stream);
+}
+
 /* --- [registry] lookup, output shapes and the generic call ------------------------------- */
 
 static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape) {
@@ -1872,6 +2214,18 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
                            "FUSEDK_LAYOUT_BSHD (1)", o->name, a[3]);
     if (a[3] == FUSEDK_LAYOUT_BHSD) shape[1] = like->shape[2], shape[2] = like->shape[1];
     return 4;
+  }
+  if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD) { /* y, aux_out: x's rows of N; db: [N] */
+    const fusedk_tensor *w = t[id == FUSEDK_OP_LINEAR ? 3 : 5];
+    char shp[160];
+    if (!w || !w->shape || w->ndim < 1 || w->ndim > FUSEDK_MAX_DIMS)
+      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: w is missing, expected [N, K]", o->name);
+    if (w->ndim != 2)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, K]", o->name,
+                           fusedk__shape_str(w, shp, sizeof shp));
+    if (id == FUSEDK_OP_LINEAR_BACKWARD) nd = 1;
+    shape[nd - 1] = w->shape[0];
+    return nd;
   }
   int64_t F = 0;
   if (id == FUSEDK_OP_ROPE_TABLE_MIXED) {
@@ -1902,6 +2256,15 @@ FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tens
   return fusedk__out_shape(&fusedk__ops[i], out, t, a, shape);
 }
 
+
+FUSEDK_DEF int32_t fusedk_op_out_exists(int32_t i, int32_t out, const fusedk_tensor *const *t, const double *a) {
+  if (i < 0 || i >= FUSEDK_OP_COUNT || out < 0 || out >= fusedk__ops[i].n_tensors) return 0;
+  const fusedk_op_tensor *r = &fusedk__ops[i].tensors[out];
+  if (r->kind == FUSEDK_ARG_OUT) return 1;
+  if (r->kind != FUSEDK_ARG_OUT_OPT) return 0;
+  if (r->when >= 0) return t && t[r->when] != NULL;
+  return a && a[-2 - r->when] != 0.0;
+}
 
 FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i) {
   return i >= 0 && i < FUSEDK_OP_COUNT ? &fusedk__ops[i] : NULL;
@@ -1948,6 +2311,10 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
       return fusedk_qk_norm_rope(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], (float)a[0],
                                  (fusedk_qk_norm)(int)a[1], (fusedk_rope_style)(int)a[2], (fusedk_layout)(int)a[3],
                                  (int32_t)a[4], s);
+    case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_LINEAR_BACKWARD:
+      return fusedk_linear_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0],
+                                    (int32_t)a[1], s);
     case FUSEDK_OP_DIFFUSION_STEP: {
       fusedk_step p;
       p.guidance = (float)a[0], p.sampler = (int32_t)a[1], p.sigma = (float)a[2], p.sigma_next = (float)a[3];

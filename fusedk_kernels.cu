@@ -22,7 +22,10 @@
 //   [position]  rope and qk_norm_rope: on Hopper qkv_tma_kernel (rows of 4 tokens through bulk
 //               copies); else rope_kernel (q and k in one launch) and qkv_kernel (q, k, v rows);
 //               the table builders (rope_table_kernel)
+//   [linear]    linear, linear_backward: cuBLASLt plans, workspaces and scratch (LtState), the act
+//               and bias passes, linear_dz_kernel and linear_db_kernel
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
+//               fusedk__cuda_linear, fusedk__cuda_shutdown,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
@@ -818,6 +821,7 @@ __device__ __forceinline__ float act_f32(float v, int kind) {
     case FUSEDK_ACT_GELU: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
     case FUSEDK_ACT_GELU_TANH: return v * __frcp_rn(1.f + expf(-1.5957691216057307f * fmaf(0.044715f * v, v * v, v)));
     case FUSEDK_ACT_SILU: return v * __frcp_rn(1.f + expf(-v));
+    case FUSEDK_ACT_NONE: return v; // linear's identity
     default: return v > 0.f ? v : v == v ? 0.f : v; // relu; NaN stays NaN (fmaxf would drop it)
   }
 }
@@ -1682,6 +1686,544 @@ __global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_arg
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
+// [linear] linear and linear_backward: cuBLASLt GEMMs (bias and RELU/GELU_TANH in its epilogue),
+// fusedk's passes where it has none: an act pass (GELU erf, SILU), a bias pass (fallback), the
+// backward's dz = dy * act'(aux) with deterministic column sums for db.
+//
+// Row-major y[M, N] = x[M, K] w[N, K]^T is, column-major, y^T[N, M] = w[K, N]^T x^T[K, M]: w is
+// cuBLASLt's A (transposed), x its B, and the bias runs along D's rows (N) as its epilogue wants.
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float act_grad_f32(float z, int kind) {
+  switch (kind) {
+    case FUSEDK_ACT_GELU: return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * expf(-0.5f * z * z);
+    case FUSEDK_ACT_GELU_TANH: {
+      const float c = 0.79788456080286536f, t = tanhf(c * fmaf(0.044715f * z, z * z, z));
+      return fmaf(0.5f, 1.f + t, 0.5f * z * (1.f - t * t) * c * fmaf(3.f * 0.044715f * z, z, 1.f));
+    }
+    case FUSEDK_ACT_SILU: {
+      const float sg = __frcp_rn(1.f + expf(-z));
+      return sg * fmaf(z, 1.f - sg, 1.f);
+    }
+    case FUSEDK_ACT_RELU: return z > 0.f ? 1.f : 0.f;
+    default: return 1.f;
+  }
+}
+
+// z = src (+ bias[n]) (src NULL: 0), aux = z, y = act(z); GELU (erf) and SILU see z rounded to T.
+// The exact route: src is a float32 GEMM result (rows cuBLASLt's epilogues are not used on, K = 0,
+// and the backward's unaligned outputs). One element a thread (not a hot path).
+template <typename T, typename S, int ACT>
+__global__ void linear_bias_act_kernel(fusedk__mat y, fusedk__mat aux, fusedk__mat src, const T *bias, int64_t M, int64_t N) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t m = i / N, n = i - m * N;
+    float z = src.p ? to_f32<S>(static_cast<const S *>(src.p)[m * src.ld + n]) : 0.f;
+    if (bias) z += to_f32<T>(bias[n]);
+    if (aux.p) static_cast<T *>(aux.p)[m * aux.ld + n] = from_f32<T>(z);
+    if (ACT == FUSEDK_ACT_GELU || ACT == FUSEDK_ACT_SILU) z = round_to<T>(z);
+    static_cast<T *>(y.p)[m * y.ld + n] = from_f32<T>(act_f32(z, ACT));
+  }
+}
+
+// dz[m, n] = dy * act'(aux) rounded to T (written when dz.p), and per chunk of rows the column
+// sums of dz (of dy for NONE) into part[chunk][n] when part: a block is 32 x 8 threads over
+// 32 * VEC columns and the rows of its chunk; its 8 row lanes meet in shared memory. The sums
+// run in a fixed order (no atomics): db is bitwise the same run to run.
+template <typename T, int VEC, int ACT>
+__global__ void __launch_bounds__(256) linear_dz_kernel(fusedk__mat dz, fusedk__mat dy, fusedk__mat aux, float *part,
+                                                        int64_t M, int64_t N, int64_t rows_per_chunk) {
+  __shared__ float sums[8][32 * VEC];
+  const int64_t n0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * VEC;
+  const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk, r1 = min(M, r0 + rows_per_chunk);
+  float acc[VEC] = {};
+  if (n0 < N)
+    for (int64_t m = r0 + threadIdx.y; m < r1; m += 8) {
+      float g[VEC], z[VEC];
+      load<T, VEC>(static_cast<const T *>(dy.p) + m * dy.ld + n0, g);
+      if constexpr (ACT != FUSEDK_ACT_NONE) {
+        load<T, VEC>(static_cast<const T *>(aux.p) + m * aux.ld + n0, z);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) g[i] = g[i] * act_grad_f32(z[i], ACT);
+        round_all<T, VEC>(g);
+        if (dz.p) store_cs<T, VEC>(static_cast<T *>(dz.p) + m * dz.ld + n0, g);
+      }
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[i] += g[i];
+    }
+  if (!part) return; // uniform across the block
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) sums[threadIdx.y][threadIdx.x * VEC + i] = acc[i];
+  __syncthreads();
+  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * VEC; c += 256) {
+    const int64_t n = (int64_t)blockIdx.x * 32 * VEC + c;
+    if (n >= N) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) s += sums[r][c];
+    part[(int64_t)blockIdx.y * N + n] = s;
+  }
+}
+
+// db[n] = the chunks' sums in chunk order, rounded once
+template <typename T> __global__ void linear_db_kernel(T *db, const float *part, int64_t chunks, int64_t N) {
+  const int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  float s = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) s += part[c * N + n];
+  db[n] = from_f32<T>(s);
+}
+
+constexpr size_t kLtWorkspace = 32u << 20; // cuBLASLt's workspace a (device, stream), Hopper's suggestion
+constexpr int kLtPlans = 256;              // cached plans (a bounded table: the oldest slot goes)
+constexpr int kLtArenas = 64;              // (device, stream) pairs with a workspace
+constexpr int kLtCandidates = 8;           // heuristic algorithms timed on a large GEMM's first call
+constexpr double kLtTuneFlops = 1e10;      // large: 2 m n k over this (a few ms of tuning, once)
+
+// One GEMM D = op(A) op(B) (column-major, cuBLASLt's terms) with an epilogue.
+struct LtGemm {
+  cublasOperation_t ta, tb;
+  int64_t m, n, k;
+  const void *a, *b;
+  int64_t lda, ldb;
+  void *d;
+  int64_t ldd;
+  cublasLtEpilogue_t epi;
+  const void *bias;
+  void *aux;
+  int64_t ldaux;
+  bool d32; // D in float32 (the exact route), else the inputs' type
+};
+
+// What a plan depends on: shapes, leading dims, dtype, epilogue, TF32, device and the alignment
+// of every pointer (the heuristic picks kernels by it: an algorithm found for aligned pointers
+// returns NOT_SUPPORTED on misaligned ones).
+struct LtKey {
+  int64_t m, n, k, lda, ldb, ldd, ldaux;
+  int32_t dev, scalar, tf32, epi, ta, tb, d32;
+  uint32_t align;
+  bool operator==(const LtKey &o) const { return !memcmp(this, &o, sizeof *this); }
+};
+
+struct LtPlan {
+  LtKey key;
+  bool used, found; // found = 0: the heuristic had no algorithm (cached too)
+  bool tuned;       // the candidates were timed (or there is nothing to time)
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, ld;
+  cublasLtMatmulAlgo_t algo;
+  int n_cand;
+  cublasLtMatmulAlgo_t cand[kLtCandidates];
+};
+
+struct LtArena {
+  int dev;
+  cudaStream_t stream;
+  void *ws, *scratch;
+  size_t scratch_bytes;
+};
+
+// Every cached cuBLASLt object, behind one lock: plans are shared, and a plan's pointer
+// attributes are set just before its matmul. Host cost of a cached call: the lock, a hash probe,
+// two attribute sets and cublasLtMatmul.
+struct LtState {
+  std::mutex mu;
+  cublasLtHandle_t handle[kMaxDevices] = {};
+  LtPlan plans[kLtPlans] = {};
+  int next_victim = 0;
+  LtArena arenas[kLtArenas] = {};
+  int n_arenas = 0;
+  struct { int dev; void *p; } retired[kLtArenas] = {}; // scratch outgrown during a capture: freed at shutdown
+  int n_retired = 0;
+};
+LtState &lt_state() {
+  static LtState *s = new LtState; // never destroyed: no teardown order at exit
+  return *s;
+}
+
+uint32_t log2_align(const void *p) {
+  const uintptr_t u = (uintptr_t)p;
+  uint32_t a = 0;
+  while (a < 8 && !(u & (((uintptr_t)1 << (a + 1)) - 1))) ++a; // up to 256 bytes
+  return u ? a : 8;
+}
+
+cudaDataType_t lt_type(int scalar) {
+  return scalar == FUSEDK_F32 ? CUDA_R_32F : scalar == FUSEDK_F16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+void lt_destroy(LtPlan &p) {
+  if (!p.used) return;
+  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  if (p.la) cublasLtMatrixLayoutDestroy(p.la);
+  if (p.lb) cublasLtMatrixLayoutDestroy(p.lb);
+  if (p.ld) cublasLtMatrixLayoutDestroy(p.ld);
+  p = LtPlan{};
+}
+
+// The plan of key k (lock held): cached, or made: descriptors, layouts, one heuristic query.
+cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan **out) {
+  uint64_t hash = 1469598103934665603ull;
+  const unsigned char *b = reinterpret_cast<const unsigned char *>(&k);
+  for (size_t i = 0; i < sizeof k; ++i) hash = (hash ^ b[i]) * 1099511628211ull;
+  LtPlan *slot = nullptr;
+  for (int i = 0; i < 8; ++i) { // a short probe; a full neighbourhood evicts round-robin
+    LtPlan &p = st.plans[(hash + i) % kLtPlans];
+    if (p.used && p.key == k) { *out = &p; return CUBLAS_STATUS_SUCCESS; }
+    if (!p.used && !slot) slot = &p;
+  }
+  if (!slot) {
+    slot = &st.plans[(hash + st.next_victim) % kLtPlans];
+    st.next_victim = (st.next_victim + 1) % 8;
+    lt_destroy(*slot);
+  }
+  LtPlan p{};
+  p.key = k, p.used = true;
+  const cudaDataType_t t = lt_type(k.scalar);
+  const cublasComputeType_t ct = k.scalar == FUSEDK_F32 && k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasOperation_t ta = (cublasOperation_t)k.ta, tb = (cublasOperation_t)k.tb;
+  const cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k.epi;
+  cublasStatus_t s = cublasLtMatmulDescCreate(&p.desc, ct, CUDA_R_32F);
+  if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+  if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+  if (!s && k.ldaux) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &k.ldaux, sizeof k.ldaux);
+  // A is k x m (transposed) or m x k, B k x n or n x k, D m x n
+  if (!s) s = cublasLtMatrixLayoutCreate(&p.la, t, ta == CUBLAS_OP_N ? k.m : k.k, ta == CUBLAS_OP_N ? k.k : k.m, k.lda);
+  if (!s) s = cublasLtMatrixLayoutCreate(&p.lb, t, tb == CUBLAS_OP_N ? k.k : k.n, tb == CUBLAS_OP_N ? k.n : k.k, k.ldb);
+  if (!s) s = cublasLtMatrixLayoutCreate(&p.ld, k.d32 ? CUDA_R_32F : t, k.m, k.n, k.ldd);
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (!s) s = cublasLtMatmulPreferenceCreate(&pref);
+  const uint64_t ws = kLtWorkspace;
+  if (!s) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  const cublasLtMatmulPreferenceAttributes_t al[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  // split-K partial sums only in float32 (COMPUTE_TYPE): the in-place and output-type schemes
+  // round them to bf16/f16 (seen on the H100: bf16 N = 4095, K = 1000 off by several ulps)
+  const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (!s) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
+  for (int i = 0; i < 4 && !s; ++i) {
+    const uint32_t bytes = 1u << ((k.align >> (4 * (i < 2 ? i : 2))) & 15u); // C is D
+    s = cublasLtMatmulPreferenceSetAttribute(pref, al[i], &bytes, sizeof bytes);
+  }
+  cublasLtMatmulHeuristicResult_t r[kLtCandidates] = {};
+  int n = 0;
+  // a large GEMM keeps the heuristic's first candidates, timed on its first call (lt_tune)
+  const bool large = 2.0 * (double)k.m * (double)k.n * (double)k.k >= kLtTuneFlops;
+  if (!s) {
+    const cublasStatus_t q =
+        cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.la, p.lb, p.ld, p.ld, pref, large ? kLtCandidates : 1, r, &n);
+    // no algorithm is an answer (the caller falls back), not an error
+    if (q != CUBLAS_STATUS_SUCCESS && q != CUBLAS_STATUS_NOT_SUPPORTED && q != CUBLAS_STATUS_INVALID_VALUE) s = q;
+  }
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  for (int i = 0; !s && i < n; ++i)
+    if (r[i].state == CUBLAS_STATUS_SUCCESS) p.cand[p.n_cand++] = r[i].algo;
+  p.found = p.n_cand > 0;
+  p.tuned = p.n_cand < 2;
+  if (p.found) p.algo = p.cand[0];
+  *slot = p;
+  if (s) lt_destroy(*slot);
+  *out = slot;
+  return s;
+}
+
+// The (device, stream) arena (lock held): its workspace made on first use. Allocations while the
+// stream is being captured go through the relaxed capture mode (cudaMalloc is not a stream
+// operation; the memory outlives the graph).
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+};
+
+cudaError_t lt_arena(LtState &st, int dev, cudaStream_t s, size_t scratch, LtArena **out) {
+  LtArena *a = nullptr;
+  for (int i = 0; i < st.n_arenas && !a; ++i)
+    if (st.arenas[i].dev == dev && st.arenas[i].stream == s) a = &st.arenas[i];
+  if (!a) {
+    if (st.n_arenas == kLtArenas) return cudaErrorLaunchOutOfResources; // reported as too many streams
+    RelaxedCapture relaxed;
+    void *ws = nullptr;
+    const cudaError_t e = cudaMalloc(&ws, kLtWorkspace);
+    if (e != cudaSuccess) return e;
+    a = &st.arenas[st.n_arenas++];
+    *a = LtArena{dev, s, ws, nullptr, 0};
+  }
+  if (scratch > a->scratch_bytes) { // grows to the largest backward seen on this stream
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(s, &cap);
+    if (e != cudaSuccess) return e;
+    void *p = nullptr;
+    {
+      RelaxedCapture relaxed;
+      if ((e = cudaMalloc(&p, scratch)) != cudaSuccess) return e;
+    }
+    if (a->scratch) {
+      if (cap == cudaStreamCaptureStatusNone) { // earlier work on this stream may still read it
+        if ((e = cudaStreamSynchronize(s)) == cudaSuccess) e = cudaFree(a->scratch);
+        if (e != cudaSuccess) { cudaFree(p); return e; }
+      } else if (st.n_retired < kLtArenas) {
+        st.retired[st.n_retired].dev = dev, st.retired[st.n_retired++].p = a->scratch;
+      } // else: kept until the process ends (a capture on every growth past 64)
+    }
+    a->scratch = p, a->scratch_bytes = scratch;
+  }
+  *out = a;
+  return cudaSuccess;
+}
+
+fusedk_status lt_fail(cublasStatus_t s, const char *op, const char *what) {
+  return fusedk__fail(s == CUBLAS_STATUS_ALLOC_FAILED ? FUSEDK_ERR_OUT_OF_MEMORY : FUSEDK_ERR_CUBLAS,
+                      "%s: cuBLASLt %s failed: %s (%s)", op, what, cublasLtGetStatusName(s), cublasLtGetStatusString(s));
+}
+
+// The fastest of a large plan's candidates, timed on this call's own buffers (the output is
+// written; the call then writes it again): a warm-up, then three runs between events, once per
+// plan. The
+// heuristic's first choice of epilogue kernel measured up to 13 % slower than the plain GEMM on the
+// H100 (GELU_BIAS at 8192x1152x4608). Not while the stream is being captured (events cannot be
+// waited on): the plan keeps its first candidate until an uncaptured call.
+void lt_tune(LtPlan &p, cublasLtHandle_t h, const LtGemm &g, void *ws, cudaStream_t s) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return;
+  }
+  cudaEvent_t ev[2];
+  if (cudaEventCreate(&ev[0]) != cudaSuccess) { cudaGetLastError(); return; }
+  if (cudaEventCreate(&ev[1]) != cudaSuccess) { cudaEventDestroy(ev[0]); cudaGetLastError(); return; }
+  const float one = 1.f, zero = 0.f;
+  float best = 0.f;
+  int pick = 0;
+  for (int i = 0; i < p.n_cand; ++i) {
+    // one untimed run first: a kernel's first launch loads its module (lazy loading), which
+    // would otherwise be timed too
+    cublasStatus_t c = cublasLtMatmul(h, p.desc, &one, g.a, p.la, g.b, p.lb, &zero, g.d, p.ld, g.d, p.ld, &p.cand[i],
+                                      ws, kLtWorkspace, s);
+    cudaEventRecord(ev[0], s);
+    for (int r = 0; r < 3 && !c; ++r)
+      c = cublasLtMatmul(h, p.desc, &one, g.a, p.la, g.b, p.lb, &zero, g.d, p.ld, g.d, p.ld, &p.cand[i], ws,
+                         kLtWorkspace, s);
+    cudaEventRecord(ev[1], s);
+    float ms = 0.f;
+    if (cudaEventSynchronize(ev[1]) != cudaSuccess || cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    if (!c && (best == 0.f || ms < best)) best = ms, pick = i;
+  }
+  cudaEventDestroy(ev[0]);
+  cudaEventDestroy(ev[1]);
+  p.algo = p.cand[pick];
+  p.tuned = true;
+}
+
+// Runs g through its cached plan (lock held). *ran = false: cuBLASLt has no algorithm for it
+// (nothing launched; the caller falls back).
+fusedk_status lt_matmul(LtState &st, const LtGemm &g, const fusedk__linear_args &a, int dev, cudaStream_t s,
+                        void *ws, const char *op, bool *ran) {
+  *ran = false;
+  cublasLtHandle_t &h = st.handle[dev];
+  if (!h) {
+    const cublasStatus_t c = cublasLtCreate(&h);
+    if (c) { h = nullptr; return lt_fail(c, op, "cublasLtCreate"); }
+  }
+  LtKey k;
+  memset(&k, 0, sizeof k); // the key is compared as bytes: padding zeroed
+  k.m = g.m, k.n = g.n, k.k = g.k, k.lda = g.lda, k.ldb = g.ldb, k.ldd = g.ldd, k.ldaux = g.aux ? g.ldaux : 0;
+  k.dev = dev, k.scalar = a.scalar, k.tf32 = a.tf32, k.epi = (int32_t)g.epi, k.ta = (int32_t)g.ta, k.tb = (int32_t)g.tb;
+  k.d32 = g.d32;
+  k.align = log2_align(g.a) | log2_align(g.b) << 4 | log2_align(g.d) << 8 | (g.bias ? log2_align(g.bias) : 0) << 12 |
+            (g.aux ? log2_align(g.aux) : 0) << 16;
+  LtPlan *p;
+  cublasStatus_t c = lt_plan(st, k, h, &p);
+  if (c) return lt_fail(c, op, "plan");
+  if (!p->found) return FUSEDK_OK;
+  if (g.bias) c = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias);
+  if (!c && g.aux) c = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux);
+  const float one = 1.f, zero = 0.f;
+  if (!c && !p->tuned) lt_tune(*p, h, g, ws, s);
+  if (!c) c = cublasLtMatmul(h, p->desc, &one, g.a, p->la, g.b, p->lb, &zero, g.d, p->ld, g.d, p->ld, &p->algo, ws,
+                             kLtWorkspace, s);
+  // refused at run time (H100: INVALID_VALUE for some unaligned shapes the heuristic had an
+  // algorithm for): remembered, and the caller takes its exact route
+  if (c == CUBLAS_STATUS_NOT_SUPPORTED || c == CUBLAS_STATUS_INVALID_VALUE) {
+    p->found = false;
+    return FUSEDK_OK;
+  }
+  if (c) return lt_fail(c, op, "matmul");
+  *ran = true;
+  return FUSEDK_OK;
+}
+
+fusedk_status on_error(cudaError_t e, const char *op) {
+  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
+}
+
+// y[rows, cols] = act(src + bias) (aux = src + bias): src of T, or float32 (src32), or none (0)
+template <typename T> cudaError_t launch_bias_act(fusedk__mat y, fusedk__mat aux, fusedk__mat src, bool src32,
+                                                  const void *bias, int act, int64_t rows, int64_t cols,
+                                                  cudaStream_t s, int dev) {
+  const int64_t n = rows * cols, grid = std::min<int64_t>((n + 255) / 256, (int64_t)device_sms(dev) * 8);
+  return dispatch_int<FUSEDK_ACT_NONE, FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
+      act, [&](auto act_c) {
+        constexpr int A = decltype(act_c)::value;
+        if (src32)
+          linear_bias_act_kernel<T, float, A><<<(unsigned)grid, 256, 0, s>>>(y, aux, src, static_cast<const T *>(bias), rows, cols);
+        else
+          linear_bias_act_kernel<T, T, A><<<(unsigned)grid, 256, 0, s>>>(y, aux, src, static_cast<const T *>(bias), rows, cols);
+        return cudaGetLastError();
+      });
+}
+
+// y = act(z) in place over the rows of z (GELU erf, SILU, RELU with aux): the act op's kernel
+template <typename T> cudaError_t launch_act_pass(const fusedk__linear_args &a, fusedk__mat z, cudaStream_t s) {
+  fusedk__ew_args e{};
+  e.op = FUSEDK_OP_ACT, e.scalar = a.scalar, e.kind = a.act;
+  e.B = 1, e.L = a.M, e.D = a.N;
+  e.y = fusedk__rows{a.y.p, 0, a.y.ld};
+  e.in[0] = fusedk__rows{z.p, 0, z.ld};
+  return launch_elementwise<T>(e, s);
+}
+
+fusedk_status arena_fail(cudaError_t e, const char *op) {
+  return e == cudaErrorLaunchOutOfResources
+             ? fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: more than %d (device, stream) pairs ran linear ops; "
+                            "fusedk_shutdown() releases their workspaces", op, kLtArenas)
+             : cuda_fail(e, op, "allocating the cuBLASLt workspace or scratch");
+}
+
+// 16-byte aligned rows: what cuBLASLt's 16-bit outputs need to be exact (its kernels for unaligned
+// rows were several bf16 ulps off on the H100: at N = 4095, K = 1000 and at K = 4095)
+template <typename T> bool rows16(const void *p, int64_t ld) { return aligned16(p) && ld % (16 / (int64_t)sizeof(T)) == 0; }
+
+fusedk_status no_algo(const char *op, const char *which, const fusedk__linear_args &a) {
+  return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: cuBLASLt has no algorithm for the %s GEMM (M=%lld N=%lld K=%lld, "
+                      "leading dims x %lld, w %lld) with these pointer alignments; pass compact, 16-byte aligned "
+                      "tensors", op, which, (long long)a.M, (long long)a.N, (long long)a.K, (long long)a.x.ld,
+                      (long long)a.w.ld);
+}
+
+template <typename T>
+fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev, cudaStream_t s, const char *op) {
+  LtArena *ar;
+  cudaError_t e = lt_arena(st, dev, s, 0, &ar);
+  if (e != cudaSuccess) return arena_fail(e, op);
+  fusedk_status f = FUSEDK_OK;
+  bool ran = false;
+  // The fused route: one GEMM writing y with bias (and RELU, GELU_TANH) in cuBLASLt's epilogue;
+  // GELU_TANH's aux from it too; GELU, SILU and RELU with aux: z into aux (else y), then the act
+  // pass; NONE with aux: y copied. Needs 16-byte rows of every matrix and an aligned bias (with
+  // rows of x and w at K = 4095, cuBLASLt's bf16 output was several ulps off on the H100).
+  const bool aligned = rows16<T>(a.y.p, a.y.ld) && rows16<T>(a.x.p, a.x.ld) && rows16<T>(a.w.p, a.w.ld) &&
+                       (!a.bias || aligned16(a.bias)) && (!a.aux.p || rows16<T>(a.aux.p, a.aux.ld));
+  if (a.K > 0 && aligned) {
+    const bool gelu_epi = a.act == FUSEDK_ACT_GELU_TANH, relu_epi = a.act == FUSEDK_ACT_RELU && !a.aux.p;
+    const bool fused_act = a.act == FUSEDK_ACT_NONE || gelu_epi || relu_epi;
+    const fusedk__mat z = a.aux.p && !fused_act ? a.aux : a.y;
+    cublasLtEpilogue_t epi = a.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (relu_epi) epi = a.bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    if (gelu_epi)
+      epi = a.aux.p ? (a.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                    : (a.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
+    const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z.p, z.ld, epi, a.bias,
+                   gelu_epi ? a.aux.p : nullptr, a.aux.ld, false};
+    if ((f = lt_matmul(st, g, a, dev, s, ar->ws, op, &ran))) return f;
+    if (ran) {
+      if (a.act == FUSEDK_ACT_NONE && a.aux.p) // aux = z = y
+        return on_error(cudaMemcpy2DAsync(a.aux.p, (size_t)a.aux.ld * sizeof(T), a.y.p, (size_t)a.y.ld * sizeof(T),
+                                          (size_t)a.N * sizeof(T), (size_t)a.M, cudaMemcpyDeviceToDevice, s), op);
+      return fused_act ? FUSEDK_OK : on_error(launch_act_pass<T>(a, z, s), op);
+    }
+  }
+  // The exact route (unaligned rows, an epilogue cuBLASLt refused, K = 0): the GEMM in float32
+  // into scratch, then one pass adds the bias, writes aux, applies act and rounds once.
+  fusedk__mat z32{nullptr, (a.N + 3) / 4 * 4}; // 16-byte float32 rows
+  if (a.K > 0) {
+    if ((e = lt_arena(st, dev, s, (size_t)(a.M * z32.ld) * sizeof(float), &ar)) != cudaSuccess) return arena_fail(e, op);
+    z32.p = ar->scratch;
+    const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z32.p, z32.ld,
+                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, true};
+    if ((f = lt_matmul(st, g, a, dev, s, ar->ws, op, &ran))) return f;
+    if (!ran) return no_algo(op, "forward", a);
+  }
+  return on_error(launch_bias_act<T>(a.y, a.aux, z32, true, a.bias, a.act, a.M, a.N, s, dev), op);
+}
+
+template <typename T>
+fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev, cudaStream_t s, const char *op) {
+  constexpr int V = 16 / sizeof(T);
+  const bool need_dz = a.act != FUSEDK_ACT_NONE && a.M > 0 && a.N > 0 && (a.dx.p || a.dw.p);
+  const int64_t col_blocks = (a.N + 32 * V - 1) / (32 * V);
+  const int64_t chunks = a.db && a.M > 0 ? std::max<int64_t>(1, std::min<int64_t>((a.M + 7) / 8,
+                                                      ((int64_t)device_sms(dev) * 4 + col_blocks - 1) / col_blocks)) : 0;
+  auto pad = [](size_t b) { return (b + 255) & ~(size_t)255; };
+  const int64_t dz_ld = (a.N + V - 1) / V * V; // 16-byte rows
+  const size_t dz_pad = pad(need_dz ? (size_t)(a.M * dz_ld) * sizeof(T) : 0);
+  const size_t part_pad = pad((size_t)(chunks * a.N) * sizeof(float));
+  // dx, dw with rows cuBLASLt should not write in T: a float32 result in scratch, then converted
+  const bool dx32 = a.dx.p && !rows16<T>(a.dx.p, a.dx.ld), dw32 = a.dw.p && !rows16<T>(a.dw.p, a.dw.ld);
+  const int64_t ld32 = (a.K + 3) / 4 * 4; // 16-byte float32 rows
+  const size_t f32 = (size_t)std::max(dx32 ? a.M * ld32 : 0, dw32 ? a.N * ld32 : 0) * sizeof(float);
+  LtArena *ar;
+  cudaError_t e = lt_arena(st, dev, s, dz_pad + part_pad + f32, &ar);
+  if (e != cudaSuccess) return arena_fail(e, op);
+  void *out32 = static_cast<char *>(ar->scratch) + dz_pad + part_pad;
+  fusedk__mat dz = need_dz ? fusedk__mat{ar->scratch, dz_ld} : a.dy;
+  float *part = chunks ? reinterpret_cast<float *>(static_cast<char *>(ar->scratch) + dz_pad) : nullptr;
+  (void)part_pad;
+  if (need_dz || part) {
+    const bool vec = a.N % V == 0 && aligned16(a.dy.p) && a.dy.ld % V == 0 &&
+                     (a.act == FUSEDK_ACT_NONE || (aligned16(a.aux.p) && a.aux.ld % V == 0));
+    const int64_t rpc = chunks ? (a.M + chunks - 1) / chunks : a.M;
+    auto go = [&](auto act, auto vec_c) {
+      constexpr int VEC = decltype(vec_c)::value;
+      const int64_t cb = (a.N + 32 * VEC - 1) / (32 * VEC), ch = chunks ? (a.M + rpc - 1) / rpc : 1;
+      linear_dz_kernel<T, VEC, decltype(act)::value><<<dim3((unsigned)cb, (unsigned)ch), dim3(32, 8), 0, s>>>(
+          need_dz ? dz : fusedk__mat{nullptr, 0}, a.dy, a.aux, part, a.M, a.N, chunks ? rpc : a.M);
+      cudaError_t r = cudaGetLastError();
+      if (r == cudaSuccess && part) {
+        linear_db_kernel<T><<<(unsigned)((a.N + 255) / 256), 256, 0, s>>>(static_cast<T *>(a.db), part, ch, a.N);
+        r = cudaGetLastError();
+      }
+      return r;
+    };
+    e = dispatch_int<FUSEDK_ACT_NONE, FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
+        a.act, [&](auto act) { return vec ? go(act, int_c<V>()) : go(act, int_c<1>()); });
+    if (e != cudaSuccess) return cuda_fail(e, op, "kernel launch");
+  } else if (a.db) { // M = 0: the sum of no rows
+    if ((e = cudaMemsetAsync(a.db, 0, (size_t)a.N * sizeof(T), s)) != cudaSuccess) return cuda_fail(e, op, "memset");
+  }
+  // dx[M, K] = dz w: column-major dx^T[K, M] = w^T[K, N] dz^T[N, M]
+  // dw[N, K] = dz^T x: column-major dw^T[K, N] = x^T[K, M] dz[M, N]
+  const bool to32[2] = {dx32, dw32};
+  const LtGemm gs[2] = {
+      {CUBLAS_OP_N, CUBLAS_OP_N, a.K, a.M, a.N, a.w.p, dz.p, a.w.ld, dz.ld, dx32 ? out32 : a.dx.p, dx32 ? ld32 : a.dx.ld,
+       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dx32},
+      {CUBLAS_OP_N, CUBLAS_OP_T, a.K, a.N, a.M, a.x.p, dz.p, a.x.ld, dz.ld, dw32 ? out32 : a.dw.p, dw32 ? ld32 : a.dw.ld,
+       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dw32}};
+  const fusedk__mat outs[2] = {a.dx, a.dw};
+  for (int i = 0; i < 2; ++i) {
+    const LtGemm &g = gs[i];
+    if (!outs[i].p || g.m == 0 || g.n == 0) continue;
+    if (g.k == 0) { // a sum of no terms (N = 0 for dx, M = 0 for dw)
+      e = cudaMemset2DAsync(outs[i].p, (size_t)outs[i].ld * sizeof(T), 0, (size_t)g.m * sizeof(T), (size_t)g.n, s);
+      if (e != cudaSuccess) return cuda_fail(e, op, "memset");
+      continue;
+    }
+    bool ran;
+    fusedk_status f = lt_matmul(st, g, a, dev, s, ar->ws, op, &ran);
+    if (f) return f;
+    if (!ran) return no_algo(op, i ? "dw" : "dx", a);
+    if (to32[i] && (e = launch_bias_act<T>(outs[i], fusedk__mat{nullptr, 0}, fusedk__mat{out32, ld32}, true, nullptr,
+                                           FUSEDK_ACT_NONE, g.n, g.m, s, dev)) != cudaSuccess)
+      return cuda_fail(e, op, "kernel launch");
+  }
+  return FUSEDK_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
 // [entry] the internal entry points fusedk.h's implementation calls
 // ---------------------------------------------------------------------------------------------
 namespace {
@@ -1747,6 +2289,43 @@ fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *o
     rope_table_kernel<<<(unsigned)(need < cap ? need : cap), 256, 0, stream>>>(*a);
     return cudaGetLastError();
   });
+}
+
+fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t device_id,
+                                  struct CUstream_st *stream) {
+  if (device_id < 0 || device_id >= kMaxDevices)
+    return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: CUDA device %d, expected 0..%d", op, (int)device_id, kMaxDevices - 1);
+  DeviceGuard guard(device_id);
+  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
+  LtState &st = lt_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  fusedk_status f = FUSEDK_OK;
+  dispatch_scalar(a->scalar, [&](auto t) {
+    using T = typename decltype(t)::type;
+    f = a->op == FUSEDK_OP_LINEAR ? linear_forward<T>(st, *a, device_id, stream, op)
+                                  : linear_backward<T>(st, *a, device_id, stream, op);
+    return cudaSuccess;
+  });
+  return f;
+}
+
+void fusedk__cuda_shutdown(void) {
+  LtState &st = lt_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (LtPlan &p : st.plans) lt_destroy(p);
+  for (int i = 0; i < st.n_arenas; ++i) {
+    DeviceGuard guard(st.arenas[i].dev);
+    cudaFree(st.arenas[i].ws);
+    if (st.arenas[i].scratch) cudaFree(st.arenas[i].scratch);
+  }
+  for (int i = 0; i < st.n_retired; ++i) {
+    DeviceGuard guard(st.retired[i].dev);
+    cudaFree(st.retired[i].p);
+  }
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (st.handle[d]) cublasLtDestroy(st.handle[d]), st.handle[d] = nullptr;
+  st.n_arenas = st.n_retired = 0, st.next_victim = 0;
+  cudaGetLastError(); // e.g. at process exit: not sticky
 }
 
 // Stream-ordered, from the device's default memory pool: no device-wide synchronization, and

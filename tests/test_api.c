@@ -233,7 +233,7 @@ static void registry_cases(void) {
   const char *names[FUSEDK_OP_COUNT] = {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
                                         "silu_fma", "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d",
                                         "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step",
-                                        "qk_norm_rope"};
+                                        "qk_norm_rope", "linear", "linear_backward"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -246,8 +246,9 @@ static void registry_cases(void) {
                                                                      t->when == t->like))),
              "%s: output %s copies an input that exists whenever it does", o->name, t->name);
       EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32, "%s: %s has the call's dtype or float32", o->name, t->name);
-      EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT),
-             "%s: optional output %s depends on an optional input", o->name, t->name);
+      EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT) ||
+                 (t->when <= -2 && -2 - t->when < o->n_attrs),
+             "%s: optional output %s depends on an optional input or an attribute", o->name, t->name);
       EXPECT(t->role >= FUSEDK_ROLE_ROW && t->role <= FUSEDK_ROLE_OWN &&
              (!out || t->role == FUSEDK_ROLE_ROW || t->role == FUSEDK_ROLE_ROW_HALF || t->role == FUSEDK_ROLE_OWN) &&
              (t->role != FUSEDK_ROLE_SAMPLE || o->row_ndim == 3), "%s: %s has a valid role", o->name, t->name);
@@ -289,6 +290,25 @@ static void registry_cases(void) {
       nd = fusedk_op_out_shape(FUSEDK_OP_QK_NORM_ROPE, 2, qk, la, shape);
       EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "qk_norm_rope: layout is 7"),
              "out_shape qk_norm_rope: a bad layout: %s", fusedk_failure_reason());
+    }
+    { /* linear: y and aux_out are x's rows of N (w's first dim), db [N]; aux_out exists when asked */
+      int64_t ls[3] = {2, 3, 16}, ws[2] = {5, 16};
+      fusedk_tensor lx = fusedk_tensor_cpu(NULL, FUSEDK_F32, 3, ls), lw = fusedk_tensor_cpu(NULL, FUSEDK_F32, 2, ws);
+      const fusedk_tensor *rr[5] = {NULL, NULL, &lx, &lx, NULL}, *lin[5] = {NULL, NULL, &lx, &lw, NULL}, *bwd[7] = {NULL, NULL, NULL, &lx, &lx, &lw, NULL};
+      const double la[3] = {FUSEDK_ACT_NONE, 0, 0}, lb[5] = {FUSEDK_ACT_NONE, 0, 1, 0, 1};
+      nd = fusedk_op_out_shape(FUSEDK_OP_LINEAR, 1, lin, la, shape);
+      EXPECT(nd == 3 && shape[0] == 2 && shape[1] == 3 && shape[2] == 5, "out_shape linear aux_out: %d", nd);
+      nd = fusedk_op_out_shape(FUSEDK_OP_LINEAR_BACKWARD, 2, bwd, lb, shape);
+      EXPECT(nd == 1 && shape[0] == 5, "out_shape linear_backward db: %d", nd);
+      nd = fusedk_op_out_shape(FUSEDK_OP_LINEAR_BACKWARD, 1, bwd, lb, shape);
+      EXPECT(nd == 2 && shape[0] == 5 && shape[1] == 16, "out_shape linear_backward dw: %d", nd);
+      EXPECT(fusedk_op_out_exists(FUSEDK_OP_LINEAR, 0, lin, la) && !fusedk_op_out_exists(FUSEDK_OP_LINEAR, 1, lin, la) &&
+             fusedk_op_out_exists(FUSEDK_OP_LINEAR_BACKWARD, 0, bwd, lb) &&
+             !fusedk_op_out_exists(FUSEDK_OP_LINEAR_BACKWARD, 1, bwd, lb) &&
+             fusedk_op_out_exists(FUSEDK_OP_LINEAR_BACKWARD, 2, bwd, lb) &&
+             !fusedk_op_out_exists(FUSEDK_OP_LINEAR_BACKWARD, 3, bwd, lb) &&
+             fusedk_op_out_exists(FUSEDK_OP_RMSNORM, 1, rr, la) &&
+             !fusedk_op_out_exists(FUSEDK_OP_RMSNORM, 1, rr + 1, la), "out_exists");
     }
     nd = fusedk_op_out_shape(FUSEDK_OP_GLU, 1, glu, g_a, shape);
     EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "not an output"), "out_shape: an input: %s",
@@ -347,12 +367,12 @@ int main(void) {
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.5.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.6.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.5.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.6.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);

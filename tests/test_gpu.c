@@ -526,6 +526,189 @@ static void run_tables(int64_t S) {
 
 /* A tensor of more than 2^31 elements: the device copy is a random block tiled across it; the
    reference runs on rows sampled from the start, the middle and the end. */
+/* --- [linear] linear and linear_backward against the CPU references ------------------------
+   Tolerance: eps_T * |cpu| (the output's rounding) + 2^-19 * S1 (float32 accumulation against
+   double; S1 = the sum of |terms|, from the reference run on absolute values, times the largest
+   |act'| (1.13) where an act derivative is in it) + 2^-10 * S1 with TF32 (its 10-bit inputs);
+   GELU/SILU's y = act(z rounded): + eps_T * 1.13 * |z|, a flip of z's rounding; the backward's
+   dz rounded on both sides: + 4 eps_T * S1 / sqrt(terms), a few flips among the terms. */
+static double lin_tol(double cpu, double s1, int64_t terms, fusedk_scalar s, int tf32, int flips, double z) {
+  const double e = eps_of(s);
+  double t = e * fabs(cpu) + 0x1p-19 * s1 + (tf32 ? 0x1p-10 * s1 : 0.0) + 1e-6 + e * 1.13 * fabs(z);
+  if (flips) t += 4.0 * e * s1 / sqrt((double)(terms > 0 ? terms : 1));
+  return t;
+}
+/* host copy of b with |values| (same layout) as a CPU tensor, for the bound S1 */
+static buf_t lin_abs(const buf_t *b, double scale) {
+  buf_t a = *b;
+  a.h = malloc(b->n_alloc * esize(b->s));
+  for (size_t i = 0; i < b->n_alloc; ++i) put(a.h, i, fabs(get(b->h, i, b->s)) * scale, b->s);
+  a.th.data = a.h;
+  a.d = NULL;
+  return a;
+}
+/* element i (row-major over the logical shape) of b's host copy, and its offset */
+static size_t lin_at(const buf_t *b, int64_t i) {
+  size_t off = b->off;
+  for (int d = b->ndim - 1; d >= 0; --d) off += (size_t)((i % b->shape[d]) * b->strides[d]), i /= b->shape[d];
+  return off;
+}
+static int64_t lin_count(const buf_t *b) {
+  int64_t n = 1;
+  for (int d = 0; d < b->ndim; ++d) n *= b->shape[d];
+  return n;
+}
+/* GPU result (copied back) of o against its CPU result ref (host of o holds the CPU's), bound s1 */
+static int lin_compare(const char *what, buf_t *o, const void *cpu_h, const buf_t *s1, int64_t terms, int tf32, int flips,
+                       const buf_t *z) {
+  void *g = malloc(o->n_alloc * esize(o->s));
+  CK(cudaMemcpy(g, o->d, o->n_alloc * esize(o->s), cudaMemcpyDeviceToHost));
+  int bad = 0;
+  const int64_t n = lin_count(o);
+  for (int64_t i = 0; i < n && bad < 3; ++i) {
+    const size_t k = lin_at(o, i);
+    const double c = get(cpu_h, k, o->s), v = get(g, k, o->s);
+    const double t = lin_tol(c, s1 ? get(s1->h, lin_at(s1, i), o->s) : 0.0, terms, o->s, tf32, flips,
+                             z ? get(z->h, lin_at(z, i), o->s) : 0.0);
+    if (!(fabs(v - c) <= t)) {
+      printf("FAIL %s: element %lld gpu %.6g cpu %.6g tol %.3g\n", what, (long long)i, v, c, t);
+      ++bad;
+    }
+  }
+  unsigned char *inview = calloc(o->n_alloc, 1); /* padding and shift: untouched on both sides */
+  for (int64_t i = 0; i < n; ++i) inview[lin_at(o, i)] = 1;
+  for (size_t i = 0; i < o->n_alloc && bad < 3; ++i)
+    if (!inview[i] && memcmp((char *)g + i * esize(o->s), (const char *)cpu_h + i * esize(o->s), esize(o->s)))
+      printf("FAIL %s: element %zu outside the view was written\n", what, i), ++bad;
+  free(inview);
+  free(g);
+  ++checks;
+  if (bad) ++failures;
+  return !bad;
+}
+static const char *act_name(int a) {
+  static const char *n[] = {"gelu", "gelu_tanh", "silu", "relu", "none"};
+  return n[a];
+}
+
+/* One forward and backward case: x [B, L, K] (rows padded by pad, base shifted by shift
+   elements), w [N, K], bias [N]; y, aux [B, L, N]; dx, dw, db. */
+static void run_linear(fusedk_scalar s, int64_t B, int64_t L, int64_t N, int64_t K, int act, int bias, int aux,
+                       int tf32, int64_t pad, size_t shift) {
+  char what[160];
+  snprintf(what, sizeof what, "linear %s [%lld,%lld,%lld] N=%lld act=%s%s%s%s pad=%lld shift=%zu", sname(s),
+           (long long)B, (long long)L, (long long)K, (long long)N, act_name(act), bias ? " bias" : "",
+           aux ? " aux" : "", tf32 ? " tf32" : "", (long long)pad, shift);
+  const int64_t xs[3] = {B, L, K}, ws[2] = {N, K}, bs[1] = {N}, ys[3] = {B, L, N};
+  buf_t x = mk(s, 3, xs, pad, shift, 0, 1.0, 0.0), w = mk(s, 2, ws, pad, 0, 0, 1.0 / sqrt((double)(K ? K : 1)), 0.0);
+  buf_t b = mk(s, 1, bs, 0, 0, 0, 0.5, 0.0), y = mk(s, 3, ys, pad, shift, 0, 0.0, 0.0), z = mk(s, 3, ys, 0, 0, 0, 0.0, 0.0);
+  poison(&y), poison(&z);
+  const int need_z = aux || act != FUSEDK_ACT_NONE; /* the backward needs it */
+  fusedk_status sc = fusedk_linear(&y.th, need_z ? &z.th : NULL, &x.th, &w.th, bias ? &b.th : NULL, (fusedk_activation)act, tf32, NULL);
+  fusedk_status sg = fusedk_linear(&y.td, aux ? &z.td : NULL, &x.td, &w.td, bias ? &b.td : NULL, (fusedk_activation)act, tf32, NULL);
+  CK(cudaDeviceSynchronize());
+  if (call_failed(what, sc, sg)) goto out;
+  {
+    buf_t xa = lin_abs(&x, 1.0), wa = lin_abs(&w, 1.0), ba = lin_abs(&b, 1.0), s1 = lin_abs(&y, 0.0);
+    const double g = act == FUSEDK_ACT_NONE || act == FUSEDK_ACT_RELU ? 1.0 : 1.13;
+    fusedk_linear(&s1.th, NULL, &xa.th, &wa.th, bias ? &ba.th : NULL, FUSEDK_ACT_NONE, 0, NULL);
+    for (size_t i = 0; i < s1.n_alloc; ++i) put(s1.h, i, get(s1.h, i, s) * g, s);
+    const int two_pass = act == FUSEDK_ACT_GELU || act == FUSEDK_ACT_SILU;
+    lin_compare(what, &y, y.h, &s1, K, tf32, 0, two_pass ? &z : NULL);
+    if (aux) {
+      snprintf(what + strlen(what), sizeof what - strlen(what), " (aux)");
+      for (size_t i = 0; i < s1.n_alloc; ++i) put(s1.h, i, get(s1.h, i, s) / g, s);
+      lin_compare(what, &z, z.h, &s1, K, tf32, 0, NULL);
+      what[strlen(what) - 6] = 0;
+    }
+    /* backward from the CPU's aux, on both sides */
+    buf_t dy = mk(s, 3, ys, pad, 0, 0, 1.0, 0.0), dx = mk(s, 3, xs, 0, shift, 0, 0.0, 0.0), dw = mk(s, 2, ws, 0, 0, 0, 0.0, 0.0);
+    buf_t db = mk(s, 1, bs, 0, 0, 0, 0.0, 0.0);
+    poison(&dx), poison(&dw), poison(&db);
+    CK(cudaMemcpy(z.d, z.h, z.n_alloc * esize(s), cudaMemcpyHostToDevice));
+    const fusedk_tensor *zc = act == FUSEDK_ACT_NONE ? NULL : &z.th, *zg = act == FUSEDK_ACT_NONE ? NULL : &z.td;
+    char bw[200];
+    snprintf(bw, sizeof bw, "%s backward", what);
+    sc = fusedk_linear_backward(&dx.th, &dw.th, &db.th, &dy.th, &x.th, &w.th, zc, (fusedk_activation)act, tf32, NULL);
+    sg = fusedk_linear_backward(&dx.td, &dw.td, &db.td, &dy.td, &x.td, &w.td, zg, (fusedk_activation)act, tf32, NULL);
+    CK(cudaDeviceSynchronize());
+    if (!call_failed(bw, sc, sg)) {
+      buf_t dya = lin_abs(&dy, g), dxa = lin_abs(&dx, 0.0), dwa = lin_abs(&dw, 0.0), dba = lin_abs(&db, 0.0);
+      fusedk_linear_backward(&dxa.th, &dwa.th, &dba.th, &dya.th, &xa.th, &wa.th, NULL, FUSEDK_ACT_NONE, 0, NULL);
+      const int flips = act != FUSEDK_ACT_NONE;
+      snprintf(bw + strlen(bw), sizeof bw - strlen(bw), " dx");
+      lin_compare(bw, &dx, dx.h, &dxa, N, tf32, flips, NULL);
+      bw[strlen(bw) - 2] = 0, strcat(bw, "dw");
+      lin_compare(bw, &dw, dw.h, &dwa, B * L, tf32, flips, NULL);
+      bw[strlen(bw) - 2] = 0, strcat(bw, "db");
+      lin_compare(bw, &db, db.h, &dba, B * L, 0, flips, NULL);
+      /* deterministic: the same call again gives the same bits */
+      void *h1 = malloc(db.n_alloc * esize(s)), *h2 = malloc(db.n_alloc * esize(s));
+      CK(cudaMemcpy(h1, db.d, db.n_alloc * esize(s), cudaMemcpyDeviceToHost));
+      fusedk_linear_backward(NULL, NULL, &db.td, &dy.td, &x.td, &w.td, zg, (fusedk_activation)act, tf32, NULL);
+      CK(cudaMemcpy(h2, db.d, db.n_alloc * esize(s), cudaMemcpyDeviceToHost));
+      ++checks;
+      if (memcmp(h1, h2, db.n_alloc * esize(s))) printf("FAIL %s: db differs run to run\n", bw), ++failures;
+      free(h1), free(h2);
+      free(dya.h), free(dxa.h), free(dwa.h), free(dba.h);
+    }
+    drop(&dy), drop(&dx), drop(&dw), drop(&db);
+    free(xa.h), free(wa.h), free(ba.h), free(s1.h);
+  }
+out:
+  drop(&x), drop(&w), drop(&b), drop(&y), drop(&z);
+}
+
+/* linear inside a CUDA graph on a fresh stream (its workspace made during the capture), then
+   replayed on new inputs; and after fusedk_shutdown the next call makes everything again */
+static void run_linear_graph(void) {
+  const fusedk_scalar s = FUSEDK_BF16;
+  const int64_t xs[3] = {1, 64, 256}, ws[2] = {128, 256}, bs[1] = {128}, ys[3] = {1, 64, 128};
+  buf_t x = mk(s, 3, xs, 0, 0, 0, 1.0, 0.0), w = mk(s, 2, ws, 0, 0, 0, 0.0625, 0.0), b = mk(s, 1, bs, 0, 0, 0, 0.5, 0.0);
+  buf_t y = mk(s, 3, ys, 0, 0, 0, 0.0, 0.0), z = mk(s, 3, ys, 0, 0, 0, 0.0, 0.0), dy = mk(s, 3, ys, 0, 0, 0, 1.0, 0.0);
+  buf_t dx = mk(s, 3, xs, 0, 0, 0, 0.0, 0.0), dw = mk(s, 2, ws, 0, 0, 0, 0.0, 0.0), db = mk(s, 1, bs, 0, 0, 0, 0.0, 0.0);
+  cudaStream_t st;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  fusedk_status a = fusedk_linear(&y.td, &z.td, &x.td, &w.td, &b.td, FUSEDK_ACT_GELU_TANH, 0, st);
+  fusedk_status c = fusedk_linear_backward(&dx.td, &dw.td, &db.td, &dy.td, &x.td, &w.td, &z.td, FUSEDK_ACT_GELU_TANH, 0, st);
+  CK(cudaStreamEndCapture(st, &g));
+  ++checks;
+  if (a || c) {
+    printf("FAIL linear graph capture: %s\n", fusedk_failure_reason());
+    ++failures;
+  } else {
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (size_t i = 0; i < x.n_alloc; ++i) put(x.h, i, nrand(), s); /* new inputs, then replay */
+    CK(cudaMemcpy(x.d, x.h, x.n_alloc * esize(s), cudaMemcpyHostToDevice));
+    poison(&y), poison(&dw);
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    fusedk_linear(&y.th, &z.th, &x.th, &w.th, &b.th, FUSEDK_ACT_GELU_TANH, 0, NULL);
+    fusedk_linear_backward(NULL, &dw.th, NULL, &dy.th, &x.th, &w.th, &z.th, FUSEDK_ACT_GELU_TANH, 0, NULL);
+    buf_t xa = lin_abs(&x, 1.0), wa = lin_abs(&w, 1.0), ba = lin_abs(&b, 1.0), s1 = lin_abs(&y, 0.0);
+    buf_t dya = lin_abs(&dy, 1.13), dwa = lin_abs(&dw, 0.0);
+    fusedk_linear(&s1.th, NULL, &xa.th, &wa.th, &ba.th, FUSEDK_ACT_NONE, 0, NULL);
+    fusedk_linear_backward(NULL, &dwa.th, NULL, &dya.th, &xa.th, &wa.th, NULL, FUSEDK_ACT_NONE, 0, NULL);
+    lin_compare("linear graph replay y", &y, y.h, &s1, 256, 0, 0, NULL);
+    lin_compare("linear graph replay dw", &dw, dw.h, &dwa, 64, 0, 1, NULL);
+    free(xa.h), free(wa.h), free(ba.h), free(s1.h), free(dya.h), free(dwa.h);
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+  }
+  fusedk_shutdown();
+  poison(&y);
+  a = fusedk_linear(&y.td, NULL, &x.td, &w.td, &b.td, FUSEDK_ACT_RELU, 0, st);
+  CK(cudaStreamSynchronize(st));
+  fusedk_linear(&y.th, NULL, &x.th, &w.th, &b.th, FUSEDK_ACT_RELU, 0, NULL);
+  if (a) printf("FAIL linear after shutdown: %s\n", fusedk_failure_reason()), ++failures, ++checks;
+  else lin_compare("linear after fusedk_shutdown", &y, y.h, NULL, 256, 0, 0, NULL);
+  CK(cudaStreamDestroy(st));
+  drop(&x), drop(&w), drop(&b), drop(&y), drop(&z), drop(&dy), drop(&dx), drop(&dw), drop(&db);
+}
+
 static void run_huge(int silu) { /* rmsnorm, or act(silu) */
   const fusedk_scalar s = FUSEDK_BF16;
   const int64_t D = 1024, rows = ((int64_t)1 << 31) / D + 4099; /* 2^31 + 4099*1024 elements */
@@ -620,12 +803,13 @@ int main(void) {
      FUSEDK_NO_TMA=1: their pre-Hopper kernels). What follows these last two runs
      too: the table builders, graph capture and, unless FUSEDK_TEST_SMALL, the huge cases. */
   const char *only = getenv("FUSEDK_TEST_ONLY");
+  if (only && !strcmp(only, "linear")) goto linear;
   if (only && !strcmp(only, "qk_norm_rope")) goto qk_norm_rope;
   if (only && !strcmp(only, "position")) goto position;
   const int only_norm = only && !strcmp(only, "norm"), only_ew = only && !strcmp(only, "elementwise");
   if (only_ew) goto elementwise;
   if (only && *only && !only_norm) {
-    printf("FUSEDK_TEST_ONLY=%s: expected norm, elementwise, qk_norm_rope or position\n", only);
+    printf("FUSEDK_TEST_ONLY=%s: expected norm, elementwise, qk_norm_rope, position or linear\n", only);
     return 2;
   }
   /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
@@ -858,7 +1042,35 @@ qk_norm_rope:
     run_huge(0);
     run_huge(1);
   }
+linear:
+  /* [linear]: every dtype and act, with and without bias and aux; odd N and K (4095, 1000: no
+     16-byte rows, cuBLASLt's unaligned kernels and fusedk's fallbacks), padded rows, a base off by
+     one element, one row, one column, K = 0 (y = act(bias)), M = 0, a 1-row 2-d x */
+  for (int si = 0; si < 3; ++si) {
+    n_before = failures;
+    for (int act = FUSEDK_ACT_GELU; act <= FUSEDK_ACT_NONE; ++act) {
+      run_linear(S[si], 2, 33, 96, 64, act, 1, 1, 0, 0, 0);
+      run_linear(S[si], 1, 7, 72, 40, act, 0, act % 2, 0, 3, 1);
+      if (!small) run_linear(S[si], 1, 17, 4095, 1000, act, 1, 1, 0, 0, 0);
+    }
+    run_linear(S[si], 1, 9, 1000, 4095, FUSEDK_ACT_GELU_TANH, 1, 1, 0, 0, 0); /* K = 4095: dx, dw rows unaligned */
+    run_linear(S[si], 1, 1, 1, 1, FUSEDK_ACT_RELU, 1, 1, 0, 0, 0);
+    run_linear(S[si], 3, 5, 8, 0, FUSEDK_ACT_GELU_TANH, 1, 1, 0, 0, 0);
+    run_linear(S[si], 1, 1, 512, 256, FUSEDK_ACT_SILU, 1, 0, 0, 0, 0);
+    run_linear(S[si], 2, 300, 256, 128, FUSEDK_ACT_GELU_TANH, 1, 0, 0, 8, 0);
+    if (!small) run_linear(S[si], 2, 128, 1152, 1152, FUSEDK_ACT_GELU_TANH, 1, 1, 0, 0, 0);
+    if (S[si] == FUSEDK_F32) {
+      run_linear(S[si], 2, 33, 96, 64, FUSEDK_ACT_RELU, 1, 1, 1, 0, 0);
+      if (!small) run_linear(S[si], 1, 17, 4095, 1000, FUSEDK_ACT_GELU_TANH, 1, 1, 1, 0, 0);
+    }
+    if (failures == n_before) printf("ok   %s linear, linear_backward (5 acts, bias, aux, odd N/K, strided, misaligned)\n", sname(S[si]));
+  }
+  run_linear(FUSEDK_BF16, 0, 4, 16, 8, FUSEDK_ACT_GELU, 1, 1, 0, 0, 0); /* M = 0: dw, db zero */
+  n_before = failures;
+  run_linear_graph();
+  if (failures == n_before) printf("ok   linear: CUDA-graph capture on a fresh stream, fusedk_shutdown\n");
 done:
+  fusedk_shutdown(); /* what the linear ops keep: released, so a leak check sees none */
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
 }

@@ -174,7 +174,7 @@ static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, const d
   int status = FUSEDK_OK; /* or -1: the generic path takes the call */
   for (int i = 0; i < o->n_tensors; ++i) {
     const fusedk_op_tensor *a = &o->tensors[i];
-    if (a->kind < FUSEDK_ARG_OUT || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
+    if (a->kind < FUSEDK_ARG_OUT || !fusedk_op_out_exists(op, i, t, attrs)) continue;
     ++n_out;
     if (t[i]) continue; /* out= given */
     if (!t[a->like]) { /* a required input is missing: the generic path says which */
@@ -381,7 +381,7 @@ static void *attrs_call(route *r, int32_t op, void *args, const double *attrs, i
       if (!obj[i]) goto out;
       if (obj[i] == py.none) {
         obj[i] = NULL;
-        if (!pass || (a->kind == FUSEDK_ARG_OUT_OPT && !t[a->when])) continue;
+        if (!pass || !fusedk_op_out_exists(op, i, t, attrs)) continue;
         /* a required input missing, or an output of its own dtype (the table builders' float32)
            unlike its model input's (no dtype object here): the generic path takes the call */
         if (!obj[a->like]) goto out;

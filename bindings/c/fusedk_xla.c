@@ -202,7 +202,8 @@ static fusedk_status run(const FXLA_CallFrame *f, fusedk_device dev, struct CUst
   for (int i = 0; i < o->n_tensors; ++i) {
     const fusedk_op_tensor *a = &o->tensors[i];
     given[i] |= a->kind == FUSEDK_ARG_OUT ||
-                (a->kind == FUSEDK_ARG_OUT_OPT && a->when >= 0 && a->when < o->n_tensors && given[a->when]);
+                (a->kind == FUSEDK_ARG_OUT_OPT && a->when >= 0 && a->when < o->n_tensors && given[a->when]) ||
+                (a->kind == FUSEDK_ARG_OUT_OPT && a->when <= -2 && -2 - a->when < o->n_attrs && attrs[-2 - a->when] != 0.0);
     n_out += a->kind >= FUSEDK_ARG_OUT && given[i];
   }
   if (f->args.size != n_in || (n_in && (!f->args.types || !f->args.args)))

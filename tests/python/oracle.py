@@ -308,3 +308,41 @@ def table_views(B, S, H, half):
         "[B,S,1,R/2] stride 0 over B": lambda t: np.broadcast_to(t[None, :, None, :], (B, S, 1, half)),
         "[S,R/2] strided rows": lambda t: wide(t)[:, :half],
     }
+
+
+# --- [linear] ------------------------------------------------------------------------------
+def linear(x, w, bias=None, act_kind="none", dtype=None):
+    """(y, z): z = x w^T + bias, y = act(z) in float64; GELU (erf) and SILU see z rounded to
+    dtype first (fusedk.h: they run as the GEMM, then a pass, as the unfused chain does)."""
+    z = f64(x) @ f64(w).T + (0 if bias is None else f64(bias))
+    if act_kind == "none":
+        return z, z
+    zin = z.astype(dtype).astype(np.float64) if dtype is not None and act_kind in ("gelu", "silu") else z
+    return act(zin, act_kind), z
+
+
+def act_grad(z, kind):
+    from math import erf
+    z = f64(z)
+    if kind == "gelu":
+        return 0.5 * (1 + np.vectorize(erf)(z / np.sqrt(2.0))) + z * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi)
+    if kind == "gelu_tanh":
+        c = np.sqrt(2 / np.pi)
+        t = np.tanh(c * (z + 0.044715 * z ** 3))
+        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
+    if kind == "silu":
+        s = 1 / (1 + np.exp(-z))
+        return s * (1 + z * (1 - s))
+    if kind == "relu":
+        return (z > 0).astype(np.float64)
+    return np.ones_like(z)
+
+
+def linear_backward(dy, x, w, aux=None, act_kind="none", dtype=None):
+    """(dx, dw, db) in float64, dz = dy * act'(aux) rounded to dtype (as fusedk.h keeps it)."""
+    dz = f64(dy) if act_kind == "none" else f64(dy) * act_grad(aux, act_kind)
+    if act_kind != "none" and dtype is not None:
+        dz = dz.astype(dtype).astype(np.float64)
+    K, N = x.shape[-1], w.shape[0]
+    dz2, x2 = dz.reshape(-1, N), f64(x).reshape(-1, K)
+    return (dz @ f64(w)).reshape(np.shape(x)), dz2.T @ x2, dz2.sum(0)

@@ -136,7 +136,8 @@ def test_fusedk_functions_route_jax_arrays_here():
     assert isinstance(fk.layernorm(np.asarray(x)), jax.Array)
     assert fk.__all__ == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
-                              "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope"]
+                              "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
+                          "linear_backward"]
 
 
 def test_every_registry_op_has_a_target():
@@ -168,8 +169,15 @@ def test_every_registry_op_has_a_target():
         elif o.name == "qk_norm_rope":  # q and k in, [B, H, S, Dh] out (the default layout)
             ins = dict(q=np.ones((2, 3, 4, D), np.float32), k=np.ones((2, 3, 2, D), np.float32),
                        cos=np.ones((3, D // 2), np.float32), sin=np.zeros((3, D // 2), np.float32))
+        elif o.name == "linear":  # x [2, 3, D] by w [5, D]
+            ins = dict(x=ins["x"], w=np.ones((5, D), np.float32))
+            want = (2, 3, 5)
+        elif o.name == "linear_backward":  # dx, dw and db by default
+            ins = dict(dy=np.ones((2, 3, 5), np.float32), x=ins["x"], w=np.ones((5, D), np.float32))
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
-        if o.name == "qk_norm_rope":
+        if o.name == "linear_backward":
+            assert [t.shape for t in out] == [(2, 3, D), (5, D), (5,)], o.name
+        elif o.name == "qk_norm_rope":
             assert all(isinstance(t, jax.Array) and t.dtype == np.float32 for t in out), o.name
             assert [t.shape for t in out] == [(2, 4, 3, D), (2, 2, 3, D)], o.name
         elif o.name.startswith("rope_table"):

@@ -155,9 +155,10 @@ def test_errors_name_the_argument_and_leave_outputs_untouched():
 
 def test_kernel_info():
     info = fusedk.kernel_info()
-    assert info["version"] == fusedk.__version__ == "0.5.0"
+    assert info["version"] == fusedk.__version__ == "0.6.0"
     assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
-                                "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step"}
+                                "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear",
+                                "linear_backward"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert isinstance(info["cuda"]["built"], bool)
 
@@ -205,7 +206,8 @@ def test_public_namespace():
     public = [n for n in dir(fusedk) if not n.startswith("_")]
     assert set(public) == {"Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
                            "silu_fma", "gated_residual", "glu", "glu_pair", "kernel_info", "torch", "jax",
-                           "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step"}
+                           "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step",
+                           "linear", "linear_backward"}
     for internal in ("json", "ffi", "lib", "check", "Call"):
         assert not hasattr(fusedk, internal), internal
 
@@ -214,7 +216,8 @@ def test_every_registry_op_is_a_python_function():
     from fusedk import _core
     names = [o.name for o in _core.OPS]
     assert names == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
-                     "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope"]
+                     "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
+                     "linear_backward"]
     assert set(names) <= set(fusedk.__all__) and set(names) == set(fusedk.kernel_info()["ops"])
 
 

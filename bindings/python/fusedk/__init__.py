@@ -13,7 +13,8 @@ from ._core import Error
 
 __all__ = ["Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
-           "rope_table_mixed", "qk_norm_rope", "diffusion_step", "kernel_info", "__version__"]
+           "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "kernel_info",
+           "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
 _call = _core.call
@@ -26,12 +27,16 @@ _ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.li
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_AXES, _core.lib.FUSEDK_OP_ROPE_TABLE_LTX,
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_MIXED, _core.lib.FUSEDK_OP_DIFFUSION_STEP)
 _QKNR = _core.lib.FUSEDK_OP_QK_NORM_ROPE
+_LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BACKWARD
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
 _LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOUT_BSHD}
 _STYLES = {"interleaved": _core.lib.FUSEDK_ROPE_INTERLEAVED, "half": _core.lib.FUSEDK_ROPE_HALF}
 _SAMPLERS = {"euler": _core.lib.FUSEDK_SAMPLER_EULER, "ddim": _core.lib.FUSEDK_SAMPLER_DDIM}
 _HALVES = {"first": _core.lib.FUSEDK_GLU_FIRST, "second": _core.lib.FUSEDK_GLU_SECOND}
+_LINEAR_ACTS = {"none": _core.lib.FUSEDK_ACT_NONE, "relu": _core.lib.FUSEDK_ACT_RELU,
+                "gelu_tanh": _core.lib.FUSEDK_ACT_GELU_TANH, "gelu": _core.lib.FUSEDK_ACT_GELU,
+                "silu": _core.lib.FUSEDK_ACT_SILU}
 _ACTS = {"gelu": _core.lib.FUSEDK_ACT_GELU, "gelu_tanh": _core.lib.FUSEDK_ACT_GELU_TANH,
          "silu": _core.lib.FUSEDK_ACT_SILU, "relu": _core.lib.FUSEDK_ACT_RELU}
 
@@ -215,3 +220,25 @@ def diffusion_step(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.
                     "(or None: no clamp)")
     return _call(_STEP, x, (out, x, cond, uncond, prev),
                  (guidance, smp, sigma, sigma_next, alpha_bar, alpha_bar_prev, clamp_x0 or 0.0, blend), stream)
+
+
+# --- [linear] ---------------------------------------------------------------------------------
+def linear(x, w, bias=None, act="none", aux=False, tf32=False, out=None, aux_out=None, stream=None):
+    """y = act(x @ w.T + bias) through cuBLASLt: x [..., K], w [N, K] (nn.Linear's weight), bias
+    [N]; act "none", "relu", "gelu_tanh" (in cuBLASLt's epilogue), "gelu" (erf) or "silu" (the
+    GEMM, then one fusedk pass). aux=True also returns the pre-activation x @ w.T + bias, what
+    linear_backward needs: (y, aux). float32 inputs use TF32 tensor cores only with tf32=True."""
+    a = _choice("linear", "act", act, _LINEAR_ACTS)
+    want = 1 if aux or aux_out is not None else 0
+    return _call(_LINEAR, x, (out, aux_out, x, w, bias), (a, 1 if tf32 else 0, want), stream)
+
+
+def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, tf32=False, stream=None):
+    """Gradients of y = act(x @ w.T + b): with dz = dy * act'(aux) (aux: linear's aux; dz = dy
+    for "none"), dx = dz @ w, dw = dz.T @ x (over every leading dim of x), db = dz summed over
+    the rows. Returns (dx, dw, db), None for each not asked for."""
+    a = _choice("linear_backward", "act", act, _LINEAR_ACTS)
+    r = _call(_LINEAR_BWD, dy, (None, None, None, dy, x, w, aux), (a, 1 if tf32 else 0, 1 if dx else 0,
+                                                                   1 if dw else 0, 1 if db else 0), stream)
+    r = list(r) if isinstance(r, tuple) else ([r] if r is not None else [])
+    return tuple(r.pop(0) if want else None for want in (dx, dw, db))

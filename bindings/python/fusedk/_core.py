@@ -73,6 +73,14 @@ class Op:
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
         self.first = self.inputs[0]
 
+    def exists(self, i, args, values):
+        """Whether output i exists: always, when its optional input is given (args in registry
+        order), or when its attribute asks for it (values: every attribute, registry order)."""
+        kind, when = self.tensors[i][1], self.tensors[i][3]
+        if kind != _OUT_OPT or when == -1:
+            return True
+        return args[when] is not None if when >= 0 else values[-2 - when] != 0
+
     def values(self, attrs):
         """Every attribute as a float, registry order: the given leading ones, then the defaults; an
         Error names one that is not a number."""
@@ -464,7 +472,7 @@ def generic(o, args, attrs, stream):
         for i, like, when in o.outputs:
             a = args[i]
             if a is None:
-                if when >= 0 and args[when] is None:
+                if not o.exists(i, args, values):
                     continue
                 if args[like] is None:
                     continue  # the C layer names the missing input

@@ -100,8 +100,9 @@ class _Call:
         given = [i for i in op.inputs if op.tensors[i][1] == _IN or (mask >> i) & 1]
         pos = {i: k for k, i in enumerate(given)}
         outs = []  # (output index, the operand it copies shape and dtype from)
+        values = op.values(attrs)
         for i, like, when in op.outputs:
-            if when >= 0 and when not in pos:
+            if not op.exists(i, [0 if k in pos else None for k in range(len(op.tensors))], values):
                 continue
             if like not in pos:  # pragma: no cover - the registry's outputs copy required inputs
                 raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {op.tensors[like][0]} is None, expected "

@@ -9,7 +9,8 @@ Every registry op of fusedk.h becomes two operators in the `fusedk` namespace, t
 derived from the registry: `fusedk::<op>` (functional: returns new tensors) and
 `fusedk::<op>_out` (writes the caller's out=/residual_out= tensors, declared as mutated), each
 with a fake (meta) implementation. The ops are forward-only: backward through one raises an
-error that says so. For the eager call, plain `fusedk.rmsnorm(x)` is the faster path (no
+error that says so, but for `linear`, whose backward is `linear_backward` (so
+`fusedk.torch.linear` trains, eager or compiled). For the eager call, plain `fusedk.rmsnorm(x)` is the faster path (no
 dispatcher); these exist for tracing."""
 import torch
 
@@ -37,8 +38,11 @@ def _schemas(o):
     return f"({ins}{attrs}) -> {rets}", f"({ins}{attrs}{outs}) -> ()"
 
 
-def _exists(o, inputs, when):
-    return when < 0 or inputs[o.inputs.index(when)] is not None
+def _exists(o, inputs, attrs, i):
+    args = [None] * len(o.tensors)
+    for k, v in zip(o.inputs, inputs):
+        args[k] = v
+    return o.exists(i, args, o.values(attrs))
 
 
 def _register(o):
@@ -65,7 +69,7 @@ def _register(o):
     @torch.library.register_fake(qual)
     def functional_fake(*a):
         inputs, attrs = a[:n_in], a[n_in:]
-        r = [_new(o, i, args_of(inputs, ()), attrs) for i, like, when in o.outputs if _exists(o, inputs, when)]
+        r = [_new(o, i, args_of(inputs, ()), attrs) for i, like, when in o.outputs if _exists(o, inputs, attrs, i)]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
 
     @torch.library.impl(qual_out, ("cpu", "cuda"))
@@ -81,7 +85,32 @@ def _register(o):
         raise RuntimeError(f"fusedk.torch.{o.name} is forward-only: it has no backward, so no gradient flows "
                            "through it (run it under torch.no_grad(), or use a differentiable op for training)")
 
-    torch.library.register_autograd(qual, backward, setup_context=lambda ctx, inputs, output: None)
+    if o.name == "linear":
+        torch.library.register_autograd(qual, _linear_backward, setup_context=_linear_setup)
+    else:
+        torch.library.register_autograd(qual, backward, setup_context=lambda ctx, inputs, output: None)
+
+
+# linear's gradients: linear_backward on the saved x, w and pre-activation (aux)
+def _linear_setup(ctx, inputs, output):
+    x, w, bias, act, tf32, _ = inputs
+    ctx.act, ctx.tf32, ctx.has_bias = act, tf32, bias is not None
+    ctx.save_for_backward(x, w, output[1] if len(output) > 1 else None)
+
+
+def _linear_backward(ctx, grads):
+    x, w, z = ctx.saved_tensors
+    dy = grads[0]
+    if ctx.act != _core.lib.FUSEDK_ACT_NONE and z is None:
+        raise RuntimeError("fusedk.torch.linear: no pre-activation was kept for the backward (call it with "
+                           "aux=True, or with grad mode on when an input requires grad)")
+    need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+    if dy is None or not any(need):
+        return None, None, None, None, None, None
+    r = torch.ops.fusedk.linear_backward(dy.contiguous(), x, w, z, ctx.act, ctx.tf32, *(int(n) for n in need))
+    r = list(r)
+    dx, dw, db = (r.pop(0) if n else None for n in need)
+    return dx, dw, db, None, None, None
 
 
 def _new(o, i, args, attrs):
@@ -105,7 +134,7 @@ def _route(op, x, args, attrs, stream):
         return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)
     outs = []  # out= given: the missing outputs are made here, then all are written in place
     for (i, like, when), g in zip(o.outputs, given):
-        if g is None and _exists(o, inputs, when):
+        if g is None and _exists(o, inputs, attrs, i):
             g = _new(o, i, args, attrs)
         outs.append(g)
     getattr(torch.ops.fusedk, f"{o.name}_out")(*inputs, *attrs, *outs)
@@ -118,3 +147,13 @@ for _o in OPS:
     _register(_o)
     globals()[_o.name] = _core.rebind(getattr(_pkg, _o.name), _route)  # fusedk's function through the operators
 del _o
+_linear = globals()["linear"]
+
+
+def linear(x, w, bias=None, act="none", aux=False, tf32=False, out=None, aux_out=None, stream=None):
+    """fusedk.linear through the `fusedk::linear` operator, differentiable: when grad mode is on
+    and an input requires grad, the pre-activation is kept for the backward (not returned)."""
+    if (not aux and aux_out is None and out is None and act != "none" and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in (x, w, bias))):
+        return _linear(x, w, bias, act, True, tf32, None, None, stream)[0]
+    return _linear(x, w, bias, act, aux, tf32, out, aux_out, stream)
