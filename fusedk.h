@@ -70,7 +70,8 @@
 
    STREAMS
      The last argument of every op: a cudaStream_t passed as struct CUstream_st* (NULL = legacy
-     default stream). GPU ops are stream-ordered, allocation-free and CUDA-graph capturable.
+     default stream). GPU ops are stream-ordered, allocation-free and CUDA-graph capturable (the
+     linear ops allocate their workspace and scratch on a stream's first calls: see [linear]).
 
    CONFIGURATION (define before including)
      FUSEDK_IMPLEMENTATION   in one translation unit: emit the implementation.
@@ -432,9 +433,12 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
      to a GEMM's output, and dy is an input here); db is summed in a fixed order (bitwise the same
      run to run). dx, dw with unaligned rows: float32 GEMM results converted by a pass.
    Plans (cuBLASLt descriptors and the heuristic's algorithm) are cached per shape, dtype,
-   epilogue, leading dims, pointer alignment and device, a 32 MiB workspace per (device,
-   stream) is made once: a cached call allocates nothing and runs no heuristic, and is
-   CUDA-graph capturable. Thread safe. fusedk_shutdown() releases all of it. */
+   epilogue, leading dims, pointer alignment and device; a 32 MiB workspace per (device,
+   stream) is made on its first call there, scratch (the backward's dz, the float32 route)
+   grows to the largest call on that stream and is never freed before fusedk_shutdown (graphs
+   captured earlier keep using it). A cached call allocates nothing and runs no heuristic, and
+   is CUDA-graph capturable. Thread safe (the per-thread default stream counts as one stream a
+   thread); at most 64 (device, stream) pairs until fusedk_shutdown(). */
 FUSEDK_DEF fusedk_status fusedk_linear(const fusedk_tensor *y, const fusedk_tensor *aux_out, const fusedk_tensor *x,
                                        const fusedk_tensor *w, const fusedk_tensor *bias, fusedk_activation act,
                                        int32_t tf32, struct CUstream_st *stream);
@@ -444,7 +448,8 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
                                                 const fusedk_tensor *aux, fusedk_activation act, int32_t tf32,
                                                 struct CUstream_st *stream);
 /* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch).
-   Call it with no op in flight; later calls make them again. */
+   Call it with no op in flight and no captured CUDA graph of a linear op left to replay (its
+   workspace and scratch are gone); later calls make them again. */
 FUSEDK_DEF void fusedk_shutdown(void);
 
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
@@ -1073,13 +1078,13 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
     {"linear", 5, 3, -1,
      {FUSEDK__OWN_OUT("y", 2, -1), FUSEDK__OWN_OUT("aux_out", 2, -2 - 2), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
       FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("bias", FUSEDK_ROLE_OWN)},
-     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("aux", 0)}},
+     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("want_aux", 0)}},
     {"linear_backward", 7, 5, -1,
      {{"dx", FUSEDK_ARG_OUT_OPT, 4, -2 - 2, FUSEDK__ROW, -1}, {"dw", FUSEDK_ARG_OUT_OPT, 5, -2 - 3, FUSEDK__ROW, -1},
       FUSEDK__OWN_OUT("db", 5, -2 - 4), FUSEDK__IN("dy", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
       FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("aux", FUSEDK_ROLE_OWN)},
-     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("dx", 1), FUSEDK__I32("dw", 1),
-      FUSEDK__I32("db", 1)}},
+     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("want_dx", 1),
+      FUSEDK__I32("want_dw", 1), FUSEDK__I32("want_db", 1)}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT

@@ -40,8 +40,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -1818,6 +1821,7 @@ struct LtPlan {
 struct LtArena {
   int dev;
   cudaStream_t stream;
+  size_t thread; // cudaStreamPerThread: the calling thread's (one handle, a stream per thread)
   void *ws, *scratch;
   size_t scratch_bytes;
 };
@@ -1832,8 +1836,8 @@ struct LtState {
   int next_victim = 0;
   LtArena arenas[kLtArenas] = {};
   int n_arenas = 0;
-  struct { int dev; void *p; } retired[kLtArenas] = {}; // scratch outgrown during a capture: freed at shutdown
-  int n_retired = 0;
+  // outgrown scratch: a graph captured earlier may still use it, so it lives until shutdown
+  std::vector<std::pair<int, void *>> retired;
 };
 LtState &lt_state() {
   static LtState *s = new LtState; // never destroyed: no teardown order at exit
@@ -1939,8 +1943,9 @@ struct RelaxedCapture {
 
 cudaError_t lt_arena(LtState &st, int dev, cudaStream_t s, size_t scratch, LtArena **out) {
   LtArena *a = nullptr;
+  const size_t thread = s == cudaStreamPerThread ? std::hash<std::thread::id>()(std::this_thread::get_id()) : 0;
   for (int i = 0; i < st.n_arenas && !a; ++i)
-    if (st.arenas[i].dev == dev && st.arenas[i].stream == s) a = &st.arenas[i];
+    if (st.arenas[i].dev == dev && st.arenas[i].stream == s && st.arenas[i].thread == thread) a = &st.arenas[i];
   if (!a) {
     if (st.n_arenas == kLtArenas) return cudaErrorLaunchOutOfResources; // reported as too many streams
     RelaxedCapture relaxed;
@@ -1948,25 +1953,18 @@ cudaError_t lt_arena(LtState &st, int dev, cudaStream_t s, size_t scratch, LtAre
     const cudaError_t e = cudaMalloc(&ws, kLtWorkspace);
     if (e != cudaSuccess) return e;
     a = &st.arenas[st.n_arenas++];
-    *a = LtArena{dev, s, ws, nullptr, 0};
+    *a = LtArena{dev, s, thread, ws, nullptr, 0};
   }
-  if (scratch > a->scratch_bytes) { // grows to the largest backward seen on this stream
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    cudaError_t e = cudaStreamIsCapturing(s, &cap);
-    if (e != cudaSuccess) return e;
+  if (scratch > a->scratch_bytes) { // grows (by half again at least) to the largest call on this stream
+    scratch = std::max(scratch, a->scratch_bytes + a->scratch_bytes / 2);
     void *p = nullptr;
     {
       RelaxedCapture relaxed;
-      if ((e = cudaMalloc(&p, scratch)) != cudaSuccess) return e;
+      const cudaError_t e = cudaMalloc(&p, scratch);
+      if (e != cudaSuccess) return e;
     }
-    if (a->scratch) {
-      if (cap == cudaStreamCaptureStatusNone) { // earlier work on this stream may still read it
-        if ((e = cudaStreamSynchronize(s)) == cudaSuccess) e = cudaFree(a->scratch);
-        if (e != cudaSuccess) { cudaFree(p); return e; }
-      } else if (st.n_retired < kLtArenas) {
-        st.retired[st.n_retired].dev = dev, st.retired[st.n_retired++].p = a->scratch;
-      } // else: kept until the process ends (a capture on every growth past 64)
-    }
+    // the old buffer is not freed: queued work and CUDA graphs captured earlier still use it
+    if (a->scratch) st.retired.emplace_back(dev, a->scratch);
     a->scratch = p, a->scratch_bytes = scratch;
   }
   *out = a;
@@ -2155,13 +2153,15 @@ template <typename T>
 fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev, cudaStream_t s, const char *op) {
   constexpr int V = 16 / sizeof(T);
   const bool need_dz = a.act != FUSEDK_ACT_NONE && a.M > 0 && a.N > 0 && (a.dx.p || a.dw.p);
+  // the dz pass: blocks of 32 * VEC columns by chunks of rows, about 4 blocks an SM (with db,
+  // each chunk's column sums go to part[chunk])
   const int64_t col_blocks = (a.N + 32 * V - 1) / (32 * V);
-  const int64_t chunks = a.db && a.M > 0 ? std::max<int64_t>(1, std::min<int64_t>((a.M + 7) / 8,
-                                                      ((int64_t)device_sms(dev) * 4 + col_blocks - 1) / col_blocks)) : 0;
+  const int64_t chunks = a.M > 0 && a.N > 0 ? std::max<int64_t>(1, std::min<int64_t>((a.M + 7) / 8,
+                             ((int64_t)device_sms(dev) * 4 + col_blocks - 1) / col_blocks)) : 0;
   auto pad = [](size_t b) { return (b + 255) & ~(size_t)255; };
   const int64_t dz_ld = (a.N + V - 1) / V * V; // 16-byte rows
   const size_t dz_pad = pad(need_dz ? (size_t)(a.M * dz_ld) * sizeof(T) : 0);
-  const size_t part_pad = pad((size_t)(chunks * a.N) * sizeof(float));
+  const size_t part_pad = pad(a.db ? (size_t)(chunks * a.N) * sizeof(float) : 0);
   // dx, dw with rows cuBLASLt should not write in T: a float32 result in scratch, then converted
   const bool dx32 = a.dx.p && !rows16<T>(a.dx.p, a.dx.ld), dw32 = a.dw.p && !rows16<T>(a.dw.p, a.dw.ld);
   const int64_t ld32 = (a.K + 3) / 4 * 4; // 16-byte float32 rows
@@ -2171,17 +2171,17 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
   if (e != cudaSuccess) return arena_fail(e, op);
   void *out32 = static_cast<char *>(ar->scratch) + dz_pad + part_pad;
   fusedk__mat dz = need_dz ? fusedk__mat{ar->scratch, dz_ld} : a.dy;
-  float *part = chunks ? reinterpret_cast<float *>(static_cast<char *>(ar->scratch) + dz_pad) : nullptr;
+  float *part = a.db && chunks ? reinterpret_cast<float *>(static_cast<char *>(ar->scratch) + dz_pad) : nullptr;
   (void)part_pad;
   if (need_dz || part) {
     const bool vec = a.N % V == 0 && aligned16(a.dy.p) && a.dy.ld % V == 0 &&
                      (a.act == FUSEDK_ACT_NONE || (aligned16(a.aux.p) && a.aux.ld % V == 0));
-    const int64_t rpc = chunks ? (a.M + chunks - 1) / chunks : a.M;
+    const int64_t rpc = (a.M + chunks - 1) / chunks; // need_dz or part: M, N > 0, chunks >= 1
     auto go = [&](auto act, auto vec_c) {
       constexpr int VEC = decltype(vec_c)::value;
-      const int64_t cb = (a.N + 32 * VEC - 1) / (32 * VEC), ch = chunks ? (a.M + rpc - 1) / rpc : 1;
+      const int64_t cb = (a.N + 32 * VEC - 1) / (32 * VEC), ch = (a.M + rpc - 1) / rpc;
       linear_dz_kernel<T, VEC, decltype(act)::value><<<dim3((unsigned)cb, (unsigned)ch), dim3(32, 8), 0, s>>>(
-          need_dz ? dz : fusedk__mat{nullptr, 0}, a.dy, a.aux, part, a.M, a.N, chunks ? rpc : a.M);
+          need_dz ? dz : fusedk__mat{nullptr, 0}, a.dy, a.aux, part, a.M, a.N, rpc);
       cudaError_t r = cudaGetLastError();
       if (r == cudaSuccess && part) {
         linear_db_kernel<T><<<(unsigned)((a.N + 255) / 256), 256, 0, s>>>(static_cast<T *>(a.db), part, ch, a.N);
@@ -2318,13 +2318,14 @@ void fusedk__cuda_shutdown(void) {
     cudaFree(st.arenas[i].ws);
     if (st.arenas[i].scratch) cudaFree(st.arenas[i].scratch);
   }
-  for (int i = 0; i < st.n_retired; ++i) {
-    DeviceGuard guard(st.retired[i].dev);
-    cudaFree(st.retired[i].p);
+  for (const auto &r : st.retired) {
+    DeviceGuard guard(r.first);
+    cudaFree(r.second);
   }
+  st.retired.clear();
   for (int d = 0; d < kMaxDevices; ++d)
     if (st.handle[d]) cublasLtDestroy(st.handle[d]), st.handle[d] = nullptr;
-  st.n_arenas = st.n_retired = 0, st.next_victim = 0;
+  st.n_arenas = 0, st.next_victim = 0;
   cudaGetLastError(); // e.g. at process exit: not sticky
 }
 

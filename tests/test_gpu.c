@@ -642,6 +642,19 @@ static void run_linear(fusedk_scalar s, int64_t B, int64_t L, int64_t N, int64_t
       lin_compare(bw, &dw, dw.h, &dwa, B * L, tf32, flips, NULL);
       bw[strlen(bw) - 2] = 0, strcat(bw, "db");
       lin_compare(bw, &db, db.h, &dba, B * L, 0, flips, NULL);
+      /* dx alone (no db: the dz pass without column sums) gives dx's bits again */
+      {
+        buf_t dx2 = mk(s, 3, xs, 0, shift, 0, 0.0, 0.0);
+        poison(&dx2); /* as dx was: the element before a shifted view stays poisoned */
+        void *h1 = malloc(dx.n_alloc * esize(s)), *h2 = malloc(dx.n_alloc * esize(s));
+        fusedk_status s2 = fusedk_linear_backward(&dx2.td, NULL, NULL, &dy.td, &x.td, &w.td, zg, (fusedk_activation)act, tf32, NULL);
+        CK(cudaMemcpy(h1, dx.d, dx.n_alloc * esize(s), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h2, dx2.d, dx.n_alloc * esize(s), cudaMemcpyDeviceToHost));
+        ++checks;
+        if (s2 || memcmp(h1, h2, dx.n_alloc * esize(s))) printf("FAIL %s: dx alone differs from dx with dw, db\n", bw), ++failures;
+        free(h1), free(h2);
+        drop(&dx2);
+      }
       /* deterministic: the same call again gives the same bits */
       void *h1 = malloc(db.n_alloc * esize(s)), *h2 = malloc(db.n_alloc * esize(s));
       CK(cudaMemcpy(h1, db.d, db.n_alloc * esize(s), cudaMemcpyDeviceToHost));
@@ -681,6 +694,15 @@ static void run_linear_graph(void) {
     ++failures;
   } else {
     CK(cudaGraphInstantiate(&ge, g, 0));
+    { /* a larger backward on the same stream grows its scratch: the graph keeps the old buffer */
+      const int64_t bx[2] = {512, 256}, bw[2] = {1024, 256}, by[2] = {512, 1024};
+      buf_t X = mk(s, 2, bx, 0, 0, 0, 1.0, 0.0), W = mk(s, 2, bw, 0, 0, 0, 0.0625, 0.0), Y = mk(s, 2, by, 0, 0, 0, 1.0, 0.0);
+      buf_t DX = mk(s, 2, bx, 0, 0, 0, 0.0, 0.0), DB = mk(s, 1, bw, 0, 0, 0, 0.0, 0.0); /* DB: [1024] */
+      if (fusedk_linear_backward(&DX.td, NULL, &DB.td, &Y.td, &X.td, &W.td, &Y.td, FUSEDK_ACT_RELU, 0, st))
+        printf("FAIL linear: the larger backward: %s\n", fusedk_failure_reason()), ++failures;
+      CK(cudaStreamSynchronize(st));
+      drop(&X), drop(&W), drop(&Y), drop(&DX), drop(&DB);
+    }
     for (size_t i = 0; i < x.n_alloc; ++i) put(x.h, i, nrand(), s); /* new inputs, then replay */
     CK(cudaMemcpy(x.d, x.h, x.n_alloc * esize(s), cudaMemcpyHostToDevice));
     poison(&y), poison(&dw);
@@ -1066,6 +1088,21 @@ linear:
     if (failures == n_before) printf("ok   %s linear, linear_backward (5 acts, bias, aux, odd N/K, strided, misaligned)\n", sname(S[si]));
   }
   run_linear(FUSEDK_BF16, 0, 4, 16, 8, FUSEDK_ACT_GELU, 1, 1, 0, 0, 0); /* M = 0: dw, db zero */
+  { /* N = 0 with a db that has data: dx is zero, nothing else to write */
+    const int64_t xs[2] = {4, 8}, ws[2] = {0, 8}, ys[2] = {4, 0}, zs[1] = {0};
+    buf_t x = mk(FUSEDK_F32, 2, xs, 0, 0, 0, 1.0, 0.0), dx = mk(FUSEDK_F32, 2, xs, 0, 0, 0, 0.0, 0.0);
+    buf_t w = mk(FUSEDK_F32, 2, ws, 0, 1, 0, 0.0, 0.0), dy = mk(FUSEDK_F32, 2, ys, 0, 1, 0, 0.0, 0.0);
+    buf_t db = mk(FUSEDK_F32, 1, zs, 0, 1, 0, 0.0, 0.0); /* shift 1: a real, non-NULL pointer */
+    poison(&dx);
+    fusedk_status sg = fusedk_linear_backward(&dx.td, NULL, &db.td, &dy.td, &x.td, &w.td, NULL, FUSEDK_ACT_NONE, 0, NULL);
+    float h[32];
+    CK(cudaMemcpy(h, dx.d, sizeof h, cudaMemcpyDeviceToHost));
+    int zero = 1;
+    for (int i = 0; i < 32; ++i) zero = zero && h[i] == 0.0f;
+    ++checks;
+    if (sg || !zero) printf("FAIL linear_backward N = 0: %s, dx zero %d\n", fusedk_status_name(sg), zero), ++failures;
+    drop(&x), drop(&dx), drop(&w), drop(&dy), drop(&db);
+  }
   n_before = failures;
   run_linear_graph();
   if (failures == n_before) printf("ok   linear: CUDA-graph capture on a fresh stream, fusedk_shutdown\n");

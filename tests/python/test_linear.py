@@ -204,6 +204,12 @@ def test_torch_autograd_and_compile(act):
             assert torch.allclose(t.grad.float(), r.grad, atol=0.05 * r.grad.abs().max().item(), rtol=0.02), what
 
     check(lambda x, w, b: fkt.linear(x, w, b, act=act), f"fusedk.torch.linear {act} eager")
+    y, z = fkt.linear(x, w, b, act=act, aux=True)  # aux is for a hand-written backward: no gradient
+    assert y.requires_grad and not z.requires_grad
+    assert fkt.linear_backward(y.detach(), x.detach(), w.detach(), z, act=act, dx=False, dw=False, db=False) == \
+        (None, None, None)
+    assert fusedk.linear_backward(y.detach(), x.detach(), w.detach(), z, act=act, dx=False, dw=False, db=False) == \
+        (None, None, None)
     compiled = torch.compile(lambda x, w, b: fkt.linear(x, w, b, act=act), fullgraph=True)
     check(compiled, f"fusedk.torch.linear {act} compiled")
 

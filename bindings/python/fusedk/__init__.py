@@ -238,6 +238,8 @@ def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, t
     for "none"), dx = dz @ w, dw = dz.T @ x (over every leading dim of x), db = dz summed over
     the rows. Returns (dx, dw, db), None for each not asked for."""
     a = _choice("linear_backward", "act", act, _LINEAR_ACTS)
+    if not (dx or dw or db):  # nothing asked for: nothing to run
+        return None, None, None
     r = _call(_LINEAR_BWD, dy, (None, None, None, dy, x, w, aux), (a, 1 if tf32 else 0, 1 if dx else 0,
                                                                    1 if dw else 0, 1 if db else 0), stream)
     r = list(r) if isinstance(r, tuple) else ([r] if r is not None else [])

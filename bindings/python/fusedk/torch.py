@@ -95,6 +95,8 @@ def _register(o):
 def _linear_setup(ctx, inputs, output):
     x, w, bias, act, tf32, _ = inputs
     ctx.act, ctx.tf32, ctx.has_bias = act, tf32, bias is not None
+    if len(output) > 1:  # aux is returned for a hand-written backward: no gradient flows through it
+        ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(x, w, output[1] if len(output) > 1 else None)
 
 
@@ -131,7 +133,9 @@ def _route(op, x, args, attrs, stream):
     given = [args[i] for i, _, _ in o.outputs]
     if all(g is None for g in given):
         r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
-        return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)
+        if isinstance(r, list):  # the ops with optional outputs: those that exist
+            return tuple(r) if len(r) > 1 else (r[0] if r else None)
+        return r
     outs = []  # out= given: the missing outputs are made here, then all are written in place
     for (i, like, when), g in zip(o.outputs, given):
         if g is None and _exists(o, inputs, attrs, i):
