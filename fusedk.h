@@ -2097,6 +2097,18 @@ static fusedk_status fusedk__linear_rows(const fusedk__check *c, const fusedk_te
   return FUSEDK_OK;
 }
 
+/* An [N, K] matrix (w, dw; shape checked) as pointer and row stride, rows not overlapping. */
+static fusedk_status fusedk__linear_2d(const fusedk__check *c, const fusedk_tensor *t, const char *name,
+                                       fusedk__mat *m) {
+  const int64_t K = t->shape[1];
+  m->p = fusedk__base(t);
+  m->ld = t->shape[0] > 1 ? fusedk__stride(t, 0) : K;
+  if (m->ld < K)
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has a row stride of %lld elements, expected >= %lld (K)", c->op,
+                        name, (long long)m->ld, (long long)K);
+  return FUSEDK_OK;
+}
+
 /* linear's and linear_backward's common checks: act, tf32, w [N, K] against x [..., K]. */
 static fusedk_status fusedk__linear_common(const fusedk__check *c, int act, int32_t tf32, const fusedk_tensor *x,
                                            const fusedk_tensor *w, fusedk__linear_args *a) {
@@ -2115,12 +2127,7 @@ static fusedk_status fusedk__linear_common(const fusedk__check *c, int act, int3
   a->N = w->shape[0], a->K = K;
   a->M = 1;
   for (int i = 0; i < x->ndim - 1; ++i) a->M *= x->shape[i];
-  a->w.p = fusedk__base(w);
-  a->w.ld = w->shape[0] > 1 ? fusedk__stride(w, 0) : K;
-  if (a->w.ld < K)
-    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: w has a row stride of %lld elements, expected >= %lld (K)", c->op,
-                        (long long)a->w.ld, (long long)K);
-  return FUSEDK_OK;
+  return fusedk__linear_2d(c, w, "w", &a->w);
 }
 
 static fusedk_status fusedk__linear_run(const fusedk__linear_args *a, const fusedk__check *c,
@@ -2173,15 +2180,9 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
       (st = fusedk__linear_rows(&s.c, dy, "dy", x, "x", a.N, &a.dy)) ||
       (aux && (st = fusedk__linear_rows(&s.c, aux, "aux", x, "x", a.N, &a.aux))) ||
       (dx && (st = fusedk__linear_rows(&s.c, dx, "dx", x, "x", a.K, &a.dx))) ||
-      (db && (st = fusedk__check_shape(&s.c, db, "db", 1, &a.N, "[N] (the first dim of w)"))))
+      (db && (st = fusedk__check_shape(&s.c, db, "db", 1, &a.N, "[N] (the first dim of w)"))) ||
+      (dw && (st = fusedk__linear_2d(&s.c, dw, "dw", &a.dw)))) /* dw's shape: w's (validated) */
     return st;
-  if (dw) {
-    a.dw.p = fusedk__base(dw);
-    a.dw.ld = a.N > 1 ? fusedk__stride(dw, 0) : a.K;
-    if (a.dw.ld < a.K)
-      return fusedk__fail(FUSEDK_ERR_LAYOUT, "linear_backward: dw has a row stride of %lld elements, expected >= "
-                          "%lld (K)", (long long)a.dw.ld, (long long)a.K);
-  }
   const fusedk_tensor *outs[] = {dx, dw, db}, *ins[] = {dy, x, w, aux};
   const char *onames[] = {"dx", "dw", "db"}, *inames[] = {"dy", "x", "w", "aux"};
   for (int i = 0; i < 3; ++i) {

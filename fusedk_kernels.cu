@@ -71,6 +71,20 @@ struct DeviceGuard {
   }
 };
 
+// A launch's CUDA error reported with the op.
+fusedk_status on_error(cudaError_t e, const char *op) {
+  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
+}
+
+// One op's launch on device_id: the device selected for it; launch() returns a cudaError_t (a
+// CUDA error reported with the op) or a fusedk_status (the linear ops: cuBLASLt's too).
+template <typename F> fusedk_status on_device(int32_t device_id, const char *op, F &&launch) {
+  DeviceGuard guard(device_id);
+  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
+  if constexpr (std::is_same<decltype(launch()), fusedk_status>::value) return launch();
+  else return on_error(launch(), op);
+}
+
 constexpr int kMaxDevices = 64; // per-device caches below; other ordinals take the defaults
 
 // The most shared memory a block of this device may opt into, read once per device (it never
@@ -1686,8 +1700,6 @@ __global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_arg
   }
 }
 
-} // namespace
-
 // ---------------------------------------------------------------------------------------------
 // [linear] linear and linear_backward: cuBLASLt GEMMs (bias and RELU/GELU_TANH in its epilogue),
 // fusedk's passes where it has none: an act pass (GELU erf, SILU), a bias pass (fallback), the
@@ -1978,10 +1990,9 @@ fusedk_status lt_fail(cublasStatus_t s, const char *op, const char *what) {
 
 // The fastest of a large plan's candidates, timed on this call's own buffers (the output is
 // written; the call then writes it again): a warm-up, then three runs between events, once per
-// plan. The
-// heuristic's first choice of epilogue kernel measured up to 13 % slower than the plain GEMM on the
-// H100 (GELU_BIAS at 8192x1152x4608). Not while the stream is being captured (events cannot be
-// waited on): the plan keeps its first candidate until an uncaptured call.
+// plan. The heuristic's first choice was not the fastest everywhere (H100: the plain GEMM at
+// 4096x3072x12288 447 us untimed, 435 timed). Not while the stream is being captured (events
+// cannot be waited on): the plan keeps its first candidate until an uncaptured call.
 void lt_tune(LtPlan &p, cublasLtHandle_t h, const LtGemm &g, void *ws, cudaStream_t s) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
@@ -2053,10 +2064,6 @@ fusedk_status lt_matmul(LtState &st, const LtGemm &g, const fusedk__linear_args 
   if (c) return lt_fail(c, op, "matmul");
   *ran = true;
   return FUSEDK_OK;
-}
-
-fusedk_status on_error(cudaError_t e, const char *op) {
-  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
 }
 
 // y[rows, cols] = act(src + bias) (aux = src + bias): src of T, or float32 (src32), or none (0)
@@ -2172,7 +2179,6 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
   void *out32 = static_cast<char *>(ar->scratch) + dz_pad + part_pad;
   fusedk__mat dz = need_dz ? fusedk__mat{ar->scratch, dz_ld} : a.dy;
   float *part = a.db && chunks ? reinterpret_cast<float *>(static_cast<char *>(ar->scratch) + dz_pad) : nullptr;
-  (void)part_pad;
   if (need_dz || part) {
     const bool vec = a.N % V == 0 && aligned16(a.dy.p) && a.dy.ld % V == 0 &&
                      (a.act == FUSEDK_ACT_NONE || (aligned16(a.aux.p) && a.aux.ld % V == 0));
@@ -2191,7 +2197,7 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
     };
     e = dispatch_int<FUSEDK_ACT_NONE, FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
         a.act, [&](auto act) { return vec ? go(act, int_c<V>()) : go(act, int_c<1>()); });
-    if (e != cudaSuccess) return cuda_fail(e, op, "kernel launch");
+    if (e != cudaSuccess) return on_error(e, op);
   } else if (a.db) { // M = 0: the sum of no rows
     if ((e = cudaMemsetAsync(a.db, 0, (size_t)a.N * sizeof(T), s)) != cudaSuccess) return cuda_fail(e, op, "memset");
   }
@@ -2218,24 +2224,16 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
     if (!ran) return no_algo(op, i ? "dw" : "dx", a);
     if (to32[i] && (e = launch_bias_act<T>(outs[i], fusedk__mat{nullptr, 0}, fusedk__mat{out32, ld32}, true, nullptr,
                                            FUSEDK_ACT_NONE, g.n, g.m, s, dev)) != cudaSuccess)
-      return cuda_fail(e, op, "kernel launch");
+      return on_error(e, op);
   }
   return FUSEDK_OK;
 }
 
+} // namespace
+
 // ---------------------------------------------------------------------------------------------
 // [entry] the internal entry points fusedk.h's implementation calls
 // ---------------------------------------------------------------------------------------------
-namespace {
-// One op's launch on device_id: the device selected for it, a CUDA error reported with the op.
-template <typename F> fusedk_status on_device(int32_t device_id, const char *op, F &&launch) {
-  DeviceGuard guard(device_id);
-  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
-  const cudaError_t e = launch();
-  return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "kernel launch");
-}
-} // namespace
-
 extern "C" {
 
 #ifdef FUSEDK_TUNING
@@ -2293,20 +2291,20 @@ fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *o
 
 fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t device_id,
                                   struct CUstream_st *stream) {
-  if (device_id < 0 || device_id >= kMaxDevices)
+  if (device_id < 0 || device_id >= kMaxDevices) // the handles and arenas are per device
     return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: CUDA device %d, expected 0..%d", op, (int)device_id, kMaxDevices - 1);
-  DeviceGuard guard(device_id);
-  if (guard.err != cudaSuccess) return cuda_fail(guard.err, op, "selecting the device");
-  LtState &st = lt_state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  fusedk_status f = FUSEDK_OK;
-  dispatch_scalar(a->scalar, [&](auto t) {
-    using T = typename decltype(t)::type;
-    f = a->op == FUSEDK_OP_LINEAR ? linear_forward<T>(st, *a, device_id, stream, op)
-                                  : linear_backward<T>(st, *a, device_id, stream, op);
-    return cudaSuccess;
+  return on_device(device_id, op, [&] {
+    LtState &st = lt_state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    fusedk_status f = FUSEDK_OK;
+    dispatch_scalar(a->scalar, [&](auto t) {
+      using T = typename decltype(t)::type;
+      f = a->op == FUSEDK_OP_LINEAR ? linear_forward<T>(st, *a, device_id, stream, op)
+                                    : linear_backward<T>(st, *a, device_id, stream, op);
+      return cudaSuccess;
+    });
+    return f;
   });
-  return f;
 }
 
 void fusedk__cuda_shutdown(void) {

@@ -199,12 +199,11 @@ static fusedk_status run(const FXLA_CallFrame *f, fusedk_device dev, struct CUst
     given[i] = a->kind == FUSEDK_ARG_IN || (a->kind == FUSEDK_ARG_IN_OPT && ((present >> i) & 1u));
     n_in += given[i];
   }
+  const fusedk_tensor *in[FUSEDK_OP_MAX_TENSORS], given_mark = {0}; /* only NULL or not is read */
+  for (int i = 0; i < o->n_tensors; ++i) in[i] = given[i] ? &given_mark : NULL;
   for (int i = 0; i < o->n_tensors; ++i) {
-    const fusedk_op_tensor *a = &o->tensors[i];
-    given[i] |= a->kind == FUSEDK_ARG_OUT ||
-                (a->kind == FUSEDK_ARG_OUT_OPT && a->when >= 0 && a->when < o->n_tensors && given[a->when]) ||
-                (a->kind == FUSEDK_ARG_OUT_OPT && a->when <= -2 && -2 - a->when < o->n_attrs && attrs[-2 - a->when] != 0.0);
-    n_out += a->kind >= FUSEDK_ARG_OUT && given[i];
+    given[i] |= fusedk_op_out_exists(id, i, in, attrs); /* the registry's rule; 0 for inputs */
+    n_out += o->tensors[i].kind >= FUSEDK_ARG_OUT && given[i];
   }
   if (f->args.size != n_in || (n_in && (!f->args.types || !f->args.args)))
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: XLA passed %lld operands, expected %d (the given inputs "

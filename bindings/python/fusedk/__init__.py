@@ -242,5 +242,5 @@ def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, t
         return None, None, None
     r = _call(_LINEAR_BWD, dy, (None, None, None, dy, x, w, aux), (a, 1 if tf32 else 0, 1 if dx else 0,
                                                                    1 if dw else 0, 1 if db else 0), stream)
-    r = list(r) if isinstance(r, tuple) else ([r] if r is not None else [])
+    r = list(r) if isinstance(r, tuple) else [r]
     return tuple(r.pop(0) if want else None for want in (dx, dw, db))

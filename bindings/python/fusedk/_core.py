@@ -58,6 +58,9 @@ def check(status, note=""):
         raise error(status, note)
 
 
+_GIVEN = ffi.new("fusedk_tensor *")  # a non-NULL tensor pointer: "this input is given"
+
+
 class Op:
     """A registry entry: name, tensors (name, kind, like, when), attributes (name, type, default)."""
 
@@ -74,12 +77,16 @@ class Op:
         self.first = self.inputs[0]
 
     def exists(self, i, args, values):
-        """Whether output i exists: always, when its optional input is given (args in registry
-        order), or when its attribute asks for it (values: every attribute, registry order)."""
-        kind, when = self.tensors[i][1], self.tensors[i][3]
-        if kind != _OUT_OPT or when == -1:
+        """Whether output i exists (fusedk_op_out_exists, the registry's one rule): always, when its
+        optional input is given (args in registry order), or when its attribute asks for it
+        (values: every attribute, registry order)."""
+        if self.tensors[i][1] != _OUT_OPT:
             return True
-        return args[when] is not None if when >= 0 else values[-2 - when] != 0
+        ptrs = ffi.new("fusedk_tensor *[]", len(self.tensors))
+        for k in self.inputs:
+            if args[k] is not None:
+                ptrs[k] = _GIVEN  # only NULL or not is read
+        return bool(lib.fusedk_op_out_exists(self.id, i, ptrs, ffi.new("double[]", list(values) or [0.0])))
 
     def values(self, attrs):
         """Every attribute as a float, registry order: the given leading ones, then the defaults; an

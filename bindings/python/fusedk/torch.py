@@ -133,9 +133,7 @@ def _route(op, x, args, attrs, stream):
     given = [args[i] for i, _, _ in o.outputs]
     if all(g is None for g in given):
         r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
-        if isinstance(r, list):  # the ops with optional outputs: those that exist
-            return tuple(r) if len(r) > 1 else (r[0] if r else None)
-        return r
+        return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)
     outs = []  # out= given: the missing outputs are made here, then all are written in place
     for (i, like, when), g in zip(o.outputs, given):
         if g is None and _exists(o, inputs, attrs, i):
