@@ -422,8 +422,13 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
      SILU y = act(z rounded to the dtype), as the unfused chain computes it. Matrices whose
      rows are not 16-byte aligned (odd N or K, offset views), an unaligned bias, K = 0: the GEMM
      in float32 into scratch, then one fusedk pass adds the bias, applies act and rounds once
-     (cuBLASLt's 16-bit outputs for unaligned rows were several ulps off). A large GEMM's first
-     call times the heuristic's first 8 algorithms and keeps the fastest (not during a capture).
+     (cuBLASLt's 16-bit outputs for unaligned rows were several ulps off). A large GEMM's
+     (2 M N K >= 1e10) first uncaptured call times cuBLASLt algorithms and keeps the fastest, as
+     the environment variable FUSEDK_LINEAR_TUNE, read when a plan is made, says: 1 (default)
+     the heuristic's first 8; 2 also each tile of those (and of the plain GEMM's) in every custom
+     option and cluster shape cuBLASLt accepts (~100, 0.05-1 s once a plan on an H100); 3 every
+     tile so (~4400, 3-40 s once a plan, other threads' linear calls waiting); 0 none (the
+     heuristic's first). bench/lt_search.cu measures what each level finds.
      aux_out = z rounded to the dtype (the pre-activation): what linear_backward needs for
      act != NONE (for RELU, y itself serves as well: relu'(z) = [y > 0]).
    linear_backward: with dz = dy * act'(aux) rounded to the dtype (dz = dy for NONE),

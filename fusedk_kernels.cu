@@ -1792,7 +1792,18 @@ constexpr size_t kLtWorkspace = 32u << 20; // cuBLASLt's workspace a (device, st
 constexpr int kLtPlans = 256;              // cached plans (a bounded table: the oldest slot goes)
 constexpr int kLtArenas = 64;              // (device, stream) pairs with a workspace
 constexpr int kLtCandidates = 8;           // heuristic algorithms timed on a large GEMM's first call
+constexpr int kLtWide = 8192;              // at most, with FUSEDK_LINEAR_TUNE=2 or 3 (lt_widen)
 constexpr double kLtTuneFlops = 1e10;      // large: 2 m n k over this (a few ms of tuning, once)
+
+// FUSEDK_LINEAR_TUNE, read when a plan is made: 0 = the heuristic's first algorithm; 1 (the
+// default) = its first kLtCandidates, timed on a large GEMM's first call; 2 = also each tile those
+// (and the plain GEMM's) candidates use, in every custom option and cluster shape cuBLASLt accepts
+// for this GEMM (H100: ~100 algorithms, 0.05-1 s once a plan); 3 = every tile so (H100: ~4400,
+// 3-40 s once a plan). bench/lt_search.cu measured what each level finds.
+int lt_tune_level() {
+  const char *e = getenv("FUSEDK_LINEAR_TUNE");
+  return e && *e >= '0' && *e <= '3' && !e[1] ? *e - '0' : 1;
+}
 
 // One GEMM D = op(A) op(B) (column-major, cuBLASLt's terms) with an epilogue.
 struct LtGemm {
@@ -1826,8 +1837,7 @@ struct LtPlan {
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, ld;
   cublasLtMatmulAlgo_t algo;
-  int n_cand;
-  cublasLtMatmulAlgo_t cand[kLtCandidates];
+  std::vector<cublasLtMatmulAlgo_t> cand; // until tuned
 };
 
 struct LtArena {
@@ -1876,6 +1886,77 @@ void lt_destroy(LtPlan &p) {
   p = LtPlan{};
 }
 
+// Appends the heuristic's first n answers for p's descriptors to p.cand. No algorithm is an
+// answer (the caller falls back), not an error.
+cublasStatus_t lt_heuristic(LtPlan &p, cublasLtHandle_t h, cublasLtMatmulPreference_t pref, int n) {
+  cublasLtMatmulHeuristicResult_t r[kLtCandidates] = {};
+  int got = 0;
+  const cublasStatus_t q = cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.la, p.lb, p.ld, p.ld, pref, n, r, &got);
+  if (q != CUBLAS_STATUS_SUCCESS && q != CUBLAS_STATUS_NOT_SUPPORTED && q != CUBLAS_STATUS_INVALID_VALUE) return q;
+  for (int i = 0; i < got; ++i)
+    if (r[i].state == CUBLAS_STATUS_SUCCESS) p.cand.push_back(r[i].algo);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// Tuning levels 2 and 3: the heuristic offers few of the algorithms cuBLASLt has for an epilogue
+// (Hopper: 8 of ~4400 valid tile x custom option x cluster configurations), and its picks with an
+// epilogue ran up to 20 % behind the plain GEMM where other configurations did not (H100, bf16,
+// bench/lt_search.cu). Level 2: every (algorithm, tile, stages) the heuristic proposes for this
+// GEMM, with its epilogue and without; level 3: each such (algorithm, stages) with every tile.
+// Each in every custom option and cluster shape that cublasLtMatmulAlgoCheck accepts within the
+// workspace; split-K only as the heuristic chose it.
+cublasStatus_t lt_widen(LtPlan &p, cublasLtHandle_t h, cublasLtMatmulPreference_t pref, cublasComputeType_t ct,
+                        cudaDataType_t t, cudaDataType_t dt, cublasLtEpilogue_t epi, bool all_tiles) {
+  std::vector<cublasLtMatmulAlgo_t> seeds = p.cand;
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) { // the plain GEMM's tiles too
+    const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
+    std::swap(seeds, p.cand);
+    cublasStatus_t s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none);
+    if (!s) s = lt_heuristic(p, h, pref, kLtCandidates);
+    const cublasStatus_t b = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    std::swap(seeds, p.cand);
+    if (s || b) return s ? s : b;
+  }
+  struct Shape { int32_t id; uint32_t tile, stages; };
+  std::vector<Shape> shapes;
+  for (const cublasLtMatmulAlgo_t &a : seeds) {
+    Shape c{};
+    size_t w;
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &c.id, sizeof c.id, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages, &w);
+    for (uint32_t tile = all_tiles ? 1 : c.tile; tile <= (all_tiles ? CUBLASLT_MATMUL_TILE_END - 1 : c.tile); ++tile) {
+      bool seen = false;
+      for (const Shape &o : shapes) seen |= o.id == c.id && o.tile == tile && o.stages == c.stages;
+      if (!seen) shapes.push_back(Shape{c.id, tile, c.stages});
+    }
+  }
+  const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                               CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1};
+  for (const Shape &c : shapes) {
+    cublasLtMatmulAlgo_t a;
+    if (cublasLtMatmulAlgoInit(h, ct, CUDA_R_32F, t, t, dt, dt, c.id, &a)) continue;
+    int32_t options = 0;
+    size_t w;
+    cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &options, sizeof options, &w);
+    for (uint32_t o = 0; o <= (uint32_t)std::min(options, 15); ++o)
+      for (uint16_t cl : clusters) {
+        if ((int)p.cand.size() >= kLtWide) return CUBLAS_STATUS_SUCCESS;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile) ||
+            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages) ||
+            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &o, sizeof o) ||
+            cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof cl))
+          continue;
+        cublasLtMatmulHeuristicResult_t r{};
+        if (cublasLtMatmulAlgoCheck(h, p.desc, p.la, p.lb, p.ld, p.ld, &a, &r) || r.workspaceSize > kLtWorkspace) continue;
+        bool seen = false;
+        for (const cublasLtMatmulAlgo_t &o2 : p.cand) seen |= !memcmp(&o2, &a, sizeof a);
+        if (!seen) p.cand.push_back(a);
+      }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 // The plan of key k (lock held): cached, or made: descriptors, layouts, one heuristic query.
 cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan **out) {
   uint64_t hash = 1469598103934665603ull;
@@ -1922,22 +2003,17 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan *
     const uint32_t bytes = 1u << ((k.align >> (4 * (i < 2 ? i : 2))) & 15u); // C is D
     s = cublasLtMatmulPreferenceSetAttribute(pref, al[i], &bytes, sizeof bytes);
   }
-  cublasLtMatmulHeuristicResult_t r[kLtCandidates] = {};
-  int n = 0;
   // a large GEMM keeps the heuristic's first candidates, timed on its first call (lt_tune)
-  const bool large = 2.0 * (double)k.m * (double)k.n * (double)k.k >= kLtTuneFlops;
-  if (!s) {
-    const cublasStatus_t q =
-        cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.la, p.lb, p.ld, p.ld, pref, large ? kLtCandidates : 1, r, &n);
-    // no algorithm is an answer (the caller falls back), not an error
-    if (q != CUBLAS_STATUS_SUCCESS && q != CUBLAS_STATUS_NOT_SUPPORTED && q != CUBLAS_STATUS_INVALID_VALUE) s = q;
-  }
+  const int level = lt_tune_level();
+  const bool large = level && 2.0 * (double)k.m * (double)k.n * (double)k.k >= kLtTuneFlops;
+  if (!s) s = lt_heuristic(p, h, pref, large ? kLtCandidates : 1);
+  if (!s && large && level >= 2 && !p.cand.empty())
+    s = lt_widen(p, h, pref, ct, t, k.d32 ? CUDA_R_32F : t, epi, level == 3);
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  for (int i = 0; !s && i < n; ++i)
-    if (r[i].state == CUBLAS_STATUS_SUCCESS) p.cand[p.n_cand++] = r[i].algo;
-  p.found = p.n_cand > 0;
-  p.tuned = p.n_cand < 2;
+  p.found = !p.cand.empty();
+  p.tuned = p.cand.size() < 2;
   if (p.found) p.algo = p.cand[0];
+  if (p.tuned) p.cand = {};
   *slot = p;
   if (s) lt_destroy(*slot);
   *out = slot;
@@ -1989,8 +2065,10 @@ fusedk_status lt_fail(cublasStatus_t s, const char *op, const char *what) {
 }
 
 // The fastest of a large plan's candidates, timed on this call's own buffers (the output is
-// written; the call then writes it again): a warm-up, then three runs between events, once per
-// plan. The heuristic's first choice was not the fastest everywhere (H100: the plain GEMM at
+// written; the call then writes it again), once per plan: each candidate once untimed (its first
+// launch loads its module: lazy loading) and once between events; then the best 16, and of those
+// the best 3, again in three rotated rounds, as a single timing drifts with the clock (H100 under
+// GEMM load: +-5 % over a second). The heuristic's first choice was not the fastest everywhere (H100: the plain GEMM at
 // 4096x3072x12288 447 us untimed, 435 timed). Not while the stream is being captured (events
 // cannot be waited on): the plan keeps its first candidate until an uncaptured call.
 void lt_tune(LtPlan &p, cublasLtHandle_t h, const LtGemm &g, void *ws, cudaStream_t s) {
@@ -2003,28 +2081,43 @@ void lt_tune(LtPlan &p, cublasLtHandle_t h, const LtGemm &g, void *ws, cudaStrea
   if (cudaEventCreate(&ev[0]) != cudaSuccess) { cudaGetLastError(); return; }
   if (cudaEventCreate(&ev[1]) != cudaSuccess) { cudaEventDestroy(ev[0]); cudaGetLastError(); return; }
   const float one = 1.f, zero = 0.f;
-  float best = 0.f;
-  int pick = 0;
-  for (int i = 0; i < p.n_cand; ++i) {
-    // one untimed run first: a kernel's first launch loads its module (lazy loading), which
-    // would otherwise be timed too
-    cublasStatus_t c = cublasLtMatmul(h, p.desc, &one, g.a, p.la, g.b, p.lb, &zero, g.d, p.ld, g.d, p.ld, &p.cand[i],
-                                      ws, kLtWorkspace, s);
-    cudaEventRecord(ev[0], s);
-    for (int r = 0; r < 3 && !c; ++r)
+  // ms of `runs` back-to-back launches of candidate i after `warm` untimed ones; < 0: it failed
+  auto time = [&](size_t i, int warm, int runs) {
+    cublasStatus_t c = CUBLAS_STATUS_SUCCESS;
+    for (int r = 0; r < warm + runs && !c; ++r) {
+      if (r == warm) cudaEventRecord(ev[0], s);
       c = cublasLtMatmul(h, p.desc, &one, g.a, p.la, g.b, p.lb, &zero, g.d, p.ld, g.d, p.ld, &p.cand[i], ws,
                          kLtWorkspace, s);
+    }
     cudaEventRecord(ev[1], s);
     float ms = 0.f;
     if (cudaEventSynchronize(ev[1]) != cudaSuccess || cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess) {
       cudaGetLastError();
-      continue;
+      return -1.f;
     }
-    if (!c && (best == 0.f || ms < best)) best = ms, pick = i;
+    return c ? -1.f : ms;
+  };
+  std::vector<std::pair<float, size_t>> t;
+  for (size_t i = 0; i < p.cand.size(); ++i) {
+    const float ms = time(i, 1, 1);
+    if (ms >= 0.f) t.emplace_back(ms, i);
   }
+  for (size_t keep : {(size_t)16, (size_t)3}) { // the best again, in rotated rounds
+    std::sort(t.begin(), t.end());
+    t.resize(std::min(keep, t.size()));
+    for (auto &x : t) x.first = 0.f;
+    for (size_t round = 0; round < 3 && t.size() > 1; ++round)
+      for (size_t j = 0; j < t.size(); ++j) {
+        auto &x = t[(j + round) % t.size()];
+        const float ms = time(x.second, 0, 2);
+        x.first += ms >= 0.f ? ms : 1e30f;
+      }
+  }
+  std::sort(t.begin(), t.end());
   cudaEventDestroy(ev[0]);
   cudaEventDestroy(ev[1]);
-  p.algo = p.cand[pick];
+  if (!t.empty()) p.algo = p.cand[t[0].second];
+  p.cand = {};
   p.tuned = true;
 }
 

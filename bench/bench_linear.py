@@ -14,6 +14,8 @@ TFLOP/s = 2 M N K / time (the backward: 4 M N K, dx and dw). Host time: a loop o
 as users write them (no out=), wall clock to a synchronize after the last (and, apart, the
 Python thread's time alone), median of 7 loops, the loops of the calls compared alternating
 (bench/percall.py's loop_times).
+With FUSEDK_LINEAR_TUNE set to other than 1 (fusedk's algorithm search, fusedk.h [linear]) the
+files are named bench_linear-tune<level>.*.
 Writes DIR/bench_linear.json and DIR/bench_linear.md and prints the table."""
 import argparse
 import datetime
@@ -26,6 +28,8 @@ import bench
 import percall
 
 SHAPES = [(8192, 4096, 4096), (4096, 3072, 12288), (8192, 1152, 4608)]
+TUNE = os.environ.get("FUSEDK_LINEAR_TUNE", "1")  # fusedk's algorithm search (fusedk.h, [linear])
+SUFFIX = "" if TUNE == "1" else f"-tune{TUNE}"
 ACTS = ["relu", "gelu_tanh", "silu"]
 
 
@@ -64,7 +68,10 @@ def main():
         for act in (["gelu_tanh"] if args.quick else ACTS):
             f = act_fn[act]
             comp = torch.compile(lambda x, w, b, f=f: f(F.linear(x, w, b)))
-            calls = {"fusedk": lambda i, a=act: fusedk.linear(*sets[i % 2], act=a),
+            # the plain GEMM again, in the same rotated rounds: the ratio to it is the goal, and the
+            # clock drifts by a few % between separate measurements (H100 under GEMM load)
+            calls = {"gemm": gemm["gemm (fusedk, no epilogue)"],
+                     "fusedk": lambda i, a=act: fusedk.linear(*sets[i % 2], act=a),
                      "eager": lambda i, f=f: f(F.linear(*sets[i % 2])),
                      "compile": lambda i, c=comp: c(*sets[i % 2])}
             if act in ("relu", "gelu_tanh"):
@@ -75,7 +82,7 @@ def main():
             t = {k: statistics.median(v) for k, v in us.items() if v}
             row = dict(kind="forward", shape=[M, K, N], act=act, us=t, rounds_us=us, errors=err, gemm_us=base,
                        tflops={k: flop / v / 1e6 for k, v in t.items()})
-            g = base.get("gemm (fusedk, no epilogue)")
+            g = t.get("gemm")
             row["vs_gemm"] = g / t["fusedk"] if g and "fusedk" in t else None
             row["vs_eager"] = t["eager"] / t["fusedk"] if "eager" in t and "fusedk" in t else None
             row["vs_compile"] = t["compile"] / t["fusedk"] if "compile" in t and "fusedk" in t else None
@@ -118,13 +125,13 @@ def main():
     bench.log(f"host {host}")
     meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 torch=torch.__version__, fusedk=fusedk.__version__, info=fusedk.kernel_info()["cuda"],
-                rounds=args.rounds, calls=K_CALLS, iters=ITERS, python=sys.version.split()[0])
+                rounds=args.rounds, calls=K_CALLS, iters=ITERS, python=sys.version.split()[0], tune=TUNE)
     res = dict(meta=meta, rows=rows, host=host)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_linear.json"), "w") as f:
+    with open(os.path.join(args.out, f"bench_linear{SUFFIX}.json"), "w") as f:
         json.dump(res, f, indent=1)
     md = markdown(res)
-    with open(os.path.join(args.out, "bench_linear.md"), "w") as f:
+    with open(os.path.join(args.out, f"bench_linear{SUFFIX}.md"), "w") as f:
         f.write(md)
     print(md)
 
@@ -133,7 +140,9 @@ def markdown(res):
     m = res["meta"]
     L = [f"# fusedk linear — {m['gpu']} — {m['date'][:16]} UTC", "",
          f"bf16, float32 accumulation; torch {m['torch']}, cuBLASLt {m['info'].get('cublasLt')}; shapes M x K x N; "
-         f"CUDA-graph replays, median of {m['rounds']} rotated rounds (bench/bench_linear.py).", "",
+         f"CUDA-graph replays, median of {m['rounds']} rotated rounds (bench/bench_linear.py); "
+         f"FUSEDK_LINEAR_TUNE={m.get('tune', '1')}. The plain GEMM column is fusedk.linear(x, w) timed in the same "
+         "rounds as the row's other calls.", "",
          "## Forward: y = act(x w^T + b)", "",
          "| shape | act | fusedk µs | TFLOP/s | plain GEMM µs | fusedk / GEMM rate | eager µs | compile µs | fusedk +aux µs | vs eager | vs compile |",
          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -143,7 +152,7 @@ def markdown(res):
             continue
         u = r["us"]
         L.append(f"| {'x'.join(map(str, r['shape']))} | {r['act']} | {f(u.get('fusedk'))} | {f(r['tflops'].get('fusedk'))} "
-                 f"| {f(r['gemm_us'].get('gemm (fusedk, no epilogue)'))} | {f(r['vs_gemm'], 3)} | {f(u.get('eager'))} "
+                 f"| {f(u.get('gemm', r['gemm_us'].get('gemm (fusedk, no epilogue)')))} | {f(r['vs_gemm'], 3)} | {f(u.get('eager'))} "
                  f"| {f(u.get('compile'))} | {f(u.get('fusedk +aux'))} | {f(r['vs_eager'], 2)}x | {f(r['vs_compile'], 2)}x |")
     L += ["", "Bias epilogue alone (act none): " + "; ".join(
         f"{'x'.join(map(str, r['shape']))}: {f(r['us'].get('fusedk bias'))} µs" for r in res["rows"]

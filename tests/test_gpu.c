@@ -9,6 +9,7 @@
    in the last place of the output (eps_T = 2^-7 bf16, 2^-10 f16, 1e-5 f32) over float32 math
    differences; aux = |x| for the Mochi op (float32 math on x + n), and |x| + |cpu| >= |n| in its
    exact mode, which rounds the normalized term n = y - x too: one ulp of n can show on top. Exit 77 (skip) without a CUDA device. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -672,6 +673,51 @@ out:
   drop(&x), drop(&w), drop(&b), drop(&y), drop(&z);
 }
 
+/* FUSEDK_LINEAR_TUNE=2 and 3 on GEMMs large enough to be tuned (2 M N K >= 1e10): the
+   algorithms the wider searches time and keep (tiles, custom options and cluster shapes the
+   heuristic did not offer) compute the same GEMM: every 61st row against the CPU (the other
+   rows: the GPU's own) */
+static void run_linear_tuned(const char *level) {
+  const fusedk_scalar s = FUSEDK_BF16;
+  const int64_t M = 2048, K = 1280, N = 2048, E = 61, R = (M + E - 1) / E;
+  setenv("FUSEDK_LINEAR_TUNE", level, 1);
+  fusedk_shutdown(); /* plans made again, at this level */
+  const int64_t xs[2] = {M, K}, ws[2] = {N, K}, bs[1] = {N}, ys[2] = {M, N};
+  buf_t x = mk(s, 2, xs, 0, 0, 0, 1.0, 0.0), w = mk(s, 2, ws, 0, 0, 0, 1.0 / sqrt((double)K), 0.0);
+  buf_t b = mk(s, 1, bs, 0, 0, 0, 0.5, 0.0), y = mk(s, 2, ys, 0, 0, 0, 0.0, 0.0), z = mk(s, 2, ys, 0, 0, 0, 0.0, 0.0);
+  buf_t xa = lin_abs(&x, 1.0), wa = lin_abs(&w, 1.0), ba = lin_abs(&b, 1.0), s1 = lin_abs(&y, 0.0);
+  int64_t sh_x[2] = {R, K}, st_x[2] = {E * K, 1}, sh_y[2] = {R, N}, st_y[2] = {E * N, 1};
+  fusedk_tensor xv = x.th, xav = xa.th, yv = y.th, zv = z.th, s1v = s1.th;
+  xv.shape = xav.shape = sh_x, xv.strides = xav.strides = st_x;
+  yv.shape = zv.shape = s1v.shape = sh_y, yv.strides = zv.strides = s1v.strides = st_y;
+  buf_t yc = y, zc = z, s1c = s1; /* the sampled rows, for lin_compare */
+  yc.shape = zc.shape = s1c.shape = sh_y, yc.strides = zc.strides = s1c.strides = st_y;
+  fusedk_linear(&s1v, NULL, &xav, &wa.th, &ba.th, FUSEDK_ACT_NONE, 0, NULL);
+  const int acts[3] = {FUSEDK_ACT_NONE, FUSEDK_ACT_RELU, FUSEDK_ACT_GELU_TANH};
+  for (int i = 0; i < 3; ++i) {
+    const int act = acts[i], aux = act == FUSEDK_ACT_GELU_TANH;
+    char what[120];
+    snprintf(what, sizeof what, "linear tuned (FUSEDK_LINEAR_TUNE=%s) bf16 [%lld,%lld] N=%lld act=%s bias%s", level,
+             (long long)M, (long long)K, (long long)N, act_name(act), aux ? " aux" : "");
+    poison(&y), poison(&z);
+    const fusedk_status sg = fusedk_linear(&y.td, aux ? &z.td : NULL, &x.td, &w.td, &b.td, (fusedk_activation)act, 0, NULL);
+    CK(cudaDeviceSynchronize());
+    if (call_failed(what, FUSEDK_OK, sg)) continue;
+    CK(cudaMemcpy(y.h, y.d, y.n_alloc * esize(s), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(z.h, z.d, z.n_alloc * esize(s), cudaMemcpyDeviceToHost));
+    fusedk_linear(&yv, aux ? &zv : NULL, &xv, &w.th, &b.th, (fusedk_activation)act, 0, NULL);
+    if (aux) {
+      lin_compare(what, &zc, z.h, &s1c, K, 0, 0, NULL);
+      for (size_t j = 0; j < s1.n_alloc; ++j) put(s1.h, j, get(s1.h, j, s) * 1.13, s); /* |gelu'| <= 1.13 */
+    }
+    lin_compare(what, &yc, y.h, &s1c, K, 0, 0, NULL);
+  }
+  unsetenv("FUSEDK_LINEAR_TUNE");
+  fusedk_shutdown();
+  free(xa.h), free(wa.h), free(ba.h), free(s1.h);
+  drop(&x), drop(&w), drop(&b), drop(&y), drop(&z);
+}
+
 /* linear inside a CUDA graph on a fresh stream (its workspace made during the capture), then
    replayed on new inputs; and after fusedk_shutdown the next call makes everything again */
 static void run_linear_graph(void) {
@@ -1106,6 +1152,12 @@ linear:
   n_before = failures;
   run_linear_graph();
   if (failures == n_before) printf("ok   linear: CUDA-graph capture on a fresh stream, fusedk_shutdown\n");
+  if (!small) {
+    n_before = failures;
+    run_linear_tuned("2");
+    run_linear_tuned("3");
+    if (failures == n_before) printf("ok   linear: FUSEDK_LINEAR_TUNE=2 and 3's picks, none, relu, gelu_tanh + aux\n");
+  }
 done:
   fusedk_shutdown(); /* what the linear ops keep: released, so a leak check sees none */
   printf("%d passed, %d failed\n", checks - failures, failures);

@@ -62,6 +62,10 @@ if [ $bench = 1 ] && [ -f bench/bench.py ]; then
     python3 bench/bench_linear.py --out "$OUT/bench" $quick >"$OUT/bench-linear.log" 2>&1
   summary+=("bench_linear rc=$?")
   tail -40 "$OUT/bench-linear.log"
+  FUSEDK_LINEAR_TUNE=2 FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+    python3 bench/bench_linear.py --out "$OUT/bench" $quick >"$OUT/bench-linear-tune2.log" 2>&1
+  summary+=("bench_linear FUSEDK_LINEAR_TUNE=2 rc=$?")
+  tail -40 "$OUT/bench-linear-tune2.log"
 fi
 if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel (its hook is built with -Dtuning=true only)
   meson configure build-gpu -Dtuning=true >/dev/null && ninja -C build-gpu >/dev/null || exit 1
