@@ -426,8 +426,9 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
      (2 M N K >= 1e10) first uncaptured call times cuBLASLt algorithms and keeps the fastest, as
      the environment variable FUSEDK_LINEAR_TUNE, read when a plan is made, says: 1 (default)
      the heuristic's first 8; 2 also each tile of those (and of the plain GEMM's) in every custom
-     option and cluster shape cuBLASLt accepts (~100, 0.05-1 s once a plan on an H100); 3 every
-     tile so (~4400, 3-40 s once a plan, other threads' linear calls waiting); 0 none (the
+     option and cluster shape (auto, 1x1, 2x1, 1x2, 2x2) cuBLASLt accepts (~100, 0.05-1 s once
+     a plan on an H100); 3 every tile so (~4400, 3-40 s once a plan; fusedk's cuBLASLt state has
+     one lock, so other threads' linear calls, on any device, wait meanwhile); 0 none (the
      heuristic's first). bench/lt_search.cu measures what each level finds.
      aux_out = z rounded to the dtype (the pre-activation): what linear_backward needs for
      act != NONE (for RELU, y itself serves as well: relu'(z) = [y > 0]).

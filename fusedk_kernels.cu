@@ -1899,23 +1899,25 @@ cublasStatus_t lt_heuristic(LtPlan &p, cublasLtHandle_t h, cublasLtMatmulPrefere
 }
 
 // Tuning levels 2 and 3: the heuristic offers few of the algorithms cuBLASLt has for an epilogue
-// (Hopper: 8 of ~4400 valid tile x custom option x cluster configurations), and its picks with an
-// epilogue ran up to 20 % behind the plain GEMM where other configurations did not (H100, bf16,
-// bench/lt_search.cu). Level 2: every (algorithm, tile, stages) the heuristic proposes for this
-// GEMM, with its epilogue and without; level 3: each such (algorithm, stages) with every tile.
-// Each in every custom option and cluster shape that cublasLtMatmulAlgoCheck accepts within the
-// workspace; split-K only as the heuristic chose it.
+// (Hopper: 8 of ~4400 tile x custom option x cluster configurations it accepts), and its picks
+// with an epilogue ran 1-21 % behind the plain GEMM, the best of all of them 9 % behind to 3 %
+// ahead (H100, bf16, bench/lt_search.cu). Level 2: every (algorithm, tile, stages) the heuristic
+// proposes for this GEMM, with its epilogue and without; level 3: each such (algorithm, stages)
+// with every tile. Each in every custom option and five cluster shapes (auto, 1x1, 2x1, 1x2, 2x2)
+// that cublasLtMatmulAlgoCheck accepts within the workspace; CTA swizzle, inner shape and split-K
+// at their defaults (the heuristic's own candidates as it chose them); at most kLtWide.
 cublasStatus_t lt_widen(LtPlan &p, cublasLtHandle_t h, cublasLtMatmulPreference_t pref, cublasComputeType_t ct,
                         cudaDataType_t t, cudaDataType_t dt, cublasLtEpilogue_t epi, bool all_tiles) {
   std::vector<cublasLtMatmulAlgo_t> seeds = p.cand;
-  if (epi != CUBLASLT_EPILOGUE_DEFAULT) { // the plain GEMM's tiles too
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) { // the plain GEMM's tiles too (none if that query fails)
     const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
     std::swap(seeds, p.cand);
-    cublasStatus_t s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none);
-    if (!s) s = lt_heuristic(p, h, pref, kLtCandidates);
+    if (!cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none))
+      lt_heuristic(p, h, pref, kLtCandidates);
+    // the plan's own epilogue back: the one error that matters (the plan would be wrong)
     const cublasStatus_t b = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
     std::swap(seeds, p.cand);
-    if (s || b) return s ? s : b;
+    if (b) return b;
   }
   struct Shape { int32_t id; uint32_t tile, stages; };
   std::vector<Shape> shapes;
@@ -2014,7 +2016,7 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan *
   p.tuned = p.cand.size() < 2;
   if (p.found) p.algo = p.cand[0];
   if (p.tuned) p.cand = {};
-  *slot = p;
+  *slot = std::move(p);
   if (s) lt_destroy(*slot);
   *out = slot;
   return s;
@@ -2068,9 +2070,10 @@ fusedk_status lt_fail(cublasStatus_t s, const char *op, const char *what) {
 // written; the call then writes it again), once per plan: each candidate once untimed (its first
 // launch loads its module: lazy loading) and once between events; then the best 16, and of those
 // the best 3, again in three rotated rounds, as a single timing drifts with the clock (H100 under
-// GEMM load: +-5 % over a second). The heuristic's first choice was not the fastest everywhere (H100: the plain GEMM at
-// 4096x3072x12288 447 us untimed, 435 timed). Not while the stream is being captured (events
-// cannot be waited on): the plan keeps its first candidate until an uncaptured call.
+// GEMM load: +-5 % over a second). The heuristic's first choice was not the fastest everywhere
+// (H100: the plain GEMM at 4096x3072x12288 447 us untimed, 435 timed). Not while the stream is
+// being captured (events cannot be waited on): the plan keeps its first candidate until an
+// uncaptured call.
 void lt_tune(LtPlan &p, cublasLtHandle_t h, const LtGemm &g, void *ws, cudaStream_t s) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {

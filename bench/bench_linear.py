@@ -28,7 +28,8 @@ import bench
 import percall
 
 SHAPES = [(8192, 4096, 4096), (4096, 3072, 12288), (8192, 1152, 4608)]
-TUNE = os.environ.get("FUSEDK_LINEAR_TUNE", "1")  # fusedk's algorithm search (fusedk.h, [linear])
+_t = os.environ.get("FUSEDK_LINEAR_TUNE", "")
+TUNE = _t if _t in ("0", "1", "2", "3") else "1"  # fusedk's algorithm search, read as the library reads it
 SUFFIX = "" if TUNE == "1" else f"-tune{TUNE}"
 ACTS = ["relu", "gelu_tanh", "silu"]
 
@@ -125,7 +126,8 @@ def main():
     bench.log(f"host {host}")
     meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 torch=torch.__version__, fusedk=fusedk.__version__, info=fusedk.kernel_info()["cuda"],
-                rounds=args.rounds, calls=K_CALLS, iters=ITERS, python=sys.version.split()[0], tune=TUNE)
+                rounds=args.rounds, calls=K_CALLS, iters=ITERS, python=sys.version.split()[0], tune=TUNE,
+                commit=commit())
     res = dict(meta=meta, rows=rows, host=host)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"bench_linear{SUFFIX}.json"), "w") as f:
@@ -136,13 +138,23 @@ def main():
     print(md)
 
 
+def commit():
+    """The checkout's commit (+ "-dirty"), or None outside a git checkout."""
+    import subprocess
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    except OSError:
+        return None
+
+
 def markdown(res):
     m = res["meta"]
     L = [f"# fusedk linear — {m['gpu']} — {m['date'][:16]} UTC", "",
          f"bf16, float32 accumulation; torch {m['torch']}, cuBLASLt {m['info'].get('cublasLt')}; shapes M x K x N; "
          f"CUDA-graph replays, median of {m['rounds']} rotated rounds (bench/bench_linear.py); "
-         f"FUSEDK_LINEAR_TUNE={m.get('tune', '1')}. The plain GEMM column is fusedk.linear(x, w) timed in the same "
-         "rounds as the row's other calls.", "",
+         f"FUSEDK_LINEAR_TUNE={m.get('tune', '1')}; commit {m.get('commit')}. The plain GEMM column is "
+         "fusedk.linear(x, w) timed in the same rounds as the row's other calls.", "",
          "## Forward: y = act(x w^T + b)", "",
          "| shape | act | fusedk µs | TFLOP/s | plain GEMM µs | fusedk / GEMM rate | eager µs | compile µs | fusedk +aux µs | vs eager | vs compile |",
          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -157,7 +169,7 @@ def markdown(res):
     L += ["", "Bias epilogue alone (act none): " + "; ".join(
         f"{'x'.join(map(str, r['shape']))}: {f(r['us'].get('fusedk bias'))} µs" for r in res["rows"]
         if r["kind"] == "forward" and "fusedk bias" in r["us"])]
-    L += ["", "Plain GEMMs: " + "; ".join(
+    L += ["", "Plain GEMMs, timed apart from the rows above: " + "; ".join(
         f"{'x'.join(map(str, r['shape']))}: fusedk (cuBLASLt, no epilogue) {f(r['gemm_us'].get('gemm (fusedk, no epilogue)'))} µs, "
         f"torch.mm {f(r['gemm_us'].get('torch.mm'))} µs" for r in res["rows"] if r["kind"] == "forward" and r["act"] == "gelu_tanh"),
           "", "## Backward: dx, dw, db of the same layer", "",

@@ -239,6 +239,12 @@ static int call_failed(const char *what, fusedk_status sc, fusedk_status sg) {
          cudaGetErrorString(ce), fusedk_failure_reason());
   return 1;
 }
+/* call_failed, counted as a failed check (for callers that skip their comparisons then) */
+static int call_failed_counted(const char *what, fusedk_status sc, fusedk_status sg) {
+  if (!call_failed(what, sc, sg)) return 0;
+  ++checks, ++failures;
+  return 1;
+}
 
 typedef struct {
   op_t op;
@@ -608,7 +614,7 @@ static void run_linear(fusedk_scalar s, int64_t B, int64_t L, int64_t N, int64_t
   fusedk_status sc = fusedk_linear(&y.th, need_z ? &z.th : NULL, &x.th, &w.th, bias ? &b.th : NULL, (fusedk_activation)act, tf32, NULL);
   fusedk_status sg = fusedk_linear(&y.td, aux ? &z.td : NULL, &x.td, &w.td, bias ? &b.td : NULL, (fusedk_activation)act, tf32, NULL);
   CK(cudaDeviceSynchronize());
-  if (call_failed(what, sc, sg)) goto out;
+  if (call_failed_counted(what, sc, sg)) goto out;
   {
     buf_t xa = lin_abs(&x, 1.0), wa = lin_abs(&w, 1.0), ba = lin_abs(&b, 1.0), s1 = lin_abs(&y, 0.0);
     const double g = act == FUSEDK_ACT_NONE || act == FUSEDK_ACT_RELU ? 1.0 : 1.13;
@@ -633,7 +639,7 @@ static void run_linear(fusedk_scalar s, int64_t B, int64_t L, int64_t N, int64_t
     sc = fusedk_linear_backward(&dx.th, &dw.th, &db.th, &dy.th, &x.th, &w.th, zc, (fusedk_activation)act, tf32, NULL);
     sg = fusedk_linear_backward(&dx.td, &dw.td, &db.td, &dy.td, &x.td, &w.td, zg, (fusedk_activation)act, tf32, NULL);
     CK(cudaDeviceSynchronize());
-    if (!call_failed(bw, sc, sg)) {
+    if (!call_failed_counted(bw, sc, sg)) {
       buf_t dya = lin_abs(&dy, g), dxa = lin_abs(&dx, 0.0), dwa = lin_abs(&dw, 0.0), dba = lin_abs(&db, 0.0);
       fusedk_linear_backward(&dxa.th, &dwa.th, &dba.th, &dya.th, &xa.th, &wa.th, NULL, FUSEDK_ACT_NONE, 0, NULL);
       const int flips = act != FUSEDK_ACT_NONE;
@@ -692,7 +698,9 @@ static void run_linear_tuned(const char *level) {
   yv.shape = zv.shape = s1v.shape = sh_y, yv.strides = zv.strides = s1v.strides = st_y;
   buf_t yc = y, zc = z, s1c = s1; /* the sampled rows, for lin_compare */
   yc.shape = zc.shape = s1c.shape = sh_y, yc.strides = zc.strides = s1c.strides = st_y;
-  fusedk_linear(&s1v, NULL, &xav, &wa.th, &ba.th, FUSEDK_ACT_NONE, 0, NULL);
+  if (call_failed_counted("linear tuned: the CPU bound", fusedk_linear(&s1v, NULL, &xav, &wa.th, &ba.th, FUSEDK_ACT_NONE, 0, NULL),
+                          FUSEDK_OK))
+    goto out;
   const int acts[3] = {FUSEDK_ACT_NONE, FUSEDK_ACT_RELU, FUSEDK_ACT_GELU_TANH};
   for (int i = 0; i < 3; ++i) {
     const int act = acts[i], aux = act == FUSEDK_ACT_GELU_TANH;
@@ -702,16 +710,19 @@ static void run_linear_tuned(const char *level) {
     poison(&y), poison(&z);
     const fusedk_status sg = fusedk_linear(&y.td, aux ? &z.td : NULL, &x.td, &w.td, &b.td, (fusedk_activation)act, 0, NULL);
     CK(cudaDeviceSynchronize());
-    if (call_failed(what, FUSEDK_OK, sg)) continue;
+    if (call_failed_counted(what, FUSEDK_OK, sg)) continue;
     CK(cudaMemcpy(y.h, y.d, y.n_alloc * esize(s), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(z.h, z.d, z.n_alloc * esize(s), cudaMemcpyDeviceToHost));
-    fusedk_linear(&yv, aux ? &zv : NULL, &xv, &w.th, &b.th, (fusedk_activation)act, 0, NULL);
+    /* the sampled rows overwritten by the CPU: a refused call would leave the GPU's there */
+    const fusedk_status sc = fusedk_linear(&yv, aux ? &zv : NULL, &xv, &w.th, &b.th, (fusedk_activation)act, 0, NULL);
+    if (call_failed_counted(what, sc, FUSEDK_OK)) continue;
     if (aux) {
       lin_compare(what, &zc, z.h, &s1c, K, 0, 0, NULL);
       for (size_t j = 0; j < s1.n_alloc; ++j) put(s1.h, j, get(s1.h, j, s) * 1.13, s); /* |gelu'| <= 1.13 */
     }
     lin_compare(what, &yc, y.h, &s1c, K, 0, 0, NULL);
   }
+out:
   unsetenv("FUSEDK_LINEAR_TUNE");
   fusedk_shutdown();
   free(xa.h), free(wa.h), free(ba.h), free(s1.h);
