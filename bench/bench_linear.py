@@ -22,7 +22,6 @@ import datetime
 import json
 import os
 import statistics
-import sys
 
 import bench
 import percall
@@ -125,9 +124,8 @@ def main():
     host = dict(shape=[M, K, N], us=dict(zip(fns, t)), host_us=dict(zip(fns, th)))
     bench.log(f"host {host}")
     meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                torch=torch.__version__, fusedk=fusedk.__version__, info=fusedk.kernel_info()["cuda"],
-                rounds=args.rounds, calls=K_CALLS, iters=ITERS, python=sys.version.split()[0], tune=TUNE,
-                commit=commit())
+                fusedk=fusedk.__version__, info=fusedk.kernel_info()["cuda"], rounds=args.rounds, calls=K_CALLS,
+                iters=ITERS, tune=TUNE, **bench.versions())
     res = dict(meta=meta, rows=rows, host=host)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"bench_linear{SUFFIX}.json"), "w") as f:
@@ -138,22 +136,12 @@ def main():
     print(md)
 
 
-def commit():
-    """The checkout's commit (+ "-dirty"), or None outside a git checkout."""
-    import subprocess
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
-    except OSError:
-        return None
-
-
 def markdown(res):
     m = res["meta"]
     L = [f"# fusedk linear — {m['gpu']} — {m['date'][:16]} UTC", "",
          f"bf16, float32 accumulation; torch {m['torch']}, cuBLASLt {m['info'].get('cublasLt')}; shapes M x K x N; "
          f"CUDA-graph replays, median of {m['rounds']} rotated rounds (bench/bench_linear.py); "
-         f"FUSEDK_LINEAR_TUNE={m.get('tune', '1')}; commit {m.get('commit')}. The plain GEMM column is "
+         f"FUSEDK_LINEAR_TUNE={m.get('tune', '1')}; commit {m.get('git')}. The plain GEMM column is "
          "fusedk.linear(x, w) timed in the same rounds as the row's other calls.", "",
          "## Forward: y = act(x w^T + b)", "",
          "| shape | act | fusedk µs | TFLOP/s | plain GEMM µs | fusedk / GEMM rate | eager µs | compile µs | fusedk +aux µs | vs eager | vs compile |",

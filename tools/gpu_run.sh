@@ -58,14 +58,13 @@ if [ $bench = 1 ] && [ -f bench/bench.py ]; then
     python3 bench/bench.py --out "$OUT/bench" $quick ${BENCH_OPS:+--ops $BENCH_OPS} >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
   tail -60 "$OUT/bench.log"
-  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
-    python3 bench/bench_linear.py --out "$OUT/bench" $quick >"$OUT/bench-linear.log" 2>&1
-  summary+=("bench_linear rc=$?")
-  tail -40 "$OUT/bench-linear.log"
-  FUSEDK_LINEAR_TUNE=2 FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
-    python3 bench/bench_linear.py --out "$OUT/bench" $quick >"$OUT/bench-linear-tune2.log" 2>&1
-  summary+=("bench_linear FUSEDK_LINEAR_TUNE=2 rc=$?")
-  tail -40 "$OUT/bench-linear-tune2.log"
+  for tune in 1 2; do  # fusedk's default algorithm search, and the wider one (fusedk.h, [linear])
+    FUSEDK_LINEAR_TUNE=$tune FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h \
+      PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+      python3 bench/bench_linear.py --out "$OUT/bench" $quick >"$OUT/bench-linear-tune$tune.log" 2>&1
+    summary+=("bench_linear FUSEDK_LINEAR_TUNE=$tune rc=$?")
+    tail -40 "$OUT/bench-linear-tune$tune.log"
+  done
 fi
 if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel (its hook is built with -Dtuning=true only)
   meson configure build-gpu -Dtuning=true >/dev/null && ninja -C build-gpu >/dev/null || exit 1

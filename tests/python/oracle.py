@@ -92,12 +92,13 @@ def glu_pair(value, gate, kind="silu"):
     return f64(value) * act(gate, kind)
 
 
-def assert_close(got, want, dtype, aux=None, what="", eps=None, atol=1e-6):
-    """|got - want| <= eps_T * (|want| + aux) + atol: within one unit in the last place of the
-    output dtype (aux adds terms whose own rounding can show, e.g. |x| for Mochi)."""
+def assert_close(got, want, dtype, aux=None, what="", eps=None, atol=1e-6, nan_ok=True):
+    """|got - want| <= eps_T * (|want| + aux) + atol (atol: a number or an array like want):
+    within one unit in the last place of the output dtype (aux adds terms whose own rounding can
+    show, e.g. |x| for Mochi). nan_ok: a NaN where the reference has one passes."""
     got, want = f64(got), f64(want)
     tol = (eps or EPS)[np.dtype(dtype)] * (np.abs(want) + (0 if aux is None else np.abs(f64(aux)))) + atol
-    bad = ~((np.abs(got - want) <= tol) | (got == want) | (np.isnan(got) & np.isnan(want)))
+    bad = ~((np.abs(got - want) <= tol) | (got == want) | (nan_ok & np.isnan(got) & np.isnan(want)))
     if bad.any():
         idx = np.argwhere(bad)[:5]
         rows = [f"{tuple(i)}: got {got[tuple(i)]!r} want {want[tuple(i)]!r} tol {tol[tuple(i)]!r}" for i in idx]

@@ -7,7 +7,7 @@ import pytest
 
 import fusedk
 import oracle
-from oracle import BF16, DTYPES
+from oracle import DTYPES
 
 rng = np.random.default_rng()
 ACTS = ["none", "relu", "gelu_tanh", "gelu", "silu"]
@@ -21,15 +21,13 @@ def operands(lead, N, K, dtype, bias=True):
     return (rand(lead + (K,), dtype), rand((N, K), dtype, 1 / np.sqrt(K)), rand((N,), dtype, 0.5) if bias else None)
 
 
-def close(got, want, dtype, s1, what, extra=0.0, eps=None):
-    """|got - want| <= eps_T |want| + 2^-40 S1 + extra + 1e-7: the reference accumulates in double and
-    rounds once; S1 = the sum of |terms| (its double accumulation order)."""
-    eps = (eps or oracle.EPS)[np.dtype(dtype)]
-    got, want = oracle.f64(got), oracle.f64(want)
-    tol = eps * np.abs(want) + 2.0 ** -40 * s1 + extra + 1e-7  # 1e-7: float16 subnormals
-    bad = ~(np.abs(got - want) <= tol)
-    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} off; worst "
-                           f"{np.max(np.abs(got - want) - tol):.3g} over the tolerance")
+def close(got, want, dtype, s1, what, extra=0.0, gpu=False):
+    """The reference (double accumulation, one rounding) against the oracle: |got - want| <=
+    eps_T |want| + 2^-40 S1 + extra + 1e-7 (float16 subnormals); S1 = the sum of |terms|. gpu:
+    float32 accumulation against the reference, one GPU ulp (oracle.GPU_EPS) + 2^-19 S1 + extra +
+    1e-6, as tests/test_gpu.c. No NaN passes."""
+    atol = (2.0 ** -19 if gpu else 2.0 ** -40) * s1 + extra + (1e-6 if gpu else 1e-7)
+    oracle.assert_close(got, want, dtype, what=what, eps=oracle.GPU_EPS if gpu else None, atol=atol, nan_ok=False)
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -131,25 +129,8 @@ def test_bad_arguments():
 
 
 # --- GPU --------------------------------------------------------------------------------------
-def _gpu_torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() and fusedk.kernel_info()["cuda"].get("devices") else None
-
-
-torch_gpu = pytest.mark.skipif(_gpu_torch() is None, reason="no CUDA device with torch")
-
-
-def _gpu_tol(got, want, dtype, s1, what, extra=0.0, tf32=False):
-    """GPU (float32 accumulation) against the reference: one ulp of the output plus 2^-19 S1
-    (2^-10 S1 with TF32's 10-bit inputs), as tests/test_gpu.c."""
-    eps = oracle.GPU_EPS[np.dtype(dtype)]
-    got, want = oracle.f64(got), oracle.f64(want)
-    tol = eps * np.abs(want) + (2.0 ** -10 if tf32 else 2.0 ** -19) * s1 + extra + 1e-6
-    bad = ~(np.abs(got - want) <= tol)
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} off, worst {np.max(np.abs(got - want)):.3g}"
+_TO_GPU = {name: to for name, to, *_ in oracle.gpu_frameworks()}  # NumPy array -> device tensor
+torch_gpu = pytest.mark.skipif("torch" not in _TO_GPU, reason="no CUDA device with torch")
 
 
 @torch_gpu
@@ -157,31 +138,31 @@ def _gpu_tol(got, want, dtype, s1, what, extra=0.0, tf32=False):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lead,N,K", [((2, 64), 96, 128), ((1, 17), 4095, 1000), ((3,), 8, 8)], ids=str)
 def test_torch_gpu_against_the_reference(lead, N, K, dtype, act):
-    torch = _gpu_torch()
+    import torch
     x, w, b = operands(lead, N, K, dtype)
-    dev = [oracle.gpu_frameworks()[0][1](a) for a in (x, w, b)]
+    dev = [_TO_GPU["torch"](a) for a in (x, w, b)]
     y, z = fusedk.linear(*dev, act=act, aux=True)
     assert isinstance(y, torch.Tensor) and y.is_cuda and y.shape == lead + (N,)
     ry, rz = fusedk.linear(x, w, b, act=act, aux=True)
     s1 = np.abs(oracle.f64(x)) @ np.abs(oracle.f64(w)).T + np.abs(oracle.f64(b))
     flip = 1.13 * oracle.GPU_EPS[np.dtype(dtype)] * np.abs(oracle.f64(rz)) if act in ("gelu", "silu") else 0.0
-    _gpu_tol(oracle.np_of(y), ry, dtype, s1 * 1.13, f"y {act}", flip)
-    _gpu_tol(oracle.np_of(z), rz, dtype, s1, "aux")
+    close(oracle.np_of(y), ry, dtype, s1 * 1.13, f"y {act}", flip, gpu=True)
+    close(oracle.np_of(z), rz, dtype, s1, "aux", gpu=True)
     dy = rand(lead + (N,), dtype)
-    grads = fusedk.linear_backward(oracle.gpu_frameworks()[0][1](dy), dev[0], dev[1],
-                                   oracle.gpu_frameworks()[0][1](rz) if act != "none" else None, act=act)
+    grads = fusedk.linear_backward(_TO_GPU["torch"](dy), dev[0], dev[1],
+                                   _TO_GPU["torch"](rz) if act != "none" else None, act=act)
     want = fusedk.linear_backward(dy, x, w, rz if act != "none" else None, act=act)
     g = np.abs(oracle.f64(dy)).reshape(-1, N) * 1.13
     bounds = [(g @ np.abs(oracle.f64(w))).reshape(x.shape), g.T @ np.abs(oracle.f64(x)).reshape(-1, K), g.sum(0)]
     for name, got, ref, s, n in zip(("dx", "dw", "db"), grads, want, bounds, (N, g.shape[0], g.shape[0])):
         extra = 4 * oracle.GPU_EPS[np.dtype(dtype)] * s / np.sqrt(n) if act != "none" else 0.0
-        _gpu_tol(oracle.np_of(got), ref, dtype, s, f"{name} {act}", extra)
+        close(oracle.np_of(got), ref, dtype, s, f"{name} {act}", extra, gpu=True)
 
 
 @torch_gpu
 @pytest.mark.parametrize("act", ["relu", "gelu_tanh", "gelu", "silu", "none"])
 def test_torch_autograd_and_compile(act):
-    torch = _gpu_torch()
+    import torch
     import fusedk.torch as fkt
     torch.manual_seed(0)
     x = torch.randn(4, 33, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -216,7 +197,7 @@ def test_torch_autograd_and_compile(act):
 
 @torch_gpu
 def test_torch_cuda_graph_capture():
-    torch = _gpu_torch()
+    import torch
     x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) / 23
     b = torch.randn(256, device="cuda", dtype=torch.bfloat16)
@@ -243,7 +224,7 @@ def test_cupy_gpu():
     assert isinstance(y, cupy.ndarray)
     want, z = oracle.linear(x, w, b, "silu", np.float16)
     s1 = np.abs(oracle.f64(x)) @ np.abs(oracle.f64(w)).T + np.abs(oracle.f64(b))
-    _gpu_tol(cupy.asnumpy(y), want, np.float16, s1 * 1.13, "cupy linear silu", 1.13 * 2.0 ** -10 * np.abs(z))
+    close(cupy.asnumpy(y), want, np.float16, s1 * 1.13, "cupy linear silu", 1.13 * 2.0 ** -10 * np.abs(z), gpu=True)
 
 
 def test_jax_jit():

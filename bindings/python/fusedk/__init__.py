@@ -34,11 +34,9 @@ _LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOU
 _STYLES = {"interleaved": _core.lib.FUSEDK_ROPE_INTERLEAVED, "half": _core.lib.FUSEDK_ROPE_HALF}
 _SAMPLERS = {"euler": _core.lib.FUSEDK_SAMPLER_EULER, "ddim": _core.lib.FUSEDK_SAMPLER_DDIM}
 _HALVES = {"first": _core.lib.FUSEDK_GLU_FIRST, "second": _core.lib.FUSEDK_GLU_SECOND}
-_LINEAR_ACTS = {"none": _core.lib.FUSEDK_ACT_NONE, "relu": _core.lib.FUSEDK_ACT_RELU,
-                "gelu_tanh": _core.lib.FUSEDK_ACT_GELU_TANH, "gelu": _core.lib.FUSEDK_ACT_GELU,
-                "silu": _core.lib.FUSEDK_ACT_SILU}
 _ACTS = {"gelu": _core.lib.FUSEDK_ACT_GELU, "gelu_tanh": _core.lib.FUSEDK_ACT_GELU_TANH,
          "silu": _core.lib.FUSEDK_ACT_SILU, "relu": _core.lib.FUSEDK_ACT_RELU}
+_LINEAR_ACTS = {"none": _core.lib.FUSEDK_ACT_NONE, **_ACTS}
 
 
 def __dir__():
@@ -242,5 +240,4 @@ def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, t
         return None, None, None
     r = _call(_LINEAR_BWD, dy, (None, None, None, dy, x, w, aux), (a, 1 if tf32 else 0, 1 if dx else 0,
                                                                    1 if dw else 0, 1 if db else 0), stream)
-    r = list(r) if isinstance(r, tuple) else [r]
-    return tuple(r.pop(0) if want else None for want in (dx, dw, db))
+    return _core.spread(r, (dx, dw, db))

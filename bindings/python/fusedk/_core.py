@@ -311,6 +311,13 @@ call = pylib.fusedk_py_fast(slow_call, c_failed)
 _Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
+def spread(r, wanted):
+    """The outputs an op returned (one, or a tuple/list of those that exist) at the places of the
+    flags in `wanted`, None at the others."""
+    r = list(r) if isinstance(r, (tuple, list)) else [r]
+    return tuple(r.pop(0) if w else None for w in wanted)
+
+
 def _capi(name, res, *args):
     return ctypes.PYFUNCTYPE(res, *args)((name, ctypes.pythonapi))
 

@@ -38,13 +38,6 @@ def _schemas(o):
     return f"({ins}{attrs}) -> {rets}", f"({ins}{attrs}{outs}) -> ()"
 
 
-def _exists(o, inputs, attrs, i):
-    args = [None] * len(o.tensors)
-    for k, v in zip(o.inputs, inputs):
-        args[k] = v
-    return o.exists(i, args, o.values(attrs))
-
-
 def _register(o):
     fn_schema, out_schema = _schemas(o)
     qual, qual_out = f"fusedk::{o.name}", f"fusedk::{o.name}_out"
@@ -68,8 +61,9 @@ def _register(o):
 
     @torch.library.register_fake(qual)
     def functional_fake(*a):
-        inputs, attrs = a[:n_in], a[n_in:]
-        r = [_new(o, i, args_of(inputs, ()), attrs) for i, like, when in o.outputs if _exists(o, inputs, attrs, i)]
+        args, attrs = args_of(a[:n_in], ()), a[n_in:]
+        values = o.values(attrs)
+        r = [_new(o, i, args, attrs) for i, like, when in o.outputs if o.exists(i, args, values)]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
 
     @torch.library.impl(qual_out, ("cpu", "cuda"))
@@ -110,8 +104,7 @@ def _linear_backward(ctx, grads):
     if dy is None or not any(need):
         return None, None, None, None, None, None
     r = torch.ops.fusedk.linear_backward(dy.contiguous(), x, w, z, ctx.act, ctx.tf32, *(int(n) for n in need))
-    r = list(r)
-    dx, dw, db = (r.pop(0) if n else None for n in need)
+    dx, dw, db = _core.spread(r, need)
     return dx, dw, db, None, None, None
 
 
@@ -135,8 +128,9 @@ def _route(op, x, args, attrs, stream):
         r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
         return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)
     outs = []  # out= given: the missing outputs are made here, then all are written in place
+    values = o.values(attrs)
     for (i, like, when), g in zip(o.outputs, given):
-        if g is None and _exists(o, inputs, attrs, i):
+        if g is None and o.exists(i, args, values):
             g = _new(o, i, args, attrs)
         outs.append(g)
     getattr(torch.ops.fusedk, f"{o.name}_out")(*inputs, *attrs, *outs)
