@@ -72,6 +72,7 @@ static struct {
 } py;
 
 static FUSEDK__PY_TLS int last; /* the last routed call's status, or -1: left to the generic path */
+enum { FUSEDK_PY_AUTOGRAD = -2 }; /* last: autograd records the call, left to the custom operator */
 
 /* fns: Py_None, then the functions of the struct above, in its order. */
 FUSEDK_DEF void fusedk_py_init(void *const *fns, int n) {
@@ -79,7 +80,8 @@ FUSEDK_DEF void fusedk_py_init(void *const *fns, int n) {
 }
 
 /* The status of this thread's last routed call, or -1 where it left the call to the generic
-   path: an argument the route cannot view (another framework's array, a list, a scalar). */
+   path: an argument the route cannot view (another framework's array, a list, a scalar); -2
+   where autograd records it (the framework's custom operator takes it). */
 FUSEDK_DEF int fusedk_py_last(void) { return last; }
 
 /* The failure value: None (a new reference); fusedk_failure_reason() says why. */
@@ -236,6 +238,7 @@ typedef struct route {
   void *(*init)(void *subtype, const fusedk__shape_vec *shape, void *dtype, void *obj); /* or NULL */
   intptr_t (*stream_ptr)(void); /* the current stream, or NULL: get_stream().ptr */
   void *get_stream;
+  void *grad_mode;         /* torch.is_grad_enabled, or NULL: no autograd to keep */
   void *dt_obj[DTYPE_CACHE]; /* dtype objects seen (strong references) and their codes: a pointer */
   long long dt_code[DTYPE_CACHE]; /* compare instead of hashing a dtype per array */
 } route;
@@ -251,19 +254,21 @@ static void *capsule_fn(void *capsule, const char *signature) {
 
 /* Registers a route for `type` (GIL held): x, the exchange API; or dtypes (a dict, see above),
    CuPy's _ndarray_init and get_current_stream_ptr capsules (None or another signature: not
-   used) and get_stream, a callable returning the current stream object (.ptr). Returns the
+   used) and get_stream, a callable returning the current stream object (.ptr). grad_mode: a
+   callable saying whether autograd records (torch.is_grad_enabled), or None. Returns the
    route's index, or -1 where the table is full (the type then stays on the Python path). */
 FUSEDK_DEF int fusedk_py_route(void *type, const fusedk_xapi *x, void *dtypes, void *init, void *stream_ptr,
-                               void *get_stream) {
+                               void *get_stream, void *grad_mode) {
   for (int i = 0; i < n_routes; ++i)
     if (routes[i].type == type) return i;
   if (n_routes == MAX_ROUTES) return -1;
   route *r = &routes[n_routes];
   memset(r, 0, sizeof *r);
   r->type = type, r->x = x, r->dtypes = dtypes, r->get_stream = get_stream;
+  r->grad_mode = grad_mode != py.none ? grad_mode : NULL;
   r->init = (void *(*)(void *, const fusedk__shape_vec *, void *, void *))capsule_fn(init, FUSEDK__CUPY_INIT_SIG);
   r->stream_ptr = (intptr_t(*)(void))capsule_fn(stream_ptr, FUSEDK__CUPY_STREAM_SIG);
-  py.incref(type), py.incref(dtypes), py.incref(get_stream); /* routes live as long as the process */
+  py.incref(type), py.incref(dtypes), py.incref(get_stream), py.incref(grad_mode); /* for the process */
   return n_routes++;
 }
 
@@ -434,7 +439,31 @@ out:
   return failed(status);
 }
 
+/* 1 where autograd records this call: grad mode is on and an input requires grad. Its outputs
+   then need a grad_fn (the framework's custom operator, FUSEDK_PY_AUTOGRAD), which no C route
+   makes; -1 where the answer could not be read. */
+static int records_grad(const route *r, int32_t op, void *args) {
+  const fusedk_op *o = fusedk_op_get(op);
+  void *none = py.tuple_new(0), *on = none ? py.call(r->grad_mode, none, NULL) : NULL;
+  if (none) py.decref(none);
+  long long rec = on ? py.as_longlong(on) : -1;
+  if (on) py.decref(on);
+  for (int i = 0; rec == 1 && o && i < o->n_tensors; ++i) {
+    void *t = o->tensors[i].kind <= FUSEDK_ARG_IN_OPT ? py.tuple_getitem(args, i) : NULL;
+    void *g = t && t != py.none ? py.getattr(t, "requires_grad") : NULL;
+    if (!g) continue; /* not a tensor: the route's own checks see it */
+    if (py.as_longlong(g) == 1) rec = 2;
+    py.decref(g);
+  }
+  if (rec < 0 || py.err_occurred()) return py.err_clear(), -1;
+  return rec == 2;
+}
+
 static void *route_call(route *r, int32_t op, void *args, const double *attrs, int64_t stream) {
+  if (r->grad_mode) {
+    const int g = records_grad(r, op, args);
+    if (g) return failed(g > 0 ? FUSEDK_PY_AUTOGRAD : -1);
+  }
   return r->x ? exchange_call(r->x, op, args, attrs, stream) : attrs_call(r, op, args, attrs, stream);
 }
 

@@ -69,7 +69,7 @@ def make_route(t, native):
     def get_stream():
         seen["stream"] -= 1
         return S()
-    i = pylib.fusedk_py_route(t, None, _core._CUPY_DT, init, stream, get_stream)
+    i = pylib.fusedk_py_route(t, None, _core._CUPY_DT, init, stream, get_stream, None)
     assert i >= 0
     _core._PATHS[t] = _core.routed_path(i)
     return i, seen

@@ -58,9 +58,6 @@ def check(status, note=""):
         raise error(status, note)
 
 
-_GIVEN = ffi.new("fusedk_tensor *")  # a non-NULL tensor pointer: "this input is given"
-
-
 class Op:
     """A registry entry: name, tensors (name, kind, like, when), attributes (name, type, default)."""
 
@@ -77,16 +74,14 @@ class Op:
         self.first = self.inputs[0]
 
     def exists(self, i, args, values):
-        """Whether output i exists (fusedk_op_out_exists, the registry's one rule): always, when its
-        optional input is given (args in registry order), or when its attribute asks for it
-        (values: every attribute, registry order)."""
-        if self.tensors[i][1] != _OUT_OPT:
-            return True
-        ptrs = ffi.new("fusedk_tensor *[]", len(self.tensors))
-        for k in self.inputs:
-            if args[k] is not None:
-                ptrs[k] = _GIVEN  # only NULL or not is read
-        return bool(lib.fusedk_op_out_exists(self.id, i, ptrs, ffi.new("double[]", list(values) or [0.0])))
+        """Whether output i exists: always, when its optional input is given (args in registry
+        order), or when its attribute asks for it (values: every attribute, registry order). The
+        rule of fusedk_op_out_exists, in Python so that torch.compile traces it (test_torch
+        checks the two agree)."""
+        kind, when = self.tensors[i][1], self.tensors[i][3]
+        if kind != _OUT_OPT:
+            return kind == _OUT
+        return args[when] is not None if when >= 0 else values[-2 - when] != 0
 
     def values(self, attrs):
         """Every attribute as a float, registry order: the given leading ones, then the defaults; an
@@ -202,11 +197,18 @@ def exchange_api(t):
     return ptr if ptr and ctypes.c_uint32.from_address(ptr).value == 1 else 0
 
 
+_AUTOGRAD = -2  # fusedk_py.c's FUSEDK_PY_AUTOGRAD
+
+
 def c_failed(op, args, attrs, stream, st=None):
-    """After a C route returned None: the generic path takes the call (status -1: an argument it
-    could not view), or the failure is raised. st: the route's status (else this thread's last)."""
+    """After a C route returned None: autograd records the call (status -2: fusedk.torch's
+    custom operator takes it, so its outputs have a grad_fn), the generic path takes it (-1: an
+    argument the route could not view), or the failure is raised. st: the route's status (else
+    this thread's last)."""
     if st is None:
         st = pylib.fusedk_py_last()
+    if st == _AUTOGRAD:
+        return traced_call(op, None, args, attrs, stream)
     if st < 0:
         return generic(OPS[op], args, attrs, stream)
     raise error(st)
@@ -239,7 +241,7 @@ def cupy_route(t):
         return getattr(sys.modules.get(module), "__pyx_capi__", {}).get(name)
     return pylib.fusedk_py_route(t, None, _CUPY_DT, capi("cupy._core.core", "_ndarray_init"),
                                  capi("cupy.cuda.stream", "get_current_stream_ptr"),
-                                 sys.modules["cupy"].cuda.get_current_stream)
+                                 sys.modules["cupy"].cuda.get_current_stream, None)
 
 
 # --- JAX: the XLA FFI custom calls -------------------------------------------------------------
@@ -275,8 +277,9 @@ def path_of(t):
     if p is None:
         root = t.__module__.split(".")[0]
         api = exchange_api(t) if hasattr(t, "__dlpack__") else 0
-        if api:
-            p = routed_path(pylib.fusedk_py_route(t, api, None, None, None, None))
+        if api:  # torch's autograd: a call it records goes to fusedk.torch (c_failed)
+            grad = getattr(sys.modules.get(root), "is_grad_enabled", None) if root == "torch" else None
+            p = routed_path(pylib.fusedk_py_route(t, api, None, None, None, None, grad))
         elif root == "cupy" and t.__name__ == "ndarray":
             p = routed_path(cupy_route(t))
         elif root in ("jax", "jaxlib"):
@@ -303,6 +306,60 @@ def slow_call(op, x, args, attrs=(), stream=None):
 # attributes in registry order; the rest take their defaults); x is its first input, whose type
 # picks the route. A C builtin: its own call costs what any builtin's does.
 call = pylib.fusedk_py_fast(slow_call, c_failed)
+
+
+# --- torch.compile and autograd: the same call through fusedk.torch's custom operators ----------
+def traced_call(op, x, args, attrs=(), stream=None):
+    """`call` as torch.compile traces it (and as autograd needs it): through the `fusedk::` custom
+    operators of fusedk.torch, so fusedk.rmsnorm(t) in a compiled function is the custom op."""
+    from . import torch as fkt  # torch is imported: the caller has its tensors
+    return fkt._route(op, x, args, attrs, stream)
+
+
+def _substitute_for_dynamo():
+    """Tells Dynamo (torch.compile) to trace traced_call wherever it meets `call`, a C builtin
+    it cannot trace. Runs once torch._dynamo is imported (at fusedk's import if it already is)."""
+    try:
+        sys.modules["torch._dynamo"].substitute_in_graph(call, skip_signature_check=True)(traced_call)
+    except Exception as e:  # noqa: BLE001 - an older or newer torch: compiled calls break the graph
+        import warnings
+        warnings.warn(f"fusedk: torch.compile will not trace fusedk's functions ({e!r}); use fusedk.torch's",
+                      RuntimeWarning, stacklevel=2)
+
+
+class _AfterImport:
+    """A meta path finder that runs `fn` once module `name` has been imported (fusedk never
+    imports torch itself, and learns this way when torch.compile can meet its calls)."""
+
+    def __init__(self, name, fn):
+        self.name, self.fn, self.busy = name, fn, False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.name or self.busy:
+            return None
+        import importlib.util
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy = False
+        run = getattr(getattr(spec, "loader", None), "exec_module", None)
+        if run is None:
+            return spec
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            self.fn()
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if "torch._dynamo" in sys.modules:
+    _substitute_for_dynamo()
+else:
+    sys.meta_path.insert(0, _AfterImport("torch._dynamo", _substitute_for_dynamo))
 
 
 # --- the generic path --------------------------------------------------------------------------

@@ -12,9 +12,10 @@ with a fake (meta) implementation. The ops are forward-only: backward through on
 error that says so, but for `linear`, whose backward is `linear_backward` (so
 `fusedk.torch.linear` trains, eager or compiled). For the eager call, plain `fusedk.rmsnorm(x)` is the faster path (no
 dispatcher); these exist for tracing."""
-import torch
-
 import sys
+
+import torch
+import torch._dynamo
 
 from . import _core
 from ._core import OPS, Error
@@ -108,29 +109,48 @@ def _linear_backward(ctx, grads):
     return dx, dw, db, None, None, None
 
 
+def _keeps_aux(o, args, attrs):
+    """linear under autograd: its backward needs the pre-activation, kept though not asked for."""
+    return (o.id == _LINEAR and len(attrs) > 2 and not attrs[2] and attrs[0] != _core.lib.FUSEDK_ACT_NONE
+            and args[0] is None and args[1] is None and torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in args[2:]))
+
+
+@torch._dynamo.assume_constant_result
+def _traced_shape(op, i, shapes, attrs):
+    """Op op's output i's shape (fusedk_op_out_shape through cffi, which Dynamo cannot trace: it
+    takes this as a constant, as it does the static shapes it is given)."""
+    return OPS[op].out_shape(i, shapes, attrs)
+
+
 def _new(o, i, args, attrs):
     """Output i of op o, allocated like its like input (fusedk_op_out_shape's shape)."""
     like = args[o.tensors[i][2]]
-    shape = o.out_shape(i, [None if a is None else a.shape for a in args], attrs)
+    if i in o.same_shape:
+        shape = like.shape
+    else:
+        shape = _traced_shape(o.id, i, tuple(None if a is None else tuple(a.shape) for a in args), tuple(attrs))
     return like.new_empty(shape, dtype=torch.float32) if i in o.float32 else like.new_empty(shape)
 
 
 def _route(op, x, args, attrs, stream):
-    """fusedk's call, through the registered operators (what torch.compile traces)."""
+    """fusedk's call through the registered operators: what torch.compile traces in place of
+    fusedk's C call, and what an eager call autograd records takes."""
     o = OPS[op]
     if stream is not None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: fusedk.torch ops run on torch's current stream; "
                     "use `with torch.cuda.stream(s):` instead of stream=")
     inputs = [args[i] for i in o.inputs]
     attrs = o.typed(attrs)  # every attribute: the schema's int and float arguments
+    if _keeps_aux(o, args, attrs):
+        return getattr(torch.ops.fusedk, o.name)(*inputs, *attrs[:2], 1, *attrs[3:])[0]
     given = [args[i] for i, _, _ in o.outputs]
     if all(g is None for g in given):
         r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
         return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)
     outs = []  # out= given: the missing outputs are made here, then all are written in place
-    values = o.values(attrs)
     for (i, like, when), g in zip(o.outputs, given):
-        if g is None and o.exists(i, args, values):
+        if g is None and o.exists(i, args, attrs):
             g = _new(o, i, args, attrs)
         outs.append(g)
     getattr(torch.ops.fusedk, f"{o.name}_out")(*inputs, *attrs, *outs)
@@ -139,17 +159,8 @@ def _route(op, x, args, attrs, stream):
 
 
 _pkg = sys.modules[__package__]
+_LINEAR = _core.lib.FUSEDK_OP_LINEAR
 for _o in OPS:
     _register(_o)
     globals()[_o.name] = _core.rebind(getattr(_pkg, _o.name), _route)  # fusedk's function through the operators
 del _o
-_linear = globals()["linear"]
-
-
-def linear(x, w, bias=None, act="none", aux=False, tf32=False, out=None, aux_out=None, stream=None):
-    """fusedk.linear through the `fusedk::linear` operator, differentiable: when grad mode is on
-    and an input requires grad, the pre-activation is kept for the backward (not returned)."""
-    if (not aux and aux_out is None and out is None and act != "none" and torch.is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in (x, w, bias))):
-        return _linear(x, w, bias, act, True, tf32, None, None, stream)[0]
-    return _linear(x, w, bias, act, aux, tf32, out, aux_out, stream)

@@ -1,0 +1,269 @@
+"""fusedk inside diffusers' transformers: one call puts fused forwards into a loaded model.
+
+    import fusedk.diffusers
+    report = fusedk.diffusers.apply(pipe)      # a pipeline, or its transformer
+    print(report)                              # what was patched, what was left alone and why
+    image = pipe(prompt).images[0]             # eager, or after torch.compile / compile_repeated_blocks
+    fusedk.diffusers.revert(pipe)              # the stock forwards again, bit for bit
+
+Each supported block class gets an instance-level `forward` that runs the block's math through
+fusedk's ops (flux.py, ...: AdaLN modulation + norm in one `adaln`, the q/k/v projections
+concatenated once into one GEMM, `qk_norm_rope` from the packed projection straight into the
+layout attention takes, MLP Linear+GELU(tanh) in cuBLASLt's epilogue, gated residuals in one
+pass); attention stays diffusers' dispatch (SDPA, or the backend the model is set to).
+
+- Exactness: a block is patched only when every part of it is one the fused forward reproduces;
+  anything else (another attention processor, LoRA layers from peft, hooks on its submodules,
+  an unknown norm or activation) leaves it unpatched, and the report says why.
+- Training: fusedk's fused forwards have no backward. A patched block that autograd would
+  record (grad mode on and a parameter or input that requires grad) runs its stock forward,
+  and a warning says so once.
+- Weights: concatenated projections are made once by `apply`; the original parameters become
+  views into them (same Parameter objects, same values, no extra memory). `revert` gives each
+  its own storage again.
+- Works eager, under torch.compile (fusedk's calls become `torch.ops.fusedk` custom operators),
+  in CUDA graphs, and on CPU tensors (fusedk's C references).
+
+diffusers (and torch) are imported by this module only."""
+import types
+import warnings
+
+import torch
+
+from .. import _core
+
+__all__ = ["apply", "revert", "Report", "OPS"]
+
+# the fused pieces a patched forward may use; apply(model, ops=...) picks a subset (the rest run
+# the stock torch expression: for A/B measurements and bisecting)
+OPS = frozenset({"adaln", "linear", "qk_norm_rope", "gated_residual", "residual_tanh_gated_rmsnorm"})
+
+
+class Report:
+    """What apply() did: patched (module name, class) and skipped (module name, class, why)."""
+
+    def __init__(self):
+        self.patched, self.skipped = [], []
+
+    def __repr__(self):
+        lines = [f"fusedk.diffusers: {len(self.patched)} blocks patched, {len(self.skipped)} left alone"]
+        counts = {}
+        for _, cls in self.patched:
+            counts[cls] = counts.get(cls, 0) + 1
+        lines += [f"  patched {n} x {cls}" for cls, n in counts.items()]
+        lines += [f"  left alone {name} ({cls}): {why}" for name, cls, why in self.skipped]
+        return "\n".join(lines)
+
+
+def _patchers():
+    """{diffusers block class: its model module}, for the models this diffusers has."""
+    from . import flux
+    table = {}
+    for mod in (flux,):
+        table.update(mod.patchers())
+    return table
+
+
+def _model_of(model):
+    """A pipeline's transformer, or the model itself."""
+    t = getattr(model, "transformer", None)
+    return t if isinstance(t, torch.nn.Module) else model
+
+
+def apply(model, ops=None):
+    """Swaps fusedk's fused forwards into every supported block of `model` (a diffusers
+    transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
+    use (a subset of fusedk.diffusers.OPS; None: all). Returns a Report: what was patched and
+    what was left alone, and why. Applying twice patches nothing new."""
+    use = OPS if ops is None else frozenset(ops)
+    if not use <= OPS:
+        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "
+                          f"expected names from {sorted(OPS)}")
+    root, table, report = _model_of(model), _patchers(), Report()
+    for name, m in root.named_modules():
+        patcher = table.get(type(m))
+        if patcher is None or getattr(m, "_fusedk", None) is not None:
+            continue
+        why = _common_why_not(m) or patcher.why_not(m, root)
+        if why:
+            report.skipped.append((name or type(m).__name__, type(m).__name__, why))
+            continue
+        m._fusedk = patcher.prepare(m, Pieces(use))
+        m.forward = types.MethodType(patcher.forward, m)
+        report.patched.append((name or type(m).__name__, type(m).__name__))
+    return report
+
+
+def revert(model):
+    """Undoes apply(): the stock forwards, each parameter in its own storage again. Returns the
+    number of blocks reverted."""
+    n = 0
+    for m in _model_of(model).modules():
+        st = getattr(m, "_fusedk", None)
+        if st is None:
+            continue
+        del m.forward  # the class's forward again
+        for p in st.views:
+            p.data = p.data.clone()
+        del m._fusedk
+        n += 1
+    return n
+
+
+def _common_why_not(m):
+    """Why block m cannot be patched whatever its model: a reason, or None."""
+    if "forward" in vars(m):
+        return "its forward is already replaced (a diffusers hook, e.g. a cache or offload hook)"
+    for name, sub in m.named_modules():
+        if sub is not m and (sub._forward_hooks or sub._forward_pre_hooks or hasattr(sub, "_hf_hook")
+                             or hasattr(sub, "_diffusers_hook") or "forward" in vars(sub)):
+            return f"{name} has hooks (the fused forward would skip them)"
+        if hasattr(sub, "lora_A") or hasattr(sub, "base_layer"):
+            return f"{name} is a LoRA/adapter layer (peft): fusedk's forward would drop it"
+    dts = {p.dtype for p in m.parameters()}
+    if not dts <= {torch.float32, torch.float16, torch.bfloat16} or len(dts) > 1:
+        return f"its parameters have dtypes {sorted(str(d) for d in dts)}, expected one of float32, float16, bfloat16"
+    return None
+
+
+def linear_parts(lin):
+    """(weight, bias) of an nn.Linear exactly (not a subclass: quantized and LoRA layers differ)."""
+    if type(lin) is not torch.nn.Linear:
+        raise TypeError(f"{type(lin).__name__} is not a plain torch.nn.Linear")
+    return lin.weight, lin.bias
+
+
+def fuse_linears(lins):
+    """One [sum N, K] weight (and bias) for the nn.Linear modules `lins`, each module's own weight
+    and bias then a view into it: the same values, no extra memory. Returns (w, b, views)."""
+    ws = [linear_parts(m)[0] for m in lins]
+    bs = [m.bias for m in lins]
+    with torch.no_grad():
+        w = torch.cat([x.detach() for x in ws])
+        b = torch.cat([x.detach() for x in bs]) if all(x is not None for x in bs) else None
+    views, row = [], 0
+    for m, x, y in zip(lins, ws, bs):
+        n = x.shape[0]
+        x.data = w[row:row + n]
+        views.append(x)
+        if b is not None:
+            y.data = b[row:row + n]
+            views.append(y)
+        row += n
+    if b is None and any(y is not None for y in bs):
+        raise TypeError("some of the fused projections have a bias and some not")
+    return w, b, views
+
+
+class Pieces:
+    """The fused pieces a patched forward calls: fusedk's op where `use` names it, else the
+    stock torch expression (the same formula, in the block's dtype)."""
+
+    def __init__(self, use):
+        self.use = use
+        import fusedk
+        self.fk = fusedk
+
+    def adaln(self, x, scale, shift, eps, norm="layer"):
+        if "adaln" in self.use:
+            return self.fk.adaln(x, scale, shift, norm=norm, eps=eps)
+        n = (torch.nn.functional.layer_norm(x, x.shape[-1:], eps=eps) if norm == "layer"
+             else torch.nn.functional.rms_norm(x, x.shape[-1:], eps=eps))
+        return n * (1 + scale[:, None]) + shift[:, None]
+
+    def linear(self, x, w, b=None, act="none", out=None):
+        if "linear" in self.use:
+            return self.fk.linear(x, w, b, act=act, out=out)
+        y = torch.nn.functional.linear(x, w, b)
+        if act == "gelu_tanh":
+            y = torch.nn.functional.gelu(y, approximate="tanh")
+        elif act != "none":
+            raise ValueError(act)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+
+    def gated_residual(self, x, y, gate, out=None):
+        if "gated_residual" in self.use:
+            return self.fk.gated_residual(x, y, gate, out=out)
+        r = x + gate[:, None] * y
+        if out is not None:
+            out.copy_(r)
+            return out
+        return r
+
+    def qk_norm_rope(self, qkv, cos, sin, wq, wk, eps, out=None, norm="head", style="interleaved"):
+        """qkv [B, S, 3, H, Dh] (or a tuple q, k, v of [B, S, H, Dh] views) -> q, k, v [B, S, H, Dh]:
+        RMSNorm of q and k (norm "head": over Dh, "full": over H*Dh, "none") with weights, then
+        RoPE (style "interleaved": pairs (2i, 2i+1), "half": (i, i + R/2); tables [S, R/2],
+        [S, H, R/2] or [B, S, H, R/2] float32, R <= Dh: the first R channels rotate)."""
+        if "qk_norm_rope" in self.use:
+            return self.fk.qk_norm_rope(qkv, cos, sin, q_weight=wq, k_weight=wk, eps=eps, norm=norm,
+                                        style=style, layout="bshd", rotary_dim=2 * cos.shape[-1], out=out)
+        q, k, v = qkv if isinstance(qkv, (tuple, list)) else qkv.unbind(2)
+        res = [_rope(_rms(t, w, eps, norm), cos, sin, style) for t, w in ((q, wq), (k, wk))] + [v]
+        if out is None:
+            return tuple(t.contiguous() for t in res)
+        for o, t in zip(out, res):
+            o.copy_(t)
+        return out
+
+    def residual_tanh_gated_rmsnorm(self, x, x_res, gate, eps):
+        """Mochi: x + (x_res.float() * rsqrt(mean(x_res.float()^2) + eps) * tanh(gate)).type_as(x),
+        PyTorch's rounding points (exact mode)."""
+        if "residual_tanh_gated_rmsnorm" in self.use:
+            return self.fk.residual_tanh_gated_rmsnorm(x, x_res, gate, eps=eps, exact=True)
+        xf = x_res.float()
+        n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * torch.tanh(gate).float()[:, None]
+        return x + n.type_as(x)
+
+
+def _rms(t, w, eps, norm):
+    if norm == "none":
+        return t
+    if norm == "head":
+        return torch.nn.functional.rms_norm(t, t.shape[-1:], w, eps)
+    flat = t.flatten(-2)
+    return torch.nn.functional.rms_norm(flat, flat.shape[-1:], w, eps).unflatten(-1, t.shape[-2:])
+
+
+def _rope(x, cos, sin, style):
+    """x [B, S, H, Dh] rotated by half tables [S, R/2] (or [B, S, H, R/2]), float32 math: the first
+    R channels, pairs (2i, 2i+1) for "interleaved" (diffusers' apply_rotary_emb, use_real, unbind
+    -1), (i, i + R/2) for "half"; the rest pass through."""
+    R = 2 * cos.shape[-1]
+    c, s = {2: (cos[None, :, None], sin[None, :, None]), 3: (cos[None], sin[None])}.get(cos.dim(), (cos, sin))
+    xr = x[..., :R].float()
+    if style == "interleaved":
+        c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+        re, im = xr.unflatten(-1, (-1, 2)).unbind(-1)
+        rot = torch.stack([-im, re], -1).flatten(-2)
+    else:
+        c, s = torch.cat([c, c], -1), torch.cat([s, s], -1)
+        a, b = xr.chunk(2, -1)
+        rot = torch.cat([-b, a], -1)
+    return torch.cat([(xr * c + rot * s).to(x.dtype), x[..., R:]], -1)
+
+
+_warned = set()
+
+
+def records_grad(m, *inputs):
+    """Whether autograd would record block m's forward on these inputs (the fused forward then
+    gives way to the stock one, with a warning once per block class)."""
+    if not torch.is_grad_enabled():
+        return False
+    if not any(t is not None and t.requires_grad for t in inputs) and not any(p.requires_grad for p in m.parameters()):
+        return False
+    cls = type(m).__name__
+    if cls not in _warned:
+        _warned.add(cls)
+        warnings.warn(f"fusedk.diffusers: {cls} runs its stock forward while autograd records (fusedk's fused "
+                      "forwards have no backward); use torch.no_grad() or torch.inference_mode() for inference",
+                      RuntimeWarning, stacklevel=3)
+    return True
+
+
+def compiling():
+    return torch.compiler.is_compiling()

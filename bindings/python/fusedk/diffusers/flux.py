@@ -1,0 +1,251 @@
+"""Flux (diffusers' FluxTransformer2DModel): the double-stream FluxTransformerBlock and the
+FluxSingleTransformerBlock through fusedk.
+
+Per double block (image stream x, text stream c; temb -> one GEMM for both streams' AdaLN-Zero
+modulations):
+  adaln(x, scale_msa, shift_msa)            LayerNorm + modulation, one pass (each stream)
+  linear(., [Wq; Wk; Wv])                   one GEMM for q, k, v (each stream)
+  qk_norm_rope(qkv) -> q, k, v [B, S, H, Dh] per-head RMSNorm and Flux's interleaved RoPE, the
+                                            text rows then the image rows written straight into
+                                            the joint q, k, v (no concatenation)
+  attention                                 diffusers' dispatch (SDPA or the model's backend)
+  linear(o, Wo) ; gated_residual            x + gate_msa * (o Wo^T + bo)
+  adaln(x, scale_mlp, shift_mlp) ; linear(., W1, act=gelu_tanh) ; linear(., W2) ; gated_residual
+Per single block: adaln; linear(., W_mlp, gelu_tanh) into the second part of the proj_out
+input; linear(., [Wq; Wk; Wv]) ; qk_norm_rope ; attention into its first part; linear(., W_out) ;
+gated_residual. Its (text, image) outputs are views of one joint tensor, which the next single
+block takes as it is (no torch.cat)."""
+import torch
+
+from . import compiling, fuse_linears, linear_parts, records_grad
+
+
+class _State:
+    """What a patched block keeps: fused weights, its pieces, the views apply() made."""
+
+    def __init__(self, pieces):
+        self.k, self.views = pieces, []
+
+
+def _attn_why_not(attn, added):
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+    if type(attn.processor) is not FluxAttnProcessor:
+        return f"attention processor {type(attn.processor).__name__} (IP-adapter or custom), expected FluxAttnProcessor"
+    if getattr(attn.processor, "_parallel_config", None) is not None:
+        return "context-parallel attention"
+    norms = [attn.norm_q, attn.norm_k] + ([attn.norm_added_q, attn.norm_added_k] if added else [])
+    if any(type(n) is not torch.nn.RMSNorm for n in norms):
+        return f"q/k norms {[type(n).__name__ for n in norms]}, expected torch.nn.RMSNorm"
+    if len({n.eps for n in norms}) != 1:
+        return "q and k norms with different eps"
+    if attn.heads * attn.head_dim != attn.to_q.out_features:
+        return "heads * head_dim differs from the projection width (tensor parallel?)"
+    return None
+
+
+def _ada_why_not(norm, n_chunks):
+    if getattr(norm, "emb", None) is not None:
+        return "AdaLayerNormZero with its own embedding (num_embeddings)"
+    if type(norm.norm) is not torch.nn.LayerNorm or norm.norm.elementwise_affine:
+        return f"modulation norm {type(norm.norm).__name__}, expected LayerNorm without affine"
+    if type(norm.silu) is not torch.nn.SiLU or norm.linear.out_features != n_chunks * norm.linear.in_features:
+        return "modulation is not SiLU + Linear to the chunks"
+    return None
+
+
+def _ff_why_not(ff):
+    from diffusers.models.activations import GELU
+    net = list(ff.net)
+    if len(net) != 3 or type(net[0]) is not GELU or net[0].approximate != "tanh":
+        return "feed-forward is not Linear + GELU(tanh) + Linear"
+    if type(net[1]) is not torch.nn.Dropout or net[1].p != 0:
+        return "feed-forward dropout p > 0"
+    return None
+
+
+def _why_not_double(m, root):
+    for lin in [m.attn.to_q, m.attn.to_k, m.attn.to_v, m.attn.add_q_proj, m.attn.add_k_proj, m.attn.add_v_proj,
+                m.attn.to_out[0], m.attn.to_add_out, m.ff.net[0].proj, m.ff.net[2], m.ff_context.net[0].proj,
+                m.ff_context.net[2], m.norm1.linear, m.norm1_context.linear]:
+        if type(lin) is not torch.nn.Linear:
+            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
+    if getattr(m.attn, "fused_projections", False):
+        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
+    if type(m.attn.to_out[1]) is not torch.nn.Dropout or m.attn.to_out[1].p != 0:
+        return "attention output dropout p > 0"
+    for n in (m.norm2, m.norm2_context):
+        if type(n) is not torch.nn.LayerNorm or n.elementwise_affine:
+            return "norm2 is not a LayerNorm without affine"
+    return (_attn_why_not(m.attn, True) or _ada_why_not(m.norm1, 6) or _ada_why_not(m.norm1_context, 6)
+            or _ff_why_not(m.ff) or _ff_why_not(m.ff_context) or _pos_why_not(root))
+
+
+def _why_not_single(m, root):
+    for lin in [m.attn.to_q, m.attn.to_k, m.attn.to_v, m.proj_mlp, m.proj_out, m.norm.linear]:
+        if type(lin) is not torch.nn.Linear:
+            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
+    if getattr(m.attn, "fused_projections", False):
+        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
+    if type(m.act_mlp) is not torch.nn.GELU or m.act_mlp.approximate != "tanh":
+        return f"MLP activation {m.act_mlp!r}, expected GELU(approximate='tanh')"
+    return _attn_why_not(m.attn, False) or _ada_why_not(m.norm, 3) or _pos_why_not(root)
+
+
+def _pos_why_not(root):
+    from diffusers.models.transformers.transformer_flux import FluxPosEmbed
+    pe = getattr(root, "pos_embed", None)
+    if pe is not None and type(pe) is not FluxPosEmbed:
+        return f"position embedding {type(pe).__name__}, expected FluxPosEmbed (repeat-interleaved tables)"
+    return None
+
+
+def _eps(norm, dtype):
+    return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
+
+
+def _prepare_double(m, pieces):
+    st = _State(pieces)
+    a = m.attn
+    st.w_qkv, st.b_qkv, v1 = fuse_linears([a.to_q, a.to_k, a.to_v])
+    st.w_aqkv, st.b_aqkv, v2 = fuse_linears([a.add_q_proj, a.add_k_proj, a.add_v_proj])
+    st.w_mod, st.b_mod, v3 = fuse_linears([m.norm1.linear, m.norm1_context.linear])  # one GEMM, both streams
+    st.views = v1 + v2 + v3
+    st.heads, st.dh = a.heads, a.head_dim
+    st.eps_qk = _eps(a.norm_q, st.w_qkv.dtype)
+    st.eps1, st.eps1c = m.norm1.norm.eps, m.norm1_context.norm.eps
+    st.eps2, st.eps2c = m.norm2.eps, m.norm2_context.eps
+    return st
+
+
+def _prepare_single(m, pieces):
+    st = _State(pieces)
+    a = m.attn
+    st.w_qkv, st.b_qkv, st.views = fuse_linears([a.to_q, a.to_k, a.to_v])
+    st.heads, st.dh = a.heads, a.head_dim
+    st.eps_qk = _eps(a.norm_q, st.w_qkv.dtype)
+    st.eps = m.norm.norm.eps
+    return st
+
+
+# the half tables [S, Dh/2] of the model's repeat-interleaved (cos, sin) [S, Dh]: made once a
+# forward (every block gets the same tuple), kept with the tuple they came from
+_tables = [None, None, None]
+
+
+def _half_tables(rope):
+    cos, sin = rope
+    if not compiling() and _tables[0] is rope:
+        return _tables[1], _tables[2]
+    h = (cos[:, ::2].float().contiguous(), sin[:, ::2].float().contiguous())
+    if not compiling():
+        _tables[:] = [rope, *h]
+    return h
+
+
+def _attention(attn, q, k, v):
+    """[B, S, H, Dh] in and out, through diffusers' dispatch with the processor's backend."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    p = attn.processor
+    return dispatch_attention_fn(q, k, v, attn_mask=None, backend=p._attention_backend,
+                                 parallel_config=p._parallel_config)
+
+
+def _rows(t):
+    """t as linear takes it: rows evenly spaced (a slice of a joint sequence is, for B = 1)."""
+    return t if t.shape[0] == 1 or t.is_contiguous() else t.contiguous()
+
+
+def _clip16(t):
+    return t.clip(-65504, 65504) if t.dtype == torch.float16 else t
+
+
+def _stream_mlp(k, x, gate_msa, ax, gate_mlp, scale_mlp, shift_mlp, eps, ff):
+    """The rest of one stream of a double block after its attention output ax."""
+    x = k.gated_residual(x, ax, gate_msa)
+    n = k.adaln(x, scale_mlp, shift_mlp, eps)
+    w1, b1 = linear_parts(ff.net[0].proj)
+    w2, b2 = linear_parts(ff.net[2])
+    h = k.linear(n, w1, b1, act="gelu_tanh")
+    return k.gated_residual(x, k.linear(h, w2, b2), gate_mlp, out=x)
+
+
+def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                   joint_attention_kwargs=None):
+    st = self._fusedk
+    if joint_attention_kwargs or image_rotary_emb is None or records_grad(self, hidden_states, encoder_hidden_states,
+                                                                            temb):
+        return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                  joint_attention_kwargs)
+    k, x, c = st.k, hidden_states, encoder_hidden_states
+    B, Si, D = x.shape
+    St, H, Dh = c.shape[1], st.heads, st.dh
+    mod = k.linear(torch.nn.functional.silu(temb), st.w_mod, st.b_mod)  # [B, 12 D]: both streams
+    shift, scale, gate, shift2, scale2, gate2, c_shift, c_scale, c_gate, c_shift2, c_scale2, c_gate2 = mod.chunk(12, 1)
+    qkv_x = k.linear(k.adaln(x, scale, shift, st.eps1), st.w_qkv, st.b_qkv)
+    qkv_c = k.linear(k.adaln(c, c_scale, c_shift, st.eps1c), st.w_aqkv, st.b_aqkv)
+    cos, sin = _half_tables(image_rotary_emb)
+    q, kk, v = (x.new_empty(B, St + Si, H, Dh) for _ in range(3))
+    a = self.attn
+    k.qk_norm_rope(qkv_c.view(B, St, 3, H, Dh), cos[:St], sin[:St], a.norm_added_q.weight, a.norm_added_k.weight,
+                   st.eps_qk, out=(q[:, :St], kk[:, :St], v[:, :St]))
+    k.qk_norm_rope(qkv_x.view(B, Si, 3, H, Dh), cos[St:], sin[St:], a.norm_q.weight, a.norm_k.weight, st.eps_qk,
+                   out=(q[:, St:], kk[:, St:], v[:, St:]))
+    o = _attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
+    wo, bo = linear_parts(a.to_out[0])
+    wc, bc = linear_parts(a.to_add_out)
+    x = _stream_mlp(k, x, gate, k.linear(_rows(o[:, St:]), wo, bo), gate2, scale2, shift2, st.eps2, self.ff)
+    c = _stream_mlp(k, c, c_gate, k.linear(_rows(o[:, :St]), wc, bc), c_gate2, c_scale2, c_shift2, st.eps2c,
+                    self.ff_context)
+    return _clip16(c), _clip16(x)
+
+
+def _joint(c, x):
+    """cat([c, x], 1), or the tensor c and x are already adjacent views of (a single block's
+    outputs), without a copy."""
+    B, St, D = c.shape
+    Si = x.shape[1]
+    if (not compiling() and c.dtype == x.dtype and c.device == x.device and c.stride() == x.stride()
+            and c.stride(2) == 1 and c.stride(1) == D and (B == 1 or c.stride(0) == (St + Si) * D)
+            and c.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            and x.storage_offset() == c.storage_offset() + St * D):
+        return c.as_strided((B, St + Si, D), (c.stride(0) if B > 1 else (St + Si) * D, D, 1))
+    return torch.cat([c, x], dim=1)
+
+
+def forward_single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                   joint_attention_kwargs=None):
+    st = self._fusedk
+    if joint_attention_kwargs or image_rotary_emb is None or records_grad(self, hidden_states, encoder_hidden_states,
+                                                                            temb):
+        return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                  joint_attention_kwargs)
+    k = st.k
+    St = encoder_hidden_states.shape[1]
+    r = _joint(encoder_hidden_states, hidden_states)
+    B, S, D = r.shape
+    H, Dh = st.heads, st.dh
+    wm, bm = linear_parts(self.norm.linear)
+    shift, scale, gate = k.linear(torch.nn.functional.silu(temb), wm, bm).chunk(3, 1)
+    n = k.adaln(r, scale, shift, st.eps)
+    w_mlp, b_mlp = linear_parts(self.proj_mlp)
+    h = r.new_empty(B, S, D + w_mlp.shape[0])  # proj_out's input: [attention, mlp]
+    k.linear(n, w_mlp, b_mlp, act="gelu_tanh", out=h[..., D:])
+    qkv = k.linear(n, st.w_qkv, st.b_qkv).view(B, S, 3, H, Dh)
+    cos, sin = _half_tables(image_rotary_emb)
+    a = self.attn
+    q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk)
+    h[..., :D] = _attention(a, q, kk, v).flatten(2, 3)
+    wo, bo = linear_parts(self.proj_out)
+    out = _clip16(k.gated_residual(r, k.linear(h, wo, bo), gate))
+    return out[:, :St], out[:, St:]
+
+
+class _Patcher:
+    def __init__(self, why_not, prepare, forward):
+        self.why_not, self.prepare, self.forward = why_not, prepare, forward
+
+
+def patchers():
+    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
+    return {FluxTransformerBlock: _Patcher(_why_not_double, _prepare_double, forward_double),
+            FluxSingleTransformerBlock: _Patcher(_why_not_single, _prepare_single, forward_single)}
