@@ -3,9 +3,11 @@
 # test suite (gpu, python interop, cpu, examples), then the bench. Logs and results land in
 # $OUT (default ./out); the last lines printed are the summary.
 #   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--percall] [--no-percall] [--tune] [--ncu]
-#                         [--sanitize]
+#                         [--sanitize] [--dit]
 # (--no-bench --percall: the suites and the per-call table, without the kernel bench;
 #  --no-percall: the kernel bench without the per-call table; BENCH_OPS=act,silu_fma limits it;
+#  --dit: the Python suite (fusedk.diffusers on real models included) and bench/bench_dit.py with
+#  $DIT_ARGS, nothing else;
 #  --sanitize: compute-sanitizer memcheck, racecheck, initcheck and synccheck over the GPU suite's
 #  small cases of every op (FUSEDK_TEST_SMALL=1), reports in $OUT/sanitize-<tool>.txt)
 set -uo pipefail
@@ -19,10 +21,11 @@ fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 bench=1 quick="" percall=0 no_percall=0
-tests=1 tune=0 ncu=0 sanitize=0
+tests=1 tune=0 ncu=0 sanitize=0 dit=0
 for a in "$@"; do
   case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --percall) percall=1 ;; --no-percall) no_percall=1 ;;
-    --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; --sanitize) sanitize=1 tests=0 bench=0 ;; esac
+    --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; --sanitize) sanitize=1 tests=0 bench=0 ;;
+    --dit) dit=1 tests=0 bench=0 ;; esac
 done
 summary=()
 t0=$(date +%s)
@@ -65,6 +68,18 @@ if [ $bench = 1 ] && [ -f bench/bench.py ]; then
     summary+=("bench_linear FUSEDK_LINEAR_TUNE=$tune rc=$?")
     tail -40 "$OUT/bench-linear-tune$tune.log"
   done
+fi
+if [ $dit = 1 ]; then  # fusedk.diffusers: the Python suite on the GPU, then the DiT bench
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h FUSEDK_SOURCE_ROOT=$PWD \
+    PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} python3 -m pytest -q -rs -p no:cacheprovider \
+    ${DIT_TESTS:-tests/python} >"$OUT/pytest-log.txt" 2>&1
+  summary+=("pytest rc=$?: $(tail -1 "$OUT/pytest-log.txt")")
+  grep -E "^FAILED|^ERROR" "$OUT/pytest-log.txt" | head -20
+  mkdir -p "$OUT/bench"
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+    python3 bench/bench_dit.py --out "$OUT/bench" ${DIT_ARGS:-} >"$OUT/bench-dit.log" 2>&1
+  summary+=("bench_dit rc=$?")
+  tail -30 "$OUT/bench-dit.log"
 fi
 if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel (its hook is built with -Dtuning=true only)
   meson configure build-gpu -Dtuning=true >/dev/null && ninja -C build-gpu >/dev/null || exit 1

@@ -57,10 +57,13 @@ class Report:
 
 def _patchers():
     """{diffusers block class: its model module}, for the models this diffusers has."""
-    from . import flux
+    import importlib
     table = {}
-    for mod in (flux,):
-        table.update(mod.patchers())
+    for name in ("flux", "ltx", "mochi", "wan"):
+        try:
+            table.update(importlib.import_module(f".{name}", __name__).patchers())
+        except ImportError:  # this diffusers lacks the model
+            continue
     return table
 
 

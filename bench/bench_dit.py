@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""fusedk.diffusers on real diffusers DiTs (random bf16 weights built on the GPU, no download):
+one block of each kind and a whole denoising step (the transformer's forward), stock eager,
+stock torch.compile, patched eager, patched + torch.compile, patched in a CUDA graph, and the
+patched block with fusedk.torch's operators in place of the plain calls; every variant timed in
+the same rounds, the order rotated; the patched eager forward's kernel split (GEMM, attention,
+the rest) from torch.profiler.
+
+    PYTHONPATH=bindings/python python3 bench/bench_dit.py [--out DIR] [--models flux] [--no-step] [--rounds 3]
+
+Shapes: Flux-dev at 1024x1024 (4096 image + 512 text tokens, B1). Compile: blocks through
+torch.compile(block, fullgraph=True); the step through diffusers' regional compile
+(compile_repeated_blocks(fullgraph=True): as fast as compiling the whole model, 5x faster to
+compile), switched off and on between rounds by the blocks' compiled call. Time: CUDA events
+around --iters calls after warm-up, per call; median of --rounds rounds.
+Writes DIR/bench_dit.json and DIR/bench_dit.md and prints the table."""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import fusedk
+import fusedk.diffusers as fd
+import fusedk.torch as fkt
+
+BF16 = torch.bfloat16
+
+
+# --- models: build (real dims), block inputs, step inputs ----------------------------------------
+def flux_model(layers=None):
+    from diffusers import FluxTransformer2DModel
+    cfg = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+               num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+               axes_dims_rope=(16, 56, 56))
+    if layers is not None:
+        cfg.update(num_layers=layers[0], num_single_layers=layers[1])
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = FluxTransformer2DModel(**cfg).to(BF16).eval()
+        for p in m.parameters():
+            torch.nn.init.normal_(p, 0, 0.02)
+    return m
+
+
+def flux_inputs(m, Si=4096, St=512):
+    h = w = int(Si ** 0.5)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    r = lambda *s: torch.randn(*s, device="cuda", dtype=BF16, generator=g)  # noqa: E731
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(h)), torch.arange(float(w)), indexing="ij"), -1)
+    return dict(hidden_states=r(1, Si, 64), encoder_hidden_states=r(1, St, 4096), pooled_projections=r(1, 768),
+                timestep=torch.full((1,), 0.5, device="cuda", dtype=BF16), img_ids=ids.reshape(-1, 3).cuda(),
+                txt_ids=torch.zeros(St, 3, device="cuda"), guidance=torch.full((1,), 3.5, device="cuda", dtype=BF16),
+                return_dict=False)
+
+
+def flux_block_inputs(m, Si=4096, St=512):
+    """(double block kwargs, single block kwargs) as the model's forward makes them."""
+    x = flux_inputs(m, Si, St)
+    D = m.inner_dim
+    g = torch.Generator(device="cuda").manual_seed(2)
+    r = lambda *s: torch.randn(*s, device="cuda", dtype=BF16, generator=g)  # noqa: E731
+    rope = m.pos_embed(torch.cat([x["txt_ids"], x["img_ids"]]))
+    kw = dict(hidden_states=r(1, Si, D), encoder_hidden_states=r(1, St, D), temb=r(1, D), image_rotary_emb=rope)
+    return kw, dict(kw)
+
+
+MODELS = {"flux": (flux_model, flux_inputs, flux_block_inputs,
+                   lambda m: (m.transformer_blocks[0], m.single_transformer_blocks[0]),
+                   "Flux-dev, 1024x1024: 4096 image + 512 text tokens, B1")}
+
+
+# --- timing ------------------------------------------------------------------------------------
+def time_call(fn, iters):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / iters
+
+
+def host_time(fn, iters):
+    """The Python thread's time per call, the GPU work queued (not waited for)."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    dt = (time.perf_counter() - t) / iters * 1e3
+    torch.cuda.synchronize()
+    return dt
+
+
+def rounds(variants, iters, n_rounds):
+    """{name: median ms} over n_rounds rounds, each timing every variant once, the order rotated."""
+    names = list(variants)
+    got = {k: [] for k in names}
+    for r in range(n_rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            got[k].append(time_call(variants[k], iters))
+    return {k: statistics.median(v) for k, v in got.items()}, got
+
+
+def graph_of(fn):
+    """fn captured in a CUDA graph (warmed up on a side stream first), and its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def kernel_split(fn, iters=3):
+    """ms per call of the GPU kernels of fn, by kind: GEMM, attention, the rest (names listed)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    split, rest = {"gemm": 0.0, "attention": 0.0, "other": 0.0}, {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None)
+        if t is None:
+            t = ev.cuda_time_total
+        if not t or ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        n = ev.key.lower()
+        kind = ("attention" if any(s in n for s in ("fmha", "flash", "attention", "cudnn", "sdpa"))
+                else "gemm" if any(s in n for s in ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "cublas"))
+                else "other")
+        split[kind] += t / 1e3 / iters
+        if kind == "other":
+            rest[ev.key[:80]] = rest.get(ev.key[:80], 0.0) + t / 1e3 / iters
+    split["other_kernels"] = dict(sorted(rest.items(), key=lambda kv: -kv[1])[:12])
+    return split
+
+
+class FloorPieces(fd.Pieces):
+    """A patched block's GEMMs and attention alone: the memory-bound pieces return their input (or
+    an empty output) instead of running: the floor the patched block can reach before fusedk's own
+    attention and GEMM epilogues."""
+
+    def adaln(self, x, scale, shift, eps, norm="layer"):
+        return x
+
+    def gated_residual(self, x, y, gate, out=None):
+        return x if out is None else out
+
+    def qk_norm_rope(self, qkv, cos, sin, wq, wk, eps, out=None, norm="head", style="interleaved"):
+        if out is not None:
+            return out
+        q = qkv[0] if isinstance(qkv, (tuple, list)) else qkv[:, :, 0]
+        return tuple(torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+
+    def residual_tanh_gated_rmsnorm(self, x, x_res, gate, eps):
+        return x
+
+
+def swapped(block, pieces):
+    """A call of the patched block with other pieces in place of its own."""
+    st = block._fusedk
+
+    def f(**kw):
+        own = st.k
+        st.k = pieces
+        try:
+            return block(**kw)
+        finally:
+            st.k = own
+    return f
+
+
+def rel_err(a, ref):
+    a, ref = a.double(), ref.double()
+    return ((a - ref).norm() / ref.norm()).item()
+
+
+# --- one model -----------------------------------------------------------------------------------
+def bench_blocks(name, iters, n_rounds):
+    build, _, block_inputs, blocks_of, _ = MODELS[name]
+    stock_m = build((1, 1))
+    pat_m = build((1, 1))
+    pat_m.load_state_dict(stock_m.state_dict())
+    report = fd.apply(pat_m)
+    kw_double, kw_single = block_inputs(stock_m)
+    rows = []
+    for kind, i, kw in (("double", 0, kw_double), ("single", 1, kw_single)):
+        stock, pat = blocks_of(stock_m)[i], blocks_of(pat_m)[i]
+        with torch.inference_mode():
+            want, got = stock(**kw), pat(**kw)
+            t0 = time.time()
+            cs = torch.compile(stock, fullgraph=True)
+            cs(**kw)
+            t_cs = time.time() - t0
+            t0 = time.time()
+            cp = torch.compile(pat, fullgraph=True)
+            cp(**kw)
+            t_cp = time.time() - t0
+            replay = graph_of(lambda: pat(**kw))
+            with_fkt = fd.Pieces(pat._fusedk.k.use)
+            with_fkt.fk = fkt
+            via_fkt, floor = swapped(pat, with_fkt), swapped(pat, FloorPieces(fd.OPS))
+            floor_replay = graph_of(lambda: floor(**kw))
+            variants = {"stock eager": lambda: stock(**kw), "stock compile": lambda: cs(**kw),
+                        "patched eager": lambda: pat(**kw), "patched compile": lambda: cp(**kw),
+                        "patched CUDA graph": replay, "patched eager, fusedk.torch ops": lambda: via_fkt(**kw),
+                        "GEMM + attention alone, CUDA graph": floor_replay}
+            for v in variants.values():
+                v()
+            med, all_rounds = rounds(variants, iters, n_rounds)
+            split = kernel_split(lambda: pat(**kw))
+            host = {"patched eager": host_time(lambda: pat(**kw), iters),
+                    "patched eager, fusedk.torch ops": host_time(lambda: via_fkt(**kw), iters),
+                    "stock eager": host_time(lambda: stock(**kw), iters)}
+        rows.append(dict(model=name, what=f"{kind} block", ms=med, rounds=all_rounds, split=split, host_ms=host,
+                         compile_s={"stock": t_cs, "patched": t_cp},
+                         out_diff=[(a.float() - b.float()).abs().max().item() for a, b in zip(want, got)]))
+        log(rows[-1])
+    del stock_m, pat_m
+    torch.cuda.empty_cache()
+    return rows, repr(report)
+
+
+def compiled_switch(blocks):
+    """(off, on): the blocks' compiled call impls switched off (eager) and back on."""
+    impls = [b._compiled_call_impl for b in blocks]
+
+    def off():
+        for b in blocks:
+            b._compiled_call_impl = None
+
+    def on():
+        for b, f in zip(blocks, impls):
+            b._compiled_call_impl = f
+    return off, on
+
+
+def bench_step(name, iters, n_rounds):
+    build, inputs, _, _, _ = MODELS[name]
+    stock = build()
+    pat = build()
+    pat.load_state_dict(stock.state_dict())
+    report = fd.apply(pat)
+    x = inputs(stock)
+    with torch.inference_mode():
+        want = stock(**x)[0]
+        got = pat(**x)[0]
+        replay = graph_of(lambda: pat(**x))
+        patched = [b for b in pat.modules() if getattr(b, "_fusedk", None) is not None]
+        own, floor = [b._fusedk.k for b in patched], FloorPieces(fd.OPS)
+
+        def floor_step():
+            for b in patched:
+                b._fusedk.k = floor
+            try:
+                pat(**x)
+            finally:
+                for b, k in zip(patched, own):
+                    b._fusedk.k = k
+        floor_replay = graph_of(floor_step)
+        split = kernel_split(lambda: pat(**x), 1)
+        compile_s = {}
+        for key, m in (("stock", stock), ("patched", pat)):
+            t0 = time.time()
+            m.compile_repeated_blocks(fullgraph=True)
+            m(**x)
+            compile_s[key] = time.time() - t0
+        blocks = lambda m: [b for b in m.modules() if getattr(b, "_compiled_call_impl", None) is not None]  # noqa
+        s_off, s_on = compiled_switch(blocks(stock))
+        p_off, p_on = compiled_switch(blocks(pat))
+
+        def run(m, before):
+            def f():
+                before()
+                m(**x)
+            return f
+        variants = {"stock eager": run(stock, s_off), "stock compile": run(stock, s_on),
+                    "patched eager": run(pat, p_off), "patched compile": run(pat, p_on),
+                    "patched CUDA graph": replay, "GEMM + attention alone, CUDA graph": floor_replay}
+        for v in variants.values():
+            v()
+        med, all_rounds = rounds(variants, iters, n_rounds)
+        p_off()
+        host = host_time(lambda: pat(**x), iters)
+        p_on()
+    row = dict(model=name, what="step", ms=med, rounds=all_rounds, split=split, host_ms={"patched eager": host},
+               compile_s=compile_s, out_rel_diff=rel_err(got, want))
+    log(row)
+    return [row], repr(report)
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def table(rows):
+    hdr = ("| model | what | stock eager | stock compile | patched eager | patched compile | patched CUDA graph "
+           "| eager / compile | graph / compile | GEMM + attention alone | graph / (GEMM + attn) |")
+    out = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
+    for r in rows:
+        ms, sp = r["ms"], r["split"]
+        floor = ms.get("GEMM + attention alone, CUDA graph", sp["gemm"] + sp["attention"])
+        out.append(f"| {r['model']} | {r['what']} | {ms['stock eager']:.3f} | {ms['stock compile']:.3f} | "
+                   f"{ms['patched eager']:.3f} | {ms['patched compile']:.3f} | {ms['patched CUDA graph']:.3f} | "
+                   f"{ms['stock compile'] / ms['patched eager']:.3f}x | "
+                   f"{ms['stock compile'] / ms['patched CUDA graph']:.3f}x | {floor:.3f} | "
+                   f"{ms['patched CUDA graph'] / floor:.3f}x |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--models", default="flux")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--step-iters", type=int, default=3)
+    ap.add_argument("--no-step", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rows, reports = [], {}
+    for name in a.models.split(","):
+        r, reports[name + " blocks"] = bench_blocks(name, a.iters, a.rounds)
+        rows += r
+        if not a.no_step:
+            r, reports[name + " step"] = bench_step(name, a.step_iters, a.rounds)
+            rows += r
+    import diffusers
+    meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                diffusers=diffusers.__version__, fusedk=fusedk.__version__,
+                commit=os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip(),
+                shapes={k: MODELS[k][4] for k in a.models.split(",")}, reports=reports)
+    with open(os.path.join(a.out, "bench_dit.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    md = [f"# fusedk.diffusers, {meta['gpu']}, {meta['date']}", "",
+          f"torch {meta['torch']}, diffusers {meta['diffusers']}, fusedk {meta['fusedk']} ({meta['commit']}); "
+          f"ms a call, median of {a.rounds} rotated rounds; bf16, random weights.", ""]
+    md += [f"- {k}: {v}" for k, v in meta["shapes"].items()] + ["", table(rows), ""]
+    for r in rows:
+        md.append(f"- {r['model']} {r['what']}: host ms a call {r['host_ms']}; compile s {r['compile_s']}; "
+                  f"patched eager with fusedk.torch ops {r['ms'].get('patched eager, fusedk.torch ops', float('nan')):.3f}"
+                  f" ms; profiler's kernel split of the patched eager call (its kernel times run above the events'): "
+                  f"GEMM {r['split']['gemm']:.3f}, attention {r['split']['attention']:.3f}, other "
+                  f"{r['split']['other']:.3f} ms: {r['split']['other_kernels']}")
+    md += ["", "```", *reports.values(), "```"]
+    with open(os.path.join(a.out, "bench_dit.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
