@@ -6,8 +6,9 @@
 #                         [--sanitize] [--dit]
 # (--no-bench --percall: the suites and the per-call table, without the kernel bench;
 #  --no-percall: the kernel bench without the per-call table; BENCH_OPS=act,silu_fma limits it;
-#  --dit: the Python suite (fusedk.diffusers on real models included) and bench/bench_dit.py with
-#  $DIT_ARGS, nothing else;
+#  --dit: the Python suite ($DIT_TESTS, default tests/python; fusedk.diffusers on real models
+#  included) and bench/bench_dit.py with $DIT_ARGS, nothing else (DIT_NO_TESTS=1, DIT_NO_BENCH=1
+#  leave one out);
 #  --sanitize: compute-sanitizer memcheck, racecheck, initcheck and synccheck over the GPU suite's
 #  small cases of every op (FUSEDK_TEST_SMALL=1), reports in $OUT/sanitize-<tool>.txt)
 set -uo pipefail
@@ -69,12 +70,14 @@ if [ $bench = 1 ] && [ -f bench/bench.py ]; then
     tail -40 "$OUT/bench-linear-tune$tune.log"
   done
 fi
-if [ $dit = 1 ]; then  # fusedk.diffusers: the Python suite on the GPU, then the DiT bench
+if [ $dit = 1 ] && [ -z "${DIT_NO_TESTS:-}" ]; then  # fusedk.diffusers: the Python suite on the GPU
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h FUSEDK_SOURCE_ROOT=$PWD \
     PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} python3 -m pytest -q -rs -p no:cacheprovider \
     ${DIT_TESTS:-tests/python} >"$OUT/pytest-log.txt" 2>&1
   summary+=("pytest rc=$?: $(tail -1 "$OUT/pytest-log.txt")")
   grep -E "^FAILED|^ERROR" "$OUT/pytest-log.txt" | head -20
+fi
+if [ $dit = 1 ] && [ -z "${DIT_NO_BENCH:-}" ]; then  # then the DiT bench
   mkdir -p "$OUT/bench"
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
     python3 bench/bench_dit.py --out "$OUT/bench" ${DIT_ARGS:-} >"$OUT/bench-dit.log" 2>&1

@@ -46,6 +46,10 @@ def pair(name, device, dtype=torch.bfloat16, big=False):
     low = m.build(big).to(device).eval()
     low.load_state_dict(ref.state_dict())
     low = low.to(dtype)
+    keep = getattr(low, "_keep_in_fp32_modules", None) or ()
+    for n, p in low.named_parameters():  # as from_pretrained(torch_dtype=dtype) loads them (Wan's norms)
+        if any(k in n for k in keep):
+            p.data = p.data.float()
     x32 = m.inputs(ref, device, big)
     xl = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() and k not in m.KEEP_F32 else v)
           for k, v in x32.items()}

@@ -36,7 +36,7 @@ __all__ = ["apply", "revert", "Report", "OPS"]
 
 # the fused pieces a patched forward may use; apply(model, ops=...) picks a subset (the rest run
 # the stock torch expression: for A/B measurements and bisecting)
-OPS = frozenset({"adaln", "linear", "qk_norm_rope", "gated_residual", "residual_tanh_gated_rmsnorm"})
+OPS = frozenset({"adaln", "linear", "qk_norm_rope", "gated_residual", "residual_tanh_gated_rmsnorm", "glu"})
 
 
 class Report:
@@ -67,10 +67,12 @@ def _patchers():
     return table
 
 
-def _model_of(model):
-    """A pipeline's transformer, or the model itself."""
-    t = getattr(model, "transformer", None)
-    return t if isinstance(t, torch.nn.Module) else model
+def _roots(model):
+    """The transformers of a pipeline (.transformer, and .transformer_2 of two-expert pipelines
+    such as Wan 2.2 A14B), or the model itself."""
+    ts = [getattr(model, a, None) for a in ("transformer", "transformer_2")]
+    ts = [t for t in ts if isinstance(t, torch.nn.Module)]
+    return ts or [model]
 
 
 def apply(model, ops=None):
@@ -82,18 +84,19 @@ def apply(model, ops=None):
     if not use <= OPS:
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "
                           f"expected names from {sorted(OPS)}")
-    root, table, report = _model_of(model), _patchers(), Report()
-    for name, m in root.named_modules():
-        patcher = table.get(type(m))
-        if patcher is None or getattr(m, "_fusedk", None) is not None:
-            continue
-        why = _common_why_not(m) or patcher.why_not(m, root)
-        if why:
-            report.skipped.append((name or type(m).__name__, type(m).__name__, why))
-            continue
-        m._fusedk = patcher.prepare(m, Pieces(use))
-        m.forward = types.MethodType(patcher.forward, m)
-        report.patched.append((name or type(m).__name__, type(m).__name__))
+    table, report = _patchers(), Report()
+    for root in _roots(model):
+        for name, m in root.named_modules():
+            patcher = table.get(type(m))
+            if patcher is None or getattr(m, "_fusedk", None) is not None:
+                continue
+            why = _common_why_not(m, root) or patcher.why_not(m, root)
+            if why:
+                report.skipped.append((name or type(m).__name__, type(m).__name__, why))
+                continue
+            m._fusedk = patcher.prepare(m, Pieces(use))
+            m.forward = types.MethodType(patcher.forward, m)
+            report.patched.append((name or type(m).__name__, type(m).__name__))
     return report
 
 
@@ -101,7 +104,7 @@ def revert(model):
     """Undoes apply(): the stock forwards, each parameter in its own storage again. Returns the
     number of blocks reverted."""
     n = 0
-    for m in _model_of(model).modules():
+    for m in (m for root in _roots(model) for m in root.modules()):
         st = getattr(m, "_fusedk", None)
         if st is None:
             continue
@@ -113,8 +116,8 @@ def revert(model):
     return n
 
 
-def _common_why_not(m):
-    """Why block m cannot be patched whatever its model: a reason, or None."""
+def _common_why_not(m, root):
+    """Why block m of model root cannot be patched whatever its model: a reason, or None."""
     if "forward" in vars(m):
         return "its forward is already replaced (a diffusers hook, e.g. a cache or offload hook)"
     for name, sub in m.named_modules():
@@ -123,7 +126,10 @@ def _common_why_not(m):
             return f"{name} has hooks (the fused forward would skip them)"
         if hasattr(sub, "lora_A") or hasattr(sub, "base_layer"):
             return f"{name} is a LoRA/adapter layer (peft): fusedk's forward would drop it"
-    dts = {p.dtype for p in m.parameters()}
+    # one dtype, but for the float32 parameters the model keeps so (its _keep_in_fp32_modules, as
+    # from_pretrained(torch_dtype=...) loads them): the model's forward handles those
+    keep = getattr(root, "_keep_in_fp32_modules", None) or ()
+    dts = {p.dtype for n, p in m.named_parameters() if not (p.dtype == torch.float32 and any(k in n for k in keep))}
     if not dts <= {torch.float32, torch.float16, torch.bfloat16} or len(dts) > 1:
         return f"its parameters have dtypes {sorted(str(d) for d in dts)}, expected one of float32, float16, bfloat16"
     return None
@@ -211,6 +217,16 @@ class Pieces:
         for o, t in zip(out, res):
             o.copy_(t)
         return out
+
+    def glu(self, x, act, act_half):
+        """x[..., 2H] -> act(the act_half half) * the other half (silu, gelu, gelu_tanh)."""
+        if "glu" in self.use:
+            return self.fk.glu(x, act, act_half)
+        a, b = x.chunk(2, -1)
+        g, v = (a, b) if act_half == "first" else (b, a)
+        f = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+             "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[act]
+        return v * f(g)
 
     def residual_tanh_gated_rmsnorm(self, x, x_res, gate, eps):
         """Mochi: x + (x_res.float() * rsqrt(mean(x_res.float()^2) + eps) * tanh(gate)).type_as(x),

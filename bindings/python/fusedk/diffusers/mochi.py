@@ -1,0 +1,224 @@
+"""Mochi (diffusers' MochiTransformer3DModel): MochiTransformerBlock through fusedk.
+
+Per block (video stream x, text stream c; temb -> one GEMM for both streams' modulations):
+  adaln(x, scale_msa, 0, norm="rms")        MochiRMSNormZero's RMSNorm * (1 + scale), one pass
+                                            (each stream; the last block's text stream:
+                                            MochiLayerNormContinuous, the same math)
+  linear(., [Wq; Wk; Wv])                   one GEMM for q, k, v (each stream)
+  qk_norm_rope -> q, k, v [B, S, H, Dh]     per-head RMSNorm and Mochi's interleaved RoPE (tables
+                                            [S, H, Dh/2] from MochiRoPE), the video rows then the
+                                            text rows (norm only: cos 1, sin 0 tables) written
+                                            straight into the joint q, k, v (no concatenation)
+  attention                                 SDPA as MochiAttnProcessor2_0 calls it: one batched
+                                            call when every text token is valid, else per sample
+                                            over the video rows and the valid text rows, the rest
+                                            zeros (the stock processor's padding)
+  linear(o, Wo) ; residual_tanh_gated_rmsnorm  x + (rms(o Wo^T + bo) * tanh(gate_msa)).type_as(x)
+  adaln(x, scale_mlp, 0, norm="rms") ; linear(., W1) ; glu(., silu, gate = second half) ;
+  linear(., W2) ; residual_tanh_gated_rmsnorm
+The last block (context_pre_only) queries with the video rows only (the stock block drops the
+text rows' attention output) and returns the text stream as it came."""
+import torch
+import torch.nn.functional as F
+
+from . import compiling, fuse_linears, linear_parts, records_grad
+from .flux import _Patcher, _rows, _State
+
+
+def _rms_why_not(norm, name):
+    from diffusers.models.normalization import RMSNorm
+    if type(norm) is not RMSNorm or norm.weight is not None:
+        return f"{name} is {type(norm).__name__}, expected diffusers' RMSNorm without weight"
+    return None
+
+
+def _modulated_why_not(m, names):
+    from diffusers.models.transformers.transformer_mochi import MochiModulatedRMSNorm
+    for name in names:
+        n = getattr(m, name)
+        if type(n) is not MochiModulatedRMSNorm:
+            return f"{name} is {type(n).__name__}, expected MochiModulatedRMSNorm"
+        why = _rms_why_not(n.norm, name)
+        if why:
+            return why
+    return None
+
+
+def _ff_why_not(ff):
+    from diffusers.models.activations import SwiGLU
+    net = list(ff.net)
+    if len(net) != 3 or type(net[0]) is not SwiGLU or type(net[0].activation) is not torch.nn.SiLU:
+        return "feed-forward is not SwiGLU + Dropout + Linear"
+    if type(net[1]) is not torch.nn.Dropout or net[1].p != 0:
+        return "feed-forward dropout p > 0"
+    return None
+
+
+def _attn_why_not(a):
+    from diffusers.models.attention_processor import MochiAttnProcessor2_0
+    from diffusers.models.normalization import MochiRMSNorm
+    if type(a.processor) is not MochiAttnProcessor2_0:
+        return f"attention processor {type(a.processor).__name__}, expected MochiAttnProcessor2_0"
+    norms = [a.norm_q, a.norm_k, a.norm_added_q, a.norm_added_k]
+    if any(type(n) is not MochiRMSNorm for n in norms):
+        return f"q/k norms {[type(n).__name__ for n in norms]}, expected MochiRMSNorm"
+    if a.norm_q.eps != a.norm_k.eps or a.norm_added_q.eps != a.norm_added_k.eps:
+        return "q and k norms with different eps"
+    if a.heads * a.norm_q.dim[0] != a.to_q.out_features:
+        return "heads * head_dim differs from the projection width (tensor parallel?)"
+    if type(a.to_out[1]) is not torch.nn.Dropout or a.to_out[1].p != 0:
+        return "attention output dropout p > 0"
+    return None
+
+
+def _why_not(m, root):
+    from diffusers.models.transformers.transformer_mochi import (MochiLayerNormContinuous, MochiRMSNormZero,
+                                                                 MochiRoPE)
+    a, last = m.attn1, m.context_pre_only
+    lins = [a.to_q, a.to_k, a.to_v, a.add_q_proj, a.add_k_proj, a.add_v_proj, a.to_out[0], m.ff.net[0].proj,
+            m.ff.net[2], m.norm1.linear]
+    lins += [m.norm1_context.linear_1] if last else [a.to_add_out, m.ff_context.net[0].proj, m.ff_context.net[2],
+                                                    m.norm1_context.linear]
+    for lin in lins:
+        if type(lin) is not torch.nn.Linear:
+            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
+    if getattr(a, "fused_projections", False):
+        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
+    if a.context_pre_only != last or hasattr(a, "to_add_out") == last:
+        return "the block's and its attention's context_pre_only differ"
+    ctx = MochiLayerNormContinuous if last else MochiRMSNormZero
+    for n, cls in ((m.norm1, MochiRMSNormZero), (m.norm1_context, ctx)):
+        if type(n) is not cls or type(n.silu) is not torch.nn.SiLU:
+            return f"modulation {type(n).__name__}, expected {cls.__name__} with SiLU"
+    if (m.norm1.linear.bias is None) != (lins[-1].bias is None):
+        return "one modulation Linear has a bias and the other not"
+    why = (_rms_why_not(m.norm1.norm, "norm1.norm")
+           or (_modulated_why_not(m.norm1_context, ["norm"]) if last else _rms_why_not(m.norm1_context.norm,
+                                                                                     "norm1_context.norm"))
+           or _modulated_why_not(m, ["norm2", "norm3", "norm4"] + ([] if last else
+                                                                  ["norm2_context", "norm3_context", "norm4_context"]))
+           or _attn_why_not(a) or _ff_why_not(m.ff) or (None if last else _ff_why_not(m.ff_context)))
+    if why:
+        return why
+    rope = getattr(root, "rope", None)
+    if rope is not None and type(rope) is not MochiRoPE:
+        return f"position embedding {type(rope).__name__}, expected MochiRoPE (tables [S, H, Dh/2])"
+    return None
+
+
+def _prepare(m, pieces):
+    st = _State(pieces)
+    a, last = m.attn1, m.context_pre_only
+    st.w_qkv, st.b_qkv, v1 = fuse_linears([a.to_q, a.to_k, a.to_v])
+    st.w_aqkv, st.b_aqkv, v2 = fuse_linears([a.add_q_proj, a.add_k_proj, a.add_v_proj])
+    ctx = m.norm1_context.linear_1 if last else m.norm1_context.linear
+    st.w_mod, st.b_mod, v3 = fuse_linears([m.norm1.linear, ctx])  # one GEMM, both streams
+    st.views = v1 + v2 + v3
+    st.heads, st.dh = a.heads, a.norm_q.dim[0]
+    st.eps_qk, st.eps_aqk = a.norm_q.eps, a.norm_added_q.eps
+    st.eps1 = m.norm1.norm.eps
+    st.eps1c = m.norm1_context.norm.norm.eps if last else m.norm1_context.norm.eps
+    st.eps = [m.norm2.norm.eps, m.norm3.norm.eps, m.norm4.norm.eps]
+    if not last:
+        st.epsc = [m.norm2_context.norm.eps, m.norm3_context.norm.eps, m.norm4_context.norm.eps]
+    return st
+
+
+def _sdpa(q, k, v):
+    """[B, S, H, Dh] in and out, through F.scaled_dot_product_attention as the stock processor."""
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+# per forward (every block gets the same mask): the mask, its version, the video length and the rows
+# each sample attends over (None: all of them); eager only, so one host sync a forward, not a block
+# (and none in a CUDA graph captured after a warm-up). Inference tensors have no version counter
+# (an in-place change would go unseen): they are not kept.
+_masks = [None, None, None, None]
+
+
+def _valid_rows(mask, B, Si):
+    """None when every text token is valid, else per sample the joint rows the stock processor
+    keeps: the video rows, then the valid text rows in order."""
+    keep = not compiling() and not mask.is_inference()
+    if keep and _masks[0] is mask and _masks[1] == mask._version and _masks[2] == Si:
+        return _masks[3]
+    m = mask.reshape(B, -1)
+    # eager: every text token valid takes one batched call; in a graph (no host sync) every
+    # sample goes alone, as stock
+    full = not compiling() and bool(m.all())
+    rows = None if full else [torch.cat([torch.arange(Si, device=m.device), Si + torch.nonzero(r).flatten()])
+                              for r in m]
+    if keep:
+        _masks[:] = [mask, mask._version, Si, rows]
+    return rows
+
+
+def _attend(q, k, v, Sq, rows):
+    """Joint attention of the first Sq rows of q over k, v (all [B, S, H, Dh]). rows: None (one
+    batched call) or per sample the rows kept; their outputs come first, then zeros (Sq = S) as the
+    stock processor pads, or the Sq video rows (Sq < S: the last block drops the text rows)."""
+    if rows is None:
+        return _sdpa(q[:, :Sq], k, v)
+    S, outs = q.shape[1], []
+    for b, r in enumerate(rows):
+        kb, vb = k[b].index_select(0, r)[None], v[b].index_select(0, r)[None]
+        if Sq < S:
+            outs.append(_sdpa(q[b:b + 1, :Sq], kb, vb))
+        else:
+            o = _sdpa(q[b].index_select(0, r)[None], kb, vb)
+            outs.append(F.pad(o, (0, 0, 0, 0, 0, S - o.shape[1])))
+    return torch.cat(outs)
+
+
+def _zeros(t, B, D):
+    return t.new_zeros(1, D).expand(B, D)  # adaln's shift: MochiRMSNormZero has none
+
+
+def _stream(k, x, o, wo, bo, gate_msa, scale_mlp, gate_mlp, eps, ff):
+    """One stream after its attention output o: the gated-norm residual, the modulated norm, the
+    SwiGLU feed-forward and its gated-norm residual."""
+    x = k.residual_tanh_gated_rmsnorm(x, k.linear(_rows(o), wo, bo), gate_msa, eps[0])
+    n = k.adaln(x, scale_mlp, _zeros(x, x.shape[0], x.shape[2]), eps[1], norm="rms")
+    w1, b1 = linear_parts(ff.net[0].proj)
+    w2, b2 = linear_parts(ff.net[2])
+    g = k.glu(k.linear(n, w1, b1), "silu", "second")  # diffusers' SwiGLU gates the second half
+    return k.residual_tanh_gated_rmsnorm(x, k.linear(g, w2, b2), gate_mlp, eps[2])
+
+
+def forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb=None):
+    st = self._fusedk
+    B, Si, D = hidden_states.shape
+    St, Dc = encoder_hidden_states.shape[1:]
+    if (image_rotary_emb is None or encoder_attention_mask is None or encoder_attention_mask.numel() != B * St
+            or records_grad(self, hidden_states, encoder_hidden_states, temb)):
+        return type(self).forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_mask,
+                                  image_rotary_emb)
+    k, x, c, last = st.k, hidden_states, encoder_hidden_states, self.context_pre_only
+    H, Dh = st.heads, st.dh
+    mod = k.linear(F.silu(temb), st.w_mod, st.b_mod)  # [B, 4 D + (Dc if last else 4 Dc)]
+    scale, gate, scale2, gate2 = mod[:, :4 * D].chunk(4, 1)
+    qkv_x = k.linear(k.adaln(x, scale, _zeros(x, B, D), st.eps1, norm="rms"), st.w_qkv, st.b_qkv)
+    c_scale = mod[:, 4 * D:4 * D + Dc]  # the last block's MochiLayerNormContinuous: its scale only
+    qkv_c = k.linear(k.adaln(c, c_scale, _zeros(c, B, Dc), st.eps1c, norm="rms"), st.w_aqkv, st.b_aqkv)
+    q, kk, v = (x.new_empty(B, Si + St, H, Dh) for _ in range(3))
+    a = self.attn1
+    cos, sin = (t.float().contiguous() for t in image_rotary_emb)
+    k.qk_norm_rope(qkv_x.view(B, Si, 3, H, Dh), cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk,
+                   out=(q[:, :Si], kk[:, :Si], v[:, :Si]))
+    one, zero = (torch.full((1, Dh // 2), f, dtype=torch.float32, device=x.device).expand(St, -1) for f in (1., 0.))
+    k.qk_norm_rope(qkv_c.view(B, St, 3, H, Dh), one, zero, a.norm_added_q.weight, a.norm_added_k.weight,
+                   st.eps_aqk, out=(q[:, Si:], kk[:, Si:], v[:, Si:]))  # no RoPE on the text rows
+    rows = _valid_rows(encoder_attention_mask, B, Si)
+    o = _attend(q, kk, v, Si if last else Si + St, rows).flatten(2, 3).to(x.dtype)
+    wo, bo = linear_parts(a.to_out[0])
+    x = _stream(k, x, o[:, :Si], wo, bo, gate, scale2, gate2, st.eps, self.ff)
+    if last:
+        return x, encoder_hidden_states
+    c_gate, c_scale2, c_gate2 = mod[:, 4 * D + Dc:].chunk(3, 1)
+    wc, bc = linear_parts(a.to_add_out)
+    return x, _stream(k, c, o[:, Si:], wc, bc, c_gate, c_scale2, c_gate2, st.epsc, self.ff_context)
+
+
+def patchers():
+    from diffusers.models.transformers.transformer_mochi import MochiTransformerBlock
+    return {MochiTransformerBlock: _Patcher(_why_not, _prepare, forward)}

@@ -1,0 +1,170 @@
+"""Wan (diffusers' WanTransformer3DModel, also in WanVACETransformer3DModel): WanTransformerBlock
+through fusedk.
+
+Per block (video tokens x, text c; mod = scale_shift_table + temb in float32, as diffusers):
+  adaln(x, scale_msa, shift_msa)            FP32LayerNorm + modulation, one pass (float32 model)
+  linear(., [Wq; Wk; Wv])                   one GEMM for q, k, v
+  qk_norm_rope(qkv, norm="full") -> [B, S, H, Dh]  RMSNorm over all heads (Wan's norm_q/norm_k)
+                                            and Wan's interleaved RoPE, one pass
+  attention                                 diffusers' dispatch (SDPA or the model's backend)
+  linear(o, Wo) ; gated_residual            x + gate_msa * (o Wo^T + bo)
+  cross-attention: norm2 (torch), linear(., Wq), linear(c, [Wk; Wv]) (one GEMM; I2V: the image
+    context's [Wk'; Wv'] too), q/k RMSNorm (torch), attention, linear(o, Wo), x + o (torch)
+  adaln(x, c_scale, c_shift) ; linear(., W1, act=gelu_tanh) ; linear(., W2) ; gated_residual
+
+Wan keeps its modulation in float32 (scale_shift_table + temb.float()), and fusedk's adaln and
+gated_residual take it only in x's dtype: in a bf16/f16 model (and for Wan 2.2 TI2V's per-token
+temb [B, L, 6, D]) the modulated norms and gated residuals are the stock torch expressions (a
+float32 modulation for those two ops is what would fuse them); a float32 model runs them in
+fusedk. The GEMMs, the q/k prologue and attention are fused either way."""
+import torch
+from diffusers.models.normalization import FP32LayerNorm
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
+
+from . import compiling, fuse_linears, linear_parts, records_grad
+from .flux import _Patcher, _State, _attention, _eps, _ff_why_not, _rows
+
+
+def _attn_why_not(a):
+    if type(a.processor) is not WanAttnProcessor:
+        return f"attention processor {type(a.processor).__name__}, expected WanAttnProcessor"
+    if getattr(a.processor, "_parallel_config", None) is not None:
+        return "context-parallel attention"
+    if getattr(a, "fused_projections", False):
+        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
+    lins = [a.to_q, a.to_k, a.to_v, a.to_out[0]] + ([a.add_k_proj, a.add_v_proj] if a.add_k_proj is not None else [])
+    for lin in lins:
+        if type(lin) is not torch.nn.Linear:
+            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
+    if type(a.to_out[1]) is not torch.nn.Dropout or a.to_out[1].p != 0:
+        return "attention output dropout p > 0"
+    if not a.heads * (a.inner_dim // a.heads) == a.inner_dim == a.to_q.out_features == a.to_k.out_features:
+        return "heads * head_dim differs from the projection widths (tensor parallel?)"
+    return None
+
+
+def _why_not(m, root):
+    a = m.attn1
+    why = _attn_why_not(a) or _attn_why_not(m.attn2) or _ff_why_not(m.ffn)
+    if why:
+        return why
+    for lin in (m.ffn.net[0].proj, m.ffn.net[2]):
+        if type(lin) is not torch.nn.Linear:
+            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
+    for n in (m.norm1, m.norm3):
+        if type(n) is not FP32LayerNorm or n.elementwise_affine:
+            return f"modulated norm {type(n).__name__}, expected FP32LayerNorm without affine"
+    if any(type(n) is not torch.nn.RMSNorm for n in (a.norm_q, a.norm_k)) or a.norm_q.eps != a.norm_k.eps:
+        return "self-attention q/k norms are not torch.nn.RMSNorm with one eps"
+    if a.inner_dim > 8192:
+        return f"q/k RMSNorm over {a.inner_dim} channels, fusedk's qk_norm_rope norms at most 8192"
+    return None
+
+
+def _prepare(m, pieces):
+    st = _State(pieces)
+    a, a2 = m.attn1, m.attn2
+    st.w_qkv, st.b_qkv, v1 = fuse_linears([a.to_q, a.to_k, a.to_v])
+    st.w_kv, st.b_kv, v2 = fuse_linears([a2.to_k, a2.to_v])
+    st.views = v1 + v2
+    if a2.add_k_proj is not None:  # I2V: the image context's k, v
+        st.w_akv, st.b_akv, v3 = fuse_linears([a2.add_k_proj, a2.add_v_proj])
+        st.views += v3
+    st.heads, st.dh = a.heads, a.inner_dim // a.heads
+    st.eps_qk = _eps(a.norm_q, st.w_qkv.dtype)
+    st.eps1, st.eps3 = m.norm1.eps, m.norm3.eps
+    return st
+
+
+# the half tables [S, Dh/2] of the model's (cos, sin) [1, S, 1, Dh]: made once a forward (every
+# block gets the same tuple), kept with the tuple they came from. WanAttnProcessor rotates pair i
+# by cos[..., 2i] and sin[..., 2i + 1]: those columns, whatever the tables hold.
+_tables = [None, None, None]
+
+
+def _half_tables(rope):
+    if not compiling() and _tables[0] is rope:
+        return _tables[1], _tables[2]
+    cos, sin = rope
+    h = (cos[0, :, 0, 0::2].float().contiguous(), sin[0, :, 0, 1::2].float().contiguous())
+    if not compiling():
+        _tables[:] = [rope, *h]
+    return h
+
+
+def _fused(x, v):
+    """Whether fusedk's adaln / gated_residual reproduce stock here: a [B, D] modulation in x's
+    dtype (they take none in float32 with a 16-bit x, and rounding Wan's float32 modulation to
+    bf16 first doubled the max error under torch.compile on the H100)."""
+    return v.dim() == 2 and v.dtype == x.dtype
+
+
+def _tokens(v):
+    return v[:, None] if v.dim() == 2 else v
+
+
+def _norm_mod(k, x, scale, shift, eps):
+    """(FP32LayerNorm(x) * (1 + scale) + shift).type_as(x): fusedk's adaln where it reproduces it,
+    else the stock expression."""
+    if _fused(x, scale):
+        return k.adaln(x, scale, shift, eps)
+    n = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], eps=eps)
+    return (n * (1 + _tokens(scale)) + _tokens(shift)).type_as(x)
+
+
+def _gated(k, x, y, gate, out=None):
+    """(x.float() + y.float() * gate).type_as(x): fusedk's gated_residual where it reproduces it."""
+    if _fused(x, gate):
+        return k.gated_residual(x, y, gate, out=out)
+    return (x.float() + y.float() * _tokens(gate)).type_as(x)
+
+
+def _heads(t, h):
+    return t.unflatten(-1, (h, -1))
+
+
+def _cross(self, k, x, c):
+    """attn2: the stock processor's math with its GEMMs through fusedk."""
+    st, a = self._fusedk, self.attn2
+    H, D = a.heads, a.inner_dim
+    n = self.norm2(x.float()).type_as(x)  # FP32LayerNorm with affine (or Identity), as stock
+    c_img = None
+    if a.add_k_proj is not None:  # as WanAttnProcessor: the text context is the last 512 tokens
+        icl = c.shape[1] - 512
+        c_img, c = c[:, :icl], c[:, icl:]
+    q = _heads(a.norm_q(k.linear(n, *linear_parts(a.to_q))), H)
+    kv = k.linear(_rows(c), st.w_kv, st.b_kv)
+    o = _attention(a, q, _heads(a.norm_k(kv[..., :D]), H), _heads(kv[..., D:], H)).flatten(2, 3).type_as(q)
+    if c_img is not None:
+        kv = k.linear(_rows(c_img), st.w_akv, st.b_akv)
+        oi = _attention(a, q, _heads(a.norm_added_k(kv[..., :D]), H), _heads(kv[..., D:], H))
+        o = o + oi.flatten(2, 3).type_as(q)
+    return k.linear(o, *linear_parts(a.to_out[0]))
+
+
+def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+    st = self._fusedk
+    x = hidden_states
+    B, S, D = x.shape
+    H, Dh = st.heads, st.dh
+    # tables other than WanRotaryPosEmbed's [1, S, 1, Dh] (none, or a per-sample form): the stock forward
+    if (rotary_emb is None or any(tuple(t.shape) != (1, S, 1, Dh) for t in rotary_emb)
+            or records_grad(self, x, encoder_hidden_states, temb)):
+        return type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
+    k = st.k
+    mod = self.scale_shift_table + temb.float()  # float32, as stock
+    # [B, 6, D] -> [B, D] chunks; Wan 2.2 TI2V's per-token [B, L, 6, D] -> [B, L, D]
+    shift, scale, gate, c_shift, c_scale, c_gate = mod.unbind(2 if temb.ndim == 4 else 1)
+    a = self.attn1
+    qkv = k.linear(_norm_mod(k, x, scale, shift, st.eps1), st.w_qkv, st.b_qkv).view(B, S, 3, H, Dh)
+    cos, sin = _half_tables(rotary_emb)
+    q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
+    o = _attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
+    x = _gated(k, x, k.linear(o, *linear_parts(a.to_out[0])), gate)
+    x = x.add_(_cross(self, k, x, encoder_hidden_states))  # stock: a plain add in x's dtype (x is ours)
+    h = k.linear(_norm_mod(k, x, c_scale, c_shift, st.eps3), *linear_parts(self.ffn.net[0].proj), act="gelu_tanh")
+    return _gated(k, x, k.linear(h, *linear_parts(self.ffn.net[2])), c_gate, out=x)
+
+
+def patchers():
+    return {WanTransformerBlock: _Patcher(_why_not, _prepare, forward)}
