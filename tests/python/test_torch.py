@@ -163,3 +163,57 @@ def test_no_torch_import_without_asking():
     code = "import sys, fusedk; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+
+
+@pytest.mark.parametrize("order", ["fusedk first", "torch._dynamo first"])
+def test_plain_functions_compile_fullgraph_whatever_the_import_order(order):
+    # fusedk registers its Dynamo substitution when torch._dynamo is imported (after fusedk, or
+    # before it): a fresh interpreter for each order
+    import subprocess
+    import sys
+    first = "import fusedk, torch" if order == "fusedk first" else "import torch, torch._dynamo, fusedk"
+    code = f"""{first}
+x, w = torch.randn(3, 40), torch.randn(40)
+big = torch.zeros(3, 80)
+def f(x, w, big):
+    fusedk.linear(x, torch.ones(24, 40), act="gelu_tanh", out=big[:, 8:32])  # an out= column slice
+    return fusedk.rmsnorm(x, w) * 2, fusedk.qk_norm_rope(x.view(1, 3, 1, 1, 40).expand(1, 3, 3, 1, 40),
+                                                         torch.ones(3, 20), torch.zeros(3, 20))[0]
+a = torch.compile(f, fullgraph=True)(x, w, big.clone())
+b = f(x, w, big.clone())
+assert all(torch.equal(p, q) for p, q in zip(a, b))
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_eager_calls_autograd_records_get_a_grad_fn():
+    x = torch.randn(4, 64, requires_grad=True)
+    y = fusedk.rmsnorm(x)  # the plain function: autograd records it through the custom operator
+    assert y.grad_fn is not None
+    with pytest.raises(RuntimeError, match="fusedk.torch.rmsnorm is forward-only"):
+        y.sum().backward()
+    with torch.no_grad():
+        assert fusedk.rmsnorm(x).grad_fn is None  # no_grad: the fast C path
+    w = torch.randn(32, 64, requires_grad=True)
+    fusedk.linear(x, w, act="gelu_tanh").square().sum().backward()  # linear trains
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    torch.nn.functional.gelu(x2 @ w2.T, approximate="tanh").square().sum().backward()
+    assert torch.allclose(w.grad, w2.grad, rtol=1e-4, atol=1e-4) and torch.allclose(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_op_exists_agrees_with_the_c_rule():
+    from fusedk._ffi import ffi, lib
+    given = ffi.new("fusedk_tensor *")
+    for o in _core.OPS:
+        for mask in range(1 << len(o.inputs)):
+            args = [None] * len(o.tensors)
+            ptrs = ffi.new("fusedk_tensor *[]", len(o.tensors))
+            for b, i in enumerate(o.inputs):
+                if mask >> b & 1:
+                    args[i], ptrs[i] = 1, given
+            for flags in ([0.0] * max(1, len(o.attrs)), [1.0] * max(1, len(o.attrs))):
+                for i, _, _ in o.outputs:
+                    want = bool(lib.fusedk_op_out_exists(o.id, i, ptrs, ffi.new("double[]", flags)))
+                    assert o.exists(i, args, flags) == want, (o.name, i, mask, flags)

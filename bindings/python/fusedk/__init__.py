@@ -4,8 +4,9 @@ Every op takes NumPy arrays (runs the C reference; bfloat16 through ml_dtypes) o
 PyTorch, CuPy or JAX (runs the GPU kernel on the caller's current stream, or `stream=`) and
 returns the caller's own type; outputs come from the caller's framework allocator. `out=` writes
 into the caller's array. Errors raise fusedk.Error with the C library's reason. JAX arrays (and
-tracers, under jax.jit) go through XLA custom calls: see fusedk.jax. torch.compile: import
-fusedk.torch. The formulas are in fusedk.h."""
+tracers, under jax.jit) go through XLA custom calls: see fusedk.jax. Under torch.compile the same
+functions become the torch.ops.fusedk custom operators (fusedk.torch). fusedk.diffusers puts
+fused forwards into diffusers' DiTs. The formulas are in fusedk.h."""
 import json as _json
 
 from . import _core
@@ -40,7 +41,7 @@ _LINEAR_ACTS = {"none": _core.lib.FUSEDK_ACT_NONE, **_ACTS}
 
 
 def __dir__():
-    return sorted(__all__ + ["jax", "torch"])
+    return sorted(__all__ + ["diffusers", "jax", "torch"])
 
 
 def kernel_info():

@@ -286,3 +286,30 @@ def records_grad(m, *inputs):
 
 def compiling():
     return torch.compiler.is_compiling()
+
+
+class PerForward:
+    """What a patched forward derives from an object every block of one model forward gets (the
+    rope tables' tuple): made by the first block, kept with that object (and `extra`) until
+    another comes, so once a forward. Eager only: under torch.compile each trace makes its own."""
+
+    def __init__(self):
+        self.entry = (None, None, None)  # (object, extra, value): one tuple, read and set at once
+
+    def get(self, obj, extra, make):
+        if compiling():
+            return make()
+        key, ex, value = self.entry
+        if key is not obj or ex != extra:
+            value = make()
+            self.entry = (obj, extra, value)
+        return value
+
+
+def embedding_why_not(root, attr, cls, tables):
+    """Why root's position embedding (root.<attr>) is not `cls`, whose tables the fused forward
+    converts (described by `tables`): a reason, or None (no model root: a block patched alone)."""
+    pe = getattr(root, attr, None)
+    if pe is not None and type(pe) is not cls:
+        return f"position embedding {type(pe).__name__}, expected {cls.__name__} ({tables})"
+    return None

@@ -17,7 +17,7 @@ gated_residual. Its (text, image) outputs are views of one joint tensor, which t
 block takes as it is (no torch.cat)."""
 import torch
 
-from . import compiling, fuse_linears, linear_parts, records_grad
+from . import PerForward, compiling, embedding_why_not, fuse_linears, linear_parts, records_grad
 
 
 class _State:
@@ -93,10 +93,7 @@ def _why_not_single(m, root):
 
 def _pos_why_not(root):
     from diffusers.models.transformers.transformer_flux import FluxPosEmbed
-    pe = getattr(root, "pos_embed", None)
-    if pe is not None and type(pe) is not FluxPosEmbed:
-        return f"position embedding {type(pe).__name__}, expected FluxPosEmbed (repeat-interleaved tables)"
-    return None
+    return embedding_why_not(root, "pos_embed", FluxPosEmbed, "repeat-interleaved tables")
 
 
 def _eps(norm, dtype):
@@ -127,19 +124,12 @@ def _prepare_single(m, pieces):
     return st
 
 
-# the half tables [S, Dh/2] of the model's repeat-interleaved (cos, sin) [S, Dh]: made once a
-# forward (every block gets the same tuple), kept with the tuple they came from
-_tables = [None, None, None]
+_tables = PerForward()
 
 
 def _half_tables(rope):
-    cos, sin = rope
-    if not compiling() and _tables[0] is rope:
-        return _tables[1], _tables[2]
-    h = (cos[:, ::2].float().contiguous(), sin[:, ::2].float().contiguous())
-    if not compiling():
-        _tables[:] = [rope, *h]
-    return h
+    """The half tables [S, Dh/2] of the model's repeat-interleaved (cos, sin) [S, Dh]."""
+    return _tables.get(rope, None, lambda: tuple(t[:, ::2].float().contiguous() for t in rope))
 
 
 def _attention(attn, q, k, v):
@@ -169,13 +159,18 @@ def _stream_mlp(k, x, gate_msa, ax, gate_mlp, scale_mlp, shift_mlp, eps, ff):
     return k.gated_residual(x, k.linear(h, w2, b2), gate_mlp, out=x)
 
 
+def _stock(self, x, c, temb, rope, kwargs):
+    """Whether a Flux block runs its stock forward: attention kwargs (IP-adapter states, ...),
+    no rope tables, or autograd recording."""
+    return bool(kwargs) or rope is None or records_grad(self, x, c, temb)
+
+
 def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                    joint_attention_kwargs=None):
-    st = self._fusedk
-    if joint_attention_kwargs or image_rotary_emb is None or records_grad(self, hidden_states, encoder_hidden_states,
-                                                                            temb):
+    if _stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                   joint_attention_kwargs)
+    st = self._fusedk
     k, x, c = st.k, hidden_states, encoder_hidden_states
     B, Si, D = x.shape
     St, H, Dh = c.shape[1], st.heads, st.dh
@@ -214,11 +209,10 @@ def _joint(c, x):
 
 def forward_single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                    joint_attention_kwargs=None):
-    st = self._fusedk
-    if joint_attention_kwargs or image_rotary_emb is None or records_grad(self, hidden_states, encoder_hidden_states,
-                                                                            temb):
+    if _stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                   joint_attention_kwargs)
+    st = self._fusedk
     k = st.k
     St = encoder_hidden_states.shape[1]
     r = _joint(encoder_hidden_states, hidden_states)

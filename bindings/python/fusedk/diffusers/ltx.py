@@ -23,7 +23,7 @@ stock torch expressions (diffusers' RMSNorm rounding included); the GEMMs, qk_no
 attention stay fused."""
 import torch
 
-from . import compiling, fuse_linears, linear_parts, records_grad
+from . import PerForward, embedding_why_not, fuse_linears, linear_parts, records_grad
 from .flux import _attention, _eps, _ff_why_not, _Patcher, _State
 
 
@@ -59,10 +59,7 @@ def _why_not(m, root):
 
 def _rope_why_not(root):
     from diffusers.models.transformers.transformer_ltx import LTXVideoRotaryPosEmbed
-    pe = getattr(root, "rope", None)
-    if pe is not None and type(pe) is not LTXVideoRotaryPosEmbed:
-        return f"position embedding {type(pe).__name__}, expected LTXVideoRotaryPosEmbed (repeat-interleaved tables)"
-    return None
+    return embedding_why_not(root, "rope", LTXVideoRotaryPosEmbed, "repeat-interleaved tables")
 
 
 def _prepare(m, pieces):
@@ -75,18 +72,13 @@ def _prepare(m, pieces):
     return st
 
 
-# the half tables [B, S, H, Dh/2] of the model's repeat-interleaved (cos, sin) [B, S, H*Dh]: made
-# once a forward (every block gets the same tuple), kept with the tuple they came from
-_tables = [None, None, None]
+_tables = PerForward()
 
 
 def _half_tables(rope, heads):
-    if not compiling() and _tables[0] is rope and _tables[1].shape[-2] == heads:
-        return _tables[1], _tables[2]
-    h = tuple(t[..., ::2].unflatten(-1, (heads, -1)).float().contiguous() for t in rope)
-    if not compiling():
-        _tables[:] = [rope, *h]
-    return h
+    """The half tables [B, S, H, Dh/2] of the model's repeat-interleaved (cos, sin) [B, S, H*Dh]."""
+    return _tables.get(rope, heads, lambda: tuple(t[..., ::2].unflatten(-1, (heads, -1)).float().contiguous()
+                                                  for t in rope))
 
 
 def _rmsnorm(x, eps):

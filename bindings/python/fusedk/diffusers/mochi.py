@@ -21,7 +21,7 @@ text rows' attention output) and returns the text stream as it came."""
 import torch
 import torch.nn.functional as F
 
-from . import compiling, fuse_linears, linear_parts, records_grad
+from . import compiling, embedding_why_not, fuse_linears, linear_parts, records_grad
 from .flux import _Patcher, _rows, _State
 
 
@@ -100,10 +100,7 @@ def _why_not(m, root):
            or _attn_why_not(a) or _ff_why_not(m.ff) or (None if last else _ff_why_not(m.ff_context)))
     if why:
         return why
-    rope = getattr(root, "rope", None)
-    if rope is not None and type(rope) is not MochiRoPE:
-        return f"position embedding {type(rope).__name__}, expected MochiRoPE (tables [S, H, Dh/2])"
-    return None
+    return embedding_why_not(root, "rope", MochiRoPE, "tables [S, H, Dh/2]")
 
 
 def _prepare(m, pieces):

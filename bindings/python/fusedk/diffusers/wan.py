@@ -21,7 +21,7 @@ import torch
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
-from . import compiling, fuse_linears, linear_parts, records_grad
+from . import PerForward, fuse_linears, linear_parts, records_grad
 from .flux import _Patcher, _State, _attention, _eps, _ff_why_not, _rows
 
 
@@ -76,20 +76,15 @@ def _prepare(m, pieces):
     return st
 
 
-# the half tables [S, Dh/2] of the model's (cos, sin) [1, S, 1, Dh]: made once a forward (every
-# block gets the same tuple), kept with the tuple they came from. WanAttnProcessor rotates pair i
-# by cos[..., 2i] and sin[..., 2i + 1]: those columns, whatever the tables hold.
-_tables = [None, None, None]
+_tables = PerForward()
 
 
 def _half_tables(rope):
-    if not compiling() and _tables[0] is rope:
-        return _tables[1], _tables[2]
+    """The half tables [S, Dh/2] of the model's (cos, sin) [1, S, 1, Dh]: WanAttnProcessor rotates
+    pair i by cos[..., 2i] and sin[..., 2i + 1], so those columns, whatever the tables hold."""
     cos, sin = rope
-    h = (cos[0, :, 0, 0::2].float().contiguous(), sin[0, :, 0, 1::2].float().contiguous())
-    if not compiling():
-        _tables[:] = [rope, *h]
-    return h
+    return _tables.get(rope, None, lambda: (cos[0, :, 0, 0::2].float().contiguous(),
+                                            sin[0, :, 0, 1::2].float().contiguous()))
 
 
 def _fused(x, v):
