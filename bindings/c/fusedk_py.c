@@ -439,24 +439,32 @@ out:
   return failed(status);
 }
 
-/* 1 where autograd records this call: grad mode is on and an input requires grad. Its outputs
-   then need a grad_fn (the framework's custom operator, FUSEDK_PY_AUTOGRAD), which no C route
-   makes; -1 where the answer could not be read. */
+/* 1 where autograd records this call: an input requires grad and grad mode is on (asked only
+   then: the no-grad and plain-tensor calls pay a few attribute reads). Its outputs then need a
+   grad_fn (the framework's custom operator, FUSEDK_PY_AUTOGRAD), which no C route makes; -1
+   where the answer could not be read. */
 static int records_grad(const route *r, int32_t op, void *args) {
+  static void *no_args;
   const fusedk_op *o = fusedk_op_get(op);
-  void *none = py.tuple_new(0), *on = none ? py.call(r->grad_mode, none, NULL) : NULL;
-  if (none) py.decref(none);
-  long long rec = on ? py.as_longlong(on) : -1;
-  if (on) py.decref(on);
-  for (int i = 0; rec == 1 && o && i < o->n_tensors; ++i) {
+  long long rec = 0;
+  for (int i = 0; o && i < o->n_tensors && rec == 0; ++i) {
     void *t = o->tensors[i].kind <= FUSEDK_ARG_IN_OPT ? py.tuple_getitem(args, i) : NULL;
     void *g = t && t != py.none ? py.getattr(t, "requires_grad") : NULL;
-    if (!g) continue; /* not a tensor: the route's own checks see it */
-    if (py.as_longlong(g) == 1) rec = 2;
+    if (!g) { /* not a tensor (the route's own checks see it), or no such attribute */
+      py.err_clear();
+      continue;
+    }
+    rec = py.as_longlong(g);
     py.decref(g);
   }
+  if (rec == 1) {
+    if (!no_args) no_args = py.tuple_new(0); /* kept for the process */
+    void *on = no_args ? py.call(r->grad_mode, no_args, NULL) : NULL;
+    rec = on ? py.as_longlong(on) : -1;
+    if (on) py.decref(on);
+  }
   if (rec < 0 || py.err_occurred()) return py.err_clear(), -1;
-  return rec == 2;
+  return rec == 1;
 }
 
 static void *route_call(route *r, int32_t op, void *args, const double *attrs, int64_t stream) {

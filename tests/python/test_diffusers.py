@@ -159,3 +159,40 @@ def test_ops_subset_and_bad_names():
     fd.revert(low)
     with pytest.raises(fusedk.Error, match="ops has"):
         fd.apply(low, ops=["bogus"])
+
+
+def test_changes_after_apply_are_seen():
+    """.to(), a new state dict, a hook or a LoRA layer added after apply(): the fused weights are
+    made again, or the block runs its stock forward (with a warning), never the stale weights."""
+    import copy
+    name = "flux" if "flux" in MODELS else sorted(MODELS)[0]
+    m, ref, low, x32, xl = pair(name, "cpu")
+    stock = copy.deepcopy(low).float()
+    fd.apply(low)
+    low.float()  # new storage for every parameter: fused again at the next call
+    assert torch.allclose(m.output(run(low, x32)), m.output(run(stock, x32)), rtol=1e-4, atol=1e-5)
+    other = m.build()
+    low.load_state_dict(other.state_dict(), assign=True)  # new Parameter objects
+    other.eval()
+    assert torch.allclose(m.output(run(low, x32)), m.output(run(other, x32)), rtol=1e-4, atol=1e-5)
+    block = m.blocks(low)[0]
+    lin = next(s for s in block.modules() if type(s) is torch.nn.Linear and s.weight.data_ptr() in
+               {p.data_ptr() for p in block._fusedk.views})
+    before = m.output(run(low, x32))
+    lin.register_forward_hook(lambda mod, i, o: o * 0)  # a hook the fused forward would skip
+    with pytest.warns(RuntimeWarning, match="changed after apply"):
+        got = m.output(run(low, x32))
+    assert getattr(block, "_fusedk", None) is None and "forward" not in vars(block)  # stock from now on
+    assert not torch.allclose(got, before, rtol=1e-3, atol=1e-3)  # the hook ran
+
+
+def test_out_with_grad_raises_and_patched_models_copy():
+    import copy
+    x = torch.randn(4, 64, requires_grad=True)
+    with pytest.raises(fusedk.Error, match="out= is given and an input requires grad"):
+        fusedk.rmsnorm(x, out=torch.empty(4, 64))
+    name = sorted(MODELS)[0]
+    m, ref, low, x32, xl = pair(name, "cpu")
+    fd.apply(low)
+    twin = copy.deepcopy(low)
+    assert torch.equal(m.output(run(twin, xl)), m.output(run(low, xl)))

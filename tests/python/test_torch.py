@@ -217,3 +217,40 @@ def test_op_exists_agrees_with_the_c_rule():
                 for i, _, _ in o.outputs:
                     want = bool(lib.fusedk_op_out_exists(o.id, i, ptrs, ffi.new("double[]", flags)))
                     assert o.exists(i, args, flags) == want, (o.name, i, mask, flags)
+
+
+def test_python_output_shapes_agree_with_the_c_rule():
+    qkv = (2, 5, 3, 16)
+    cases = {  # op: (shapes in registry order of the inputs, attrs)
+        "rmsnorm": ({"x": (3, 7, 16)}, ()), "glu": ({"x": (2, 3, 10)}, ()),
+        "rope": ({"q": (2, 5, 3, 16), "k": (2, 5, 1, 16), "cos": (5, 8), "sin": (5, 8)}, ()),
+        "rope_table_1d": ({"positions": (9,)}, (12, 10000.0)),
+        "rope_table_axes": ({"ids": (9, 3)}, (10000.0, 16, 56, 56, 0)),
+        "rope_table_ltx": ({"coords": (9, 3)}, (30, 10000.0)),
+        "rope_table_mixed": ({"pos": (9, 3), "freqs": (3, 4, 6)}, ()),
+        "linear": ({"x": (2, 3, 8), "w": (5, 8)}, (0, 0, 1)),
+        "linear_backward": ({"dy": (6, 5), "x": (6, 8), "w": (5, 8), "aux": (6, 5)}, (0, 0, 1, 1, 1)),
+    }
+    for layout in (0, 1):
+        cases[f"qk_norm_rope{layout}"] = ({"q": qkv, "k": qkv, "v": qkv, "cos": (5, 8), "sin": (5, 8)},
+                                          (1e-6, 0, 0, layout, 0))
+    for key, (named, attrs) in cases.items():
+        o = _core.OPS[next(i for i, op in enumerate(_core.OPS) if op.name == key.rstrip("01"))]
+        shapes = [named.get(t[0]) for t in o.tensors]
+        values = o.values(attrs)
+        for i, _, _ in o.outputs:
+            if shapes[o.tensors[i][2]] is not None and o.exists(i, shapes, values):
+                assert tuple(o.sym_shape(i, shapes, values)) == tuple(o.out_shape(i, shapes, attrs)), (key, i)
+
+
+def test_compile_with_changing_shapes():
+    f = torch.compile(lambda x, w: fusedk.linear(x, w, act="gelu_tanh", aux=True), fullgraph=True, dynamic=True)
+    for n in (6, 8, 10):
+        x, w = torch.randn(2, n, 16), torch.randn(12, 16)
+        y, z = f(x, w)
+        want, wz = fusedk.linear(x, w, act="gelu_tanh", aux=True)
+        assert y.shape == (2, n, 12) and torch.equal(y, want) and torch.equal(z, wz)
+    g = torch.compile(lambda qkv, c, s: fusedk.qk_norm_rope(qkv, c, s), fullgraph=True, dynamic=True)
+    for S in (4, 6, 9):
+        qkv, c = torch.randn(1, S, 3, 2, 8), torch.randn(S, 4)
+        assert all(torch.equal(a, b) for a, b in zip(g(qkv, c, c), fusedk.qk_norm_rope(qkv, c, c)))

@@ -67,6 +67,7 @@ class Op:
         ts = o.tensors[0:o.n_tensors]
         self.tensors = [(ffi.string(t.name).decode(), t.kind, t.like, t.when) for t in ts]
         self.same_shape = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW}  # outputs: like's shape
+        self.half = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW_HALF}  # like's, last dim / 2
         self.float32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_F32}  # always float32
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
@@ -109,6 +110,28 @@ class Op:
                                 "integer")
                 out[k] = int(out[k])
         return out
+
+    def sym_shape(self, i, shapes, values):
+        """fusedk_op_out_shape's rule in Python for shapes of valid inputs, sizes kept as given
+        (torch.compile's symbolic sizes stay symbolic): what fake tensors are allocated by. The C
+        rule validates and names what is wrong when the op runs (test_torch checks they agree)."""
+        like = tuple(shapes[self.tensors[i][2]])
+        if i in self.same_shape:
+            return like
+        if i in self.half:
+            return like[:-1] + (like[-1] // 2,)
+        n = self.name
+        if n == "qk_norm_rope":  # the input's [B, S, H, Dh], or [B, H, S, Dh] for BHSD
+            return (like[0], like[2], like[1], like[3]) if values[3] == lib.FUSEDK_LAYOUT_BHSD else like
+        if n == "linear":
+            return like[:-1] + (shapes[3][0],)
+        if n == "linear_backward":
+            return (shapes[5][0],)
+        if n == "rope_table_mixed":
+            return (like[0],) + tuple(shapes[3][1:3])
+        if n == "rope_table_axes":
+            return (like[0], int(sum(values[1:5])) // 2)
+        return (like[0], int(values[0]) // 2)  # rope_table_1d, rope_table_ltx: [S, dim / 2]
 
     def out_shape(self, i, shapes, attrs=()):
         """The shape of output i given the inputs' shapes (registry order, None where absent) and
@@ -277,8 +300,10 @@ def path_of(t):
     if p is None:
         root = t.__module__.split(".")[0]
         api = exchange_api(t) if hasattr(t, "__dlpack__") else 0
-        if api:  # torch's autograd: a call it records goes to fusedk.torch (c_failed)
-            grad = getattr(sys.modules.get(root), "is_grad_enabled", None) if root == "torch" else None
+        if api:  # torch's autograd (torch.Tensor and its subclasses): a call it records goes to
+            torch = sys.modules.get("torch")  # fusedk.torch (c_failed)
+            is_tensor = torch is not None and isinstance(t, type) and issubclass(t, torch.Tensor)
+            grad = torch.is_grad_enabled if is_tensor else None
             p = routed_path(pylib.fusedk_py_route(t, api, None, None, None, None, grad))
         elif root == "cupy" and t.__name__ == "ndarray":
             p = routed_path(cupy_route(t))
@@ -321,6 +346,9 @@ def _substitute_for_dynamo():
     it cannot trace. Runs once torch._dynamo is imported (at fusedk's import if it already is)."""
     try:
         sys.modules["torch._dynamo"].substitute_in_graph(call, skip_signature_check=True)(traced_call)
+    except ValueError as e:  # registered already (fusedk's package imported anew): it still holds
+        if "uplicate" not in str(e):
+            raise
     except Exception as e:  # noqa: BLE001 - an older or newer torch: compiled calls break the graph
         import warnings
         warnings.warn(f"fusedk: torch.compile will not trace fusedk's functions ({e!r}); use fusedk.torch's",
@@ -347,11 +375,11 @@ class _AfterImport:
         if run is None:
             return spec
 
-        def exec_module(module):
+        def exec_module(module):  # the loader may serve other modules too (zipimport): only this one
             run(module)
-            if self in sys.meta_path:
+            if module.__name__ == self.name and self in sys.meta_path:
                 sys.meta_path.remove(self)
-            self.fn()
+                self.fn()
         spec.loader.exec_module = exec_module
         return spec
 

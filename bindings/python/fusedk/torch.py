@@ -10,12 +10,12 @@ derived from the registry: `fusedk::<op>` (functional: returns new tensors) and
 `fusedk::<op>_out` (writes the caller's out=/residual_out= tensors, declared as mutated), each
 with a fake (meta) implementation. The ops are forward-only: backward through one raises an
 error that says so, but for `linear`, whose backward is `linear_backward` (so
-`fusedk.torch.linear` trains, eager or compiled). For the eager call, plain `fusedk.rmsnorm(x)` is the faster path (no
-dispatcher); these exist for tracing."""
+`fusedk.torch.linear` trains, eager or compiled). Plain `fusedk.rmsnorm(x)` & co. need no import of
+this module: under torch.compile they become these operators, and so do eager calls autograd
+records; other eager calls take fusedk's C path (no dispatcher), the faster one."""
 import sys
 
 import torch
-import torch._dynamo
 
 from . import _core
 from ._core import OPS, Error
@@ -56,7 +56,8 @@ def _register(o):
 
     @torch.library.impl(qual, ("cpu", "cuda"))
     def functional(*a):
-        r = _core.call(o.id, a[0], args_of(a[:n_in], ()), tuple(a[n_in:]), None)
+        with torch.no_grad():  # the kernel itself, below autograd: the C path, never back here
+            r = _core.call(o.id, a[0], args_of(a[:n_in], ()), tuple(a[n_in:]), None)
         r = list(r) if isinstance(r, tuple) else [r]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
 
@@ -70,7 +71,8 @@ def _register(o):
     @torch.library.impl(qual_out, ("cpu", "cuda"))
     def out(*a):
         n_attr = len(o.attrs)
-        _core.call(o.id, a[0], args_of(a[:n_in], a[n_in + n_attr:]), tuple(a[n_in:n_in + n_attr]), None)
+        with torch.no_grad():
+            _core.call(o.id, a[0], args_of(a[:n_in], a[n_in + n_attr:]), tuple(a[n_in:n_in + n_attr]), None)
 
     @torch.library.register_fake(qual_out)
     def out_fake(*a):
@@ -116,20 +118,11 @@ def _keeps_aux(o, args, attrs):
             and any(t is not None and t.requires_grad for t in args[2:]))
 
 
-@torch._dynamo.assume_constant_result
-def _traced_shape(op, i, shapes, attrs):
-    """Op op's output i's shape (fusedk_op_out_shape through cffi, which Dynamo cannot trace: it
-    takes this as a constant, as it does the static shapes it is given)."""
-    return OPS[op].out_shape(i, shapes, attrs)
-
-
 def _new(o, i, args, attrs):
-    """Output i of op o, allocated like its like input (fusedk_op_out_shape's shape)."""
+    """Output i of op o, allocated like its like input (fusedk_op_out_shape's rule, sizes kept
+    symbolic under torch.compile)."""
     like = args[o.tensors[i][2]]
-    if i in o.same_shape:
-        shape = like.shape
-    else:
-        shape = _traced_shape(o.id, i, tuple(None if a is None else tuple(a.shape) for a in args), tuple(attrs))
+    shape = o.sym_shape(i, [None if a is None else a.shape for a in args], o.values(attrs))
     return like.new_empty(shape, dtype=torch.float32) if i in o.float32 else like.new_empty(shape)
 
 
@@ -137,14 +130,24 @@ def _route(op, x, args, attrs, stream):
     """fusedk's call through the registered operators: what torch.compile traces in place of
     fusedk's C call, and what an eager call autograd records takes."""
     o = OPS[op]
-    if stream is not None:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: fusedk.torch ops run on torch's current stream; "
-                    "use `with torch.cuda.stream(s):` instead of stream=")
+    if stream is not None:  # the operators run on torch's current stream: make stream= that one
+        if torch.compiler.is_compiling():
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: stream= is not taken under torch.compile; use "
+                        "`with torch.cuda.stream(s):`")
+        if not torch.cuda.is_available():
+            return _route(op, x, args, attrs, None)
+        with torch.cuda.stream(torch.cuda.ExternalStream(_core.stream_int(stream))):
+            return _route(op, x, args, attrs, None)
     inputs = [args[i] for i in o.inputs]
     attrs = o.typed(attrs)  # every attribute: the schema's int and float arguments
     if _keeps_aux(o, args, attrs):
         return getattr(torch.ops.fusedk, o.name)(*inputs, *attrs[:2], 1, *attrs[3:])[0]
     given = [args[i] for i, _, _ in o.outputs]
+    if any(g is not None for g in given) and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in inputs):
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: out= is given and an input requires grad; out= "
+                    "calls are not differentiable (as torch's own out= ops): leave out= unset, or call it under "
+                    "torch.no_grad()")
     if all(g is None for g in given):
         r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
         return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)

@@ -27,6 +27,7 @@ pass); attention stays diffusers' dispatch (SDPA, or the backend the model is se
 diffusers (and torch) are imported by this module only."""
 import types
 import warnings
+import weakref
 
 import torch
 
@@ -72,6 +73,9 @@ def _roots(model):
     such as Wan 2.2 A14B), or the model itself."""
     ts = [getattr(model, a, None) for a in ("transformer", "transformer_2")]
     ts = [t for t in ts if isinstance(t, torch.nn.Module)]
+    if not ts and not isinstance(model, torch.nn.Module):
+        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers: model is a {type(model).__name__}, "
+                          "expected a diffusers model, one of its blocks, or a pipeline with a .transformer")
     return ts or [model]
 
 
@@ -94,10 +98,53 @@ def apply(model, ops=None):
             if why:
                 report.skipped.append((name or type(m).__name__, type(m).__name__, why))
                 continue
-            m._fusedk = patcher.prepare(m, Pieces(use))
-            m.forward = types.MethodType(patcher.forward, m)
+            _patch(m, patcher, Pieces(use), root)
             report.patched.append((name or type(m).__name__, type(m).__name__))
     return report
+
+
+def _patch(m, patcher, pieces, root):
+    st = patcher.prepare(m, pieces)
+    st.patcher, st.root, st.links = patcher, weakref.ref(root), _links(m, st.views)
+    m._fusedk = st
+    if "forward" not in vars(m):
+        m.forward = types.MethodType(_checked_forward, m)
+
+
+def _links(m, views):
+    """Where each fused parameter hangs (parent module, child name, the Linear, its attribute, the
+    parameter, its data pointer): what _fresh checks before every eager call."""
+    parent = {c: (p, n) for p in m.modules() for n, c in p.named_children()}
+    ids = {id(v) for v in views}
+    return [(*parent[sub], sub, name, p, p.data_ptr()) for sub in m.modules()
+            for name, p in sub.named_parameters(recurse=False) if id(p) in ids]
+
+
+def _fresh(st):
+    """Whether the fused weights are still the model's: no Linear replaced (a LoRA layer added
+    after apply), no parameter given new storage (.to(), load_state_dict(assign=True)), no hook
+    added on a fused Linear since apply()."""
+    return all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and getattr(lin, attr) is p
+               and p.data_ptr() == ptr and not lin._forward_hooks and not lin._forward_pre_hooks
+               for parent, name, lin, attr, p, ptr in st.links)
+
+
+def _checked_forward(self, *args, **kwargs):
+    """A patched block's forward: the fused one while apply()'s fused weights are still the
+    model's (checked eagerly); after a change, the block is prepared again, or runs its stock
+    forward from then on where it no longer can be patched (a warning says why)."""
+    st = self._fusedk
+    if not compiling() and not _fresh(st):
+        root = st.root() or self
+        why = _common_why_not(self, root, patched=True) or st.patcher.why_not(self, root)
+        if why:
+            warnings.warn(f"fusedk.diffusers: {type(self).__name__} changed after apply() and runs its stock "
+                          f"forward from now on: {why}", RuntimeWarning, stacklevel=2)
+            _unpatch(self)
+            return type(self).forward(self, *args, **kwargs)
+        _patch(self, st.patcher, st.k, root)  # new storage (.to(), a new state dict): fused again
+        st = self._fusedk
+    return st.patcher.forward(self, *args, **kwargs)
 
 
 def revert(model):
@@ -108,18 +155,32 @@ def revert(model):
         st = getattr(m, "_fusedk", None)
         if st is None:
             continue
-        del m.forward  # the class's forward again
-        for p in st.views:
-            p.data = p.data.clone()
-        del m._fusedk
+        for parent, name, lin, attr, p, ptr in st.links:
+            if p.data_ptr() == ptr:  # still a view into the fused weight
+                p.data = p.data.clone()
+        _unpatch(m)
         n += 1
+    for cache in PerForward.every:
+        cache.entry = (None, None, None)  # the last forward's tables go with the patch
     return n
 
 
-def _common_why_not(m, root):
+def _unpatch(m):
+    f = vars(m).get("forward")
+    if getattr(f, "__func__", None) is _checked_forward:
+        del m.forward  # the class's forward again
+    elif f is not None:  # something replaced it after apply() (a diffusers hook): left in place
+        warnings.warn(f"fusedk.diffusers.revert: {type(m).__name__}'s forward was replaced after apply() (a hook?); "
+                      "left as it is", RuntimeWarning, stacklevel=3)
+    del m._fusedk
+
+
+def _common_why_not(m, root, patched=False):
     """Why block m of model root cannot be patched whatever its model: a reason, or None."""
-    if "forward" in vars(m):
+    if "forward" in vars(m) and not patched:
         return "its forward is already replaced (a diffusers hook, e.g. a cache or offload hook)"
+    if hasattr(root, "_hf_hook") or hasattr(root, "_diffusers_hook"):
+        return "the model has offload or cache hooks (they move or skip what the fused weights copy)"
     for name, sub in m.named_modules():
         if sub is not m and (sub._forward_hooks or sub._forward_pre_hooks or hasattr(sub, "_hf_hook")
                              or hasattr(sub, "_diffusers_hook") or "forward" in vars(sub)):
@@ -147,6 +208,8 @@ def fuse_linears(lins):
     and bias then a view into it: the same values, no extra memory. Returns (w, b, views)."""
     ws = [linear_parts(m)[0] for m in lins]
     bs = [m.bias for m in lins]
+    if len({b is None for b in bs}) > 1:
+        raise TypeError("some of the fused projections have a bias and some not")
     with torch.no_grad():
         w = torch.cat([x.detach() for x in ws])
         b = torch.cat([x.detach() for x in bs]) if all(x is not None for x in bs) else None
@@ -159,8 +222,6 @@ def fuse_linears(lins):
             y.data = b[row:row + n]
             views.append(y)
         row += n
-    if b is None and any(y is not None for y in bs):
-        raise TypeError("some of the fused projections have a bias and some not")
     return w, b, views
 
 
@@ -172,6 +233,12 @@ class Pieces:
         self.use = use
         import fusedk
         self.fk = fusedk
+
+    def __getstate__(self):  # copy.deepcopy and pickle of a patched model: modules do not pickle
+        return {"use": self.use}
+
+    def __setstate__(self, state):
+        self.__init__(state["use"])
 
     def adaln(self, x, scale, shift, eps, norm="layer"):
         if "adaln" in self.use:
@@ -293,8 +360,11 @@ class PerForward:
     rope tables' tuple): made by the first block, kept with that object (and `extra`) until
     another comes, so once a forward. Eager only: under torch.compile each trace makes its own."""
 
+    every = []
+
     def __init__(self):
         self.entry = (None, None, None)  # (object, extra, value): one tuple, read and set at once
+        PerForward.every.append(self)
 
     def get(self, obj, extra, make):
         if compiling():

@@ -191,7 +191,7 @@ def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotar
     x = _stream_mlp(k, x, gate, k.linear(_rows(o[:, St:]), wo, bo), gate2, scale2, shift2, st.eps2, self.ff)
     c = _stream_mlp(k, c, c_gate, k.linear(_rows(o[:, :St]), wc, bc), c_gate2, c_scale2, c_shift2, st.eps2c,
                     self.ff_context)
-    return _clip16(c), _clip16(x)
+    return _clip16(c), x  # as stock: the text stream is clipped in float16, the image stream not
 
 
 def _joint(c, x):
