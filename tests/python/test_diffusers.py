@@ -196,3 +196,16 @@ def test_out_with_grad_raises_and_patched_models_copy():
     fd.apply(low)
     twin = copy.deepcopy(low)
     assert torch.equal(m.output(run(twin, xl)), m.output(run(low, xl)))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_another_attention_processor_is_reported(name):
+    from diffusers.models.attention_processor import AttnProcessor2_0
+    m, ref, low, x32, xl = pair(name, "cpu")
+    block = m.blocks(low)[0]
+    (getattr(block, "attn", None) or block.attn1).processor = AttnProcessor2_0()
+    report = fd.apply(low)
+    assert [why for _, _, why in report.skipped] == [f"attention processor AttnProcessor2_0, expected "
+                                                     f"{type((getattr(m.blocks(ref)[0], 'attn', None) or m.blocks(ref)[0].attn1).processor).__name__}"]
+    assert len(report.patched) == len(m.blocks(low)) - 1
+    fd.revert(low)

@@ -196,6 +196,30 @@ def _common_why_not(m, root, patched=False):
     return None
 
 
+def linears_why_not(lins):
+    """Why the fused forward cannot take these as plain torch.nn.Linear layers (quantized or LoRA
+    layers compute otherwise): a reason, or None."""
+    bad = next((x for x in lins if type(x) is not torch.nn.Linear), None)
+    return None if bad is None else f"{type(bad).__name__} where a torch.nn.Linear is expected"
+
+
+def attention_why_not(attn, processor):
+    """The checks every model's attention takes: exactly its stock processor (IP-adapter and custom
+    processors compute otherwise), no context parallelism, projections not fused by diffusers, no
+    output dropout: a reason, or None."""
+    p = attn.processor
+    if type(p) is not processor:
+        return f"attention processor {type(p).__name__}, expected {processor.__name__}"
+    if getattr(p, "_parallel_config", None) is not None:
+        return "context-parallel attention"
+    if getattr(attn, "fused_projections", False):
+        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
+    out = getattr(attn, "to_out", None)
+    if out is not None and len(out) > 1 and (type(out[1]) is not torch.nn.Dropout or out[1].p != 0):
+        return "attention output dropout p > 0"
+    return None
+
+
 def linear_parts(lin):
     """(weight, bias) of an nn.Linear exactly (not a subclass: quantized and LoRA layers differ)."""
     if type(lin) is not torch.nn.Linear:

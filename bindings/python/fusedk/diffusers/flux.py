@@ -17,7 +17,8 @@ gated_residual. Its (text, image) outputs are views of one joint tensor, which t
 block takes as it is (no torch.cat)."""
 import torch
 
-from . import PerForward, compiling, embedding_why_not, fuse_linears, linear_parts, records_grad
+from . import (PerForward, attention_why_not, compiling, embedding_why_not, fuse_linears, linear_parts,
+               linears_why_not, records_grad)
 
 
 class _State:
@@ -29,10 +30,9 @@ class _State:
 
 def _attn_why_not(attn, added):
     from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
-    if type(attn.processor) is not FluxAttnProcessor:
-        return f"attention processor {type(attn.processor).__name__} (IP-adapter or custom), expected FluxAttnProcessor"
-    if getattr(attn.processor, "_parallel_config", None) is not None:
-        return "context-parallel attention"
+    why = attention_why_not(attn, FluxAttnProcessor)
+    if why:
+        return why
     norms = [attn.norm_q, attn.norm_k] + ([attn.norm_added_q, attn.norm_added_k] if added else [])
     if any(type(n) is not torch.nn.RMSNorm for n in norms):
         return f"q/k norms {[type(n).__name__ for n in norms]}, expected torch.nn.RMSNorm"
@@ -64,15 +64,11 @@ def _ff_why_not(ff):
 
 
 def _why_not_double(m, root):
-    for lin in [m.attn.to_q, m.attn.to_k, m.attn.to_v, m.attn.add_q_proj, m.attn.add_k_proj, m.attn.add_v_proj,
-                m.attn.to_out[0], m.attn.to_add_out, m.ff.net[0].proj, m.ff.net[2], m.ff_context.net[0].proj,
-                m.ff_context.net[2], m.norm1.linear, m.norm1_context.linear]:
-        if type(lin) is not torch.nn.Linear:
-            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
-    if getattr(m.attn, "fused_projections", False):
-        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
-    if type(m.attn.to_out[1]) is not torch.nn.Dropout or m.attn.to_out[1].p != 0:
-        return "attention output dropout p > 0"
+    why = linears_why_not([m.attn.to_q, m.attn.to_k, m.attn.to_v, m.attn.add_q_proj, m.attn.add_k_proj,
+                           m.attn.add_v_proj, m.attn.to_out[0], m.attn.to_add_out, m.ff.net[0].proj, m.ff.net[2],
+                           m.ff_context.net[0].proj, m.ff_context.net[2], m.norm1.linear, m.norm1_context.linear])
+    if why:
+        return why
     for n in (m.norm2, m.norm2_context):
         if type(n) is not torch.nn.LayerNorm or n.elementwise_affine:
             return "norm2 is not a LayerNorm without affine"
@@ -81,11 +77,9 @@ def _why_not_double(m, root):
 
 
 def _why_not_single(m, root):
-    for lin in [m.attn.to_q, m.attn.to_k, m.attn.to_v, m.proj_mlp, m.proj_out, m.norm.linear]:
-        if type(lin) is not torch.nn.Linear:
-            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
-    if getattr(m.attn, "fused_projections", False):
-        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
+    why = linears_why_not([m.attn.to_q, m.attn.to_k, m.attn.to_v, m.proj_mlp, m.proj_out, m.norm.linear])
+    if why:
+        return why
     if type(m.act_mlp) is not torch.nn.GELU or m.act_mlp.approximate != "tanh":
         return f"MLP activation {m.act_mlp!r}, expected GELU(approximate='tanh')"
     return _attn_why_not(m.attn, False) or _ada_why_not(m.norm, 3) or _pos_why_not(root)

@@ -23,7 +23,8 @@ stock torch expressions (diffusers' RMSNorm rounding included); the GEMMs, qk_no
 attention stay fused."""
 import torch
 
-from . import PerForward, embedding_why_not, fuse_linears, linear_parts, records_grad
+from . import (PerForward, attention_why_not, embedding_why_not, fuse_linears, linear_parts, linears_why_not,
+               records_grad)
 from .flux import _attention, _eps, _ff_why_not, _Patcher, _State
 
 
@@ -31,17 +32,10 @@ def _why_not(m, root):
     from diffusers.models.normalization import RMSNorm
     from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
     a = m.attn1
-    for lin in [a.to_q, a.to_k, a.to_v, a.to_out[0], m.ff.net[0].proj, m.ff.net[2]]:
-        if type(lin) is not torch.nn.Linear:
-            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
-    if type(a.processor) is not LTXVideoAttnProcessor:
-        return f"attention processor {type(a.processor).__name__} (custom), expected LTXVideoAttnProcessor"
-    if getattr(a.processor, "_parallel_config", None) is not None:
-        return "context-parallel attention"
-    if getattr(a, "fused_projections", False):
-        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
-    if type(a.to_out[1]) is not torch.nn.Dropout or a.to_out[1].p != 0:
-        return "attention output dropout p > 0"
+    why = (linears_why_not([a.to_q, a.to_k, a.to_v, a.to_out[0], m.ff.net[0].proj, m.ff.net[2]])
+           or attention_why_not(a, LTXVideoAttnProcessor))
+    if why:
+        return why
     if any(type(n) is not torch.nn.RMSNorm for n in (a.norm_q, a.norm_k)) or a.norm_q.eps != a.norm_k.eps:
         return "q/k norms are not torch.nn.RMSNorm with one eps"
     inner = a.heads * a.head_dim

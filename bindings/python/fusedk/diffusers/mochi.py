@@ -21,7 +21,8 @@ text rows' attention output) and returns the text stream as it came."""
 import torch
 import torch.nn.functional as F
 
-from . import compiling, embedding_why_not, fuse_linears, linear_parts, records_grad
+from . import (attention_why_not, compiling, embedding_why_not, fuse_linears, linear_parts, linears_why_not,
+               records_grad)
 from .flux import _Patcher, _rows, _State
 
 
@@ -57,8 +58,9 @@ def _ff_why_not(ff):
 def _attn_why_not(a):
     from diffusers.models.attention_processor import MochiAttnProcessor2_0
     from diffusers.models.normalization import MochiRMSNorm
-    if type(a.processor) is not MochiAttnProcessor2_0:
-        return f"attention processor {type(a.processor).__name__}, expected MochiAttnProcessor2_0"
+    why = attention_why_not(a, MochiAttnProcessor2_0)
+    if why:
+        return why
     norms = [a.norm_q, a.norm_k, a.norm_added_q, a.norm_added_k]
     if any(type(n) is not MochiRMSNorm for n in norms):
         return f"q/k norms {[type(n).__name__ for n in norms]}, expected MochiRMSNorm"
@@ -66,8 +68,6 @@ def _attn_why_not(a):
         return "q and k norms with different eps"
     if a.heads * a.norm_q.dim[0] != a.to_q.out_features:
         return "heads * head_dim differs from the projection width (tensor parallel?)"
-    if type(a.to_out[1]) is not torch.nn.Dropout or a.to_out[1].p != 0:
-        return "attention output dropout p > 0"
     return None
 
 
@@ -79,11 +79,9 @@ def _why_not(m, root):
             m.ff.net[2], m.norm1.linear]
     lins += [m.norm1_context.linear_1] if last else [a.to_add_out, m.ff_context.net[0].proj, m.ff_context.net[2],
                                                     m.norm1_context.linear]
-    for lin in lins:
-        if type(lin) is not torch.nn.Linear:
-            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
-    if getattr(a, "fused_projections", False):
-        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
+    why = linears_why_not(lins)
+    if why:
+        return why
     if a.context_pre_only != last or hasattr(a, "to_add_out") == last:
         return "the block's and its attention's context_pre_only differ"
     ctx = MochiLayerNormContinuous if last else MochiRMSNormZero

@@ -21,23 +21,15 @@ import torch
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
-from . import PerForward, fuse_linears, linear_parts, records_grad
+from . import PerForward, attention_why_not, fuse_linears, linear_parts, linears_why_not, records_grad
 from .flux import _Patcher, _State, _attention, _eps, _ff_why_not, _rows
 
 
 def _attn_why_not(a):
-    if type(a.processor) is not WanAttnProcessor:
-        return f"attention processor {type(a.processor).__name__}, expected WanAttnProcessor"
-    if getattr(a.processor, "_parallel_config", None) is not None:
-        return "context-parallel attention"
-    if getattr(a, "fused_projections", False):
-        return "diffusers' fuse_qkv_projections() is on (unfuse_qkv_projections() first)"
     lins = [a.to_q, a.to_k, a.to_v, a.to_out[0]] + ([a.add_k_proj, a.add_v_proj] if a.add_k_proj is not None else [])
-    for lin in lins:
-        if type(lin) is not torch.nn.Linear:
-            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
-    if type(a.to_out[1]) is not torch.nn.Dropout or a.to_out[1].p != 0:
-        return "attention output dropout p > 0"
+    why = attention_why_not(a, WanAttnProcessor) or linears_why_not(lins)
+    if why:
+        return why
     if not a.heads * (a.inner_dim // a.heads) == a.inner_dim == a.to_q.out_features == a.to_k.out_features:
         return "heads * head_dim differs from the projection widths (tensor parallel?)"
     return None
@@ -48,9 +40,9 @@ def _why_not(m, root):
     why = _attn_why_not(a) or _attn_why_not(m.attn2) or _ff_why_not(m.ffn)
     if why:
         return why
-    for lin in (m.ffn.net[0].proj, m.ffn.net[2]):
-        if type(lin) is not torch.nn.Linear:
-            return f"{type(lin).__name__} where a torch.nn.Linear is expected"
+    why = linears_why_not([m.ffn.net[0].proj, m.ffn.net[2]])
+    if why:
+        return why
     for n in (m.norm1, m.norm3):
         if type(n) is not FP32LayerNorm or n.elementwise_affine:
             return f"modulated norm {type(n).__name__}, expected FP32LayerNorm without affine"
