@@ -3,6 +3,8 @@ one block of each kind, for the GPU), its inputs and its blocks."""
 import torch
 from diffusers import FluxTransformer2DModel
 
+from dit_common import randomized
+
 KEEP_F32 = ("img_ids", "txt_ids")  # inputs that stay float32 in a bf16 run (position ids)
 
 
@@ -15,11 +17,7 @@ def build(big=False):
         cfg = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
                    num_attention_heads=4, joint_attention_dim=48, pooled_projection_dim=32, guidance_embeds=True,
                    axes_dims_rope=(4, 6, 6))
-    m = FluxTransformer2DModel(**cfg)
-    with torch.no_grad():  # diffusers zero-initializes some layers; every weight random here
-        for p in m.parameters():
-            p.normal_(0, 0.02 if big else 0.05)
-    return m
+    return randomized(FluxTransformer2DModel(**cfg), big)
 
 
 def inputs(model, device, big=False):

@@ -3,6 +3,8 @@ real width, one block, for the GPU), its inputs and its blocks."""
 import torch
 from diffusers import LTXVideoTransformer3DModel
 
+from dit_common import randomized
+
 KEEP_F32 = ("timestep",)  # the pipeline's timesteps are float32 in a bf16 run too
 
 
@@ -13,11 +15,7 @@ def build(big=False):
     else:  # 4 x 16 = 64 wide: 64 % 6 = 4 leading channels of head 0 unrotated, as the real model's 2
         cfg = dict(in_channels=16, out_channels=16, num_attention_heads=4, attention_head_dim=16,
                    cross_attention_dim=64, num_layers=2, caption_channels=48)
-    m = LTXVideoTransformer3DModel(**cfg)
-    with torch.no_grad():  # diffusers zero-initializes some layers; every weight random here
-        for p in m.parameters():
-            p.normal_(0, 0.02 if big else 0.05)
-    return m
+    return randomized(LTXVideoTransformer3DModel(**cfg), big)
 
 
 def inputs(model, device, big=False):

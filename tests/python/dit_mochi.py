@@ -3,6 +3,8 @@ one block and the last, context_pre_only block, for the GPU), its inputs and its
 import torch
 from diffusers import MochiTransformer3DModel
 
+from dit_common import randomized
+
 KEEP_F32 = ("timestep",)  # inputs that stay float32 in a bf16 run (timesteps up to 1000)
 
 
@@ -13,11 +15,7 @@ def build(big=False):
     else:
         cfg = dict(patch_size=2, num_attention_heads=4, attention_head_dim=16, num_layers=2, pooled_projection_dim=32,
                    in_channels=4, text_embed_dim=48, time_embed_dim=16, max_sequence_length=8)
-    m = MochiTransformer3DModel(**cfg)
-    with torch.no_grad():  # diffusers zero-initializes some layers (pos_frequencies); every weight random here
-        for p in m.parameters():
-            p.normal_(0, 0.02 if big else 0.05)
-    return m
+    return randomized(MochiTransformer3DModel(**cfg), big)
 
 
 def inputs(model, device, big=False):

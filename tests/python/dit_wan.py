@@ -3,6 +3,8 @@
 import torch
 from diffusers import WanTransformer3DModel
 
+from dit_common import randomized
+
 KEEP_F32 = ("timestep",)  # the pipelines pass the scheduler's float32 timesteps
 
 
@@ -13,11 +15,7 @@ def build(big=False):
     else:
         cfg = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4,
                    out_channels=4, text_dim=32, freq_dim=32, ffn_dim=96, num_layers=2, rope_max_seq_len=32)
-    m = WanTransformer3DModel(**cfg)
-    with torch.no_grad():  # every weight random (norm affines, scale_shift_table included)
-        for p in m.parameters():
-            p.normal_(0, 0.02 if big else 0.05)
-    return m
+    return randomized(WanTransformer3DModel(**cfg), big)
 
 
 def inputs(model, device, big=False):

@@ -220,6 +220,66 @@ def attention_why_not(attn, processor):
     return None
 
 
+class Patcher:
+    """How one block class is patched: why_not(block, model) -> a reason or None, prepare(block,
+    pieces) -> its State, forward(block, ...) the fused forward."""
+
+    def __init__(self, why_not, prepare, forward):
+        self.why_not, self.prepare, self.forward = why_not, prepare, forward
+
+
+class State:
+    """What a patched block keeps: its pieces, its fused weights (w_<name>, b_<name>) and the
+    parameters apply() made views into them."""
+
+    def __init__(self, pieces):
+        self.k, self.views = pieces, []
+
+    def fuse(self, name, lins):
+        """One GEMM's weight and bias for the nn.Linear modules lins: w_<name>, b_<name>."""
+        w, b, views = fuse_linears(lins)
+        setattr(self, "w_" + name, w)
+        setattr(self, "b_" + name, b)
+        self.views += views
+        return w
+
+    def self_attention(self, attn, head_dim):
+        """The self-attention's q, k, v as one GEMM (w_qkv, b_qkv), its heads, head dim and q/k norm eps."""
+        self.fuse("qkv", [attn.to_q, attn.to_k, attn.to_v])
+        self.heads, self.dh = attn.heads, head_dim
+        self.eps_qk = eps_of(attn.norm_q, self.w_qkv.dtype)
+
+
+def eps_of(norm, dtype):
+    """A norm module's eps (None: torch's default, the dtype's machine epsilon)."""
+    return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
+
+
+def gelu_ff_why_not(ff):
+    """Why diffusers' FeedForward ff is not Linear + GELU(tanh) + Linear (what linear's epilogue
+    and a second linear run): a reason, or None."""
+    from diffusers.models.activations import GELU
+    net = list(ff.net)
+    if len(net) != 3 or type(net[0]) is not GELU or net[0].approximate != "tanh":
+        return "feed-forward is not Linear + GELU(tanh) + Linear"
+    if type(net[1]) is not torch.nn.Dropout or net[1].p != 0:
+        return "feed-forward dropout p > 0"
+    return None
+
+
+def attention(attn, q, k, v):
+    """[B, S, H, Dh] in and out, through diffusers' dispatch with the processor's backend."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    p = attn.processor
+    return dispatch_attention_fn(q, k, v, attn_mask=None, backend=p._attention_backend,
+                                 parallel_config=p._parallel_config)
+
+
+def rows(t):
+    """t as linear takes it: rows evenly spaced (a slice of a joint sequence is, for B = 1)."""
+    return t if t.shape[0] == 1 or t.is_contiguous() else t.contiguous()
+
+
 def linear_parts(lin):
     """(weight, bias) of an nn.Linear exactly (not a subclass: quantized and LoRA layers differ)."""
     if type(lin) is not torch.nn.Linear:

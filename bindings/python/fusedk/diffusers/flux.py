@@ -17,15 +17,8 @@ gated_residual. Its (text, image) outputs are views of one joint tensor, which t
 block takes as it is (no torch.cat)."""
 import torch
 
-from . import (PerForward, attention_why_not, compiling, embedding_why_not, fuse_linears, linear_parts,
-               linears_why_not, records_grad)
-
-
-class _State:
-    """What a patched block keeps: fused weights, its pieces, the views apply() made."""
-
-    def __init__(self, pieces):
-        self.k, self.views = pieces, []
+from . import (Patcher, PerForward, State, attention, attention_why_not, compiling, embedding_why_not,
+               gelu_ff_why_not, linear_parts, linears_why_not, records_grad, rows)
 
 
 def _attn_why_not(attn, added):
@@ -53,16 +46,6 @@ def _ada_why_not(norm, n_chunks):
     return None
 
 
-def _ff_why_not(ff):
-    from diffusers.models.activations import GELU
-    net = list(ff.net)
-    if len(net) != 3 or type(net[0]) is not GELU or net[0].approximate != "tanh":
-        return "feed-forward is not Linear + GELU(tanh) + Linear"
-    if type(net[1]) is not torch.nn.Dropout or net[1].p != 0:
-        return "feed-forward dropout p > 0"
-    return None
-
-
 def _why_not_double(m, root):
     why = linears_why_not([m.attn.to_q, m.attn.to_k, m.attn.to_v, m.attn.add_q_proj, m.attn.add_k_proj,
                            m.attn.add_v_proj, m.attn.to_out[0], m.attn.to_add_out, m.ff.net[0].proj, m.ff.net[2],
@@ -73,7 +56,7 @@ def _why_not_double(m, root):
         if type(n) is not torch.nn.LayerNorm or n.elementwise_affine:
             return "norm2 is not a LayerNorm without affine"
     return (_attn_why_not(m.attn, True) or _ada_why_not(m.norm1, 6) or _ada_why_not(m.norm1_context, 6)
-            or _ff_why_not(m.ff) or _ff_why_not(m.ff_context) or _pos_why_not(root))
+            or gelu_ff_why_not(m.ff) or gelu_ff_why_not(m.ff_context) or _pos_why_not(root))
 
 
 def _why_not_single(m, root):
@@ -90,30 +73,21 @@ def _pos_why_not(root):
     return embedding_why_not(root, "pos_embed", FluxPosEmbed, "repeat-interleaved tables")
 
 
-def _eps(norm, dtype):
-    return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
-
-
 def _prepare_double(m, pieces):
-    st = _State(pieces)
+    st = State(pieces)
     a = m.attn
-    st.w_qkv, st.b_qkv, v1 = fuse_linears([a.to_q, a.to_k, a.to_v])
-    st.w_aqkv, st.b_aqkv, v2 = fuse_linears([a.add_q_proj, a.add_k_proj, a.add_v_proj])
-    st.w_mod, st.b_mod, v3 = fuse_linears([m.norm1.linear, m.norm1_context.linear])  # one GEMM, both streams
-    st.views = v1 + v2 + v3
-    st.heads, st.dh = a.heads, a.head_dim
-    st.eps_qk = _eps(a.norm_q, st.w_qkv.dtype)
+    st.self_attention(a, a.head_dim)
+    st.fuse("aqkv", [a.add_q_proj, a.add_k_proj, a.add_v_proj])
+    st.fuse("mod", [m.norm1.linear, m.norm1_context.linear])  # one GEMM, both streams
     st.eps1, st.eps1c = m.norm1.norm.eps, m.norm1_context.norm.eps
     st.eps2, st.eps2c = m.norm2.eps, m.norm2_context.eps
     return st
 
 
 def _prepare_single(m, pieces):
-    st = _State(pieces)
+    st = State(pieces)
     a = m.attn
-    st.w_qkv, st.b_qkv, st.views = fuse_linears([a.to_q, a.to_k, a.to_v])
-    st.heads, st.dh = a.heads, a.head_dim
-    st.eps_qk = _eps(a.norm_q, st.w_qkv.dtype)
+    st.self_attention(a, a.head_dim)
     st.eps = m.norm.norm.eps
     return st
 
@@ -124,19 +98,6 @@ _tables = PerForward()
 def _half_tables(rope):
     """The half tables [S, Dh/2] of the model's repeat-interleaved (cos, sin) [S, Dh]."""
     return _tables.get(rope, None, lambda: tuple(t[:, ::2].float().contiguous() for t in rope))
-
-
-def _attention(attn, q, k, v):
-    """[B, S, H, Dh] in and out, through diffusers' dispatch with the processor's backend."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-    p = attn.processor
-    return dispatch_attention_fn(q, k, v, attn_mask=None, backend=p._attention_backend,
-                                 parallel_config=p._parallel_config)
-
-
-def _rows(t):
-    """t as linear takes it: rows evenly spaced (a slice of a joint sequence is, for B = 1)."""
-    return t if t.shape[0] == 1 or t.is_contiguous() else t.contiguous()
 
 
 def _clip16(t):
@@ -179,11 +140,11 @@ def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotar
                    st.eps_qk, out=(q[:, :St], kk[:, :St], v[:, :St]))
     k.qk_norm_rope(qkv_x.view(B, Si, 3, H, Dh), cos[St:], sin[St:], a.norm_q.weight, a.norm_k.weight, st.eps_qk,
                    out=(q[:, St:], kk[:, St:], v[:, St:]))
-    o = _attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
+    o = attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
     wo, bo = linear_parts(a.to_out[0])
     wc, bc = linear_parts(a.to_add_out)
-    x = _stream_mlp(k, x, gate, k.linear(_rows(o[:, St:]), wo, bo), gate2, scale2, shift2, st.eps2, self.ff)
-    c = _stream_mlp(k, c, c_gate, k.linear(_rows(o[:, :St]), wc, bc), c_gate2, c_scale2, c_shift2, st.eps2c,
+    x = _stream_mlp(k, x, gate, k.linear(rows(o[:, St:]), wo, bo), gate2, scale2, shift2, st.eps2, self.ff)
+    c = _stream_mlp(k, c, c_gate, k.linear(rows(o[:, :St]), wc, bc), c_gate2, c_scale2, c_shift2, st.eps2c,
                     self.ff_context)
     return _clip16(c), x  # as stock: the text stream is clipped in float16, the image stream not
 
@@ -222,18 +183,13 @@ def forward_single(self, hidden_states, encoder_hidden_states, temb, image_rotar
     cos, sin = _half_tables(image_rotary_emb)
     a = self.attn
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk)
-    h[..., :D] = _attention(a, q, kk, v).flatten(2, 3)
+    h[..., :D] = attention(a, q, kk, v).flatten(2, 3)
     wo, bo = linear_parts(self.proj_out)
     out = _clip16(k.gated_residual(r, k.linear(h, wo, bo), gate))
     return out[:, :St], out[:, St:]
 
 
-class _Patcher:
-    def __init__(self, why_not, prepare, forward):
-        self.why_not, self.prepare, self.forward = why_not, prepare, forward
-
-
 def patchers():
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
-    return {FluxTransformerBlock: _Patcher(_why_not_double, _prepare_double, forward_double),
-            FluxSingleTransformerBlock: _Patcher(_why_not_single, _prepare_single, forward_single)}
+    return {FluxTransformerBlock: Patcher(_why_not_double, _prepare_double, forward_double),
+            FluxSingleTransformerBlock: Patcher(_why_not_single, _prepare_single, forward_single)}

@@ -23,9 +23,8 @@ stock torch expressions (diffusers' RMSNorm rounding included); the GEMMs, qk_no
 attention stay fused."""
 import torch
 
-from . import (PerForward, attention_why_not, embedding_why_not, fuse_linears, linear_parts, linears_why_not,
-               records_grad)
-from .flux import _attention, _eps, _ff_why_not, _Patcher, _State
+from . import (Patcher, PerForward, State, attention, attention_why_not, embedding_why_not,
+               gelu_ff_why_not, linear_parts, linears_why_not, records_grad)
 
 
 def _why_not(m, root):
@@ -48,7 +47,7 @@ def _why_not(m, root):
             return "norm1/norm2 are not diffusers' RMSNorm without affine"
     if tuple(m.scale_shift_table.shape) != (6, inner):
         return f"scale_shift_table {tuple(m.scale_shift_table.shape)}, expected (6, {inner})"
-    return _ff_why_not(m.ff) or _rope_why_not(root)
+    return gelu_ff_why_not(m.ff) or _rope_why_not(root)
 
 
 def _rope_why_not(root):
@@ -57,11 +56,9 @@ def _rope_why_not(root):
 
 
 def _prepare(m, pieces):
-    st = _State(pieces)
+    st = State(pieces)
     a = m.attn1
-    st.w_qkv, st.b_qkv, st.views = fuse_linears([a.to_q, a.to_k, a.to_v])
-    st.heads, st.dh = a.heads, a.head_dim
-    st.eps_qk = _eps(a.norm_q, st.w_qkv.dtype)
+    st.self_attention(a, a.head_dim)
     st.eps1, st.eps2 = m.norm1.eps, m.norm2.eps
     return st
 
@@ -109,7 +106,7 @@ def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=N
     cos, sin = _half_tables(image_rotary_emb, H)
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
     wo, bo = linear_parts(a.to_out[0])
-    x = _gated(k, x, k.linear(_attention(a, q, kk, v).flatten(2, 3).to(x.dtype), wo, bo), gate_msa)
+    x = _gated(k, x, k.linear(attention(a, q, kk, v).flatten(2, 3).to(x.dtype), wo, bo), gate_msa)
     x = x + self.attn2(x, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                        attention_mask=encoder_attention_mask)
     w1, b1 = linear_parts(self.ff.net[0].proj)
@@ -120,4 +117,4 @@ def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=N
 
 def patchers():
     from diffusers.models.transformers.transformer_ltx import LTXVideoTransformerBlock
-    return {LTXVideoTransformerBlock: _Patcher(_why_not, _prepare, forward)}
+    return {LTXVideoTransformerBlock: Patcher(_why_not, _prepare, forward)}

@@ -21,9 +21,8 @@ text rows' attention output) and returns the text stream as it came."""
 import torch
 import torch.nn.functional as F
 
-from . import (attention_why_not, compiling, embedding_why_not, fuse_linears, linear_parts, linears_why_not,
-               records_grad)
-from .flux import _Patcher, _rows, _State
+from . import (Patcher, State, attention_why_not, compiling, embedding_why_not, linear_parts, linears_why_not,
+               records_grad, rows)
 
 
 def _rms_why_not(norm, name):
@@ -102,15 +101,13 @@ def _why_not(m, root):
 
 
 def _prepare(m, pieces):
-    st = _State(pieces)
+    st = State(pieces)
     a, last = m.attn1, m.context_pre_only
-    st.w_qkv, st.b_qkv, v1 = fuse_linears([a.to_q, a.to_k, a.to_v])
-    st.w_aqkv, st.b_aqkv, v2 = fuse_linears([a.add_q_proj, a.add_k_proj, a.add_v_proj])
+    st.self_attention(a, a.norm_q.dim[0])
+    st.fuse("aqkv", [a.add_q_proj, a.add_k_proj, a.add_v_proj])
     ctx = m.norm1_context.linear_1 if last else m.norm1_context.linear
-    st.w_mod, st.b_mod, v3 = fuse_linears([m.norm1.linear, ctx])  # one GEMM, both streams
-    st.views = v1 + v2 + v3
-    st.heads, st.dh = a.heads, a.norm_q.dim[0]
-    st.eps_qk, st.eps_aqk = a.norm_q.eps, a.norm_added_q.eps
+    st.fuse("mod", [m.norm1.linear, ctx])  # one GEMM, both streams
+    st.eps_aqk = a.norm_added_q.eps
     st.eps1 = m.norm1.norm.eps
     st.eps1c = m.norm1_context.norm.norm.eps if last else m.norm1_context.norm.eps
     st.eps = [m.norm2.norm.eps, m.norm3.norm.eps, m.norm4.norm.eps]
@@ -131,7 +128,7 @@ def _sdpa(q, k, v):
 _masks = [None, None, None, None]
 
 
-def _valid_rows(mask, B, Si):
+def _validrows(mask, B, Si):
     """None when every text token is valid, else per sample the joint rows the stock processor
     keeps: the video rows, then the valid text rows in order."""
     keep = not compiling() and not mask.is_inference()
@@ -172,7 +169,7 @@ def _zeros(t, B, D):
 def _stream(k, x, o, wo, bo, gate_msa, scale_mlp, gate_mlp, eps, ff):
     """One stream after its attention output o: the gated-norm residual, the modulated norm, the
     SwiGLU feed-forward and its gated-norm residual."""
-    x = k.residual_tanh_gated_rmsnorm(x, k.linear(_rows(o), wo, bo), gate_msa, eps[0])
+    x = k.residual_tanh_gated_rmsnorm(x, k.linear(rows(o), wo, bo), gate_msa, eps[0])
     n = k.adaln(x, scale_mlp, _zeros(x, x.shape[0], x.shape[2]), eps[1], norm="rms")
     w1, b1 = linear_parts(ff.net[0].proj)
     w2, b2 = linear_parts(ff.net[2])
@@ -203,7 +200,7 @@ def forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_
     one, zero = (torch.full((1, Dh // 2), f, dtype=torch.float32, device=x.device).expand(St, -1) for f in (1., 0.))
     k.qk_norm_rope(qkv_c.view(B, St, 3, H, Dh), one, zero, a.norm_added_q.weight, a.norm_added_k.weight,
                    st.eps_aqk, out=(q[:, Si:], kk[:, Si:], v[:, Si:]))  # no RoPE on the text rows
-    rows = _valid_rows(encoder_attention_mask, B, Si)
+    rows = _validrows(encoder_attention_mask, B, Si)
     o = _attend(q, kk, v, Si if last else Si + St, rows).flatten(2, 3).to(x.dtype)
     wo, bo = linear_parts(a.to_out[0])
     x = _stream(k, x, o[:, :Si], wo, bo, gate, scale2, gate2, st.eps, self.ff)
@@ -216,4 +213,4 @@ def forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_
 
 def patchers():
     from diffusers.models.transformers.transformer_mochi import MochiTransformerBlock
-    return {MochiTransformerBlock: _Patcher(_why_not, _prepare, forward)}
+    return {MochiTransformerBlock: Patcher(_why_not, _prepare, forward)}

@@ -21,8 +21,8 @@ import torch
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
-from . import PerForward, attention_why_not, fuse_linears, linear_parts, linears_why_not, records_grad
-from .flux import _Patcher, _State, _attention, _eps, _ff_why_not, _rows
+from . import (Patcher, PerForward, State, attention, attention_why_not, gelu_ff_why_not, linear_parts,
+               linears_why_not, records_grad, rows)
 
 
 def _attn_why_not(a):
@@ -37,7 +37,7 @@ def _attn_why_not(a):
 
 def _why_not(m, root):
     a = m.attn1
-    why = _attn_why_not(a) or _attn_why_not(m.attn2) or _ff_why_not(m.ffn)
+    why = _attn_why_not(a) or _attn_why_not(m.attn2) or gelu_ff_why_not(m.ffn)
     if why:
         return why
     why = linears_why_not([m.ffn.net[0].proj, m.ffn.net[2]])
@@ -54,16 +54,12 @@ def _why_not(m, root):
 
 
 def _prepare(m, pieces):
-    st = _State(pieces)
+    st = State(pieces)
     a, a2 = m.attn1, m.attn2
-    st.w_qkv, st.b_qkv, v1 = fuse_linears([a.to_q, a.to_k, a.to_v])
-    st.w_kv, st.b_kv, v2 = fuse_linears([a2.to_k, a2.to_v])
-    st.views = v1 + v2
+    st.self_attention(a, a.inner_dim // a.heads)
+    st.fuse("kv", [a2.to_k, a2.to_v])
     if a2.add_k_proj is not None:  # I2V: the image context's k, v
-        st.w_akv, st.b_akv, v3 = fuse_linears([a2.add_k_proj, a2.add_v_proj])
-        st.views += v3
-    st.heads, st.dh = a.heads, a.inner_dim // a.heads
-    st.eps_qk = _eps(a.norm_q, st.w_qkv.dtype)
+        st.fuse("akv", [a2.add_k_proj, a2.add_v_proj])
     st.eps1, st.eps3 = m.norm1.eps, m.norm3.eps
     return st
 
@@ -120,11 +116,11 @@ def _cross(self, k, x, c):
         icl = c.shape[1] - 512
         c_img, c = c[:, :icl], c[:, icl:]
     q = _heads(a.norm_q(k.linear(n, *linear_parts(a.to_q))), H)
-    kv = k.linear(_rows(c), st.w_kv, st.b_kv)
-    o = _attention(a, q, _heads(a.norm_k(kv[..., :D]), H), _heads(kv[..., D:], H)).flatten(2, 3).type_as(q)
+    kv = k.linear(rows(c), st.w_kv, st.b_kv)
+    o = attention(a, q, _heads(a.norm_k(kv[..., :D]), H), _heads(kv[..., D:], H)).flatten(2, 3).type_as(q)
     if c_img is not None:
-        kv = k.linear(_rows(c_img), st.w_akv, st.b_akv)
-        oi = _attention(a, q, _heads(a.norm_added_k(kv[..., :D]), H), _heads(kv[..., D:], H))
+        kv = k.linear(rows(c_img), st.w_akv, st.b_akv)
+        oi = attention(a, q, _heads(a.norm_added_k(kv[..., :D]), H), _heads(kv[..., D:], H))
         o = o + oi.flatten(2, 3).type_as(q)
     return k.linear(o, *linear_parts(a.to_out[0]))
 
@@ -146,7 +142,7 @@ def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
     qkv = k.linear(_norm_mod(k, x, scale, shift, st.eps1), st.w_qkv, st.b_qkv).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(rotary_emb)
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
-    o = _attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
+    o = attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
     x = _gated(k, x, k.linear(o, *linear_parts(a.to_out[0])), gate)
     x = x.add_(_cross(self, k, x, encoder_hidden_states))  # stock: a plain add in x's dtype (x is ours)
     h = k.linear(_norm_mod(k, x, c_scale, c_shift, st.eps3), *linear_parts(self.ffn.net[0].proj), act="gelu_tanh")
@@ -154,4 +150,4 @@ def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
 
 
 def patchers():
-    return {WanTransformerBlock: _Patcher(_why_not, _prepare, forward)}
+    return {WanTransformerBlock: Patcher(_why_not, _prepare, forward)}
