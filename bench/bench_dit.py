@@ -6,14 +6,17 @@ patched block with fusedk.torch's operators in place of the plain calls; every v
 the same rounds, the order rotated; the patched eager forward's kernel split (GEMM, attention,
 the rest) from torch.profiler.
 
-    PYTHONPATH=bindings/python python3 bench/bench_dit.py [--out DIR] [--models flux] [--no-step] [--rounds 3]
+    PYTHONPATH=bindings/python python3 bench/bench_dit.py [--out DIR] [--models flux,ltx,wan,mochi]
+        [--steps flux,ltx,wan] [--no-step] [--rounds 3]
 
-Shapes: Flux-dev at 1024x1024 (4096 image + 512 text tokens, B1). Compile: blocks through
-torch.compile(block, fullgraph=True); the step through diffusers' regional compile
-(compile_repeated_blocks(fullgraph=True): as fast as compiling the whole model, 5x faster to
-compile), switched off and on between rounds by the blocks' compiled call. Time: CUDA events
-around --iters calls after warm-up, per call; median of --rounds rounds.
-Writes DIR/bench_dit.json and DIR/bench_dit.md and prints the table."""
+Shapes (MODELS): Flux-dev at 1024x1024 (4096 image + 512 text tokens), LTX-Video 2B at 704x480 x
+161 frames, Wan 2.1 1.3B at 832x480 x 81 frames, Mochi 1 at 848x480 x 163 frames (its blocks
+only: no regional compile for its step), B1; a block's inputs are what the model's forward gives
+it. Compile: blocks through torch.compile(block, fullgraph=True); the step through diffusers'
+regional compile (compile_repeated_blocks(fullgraph=True): as fast as compiling the whole model,
+5x faster to compile), switched off and on between rounds by the blocks' compiled call. Time: CUDA
+events around --iters calls after warm-up, per call; median of --rounds rounds.
+Writes DIR/bench_dit.json and DIR/bench_dit.md after each model and prints the table."""
 import argparse
 import datetime
 import json
@@ -29,49 +32,112 @@ import fusedk.diffusers as fd
 import fusedk.torch as fkt
 
 BF16 = torch.bfloat16
+DEV = "cuda"  # the bench runs on the GPU (tests/python/test_bench_dit_smoke builds its inputs on the CPU)
 
 
-# --- models: build (real dims), block inputs, step inputs ----------------------------------------
-def flux_model(layers=None):
-    from diffusers import FluxTransformer2DModel
-    cfg = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-               num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
-               axes_dims_rope=(16, 56, 56))
-    if layers is not None:
-        cfg.update(num_layers=layers[0], num_single_layers=layers[1])
+# --- models: build (real dims, random weights), step inputs, the blocks benched --------------------
+def on_gpu(cls, cfg):
+    """cls(**cfg) in bf16 on the GPU, every weight random, the modules the class keeps in float32
+    (Wan's norms and time embedding) float32, as from_pretrained(torch_dtype=bfloat16) loads them."""
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        m = FluxTransformer2DModel(**cfg).to(BF16).eval()
-        for p in m.parameters():
+    with torch.device(DEV):
+        m = cls(**cfg).to(BF16).eval()
+        keep = getattr(m, "_keep_in_fp32_modules", None) or ()
+        for n, p in m.named_parameters():
             torch.nn.init.normal_(p, 0, 0.02)
+            if any(k in n for k in keep):
+                p.data = p.data.float()
     return m
+
+
+def rand(seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return lambda *s, dtype=BF16: torch.randn(*s, device=DEV, dtype=dtype, generator=g)
+
+
+def flux_model(layers):
+    from diffusers import FluxTransformer2DModel
+    return on_gpu(FluxTransformer2DModel, dict(
+        patch_size=1, in_channels=64, num_layers=layers or 19, num_single_layers=layers or 38, attention_head_dim=128,
+        num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+        axes_dims_rope=(16, 56, 56)))
 
 
 def flux_inputs(m, Si=4096, St=512):
     h = w = int(Si ** 0.5)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    r = lambda *s: torch.randn(*s, device="cuda", dtype=BF16, generator=g)  # noqa: E731
+    r = rand(1)
     ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(h)), torch.arange(float(w)), indexing="ij"), -1)
     return dict(hidden_states=r(1, Si, 64), encoder_hidden_states=r(1, St, 4096), pooled_projections=r(1, 768),
-                timestep=torch.full((1,), 0.5, device="cuda", dtype=BF16), img_ids=ids.reshape(-1, 3).cuda(),
-                txt_ids=torch.zeros(St, 3, device="cuda"), guidance=torch.full((1,), 3.5, device="cuda", dtype=BF16),
+                timestep=torch.full((1,), 0.5, device=DEV, dtype=BF16), img_ids=ids.reshape(-1, 3).to(DEV),
+                txt_ids=torch.zeros(St, 3, device=DEV), guidance=torch.full((1,), 3.5, device=DEV, dtype=BF16),
                 return_dict=False)
 
 
-def flux_block_inputs(m, Si=4096, St=512):
-    """(double block kwargs, single block kwargs) as the model's forward makes them."""
-    x = flux_inputs(m, Si, St)
-    D = m.inner_dim
-    g = torch.Generator(device="cuda").manual_seed(2)
-    r = lambda *s: torch.randn(*s, device="cuda", dtype=BF16, generator=g)  # noqa: E731
-    rope = m.pos_embed(torch.cat([x["txt_ids"], x["img_ids"]]))
-    kw = dict(hidden_states=r(1, Si, D), encoder_hidden_states=r(1, St, D), temb=r(1, D), image_rotary_emb=rope)
-    return kw, dict(kw)
+def ltx_model(layers):  # LTX-Video 2B (0.9.x): 28 layers, 32 heads of 64, T5 4096
+    from diffusers import LTXVideoTransformer3DModel
+    return on_gpu(LTXVideoTransformer3DModel, dict(num_layers=layers or 28))
 
 
-MODELS = {"flux": (flux_model, flux_inputs, flux_block_inputs,
-                   lambda m: (m.transformer_blocks[0], m.single_transformer_blocks[0]),
-                   "Flux-dev, 1024x1024: 4096 image + 512 text tokens, B1")}
+def ltx_inputs(m, F=21, H=15, W=22, St=128):  # 704x480, 161 frames: VAE 32x32 spatial, 8x temporal
+    r = rand(1)
+    return dict(hidden_states=r(1, F * H * W, 128), encoder_hidden_states=r(1, St, 4096),
+                timestep=torch.full((1,), 500.0, device=DEV), encoder_attention_mask=torch.ones(1, St, device=DEV),
+                num_frames=F, height=H, width=W, rope_interpolation_scale=(8 / 25, 32.0, 32.0), return_dict=False)
+
+
+def wan_model(layers):  # Wan 2.1 T2V 1.3B: 30 layers, 12 heads of 128, FFN 8960, umT5 4096
+    from diffusers import WanTransformer3DModel
+    return on_gpu(WanTransformer3DModel, dict(
+        patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+        text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=layers or 30))
+
+
+def wan_inputs(m, F=21, H=60, W=104, St=512):  # 832x480, 81 frames: VAE 8x8 spatial, 4x temporal
+    r = rand(1)
+    return dict(hidden_states=r(1, 16, F, H, W), timestep=torch.full((1,), 500.0, device=DEV),
+                encoder_hidden_states=r(1, St, 4096), return_dict=False)
+
+
+def mochi_model(layers):  # mochi-1-preview: 48 layers, 24 heads of 128 (the last block context_pre_only)
+    from diffusers import MochiTransformer3DModel
+    return on_gpu(MochiTransformer3DModel, dict(num_layers=(layers + 1) if layers else 48))
+
+
+def mochi_inputs(m, F=28, H=60, W=106, St=256):  # 848x480, 163 frames: VAE 8x8 spatial, 6x temporal
+    r = rand(1)
+    return dict(hidden_states=r(1, 12, F, H, W), encoder_hidden_states=r(1, St, 4096),
+                timestep=torch.full((1,), 500.0, device=DEV),
+                encoder_attention_mask=torch.ones(1, St, dtype=torch.bool, device=DEV), return_dict=False)
+
+
+# name: (model of n layers (None: all), step inputs, [(block kind, its getter)], shapes)
+MODELS = {
+    "flux": (flux_model, flux_inputs, [("double block", lambda m: m.transformer_blocks[0]),
+                                       ("single block", lambda m: m.single_transformer_blocks[0])],
+             "Flux-dev, 1024x1024: 4096 image + 512 text tokens, B1"),
+    "ltx": (ltx_model, ltx_inputs, [("block", lambda m: m.transformer_blocks[0])],
+            "LTX-Video 2B, 704x480, 161 frames: 21x15x22 = 6930 video + 128 text tokens, B1"),
+    "wan": (wan_model, wan_inputs, [("block", lambda m: m.blocks[0])],
+            "Wan 2.1 T2V 1.3B, 832x480, 81 frames: 21x30x52 = 32760 video + 512 text tokens, B1"),
+    "mochi": (mochi_model, mochi_inputs, [("block", lambda m: m.transformer_blocks[0])],
+              "Mochi 1 (10B), 848x480, 163 frames: 28x30x53 = 44520 video + 256 text tokens, B1"),
+}
+
+
+def block_inputs(m, x, blocks):
+    """(args, kwargs) each block gets in m's forward on the step inputs x, as the model makes them."""
+    got = {}
+
+    def keep(i):
+        def hook(mod, args, kwargs):
+            got.setdefault(i, (args, kwargs))
+        return hook
+    hooks = [b.register_forward_pre_hook(keep(i), with_kwargs=True) for i, b in enumerate(blocks)]
+    with torch.inference_mode():
+        m(**x)
+    for h in hooks:
+        h.remove()
+    return [got[i] for i in range(len(blocks))]
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -173,11 +239,11 @@ def swapped(block, pieces):
     """A call of the patched block with other pieces in place of its own."""
     st = block._fusedk
 
-    def f(**kw):
+    def f(*a, **kw):
         own = st.k
         st.k = pieces
         try:
-            return block(**kw)
+            return block(*a, **kw)
         finally:
             st.k = own
     return f
@@ -190,47 +256,45 @@ def rel_err(a, ref):
 
 # --- one model -----------------------------------------------------------------------------------
 def bench_blocks(name, iters, n_rounds):
-    build, _, block_inputs, blocks_of, _ = MODELS[name]
-    stock_m = build((1, 1))
-    pat_m = build((1, 1))
+    build, inputs, kinds, _ = MODELS[name]
+    stock_m = build(1)
+    pat_m = build(1)
     pat_m.load_state_dict(stock_m.state_dict())
     report = fd.apply(pat_m)
-    kw_double, kw_single = block_inputs(stock_m)
+    stocks, pats = [get(stock_m) for _, get in kinds], [get(pat_m) for _, get in kinds]
     rows = []
-    for kind, i, kw in (("double", 0, kw_double), ("single", 1, kw_single)):
-        stock, pat = blocks_of(stock_m)[i], blocks_of(pat_m)[i]
+    for (kind, _), stock, pat, (a, kw) in zip(kinds, stocks, pats, block_inputs(stock_m, inputs(stock_m), stocks)):
         with torch.inference_mode():
-            want, got = stock(**kw), pat(**kw)
+            want, got = stock(*a, **kw), pat(*a, **kw)
             t0 = time.time()
             cs = torch.compile(stock, fullgraph=True)
-            cs(**kw)
+            cs(*a, **kw)
             t_cs = time.time() - t0
             t0 = time.time()
             cp = torch.compile(pat, fullgraph=True)
-            cp(**kw)
+            cp(*a, **kw)
             t_cp = time.time() - t0
-            replay = graph_of(lambda: pat(**kw))
+            replay = graph_of(lambda: pat(*a, **kw))
             with_fkt = fd.Pieces(pat._fusedk.k.use)
             with_fkt.fk = fkt
             via_fkt, floor = swapped(pat, with_fkt), swapped(pat, FloorPieces(fd.OPS))
-            floor_replay = graph_of(lambda: floor(**kw))
-            variants = {"stock eager": lambda: stock(**kw), "stock compile": lambda: cs(**kw),
-                        "patched eager": lambda: pat(**kw), "patched compile": lambda: cp(**kw),
-                        "patched CUDA graph": replay, "patched eager, fusedk.torch ops": lambda: via_fkt(**kw),
+            floor_replay = graph_of(lambda: floor(*a, **kw))
+            variants = {"stock eager": lambda: stock(*a, **kw), "stock compile": lambda: cs(*a, **kw),
+                        "patched eager": lambda: pat(*a, **kw), "patched compile": lambda: cp(*a, **kw),
+                        "patched CUDA graph": replay, "patched eager, fusedk.torch ops": lambda: via_fkt(*a, **kw),
                         "GEMM + attention alone, CUDA graph": floor_replay}
             for v in variants.values():
                 v()
             med, all_rounds = rounds(variants, iters, n_rounds)
-            split = kernel_split(lambda: pat(**kw))
-            host = {"patched eager": host_time(lambda: pat(**kw), iters),
-                    "patched eager, fusedk.torch ops": host_time(lambda: via_fkt(**kw), iters),
-                    "stock eager": host_time(lambda: stock(**kw), iters)}
-        rows.append(dict(model=name, what=f"{kind} block", ms=med, rounds=all_rounds, split=split, host_ms=host,
+            split = kernel_split(lambda: pat(*a, **kw))
+            host = {"patched eager": host_time(lambda: pat(*a, **kw), iters),
+                    "patched eager, fusedk.torch ops": host_time(lambda: via_fkt(*a, **kw), iters),
+                    "stock eager": host_time(lambda: stock(*a, **kw), iters)}
+        want, got = ((t,) if torch.is_tensor(t) else t for t in (want, got))
+        rows.append(dict(model=name, what=kind, ms=med, rounds=all_rounds, split=split, host_ms=host,
                          compile_s={"stock": t_cs, "patched": t_cp},
                          out_diff=[(a.float() - b.float()).abs().max().item() for a, b in zip(want, got)]))
         log(rows[-1])
-    del stock_m, pat_m
-    torch.cuda.empty_cache()
     return rows, repr(report)
 
 
@@ -249,9 +313,9 @@ def compiled_switch(blocks):
 
 
 def bench_step(name, iters, n_rounds):
-    build, inputs, _, _, _ = MODELS[name]
-    stock = build()
-    pat = build()
+    build, inputs, _, _ = MODELS[name]
+    stock = build(None)
+    pat = build(None)
     pat.load_state_dict(stock.state_dict())
     report = fd.apply(pat)
     x = inputs(stock)
@@ -324,7 +388,8 @@ def table(rows):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--models", default="flux")
+    ap.add_argument("--models", default="flux,ltx,wan,mochi")
+    ap.add_argument("--steps", default="flux,ltx,wan", help="the models whose whole step is timed too")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--step-iters", type=int, default=3)
@@ -332,17 +397,26 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows, reports = [], {}
-    for name in a.models.split(","):
+    for name in a.models.split(","):  # the results written after each model: a cut-off run keeps them
         r, reports[name + " blocks"] = bench_blocks(name, a.iters, a.rounds)
         rows += r
-        if not a.no_step:
+        write(a, rows, reports)
+        if not a.no_step and name in a.steps.split(","):
             r, reports[name + " step"] = bench_step(name, a.step_iters, a.rounds)
             rows += r
+            write(a, rows, reports)
+    print(write(a, rows, reports))
+
+
+def write(a, rows, reports):
+    torch._dynamo.reset()  # the compiled graphs and their memory of the model done go
+    torch.cuda.empty_cache()
     import diffusers
+    names = sorted({r["model"] for r in rows}, key=a.models.split(",").index)
     meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 diffusers=diffusers.__version__, fusedk=fusedk.__version__,
                 commit=os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip(),
-                shapes={k: MODELS[k][4] for k in a.models.split(",")}, reports=reports)
+                shapes={k: MODELS[k][3] for k in names}, reports=reports)
     with open(os.path.join(a.out, "bench_dit.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     md = [f"# fusedk.diffusers, {meta['gpu']}, {meta['date']}", "",
@@ -358,7 +432,7 @@ def main():
     md += ["", "```", *reports.values(), "```"]
     with open(os.path.join(a.out, "bench_dit.md"), "w") as f:
         f.write("\n".join(md) + "\n")
-    print("\n".join(md))
+    return "\n".join(md)
 
 
 if __name__ == "__main__":

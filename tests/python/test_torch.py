@@ -254,3 +254,10 @@ def test_compile_with_changing_shapes():
     for S in (4, 6, 9):
         qkv, c = torch.randn(1, S, 3, 2, 8), torch.randn(S, 4)
         assert all(torch.equal(a, b) for a, b in zip(g(qkv, c, c), fusedk.qk_norm_rope(qkv, c, c)))
+
+
+def test_compile_ties_rope_tables_to_the_positions():
+    """A table whose positions are not q's S fails when traced, naming both (not at run time)."""
+    g = torch.compile(lambda qkv, c: fusedk.torch.qk_norm_rope(qkv, c, c), fullgraph=True, dynamic=True)
+    with pytest.raises(Exception, match="qk_norm_rope: cos has .* positions, q has"):
+        g(torch.randn(1, 6, 3, 2, 8), torch.randn(5, 4))

@@ -39,6 +39,22 @@ def _schemas(o):
     return f"({ins}{attrs}) -> {rets}", f"({ins}{attrs}{outs}) -> ()"
 
 
+def _relate(o, args):
+    """The sizes the C rule needs equal that a graph does not tie on its own, told to the tracer
+    (torch._check): a rope table's positions and q's S. A size known at trace time then guards
+    the symbolic one, so a compiled graph never runs a table of another video size (an input
+    computed from sizes a guard fixed)."""
+    names = [t[0] for t in o.tensors]
+    if "cos" not in names:
+        return
+    q = args[names.index("q")]
+    for t in ("cos", "sin"):
+        tab = args[names.index(t)]
+        if tab is not None and q is not None and 2 <= tab.dim() <= 4 and q.dim() == 4:
+            s = tab.shape[1 if tab.dim() == 4 else 0]
+            torch._check(s == q.shape[1], lambda: f"fusedk.{o.name}: {t} has {s} positions, q has {q.shape[1]}")
+
+
 def _register(o):
     fn_schema, out_schema = _schemas(o)
     qual, qual_out = f"fusedk::{o.name}", f"fusedk::{o.name}_out"
@@ -64,6 +80,7 @@ def _register(o):
     @torch.library.register_fake(qual)
     def functional_fake(*a):
         args, attrs = args_of(a[:n_in], ()), a[n_in:]
+        _relate(o, args)
         values = o.values(attrs)
         r = [_new(o, i, args, attrs) for i, like, when in o.outputs if o.exists(i, args, values)]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
@@ -76,6 +93,7 @@ def _register(o):
 
     @torch.library.register_fake(qual_out)
     def out_fake(*a):
+        _relate(o, args_of(a[:n_in], ()))
         return None
 
     def backward(ctx, *grads):
