@@ -279,8 +279,9 @@ FUSEDK_DEF fusedk_status fusedk_layernorm(const fusedk_tensor *y, const fusedk_t
                                           float eps, struct CUstream_st *stream);
 
 /* y[B,L,D] = norm(x) * (1 + scale[b]) + shift[b]; scale, shift are [B,D] with any row stride
-   (0 broadcasts); norm = FUSEDK_NORM_LAYER (weight, bias) or FUSEDK_NORM_RMS (weight; bias must
-   be NULL). */
+   (0 broadcasts), in x's dtype or both float32 (a modulation a model keeps in float32 beside
+   16-bit rows, as Wan: read as float32, no rounding); norm = FUSEDK_NORM_LAYER (weight, bias) or
+   FUSEDK_NORM_RMS (weight; bias must be NULL). */
 FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tensor *x,
                                       const fusedk_tensor *scale, const fusedk_tensor *shift,
                                       fusedk_norm norm, const fusedk_tensor *weight,
@@ -315,7 +316,7 @@ FUSEDK_DEF fusedk_status fusedk_silu_fma(const fusedk_tensor *y, const fusedk_te
                                          const fusedk_tensor *c, struct CUstream_st *stream);
 
 /* out[B,L,D] = x + gate[b] * y; gate [B, D] with any row stride (a chunk of an AdaLN-Zero
-   modulation; 0 broadcasts) */
+   modulation; 0 broadcasts), in x's dtype or float32 (as adaln's scale and shift) */
 FUSEDK_DEF fusedk_status fusedk_gated_residual(const fusedk_tensor *out, const fusedk_tensor *x,
                                                const fusedk_tensor *y, const fusedk_tensor *gate,
                                                struct CUstream_st *stream);
@@ -520,7 +521,9 @@ typedef struct fusedk_op_tensor {
   int32_t when;                 /* FUSEDK_ARG_OUT_OPT: the optional input that makes it exist, or
                                    -2 - k: attribute k asks for it; else -1 */
   int32_t role;                 /* fusedk_arg_role */
-  int32_t scalar;               /* -1: the reference's dtype; else always this fusedk_scalar */
+  int32_t scalar;               /* -1: the reference's dtype; -2: the reference's dtype or float32
+                                   (a modulation kept in float32 beside 16-bit rows); else always
+                                   this fusedk_scalar */
 } fusedk_op_tensor;
 
 typedef struct fusedk_op_attr {
@@ -587,6 +590,7 @@ typedef struct fusedk__rows {
 typedef struct fusedk__norm_args {
   int32_t op;       /* fusedk_op_id: which kernel variant runs (never inferred from NULLs) */
   int32_t scalar;   /* fusedk_scalar */
+  int32_t mod;      /* scale's and shift's fusedk_scalar: scalar, or float32 beside 16-bit rows */
   int32_t rms;      /* 1: RMSNorm statistics, 0: LayerNorm */
   int32_t exact;    /* Mochi's PyTorch rounding points (gate and base) */
   float eps;
@@ -605,6 +609,7 @@ enum { FUSEDK__C_GUIDANCE, FUSEDK__C_DT, FUSEDK__C_SQRT_1MA, FUSEDK__C_RSQRT_A, 
 typedef struct fusedk__ew_args {
   int32_t op;       /* fusedk_op_id */
   int32_t scalar;   /* fusedk_scalar */
+  int32_t mod;      /* in[2]'s fusedk_scalar: scalar, or float32 (gated_residual's gate) */
   int32_t kind;     /* fusedk_activation (act), fusedk_sampler (diffusion_step) */
   int64_t B, L, D;
   fusedk__rows y, in[4];
@@ -945,7 +950,10 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
       return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: %s is on device type %d, expected CPU (1), CUDA (2), "
                           "CUDA host (3) or CUDA managed (13)", c->op, name, (int)t->device.device_type);
   } else {
-    if (fixed < 0 && s != c->scalar)
+    if (fixed == -2 && s != c->scalar && s != FUSEDK_F32 && c->scalar != FUSEDK_F32)
+      return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s (the dtype of %s) or float32", c->op,
+                          name, fusedk__scalar_name(s), fusedk__scalar_name(c->scalar), c->ref);
+    if ((fixed == -1 || (fixed == -2 && c->scalar == FUSEDK_F32)) && s != c->scalar)
       return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s (the dtype of %s)", c->op, name,
                           fusedk__scalar_name(s), fusedk__scalar_name(c->scalar), c->ref);
     int g0 = fusedk__is_gpu(c->dev.device_type), g1 = fusedk__is_gpu(t->device.device_type);
@@ -1015,6 +1023,7 @@ static void *fusedk__base(const fusedk_tensor *t) {
 #define FUSEDK__OPT(n, role) {n, FUSEDK_ARG_IN_OPT, -1, -1, role, -1}
 #define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_ROW, -1}
 #define FUSEDK__F32_IN(n) {n, FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}
+#define FUSEDK__MOD_IN(n) {n, FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_SAMPLE, -2} /* x's dtype or float32 */
 #define FUSEDK__TABLE(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}
 #define FUSEDK__OWN_OUT(n, like, when) {n, (when) == -1 ? FUSEDK_ARG_OUT : FUSEDK_ARG_OUT_OPT, like, when, FUSEDK_ROLE_OWN, -1}
 #define FUSEDK__EPS(v) {"eps", FUSEDK_ATTR_F32, v}
@@ -1034,8 +1043,8 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
       FUSEDK__OPT("bias", FUSEDK__COL)},
      {FUSEDK__EPS(1e-5)}},
     {"adaln", 6, 2, 3,
-     {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("scale", FUSEDK__SMP),
-      FUSEDK__IN("shift", FUSEDK__SMP), FUSEDK__OPT("weight", FUSEDK__COL), FUSEDK__OPT("bias", FUSEDK__COL)},
+     {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__MOD_IN("scale"), FUSEDK__MOD_IN("shift"),
+      FUSEDK__OPT("weight", FUSEDK__COL), FUSEDK__OPT("bias", FUSEDK__COL)},
      {{"norm", FUSEDK_ATTR_I32, FUSEDK_NORM_LAYER}, FUSEDK__EPS(1e-6)}},
     {"residual_tanh_gated_rmsnorm", 4, 2, 3,
      {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("x_res", FUSEDK__ROW),
@@ -1046,8 +1055,7 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
      {FUSEDK__OUT("y", 1), FUSEDK__IN("a", FUSEDK__ROW), FUSEDK__IN("b", FUSEDK__ROW), FUSEDK__IN("c", FUSEDK__ROW)},
      {FUSEDK__NO_ATTR}},
     {"gated_residual", 4, 0, 3,
-     {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("y", FUSEDK__ROW),
-      FUSEDK__IN("gate", FUSEDK__SMP)},
+     {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("y", FUSEDK__ROW), FUSEDK__MOD_IN("gate")},
      {FUSEDK__NO_ATTR}},
     {"glu", 2, 2, 0, {{"y", FUSEDK_ARG_OUT, 1, -1, FUSEDK_ROLE_ROW_HALF, -1}, FUSEDK__IN("x", FUSEDK__ROW)},
      {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}, {"act_half", FUSEDK_ATTR_I32, FUSEDK_GLU_FIRST}}},
@@ -1324,15 +1332,15 @@ static int fusedk__norm_cpu(const fusedk__norm_args *a) {
       void *y = fusedk__at(&a->y, b, l, s);
       void *ro = a->res_out.p ? fusedk__at(&a->res_out, b, l, s) : NULL;
       const void *base = a->base.p ? fusedk__at(&a->base, b, l, s) : NULL;
-      const void *sc = a->scale.p ? fusedk__at(&a->scale, b, 0, s) : NULL;
-      const void *sh = a->shift.p ? fusedk__at(&a->shift, b, 0, s) : NULL;
+      const void *sc = a->scale.p ? fusedk__at(&a->scale, b, 0, a->mod) : NULL;
+      const void *sh = a->shift.p ? fusedk__at(&a->shift, b, 0, a->mod) : NULL;
       const void *g = a->gate.p ? fusedk__at(&a->gate, b, 0, s) : NULL;
       for (int64_t d = 0; d < D; ++d) {
         double n = (v[d] - mean) * rstd;
         if (a->weight) n *= fusedk__load(a->weight, d, s);
         if (a->bias) n += fusedk__load(a->bias, d, s);
-        if (sc) n *= 1.0 + fusedk__load(sc, d, s);
-        if (sh) n += fusedk__load(sh, d, s);
+        if (sc) n *= 1.0 + fusedk__load(sc, d, a->mod);
+        if (sh) n += fusedk__load(sh, d, a->mod);
         if (a->exact) { /* Mochi's rounding points: (x_res*rstd)*tanh(g) in float32, cast, add */
           float tg = g ? (float)fusedk__round(tanh(fusedk__load(g, d, s)), s) : 1.0f;
           float nf = ((float)v[d] * rstd_f) * tg;
@@ -1364,7 +1372,7 @@ static fusedk_status fusedk__norm_run(const fusedk__check *c, fusedk__norm_args 
 static fusedk__norm_args fusedk__norm_of(const fusedk__rowset *s, int op, float eps) {
   fusedk__norm_args a;
   memset(&a, 0, sizeof a);
-  a.op = op, a.scalar = s->c.scalar, a.eps = eps;
+  a.op = op, a.scalar = a.mod = s->c.scalar, a.eps = eps;
   a.B = s->B, a.L = s->L, a.D = s->D;
   return a;
 }
@@ -1408,7 +1416,12 @@ FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tenso
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: bias is given with FUSEDK_NORM_RMS, expected NULL "
                         "(RMSNorm has no bias)");
   if ((st = fusedk__check_eps(&s.c, eps))) return st;
+  const int ms = fusedk__scalar_of(scale->dtype);
+  if (fusedk__scalar_of(shift->dtype) != ms)
+    return fusedk__fail(FUSEDK_ERR_DTYPE, "adaln: shift has dtype %s, expected %s (the dtype of scale)",
+                        fusedk__scalar_name(fusedk__scalar_of(shift->dtype)), fusedk__scalar_name(ms));
   fusedk__norm_args a = fusedk__norm_of(&s, FUSEDK_OP_ADALN, eps);
+  a.mod = ms;
   a.y = s.r[0], a.x = s.r[1], a.scale = s.r[2], a.shift = s.r[3], a.weight = s.r[4].p, a.bias = s.r[5].p;
   a.rms = norm == FUSEDK_NORM_RMS;
   return fusedk__norm_run(&s.c, &a, stream);
@@ -1463,7 +1476,7 @@ static void fusedk__elementwise_cpu(const fusedk__ew_args *a) {
     for (int64_t l = 0; l < a->L; ++l) {
       const void *p[4] = {NULL, NULL, NULL, NULL};
       for (int k = 0; k < 4; ++k)
-        if (a->in[k].p) p[k] = fusedk__at(&a->in[k], b, l, s);
+        if (a->in[k].p) p[k] = fusedk__at(&a->in[k], b, l, k == 2 ? a->mod : s);
       void *y = fusedk__at(&a->y, b, l, s);
       for (int64_t d = 0; d < a->D; ++d) {
         const double v = fusedk__load(p[0], d, s);
@@ -1471,7 +1484,7 @@ static void fusedk__elementwise_cpu(const fusedk__ew_args *a) {
         if (a->op == FUSEDK_OP_ACT) r = fusedk__act_f64(v, a->kind);
         else if (a->op == FUSEDK_OP_SILU_FMA) r = fusedk__act_f64(v + fusedk__load(p[1], d, s) * fusedk__load(p[2], d, s), FUSEDK_ACT_SILU);
         else if (a->op == FUSEDK_OP_GLU) r = fusedk__act_f64(v, a->kind) * fusedk__load(p[1], d, s);
-        else if (a->op == FUSEDK_OP_GATED_RESIDUAL) r = v + fusedk__load(p[2], d, s) * fusedk__load(p[1], d, s);
+        else if (a->op == FUSEDK_OP_GATED_RESIDUAL) r = v + fusedk__load(p[2], d, a->mod) * fusedk__load(p[1], d, s);
         else r = fusedk__step_f64(a, v, fusedk__load(p[1], d, s), p[2] ? fusedk__load(p[2], d, s) : 0.0,
                                   p[3] ? fusedk__load(p[3], d, s) : 0.0);
         fusedk__store(y, d, r, s);
@@ -1487,7 +1500,7 @@ static fusedk_status fusedk__ew_args_of(int op, const fusedk_tensor *const *t, i
   fusedk_status st = fusedk__validate(o, t, s);
   if (st) return st;
   memset(a, 0, sizeof *a);
-  a->op = kop, a->scalar = s->c.scalar, a->kind = kind;
+  a->op = kop, a->scalar = a->mod = s->c.scalar, a->kind = kind;
   a->B = s->B, a->L = s->L, a->D = s->D;
   a->y = s->r[0];
   for (int k = 1; k < o->n_tensors; ++k) a->in[k - 1] = s->r[k];
@@ -1572,7 +1585,12 @@ FUSEDK_DEF fusedk_status fusedk_gated_residual(const fusedk_tensor *out, const f
                                                const fusedk_tensor *y, const fusedk_tensor *gate,
                                                struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out, x, y, gate};
-  return fusedk__elementwise(FUSEDK_OP_GATED_RESIDUAL, t, 0, stream);
+  fusedk__ew_args a;
+  fusedk__rowset s;
+  fusedk_status st = fusedk__ew_args_of(FUSEDK_OP_GATED_RESIDUAL, t, FUSEDK_OP_GATED_RESIDUAL, 0, &a, &s);
+  if (st) return st;
+  a.mod = fusedk__scalar_of(gate->dtype);
+  return fusedk__ew_run(&a, &s, stream);
 }
 
 /* --- [sampler] diffusion_step: an elementwise op with coefficients from the step ------------ */

@@ -192,14 +192,18 @@ template <typename T, int VEC> struct Raw { uint32_t w[(sizeof(T) * VEC + 3) / 4
 // per-sample vectors, re-read by every row).
 template <typename T, int VEC, bool RO = false> __device__ __forceinline__ Raw<T, VEC> ld(const T *p) {
   Raw<T, VEC> r;
-  if constexpr (sizeof(T) * VEC == 16) {
-    const uint4 u = RO ? __ldg(reinterpret_cast<const uint4 *>(p)) : *reinterpret_cast<const uint4 *>(p);
-    r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
+  if constexpr (sizeof(T) * VEC == 16 || sizeof(T) * VEC == 32) { // 32: a float32 operand beside 16-bit rows
+#pragma unroll
+    for (int h = 0; h < (int)(sizeof(T) * VEC / 16); ++h) {
+      const uint4 *q = reinterpret_cast<const uint4 *>(p) + h;
+      const uint4 u = RO ? __ldg(q) : *q;
+      r.w[4 * h] = u.x, r.w[4 * h + 1] = u.y, r.w[4 * h + 2] = u.z, r.w[4 * h + 3] = u.w;
+    }
   } else if constexpr (sizeof(T) * VEC == 4) {
     const unsigned *q = reinterpret_cast<const unsigned *>(p);
     r.w[0] = RO ? __ldg(q) : *q;
   } else {
-    static_assert(sizeof(T) * VEC == 2, "16-byte vectors or single elements");
+    static_assert(sizeof(T) * VEC == 2, "16- or 32-byte vectors or single elements");
     const unsigned short *q = reinterpret_cast<const unsigned short *>(p);
     r.w[0] = RO ? __ldg(q) : *q;
   }
@@ -394,18 +398,21 @@ template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G
 // the registers and instructions its op uses.
 // ---------------------------------------------------------------------------------------------
 
-enum Epi { kAffine = 0, kAdaLN = 1, kGated = 2 }; // rms/layernorm; adaln; Mochi
+// rms/layernorm; adaln; Mochi; adaln with float32 scale and shift beside 16-bit rows (Wan keeps
+// its modulation float32): those are read from L1 as float32 in the epilogue, never cached.
+enum Epi { kAffine = 0, kAdaLN = 1, kGated = 2, kAdaLN32 = 3 };
+__host__ __device__ constexpr bool is_adaln(int epi) { return epi == kAdaLN || epi == kAdaLN32; }
 
 // Where a thread's cache of its row lives (launch_norm_vec picks): 16-byte vectors in shared
 // memory (kStaged; single elements are in registers whatever the mode), in registers (kRegs), or
 // the row streams in registers and the per-column operands not cached at all, read from L1 in the
 // epilogue (kRowRegs: every row of an SM reads the same weight, bias, scale or shift).
 enum Cache { kStaged = 0, kRegs = 1, kRowRegs = 2 };
-__host__ __device__ constexpr bool cols_cached(int cm) { return cm != kRowRegs; }
+__host__ __device__ constexpr bool cols_of(int epi, int cm) { return cm != kRowRegs && epi != kAdaLN32; } // cached columns
 
 // Vectors a thread caches per slot k: the row streams and the per-column operands of a kind.
 __host__ __device__ constexpr int cached_streams(bool ln, bool res, int epi, int cm) {
-  return 1 + (res || epi == kGated) + (cols_cached(cm) ? 1 + (epi == kAdaLN || (epi == kAffine && ln)) : 0);
+  return 1 + (res || epi == kGated) + (cols_of(epi, cm) ? 1 + (epi == kAdaLN || (epi == kAffine && ln)) : 0);
 }
 
 __host__ __device__ constexpr bool staged(int vb, int cm) { return vb == 16 && cm == kStaged; }
@@ -479,7 +486,7 @@ template <typename T, int VEC, int NV, int NS, int CM> struct RowCache {
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM>
 __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t rows, float inv_d) {
   constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
-  constexpr bool C1 = EPI == kAdaLN || (EPI == kAffine && LN); // second column operand: bias or shift
+  constexpr bool C1 = is_adaln(EPI) || (EPI == kAffine && LN); // second column operand: bias or shift
   constexpr int kX = 0, kS = 1, kC0 = 1 + S2, kC1 = kC0 + 1; // cache streams
   __shared__ float red[LN ? kRedSums : 1][32]; // <= kRedBytes: a slot per warp and sum; LayerNorm's second pass: red[2], red[3]
   const int G = blockDim.x;
@@ -503,15 +510,16 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
   const T *x = at<T>(a.x, b, l);
   const T *s2 = RES ? at<T>(a.res, b, l) : EPI == kGated ? at<T>(a.base, b, l) : nullptr;
   // per-column operands: weight/bias, scale/shift of sample b, gate of sample b
-  const T *c0 = EPI == kAffine ? static_cast<const T *>(a.weight) : EPI == kAdaLN ? at<T>(a.scale, b, 0) : at<T>(a.gate, b, 0);
-  const T *c1 = !C1 ? nullptr : EPI == kAffine ? static_cast<const T *>(a.bias) : at<T>(a.shift, b, 0);
+  using C = std::conditional_t<EPI == kAdaLN32, float, T>; // the per-column operands' type
+  const C *c0 = EPI == kAffine ? static_cast<const C *>(a.weight) : is_adaln(EPI) ? at<C>(a.scale, b, 0) : at<C>(a.gate, b, 0);
+  const C *c1 = !C1 ? nullptr : EPI == kAffine ? static_cast<const C *>(a.bias) : at<C>(a.shift, b, 0);
 
-  constexpr bool kCols = cols_cached(CM);
+  constexpr bool kCols = cols_of(EPI, CM);
   RowCache<T, VEC, NV, cached_streams(LN, RES, EPI, CM), CM> cache;
   // a per-column operand's vector: cached, or loaded now (L1: every row of the SM reads it)
-  auto col = [&](int s, int k, const T *p, int64_t j, float(&v)[VEC]) {
+  auto col = [&](int s, int k, const auto *p, int64_t j, float(&v)[VEC]) {
     if constexpr (kCols) cache.template get<true>(s, k, p, j, v);
-    else load<T, VEC, true>(p + j * VEC, v);
+    else load<C, VEC, true>(p + j * VEC, v);
   };
   if constexpr (NV > 0) { // row streams first (DRAM), then column operands (L1/L2 hits)
     for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
@@ -607,7 +615,7 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
     if (RES && ro) store_cs<T, VEC>(ro + d, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) n[i] = LN ? fmaf(v[i] - K, rstd, c) : v[i] * rstd;
-    if constexpr (EPI == kAdaLN) { // optional affine inside the norm (rare: not cached), then the modulation
+    if constexpr (is_adaln(EPI)) { // optional affine inside the norm (rare: not cached), then the modulation
       if (a.weight) {
         load<T, VEC, true>(static_cast<const T *>(a.weight) + d, q);
 #pragma unroll
@@ -811,6 +819,9 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
       return a.res.p ? launch_epi<T, false, true, kAffine>(vec, L) : launch_epi<T, false, false, kAffine>(vec, L);
     case FUSEDK_OP_LAYERNORM: return launch_epi<T, true, false, kAffine>(vec, L);
     case FUSEDK_OP_ADALN:
+      if constexpr (sizeof(T) == 2)
+        if (a.mod != a.scalar) // float32 scale and shift
+          return a.rms ? launch_epi<T, false, false, kAdaLN32>(vec, L) : launch_epi<T, true, false, kAdaLN32>(vec, L);
       return a.rms ? launch_epi<T, false, false, kAdaLN>(vec, L) : launch_epi<T, true, false, kAdaLN>(vec, L);
     case FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM: return launch_epi<T, false, false, kGated>(vec, L);
   }
@@ -884,9 +895,11 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
   const int64_t nvec = a.D / VEC;
   const T *p0 = at<T>(a.in[0], b, l);
   const T *p1 = OP == FUSEDK_OP_ACT ? nullptr : at<T>(a.in[1], b, l);
-  const T *p2 = OP == FUSEDK_OP_SILU_FMA || OP == FUSEDK_OP_GATED_RESIDUAL || OP == FUSEDK_OP_DIFFUSION_STEP
-                    ? at<T>(a.in[2], b, l) : nullptr;
+  const T *p2 = OP == FUSEDK_OP_SILU_FMA || OP == FUSEDK_OP_DIFFUSION_STEP ? at<T>(a.in[2], b, l) : nullptr;
   const T *p3 = OP == FUSEDK_OP_DIFFUSION_STEP ? at<T>(a.in[3], b, l) : nullptr;
+  // gated_residual's gate: T, or float32 beside 16-bit rows (KIND 1)
+  using GT = std::conditional_t<OP == FUSEDK_OP_GATED_RESIDUAL && KIND == 1, float, T>;
+  const GT *pg = OP == FUSEDK_OP_GATED_RESIDUAL ? at<GT>(a.in[2], b, l) : nullptr;
   T *y = at<T>(a.y, b, l);
   // N vectors j, j + G, ..., every load issued before the first store (an output aliases an
   // input only exactly, so each element's own load still precedes its store)
@@ -899,7 +912,7 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
       load<T, VEC>(p0 + (j + k * G) * VEC, v[k]);
       if constexpr (OP != FUSEDK_OP_ACT) load<T, VEC>(p1 + (j + k * G) * VEC, u[k]);
       if constexpr (OP == FUSEDK_OP_SILU_FMA) load<T, VEC>(p2 + (j + k * G) * VEC, w[k]);
-      if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) load<T, VEC, true>(p2 + (j + k * G) * VEC, w[k]); // per sample
+      if constexpr (OP == FUSEDK_OP_GATED_RESIDUAL) load<GT, VEC, true>(pg + (j + k * G) * VEC, w[k]); // per sample
       if constexpr (OP == FUSEDK_OP_DIFFUSION_STEP) { // uncond and prev when given (uniform branches)
         if (p2) load<T, VEC>(p2 + (j + k * G) * VEC, w[k]);
         if (p3) load<T, VEC>(p3 + (j + k * G) * VEC, z[k]);
@@ -1018,7 +1031,10 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, 
       return dispatch_int<FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
           a.kind, [&](auto kind) { return go(int_c<FUSEDK_OP_GLU>(), kind); });
     case FUSEDK_OP_SILU_FMA: return go(int_c<FUSEDK_OP_SILU_FMA>(), int_c<0>());
-    case FUSEDK_OP_GATED_RESIDUAL: return go(int_c<FUSEDK_OP_GATED_RESIDUAL>(), int_c<0>());
+    case FUSEDK_OP_GATED_RESIDUAL: // KIND 1: a float32 gate beside 16-bit rows
+      if constexpr (sizeof(T) == 2)
+        if (a.mod != a.scalar) return go(int_c<FUSEDK_OP_GATED_RESIDUAL>(), int_c<1>());
+      return go(int_c<FUSEDK_OP_GATED_RESIDUAL>(), int_c<0>());
     case FUSEDK_OP_DIFFUSION_STEP:
       return dispatch_int<FUSEDK_SAMPLER_EULER, FUSEDK_SAMPLER_DDIM>(
           a.kind, [&](auto k) { return go(int_c<FUSEDK_OP_DIFFUSION_STEP>(), k); });

@@ -213,6 +213,20 @@ static void cases_for(op_t op) {
     st = run(op, &c, &c.x, &c.y);
     EXPECT(st == FUSEDK_OK && !untouched(), "adaln strided scale view: %s %s", fusedk_status_name(st),
            fusedk_failure_reason());
+    /* 16-bit rows take a float32 scale and shift (both), or both in their own dtype */
+    fresh(&c);
+    c.x.dtype = c.y.dtype = fusedk_dtype_of(FUSEDK_BF16);
+    c.use_w = 0;
+    poison();
+    st = run(op, &c, &c.x, &c.y);
+    EXPECT(st == FUSEDK_OK && !untouched(), "adaln bf16 rows, float32 scale and shift: %s %s", fusedk_status_name(st),
+           fusedk_failure_reason());
+    c.shift.dtype = fusedk_dtype_of(FUSEDK_BF16);
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_DTYPE, "shift has dtype bfloat16, expected float32 (the dtype of scale)",
+        "mixed modulation dtypes");
+    c.scale.dtype = fusedk_dtype_of(FUSEDK_F16);
+    bad(op, &c, &c.x, &c.y, FUSEDK_ERR_DTYPE, "scale has dtype float16, expected bfloat16 (the dtype of x) or float32",
+        "scale f16 beside bf16 rows");
   }
   if (op == OP_MOCHI) {
     fresh(&c);
@@ -245,7 +259,9 @@ static void registry_cases(void) {
                       (o->tensors[t->like].kind == FUSEDK_ARG_IN || (o->tensors[t->like].kind == FUSEDK_ARG_IN_OPT &&
                                                                      t->when == t->like))),
              "%s: output %s copies an input that exists whenever it does", o->name, t->name);
-      EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32, "%s: %s has the call's dtype or float32", o->name, t->name);
+      EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32 ||
+                 (t->scalar == -2 && t->kind == FUSEDK_ARG_IN && t->role == FUSEDK_ROLE_SAMPLE),
+             "%s: %s has the call's dtype, float32, or (a per-sample input) either", o->name, t->name);
       EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT) ||
                  (t->when <= -2 && -2 - t->when < o->n_attrs),
              "%s: optional output %s depends on an optional input or an attribute", o->name, t->name);

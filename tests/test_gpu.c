@@ -280,6 +280,7 @@ typedef struct {
   int special;         /* 1: a NaN in row 0 and an Inf in row 1 of x; 2: rows 0, 1 (mod 3) offset by
                           +40 / -25 (LayerNorm's second pass; rows 2 (mod 3) stay near zero); 3:
                           rows of 1000 + 0.01 N(0, 1), element 0 at 999.75 / 1000.3 (f32) */
+  int mod32;           /* scale, shift, gate in float32 beside f16/bf16 rows (Wan's modulation) */
 } case_t;
 
 static void run_case(const case_t *c) {
@@ -310,16 +311,17 @@ static void run_case(const case_t *c) {
   if (c->bias) t[BIAS] = mk(c->s, 1, wsh, 0, 0, 0, 0.2, 0.0);
   int nvec = (c->op == ADALN_LN || c->op == ADALN_RMS) ? 2 : is_mochi || c->op == GATED_RES ? 1 : 0;
   int which[2] = {c->op == ADALN_LN || c->op == ADALN_RMS ? SCALE : GATE, SHIFT};
+  const fusedk_scalar ms = c->mod32 ? FUSEDK_F32 : c->s;
   for (int k = 0; k < nvec; ++k) {
     int64_t msh[2] = {c->B, 6 * c->D};
     if (c->vec_stride) { /* chunk k+1 of a [B, 6D] AdaLN-Zero modulation tensor */
-      buf_t m = mk(c->s, 2, msh, 0, 0, 0, 0.5, 0.0);
+      buf_t m = mk(ms, 2, msh, 0, 0, 0, 0.5, 0.0);
       m.shape[1] = c->D;
       m.off += (size_t)(k + 1) * c->D;
-      m.th.byte_offset = m.td.byte_offset = m.off * esize(c->s);
+      m.th.byte_offset = m.td.byte_offset = m.off * esize(ms);
       t[which[k]] = m;
     } else {
-      t[which[k]] = mk(c->s, 2, vsh, 0, 0, c->vec_broadcast, 0.5, 0.0);
+      t[which[k]] = mk(ms, 2, vsh, 0, 0, c->vec_broadcast, 0.5, 0.0);
     }
   }
   if (c->special >= 2) { /* LayerNorm's second statistics pass: two rows in three with a mean 25-40 sd
@@ -348,10 +350,11 @@ static void run_case(const case_t *c) {
     t[Y].th.data = ref_x.h;
   }
   char what[200];
-  snprintf(what, sizeof what, "%s %s [%lld,%lld,%lld]%s%s%s pad %lld shift %zu%s%s%s", op_name[c->op], sname(c->s),
+  snprintf(what, sizeof what, "%s %s [%lld,%lld,%lld]%s%s%s pad %lld shift %zu%s%s%s%s", op_name[c->op], sname(c->s),
            (long long)c->B, (long long)c->L, (long long)c->D, c->weight ? " w" : "", c->bias ? " b" : "",
            c->residual ? " res" : "", (long long)c->pad, c->shift, c->vec_stride ? " mod-view" : "",
-           c->vec_broadcast ? " bcast" : "", c->inplace ? " inplace" : c->special >= 2 ? " rows far from zero" : "");
+           c->vec_broadcast ? " bcast" : "", c->inplace ? " inplace" : c->special >= 2 ? " rows far from zero" : "",
+           c->mod32 ? " f32 modulation" : "");
   ++checks;
   fusedk_status sc = call(c->op, t, 0, 0);
   fusedk_status sg = call(c->op, t, 1, 0);
@@ -894,11 +897,11 @@ int main(void) {
       int64_t D = Ds[di], L = D >= 16384 ? 3 : D >= 3072 ? 19 : small ? 67 : 989;
       if (small && D > 16384) continue;
       n_before = failures;
-      case_t c = {RMS, S[si], 1, L, D, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+      case_t c = {RMS, S[si], 1, L, D, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
       run_case(&c);
       c.weight = 0, c.residual = 1, c.B = 2; /* fused residual, 3-d rows */
       run_case(&c);
-      c = (case_t){LN, S[si], 1, L, D, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+      c = (case_t){LN, S[si], 1, L, D, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
       run_case(&c);
       c.weight = 0, c.bias = 0, c.pad = 8; /* strided rows, vector path kept */
       run_case(&c);
@@ -919,7 +922,7 @@ int main(void) {
     for (size_t di = 0; di < sizeof oD / sizeof oD[0] - (small ? 2 : 0); ++di)
       for (int op = LN; op <= ADALN_LN; ++op)
         for (int sp = 2; sp <= (S[si] == FUSEDK_F32 ? 3 : 2); ++sp) {
-          case_t c = {(op_t)op, S[si], 2, 13, oD[di], 1, 1, 0, 0, 0, 0, 0, 0, sp};
+          case_t c = {(op_t)op, S[si], 2, 13, oD[di], 1, 1, 0, 0, 0, 0, 0, 0, sp, 0};
           run_case(&c);
           c.shift = 1, c.pad = 3;
           run_case(&c);
@@ -940,7 +943,7 @@ int main(void) {
     for (int k = 0; k < (int)(sizeof ad / sizeof ad[0]); ++k) {
       n_before = failures;
       for (int op = ADALN_LN; op <= MOCHI_EXACT; ++op) {
-        const case_t base = {(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], op == ADALN_LN, op == ADALN_LN, 0, 0, 0, 0, 0, 0, 0};
+        const case_t base = {(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], op == ADALN_LN, op == ADALN_LN, 0, 0, 0, 0, 0, 0, 0, 0};
         case_t c = base;
         run_case(&c);
         c.vec_stride = 1, c.weight = 0, c.bias = 0, c.pad = 8; /* modulation views, strided rows */
@@ -957,18 +960,42 @@ int main(void) {
                sname(S[si]), (long long)ad[k][0], (long long)ad[k][1], (long long)ad[k][2]);
     }
   }
+  /* a float32 modulation beside f16/bf16 rows (Wan keeps its modulation float32): adaln in the
+     launch modes above (one wave uncached, register-cached, staged, L2 re-read, sub-warp rows),
+     as views into a [B, 6D] modulation, broadcast on the scalar path, rows far from zero */
+  for (int si = 0; si < 3; ++si) {
+    if (S[si] == FUSEDK_F32) continue;
+    n_before = failures;
+    const int64_t md[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536},
+                             {4, 600, 1152}, {2, 67, 24576}, {2, 64, 2048}, {3, 10, 40}};
+    for (int k = 0; k < (int)(sizeof md / sizeof md[0]); ++k)
+      for (int op = ADALN_LN; op <= ADALN_RMS; ++op) {
+        const case_t base = {(op_t)op, S[si], md[k][0], md[k][1], md[k][2], op == ADALN_LN, op == ADALN_LN,
+                             0, 0, 0, 0, 0, 0, 0, 1};
+        case_t c = base;
+        run_case(&c);
+        c.vec_stride = 1, c.weight = 0, c.bias = 0, c.pad = 8;
+        run_case(&c);
+        c.vec_stride = 0, c.vec_broadcast = 1, c.pad = 0, c.shift = 3;
+        run_case(&c);
+        if (op == ADALN_LN) c = base, c.special = 2, run_case(&c);
+      }
+    if (failures == n_before)
+      printf("ok   %s adaln(layer/rms) with a float32 scale and shift: every launch mode, views, broadcast\n",
+             sname(S[si]));
+  }
   /* millions of rows, one row, in place */
   n_before = failures;
-  case_t many = {RMS, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+  case_t many = {RMS, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   run_case(&many);
-  case_t one = {LN, FUSEDK_F16, 1, 1, 5120, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+  case_t one = {LN, FUSEDK_F16, 1, 1, 5120, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
   run_case(&one);
-  case_t inpl = {RMS, FUSEDK_BF16, 2, 300, 3072, 1, 0, 0, 0, 0, 0, 0, 1, 0};
+  case_t inpl = {RMS, FUSEDK_BF16, 2, 300, 3072, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0};
   run_case(&inpl);
-  case_t inpl2 = {MOCHI_EXACT, FUSEDK_BF16, 2, 300, 3072, 0, 0, 0, 0, 0, 0, 0, 1, 0};
+  case_t inpl2 = {MOCHI_EXACT, FUSEDK_BF16, 2, 300, 3072, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0};
   run_case(&inpl2);
   for (int op = RMS; op <= MOCHI_EXACT; ++op) {
-    case_t sp = {(op_t)op, FUSEDK_BF16, 2, 7, 3072, 1, op == LN || op == ADALN_LN, 0, 0, 0, 0, 0, 0, 1};
+    case_t sp = {(op_t)op, FUSEDK_BF16, 2, 7, 3072, 1, op == LN || op == ADALN_LN, 0, 0, 0, 0, 0, 0, 1, 0};
     run_case(&sp);
   }
   if (failures == n_before) printf("ok   2M rows, 1 row, in place, NaN/Inf rows\n");
@@ -986,7 +1013,7 @@ elementwise:;
       n_before = failures;
       for (int op = GELU; op <= STEP_DDIM; ++op) {
         int64_t D = eD[di], L = D >= 16384 ? 3 : 37;
-        case_t c = {(op_t)op, S[si], 2, L, D, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        case_t c = {(op_t)op, S[si], 2, L, D, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         run_case(&c);
         c.pad = 8, c.vec_stride = 1; /* strided rows, the gate a modulation view */
         run_case(&c);
@@ -1005,12 +1032,31 @@ elementwise:;
                "diffusion_step(euler/ddim): plain, strided, misaligned, in place + NaN/Inf\n", sname(S[si]),
                (long long)eD[di]);
     }
+  /* gated_residual with a float32 gate beside f16/bf16 rows: vector and scalar paths, views,
+     broadcast, in place */
+  for (int si = 0; si < 3; ++si) {
+    if (S[si] == FUSEDK_F32) continue;
+    n_before = failures;
+    for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
+      case_t c = {GATED_RES, S[si], 2, eD[di] >= 16384 ? 3 : 37, eD[di], 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+      run_case(&c);
+      c.pad = 8, c.vec_stride = 1;
+      run_case(&c);
+      c.pad = 3, c.shift = 1, c.vec_stride = 0, c.vec_broadcast = 1;
+      run_case(&c);
+      c.pad = 0, c.shift = 0, c.vec_broadcast = 0, c.inplace = 1;
+      run_case(&c);
+    }
+    if (failures == n_before)
+      printf("ok   %s gated_residual with a float32 gate: D 1..65536, views, broadcast, misaligned, in place\n",
+             sname(S[si]));
+  }
   n_before = failures;
   for (int op = GELU; op <= STEP_DDIM; ++op) {
-    case_t many2 = {(op_t)op, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    case_t many2 = {(op_t)op, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (op == GATED_RES) many2.B = small ? 64 : 1 << 11, many2.L = small ? 64 : 1 << 10; /* rows over samples */
     run_case(&many2);
-    case_t one2 = {(op_t)op, FUSEDK_F16, 1, 1, 5120, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    case_t one2 = {(op_t)op, FUSEDK_F16, 1, 1, 5120, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     run_case(&one2);
   }
   if (failures == n_before) printf("ok   elementwise: 2M rows, 1 row\n");

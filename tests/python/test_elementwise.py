@@ -65,6 +65,19 @@ def test_gated_residual(shape, dtype):
     assert_close(fusedk.gated_residual(x, y, g1), oracle.gated_residual(x, y, g1), dtype, what="broadcast gate")
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), oracle.BF16], ids=str)
+def test_gated_residual_float32_gate(dtype):
+    """16-bit rows with a float32 gate (a modulation kept in float32): read as float32."""
+    x, y = rand((2, 5, 64), dtype), rand((2, 5, 64), dtype)
+    gate = rand((2, 6 * 64), np.float32)[:, 64:128]
+    out = fusedk.gated_residual(x, y, gate)
+    assert out.dtype == dtype
+    assert_close(out, oracle.gated_residual(x, y, gate), dtype, what="gated_residual float32 gate")
+    other = np.float16 if dtype == oracle.BF16 else oracle.BF16
+    with pytest.raises(fusedk.Error, match=r"gate has dtype .*, expected .* \(the dtype of x\) or float32"):
+        fusedk.gated_residual(x, y, gate.astype(other))
+
+
 def test_gated_residual_in_place():
     x, y, g = rand((2, 9, 32), np.float16), rand((2, 9, 32), np.float16), rand((2, 32), np.float16)
     want = oracle.gated_residual(x, y, g)

@@ -59,6 +59,28 @@ def test_adaln_modulation_views(shape, dtype, norm):
     assert_close(got, oracle.adaln(x, s0, shift, norm), dtype, what="adaln broadcast scale")
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=str)
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_adaln_float32_modulation(dtype, norm):
+    """16-bit rows with a float32 scale and shift (a model that keeps its modulation in float32,
+    as Wan): read as float32, one rounding of the result; views and broadcast as in x's dtype."""
+    B, L, D = 2, 7, 96
+    x = rand((B, L, D), dtype)
+    mod = rand((B, 6 * D), np.float32, 0.5)
+    shift, scale = mod[:, 0:D], mod[:, D:2 * D]
+    got = fusedk.adaln(x, scale, shift, norm=norm)
+    assert got.dtype == dtype
+    assert_close(got, oracle.adaln(x, scale, shift, norm), dtype, what=f"adaln {norm} float32 modulation")
+    s0 = np.broadcast_to(scale[:1], scale.shape)
+    assert_close(fusedk.adaln(x, s0, shift, norm=norm), oracle.adaln(x, s0, shift, norm), dtype,
+                 what="adaln float32 broadcast scale")
+    with pytest.raises(fusedk.Error, match=r"adaln: shift has dtype .*, expected float32 \(the dtype of scale\)"):
+        fusedk.adaln(x, scale, shift.astype(dtype), norm=norm)
+    other = np.float16 if dtype == BF16 else BF16
+    with pytest.raises(fusedk.Error, match=r"adaln: scale has dtype .*, expected .* \(the dtype of x\) or float32"):
+        fusedk.adaln(x, scale.astype(other), shift.astype(other), norm=norm)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 33, 3072), (1, 1, 1), (3, 7, 111)], ids=str)
 def test_residual_tanh_gated_rmsnorm(shape, dtype):

@@ -12,11 +12,10 @@ Per block (video tokens x, text c; mod = scale_shift_table + temb in float32, as
     context's [Wk'; Wv'] too), q/k RMSNorm (torch), attention, linear(o, Wo), x + o (torch)
   adaln(x, c_scale, c_shift) ; linear(., W1, act=gelu_tanh) ; linear(., W2) ; gated_residual
 
-Wan keeps its modulation in float32 (scale_shift_table + temb.float()), and fusedk's adaln and
-gated_residual take it only in x's dtype: in a bf16/f16 model (and for Wan 2.2 TI2V's per-token
-temb [B, L, 6, D]) the modulated norms and gated residuals are the stock torch expressions (a
-float32 modulation for those two ops is what would fuse them); a float32 model runs them in
-fusedk. The GEMMs, the q/k prologue and attention are fused either way."""
+Wan keeps its modulation in float32 (scale_shift_table + temb.float()): fusedk's adaln and
+gated_residual read it as float32 beside the model's 16-bit rows, as the stock expressions
+compute (float32 math, one rounding). Wan 2.2 TI2V's per-token temb [B, L, 6, D] runs the
+stock expressions for those two."""
 import torch
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
@@ -75,11 +74,11 @@ def _half_tables(rope):
                                             sin[0, :, 0, 1::2].float().contiguous()))
 
 
-def _fused(x, v):
-    """Whether fusedk's adaln / gated_residual reproduce stock here: a [B, D] modulation in x's
-    dtype (they take none in float32 with a 16-bit x, and rounding Wan's float32 modulation to
-    bf16 first doubled the max error under torch.compile on the H100)."""
-    return v.dim() == 2 and v.dtype == x.dtype
+def _fused(k, op, x, v):
+    """Whether fusedk's adaln / gated_residual (op, picked by ops=) reproduce stock here: a [B, D]
+    modulation in float32 (as diffusers keeps it; fusedk reads it as float32 beside 16-bit rows)
+    or in x's dtype. Not Wan 2.2 TI2V's per-token [B, L, D]."""
+    return op in k.use and v.dim() == 2 and v.dtype in (x.dtype, torch.float32)
 
 
 def _tokens(v):
@@ -89,7 +88,7 @@ def _tokens(v):
 def _norm_mod(k, x, scale, shift, eps):
     """(FP32LayerNorm(x) * (1 + scale) + shift).type_as(x): fusedk's adaln where it reproduces it,
     else the stock expression."""
-    if _fused(x, scale):
+    if _fused(k, "adaln", x, scale):
         return k.adaln(x, scale, shift, eps)
     n = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], eps=eps)
     return (n * (1 + _tokens(scale)) + _tokens(shift)).type_as(x)
@@ -97,7 +96,7 @@ def _norm_mod(k, x, scale, shift, eps):
 
 def _gated(k, x, y, gate, out=None):
     """(x.float() + y.float() * gate).type_as(x): fusedk's gated_residual where it reproduces it."""
-    if _fused(x, gate):
+    if _fused(k, "gated_residual", x, gate):
         return k.gated_residual(x, y, gate, out=out)
     return (x.float() + y.float() * _tokens(gate)).type_as(x)
 
