@@ -226,7 +226,8 @@ def test_public_namespace():
     assert fusedk.Error.__module__ == "fusedk" and repr(fusedk.Error("S", "r")).startswith("Error(")
     assert str(fusedk.Error).startswith("<class 'fusedk.Error'>")
     public = [n for n in dir(fusedk) if not n.startswith("_")]
-    assert set(public) == {"Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
+    assert set(public) == {"Error", "ShapeError", "LayoutError", "InvalidArgumentError", "DTypeError", "DeviceError",
+                           "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
                            "silu_fma", "gated_residual", "glu", "glu_pair", "kernel_info", "torch", "jax", "diffusers",
                            "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step",
                            "linear", "linear_backward"}

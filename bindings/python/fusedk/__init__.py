@@ -10,9 +10,11 @@ fused forwards into diffusers' DiTs. The formulas are in fusedk.h."""
 import json as _json
 
 from . import _core
-from ._core import Error
+from ._core import (DeviceError, DTypeError, Error, InvalidArgumentError, LayoutError, OutOfMemoryError,
+                    ShapeError)
 
-__all__ = ["Error", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
+__all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "DTypeError", "DeviceError",
+           "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "kernel_info",
            "__version__"]

@@ -36,14 +36,43 @@ _OUT, _OUT_OPT = lib.FUSEDK_ARG_OUT, lib.FUSEDK_ARG_OUT_OPT
 
 
 class Error(RuntimeError):
-    """A fusedk call failed; .status is the C status name, .reason the C failure reason."""
+    """A fusedk call failed; .status is the C status name, .reason the C failure reason.
+    Error(status, reason) is the subclass of that status, also the built-in type NumPy, PyTorch
+    and JAX users catch for it: ShapeError, LayoutError, InvalidArgumentError (ValueError),
+    DTypeError (TypeError), DeviceError (RuntimeError, as torch's device mismatch, and
+    ValueError), OutOfMemoryError (MemoryError); CUDA, cuBLAS and build errors stay Error."""
+
+    def __new__(cls, status, reason):
+        if cls is Error:
+            cls = _BY_STATUS.get(status, Error)
+        return super().__new__(cls, status, reason)
 
     def __init__(self, status, reason):
-        super().__init__(f"{reason} [{status}]")
+        super().__init__(status, reason)  # args: what pickling rebuilds it from
         self.status = status
         self.reason = reason
 
+    def __str__(self):
+        return f"{self.reason} [{self.status}]"
 
+
+def _subclass(name, base, doc):
+    return type(name, (Error, base), {"__doc__": doc, "__module__": "fusedk"})
+
+
+ShapeError = _subclass("ShapeError", ValueError, "A dim size or ndim does not match (also a ValueError).")
+LayoutError = _subclass("LayoutError", ValueError, "Strides, alignment or aliasing the op cannot honour (also a "
+                        "ValueError).")
+InvalidArgumentError = _subclass("InvalidArgumentError", ValueError, "A missing tensor, a bad flag, eps or "
+                                 "attribute (also a ValueError).")
+DTypeError = _subclass("DTypeError", TypeError, "An unsupported dtype or byte order, or dtypes that differ (also a "
+                       "TypeError).")
+DeviceError = _subclass("DeviceError", ValueError, "Tensors on different or unknown devices (a RuntimeError, as "
+                        "torch raises, and a ValueError).")
+OutOfMemoryError = _subclass("OutOfMemoryError", MemoryError, "An allocation failed (also a MemoryError).")
+_BY_STATUS = {"FUSEDK_ERR_SHAPE": ShapeError, "FUSEDK_ERR_LAYOUT": LayoutError,
+              "FUSEDK_ERR_INVALID_ARGUMENT": InvalidArgumentError, "FUSEDK_ERR_DTYPE": DTypeError,
+              "FUSEDK_ERR_DEVICE": DeviceError, "FUSEDK_ERR_OUT_OF_MEMORY": OutOfMemoryError}
 Error.__module__ = "fusedk"
 
 
@@ -179,6 +208,18 @@ def dtype_code(dt):
             c = ({"f": 2, "i": 0, "u": 1, "b": 6, "c": 5}.get(dt.kind, 3), dt.itemsize * 8, 1)
         _DT[dt] = c
     return c
+
+
+def _check_numpy_dtype(op, name, dt):
+    """What the C layer cannot see in a NumPy dtype: its byte order (a non-native array would be
+    read, or written, byte-swapped), and the names of dtypes DLPack has no code for (object,
+    strings, datetimes), refused here in NumPy's words, before anything is written."""
+    if dt.kind not in "fiubc" and dt != BF16:
+        raise Error("FUSEDK_ERR_DTYPE", f"{op}: {name} has dtype {dt}, expected float32, float16 or bfloat16")
+    if dt.kind == "f" and not dt.isnative:  # (other dtypes: the C layer names them)
+        order = "big" if dt.byteorder == ">" else "little"
+        raise Error("FUSEDK_ERR_DTYPE", f"{op}: {name} has dtype {dt.str} ({order}-endian), expected the machine's "
+                    f"byte order ({sys.byteorder}-endian); convert it with .astype({dt.newbyteorder('=').str!r})")
 
 
 def pack(ptr, dev, did, shape, strides, code):
@@ -509,6 +550,7 @@ class _Generic:
             if out and not obj.flags.writeable:
                 raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.op.name}: {name} is read-only, expected a "
                             "writable array")
+            _check_numpy_dtype(self.op.name, name, obj.dtype)
             if self.fw is None:
                 self.fw = "numpy"
             return pack(obj.__array_interface__["data"][0], CPU, 0, obj.shape, obj.strides, dtype_code(obj.dtype)), obj

@@ -1,0 +1,138 @@
+"""Inputs nobody planned for, through the NumPy path: byte order (every op, every argument
+position: a non-native array is refused, naming it, and an out= array is left untouched), dtype
+names as NumPy writes them, and the exception types (fusedk.Error, and the built-in type of its
+status, which NumPy, PyTorch and JAX users already catch)."""
+import pickle
+
+import numpy as np
+import pytest
+
+import fusedk
+from fusedk import _core
+
+rng = np.random.default_rng(0)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# registry-order tensors of one valid call (outputs None: allocated) and its leading attributes
+B, L, D, S, H, DH = 2, 3, 8, 4, 2, 8
+VALID = {
+    "rmsnorm": lambda: ([None, None, f32(B, L, D), f32(B, L, D), f32(D)], ()),
+    "layernorm": lambda: ([None, f32(B, L, D), f32(D), f32(D)], ()),
+    "adaln": lambda: ([None, f32(B, L, D), f32(B, D), f32(B, D), f32(D), f32(D)], ()),
+    "residual_tanh_gated_rmsnorm": lambda: ([None, f32(B, L, D), f32(B, L, D), f32(B, D)], ()),
+    "act": lambda: ([None, f32(B, L, D)], ()),
+    "silu_fma": lambda: ([None, f32(B, L, D), f32(B, L, D), f32(B, L, D)], ()),
+    "gated_residual": lambda: ([None, f32(B, L, D), f32(B, L, D), f32(B, D)], ()),
+    "glu": lambda: ([None, f32(B, L, D)], ()),
+    "glu_pair": lambda: ([None, f32(B, L, D), f32(B, L, D)], ()),
+    "rope": lambda: ([None, None, f32(1, S, H, DH), f32(1, S, H, DH), f32(S, DH // 2), f32(S, DH // 2)], ()),
+    "rope_table_1d": lambda: ([None, None, f32(S)], (DH,)),
+    "rope_table_axes": lambda: ([None, None, f32(S, 3)], ()),
+    "rope_table_ltx": lambda: ([None, None, f32(S, 3)], (12,)),
+    "rope_table_mixed": lambda: ([None, None, f32(S, 3), f32(3, H, DH // 2)], ()),
+    "diffusion_step": lambda: ([None, f32(B, L, D), f32(B, L, D), f32(B, L, D), f32(B, L, D)], (2.0,)),
+    "qk_norm_rope": lambda: ([None, None, None, f32(1, S, H, DH), f32(1, S, H, DH), f32(1, S, H, DH),
+                              f32(S, DH // 2), f32(S, DH // 2), f32(DH), f32(DH)], ()),
+    "linear": lambda: ([None, None, f32(3, D), f32(5, D), f32(5)], ()),
+    "linear_backward": lambda: ([None, None, None, f32(3, 5), f32(3, D), f32(5, D), None], ()),
+}
+
+
+def test_every_op_has_a_valid_call():
+    assert set(VALID) == {o.name for o in _core.OPS}
+
+
+def swapped(a, fill=None):
+    """a in the other byte order, same values (or filled with `fill`)."""
+    b = a.astype(a.dtype.newbyteorder("S"))
+    if fill is not None:
+        b[...] = fill
+    return b
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_non_native_byte_order_is_refused_in_every_position(name):
+    o = next(o for o in _core.OPS if o.name == name)
+    args, attrs = VALID[name]()
+    r = _core.call(o.id, args[o.inputs[0]], tuple(args), attrs)
+    outs = list(r) if isinstance(r, tuple) else [r]
+    given = {i: args[i] for i in o.inputs if args[i] is not None}
+    given.update({i: a for (i, _, _), a in zip([t for t in o.outputs if o.exists(t[0], args, o.values(attrs))], outs)})
+    assert len(given) >= 2
+    for i, a in given.items():
+        bad = list(args)
+        out = i not in o.inputs
+        bad[i] = swapped(a, 7.0) if out else swapped(a)
+        with pytest.raises(fusedk.DTypeError, match=rf"^{name}: {o.tensors[i][0]} has dtype >f4 \(big-endian\), "
+                           r"expected the machine's byte order"):
+            _core.call(o.id, bad[o.inputs[0]], tuple(bad), attrs)
+        if out:
+            assert (bad[i] == 7.0).all(), f"{name}: out= {o.tensors[i][0]} was written"
+    # the same call with native outputs given runs (the refusal was the byte order, not the call)
+    good = list(args)
+    for i, a in given.items():
+        if i not in o.inputs:
+            good[i] = np.empty_like(a)
+    _core.call(o.id, good[o.inputs[0]], tuple(good), attrs)
+
+
+def test_non_native_byte_order_through_the_public_functions():
+    x = f32(2, 5, 16) + 1
+    with pytest.raises(fusedk.DTypeError, match="rmsnorm: x has dtype >f4 .big-endian."):
+        fusedk.rmsnorm(x.astype(">f4"))
+    with pytest.raises(TypeError, match="rmsnorm: weight has dtype >f4"):
+        fusedk.rmsnorm(x, x[0, 0].astype(">f4"))
+    out = np.full(x.shape, 3.0, ">f4")
+    with pytest.raises(TypeError, match=r"rmsnorm: y has dtype >f4 .*\.astype\('<f4'\)"):
+        fusedk.rmsnorm(x, out=out)
+    assert (out == 3.0).all()
+    with pytest.raises(TypeError, match="act: x has dtype >f2"):
+        fusedk.act(x.astype(">f2"))
+    # explicitly native and little-endian spellings are the same array kind
+    np.testing.assert_array_equal(fusedk.rmsnorm(x.astype("<f4")), fusedk.rmsnorm(x.astype("=f4")))
+
+
+@pytest.mark.parametrize("dt,named", [(object, "object"), ("U3", "<U3"), ("S2", "|S2"), ("M8[s]", "datetime64[s]"),
+                                      (np.float64, "float64"), (np.int32, "int32"), (bool, "bool"),
+                                      (np.complex64, "complex64")])
+def test_dtype_names_are_numpys(dt, named):
+    x = np.ones((2, 3), dtype=dt)
+    with pytest.raises(fusedk.DTypeError) as e:
+        fusedk.rmsnorm(x)
+    assert e.value.reason.startswith(f"rmsnorm: x has dtype {named}, expected float32, float16 or bfloat16")
+    assert "opaque" not in str(e.value)
+
+
+BAD = [  # (call, the fusedk subclass, the built-in type it also is, status)
+    (lambda x: fusedk.rmsnorm(x, np.ones(5, np.float32)), fusedk.ShapeError, ValueError, "FUSEDK_ERR_SHAPE"),
+    (lambda x: fusedk.rmsnorm(x[:, :, ::2]), fusedk.LayoutError, ValueError, "FUSEDK_ERR_LAYOUT"),
+    (lambda x: fusedk.rmsnorm(x, eps=-1.0), fusedk.InvalidArgumentError, ValueError, "FUSEDK_ERR_INVALID_ARGUMENT"),
+    (lambda x: fusedk.act(x, "tanh"), fusedk.InvalidArgumentError, ValueError, "FUSEDK_ERR_INVALID_ARGUMENT"),
+    (lambda x: fusedk.rmsnorm(x.astype(np.int8)), fusedk.DTypeError, TypeError, "FUSEDK_ERR_DTYPE"),
+    (lambda x: fusedk.rmsnorm(x, x[0, 0].astype(np.float16)), fusedk.DTypeError, TypeError, "FUSEDK_ERR_DTYPE"),
+]
+
+
+@pytest.mark.parametrize("call,cls,builtin,status", BAD)
+def test_exception_types(call, cls, builtin, status):
+    x = f32(2, 3, 8)
+    with pytest.raises(builtin) as e:
+        call(x)
+    err = e.value
+    assert type(err) is cls and isinstance(err, fusedk.Error) and isinstance(err, RuntimeError)
+    assert err.status == status and str(err) == f"{err.reason} [{status}]"
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls and back.status == err.status and back.reason == err.reason
+
+
+def test_error_picks_its_subclass_from_the_status():
+    assert type(fusedk.Error("FUSEDK_ERR_DEVICE", "r")) is fusedk.DeviceError
+    assert isinstance(fusedk.DeviceError("FUSEDK_ERR_DEVICE", "r"), (RuntimeError, ValueError))
+    assert isinstance(fusedk.Error("FUSEDK_ERR_OUT_OF_MEMORY", "r"), MemoryError)
+    for status in ("FUSEDK_ERR_CUDA", "FUSEDK_ERR_CUBLAS", "FUSEDK_ERR_UNSUPPORTED", "FUSEDK_ERR_NO_CUDA"):
+        e = fusedk.Error(status, "r")
+        assert type(e) is fusedk.Error and not isinstance(e, (ValueError, TypeError))
