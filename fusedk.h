@@ -963,12 +963,18 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
                           c->op, name, (int)t->device.device_type, (int)t->device.device_id, c->ref,
                           (int)c->dev.device_type, (int)c->dev.device_id);
   }
-  int64_t n = 1;
+  int64_t n = 1, nz = 1; /* nz: the product of the non-zero sizes, which later products stay under */
   for (int i = 0; i < t->ndim; ++i) {
     if (t->shape[i] < 0)
       return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has negative size %lld in dim %d", c->op, name,
                           (long long)t->shape[i], i);
+    if (t->shape[i] && nz > (INT64_MAX >> 4) / t->shape[i]) {
+      char shp[160];
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, sizes whose product passes 2^59", c->op, name,
+                          fusedk__shape_str(t, shp, sizeof shp));
+    }
     n *= t->shape[i];
+    nz *= t->shape[i] ? t->shape[i] : 1;
   }
   if (n > 0 && !t->data) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s has NULL data", c->op, name);
   if (((uintptr_t)t->data + t->byte_offset) % fusedk__scalar_size(s))
@@ -1014,7 +1020,7 @@ static fusedk_status fusedk__check_eps(const fusedk__check *c, float eps) {
 }
 
 static void *fusedk__base(const fusedk_tensor *t) {
-  return t ? (void *)((char *)t->data + t->byte_offset) : NULL;
+  return t ? (void *)((uintptr_t)t->data + t->byte_offset) : NULL; /* integer math: data may be NULL (empty) */
 }
 
 /* --- [registry] each op's arguments once (C order, kind, role); [validate] one routine --- */
@@ -1301,7 +1307,7 @@ static void fusedk__store(void *p, int64_t i, double v, int s) {
 /* --- [norm] CPU reference and entry points ---------------------------------------------- */
 
 static void *fusedk__at(const fusedk__rows *r, int64_t b, int64_t l, int s) {
-  return (char *)r->p + (b * r->sb + l * r->sl) * (int64_t)fusedk__scalar_size(s);
+  return (char *)((uintptr_t)r->p + (uintptr_t)((b * r->sb + l * r->sl) * (int64_t)fusedk__scalar_size(s)));
 }
 
 /* 0, or -1 when the row buffer cannot be allocated (nothing written then) */
@@ -1544,7 +1550,7 @@ static fusedk_status fusedk__glu(int op, const fusedk_tensor *const *t, int act,
   if (op == FUSEDK_OP_GLU) { /* the halves of x: same rows, the second H elements further */
     a.D = s.D / 2;
     fusedk__rows h = a.in[0];
-    h.p = (char *)h.p + a.D * (int64_t)fusedk__scalar_size(s.c.scalar);
+    h.p = (void *)((uintptr_t)h.p + (uintptr_t)(a.D * (int64_t)fusedk__scalar_size(s.c.scalar))); /* NULL if empty */
     if (act_half == FUSEDK_GLU_FIRST) a.in[1] = h;
     else a.in[1] = a.in[0], a.in[0] = h;
   } else { /* act(gate) * value */
@@ -1755,6 +1761,9 @@ static fusedk_status fusedk__rope_setup(const fusedk__check *c, const fusedk_ten
   for (int j = 0; j < 3; ++j) {
     const fusedk_tensor *i = in[j], *o = out[j];
     if (!i) continue;
+    if (!o)
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is given but %s_out is NULL, expected both or "
+                          "neither", op, j == 0 ? "q" : j == 1 ? "k" : "v", j == 0 ? "q" : j == 1 ? "k" : "v");
     a->t[j].in = fusedk__base(i), a->t[j].out = fusedk__base(o), a->t[j].H = i->shape[2];
     a->t[j].sb = fusedk__stride(i, 0), a->t[j].ss = fusedk__stride(i, 1), a->t[j].sh = fusedk__stride(i, 2);
     a->t[j].ob = fusedk__stride(o, 0), a->t[j].os = fusedk__stride(o, bhsd ? 2 : 1);
@@ -1991,16 +2000,16 @@ static double fusedk__linear_act(double z, int act, int s) {
   return fusedk__act_f64(z, act);
 }
 
-/* rows r of matrix m as doubles (n columns each) */
-static void fusedk__mat_rows(const fusedk__mat *m, int64_t rows, int64_t n, int s, double *out) {
-  const int64_t es = (int64_t)fusedk__scalar_size(s);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < n; ++c) out[r * n + c] = fusedk__load((const char *)m->p + r * m->ld * es, c, s);
+static void *fusedk__mat_row(const fusedk__mat *m, int64_t r, int s) { /* integer math: p is NULL when K = 0 */
+  return (void *)((uintptr_t)m->p + (uintptr_t)(r * m->ld * (int64_t)fusedk__scalar_size(s)));
 }
 
-static void *fusedk__mat_row(const fusedk__mat *m, int64_t r, int s) {
-  return (char *)m->p + r * m->ld * (int64_t)fusedk__scalar_size(s);
+/* rows r of matrix m as doubles (n columns each) */
+static void fusedk__mat_rows(const fusedk__mat *m, int64_t rows, int64_t n, int s, double *out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) out[r * n + c] = fusedk__load(fusedk__mat_row(m, r, s), c, s);
 }
+
 
 /* The references: inputs converted to double once, dot products accumulated in double over
    contiguous rows, one rounding (dz rounded to the dtype before the backward GEMMs, as the GPU
@@ -2222,7 +2231,18 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
 
 /* --- [registry] lookup, output shapes and the generic call ------------------------------- */
 
+/* The integer attributes of a registry call: cast to int only what is one. */
+static fusedk_status fusedk__check_int_attrs(const fusedk_op *o, const double *a) {
+  for (int k = 0; k < o->n_attrs; ++k)
+    if (o->attrs[k].type == FUSEDK_ATTR_I32 && !(a[k] >= -2147483648.0 && a[k] <= 2147483647.0 && a[k] == floor(a[k])))
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: attribute %s is %g, expected an integer", o->name,
+                          o->attrs[k].name, a[k]);
+  return FUSEDK_OK;
+}
+
 static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  const fusedk_status ast = fusedk__check_int_attrs(o, a);
+  if (ast) return -(int)ast;
   const fusedk_op_tensor *r = &o->tensors[i];
   const fusedk_tensor *like = r->like >= 0 ? t[r->like] : NULL;
   if (!like || like->ndim < 1 || like->ndim > FUSEDK_MAX_DIMS || !like->shape)
@@ -2311,11 +2331,8 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
   if (i < 0 || i >= FUSEDK_OP_COUNT)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: op %d, expected 0..%d", (int)i, FUSEDK_OP_COUNT - 1);
   if (!t || !a) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: %s: tensors or attrs is NULL", fusedk__ops[i].name);
-  for (int k = 0; k < fusedk__ops[i].n_attrs; ++k) /* integer attributes: cast only what is one */
-    if (fusedk__ops[i].attrs[k].type == FUSEDK_ATTR_I32 &&
-        !(a[k] >= -2147483648.0 && a[k] <= 2147483647.0 && a[k] == floor(a[k])))
-      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: attribute %s is %g, expected an integer",
-                          fusedk__ops[i].name, fusedk__ops[i].attrs[k].name, a[k]);
+  const fusedk_status ast = fusedk__check_int_attrs(&fusedk__ops[i], a);
+  if (ast) return ast;
   switch ((fusedk_op_id)i) {
     case FUSEDK_OP_RMSNORM: return fusedk_rmsnorm(t[0], t[1], t[2], t[3], t[4], (float)a[0], s);
     case FUSEDK_OP_LAYERNORM: return fusedk_layernorm(t[0], t[1], t[2], t[3], (float)a[0], s);

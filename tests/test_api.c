@@ -377,6 +377,46 @@ static void empty_and_dtype_cases(void) {
   }
 }
 
+/* What the fuzzer (tests/fuzz) found: sizes whose product overflows, an input without its
+   output, a non-integer attribute given to the shape rule, a GEMM over K = 0 without data. */
+static void fuzz_findings(void) {
+  float a[16] = {0}, y[16];
+  int64_t huge[3] = {(int64_t)1 << 40, (int64_t)1 << 40, 0}, s2[2] = {2, 8};
+  fusedk_tensor x = fusedk_tensor_cpu(a, FUSEDK_F32, 3, huge), ty = x;
+  ty.data = y;
+  fusedk_status st = fusedk_act(&ty, &x, FUSEDK_ACT_GELU, NULL);
+  EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "act: x has shape [1099511627776, "
+                                                                    "1099511627776, 0], sizes whose product passes 2^59"),
+         "huge sizes: %s %s", fusedk_status_name(st), fusedk_failure_reason());
+  int64_t q4[4] = {1, 2, 2, 4}, t2[2] = {2, 2};
+  float q[16], k[16], v[16], qo[16], ko[16], c[4] = {1, 1, 1, 1}, sn[4] = {0};
+  fusedk_tensor tq = fusedk_tensor_cpu(q, FUSEDK_F32, 4, q4), tk = tq, tv = tq, tqo = tq, tko = tq;
+  tk.data = k, tv.data = v, tqo.data = qo, tko.data = ko;
+  fusedk_tensor tc = fusedk_tensor_cpu(c, FUSEDK_F32, 2, t2), ts = fusedk_tensor_cpu(sn, FUSEDK_F32, 2, t2);
+  st = fusedk_qk_norm_rope(&tqo, &tko, NULL, &tq, &tk, &tv, &tc, &ts, NULL, NULL, 1e-6f, FUSEDK_QK_NORM_HEAD,
+                           FUSEDK_ROPE_INTERLEAVED, FUSEDK_LAYOUT_BSHD, 0, NULL);
+  EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "v is given but v_out is NULL"),
+         "qk_norm_rope v without v_out: %s %s", fusedk_status_name(st), fusedk_failure_reason());
+  const fusedk_tensor *ts3[3] = {NULL, NULL, &tc};
+  double attrs[5] = {10000.0, -INFINITY, 56, 56, 0};
+  int64_t out[FUSEDK_MAX_DIMS];
+  EXPECT(fusedk_op_out_shape(FUSEDK_OP_ROPE_TABLE_AXES, 0, ts3, attrs, out) < 0 &&
+             strstr(fusedk_failure_reason(), "attribute axes_dim0 is -inf, expected an integer"),
+         "out_shape with an infinite integer attribute: %s", fusedk_failure_reason());
+  attrs[1] = 2.5;
+  EXPECT(fusedk_op_out_shape(FUSEDK_OP_ROPE_TABLE_AXES, 0, ts3, attrs, out) < 0 &&
+             strstr(fusedk_failure_reason(), "attribute axes_dim0 is 2.5, expected an integer"),
+         "out_shape axes_dim 2.5: %s", fusedk_failure_reason());
+  int64_t xk0[2] = {2, 0}, wk0[2] = {8, 0};
+  fusedk_tensor lx = fusedk_tensor_cpu(NULL, FUSEDK_F32, 2, xk0), lw = fusedk_tensor_cpu(NULL, FUSEDK_F32, 2, wk0);
+  fusedk_tensor lb = fusedk_tensor_cpu(c, FUSEDK_F32, 1, s2 + 1), lyt = fusedk_tensor_cpu(y, FUSEDK_F32, 2, s2);
+  float bias8[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  lb.data = bias8;
+  st = fusedk_linear(&lyt, NULL, &lx, &lw, &lb, FUSEDK_ACT_RELU, 0, NULL);
+  EXPECT(st == FUSEDK_OK && y[0] == 1.0f && y[15] == 8.0f, "linear K = 0, no data: %s %s y %g %g",
+         fusedk_status_name(st), fusedk_failure_reason(), (double)y[0], (double)y[15]);
+}
+
 int main(void) {
   for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
   for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
@@ -394,6 +434,7 @@ int main(void) {
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
   registry_cases();
   empty_and_dtype_cases();
+  fuzz_findings();
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
 }
