@@ -21,9 +21,10 @@ while read -r line; do  # the seeds, one file each (libFuzzer reads a directory)
   [ -n "$line" ] && printf '%s' "$line" | base64 -d > "$work/corpus/seed-$n" && n=$((n + 1))
 done < "$root/tests/fuzz/seeds.txt"
 cd "$work"
-limit=(-max_total_time="${FUZZ_SECONDS:-60}")
-[ -n "${FUZZ_RUNS:-}" ] && limit=(-runs="$FUZZ_RUNS")
-echo "fuzz: $cc, $n seeds, ${FUZZ_RUNS:+$FUZZ_RUNS runs}${FUZZ_RUNS:-${FUZZ_SECONDS:-60} s}"
+limit=(-max_total_time="${FUZZ_SECONDS:-60}") what="${FUZZ_SECONDS:-60} s"
+if [ -n "${FUZZ_RUNS:-}" ]; then limit=(-runs="$FUZZ_RUNS") what="$FUZZ_RUNS inputs"; fi
+echo "fuzz: $cc, $n seeds, $what"
+set +eo pipefail  # the fuzzer's status, whatever the filter's
 UBSAN_OPTIONS=print_stacktrace=1 ./fuzz_ops "${limit[@]}" -print_final_stats=1 corpus 2>&1 |
   grep -vE '^#[0-9]+\s+(NEW|REDUCE|pulse)' | tail -25
 exit "${PIPESTATUS[0]}"
