@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) of the norm and elementwise ops through the NumPy path: generated
+"""Property tests (hypothesis) of the norm, elementwise and rope ops through the NumPy path: generated
 row shapes (B and L of size 0 and 1, D from 1 up, not a multiple of 8), views (strided rows,
 negative row strides, per-sample vectors broadcast or taken from a [B, 6D] modulation), every
 dtype, float32 modulations beside 16-bit rows, a byte-swapped argument, in-place out=. Each
@@ -140,3 +140,30 @@ def test_glu(pair, c, kind, half):
         a, b = np.split(oracle.f64(x), 2, axis=-1)
         run(c, lambda x: fusedk.glu(x, kind, half), (x,),
             lambda: act_of(a, kind) * b if half == "first" else a * act_of(b, kind))
+
+
+@SETTINGS
+@given(st.sampled_from(DTYPES), st.integers(0, 2), st.integers(0, 6), st.integers(1, 3), st.integers(1, 3),
+       st.integers(1, 20), st.integers(0, 40), st.sampled_from(["interleaved", "half"]), st.booleans(),
+       st.integers(0, 4), st.integers(0, 2 ** 32 - 1))
+def test_rope(dt, B, S, Hq, Hk, half, cut, style, strided, swap, seed):
+    """q [B, S, Hq, Dh] and k (GQA heads), Dh = 2 * half, rotary_dim R <= Dh (even), float32
+    [S, R/2] tables, heads strided inside a wider buffer or compact; in place or not."""
+    rng = np.random.default_rng(seed)
+    Dh = 2 * half
+    R = Dh - 2 * (cut % half) if cut % 2 else Dh
+    heads = lambda H: rng.standard_normal((B, S, H + (2 if strided else 0), Dh)).astype(dt)[:, :, :H]  # noqa: E731
+    q, k = heads(Hq), heads(Hk)
+    ang = rng.uniform(-4, 4, (S, R // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    args = [q, k, cos, sin]
+    if swap < 4 and args[swap].dtype != oracle.BF16:
+        args[swap] = args[swap].astype(args[swap].dtype.newbyteorder("S"))
+        with pytest.raises(fusedk.DTypeError, match="-endian"):
+            fusedk.rope(*args, style=style, rotary_dim=R)
+        return
+    want_q, want_k = oracle.rope(q, cos, sin, style, R), oracle.rope(k, cos, sin, style, R)
+    q2, k2 = fusedk.rope(q, k, cos, sin, style=style, rotary_dim=R, inplace=swap == 4)
+    assert q2.shape == q.shape and k2.shape == k.shape and q2.dtype == dt
+    assert_close(q2, want_q, dt, what="rope q")
+    assert_close(k2, want_k, dt, what="rope k")
