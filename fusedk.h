@@ -976,6 +976,14 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
     n *= t->shape[i];
     nz *= t->shape[i] ? t->shape[i] : 1;
   }
+  int64_t reach = 0; /* sum |stride| (size - 1): the elements element 0 reaches, as bounded as the count */
+  for (int i = 0; t->strides && i < t->ndim; ++i) { /* empty tensors too: their strides get multiplied */
+    const int64_t st = t->strides[i], a = st < 0 ? (st == INT64_MIN ? INT64_MAX : -st) : st, m = t->shape[i] - 1;
+    if (m > 0 && a > ((INT64_MAX >> 4) - reach) / m)
+      return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has stride %lld in dim %d (size %lld): its strides reach past "
+                          "2^59 elements", c->op, name, (long long)st, i, (long long)t->shape[i]);
+    reach += a * m;
+  }
   if (n > 0 && !t->data) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s has NULL data", c->op, name);
   if (((uintptr_t)t->data + t->byte_offset) % fusedk__scalar_size(s))
     return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s data+byte_offset is not aligned to its %d-byte elements",

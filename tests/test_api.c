@@ -388,6 +388,13 @@ static void fuzz_findings(void) {
   EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "act: x has shape [1099511627776, "
                                                                     "1099511627776, 0], sizes whose product passes 2^59"),
          "huge sizes: %s %s", fusedk_status_name(st), fusedk_failure_reason());
+  int64_t far[3] = {(int64_t)1 << 50, 1, 1}, s3[3] = {1024, 2, 8};
+  x = fusedk_tensor_cpu(a, FUSEDK_F32, 3, s3), ty = x;
+  x.strides = far, ty.data = y;
+  st = fusedk_act(&ty, &x, FUSEDK_ACT_GELU, NULL);
+  EXPECT(st == FUSEDK_ERR_LAYOUT && strstr(fusedk_failure_reason(), "act: x has stride 1125899906842624 in dim 0 "
+                                                                    "(size 1024): its strides reach past 2^59"),
+         "huge strides: %s %s", fusedk_status_name(st), fusedk_failure_reason());
   int64_t q4[4] = {1, 2, 2, 4}, t2[2] = {2, 2};
   float q[16], k[16], v[16], qo[16], ko[16], c[4] = {1, 1, 1, 1}, sn[4] = {0};
   fusedk_tensor tq = fusedk_tensor_cpu(q, FUSEDK_F32, 4, q4), tk = tq, tv = tq, tqo = tq, tko = tq;
