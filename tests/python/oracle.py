@@ -67,7 +67,7 @@ def act(x, kind="gelu"):
     from math import erf
     x = f64(x)
     if kind == "gelu":
-        return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2.0)))
+        return 0.5 * x * (1 + np.vectorize(erf, otypes=[np.float64])(x / np.sqrt(2.0)))
     if kind == "gelu_tanh":
         return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
     if kind == "silu":
@@ -259,6 +259,22 @@ def diffusion_step(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.
     return y
 
 
+def step_aux(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.0, sigma_next=0.0, alpha_bar=1.0,
+             alpha_bar_prev=1.0, clamp_x0=None, prev=None, blend=1.0):
+    """The oracle over |terms|: every product and sum with its operands' magnitudes, the bound on
+    what cancellation can let another summation order (or float32 on the GPU) show."""
+    a, at = (lambda t: np.abs(f64(t))), (lambda v: abs(_attr(v)))
+    m = a(cond) if uncond is None else a(uncond) + at(guidance) * (a(cond) + a(uncond))
+    if sampler == "euler":
+        y = a(x) + (at(sigma_next) + at(sigma)) * m
+    else:
+        ab, abp = _attr(alpha_bar), _attr(alpha_bar_prev)
+        y = np.sqrt(abp) * (a(x) + np.sqrt(1 - ab) * m) / np.sqrt(ab) + np.sqrt(1 - abp) * m
+    if prev is not None:
+        y = at(blend) * y + abs(1 - _attr(blend)) * a(prev)
+    return y
+
+
 # --- the frameworks the GPU tests run through ------------------------------------------------
 def gpu_frameworks():
     """(name, to_device, to_host, broadcast_to) per framework with a CUDA device."""
@@ -322,11 +338,20 @@ def linear(x, w, bias=None, act_kind="none", dtype=None):
     return act(zin, act_kind), z
 
 
+def gemm_close(got, want, dtype, s1, what, extra=0.0, gpu=False):
+    """The reference (double accumulation, one rounding) against the oracle: |got - want| <=
+    eps_T |want| + 2^-40 S1 + extra + 1e-7 (float16 subnormals); S1 = the sum of |terms|. gpu:
+    float32 accumulation against the reference, one GPU ulp (GPU_EPS) + 2^-19 S1 + extra +
+    1e-6, as tests/test_gpu.c. No NaN passes."""
+    atol = (2.0 ** -19 if gpu else 2.0 ** -40) * s1 + extra + (1e-6 if gpu else 1e-7)
+    assert_close(got, want, dtype, what=what, eps=GPU_EPS if gpu else None, atol=atol, nan_ok=False)
+
+
 def act_grad(z, kind):
     from math import erf
     z = f64(z)
     if kind == "gelu":
-        return 0.5 * (1 + np.vectorize(erf)(z / np.sqrt(2.0))) + z * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi)
+        return 0.5 * (1 + np.vectorize(erf, otypes=[np.float64])(z / np.sqrt(2.0))) + z * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi)
     if kind == "gelu_tanh":
         c = np.sqrt(2 / np.pi)
         t = np.tanh(c * (z + 0.044715 * z ** 3))
@@ -344,6 +369,6 @@ def linear_backward(dy, x, w, aux=None, act_kind="none", dtype=None):
     dz = f64(dy) if act_kind == "none" else f64(dy) * act_grad(aux, act_kind)
     if act_kind != "none" and dtype is not None:
         dz = dz.astype(dtype).astype(np.float64)
-    K, N = x.shape[-1], w.shape[0]
-    dz2, x2 = dz.reshape(-1, N), f64(x).reshape(-1, K)
+    M, K, N = int(np.prod(np.shape(x)[:-1])), x.shape[-1], w.shape[0]  # M explicit: K may be 0
+    dz2, x2 = dz.reshape(M, N), f64(x).reshape(M, K)
     return (dz @ f64(w)).reshape(np.shape(x)), dz2.T @ x2, dz2.sum(0)

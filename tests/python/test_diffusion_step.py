@@ -8,6 +8,7 @@ import pytest
 import fusedk
 import oracle
 from oracle import DTYPES, assert_close
+from oracle import step_aux as aux
 
 rng = np.random.default_rng()
 SHAPES = [(1, 1), (3, 7), (2, 4, 16, 16)]
@@ -17,22 +18,6 @@ DDIM = dict(sampler="ddim", alpha_bar=0.3, alpha_bar_prev=0.55)
 
 def rand(shape, dtype, scale=1.0):
     return (scale * rng.standard_normal(shape)).astype(dtype)
-
-
-def aux(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.0, sigma_next=0.0, alpha_bar=1.0,
-        alpha_bar_prev=1.0, clamp_x0=None, prev=None, blend=1.0):
-    """The oracle over |terms|: every product and sum with its operands' magnitudes, the bound on
-    what cancellation can let another summation order (or float32 on the GPU) show."""
-    a, at = (lambda t: np.abs(oracle.f64(t))), (lambda v: abs(oracle._attr(v)))
-    m = a(cond) if uncond is None else a(uncond) + at(guidance) * (a(cond) + a(uncond))
-    if sampler == "euler":
-        y = a(x) + (at(sigma_next) + at(sigma)) * m
-    else:
-        ab, abp = oracle._attr(alpha_bar), oracle._attr(alpha_bar_prev)
-        y = np.sqrt(abp) * (a(x) + np.sqrt(1 - ab) * m) / np.sqrt(ab) + np.sqrt(1 - abp) * m
-    if prev is not None:
-        y = at(blend) * y + abs(1 - oracle._attr(blend)) * a(prev)
-    return y
 
 
 def check(dtype, what, **kw):

@@ -8,6 +8,7 @@ import pytest
 import fusedk
 import oracle
 from oracle import DTYPES
+from oracle import gemm_close as close
 
 rng = np.random.default_rng()
 ACTS = ["none", "relu", "gelu_tanh", "gelu", "silu"]
@@ -19,15 +20,6 @@ def rand(shape, dtype, scale=1.0):
 
 def operands(lead, N, K, dtype, bias=True):
     return (rand(lead + (K,), dtype), rand((N, K), dtype, 1 / np.sqrt(K)), rand((N,), dtype, 0.5) if bias else None)
-
-
-def close(got, want, dtype, s1, what, extra=0.0, gpu=False):
-    """The reference (double accumulation, one rounding) against the oracle: |got - want| <=
-    eps_T |want| + 2^-40 S1 + extra + 1e-7 (float16 subnormals); S1 = the sum of |terms|. gpu:
-    float32 accumulation against the reference, one GPU ulp (oracle.GPU_EPS) + 2^-19 S1 + extra +
-    1e-6, as tests/test_gpu.c. No NaN passes."""
-    atol = (2.0 ** -19 if gpu else 2.0 ** -40) * s1 + extra + (1e-6 if gpu else 1e-7)
-    oracle.assert_close(got, want, dtype, what=what, eps=oracle.GPU_EPS if gpu else None, atol=atol, nan_ok=False)
 
 
 @pytest.mark.parametrize("act", ACTS)

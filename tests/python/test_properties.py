@@ -1,10 +1,14 @@
-"""Property tests (hypothesis) of the norm, elementwise and rope ops through the NumPy path: generated
-row shapes (B and L of size 0 and 1, D from 1 up, not a multiple of 8), views (strided rows,
-negative row strides, per-sample vectors broadcast or taken from a [B, 6D] modulation), every
-dtype, float32 modulations beside 16-bit rows, a byte-swapped argument, in-place out=. Each
-result is within one unit in the last place of the float64 oracle (the ops' documented bound),
-or the call is refused with the right type (a byte-swapped array: DTypeError, nothing written).
-FUSEDK_HYPOTHESIS_EXAMPLES (default 1000) examples an op."""
+"""Property tests (hypothesis) of every op through the NumPy path: generated shapes (B and L of
+size 0 and 1, D from 1 up, not a multiple of 8; GEMMs with M = 0 or K = 0), views (strided rows,
+negative row strides, broadcast inputs, per-sample vectors taken from a [B, 6D] modulation,
+heads inside a packed projection), every dtype, float32 modulations beside 16-bit rows, every
+enum, a byte-swapped argument, in-place out=. Each result is within the op's documented bound
+of the float64 oracle (one unit in the last place for the row ops; the GEMM bound of
+test_linear.py), or the call is refused with the right type (a byte-swapped array:
+DTypeError). With a CUDA device, each example also runs through torch and CuPy on the GPU, with
+the same views (torch: negative strides copied compact), against the NumPy path's result.
+FUSEDK_HYPOTHESIS_EXAMPLES (default 1000) examples an op; --hypothesis-show-statistics counts
+each outcome."""
 import os
 
 import numpy as np
@@ -15,7 +19,7 @@ import oracle
 from oracle import DTYPES, assert_close
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 SETTINGS = settings(max_examples=int(os.environ.get("FUSEDK_HYPOTHESIS_EXAMPLES", "1000")), deadline=None,
@@ -59,25 +63,85 @@ class Case:
 cases = st.composite(lambda draw: Case(draw))
 
 
-def act_of(x, kind):
-    """oracle.act, which takes no empty arrays (np.vectorize)"""
-    return oracle.act(x, kind) if x.size else np.zeros(x.shape)
+def swappable(a):
+    """an array NumPy can byte-swap (ml_dtypes' bfloat16 has one byte order)"""
+    return isinstance(a, np.ndarray) and a.dtype.itemsize > 1 and a.dtype != oracle.BF16
 
 
-def run(case, fn, args, want, **close):
-    """fn(*args) against want(); with one argument byte-swapped (case.swap) a DTypeError instead,
-    naming a big- or little-endian dtype, and nothing written to an out= array."""
-    if case.swap < len(args) and args[case.swap] is not None and args[case.swap].dtype.itemsize > 1 \
-            and args[case.swap].dtype != oracle.BF16:
+def swapped(a):
+    return a.astype(a.dtype.newbyteorder("S"))
+
+
+def results(r):
+    return r if isinstance(r, tuple) else (r,)
+
+
+# --- the same calls through torch and CuPy on a GPU, against the NumPy path's result -------------
+FRAMEWORKS = oracle.gpu_frameworks()  # none without a CUDA device
+
+
+def device_view(fw, to_device, a):
+    """a (a NumPy view: zero, negative, padded strides) on fw's device viewed the same way: the bytes
+    a spans copied over, then its shape and strides on them. torch has no negative strides: a
+    compact copy there. None where fw lacks a's dtype (CuPy: bfloat16)."""
+    if not isinstance(a, np.ndarray):
+        return a
+    if a.size == 0 or (fw == "torch" and min(a.strides, default=0) < 0):
+        return to_device(np.ascontiguousarray(a))
+    item = a.itemsize
+    low = tuple(slice(n - 1, n) if s < 0 else slice(0, 1) for s, n in zip(a.strides, a.shape))
+    span = 1 + sum(abs(s) * (n - 1) for s, n in zip(a.strides, a.shape)) // item
+    buf = to_device(np.lib.stride_tricks.as_strided(a[low], (span,), (item,)).copy())
+    if buf is None:
+        return None
+    first = sum(-s * (n - 1) for s, n in zip(a.strides, a.shape) if s < 0) // item  # a[0, ..., 0] in buf
+    if fw == "torch":
+        return buf.as_strided(a.shape, [s // item for s in a.strides], first)
+    import cupy
+    return cupy.ndarray(a.shape, a.dtype, buf.data + first * item, a.strides)
+
+
+def on_devices(args):
+    """[(framework, args on its device, to_host)] for each framework that has every argument's dtype"""
+    out = []
+    for fw, to_device, to_host, _ in FRAMEWORKS:
+        dargs = [device_view(fw, to_device, a) for a in args]
+        if all(d is not None or a is None for a, d in zip(args, dargs)):
+            out.append((fw, dargs, to_host))
+    return out
+
+
+def run(dt, swap, fn, args, want, check=None, gpu_check=None, aux=None):
+    """fn(*args) against want() (the float64 oracle: a result or a tuple), each output i of dtype
+    dt within check(got, want, i) (default: one ulp of dt, aux its extra terms); with argument
+    `swap` byte-swapped a DTypeError instead, naming a big- or little-endian dtype. With a GPU, fn
+    on each framework's copy of args too, against the NumPy path's result within
+    gpu_check(got, ref, i, framework) (default: one GPU ulp, oracle.assert_close_gpu)."""
+    if swap < len(args) and swappable(args[swap]):
         bad = list(args)
-        bad[case.swap] = args[case.swap].astype(args[case.swap].dtype.newbyteorder("S"))
+        bad[swap] = swapped(args[swap])
         with pytest.raises(fusedk.DTypeError, match="-endian"):
             fn(*bad)
+        event("refused: a byte-swapped argument")
         return
-    ref = want()  # before the call: out= may be an input
-    got = fn(*args)
-    assert got.shape == ref.shape and got.dtype == case.dt
-    assert_close(got, ref, case.dt, **close)
+    check = check or (lambda got, want, i: assert_close(got, want, dt, aux, f"output {i}"))
+    gpu_check = gpu_check or (lambda got, ref, i, fw: oracle.assert_close_gpu(got, ref, dt, aux, f"{fw} output {i}"))
+    ref = want()  # before the calls: out= may be an input
+    devices = on_devices(args)
+    got = results(fn(*args))
+    for i, (g, w) in enumerate(zip(got, results(ref), strict=True)):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.shape == w.shape and g.dtype == dt, (i, g.shape, w.shape, g.dtype)
+            check(g, w, i)
+    event("NumPy: checked against the oracle")
+    for fw, dargs, to_host in devices:
+        for i, (d, g) in enumerate(zip(results(fn(*dargs)), got, strict=True)):
+            assert (d is None) == (g is None)
+            if d is not None:
+                assert tuple(d.shape) == g.shape, (fw, i, d.shape, g.shape)
+                gpu_check(to_host(d), g, i, fw)
+        event(f"{fw}: checked against the NumPy path")
 
 
 @pytest.mark.parametrize("layer", [False, True], ids=["rmsnorm", "layernorm"])
@@ -86,9 +150,9 @@ def run(case, fn, args, want, **close):
 def test_rmsnorm_and_layernorm(layer, c, weighted):
     x, w, b = c.rows(), c.col(mean=1.0) if weighted else None, c.col() if weighted else None
     if layer:
-        run(c, lambda x, w, b: fusedk.layernorm(x, w, b), (x, w, b), lambda: oracle.layernorm(x, w, b))
+        run(c.dt, c.swap, lambda x, w, b: fusedk.layernorm(x, w, b), (x, w, b), lambda: oracle.layernorm(x, w, b))
     else:
-        run(c, lambda x, w: fusedk.rmsnorm(x, w), (x, w), lambda: oracle.rmsnorm(x, w)[0])
+        run(c.dt, c.swap, lambda x, w: fusedk.rmsnorm(x, w), (x, w), lambda: oracle.rmsnorm(x, w)[0])
 
 
 @SETTINGS
@@ -96,7 +160,7 @@ def test_rmsnorm_and_layernorm(layer, c, weighted):
 def test_adaln(c, norm, f32_mod):
     mdt = np.dtype(np.float32) if f32_mod else c.dt
     x, sc, sh = c.rows(), c.vec(mdt), c.vec(mdt)
-    run(c, lambda x, sc, sh: fusedk.adaln(x, sc, sh, norm=norm), (x, sc, sh),
+    run(c.dt, c.swap, lambda x, sc, sh: fusedk.adaln(x, sc, sh, norm=norm), (x, sc, sh),
         lambda: oracle.adaln(x, sc, sh, norm))
 
 
@@ -104,7 +168,7 @@ def test_adaln(c, norm, f32_mod):
 @given(cases())
 def test_residual_tanh_gated_rmsnorm(c):
     x, xr, g = c.rows(), c.rows(2.0), c.vec()
-    run(c, lambda x, xr, g: fusedk.residual_tanh_gated_rmsnorm(x, xr, g, exact=False), (x, xr, g),
+    run(c.dt, c.swap, lambda x, xr, g: fusedk.residual_tanh_gated_rmsnorm(x, xr, g, exact=False), (x, xr, g),
         lambda: oracle.mochi(x, xr, g), aux=x)
 
 
@@ -112,7 +176,7 @@ def test_residual_tanh_gated_rmsnorm(c):
 @given(cases(), st.sampled_from(["gelu", "gelu_tanh", "silu", "relu"]), st.booleans())
 def test_act(c, kind, in_place):
     x = c.rows(3.0)
-    run(c, lambda x: fusedk.act(x, kind, out=x if in_place else None), (x,), lambda: act_of(x, kind))
+    run(c.dt, c.swap, lambda x: fusedk.act(x, kind, out=x if in_place else None), (x,), lambda: oracle.act(x, kind))
 
 
 @pytest.mark.parametrize("gated", [False, True], ids=["silu_fma", "gated_residual"])
@@ -121,11 +185,11 @@ def test_act(c, kind, in_place):
 def test_silu_fma_and_gated_residual(gated, c):
     if gated:
         x, y, g = c.rows(), c.rows(), c.vec(np.dtype(np.float32) if c.swap == 7 else None)
-        run(c, lambda x, y, g: fusedk.gated_residual(x, y, g, out=x), (x, y, g),
+        run(c.dt, c.swap, lambda x, y, g: fusedk.gated_residual(x, y, g, out=x), (x, y, g),
             lambda: oracle.gated_residual(x, y, g))
     else:
         a, b, d = c.rows(), c.rows(), c.rows()
-        run(c, lambda a, b, d: fusedk.silu_fma(a, b, d), (a, b, d), lambda: oracle.silu_fma(a, b, d))
+        run(c.dt, c.swap, lambda a, b, d: fusedk.silu_fma(a, b, d), (a, b, d), lambda: oracle.silu_fma(a, b, d))
 
 
 @pytest.mark.parametrize("pair", [False, True], ids=["glu", "glu_pair"])
@@ -134,12 +198,12 @@ def test_silu_fma_and_gated_residual(gated, c):
 def test_glu(pair, c, kind, half):
     if pair:
         v, g = c.rows(), c.rows()
-        run(c, lambda v, g: fusedk.glu_pair(v, g, kind), (v, g), lambda: oracle.f64(v) * act_of(g, kind))
+        run(c.dt, c.swap, lambda v, g: fusedk.glu_pair(v, g, kind), (v, g), lambda: oracle.f64(v) * oracle.act(g, kind))
     else:
         x = c.rows(D=2 * c.D)
         a, b = np.split(oracle.f64(x), 2, axis=-1)
-        run(c, lambda x: fusedk.glu(x, kind, half), (x,),
-            lambda: act_of(a, kind) * b if half == "first" else a * act_of(b, kind))
+        run(c.dt, c.swap, lambda x: fusedk.glu(x, kind, half), (x,),
+            lambda: oracle.act(a, kind) * b if half == "first" else a * oracle.act(b, kind))
 
 
 @SETTINGS
@@ -156,14 +220,174 @@ def test_rope(dt, B, S, Hq, Hk, half, cut, style, strided, swap, seed):
     q, k = heads(Hq), heads(Hk)
     ang = rng.uniform(-4, 4, (S, R // 2))
     cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    args = [q, k, cos, sin]
-    if swap < 4 and args[swap].dtype != oracle.BF16:
-        args[swap] = args[swap].astype(args[swap].dtype.newbyteorder("S"))
-        with pytest.raises(fusedk.DTypeError, match="-endian"):
-            fusedk.rope(*args, style=style, rotary_dim=R)
+    run(dt, swap, lambda q, k, c, s: fusedk.rope(q, k, c, s, style=style, rotary_dim=R, inplace=swap == 4),
+        (q, k, cos, sin), lambda: (oracle.rope(q, cos, sin, style, R), oracle.rope(k, cos, sin, style, R)))
+
+
+@SETTINGS
+@given(st.data())
+def test_qk_norm_rope(data):
+    """packed [B, S, 3, H, Dh] or (q, k, v) / (q, k, None) with GQA heads, Dh odd or even, rotary_dim
+    R <= Dh, every table shape, norm head / full / none with or without weights, both layouts,
+    heads strided inside a wider buffer, in place (BSHD)."""
+    d = data.draw
+    dt, B, S, Hk = d(st.sampled_from(DTYPES)), d(st.integers(0, 2)), d(st.integers(0, 5)), d(st.integers(1, 3))
+    form = d(st.sampled_from(["packed", "tuple", "no-v"]))
+    Hq = Hk if form == "packed" else d(st.integers(1, 4))
+    Dh = d(st.integers(2, 24) | st.sampled_from([64, 128]))
+    R = 2 * d(st.integers(1, Dh // 2))
+    kind = d(st.sampled_from(["SR", "S1R", "BS1R"] + (["SHR", "BSHR"] if Hq == Hk else [])))
+    norm, weighted = d(st.sampled_from(["head", "full", "none"])), d(st.booleans())
+    style, layout, eps = d(st.sampled_from(["interleaved", "half"])), d(st.sampled_from(["bhsd", "bshd"])), \
+        d(st.sampled_from([1e-6, 1e-5, 0.5]))
+    pad, swap = d(st.integers(0, 2)), d(st.integers(0, 9))
+    in_place = form != "packed" and layout == "bshd" and d(st.booleans())
+    rng = np.random.default_rng(d(st.integers(0, 2 ** 32 - 1)))
+    normal = lambda *shape: (0.3 + 2.0 * rng.standard_normal(shape)).astype(dt)  # noqa: E731
+    ang = rng.uniform(-4, 4, oracle.table_shape(kind, B, S, Hq, R // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    wlen = lambda H: Dh if norm == "head" else H * Dh  # noqa: E731
+    qw, kw = (normal(wlen(Hq)), normal(wlen(Hk))) if weighted and norm != "none" else (None, None)
+    if form == "packed":
+        qkv = normal(B, S, 3, Hq + pad, Dh + pad)[:, :, :, :Hq, :Dh]
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        args, call = (qkv, cos, sin, qw, kw), lambda qkv, *rest: fusedk.qk_norm_rope(qkv, *rest, **kw_)
+    else:
+        q, k = normal(B, S, Hq + pad, Dh + pad)[:, :, :Hq, :Dh], normal(B, S, Hk + pad, Dh)[:, :, :Hk]
+        v = normal(B, S, Hk, Dh + pad)[..., :Dh] if form == "tuple" else None
+        args = (q, k, v, cos, sin, qw, kw)
+        call = lambda q, k, v, *rest: fusedk.qk_norm_rope((q, k, v), *rest, **kw_,  # noqa: E731
+                                                          out=(q, k, v) if in_place else None)
+    kw_ = dict(eps=eps, norm=norm, style=style, layout=layout, rotary_dim=R)
+    run(dt, swap, call, args, lambda: oracle.qk_norm_rope(q, k, v, cos, sin, qw, kw, **kw_))
+
+
+def as_given(form, a):
+    """a float32 NumPy table input as a caller may pass it: float64, integer (truncated), another
+    byte order, a strided view, a list; or itself (a device array on the GPU: itself)"""
+    if not isinstance(a, np.ndarray):
+        return a
+    return {"float32": lambda: a, "float64": lambda: a.astype(np.float64), "int": lambda: a.astype(np.int64),
+            "swapped": lambda: swapped(a), "strided": lambda: np.stack([a, a], -1)[..., 0],
+            "list": lambda: a.tolist() if a.size else a}[form]()
+
+
+@pytest.mark.parametrize("builder", ["1d", "axes", "ltx", "mixed"])
+@SETTINGS
+@given(st.data())
+def test_rope_tables(builder, data):
+    """each builder over generated sizes, thetas and inputs in every form as_given makes, against
+    the float64 oracle of the float32 values the C op sees; the float32 tables within one ulp"""
+    d = data.draw
+    S, form = d(st.integers(0, 40)), d(st.sampled_from(["float32", "float64", "int", "swapped", "strided", "list"]))
+    rng = np.random.default_rng(d(st.integers(0, 2 ** 32 - 1)))
+    theta = float(np.float32(d(st.sampled_from([10000.0, 500000.0, 256.0]) | st.floats(2.0, 1e6))))
+    evenly = lambda lo, hi: 2 * d(st.integers(lo, hi))  # noqa: E731
+    if builder == "1d":
+        dim = evenly(1, 128)
+        ins, fn = (rng.uniform(-64, 4096, S).astype(np.float32),), lambda p: fusedk.rope_table_1d(p, dim, theta)
+        want = lambda p: oracle.rope_table_1d(p, dim, theta)  # noqa: E731
+    elif builder == "axes":
+        axes = tuple(evenly(1, 32) for _ in range(d(st.integers(1, 4))))
+        ins, fn = (rng.uniform(-64, 512, (S, len(axes))).astype(np.float32),), \
+            lambda ids: fusedk.rope_table_axes(ids, axes, theta)
+        want = lambda ids: oracle.rope_table_axes(ids, axes, theta)  # noqa: E731
+    elif builder == "ltx":
+        dim = evenly(1, 150)
+        ins, fn = (rng.uniform(-0.2, 1.2, (S, 3)).astype(np.float32),), lambda c: fusedk.rope_table_ltx(c, dim, theta)
+        want = lambda c: oracle.rope_table_ltx(c, dim, theta)  # noqa: E731
+    else:
+        H, F = d(st.integers(1, 4)), d(st.integers(1, 16))
+        ins, fn = (rng.uniform(0, 64, (S, 3)).astype(np.float32), rng.uniform(-0.5, 0.5, (3, H, F)).astype(
+            np.float32)), fusedk.rope_table_mixed
+        want = oracle.rope_table_mixed
+    seen = [np.asarray(as_given(form, a), np.float32) for a in ins]  # the values C reads
+    run(np.dtype(np.float32), len(ins), lambda *a: fn(*[as_given(form, x) for x in a]), ins, lambda: want(*seen))
+
+
+@SETTINGS
+@given(cases(), st.sampled_from(["euler", "ddim"]), st.booleans(), st.booleans(), st.booleans(), st.data())
+def test_diffusion_step(c, sampler, cfg, with_prev, in_place, data):
+    """x [B, L, D] views, cond broadcast over L or not, guidance with uncond, prev with a blend,
+    Euler or DDIM with generated coefficients and a clamp, in place (out=x)"""
+    d = data.draw
+    unit = lambda lo=0.0, hi=1.0: d(st.floats(lo, hi))  # noqa: E731
+    x, cond = c.rows(2.0), c.rows()
+    if c.vec_view == "broadcast":
+        cond = np.broadcast_to(cond[:, :1], cond.shape) if c.L else cond
+    uncond, prev = c.rows() if cfg else None, c.rows() if with_prev else None
+    kw = dict(guidance=unit(-2.0, 15.0) if cfg else 1.0, blend=unit(-0.5, 1.5) if with_prev else 1.0,
+              sampler=sampler)
+    if sampler == "euler":
+        kw.update(sigma=unit(), sigma_next=unit())
+    else:
+        kw.update(alpha_bar=unit(1e-3), alpha_bar_prev=unit(), clamp_x0=d(st.none() | st.floats(0.5, 5.0)))
+    run(c.dt, c.swap, lambda x, cond, uncond, prev: fusedk.diffusion_step(x, cond, uncond, prev=prev,
+                                                                        out=x if in_place else None, **kw),
+        (x, cond, uncond, prev), lambda: oracle.diffusion_step(x, cond, uncond, prev=prev, **kw),
+        aux=oracle.step_aux(x, cond, uncond, prev=prev, **kw))
+
+
+LINEAR_ACTS = ["none", "relu", "gelu_tanh", "gelu", "silu"]
+
+
+def gemm_checks(dt, sums, extras, gpu_sums, gpu_extras):
+    """(check, gpu_check) for run: output i within oracle.gemm_close of S1 = sums[i] (the sum of
+    |terms|) and extras[i] (rounding flips the two sides may differ by); on the GPU gpu_sums[i]
+    and gpu_extras[i] (tests/python/test_linear.py's GPU bounds)"""
+    return (lambda got, want, i: oracle.gemm_close(got, want, dt, sums[i], f"output {i}", extras[i]),
+            lambda got, ref, i, fw: oracle.gemm_close(got, ref, dt, gpu_sums[i], f"{fw} output {i}", gpu_extras[i],
+                                                      gpu=True))
+
+
+@SETTINGS
+@given(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), min_size=0, max_size=2), st.integers(1, 40),
+       st.integers(0, 70), st.sampled_from(LINEAR_ACTS), st.booleans(), st.booleans(), st.integers(0, 7),
+       st.integers(0, 2 ** 32 - 1))
+def test_linear(dt, lead, N, K, act, with_bias, padded, swap, seed):
+    """y, z = linear(x, w, bias, act, aux=True): x [*lead, K] (lead of 0 to 2 dims, sizes 0 up),
+    rows and w padded inside wider buffers or compact, K = 0 too"""
+    rng, lead = np.random.default_rng(seed), tuple(lead)
+    p = 3 if padded else 0
+    x = rng.standard_normal(lead + (K + p,)).astype(dt)[..., :K]
+    w = (rng.standard_normal((N, K + p)) / np.sqrt(max(K, 1))).astype(dt)[:, :K]
+    b = (0.5 * rng.standard_normal(N)).astype(dt) if with_bias else None
+    want_y, want_z = oracle.linear(x, w, b, act, dt)
+    s1 = np.abs(oracle.f64(x)) @ np.abs(oracle.f64(w)).T + (0 if b is None else np.abs(oracle.f64(b)))
+    # GELU and SILU act on z rounded: a flip of z's rounding moves y by an ulp of z times |act'| < 1.13
+    flip = (lambda eps: 1.13 * eps[dt] * np.abs(want_z)) if act in ("gelu", "silu") else (lambda eps: 0.0)
+    check, gpu_check = gemm_checks(dt, (s1, s1), (flip(oracle.EPS), 0.0), (1.13 * s1, s1), (flip(oracle.GPU_EPS), 0.0))
+    run(dt, swap, lambda x, w, b: fusedk.linear(x, w, b, act=act, aux=True), (x, w, b), lambda: (want_y, want_z),
+        check, gpu_check)
+
+
+@SETTINGS
+@given(st.sampled_from(DTYPES), st.lists(st.integers(0, 5), min_size=0, max_size=2), st.integers(1, 40),
+       st.integers(0, 70), st.sampled_from(LINEAR_ACTS), st.tuples(st.booleans(), st.booleans(), st.booleans()),
+       st.booleans(), st.integers(0, 9), st.integers(0, 2 ** 32 - 1))
+def test_linear_backward(dt, lead, N, K, act, wanted, padded, swap, seed):
+    """(dx, dw, db) = linear_backward(dy, x, w, aux, act) for any subset of the three; x and w
+    padded or compact; aux the pre-activation rounded to the dtype"""
+    rng, lead = np.random.default_rng(seed), tuple(lead)
+    p = 3 if padded else 0
+    x = rng.standard_normal(lead + (K + p,)).astype(dt)[..., :K]
+    w = (rng.standard_normal((N, K + p)) / np.sqrt(max(K, 1))).astype(dt)[:, :K]
+    dy = rng.standard_normal(lead + (N,)).astype(dt)
+    aux = None if act == "none" else rng.standard_normal(lead + (N,)).astype(dt)
+    want = oracle.linear_backward(dy, x, w, aux, act, dt)
+    g = np.abs(oracle.f64(dy)) * (1.13 if act in ("gelu", "gelu_tanh", "silu") else 1.0)
+    M = int(np.prod(lead))
+    x2, g2 = np.abs(oracle.f64(x)).reshape(M, K), g.reshape(M, N)
+    sums = ((g @ np.abs(oracle.f64(w))).reshape(x.shape), g2.T @ x2, g2.sum(0))
+    rows = (N, g2.shape[0], g2.shape[0])  # terms in each output's sums
+    # dz rounded to the dtype on both sides: a term whose dz lies at a rounding tie may flip
+    flips = lambda k, eps: [k * eps[dt] * s / np.sqrt(max(n, 1)) if act != "none" else 0.0  # noqa: E731
+                            for s, n in zip(sums, rows)]
+    check, gpu_check = gemm_checks(dt, sums, flips(2, oracle.EPS), sums, flips(4, oracle.GPU_EPS))
+    flags = dict(zip(("dx", "dw", "db"), wanted))
+    if not any(wanted):
+        assert fusedk.linear_backward(dy, x, w, aux, act=act, **flags) == (None, None, None)
+        event("nothing asked for: (None, None, None)")
         return
-    want_q, want_k = oracle.rope(q, cos, sin, style, R), oracle.rope(k, cos, sin, style, R)
-    q2, k2 = fusedk.rope(q, k, cos, sin, style=style, rotary_dim=R, inplace=swap == 4)
-    assert q2.shape == q.shape and k2.shape == k.shape and q2.dtype == dt
-    assert_close(q2, want_q, dt, what="rope q")
-    assert_close(k2, want_k, dt, what="rope k")
+    run(dt, swap, lambda dy, x, w, aux: fusedk.linear_backward(dy, x, w, aux, act=act, **flags), (dy, x, w, aux),
+        lambda: tuple(r if f else None for r, f in zip(want, wanted)), check, gpu_check)

@@ -139,10 +139,11 @@ def rope(q, k, cos, sin, style="interleaved", rotary_dim=None, inplace=False, q_
 
 
 def _f32(a):
-    """Lists and NumPy arrays of another dtype (integer positions) as float32 NumPy arrays."""
+    """Lists and NumPy arrays (integer positions, another byte order, strided views) as compact
+    native float32 arrays: the tables' inputs are small, so a copy costs nothing."""
     np = _core.np
-    if isinstance(a, (list, tuple)) or (isinstance(a, np.ndarray) and a.dtype != np.float32):
-        return np.asarray(a, np.float32)
+    if isinstance(a, (list, tuple, np.ndarray)):
+        return np.ascontiguousarray(a, np.float32)
     return a
 
 
