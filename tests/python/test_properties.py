@@ -87,7 +87,7 @@ def device_view(fw, to_device, a):
     if not isinstance(a, np.ndarray):
         return a
     if a.size == 0 or (fw == "torch" and min(a.strides, default=0) < 0):
-        return to_device(np.ascontiguousarray(a))
+        return to_device(np.array(a, order="C"))  # a fresh array: no negative strides, even of size-1 dims
     item = a.itemsize
     low = tuple(slice(n - 1, n) if s < 0 else slice(0, 1) for s, n in zip(a.strides, a.shape))
     span = 1 + sum(abs(s) * (n - 1) for s, n in zip(a.strides, a.shape)) // item
@@ -146,11 +146,17 @@ def run(dt, swap, fn, args, want, check=None, gpu_check=None, aux=None):
 
 @pytest.mark.parametrize("layer", [False, True], ids=["rmsnorm", "layernorm"])
 @SETTINGS
-@given(cases(), st.booleans())
-def test_rmsnorm_and_layernorm(layer, c, weighted):
+@given(cases(), st.booleans(), st.sampled_from([None, "residual", "residual in place"]))
+def test_rmsnorm_and_layernorm(layer, c, weighted, residual):
+    """layernorm; rmsnorm alone or with the fused residual (y, r = x + residual), r written to
+    residual_out=residual in place or returned"""
     x, w, b = c.rows(), c.col(mean=1.0) if weighted else None, c.col() if weighted else None
     if layer:
         run(c.dt, c.swap, lambda x, w, b: fusedk.layernorm(x, w, b), (x, w, b), lambda: oracle.layernorm(x, w, b))
+    elif residual:
+        r, in_place = c.rows(), residual == "residual in place"
+        run(c.dt, c.swap, lambda x, w, r: fusedk.rmsnorm(x, w, residual=r, residual_out=r if in_place else None),
+            (x, w, r), lambda: oracle.rmsnorm(x, w, residual=r))
     else:
         run(c.dt, c.swap, lambda x, w: fusedk.rmsnorm(x, w), (x, w), lambda: oracle.rmsnorm(x, w)[0])
 
@@ -209,7 +215,7 @@ def test_glu(pair, c, kind, half):
 @SETTINGS
 @given(st.sampled_from(DTYPES), st.integers(0, 2), st.integers(0, 6), st.integers(1, 3), st.integers(1, 3),
        st.integers(1, 20), st.integers(0, 40), st.sampled_from(["interleaved", "half"]), st.booleans(),
-       st.integers(0, 4), st.integers(0, 2 ** 32 - 1))
+       st.integers(0, 9), st.integers(0, 2 ** 32 - 1))
 def test_rope(dt, B, S, Hq, Hk, half, cut, style, strided, swap, seed):
     """q [B, S, Hq, Dh] and k (GQA heads), Dh = 2 * half, rotary_dim R <= Dh (even), float32
     [S, R/2] tables, heads strided inside a wider buffer or compact; in place or not."""
@@ -220,7 +226,7 @@ def test_rope(dt, B, S, Hq, Hk, half, cut, style, strided, swap, seed):
     q, k = heads(Hq), heads(Hk)
     ang = rng.uniform(-4, 4, (S, R // 2))
     cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-    run(dt, swap, lambda q, k, c, s: fusedk.rope(q, k, c, s, style=style, rotary_dim=R, inplace=swap == 4),
+    run(dt, swap, lambda q, k, c, s: fusedk.rope(q, k, c, s, style=style, rotary_dim=R, inplace=swap >= 7),
         (q, k, cos, sin), lambda: (oracle.rope(q, cos, sin, style, R), oracle.rope(k, cos, sin, style, R)))
 
 
@@ -240,7 +246,7 @@ def test_qk_norm_rope(data):
     norm, weighted = d(st.sampled_from(["head", "full", "none"])), d(st.booleans())
     style, layout, eps = d(st.sampled_from(["interleaved", "half"])), d(st.sampled_from(["bhsd", "bshd"])), \
         d(st.sampled_from([1e-6, 1e-5, 0.5]))
-    pad, swap = d(st.integers(0, 2)), d(st.integers(0, 9))
+    pad, swap = d(st.integers(0, 2)), d(st.integers(0, 13))
     in_place = form != "packed" and layout == "bshd" and d(st.booleans())
     rng = np.random.default_rng(d(st.integers(0, 2 ** 32 - 1)))
     normal = lambda *shape: (0.3 + 2.0 * rng.standard_normal(shape)).astype(dt)  # noqa: E731
@@ -301,8 +307,8 @@ def test_rope_tables(builder, data):
         ins, fn = (rng.uniform(0, 64, (S, 3)).astype(np.float32), rng.uniform(-0.5, 0.5, (3, H, F)).astype(
             np.float32)), fusedk.rope_table_mixed
         want = oracle.rope_table_mixed
-    seen = [np.asarray(as_given(form, a), np.float32) for a in ins]  # the values C reads
-    run(np.dtype(np.float32), len(ins), lambda *a: fn(*[as_given(form, x) for x in a]), ins, lambda: want(*seen))
+    seen = tuple(np.ascontiguousarray(as_given(form, a), np.float32) for a in ins)  # the values C reads (the GPU's input)
+    run(np.dtype(np.float32), len(ins), lambda *a: fn(*[as_given(form, x) for x in a]), seen, lambda: want(*seen))
 
 
 @SETTINGS
