@@ -7,10 +7,20 @@
 // plain, already-checked argument struct naming the op, so nothing here re-validates tensors
 // or guesses which op it runs.
 //
+// Parts: a build may compile this file once per kernel family, in parallel, by defining one or
+// more of FUSEDK_ONLY_NORM, FUSEDK_ONLY_ELEMENTWISE (with [sampler]), FUSEDK_ONLY_POSITION,
+// FUSEDK_ONLY_LINEAR (with fusedk__cuda_shutdown, which releases linear's cuBLASLt state) and
+// FUSEDK_ONLY_RUNTIME (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info) for each
+// object. Such an object holds the shared helpers ([runtime] to [reduce]) and the named families
+// with their [entry] functions; the five parts together define every fusedk__cuda_* function once
+// (meson.build links them into libfusedk). The linear part's act pass calls
+// fusedk__cuda_elementwise, so it links with the elementwise part. With none of them defined the
+// file compiles whole: a drop-in build needs none.
+//
 // CONTENTS (each section opens with its tag; fusedk.h, tests/ and bench/ use the same tags)
 //   [runtime]   errors, device guard, per-device attributes, the >48 KB shared-memory opt-in
 //   [dispatch]  a compile-time variant from a runtime value: element type, power-of-two widths
-//   [numerics]  float <-> float32 conversions, rounding points
+//   [numerics]  float <-> float32 conversions, rounding points; the activations (elementwise, linear)
 //   [memory]    16-byte vectors; loads and stores named by cache policy; per-thread row walks;
 //               Hopper bulk copies (cp.async.bulk) counted by mbarriers
 //   [reduce]    warp and row-group sums
@@ -45,6 +55,45 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+// The parts this object compiles (see Parts above): all of them unless FUSEDK_ONLY_* names some.
+#if defined(FUSEDK_ONLY_NORM) || defined(FUSEDK_ONLY_ELEMENTWISE) || defined(FUSEDK_ONLY_POSITION) || \
+    defined(FUSEDK_ONLY_LINEAR) || defined(FUSEDK_ONLY_RUNTIME)
+#define FUSEDK__PART_ALL 0
+#else
+#define FUSEDK__PART_ALL 1
+#endif
+#if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_NORM)
+#define FUSEDK__PART_NORM 1
+#else
+#define FUSEDK__PART_NORM 0
+#endif
+#if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_ELEMENTWISE)
+#define FUSEDK__PART_ELEMENTWISE 1
+#else
+#define FUSEDK__PART_ELEMENTWISE 0
+#endif
+#if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_POSITION)
+#define FUSEDK__PART_POSITION 1
+#else
+#define FUSEDK__PART_POSITION 0
+#endif
+#if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_LINEAR)
+#define FUSEDK__PART_LINEAR 1
+#else
+#define FUSEDK__PART_LINEAR 0
+#endif
+#if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_RUNTIME)
+#define FUSEDK__PART_RUNTIME 1
+#else
+#define FUSEDK__PART_RUNTIME 0
+#endif
+
+// A part leaves some shared helpers unreferenced (other parts use them): nvcc's "declared but
+// never referenced" (177) is off for the shared helpers there, and stays on in the whole file.
+#if !FUSEDK__PART_ALL
+#pragma nv_diag_suppress 177
+#endif
 
 namespace {
 
@@ -163,7 +212,7 @@ template <int Default, int... Ns, typename F> cudaError_t dispatch_int(int n, F 
 }
 
 // ---------------------------------------------------------------------------------------------
-// [numerics] element types <-> float32
+// [numerics] element types <-> float32; the activations
 // ---------------------------------------------------------------------------------------------
 
 template <typename T> __device__ __forceinline__ float to_f32(T v);
@@ -178,6 +227,22 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 
 // v rounded to T and back: the rounding points of exact mode
 template <typename T> __device__ __forceinline__ float round_to(float v) { return to_f32<T>(from_f32<T>(v)); }
+
+// The activations of act, glu and silu_fma ([elementwise]) and of linear's epilogue passes ([linear]).
+// The sigmoid forms, x * rcp(1 + e^-2z): 0.5 (1 + tanh(z)) = 1 / (1 + e^-2z) has no cancellation
+// where tanh(z) nears -1 (a few float32 ulps everywhere), and costs an expf and a correctly
+// rounded reciprocal instead of tanhf and a full divide, which made act compute-bound at ~50
+// instructions an element (0.82x PyTorch's eager GELU on the H100). 1 + e^-2z = inf gives
+// x * 0 = -0 (the limit); x = +inf gives inf and x = -inf NaN, as the formula does in float64.
+__device__ __forceinline__ float act_f32(float v, int kind) {
+  switch (kind) {
+    case FUSEDK_ACT_GELU: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case FUSEDK_ACT_GELU_TANH: return v * __frcp_rn(1.f + expf(-1.5957691216057307f * fmaf(0.044715f * v, v * v, v)));
+    case FUSEDK_ACT_SILU: return v * __frcp_rn(1.f + expf(-v));
+    case FUSEDK_ACT_NONE: return v; // linear's identity
+    default: return v > 0.f ? v : v == v ? 0.f : v; // relu; NaN stays NaN (fmaxf would drop it)
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // [memory] 16-byte vectors, loads and stores named by cache policy, per-thread row walks
@@ -373,7 +438,11 @@ template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G
   for (int k = 0; k < N; ++k) v[k] = lanes_sum(lane < warps ? smem[k][base + lane] : 0.f, 32);
 }
 
+#if !FUSEDK__PART_ALL
+#pragma nv_diag_default 177
+#endif
 
+#if FUSEDK__PART_NORM
 // ---------------------------------------------------------------------------------------------
 // [norm] one kernel for rmsnorm, layernorm, adaln and residual_tanh_gated_rmsnorm (Mochi).
 //
@@ -827,7 +896,9 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
   }
   return cudaErrorInvalidValue;
 }
+#endif // FUSEDK__PART_NORM
 
+#if FUSEDK__PART_ELEMENTWISE
 // ---------------------------------------------------------------------------------------------
 // [elementwise] act, silu_fma, gated_residual, glu, glu_pair: one kernel over rows of D elements
 // (glu: the rows of x's two halves, D = H; compact tensors without a per-sample operand: one row
@@ -837,22 +908,8 @@ template <typename T> cudaError_t launch_norm(const NormLaunch &L) {
 // thread, loads first, and exits (no grid-stride loop: the block scheduler balances the SMs).
 // Each vector is read once per input and written once, streaming; the per-sample gate of
 // gated_residual goes through the read-only path (re-read by every row of its sample).
+// The activations (act_f32) are in [numerics]: [linear] uses them too.
 // ---------------------------------------------------------------------------------------------
-
-// The sigmoid forms, x * rcp(1 + e^-2z): 0.5 (1 + tanh(z)) = 1 / (1 + e^-2z) has no cancellation
-// where tanh(z) nears -1 (a few float32 ulps everywhere), and costs an expf and a correctly
-// rounded reciprocal instead of tanhf and a full divide, which made act compute-bound at ~50
-// instructions an element (0.82x PyTorch's eager GELU on the H100). 1 + e^-2z = inf gives
-// x * 0 = -0 (the limit); x = +inf gives inf and x = -inf NaN, as the formula does in float64.
-__device__ __forceinline__ float act_f32(float v, int kind) {
-  switch (kind) {
-    case FUSEDK_ACT_GELU: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-    case FUSEDK_ACT_GELU_TANH: return v * __frcp_rn(1.f + expf(-1.5957691216057307f * fmaf(0.044715f * v, v * v, v)));
-    case FUSEDK_ACT_SILU: return v * __frcp_rn(1.f + expf(-v));
-    case FUSEDK_ACT_NONE: return v; // linear's identity
-    default: return v > 0.f ? v : v == v ? 0.f : v; // relu; NaN stays NaN (fmaxf would drop it)
-  }
-}
 
 // diffusion_step's coefficients as float32 (the math of every kernel), once per thread
 struct StepC { float c[FUSEDK__N_C]; };
@@ -1041,7 +1098,9 @@ template <typename T> cudaError_t launch_elementwise(const fusedk__ew_args &a0, 
   }
   return cudaErrorInvalidValue;
 }
+#endif // FUSEDK__PART_ELEMENTWISE
 
+#if FUSEDK__PART_POSITION
 // ---------------------------------------------------------------------------------------------
 // [position] rope (q and k in one launch), qk_norm_rope and the table builders.
 //
@@ -1715,7 +1774,9 @@ __global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_arg
     a.out[1][s * a.os[1] + h * a.oh[1] + f] = (float)sn;
   }
 }
+#endif // FUSEDK__PART_POSITION
 
+#if FUSEDK__PART_LINEAR
 // ---------------------------------------------------------------------------------------------
 // [linear] linear and linear_backward: cuBLASLt GEMMs (bias and RELU/GELU_TANH in its epilogue),
 // fusedk's passes where it has none: an act pass (GELU erf, SILU), a bias pass (fallback), the
@@ -1723,6 +1784,8 @@ __global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_arg
 //
 // Row-major y[M, N] = x[M, K] w[N, K]^T is, column-major, y^T[N, M] = w[K, N]^T x^T[K, M]: w is
 // cuBLASLt's A (transposed), x its B, and the bias runs along D's rows (N) as its epilogue wants.
+// From other families: the activations (act_f32, [numerics]) and the act pass, which is the act
+// op itself (fusedk__cuda_elementwise, [elementwise]'s entry point).
 // ---------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float act_grad_f32(float z, int kind) {
@@ -2194,14 +2257,15 @@ template <typename T> cudaError_t launch_bias_act(fusedk__mat y, fusedk__mat aux
       });
 }
 
-// y = act(z) in place over the rows of z (GELU erf, SILU, RELU with aux): the act op's kernel
-template <typename T> cudaError_t launch_act_pass(const fusedk__linear_args &a, fusedk__mat z, cudaStream_t s) {
+// y = act(z) in place over the rows of z (GELU erf, SILU, RELU with aux): the act op's kernel,
+// through the elementwise part's entry point (its own object where the build compiles parts)
+fusedk_status act_pass(const fusedk__linear_args &a, fusedk__mat z, int dev, cudaStream_t s, const char *op) {
   fusedk__ew_args e{};
   e.op = FUSEDK_OP_ACT, e.scalar = a.scalar, e.kind = a.act;
   e.B = 1, e.L = a.M, e.D = a.N;
   e.y = fusedk__rows{a.y.p, 0, a.y.ld};
   e.in[0] = fusedk__rows{z.p, 0, z.ld};
-  return launch_elementwise<T>(e, s);
+  return fusedk__cuda_elementwise(&e, op, dev, s);
 }
 
 fusedk_status arena_fail(cudaError_t e, const char *op) {
@@ -2251,7 +2315,7 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
       if (a.act == FUSEDK_ACT_NONE && a.aux.p) // aux = z = y
         return on_error(cudaMemcpy2DAsync(a.aux.p, (size_t)a.aux.ld * sizeof(T), a.y.p, (size_t)a.y.ld * sizeof(T),
                                           (size_t)a.N * sizeof(T), (size_t)a.M, cudaMemcpyDeviceToDevice, s), op);
-      return fused_act ? FUSEDK_OK : on_error(launch_act_pass<T>(a, z, s), op);
+      return fused_act ? FUSEDK_OK : act_pass(a, z, dev, s, op);
     }
   }
   // The exact route (unaligned rows, an epilogue cuBLASLt refused, K = 0): the GEMM in float32
@@ -2340,6 +2404,7 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
   }
   return FUSEDK_OK;
 }
+#endif // FUSEDK__PART_LINEAR
 
 } // namespace
 
@@ -2348,14 +2413,10 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
 // ---------------------------------------------------------------------------------------------
 extern "C" {
 
+#if FUSEDK__PART_NORM
 #ifdef FUSEDK_TUNING
 __attribute__((visibility("default"))) void fusedk__tune_norm_plan(int nv, int g, int rows_per_block) {
   g_tune_plan = NormPlan{nv, g, rows_per_block};
-}
-// elementwise: vectors a thread (1 or 2) and the most threads a row (32..256); 0 = the library's
-__attribute__((visibility("default"))) void fusedk__tune_ew_plan(int u, int g_max) {
-  g_tune_ew[0] = u == 1 || u == 2 ? u : 0;
-  g_tune_ew[1] = g_max >= 32 && g_max <= 256 && g_max % 32 == 0 ? g_max : 0;
 }
 #endif
 
@@ -2367,6 +2428,16 @@ fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int3
     return dispatch_scalar(a->scalar, [&](auto t) { return launch_norm<typename decltype(t)::type>(L); });
   });
 }
+#endif // FUSEDK__PART_NORM
+
+#if FUSEDK__PART_ELEMENTWISE
+#ifdef FUSEDK_TUNING
+// elementwise: vectors a thread (1 or 2) and the most threads a row (32..256); 0 = the library's
+__attribute__((visibility("default"))) void fusedk__tune_ew_plan(int u, int g_max) {
+  g_tune_ew[0] = u == 1 || u == 2 ? u : 0;
+  g_tune_ew[1] = g_max >= 32 && g_max <= 256 && g_max % 32 == 0 ? g_max : 0;
+}
+#endif
 
 fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
                                        struct CUstream_st *stream) {
@@ -2376,7 +2447,9 @@ fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op,
     });
   });
 }
+#endif // FUSEDK__PART_ELEMENTWISE
 
+#if FUSEDK__PART_POSITION
 fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream) {
   return on_device(device_id, op, [&] {
@@ -2400,7 +2473,9 @@ fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *o
     return cudaGetLastError();
   });
 }
+#endif // FUSEDK__PART_POSITION
 
+#if FUSEDK__PART_LINEAR
 fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t device_id,
                                   struct CUstream_st *stream) {
   if (device_id < 0 || device_id >= kMaxDevices) // the handles and arenas are per device
@@ -2438,7 +2513,9 @@ void fusedk__cuda_shutdown(void) {
   st.n_arenas = 0, st.next_victim = 0;
   cudaGetLastError(); // e.g. at process exit: not sticky
 }
+#endif // FUSEDK__PART_LINEAR
 
+#if FUSEDK__PART_RUNTIME
 // Stream-ordered, from the device's default memory pool: no device-wide synchronization, and
 // capturable in a CUDA graph (cudaMalloc is neither).
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p) {
@@ -2501,5 +2578,6 @@ size_t fusedk__cuda_info(char *buf, size_t size) {
   if (k < size) k += (size_t)snprintf(buf + k, size - k, "]}");
   return k;
 }
+#endif // FUSEDK__PART_RUNTIME
 
 } // extern "C"

@@ -8,15 +8,26 @@
    Tolerance (documented in README): |gpu - cpu| <= eps_T * (|cpu| + aux) + 1e-5, i.e. one unit
    in the last place of the output (eps_T = 2^-7 bf16, 2^-10 f16, 1e-5 f32) over float32 math
    differences; aux = |x| for the Mochi op (float32 math on x + n), and |x| + |cpu| >= |n| in its
-   exact mode, which rounds the normalized term n = y - x too: one ulp of n can show on top. Exit 77 (skip) without a CUDA device. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+   exact mode, which rounds the normalized term n = y - x too: one ulp of n can show on top. Exit 77 (skip) without a CUDA device.
+
+   Layout: helpers, then per family a case struct (case_t, rope_t, qknr_t, linear_t: designated
+   initializers, zero fields left out) and its runner (run_case, run_rope, run_qknr, run_linear),
+   then the units (a family's cases for one dtype or one group, rows of cases below each) and
+   the table of units, run as parallel processes (see "units and how they run"). */
+#define _POSIX_C_SOURCE 200809L /* setenv, posix_spawn, strtok_r, clock_gettime */
 #include <cuda_runtime.h>
 #include <math.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "fusedk.h"
+
+extern char **environ;
 
 static int failures = 0, checks = 0;
 /* FUSEDK_TEST_SMALL=1 (tools/gpu_run.sh --sanitize): small cases of every op and path (tails,
@@ -120,6 +131,7 @@ static buf_t mk(fusedk_scalar s, int ndim, const int64_t *shape, int64_t pad, si
   for (size_t i = 0; scale != 0.0 && i < b.n_alloc; ++i) put(b.h, i, mean + scale * nrand(), s);
   CK(cudaMalloc(&b.d, b.n_alloc * esize(s)));
   CK(cudaMemcpy(b.d, b.h, b.n_alloc * esize(s), cudaMemcpyHostToDevice));
+  CK(cudaDeviceSynchronize()); /* see poison */
   b.th = fusedk_tensor_cpu(b.h, s, ndim, b.shape);
   b.th.strides = b.strides;
   b.th.byte_offset = shift * esize(s);
@@ -128,9 +140,13 @@ static buf_t mk(fusedk_scalar s, int ndim, const int64_t *shape, int64_t pad, si
   b.td.device.device_type = FUSEDK_DEVICE_CUDA;
   return b;
 }
-static void poison(buf_t *b) { /* all-ones bytes: NaN in every dtype */
+/* all-ones bytes: NaN in every dtype. Synchronized: the legacy-stream memset (and mk's copy)
+   must land before a kernel on a non-blocking stream (the graph tests) writes the buffer, however
+   busy the device is with other processes. */
+static void poison(buf_t *b) {
   memset(b->h, 0xff, b->n_alloc * esize(b->s));
   CK(cudaMemset(b->d, 0xff, b->n_alloc * esize(b->s)));
+  CK(cudaDeviceSynchronize());
 }
 static void drop(buf_t *b) {
   if (b->h) {
@@ -392,8 +408,20 @@ static buf_t mk_table(int tk, int64_t B, int64_t S, int64_t H, int64_t R) {
 
 /* rope of q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (Hk = 0: no k); tables of kind tk (mk_table);
    pad: strided heads; shift: misaligned bases (scalar path); inplace: q_out = q. */
-static void run_rope(fusedk_scalar s, int64_t B, int64_t S, int64_t Hq, int64_t Hk, int64_t Dh, int64_t R, int style,
-                     int tk, int64_t pad, size_t shift, int inplace) {
+typedef struct {
+  fusedk_scalar s;
+  int64_t B, S, Hq, Hk, Dh, R;
+  int style, tk; /* fusedk_rope_style; the table kind (mk_table) */
+  int64_t pad;
+  size_t shift;
+  int inplace;
+} rope_t;
+
+static void run_rope(rope_t c) {
+  const fusedk_scalar s = c.s;
+  const int64_t B = c.B, S = c.S, Hq = c.Hq, Hk = c.Hk, Dh = c.Dh, R = c.R, pad = c.pad;
+  const int style = c.style, tk = c.tk, inplace = c.inplace;
+  const size_t shift = c.shift;
   int64_t shp[2][4] = {{B, S, Hq, Dh}, {B, S, Hk, Dh}};
   buf_t in[2] = {{0}}, ref[2] = {{0}}, out[2] = {{0}}, tab[2];
   for (int j = 0; j < 1 + (Hk > 0); ++j) {
@@ -608,8 +636,19 @@ static const char *act_name(int a) {
 
 /* One forward and backward case: x [B, L, K] (rows padded by pad, base shifted by shift
    elements), w [N, K], bias [N]; y, aux [B, L, N]; dx, dw, db. */
-static void run_linear(fusedk_scalar s, int64_t B, int64_t L, int64_t N, int64_t K, int act, int bias, int aux,
-                       int tf32, int64_t pad, size_t shift) {
+typedef struct {
+  fusedk_scalar s;
+  int64_t B, L, N, K;
+  int act, bias, aux, tf32; /* fusedk_activation; bias given; aux_out asked for; TF32 tensor cores */
+  int64_t pad;
+  size_t shift;
+} linear_t;
+
+static void run_linear(linear_t c) {
+  const fusedk_scalar s = c.s;
+  const int64_t B = c.B, L = c.L, N = c.N, K = c.K, pad = c.pad;
+  const int act = c.act, bias = c.bias, aux = c.aux, tf32 = c.tf32;
+  const size_t shift = c.shift;
   char what[160];
   snprintf(what, sizeof what, "linear %s [%lld,%lld,%lld] N=%lld act=%s%s%s%s pad=%lld shift=%zu", sname(s),
            (long long)B, (long long)L, (long long)K, (long long)N, act_name(act), bias ? " bias" : "",
@@ -755,7 +794,7 @@ static void run_linear_graph(void) {
     }
     for (size_t i = 0; i < x.n_alloc; ++i) put(x.h, i, nrand(), s); /* new inputs, then replay */
     CK(cudaMemcpy(x.d, x.h, x.n_alloc * esize(s), cudaMemcpyHostToDevice));
-    poison(&y), poison(&dw);
+    poison(&y), poison(&dw); /* synchronizes the copy too */
     CK(cudaGraphLaunch(ge, st));
     CK(cudaStreamSynchronize(st));
     fusedk_linear(&y.th, &z.th, &x.th, &w.th, &b.th, FUSEDK_ACT_GELU_TANH, 0, NULL);
@@ -860,355 +899,540 @@ static void run_graph(void) {
   drop(&x), drop(&y), drop(&w);
 }
 
+/* --- the suite: units of cases by family, each unit one dtype or one group ------------------- */
+
+/* [norm] D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read
+   path; 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit; layernorm's
+   rows in registers up to 16 vectors a thread (65536 f16/bf16), re-read beyond */
+static void norm_sweep(fusedk_scalar s) {
+  const int64_t Ds[] = {1,    2,    7,    8,    64,    111,   128,   1000,   1152,  2048,
+                        3072, 3584, 5120, 8192, 16384, 24576, 65536, 100000, 262144};
+  for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; ++di) {
+    const int64_t D = Ds[di], L = D >= 16384 ? 3 : D >= 3072 ? 19 : small ? 67 : 989;
+    if (small && D > 16384) continue;
+    const int n_before = failures;
+    case_t c = {.op = RMS, .s = s, .B = 1, .L = L, .D = D, .weight = 1};
+    run_case(&c);
+    c.weight = 0, c.residual = 1, c.B = 2; /* fused residual, 3-d rows */
+    run_case(&c);
+    c = (case_t){.op = LN, .s = s, .B = 1, .L = L, .D = D, .weight = 1, .bias = 1};
+    run_case(&c);
+    c.weight = 0, c.bias = 0, c.pad = 8; /* strided rows, vector path kept */
+    run_case(&c);
+    c.pad = 3, c.shift = 1; /* misaligned rows: scalar path */
+    run_case(&c);
+    if (failures == n_before)
+      printf("ok   %s D=%lld (rmsnorm, +residual, layernorm, strided, misaligned)\n", sname(s), (long long)D);
+  }
+}
+
+/* LayerNorm rows whose mean is far from zero (against their sd) take the second statistics pass;
+   the rows beside them (same warp or block) do not: sub-warp groups (16, 64), two rows of 64
+   threads a block (512, f16/bf16), a block a row (1000, 3072), 16 vectors a thread (24576
+   f16/bf16, 65536), rows re-read from L2 (262144; f32 65536), the scalar path (shift); at 26
+   rows these are one wave (adaln: scale and shift uncached); adaln's cached and staged rows
+   are in adaln_modes; in f32 also rows of mean 1000, sd 0.01, every row through the second pass
+   (the epilogue centred on the corrected mean) */
+static void norm_far_mean(fusedk_scalar s) {
+  const int n_before = failures;
+  const int64_t oD[] = {16, 64, 512, 1000, 3072, 24576, 65536, 262144};
+  for (size_t di = 0; di < sizeof oD / sizeof oD[0] - (small ? 2 : 0); ++di)
+    for (int op = LN; op <= ADALN_LN; ++op)
+      for (int sp = 2; sp <= (s == FUSEDK_F32 ? 3 : 2); ++sp) {
+        case_t c = {.op = (op_t)op, .s = s, .B = 2, .L = 13, .D = oD[di], .weight = 1, .bias = 1, .special = sp};
+        run_case(&c);
+        c.shift = 1, c.pad = 3;
+        run_case(&c);
+      }
+  if (failures == n_before) printf("ok   %s layernorm, adaln(layer): rows with a mean far from zero\n", sname(s));
+}
+
+/* adaln's launch modes (f16/bf16 rows, H100's 132 SMs): one wave of rows (rows x D/8 <= SMs x
+   2048) with scale and shift uncached ([2,77,1152], [2,5,65536]); more rows cached with them,
+   in registers at 2 and 4 vectors a thread ([4,600,1152], [3,256,3072]) or staged
+   ([2,67,24576]); each also with rows far from zero (second statistics pass). f32 rows of 65536
+   and 24576 are re-read from L2. RMS rows (adaln(rms), Mochi): one wave of rows of 256 vectors,
+   a block of 256 threads a row, its sums through a whole-warp butterfly over 8 slots
+   ([2,64,2048]); sub-warp rows, 32 a block ([2,64,64]; [1,3,64]: 29 dead rows); two rows of 64
+   threads a block ([2,32,512]); the rows of a block crossing samples ([3,10,40]). adaln_mod32: a
+   float32 scale and shift beside f16/bf16 rows (Wan keeps its modulation float32), adaln alone,
+   in those launch modes (one wave uncached, register-cached, staged, L2 re-read, sub-warp rows). */
+static void adaln_shape(fusedk_scalar s, const int64_t *BLD, int mod32) {
+  for (int op = ADALN_LN; op <= (mod32 ? ADALN_RMS : MOCHI_EXACT); ++op) {
+    const case_t base = {.op = (op_t)op, .s = s, .B = BLD[0], .L = BLD[1], .D = BLD[2], .weight = op == ADALN_LN,
+                         .bias = op == ADALN_LN, .mod32 = mod32};
+    case_t c = base;
+    run_case(&c);
+    c.vec_stride = 1, c.weight = 0, c.bias = 0, c.pad = 8; /* modulation views, strided rows */
+    run_case(&c);
+    c.vec_stride = 0, c.vec_broadcast = 1, c.pad = 0, c.shift = 3; /* broadcast vectors, scalar path */
+    run_case(&c);
+    if (op == ADALN_LN) c = base, c.special = 2, run_case(&c); /* the second statistics pass here */
+  }
+}
+static void adaln_modes(fusedk_scalar s) {
+  const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64},  {2, 19, 111}, {2, 5, 65536}, {4, 600, 1152},
+                           {2, 67, 24576}, {2, 64, 2048}, {2, 64, 64}, {1, 3, 64},   {2, 32, 512},  {3, 10, 40}};
+  for (size_t k = 0; k < sizeof ad / sizeof ad[0]; ++k) {
+    const int n_before = failures;
+    adaln_shape(s, ad[k], 0);
+    if (failures == n_before)
+      printf("ok   %s [%lld,%lld,%lld] adaln(layer/rms), mochi(exact 0/1): plain, modulation views, broadcast\n",
+             sname(s), (long long)ad[k][0], (long long)ad[k][1], (long long)ad[k][2]);
+  }
+}
+static void adaln_mod32(fusedk_scalar s) {
+  const int64_t md[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536},
+                           {4, 600, 1152}, {2, 67, 24576}, {2, 64, 2048}, {3, 10, 40}};
+  const int n_before = failures;
+  for (size_t k = 0; k < sizeof md / sizeof md[0]; ++k) adaln_shape(s, md[k], 1);
+  if (failures == n_before)
+    printf("ok   %s adaln(layer/rms) with a float32 scale and shift: every launch mode, views, broadcast\n", sname(s));
+}
+
+/* millions of rows, one row, in place, NaN/Inf rows */
+static void norm_rows(fusedk_scalar s) {
+  (void)s;
+  const int n_before = failures;
+  const case_t rows[] = {
+      {.op = RMS, .s = FUSEDK_BF16, .B = 1, .L = small ? 1 << 12 : 1 << 21, .D = 64, .weight = 1},
+      {.op = LN, .s = FUSEDK_F16, .B = 1, .L = 1, .D = 5120, .weight = 1, .bias = 1},
+      {.op = RMS, .s = FUSEDK_BF16, .B = 2, .L = 300, .D = 3072, .weight = 1, .inplace = 1},
+      {.op = MOCHI_EXACT, .s = FUSEDK_BF16, .B = 2, .L = 300, .D = 3072, .inplace = 1},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_case(&rows[i]);
+  for (int op = RMS; op <= MOCHI_EXACT; ++op) {
+    const case_t sp = {.op = (op_t)op, .s = FUSEDK_BF16, .B = 2, .L = 7, .D = 3072, .weight = 1,
+                       .bias = op == LN || op == ADALN_LN, .special = 1};
+    run_case(&sp);
+  }
+  if (failures == n_before) printf("ok   2M rows, 1 row, in place, NaN/Inf rows\n");
+}
+
+/* [elementwise]: D from 1 to 65536 (vector and scalar paths, sub-row groups), strided and
+   misaligned rows, modulation-view and broadcast gates, in place, NaN/Inf. Compact tensors run
+   as one row; the strided ones keep their rows: at D = 400 (f16/bf16, one vector a thread) a
+   row is 64 threads, two rows a block. A per-sample operand broadcast over B next to compact
+   tensors (ddim's prev, the gate) keeps the rows too. */
+static const int64_t eD[] = {1, 7, 8, 64, 111, 400, 1152, 3072, 65536};
+static void ew_sweep(fusedk_scalar s) {
+  for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
+    if (small && eD[di] > 3072) continue;
+    const int n_before = failures;
+    for (int op = GELU; op <= STEP_DDIM; ++op) {
+      const int64_t D = eD[di], L = D >= 16384 ? 3 : 37;
+      case_t c = {.op = (op_t)op, .s = s, .B = 2, .L = L, .D = D};
+      run_case(&c);
+      c.pad = 8, c.vec_stride = 1; /* strided rows, the gate a modulation view */
+      run_case(&c);
+      c.pad = 3, c.shift = 1, c.vec_stride = 0, c.vec_broadcast = 1; /* misaligned: scalar path */
+      run_case(&c);
+      c.pad = 0, c.shift = 0, c.vec_broadcast = 0, c.special = 1;
+      c.inplace = op != SWIGLU && op != GEGLU; /* glu's y is half of x: never in place */
+      run_case(&c);
+      if (op == STEP_DDIM || op == GATED_RES) { /* compact, with one operand broadcast over B */
+        c.special = 0, c.inplace = 0, c.vec_broadcast = 1;
+        run_case(&c);
+      }
+    }
+    if (failures == n_before)
+      printf("ok   %s D=%lld act(gelu/gelu_tanh/silu/relu), silu_fma, gated_residual, glu, glu_pair, "
+             "diffusion_step(euler/ddim): plain, strided, misaligned, in place + NaN/Inf\n", sname(s),
+             (long long)eD[di]);
+  }
+}
+
+/* gated_residual with a float32 gate beside f16/bf16 rows: vector and scalar paths, views,
+   broadcast, in place */
+static void ew_gate32(fusedk_scalar s) {
+  const int n_before = failures;
+  for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
+    case_t c = {.op = GATED_RES, .s = s, .B = 2, .L = eD[di] >= 16384 ? 3 : 37, .D = eD[di], .mod32 = 1};
+    run_case(&c);
+    c.pad = 8, c.vec_stride = 1;
+    run_case(&c);
+    c.pad = 3, c.shift = 1, c.vec_stride = 0, c.vec_broadcast = 1;
+    run_case(&c);
+    c.pad = 0, c.shift = 0, c.vec_broadcast = 0, c.inplace = 1;
+    run_case(&c);
+  }
+  if (failures == n_before)
+    printf("ok   %s gated_residual with a float32 gate: D 1..65536, views, broadcast, misaligned, in place\n",
+           sname(s));
+}
+
+/* 2M rows (gated_residual: rows over 2048 samples) and 1 row, for the ops first..last */
+static void ew_rows(int first, int last) {
+  const int n_before = failures;
+  for (int op = first; op <= last; ++op) {
+    case_t many = {.op = (op_t)op, .s = FUSEDK_BF16, .B = 1, .L = small ? 1 << 12 : 1 << 21, .D = 64};
+    if (op == GATED_RES) many.B = small ? 64 : 1 << 11, many.L = small ? 64 : 1 << 10;
+    run_case(&many);
+    const case_t one = {.op = (op_t)op, .s = FUSEDK_F16, .B = 1, .L = 1, .D = 5120};
+    run_case(&one);
+  }
+  if (failures == n_before) printf("ok   %s..%s: 2M rows, 1 row\n", op_name[first], op_name[last]);
+}
+
+/* [position] rope: both styles, GQA, partial rotary, each table layout, strided heads, misaligned
+   (scalar path), in place */
+static void rope_cases(fusedk_scalar s) {
+  for (int style = 0; style < 2; ++style) {
+    const int n_before = failures;
+    const int64_t dims[][2] = {{128, 128}, {64, 32}, {128, 64}, {96, 96}, {6, 4}, {2, 2}};
+    for (int d = 0; d < 6; ++d) {
+      const rope_t base = {.s = s, .B = 2, .S = 37, .Hq = 4, .Hk = 4, .Dh = dims[d][0], .R = dims[d][1],
+                           .style = style};
+      for (int tk = 2; tk <= 5; ++tk) {
+        rope_t c = base;
+        c.tk = tk, c.Hk = tk == 2 ? 2 : 4;
+        run_rope(c);
+      }
+      rope_t c = base;
+      c.B = 2, c.S = 19, c.Hq = 3, c.Hk = 1, c.tk = 2, c.pad = 8; /* strided heads */
+      run_rope(c);
+      c.pad = 3, c.shift = 1; /* misaligned: scalar path */
+      run_rope(c);
+      c = base, c.B = 1, c.S = 23, c.tk = 3, c.inplace = 1; /* in place */
+      run_rope(c);
+      c.Hk = 0, c.tk = 4; /* in place, q alone */
+      run_rope(c);
+    }
+    if (failures == n_before)
+      printf("ok   %s rope(%s): Dh/R 128/128 64/32 128/64 96/96 6/4 2/2, GQA, every table layout, strided, "
+             "misaligned, in place\n", sname(s), style ? "half" : "interleaved");
+  }
+}
+
+/* qk_norm_rope: every style, norm and layout; weights given and absent, packed qkv views, GQA
+   without v, per-head and per-batch tables, strided heads, misaligned (scalar path), in place
+   into the packed buffer; Dh 2 to 256, partial rotary */
+static void qknr_cases(fusedk_scalar s) {
+  for (int style = 0; style < 2; ++style)
+    for (int norm = 0; norm < 3; ++norm) {
+      const int n_before = failures;
+      const int64_t dims[][2] = {{128, 128}, {64, 32}, {96, 96}, {256, 256}, {10, 4}, {2, 2}};
+      for (int d = 0; d < 6; ++d)
+        for (int layout = 0; layout < 2; ++layout) {
+          const int64_t Dh = dims[d][0], R = dims[d][1] == Dh && d ? 0 : dims[d][1]; /* R 0: all of Dh */
+          const qknr_t base = {.s = s, .Dh = Dh, .R = R, .style = style, .norm = norm, .layout = layout,
+                               .weights = 1, .tk = 2};
+          qknr_t c = base;
+          c.B = 2, c.S = 37, c.Hq = c.Hk = 4, c.packed = 1;
+          run_qknr(c); /* packed qkv, weights */
+          c.Hq = 8, c.Hk = 2, c.weights = 0, c.no_v = 1, c.tk = 5, c.packed = 0; /* GQA, no v, [B,S,1,R/2] bcast */
+          run_qknr(c);
+          c.Hq = c.Hk = 3, c.weights = 1, c.no_v = 0, c.tk = 3; /* per-head tables */
+          run_qknr(c);
+          c.B = 3, c.S = 11, c.tk = 4, c.pad = 8; /* per-batch tables, strided heads */
+          run_qknr(c);
+          c = base, c.B = 2, c.S = 19, c.Hq = 3, c.Hk = 1, c.pad = 3, c.shift = 1; /* misaligned */
+          run_qknr(c);
+          c.Hk = 3, c.packed = 1, c.pad = 1; /* misaligned packed views */
+          run_qknr(c);
+          if (layout == FUSEDK_LAYOUT_BSHD) { /* in place */
+            c = base, c.B = 2, c.S = 23, c.Hq = c.Hk = 4, c.packed = 1, c.inplace = 1;
+            run_qknr(c);
+          }
+        }
+      if (failures == n_before)
+        printf("ok   %s qk_norm_rope(%s, %s): Dh/R 128/128 64/32 96/96 256/256 10/4 2/2, bhsd/bshd, packed, GQA "
+               "no v, per-head/batch tables, strided, misaligned, in place\n", sname(s), qk_norm_name(norm),
+               style ? "half" : "interleaved");
+    }
+}
+
+/* qk_norm_rope's large and odd shapes: H*Dh = 8192 over a full-row norm (Dh 128, 256 and 64,
+   GQA, both layouts), one token, many batches of few tokens (a block's token steps wrap S: more
+   rows than the grid), the bench shape (B2 S4096 H24 Dh128 bf16, bhsd, head norm), 64K tokens */
+static void qknr_big(fusedk_scalar s) {
+  (void)s;
+  const int n_before = failures;
+  const qknr_t rows[] = {
+      {.s = FUSEDK_BF16, .B = 1, .S = small ? 33 : 333, .Hq = 64, .Hk = 64, .Dh = 128, .norm = FUSEDK_QK_NORM_FULL,
+       .layout = FUSEDK_LAYOUT_BHSD, .weights = 1, .tk = 2, .packed = 1},
+      {.s = FUSEDK_F16, .B = 1, .S = small ? 17 : 129, .Hq = 32, .Hk = 32, .Dh = 256, .style = 1,
+       .norm = FUSEDK_QK_NORM_FULL, .layout = FUSEDK_LAYOUT_BSHD, .weights = 1, .tk = 2, .packed = 1},
+      {.s = FUSEDK_F32, .B = 2, .S = small ? 9 : 65, .Hq = 128, .Hk = 8, .Dh = 64, .norm = FUSEDK_QK_NORM_FULL,
+       .layout = FUSEDK_LAYOUT_BHSD, .weights = 1, .tk = 2},
+      {.s = FUSEDK_BF16, .B = 1, .S = 21, .Hq = 64, .Hk = 64, .Dh = 128, .R = 64, .style = 1,
+       .norm = FUSEDK_QK_NORM_FULL, .layout = FUSEDK_LAYOUT_BSHD, .weights = 1, .tk = 2, .packed = 1, .pad = 3,
+       .shift = 1},
+      {.s = FUSEDK_F16, .B = 1, .S = 1, .Hq = 1, .Hk = 1, .Dh = 64, .style = 1, .norm = FUSEDK_QK_NORM_HEAD,
+       .layout = FUSEDK_LAYOUT_BHSD, .weights = 1, .tk = 2, .packed = 1},
+      {.s = FUSEDK_BF16, .B = 1, .S = 1, .Hq = 24, .Hk = 24, .Dh = 128, .norm = FUSEDK_QK_NORM_FULL,
+       .layout = FUSEDK_LAYOUT_BSHD, .weights = 1, .tk = 2, .packed = 1},
+      {.s = FUSEDK_BF16, .B = 397, .S = 5, .Hq = 6, .Hk = 2, .Dh = 64, .norm = FUSEDK_QK_NORM_HEAD,
+       .layout = FUSEDK_LAYOUT_BHSD, .weights = 1, .tk = 2},
+      {.s = FUSEDK_F16, .B = 211, .S = 3, .Hq = 4, .Hk = 4, .Dh = 128, .style = 1, .norm = FUSEDK_QK_NORM_FULL,
+       .layout = FUSEDK_LAYOUT_BSHD, .weights = 1, .tk = 2, .packed = 1},
+  };
+  const qknr_t large[] = {
+      {.s = FUSEDK_BF16, .B = 2, .S = 4096, .Hq = 24, .Hk = 24, .Dh = 128, .norm = FUSEDK_QK_NORM_HEAD,
+       .layout = FUSEDK_LAYOUT_BHSD, .weights = 1, .tk = 2, .packed = 1},
+      {.s = FUSEDK_BF16, .B = 1, .S = 1 << 16, .Hq = 2, .Hk = 2, .Dh = 64, .style = 1, .norm = FUSEDK_QK_NORM_HEAD,
+       .layout = FUSEDK_LAYOUT_BHSD, .weights = 1, .tk = 2, .packed = 1},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_qknr(rows[i]);
+  for (size_t i = 0; !small && i < sizeof large / sizeof large[0]; ++i) run_qknr(large[i]);
+  if (failures == n_before)
+    printf("ok   qk_norm_rope: H*Dh 8192 full norm (Dh 64/128/256, GQA, misaligned), 1 token, 397 x 5 and 211 x 3 "
+           "tokens%s\n", small ? "" : ", bench shape, 64K tokens");
+}
+
+/* rope's bench shape, 64K tokens (GQA), one token, many batches of 3 tokens; the table builders */
+static void rope_big(fusedk_scalar s) {
+  (void)s;
+  const int n_before = failures;
+  const rope_t large[] = {
+      {.s = FUSEDK_BF16, .B = 2, .S = 4096, .Hq = 24, .Hk = 24, .Dh = 128, .R = 128, .tk = 2},
+      {.s = FUSEDK_BF16, .B = 1, .S = 1 << 16, .Hq = 8, .Hk = 2, .Dh = 64, .R = 64, .style = 1, .tk = 2},
+  };
+  const rope_t rows[] = {
+      {.s = FUSEDK_F16, .B = 1, .S = 1, .Hq = 1, .Hk = 1, .Dh = 64, .R = 64, .style = 1, .tk = 2},
+      {.s = FUSEDK_F32, .B = 601, .S = 3, .Hq = 4, .Hk = 2, .Dh = 64, .R = 32, .tk = 2},
+  };
+  for (size_t i = 0; !small && i < sizeof large / sizeof large[0]; ++i) run_rope(large[i]);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_rope(rows[i]);
+  run_tables(small ? 257 : 4097);
+  run_tables(1);
+  if (failures == n_before)
+    printf("ok   rope: bench shape, 1 token, 64K tokens, 601 x 3 tokens; rope_table_1d/axes/ltx/mixed\n");
+}
+
+static void graph_unit(fusedk_scalar s) { (void)s, run_graph(); }
+static void huge_rmsnorm(fusedk_scalar s) { (void)s, run_huge(0); }
+static void huge_silu(fusedk_scalar s) { (void)s, run_huge(1); }
+
+/* [linear]: every act, with and without bias and aux; odd N and K (4095, 1000: no 16-byte rows,
+   cuBLASLt's unaligned kernels and fusedk's fallbacks), padded rows, a base off by one element,
+   one row, one column, K = 0 (y = act(bias)), a 1-row 2-d x; f32 also through TF32 */
+static void linear_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  for (int act = FUSEDK_ACT_GELU; act <= FUSEDK_ACT_NONE; ++act) {
+    run_linear((linear_t){.s = s, .B = 2, .L = 33, .N = 96, .K = 64, .act = act, .bias = 1, .aux = 1});
+    run_linear((linear_t){.s = s, .B = 1, .L = 7, .N = 72, .K = 40, .act = act, .aux = act % 2, .pad = 3, .shift = 1});
+    if (!small) run_linear((linear_t){.s = s, .B = 1, .L = 17, .N = 4095, .K = 1000, .act = act, .bias = 1, .aux = 1});
+  }
+  const linear_t rows[] = {
+      /* K = 4095: dx, dw rows unaligned */
+      {.s = s, .B = 1, .L = 9, .N = 1000, .K = 4095, .act = FUSEDK_ACT_GELU_TANH, .bias = 1, .aux = 1},
+      {.s = s, .B = 1, .L = 1, .N = 1, .K = 1, .act = FUSEDK_ACT_RELU, .bias = 1, .aux = 1},
+      {.s = s, .B = 3, .L = 5, .N = 8, .K = 0, .act = FUSEDK_ACT_GELU_TANH, .bias = 1, .aux = 1},
+      {.s = s, .B = 1, .L = 1, .N = 512, .K = 256, .act = FUSEDK_ACT_SILU, .bias = 1},
+      {.s = s, .B = 2, .L = 300, .N = 256, .K = 128, .act = FUSEDK_ACT_GELU_TANH, .bias = 1, .pad = 8},
+      {.s = s, .B = 2, .L = 33, .N = 96, .K = 64, .act = FUSEDK_ACT_RELU, .bias = 1, .aux = 1, .tf32 = 1},
+  };
+  const linear_t large[] = {
+      {.s = s, .B = 2, .L = 128, .N = 1152, .K = 1152, .act = FUSEDK_ACT_GELU_TANH, .bias = 1, .aux = 1},
+      {.s = s, .B = 1, .L = 17, .N = 4095, .K = 1000, .act = FUSEDK_ACT_GELU_TANH, .bias = 1, .aux = 1, .tf32 = 1},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i)
+    if (!rows[i].tf32 || s == FUSEDK_F32) run_linear(rows[i]);
+  for (size_t i = 0; !small && i < sizeof large / sizeof large[0]; ++i)
+    if (!large[i].tf32 || s == FUSEDK_F32) run_linear(large[i]);
+  if (failures == n_before)
+    printf("ok   %s linear, linear_backward (5 acts, bias, aux, odd N/K, strided, misaligned)\n", sname(s));
+}
+
+/* M = 0 (dw, db zero), N = 0 with a db that has data (dx zero, nothing else written), CUDA-graph
+   capture on a fresh stream and fusedk_shutdown */
+static void linear_edges(fusedk_scalar s) {
+  (void)s;
+  run_linear((linear_t){.s = FUSEDK_BF16, .L = 4, .N = 16, .K = 8, .act = FUSEDK_ACT_GELU, .bias = 1, .aux = 1});
+  const int64_t xs[2] = {4, 8}, ws[2] = {0, 8}, ys[2] = {4, 0}, zs[1] = {0};
+  buf_t x = mk(FUSEDK_F32, 2, xs, 0, 0, 0, 1.0, 0.0), dx = mk(FUSEDK_F32, 2, xs, 0, 0, 0, 0.0, 0.0);
+  buf_t w = mk(FUSEDK_F32, 2, ws, 0, 1, 0, 0.0, 0.0), dy = mk(FUSEDK_F32, 2, ys, 0, 1, 0, 0.0, 0.0);
+  buf_t db = mk(FUSEDK_F32, 1, zs, 0, 1, 0, 0.0, 0.0); /* shift 1: a real, non-NULL pointer */
+  poison(&dx);
+  fusedk_status sg = fusedk_linear_backward(&dx.td, NULL, &db.td, &dy.td, &x.td, &w.td, NULL, FUSEDK_ACT_NONE, 0, NULL);
+  float h[32];
+  CK(cudaMemcpy(h, dx.d, sizeof h, cudaMemcpyDeviceToHost));
+  int zero = 1;
+  for (int i = 0; i < 32; ++i) zero = zero && h[i] == 0.0f;
+  ++checks;
+  if (sg || !zero) printf("FAIL linear_backward N = 0: %s, dx zero %d\n", fusedk_status_name(sg), zero), ++failures;
+  drop(&x), drop(&dx), drop(&w), drop(&dy), drop(&db);
+  const int n_before = failures;
+  run_linear_graph();
+  if (failures == n_before) printf("ok   linear: CUDA-graph capture on a fresh stream, fusedk_shutdown\n");
+}
+
+static void linear_tuned(fusedk_scalar s) {
+  (void)s;
+  const int n_before = failures;
+  run_linear_tuned("2");
+  run_linear_tuned("3");
+  if (failures == n_before) printf("ok   linear: FUSEDK_LINEAR_TUNE=2 and 3's picks, none, relu, gelu_tanh + aux\n");
+}
+
+static void ew_rows_act(fusedk_scalar s) { (void)s, ew_rows(GELU, RELU); }
+static void ew_rows_fma(fusedk_scalar s) { (void)s, ew_rows(SILU_FMA, GATED_RES); }
+static void ew_rows_glu(fusedk_scalar s) { (void)s, ew_rows(SWIGLU, GLU_PAIR); }
+static void ew_rows_step(fusedk_scalar s) { (void)s, ew_rows(STEP_EULER, STEP_DDIM); }
+
+/* --- units and how they run ------------------------------------------------------------------
+   A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
+   selects units by family, full name or the name's first word (norm, elementwise, position,
+   rope, qk_norm_rope, graph, huge, linear, "ew_sweep bf16", ...). Several units run as parallel
+   processes (this program again, FUSEDK_TEST_UNIT naming the unit): the CPU references of the
+   big cases take the machine's cores, each process its own CUDA context on the one device;
+   FUSEDK_TEST_JOBS (default: the online cores) caps them, 1 runs every unit in this process
+   (compute-sanitizer's runs). Each unit's output is printed whole, in table order. */
+typedef struct {
+  const char *family, *name;
+  void (*run)(fusedk_scalar);
+  fusedk_scalar s;
+} unit_t;
+#define FOR_DTYPES(family, name, fn) \
+  {family, name " f32", fn, FUSEDK_F32}, {family, name " f16", fn, FUSEDK_F16}, {family, name " bf16", fn, FUSEDK_BF16}
+static const unit_t units[] = {
+    FOR_DTYPES("norm", "norm_sweep", norm_sweep),
+    FOR_DTYPES("norm", "norm_far_mean", norm_far_mean),
+    FOR_DTYPES("norm", "adaln_modes", adaln_modes),
+    {"norm", "adaln_mod32 f16", adaln_mod32, FUSEDK_F16},
+    {"norm", "adaln_mod32 bf16", adaln_mod32, FUSEDK_BF16},
+    {"norm", "norm_rows", norm_rows, FUSEDK_BF16},
+    FOR_DTYPES("elementwise", "ew_sweep", ew_sweep),
+    {"elementwise", "ew_gate32 f16", ew_gate32, FUSEDK_F16},
+    {"elementwise", "ew_gate32 bf16", ew_gate32, FUSEDK_BF16},
+    {"elementwise", "ew_rows act", ew_rows_act, FUSEDK_BF16},
+    {"elementwise", "ew_rows silu_fma/gated_residual", ew_rows_fma, FUSEDK_BF16},
+    {"elementwise", "ew_rows glu", ew_rows_glu, FUSEDK_BF16},
+    {"elementwise", "ew_rows diffusion_step", ew_rows_step, FUSEDK_BF16},
+    FOR_DTYPES("position", "rope", rope_cases),
+    FOR_DTYPES("position", "qk_norm_rope", qknr_cases),
+    {"position", "qk_norm_rope big", qknr_big, FUSEDK_BF16},
+    {"position", "rope big", rope_big, FUSEDK_BF16},
+    {"graph", "graph", graph_unit, FUSEDK_BF16},
+    {"huge", "huge rmsnorm", huge_rmsnorm, FUSEDK_BF16},
+    {"huge", "huge silu", huge_silu, FUSEDK_BF16},
+    FOR_DTYPES("linear", "linear", linear_cases),
+    {"linear", "linear edges", linear_edges, FUSEDK_BF16},
+    {"linear", "linear tuned", linear_tuned, FUSEDK_BF16},
+};
+enum { N_UNITS = sizeof units / sizeof units[0] };
+
+static int selected(const unit_t *u, const char *only) {
+  if (!only || !*only) return !small || strcmp(u->family, "huge"); /* the > 2^31-element cases: not small */
+  char list[512];
+  snprintf(list, sizeof list, "%s", only);
+  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    const size_t first = strcspn(u->name, " ");
+    if (!strcmp(tok, u->family) || !strcmp(tok, u->name) || (strlen(tok) == first && !strncmp(tok, u->name, first)))
+      return 1;
+  }
+  return 0;
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* the unit in a child process, its stdout and stderr into a temporary file */
+static pid_t spawn_unit(const unit_t *u, int fd) {
+  static char env_unit[160];
+  size_t n = 0;
+  while (environ[n]) ++n;
+  char **env = calloc(n + 2, sizeof *env);
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (strncmp(environ[i], "FUSEDK_TEST_UNIT=", 17)) env[k++] = environ[i];
+  snprintf(env_unit, sizeof env_unit, "FUSEDK_TEST_UNIT=%s", u->name);
+  env[k++] = env_unit;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fd, 1);
+  posix_spawn_file_actions_adddup2(&fa, fd, 2);
+  char exe[] = "/proc/self/exe", *argv[] = {exe, NULL};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, exe, &fa, NULL, argv, env)) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  free(env);
+  return pid;
+}
+
+/* every selected unit in up to `jobs` processes at once; then each one's output in order, its
+   wall time, and the counts summed from its last line */
+static void run_parallel(const int *sel, int n, int jobs) {
+  pid_t pid[N_UNITS];
+  int fd[N_UNITS], status[N_UNITS], running = 0, next = 0, done = 0;
+  double t0[N_UNITS], t1[N_UNITS];
+  while (done < n) {
+    while (running < jobs && next < n) {
+      char path[] = "/tmp/fusedk-test-gpu-XXXXXX";
+      fd[next] = mkstemp(path);
+      if (fd[next] < 0) perror("mkstemp"), exit(1);
+      unlink(path); /* read back through the descriptor */
+      t0[next] = now_s();
+      pid[next] = spawn_unit(&units[sel[next]], fd[next]);
+      if (pid[next] < 0) printf("FAIL %s: could not start its process\n", units[sel[next]].name), exit(1);
+      ++running, ++next;
+    }
+    int st;
+    const pid_t p = wait(&st);
+    if (p < 0) break;
+    for (int i = 0; i < next; ++i)
+      if (pid[i] == p) status[i] = st, t1[i] = now_s(), pid[i] = 0, --running, ++done;
+  }
+  for (int i = 0; i < n; ++i) {
+    const unit_t *u = &units[sel[i]];
+    char line[1024];
+    int passed = -1, failed = -1;
+    FILE *f = fdopen(fd[i], "r");
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+      if (sscanf(line, "%d passed, %d failed", &passed, &failed) == 2) continue;
+      if (strncmp(line, "device: ", 8)) fputs(line, stdout);
+    }
+    fclose(f);
+    const int clean = WIFEXITED(status[i]) && WEXITSTATUS(status[i]) <= 1 && passed >= 0;
+    if (!clean) {
+      const int sig = WIFSIGNALED(status[i]);
+      printf("FAIL %s: its process ended without a count (%s %d)\n", u->name,
+             sig ? "signal" : "exit code", sig ? WTERMSIG(status[i]) : WEXITSTATUS(status[i]));
+      ++checks, ++failures;
+    } else {
+      checks += passed + failed, failures += failed;
+    }
+    printf("     %-34s %6.1f s\n", u->name, t1[i] - t0[i]);
+  }
+}
+
 int main(void) {
-  int ndev = fusedk_cuda_device_count();
-  if (ndev == 0) {
+  if (fusedk_cuda_device_count() == 0) {
     printf("SKIP: no CUDA device (fusedk_cuda_device_count() == 0)\n");
     return 77;
   }
   struct cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, 0));
   printf("device: %s (sm_%d%d, %d SMs)\n", p.name, p.major, p.minor, p.multiProcessorCount);
-  const fusedk_scalar S[3] = {FUSEDK_F32, FUSEDK_F16, FUSEDK_BF16};
   small = getenv("FUSEDK_TEST_SMALL") && atoi(getenv("FUSEDK_TEST_SMALL"));
-  if (small) printf("small cases only (FUSEDK_TEST_SMALL)\n");
-  /* FUSEDK_TEST_ONLY=norm or =elementwise: that family's cases alone (a sanitizer pass over a
-     changed kernel); =qk_norm_rope: start at that op's cases; =position: at rope's (with
-     FUSEDK_NO_TMA=1: their pre-Hopper kernels). What follows these last two runs
-     too: the table builders, graph capture and, unless FUSEDK_TEST_SMALL, the huge cases. */
-  const char *only = getenv("FUSEDK_TEST_ONLY");
-  if (only && !strcmp(only, "linear")) goto linear;
-  if (only && !strcmp(only, "qk_norm_rope")) goto qk_norm_rope;
-  if (only && !strcmp(only, "position")) goto position;
-  const int only_norm = only && !strcmp(only, "norm"), only_ew = only && !strcmp(only, "elementwise");
-  if (only_ew) goto elementwise;
-  if (only && *only && !only_norm) {
-    printf("FUSEDK_TEST_ONLY=%s: expected norm, elementwise, qk_norm_rope, position or linear\n", only);
+  const char *unit = getenv("FUSEDK_TEST_UNIT"), *only = getenv("FUSEDK_TEST_ONLY");
+  int sel[N_UNITS], n = 0;
+  for (int i = 0; i < N_UNITS; ++i)
+    if (unit ? !strcmp(units[i].name, unit) : selected(&units[i], only)) sel[n++] = i;
+  if (n == 0) {
+    printf("FUSEDK_TEST_%s=%s names no unit; families: norm, elementwise, position, graph, huge, linear; units:",
+           unit ? "UNIT" : "ONLY", unit ? unit : only);
+    for (int i = 0; i < N_UNITS; ++i) printf("%s %s", i ? "," : "", units[i].name);
+    printf("\n");
     return 2;
   }
-  /* D sweep: sub-warp groups, one warp, blocks, NV = 1..8, scalar path (odd D), re-read path */
-  /* 8192 and 16384: shared-memory caches at and past the 48 KB opt-in limit; layernorm's rows in
-     registers up to 16 vectors a thread (65536 f16/bf16), re-read beyond */
-  const int64_t Ds[] = {1,    2,    7,    8,    64,    111,   128,   1000,   1152,  2048,
-                        3072, 3584, 5120, 8192, 16384, 24576, 65536, 100000, 262144};
-  int n_before;
-  for (int si = 0; si < 3; ++si)
-    for (size_t di = 0; di < sizeof Ds / sizeof Ds[0]; ++di) {
-      int64_t D = Ds[di], L = D >= 16384 ? 3 : D >= 3072 ? 19 : small ? 67 : 989;
-      if (small && D > 16384) continue;
-      n_before = failures;
-      case_t c = {RMS, S[si], 1, L, D, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-      run_case(&c);
-      c.weight = 0, c.residual = 1, c.B = 2; /* fused residual, 3-d rows */
-      run_case(&c);
-      c = (case_t){LN, S[si], 1, L, D, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
-      run_case(&c);
-      c.weight = 0, c.bias = 0, c.pad = 8; /* strided rows, vector path kept */
-      run_case(&c);
-      c.pad = 3, c.shift = 1; /* misaligned rows: scalar path */
-      run_case(&c);
-      if (failures == n_before) printf("ok   %s D=%lld (rmsnorm, +residual, layernorm, strided, misaligned)\n", sname(S[si]), (long long)D);
-    }
-  /* LayerNorm rows whose mean is far from zero (against their sd) take the second statistics pass;
-     the rows beside them (same warp or block) do not: sub-warp groups (16, 64), two rows of 64
-     threads a block (512, f16/bf16), a block a row (1000, 3072), 16 vectors a thread (24576
-     f16/bf16, 65536), rows re-read from L2 (262144; f32 65536), the scalar path (shift); at 26
-     rows these are one wave (adaln: scale and shift uncached); adaln's cached and staged rows
-     are in the launch-mode loop below; in f32 also rows of mean 1000, sd 0.01, every row through
-     the second pass (the epilogue centred on the corrected mean) */
-  for (int si = 0; si < 3; ++si) {
-    n_before = failures;
-    const int64_t oD[] = {16, 64, 512, 1000, 3072, 24576, 65536, 262144};
-    for (size_t di = 0; di < sizeof oD / sizeof oD[0] - (small ? 2 : 0); ++di)
-      for (int op = LN; op <= ADALN_LN; ++op)
-        for (int sp = 2; sp <= (S[si] == FUSEDK_F32 ? 3 : 2); ++sp) {
-          case_t c = {(op_t)op, S[si], 2, 13, oD[di], 1, 1, 0, 0, 0, 0, 0, 0, sp, 0};
-          run_case(&c);
-          c.shift = 1, c.pad = 3;
-          run_case(&c);
-        }
-    if (failures == n_before) printf("ok   %s layernorm, adaln(layer): rows with a mean far from zero\n", sname(S[si]));
+  if (small && !unit) printf("small cases only (FUSEDK_TEST_SMALL)\n");
+  const char *j = getenv("FUSEDK_TEST_JOBS");
+  long jobs = j ? atol(j) : sysconf(_SC_NPROCESSORS_ONLN);
+  const double t0 = now_s();
+  if (unit || n == 1 || jobs <= 1) {
+    for (int i = 0; i < n; ++i) units[sel[i]].run(units[sel[i]].s);
+  } else {
+    fflush(stdout);
+    run_parallel(sel, n, (int)(jobs < n ? jobs : n));
   }
-  for (int si = 0; si < 3; ++si) {
-    /* adaln's launch modes (f16/bf16 rows, H100's 132 SMs): one wave of rows (rows x D/8 <= SMs x
-       2048) with scale and shift uncached ([2,77,1152], [2,5,65536]); more rows cached with
-       them, in registers at 2 and 4 vectors a thread ([4,600,1152], [3,256,3072]) or staged
-       ([2,67,24576]); each also with rows far from zero (second statistics pass). f32 rows of
-       65536 and 24576 are re-read from L2. RMS rows (adaln(rms), Mochi): one wave of rows of 256
-       vectors, a block of 256 threads a row, its sums through a whole-warp butterfly over 8
-       slots ([2,64,2048]); sub-warp rows, 32 a block ([2,64,64]; [1,3,64]: 29 dead rows); two
-       rows of 64 threads a block ([2,32,512]); the rows of a block crossing samples ([3,10,40]) */
-    const int64_t ad[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64},  {2, 19, 111}, {2, 5, 65536}, {4, 600, 1152},
-                             {2, 67, 24576}, {2, 64, 2048}, {2, 64, 64}, {1, 3, 64},   {2, 32, 512},  {3, 10, 40}};
-    for (int k = 0; k < (int)(sizeof ad / sizeof ad[0]); ++k) {
-      n_before = failures;
-      for (int op = ADALN_LN; op <= MOCHI_EXACT; ++op) {
-        const case_t base = {(op_t)op, S[si], ad[k][0], ad[k][1], ad[k][2], op == ADALN_LN, op == ADALN_LN, 0, 0, 0, 0, 0, 0, 0, 0};
-        case_t c = base;
-        run_case(&c);
-        c.vec_stride = 1, c.weight = 0, c.bias = 0, c.pad = 8; /* modulation views, strided rows */
-        run_case(&c);
-        c.vec_stride = 0, c.vec_broadcast = 1, c.pad = 0, c.shift = 3; /* broadcast vectors, scalar path */
-        run_case(&c);
-        if (op == ADALN_LN) { /* the second statistics pass in this launch mode */
-          c = base, c.special = 2;
-          run_case(&c);
-        }
-      }
-      if (failures == n_before)
-        printf("ok   %s [%lld,%lld,%lld] adaln(layer/rms), mochi(exact 0/1): plain, modulation views, broadcast\n",
-               sname(S[si]), (long long)ad[k][0], (long long)ad[k][1], (long long)ad[k][2]);
-    }
-  }
-  /* a float32 modulation beside f16/bf16 rows (Wan keeps its modulation float32): adaln in the
-     launch modes above (one wave uncached, register-cached, staged, L2 re-read, sub-warp rows),
-     as views into a [B, 6D] modulation, broadcast on the scalar path, rows far from zero */
-  for (int si = 0; si < 3; ++si) {
-    if (S[si] == FUSEDK_F32) continue;
-    n_before = failures;
-    const int64_t md[][3] = {{2, 77, 1152}, {3, 256, 3072}, {1, 1, 64}, {2, 19, 111}, {2, 5, 65536},
-                             {4, 600, 1152}, {2, 67, 24576}, {2, 64, 2048}, {3, 10, 40}};
-    for (int k = 0; k < (int)(sizeof md / sizeof md[0]); ++k)
-      for (int op = ADALN_LN; op <= ADALN_RMS; ++op) {
-        const case_t base = {(op_t)op, S[si], md[k][0], md[k][1], md[k][2], op == ADALN_LN, op == ADALN_LN,
-                             0, 0, 0, 0, 0, 0, 0, 1};
-        case_t c = base;
-        run_case(&c);
-        c.vec_stride = 1, c.weight = 0, c.bias = 0, c.pad = 8;
-        run_case(&c);
-        c.vec_stride = 0, c.vec_broadcast = 1, c.pad = 0, c.shift = 3;
-        run_case(&c);
-        if (op == ADALN_LN) c = base, c.special = 2, run_case(&c);
-      }
-    if (failures == n_before)
-      printf("ok   %s adaln(layer/rms) with a float32 scale and shift: every launch mode, views, broadcast\n",
-             sname(S[si]));
-  }
-  /* millions of rows, one row, in place */
-  n_before = failures;
-  case_t many = {RMS, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-  run_case(&many);
-  case_t one = {LN, FUSEDK_F16, 1, 1, 5120, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
-  run_case(&one);
-  case_t inpl = {RMS, FUSEDK_BF16, 2, 300, 3072, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0};
-  run_case(&inpl);
-  case_t inpl2 = {MOCHI_EXACT, FUSEDK_BF16, 2, 300, 3072, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0};
-  run_case(&inpl2);
-  for (int op = RMS; op <= MOCHI_EXACT; ++op) {
-    case_t sp = {(op_t)op, FUSEDK_BF16, 2, 7, 3072, 1, op == LN || op == ADALN_LN, 0, 0, 0, 0, 0, 0, 1, 0};
-    run_case(&sp);
-  }
-  if (failures == n_before) printf("ok   2M rows, 1 row, in place, NaN/Inf rows\n");
-  if (only_norm) goto done;
-  /* [elementwise]: every dtype, D from 1 to 65536 (vector and scalar paths, sub-row groups),
-     strided and misaligned rows, modulation-view and broadcast gates, in place, NaN/Inf. Compact
-     tensors run as one row; the strided ones keep their rows: at D = 400 (f16/bf16, one vector a
-     thread) a row is 64 threads, two rows a block. A per-sample operand broadcast over B next to
-     compact tensors (ddim's prev, the gate) keeps the rows too. */
-elementwise:;
-  const int64_t eD[] = {1, 7, 8, 64, 111, 400, 1152, 3072, 65536};
-  for (int si = 0; si < 3; ++si)
-    for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
-      if (small && eD[di] > 3072) continue;
-      n_before = failures;
-      for (int op = GELU; op <= STEP_DDIM; ++op) {
-        int64_t D = eD[di], L = D >= 16384 ? 3 : 37;
-        case_t c = {(op_t)op, S[si], 2, L, D, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-        run_case(&c);
-        c.pad = 8, c.vec_stride = 1; /* strided rows, the gate a modulation view */
-        run_case(&c);
-        c.pad = 3, c.shift = 1, c.vec_stride = 0, c.vec_broadcast = 1; /* misaligned: scalar path */
-        run_case(&c);
-        c.pad = 0, c.shift = 0, c.vec_broadcast = 0, c.special = 1;
-        c.inplace = op != SWIGLU && op != GEGLU; /* glu's y is half of x: never in place */
-        run_case(&c);
-        if (op == STEP_DDIM || op == GATED_RES) { /* compact, with one operand broadcast over B */
-          c.special = 0, c.inplace = 0, c.vec_broadcast = 1;
-          run_case(&c);
-        }
-      }
-      if (failures == n_before)
-        printf("ok   %s D=%lld act(gelu/gelu_tanh/silu/relu), silu_fma, gated_residual, glu, glu_pair, "
-               "diffusion_step(euler/ddim): plain, strided, misaligned, in place + NaN/Inf\n", sname(S[si]),
-               (long long)eD[di]);
-    }
-  /* gated_residual with a float32 gate beside f16/bf16 rows: vector and scalar paths, views,
-     broadcast, in place */
-  for (int si = 0; si < 3; ++si) {
-    if (S[si] == FUSEDK_F32) continue;
-    n_before = failures;
-    for (size_t di = 0; di < sizeof eD / sizeof eD[0]; ++di) {
-      case_t c = {GATED_RES, S[si], 2, eD[di] >= 16384 ? 3 : 37, eD[di], 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-      run_case(&c);
-      c.pad = 8, c.vec_stride = 1;
-      run_case(&c);
-      c.pad = 3, c.shift = 1, c.vec_stride = 0, c.vec_broadcast = 1;
-      run_case(&c);
-      c.pad = 0, c.shift = 0, c.vec_broadcast = 0, c.inplace = 1;
-      run_case(&c);
-    }
-    if (failures == n_before)
-      printf("ok   %s gated_residual with a float32 gate: D 1..65536, views, broadcast, misaligned, in place\n",
-             sname(S[si]));
-  }
-  n_before = failures;
-  for (int op = GELU; op <= STEP_DDIM; ++op) {
-    case_t many2 = {(op_t)op, FUSEDK_BF16, 1, small ? 1 << 12 : 1 << 21, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    if (op == GATED_RES) many2.B = small ? 64 : 1 << 11, many2.L = small ? 64 : 1 << 10; /* rows over samples */
-    run_case(&many2);
-    case_t one2 = {(op_t)op, FUSEDK_F16, 1, 1, 5120, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    run_case(&one2);
-  }
-  if (failures == n_before) printf("ok   elementwise: 2M rows, 1 row\n");
-  if (only_ew) goto done;
-  /* [position]: both styles, every dtype, GQA, partial rotary, each table layout, strided heads,
-     misaligned (scalar path), in place, odd sizes, 1 token, many tokens */
-position:
-  for (int si = 0; si < 3; ++si)
-    for (int style = 0; style < 2; ++style) {
-      n_before = failures;
-      const int64_t dims[][2] = {{128, 128}, {64, 32}, {128, 64}, {96, 96}, {6, 4}, {2, 2}};
-      for (int d = 0; d < 6; ++d) {
-        const int64_t Dh = dims[d][0], R = dims[d][1];
-        for (int tk = 2; tk <= 5; ++tk)
-          run_rope(S[si], 2, 37, 4, tk == 2 ? 2 : 4, Dh, R, style, tk, 0, 0, 0);
-        run_rope(S[si], 2, 19, 3, 1, Dh, R, style, 2, 8, 0, 0);     /* strided heads */
-        run_rope(S[si], 2, 19, 3, 1, Dh, R, style, 2, 3, 1, 0);     /* misaligned: scalar path */
-        run_rope(S[si], 1, 23, 4, 4, Dh, R, style, 3, 0, 0, 1);     /* in place */
-        run_rope(S[si], 1, 23, 4, 0, Dh, R, style, 4, 0, 0, 1);     /* in place, q alone */
-      }
-      if (failures == n_before)
-        printf("ok   %s rope(%s): Dh/R 128/128 64/32 128/64 96/96 6/4 2/2, GQA, every table layout, strided, "
-               "misaligned, in place\n", sname(S[si]), style ? "half" : "interleaved");
-    }
-  /* qk_norm_rope: every dtype, style, norm and layout; weights given and absent, packed qkv views,
-     GQA without v, per-head and per-batch tables, strided heads, misaligned (scalar path), in
-     place into the packed buffer; Dh 2 to 256, partial rotary */
-qk_norm_rope:
-  for (int si = 0; si < 3; ++si)
-    for (int style = 0; style < 2; ++style)
-      for (int norm = 0; norm < 3; ++norm) {
-        n_before = failures;
-        const int64_t dims[][2] = {{128, 128}, {64, 32}, {96, 96}, {256, 256}, {10, 4}, {2, 2}};
-        for (int d = 0; d < 6; ++d)
-          for (int layout = 0; layout < 2; ++layout) {
-            const int64_t Dh = dims[d][0], R = dims[d][1] == Dh && d ? 0 : dims[d][1]; /* R 0: all of Dh */
-            qknr_t c = {S[si], 2, 37, 4, 4, Dh, R, style, norm, layout, 1, 0, 2, 1, 0, 0, 0};
-            run_qknr(c); /* packed qkv, weights */
-            c.Hq = 8, c.Hk = 2, c.weights = 0, c.no_v = 1, c.tk = 5, c.packed = 0; /* GQA, no v, [B,S,1,R/2] bcast */
-            run_qknr(c);
-            c.Hq = c.Hk = 3, c.weights = 1, c.no_v = 0, c.tk = 3; /* per-head tables */
-            run_qknr(c);
-            c.B = 3, c.S = 11, c.tk = 4, c.pad = 8; /* per-batch tables, strided heads */
-            run_qknr(c);
-            c = (qknr_t){S[si], 2, 19, 3, 1, Dh, R, style, norm, layout, 1, 0, 2, 0, 0, 3, 1}; /* misaligned */
-            run_qknr(c);
-            c.Hk = 3, c.packed = 1, c.pad = 1; /* misaligned packed views */
-            run_qknr(c);
-            if (layout == FUSEDK_LAYOUT_BSHD) {
-              c = (qknr_t){S[si], 2, 23, 4, 4, Dh, R, style, norm, layout, 1, 0, 2, 1, 1, 0, 0}; /* in place */
-              run_qknr(c);
-            }
-          }
-        if (failures == n_before)
-          printf("ok   %s qk_norm_rope(%s, %s): Dh/R 128/128 64/32 96/96 256/256 10/4 2/2, bhsd/bshd, packed, GQA "
-                 "no v, per-head/batch tables, strided, misaligned, in place\n", sname(S[si]), qk_norm_name(norm),
-                 style ? "half" : "interleaved");
-      }
-  n_before = failures;
-  {
-    const qknr_t big[] = {
-        /* H*Dh = 8192 over a full-row norm: Dh 128, 256 and 64, GQA, both layouts */
-        {FUSEDK_BF16, 1, small ? 33 : 333, 64, 64, 128, 0, 0, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1, 0, 0, 0},
-        {FUSEDK_F16, 1, small ? 17 : 129, 32, 32, 256, 0, 1, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 0, 0},
-        {FUSEDK_F32, 2, small ? 9 : 65, 128, 8, 64, 0, 0, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 0, 0, 0, 0},
-        {FUSEDK_BF16, 1, 21, 64, 64, 128, 64, 1, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 3, 1},
-        /* one token */
-        {FUSEDK_F16, 1, 1, 1, 1, 64, 0, 1, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1, 0, 0, 0},
-        {FUSEDK_BF16, 1, 1, 24, 24, 128, 0, 0, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 0, 0},
-    };
-    for (size_t i = 0; i < sizeof big / sizeof big[0]; ++i) run_qknr(big[i]);
-    /* many batches of few tokens: a block's token steps wrap S (more rows than the grid) */
-    run_qknr((qknr_t){FUSEDK_BF16, 397, 5, 6, 2, 64, 0, 0, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 0, 0, 0, 0});
-    run_qknr((qknr_t){FUSEDK_F16, 211, 3, 4, 4, 128, 0, 1, FUSEDK_QK_NORM_FULL, FUSEDK_LAYOUT_BSHD, 1, 0, 2, 1, 0, 0, 0});
-    if (!small) {
-      /* the bench shape: B2 S4096 H24 Dh128 bf16, bhsd, head norm; 64K tokens */
-      run_qknr((qknr_t){FUSEDK_BF16, 2, 4096, 24, 24, 128, 0, 0, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1,
-                        0, 0, 0});
-      run_qknr((qknr_t){FUSEDK_BF16, 1, 1 << 16, 2, 2, 64, 0, 1, FUSEDK_QK_NORM_HEAD, FUSEDK_LAYOUT_BHSD, 1, 0, 2, 1,
-                        0, 0, 0});
-    }
-  }
-  if (failures == n_before)
-    printf("ok   qk_norm_rope: H*Dh 8192 full norm (Dh 64/128/256, GQA, misaligned), 1 token, 397 x 5 and 211 x 3 "
-           "tokens%s\n",
-           small ? "" : ", bench shape, 64K tokens");
-  n_before = failures;
-  if (!small) {
-    run_rope(FUSEDK_BF16, 2, 4096, 24, 24, 128, 128, 0, 2, 0, 0, 0); /* the bench shape */
-    run_rope(FUSEDK_BF16, 1, 1 << 16, 8, 2, 64, 64, 1, 2, 0, 0, 0);  /* 64K tokens, GQA */
-  }
-  run_rope(FUSEDK_F16, 1, 1, 1, 1, 64, 64, 1, 2, 0, 0, 0); /* one token */
-  run_rope(FUSEDK_F32, 601, 3, 4, 2, 64, 32, 0, 2, 0, 0, 0); /* many batches of 3 tokens */
-  run_tables(small ? 257 : 4097);
-  run_tables(1);
-  if (failures == n_before)
-    printf("ok   rope: bench shape, 1 token, 64K tokens, 601 x 3 tokens; rope_table_1d/axes/ltx/mixed\n");
-  run_graph();
-  if (!small) {
-    run_huge(0);
-    run_huge(1);
-  }
-linear:
-  /* [linear]: every dtype and act, with and without bias and aux; odd N and K (4095, 1000: no
-     16-byte rows, cuBLASLt's unaligned kernels and fusedk's fallbacks), padded rows, a base off by
-     one element, one row, one column, K = 0 (y = act(bias)), M = 0, a 1-row 2-d x */
-  for (int si = 0; si < 3; ++si) {
-    n_before = failures;
-    for (int act = FUSEDK_ACT_GELU; act <= FUSEDK_ACT_NONE; ++act) {
-      run_linear(S[si], 2, 33, 96, 64, act, 1, 1, 0, 0, 0);
-      run_linear(S[si], 1, 7, 72, 40, act, 0, act % 2, 0, 3, 1);
-      if (!small) run_linear(S[si], 1, 17, 4095, 1000, act, 1, 1, 0, 0, 0);
-    }
-    run_linear(S[si], 1, 9, 1000, 4095, FUSEDK_ACT_GELU_TANH, 1, 1, 0, 0, 0); /* K = 4095: dx, dw rows unaligned */
-    run_linear(S[si], 1, 1, 1, 1, FUSEDK_ACT_RELU, 1, 1, 0, 0, 0);
-    run_linear(S[si], 3, 5, 8, 0, FUSEDK_ACT_GELU_TANH, 1, 1, 0, 0, 0);
-    run_linear(S[si], 1, 1, 512, 256, FUSEDK_ACT_SILU, 1, 0, 0, 0, 0);
-    run_linear(S[si], 2, 300, 256, 128, FUSEDK_ACT_GELU_TANH, 1, 0, 0, 8, 0);
-    if (!small) run_linear(S[si], 2, 128, 1152, 1152, FUSEDK_ACT_GELU_TANH, 1, 1, 0, 0, 0);
-    if (S[si] == FUSEDK_F32) {
-      run_linear(S[si], 2, 33, 96, 64, FUSEDK_ACT_RELU, 1, 1, 1, 0, 0);
-      if (!small) run_linear(S[si], 1, 17, 4095, 1000, FUSEDK_ACT_GELU_TANH, 1, 1, 1, 0, 0);
-    }
-    if (failures == n_before) printf("ok   %s linear, linear_backward (5 acts, bias, aux, odd N/K, strided, misaligned)\n", sname(S[si]));
-  }
-  run_linear(FUSEDK_BF16, 0, 4, 16, 8, FUSEDK_ACT_GELU, 1, 1, 0, 0, 0); /* M = 0: dw, db zero */
-  { /* N = 0 with a db that has data: dx is zero, nothing else to write */
-    const int64_t xs[2] = {4, 8}, ws[2] = {0, 8}, ys[2] = {4, 0}, zs[1] = {0};
-    buf_t x = mk(FUSEDK_F32, 2, xs, 0, 0, 0, 1.0, 0.0), dx = mk(FUSEDK_F32, 2, xs, 0, 0, 0, 0.0, 0.0);
-    buf_t w = mk(FUSEDK_F32, 2, ws, 0, 1, 0, 0.0, 0.0), dy = mk(FUSEDK_F32, 2, ys, 0, 1, 0, 0.0, 0.0);
-    buf_t db = mk(FUSEDK_F32, 1, zs, 0, 1, 0, 0.0, 0.0); /* shift 1: a real, non-NULL pointer */
-    poison(&dx);
-    fusedk_status sg = fusedk_linear_backward(&dx.td, NULL, &db.td, &dy.td, &x.td, &w.td, NULL, FUSEDK_ACT_NONE, 0, NULL);
-    float h[32];
-    CK(cudaMemcpy(h, dx.d, sizeof h, cudaMemcpyDeviceToHost));
-    int zero = 1;
-    for (int i = 0; i < 32; ++i) zero = zero && h[i] == 0.0f;
-    ++checks;
-    if (sg || !zero) printf("FAIL linear_backward N = 0: %s, dx zero %d\n", fusedk_status_name(sg), zero), ++failures;
-    drop(&x), drop(&dx), drop(&w), drop(&dy), drop(&db);
-  }
-  n_before = failures;
-  run_linear_graph();
-  if (failures == n_before) printf("ok   linear: CUDA-graph capture on a fresh stream, fusedk_shutdown\n");
-  if (!small) {
-    n_before = failures;
-    run_linear_tuned("2");
-    run_linear_tuned("3");
-    if (failures == n_before) printf("ok   linear: FUSEDK_LINEAR_TUNE=2 and 3's picks, none, relu, gelu_tanh + aux\n");
-  }
-done:
   fusedk_shutdown(); /* what the linear ops keep: released, so a leak check sees none */
+  if (!unit) printf("%d units in %.1f s\n", n, now_s() - t0);
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures ? 1 : 0;
 }

@@ -101,7 +101,7 @@ if [ $sanitize = 1 ]; then  # every GPU op's small cases under each compute-sani
   for tool in memcheck racecheck initcheck synccheck; do
     extra=""
     [ $tool = memcheck ] && extra="--leak-check full"
-    FUSEDK_TEST_SMALL=1 timeout ${SANITIZE_TIMEOUT:-900} compute-sanitizer --tool $tool $extra --error-exitcode 9 \
+    FUSEDK_TEST_SMALL=1 FUSEDK_TEST_JOBS=1 timeout ${SANITIZE_TIMEOUT:-900} compute-sanitizer --tool $tool $extra --error-exitcode 9 \
       build-gpu/tests/test_gpu >"$OUT/sanitize-$tool.txt" 2>&1
     rc=$?
     summary+=("sanitize $tool rc=$rc: $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/sanitize-$tool.txt") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.txt" | tr '\n' ' ')")
