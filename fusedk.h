@@ -55,6 +55,9 @@
      fusedk_linear       y = act(x w^T + bias) through cuBLASLt's epilogues (aux_out = x w^T + bias)
      fusedk_linear_backward   dx, dw, db of it (dz = dy * act'(aux)), each optional
 
+     fusedk_attention    softmax(q k^T * scale) v over [B,S,H,Dh] views: GQA, causal (bottom-right),
+                         per-sample kv_len, lse; CPU reference (the GPU kernel is in progress)
+
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
      be passed as (const fusedk_tensor *). Strides are in elements, NULL = compact row-major.
@@ -85,10 +88,11 @@
      declarations     [api] types, statuses, tensors   [dlpack] memory and streams
                       [norm] the normalization ops     [elementwise] activations, fused residuals
                       [position] rope, its tables, qk_norm_rope   [sampler] diffusion_step
-                      [linear] linear, linear_backward (cuBLASLt)
+                      [linear] linear, linear_backward (cuBLASLt)   [attention] attention
                       [registry] every op's arguments as data, output shapes
      implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
-                      [sampler] [position] [linear] (CPU references and entry points) [dlpack] [info]
+                      [sampler] [position] [linear] [attention] (CPU references and entry points)
+                      [dlpack] [info]
      GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [norm]
                       [elementwise] (with [sampler]) [position] [linear] [entry]
 
@@ -179,7 +183,8 @@ typedef enum fusedk_dtype_code {
 typedef enum fusedk_scalar {
   FUSEDK_F32 = 0,
   FUSEDK_F16 = 1,
-  FUSEDK_BF16 = 2
+  FUSEDK_BF16 = 2,
+  FUSEDK_I32 = 3 /* int32: index arguments (attention's kv_len), never computed on */
 } fusedk_scalar;
 
 /* Normalization kind (adaln). */
@@ -459,6 +464,21 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
    workspace and scratch are gone); later calls make them again. */
 FUSEDK_DEF void fusedk_shutdown(void);
 
+/* ---- [attention] softmax attention in one pass over the keys (flash attention) ----
+   out[b, i, h] = sum_j p_ij v[b, j, h / G],  p_ij = softmax over j of scale * q[b, i, h] . k[b, j, h / G]
+   q [B, Sq, Hq, Dh]; k, v [B, Sk, Hkv, Dh] with Hq = G * Hkv (GQA, MQA); out like q. Any strides
+   but a contiguous last dim: [B, S, H, D] tensors, [B, H, S, D] ones through a transposed view,
+   q, k, v as views of one packed projection (qk_norm_rope's outputs in either layout). scale 0:
+   1/sqrt(Dh). causal: query i sees the keys j <= i + Sk - Sq (aligned bottom-right, as
+   FlashAttention). kv_len (int32 [B], optional): the keys j >= kv_len[b] are masked (padded text
+   tokens); values outside [0, Sk] clamp. lse (float32 [B, Hq, Sq], optional): the natural log of
+   each row's sum of exp(scores), what sequence-parallel and ring attention merge partial results
+   by. A row whose keys are all masked: out 0, lse -inf. CPU: every dtype, double accumulation,
+   one rounding; GPU: f16/bf16. */
+FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
+                                          const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
+                                          float scale, int32_t causal, struct CUstream_st *stream);
+
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
    fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
@@ -484,9 +504,10 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_DIFFUSION_STEP = 14,
   FUSEDK_OP_QK_NORM_ROPE = 15,
   FUSEDK_OP_LINEAR = 16,
-  FUSEDK_OP_LINEAR_BACKWARD = 17
+  FUSEDK_OP_LINEAR_BACKWARD = 17,
+  FUSEDK_OP_ATTENTION = 18
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 18
+#define FUSEDK_OP_COUNT 19
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -693,6 +714,19 @@ fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* attention: q [B, Sq, Hq, Dh], k, v [B, Sk, Hkv, Dh], out like q, as element strides over
+   (b, s, h); lse [B, Hq, Sq] float32 (p == NULL: not asked for); kv_len int32 [B] or NULL. */
+typedef struct fusedk__attn_args {
+  int32_t scalar, causal;
+  float scale;
+  int64_t B, Sq, Sk, Hq, Hkv, Dh;
+  struct { const void *p; int64_t sb, ss, sh; } q, k, v;
+  struct { void *p; int64_t sb, ss, sh; } out;
+  struct { float *p; int64_t sb, sh, ss; } lse;
+  const int32_t *kv_len;
+  int64_t kv_stride;
+} fusedk__attn_args;
+
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream);
 fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
@@ -841,8 +875,8 @@ FUSEDK_DEF void fusedk_shutdown(void) { fusedk__cuda_shutdown(); }
 
 FUSEDK_DEF fusedk_dtype fusedk_dtype_of(fusedk_scalar s) {
   fusedk_dtype d;
-  d.code = (uint8_t)(s == FUSEDK_BF16 ? FUSEDK_DTYPE_BFLOAT : FUSEDK_DTYPE_FLOAT);
-  d.bits = (uint8_t)(s == FUSEDK_F32 ? 32 : 16);
+  d.code = (uint8_t)(s == FUSEDK_BF16 ? FUSEDK_DTYPE_BFLOAT : s == FUSEDK_I32 ? FUSEDK_DTYPE_INT : FUSEDK_DTYPE_FLOAT);
+  d.bits = (uint8_t)(s == FUSEDK_F32 || s == FUSEDK_I32 ? 32 : 16);
   d.lanes = 1;
   return d;
 }
@@ -873,6 +907,7 @@ static int fusedk__scalar_of(fusedk_dtype d) {
   if (d.code == FUSEDK_DTYPE_FLOAT && d.bits == 32) return FUSEDK_F32;
   if (d.code == FUSEDK_DTYPE_FLOAT && d.bits == 16) return FUSEDK_F16;
   if (d.code == FUSEDK_DTYPE_BFLOAT && d.bits == 16) return FUSEDK_BF16;
+  if (d.code == FUSEDK_DTYPE_INT && d.bits == 32) return FUSEDK_I32;
   return -1;
 }
 
@@ -887,9 +922,9 @@ static const char *fusedk__dtype_str(fusedk_dtype d, char *buf, size_t n) {
   return buf;
 }
 
-static size_t fusedk__scalar_size(int s) { return s == FUSEDK_F32 ? 4 : 2; }
+static size_t fusedk__scalar_size(int s) { return s == FUSEDK_F32 || s == FUSEDK_I32 ? 4 : 2; }
 static const char *fusedk__scalar_name(int s) {
-  return s == FUSEDK_F32 ? "float32" : s == FUSEDK_F16 ? "float16" : "bfloat16";
+  return s == FUSEDK_F32 ? "float32" : s == FUSEDK_F16 ? "float16" : s == FUSEDK_BF16 ? "bfloat16" : "int32";
 }
 
 static int fusedk__is_gpu(int32_t device_type) {
@@ -934,10 +969,11 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
                         FUSEDK_MAX_DIMS);
   if (!t->shape) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s has a NULL shape", c->op, name);
   int s = fusedk__scalar_of(t->dtype);
-  if (s < 0) {
+  if (s < 0 || (s == FUSEDK_I32) != (fixed == FUSEDK_I32)) {
     char dt[48];
-    return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected float32, float16 or bfloat16", c->op, name,
-                        fusedk__dtype_str(t->dtype, dt, sizeof dt));
+    return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s", c->op, name,
+                        fusedk__dtype_str(t->dtype, dt, sizeof dt),
+                        fixed == FUSEDK_I32 ? "int32" : fixed == FUSEDK_F32 ? "float32" : "float32, float16 or bfloat16");
   }
   if (fixed >= 0 && s != fixed) {
     return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s", c->op, name, fusedk__scalar_name(s),
@@ -1113,6 +1149,12 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
       FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("aux", FUSEDK_ROLE_OWN)},
      {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("want_dx", 1),
       FUSEDK__I32("want_dw", 1), FUSEDK__I32("want_db", 1)}},
+    /* [attention]: lse exists when want_lse asks */
+    {"attention", 6, 3, 4,
+     {FUSEDK__OWN_OUT("out", 2, -1), {"lse", FUSEDK_ARG_OUT_OPT, 2, -2 - 2, FUSEDK_ROLE_OWN, FUSEDK_F32},
+      FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
+      {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
+     {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2237,6 +2279,113 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
   return fusedk__linear_run(&a, &s.c, stream);
 }
 
+/* --- [attention] CPU reference and entry point ---------------------------------------------- */
+
+/* How many keys row i of batch b sees: those before kv_len[b] (clamped to [0, Sk]) and, causal,
+   those up to i + Sk - Sq */
+static int64_t fusedk__attn_keys(const fusedk__attn_args *a, int64_t b, int64_t i) {
+  int64_t n = a->Sk;
+  if (a->kv_len) {
+    const int64_t kv = a->kv_len[b * a->kv_stride];
+    n = kv < 0 ? 0 : kv < n ? kv : n;
+  }
+  if (a->causal && i + a->Sk - a->Sq + 1 < n) n = i + a->Sk - a->Sq + 1 < 0 ? 0 : i + a->Sk - a->Sq + 1;
+  return n;
+}
+
+/* Per (b, h, i): the row's scores in double, their max, the sum of their exps and the weighted
+   sum of v, then one rounding. NaN scores propagate (the max skips them; their exps do not). */
+static int fusedk__attention_cpu(const fusedk__attn_args *a) {
+  const int64_t G = a->Hq / a->Hkv, D = a->Dh;
+  double *s = (double *)malloc((size_t)(a->Sk ? a->Sk : 1) * sizeof *s);
+  double *qi = (double *)malloc((size_t)(2 * D) * sizeof *qi), *acc = qi ? qi + D : NULL;
+  if (!s || !qi) return free(s), free(qi), 1;
+  for (int64_t b = 0; b < a->B; ++b)
+    for (int64_t h = 0; h < a->Hq; ++h)
+      for (int64_t i = 0; i < a->Sq; ++i) {
+        const int64_t n = fusedk__attn_keys(a, b, i), hk = h / G;
+        const int64_t qo = b * a->q.sb + i * a->q.ss + h * a->q.sh, oo = b * a->out.sb + i * a->out.ss + h * a->out.sh;
+        double m = -HUGE_VAL, l = 0.0;
+        for (int64_t d = 0; d < D; ++d) qi[d] = fusedk__load(a->q.p, qo + d, a->scalar), acc[d] = 0.0;
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t ko = b * a->k.sb + j * a->k.ss + hk * a->k.sh;
+          double dot = 0.0;
+          for (int64_t d = 0; d < D; ++d) dot += qi[d] * fusedk__load(a->k.p, ko + d, a->scalar);
+          s[j] = (double)a->scale * dot;
+          if (s[j] > m) m = s[j];
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t vo = b * a->v.sb + j * a->v.ss + hk * a->v.sh;
+          const double p = exp(s[j] - m);
+          l += p;
+          for (int64_t d = 0; d < D; ++d) acc[d] += p * fusedk__load(a->v.p, vo + d, a->scalar);
+        }
+        for (int64_t d = 0; d < D; ++d) fusedk__store(a->out.p, oo + d, n ? acc[d] / l : 0.0, a->scalar);
+        if (a->lse.p) a->lse.p[b * a->lse.sb + h * a->lse.sh + i * a->lse.ss] = n ? (float)(m + log(l)) : -HUGE_VALF;
+      }
+  free(s), free(qi);
+  return 0;
+}
+
+/* a [B, S, H, D] argument's strides over (b, s, h) */
+#define FUSEDK__BSH(dst, t) ((dst).sb = fusedk__stride(t, 0), (dst).ss = fusedk__stride(t, 1), (dst).sh = fusedk__stride(t, 2))
+
+FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
+                                          const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
+                                          float scale, int32_t causal, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {out, lse, q, k, v, kv_len};
+  const char *op = "attention";
+  char shp[160];
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_ATTENTION], t, &s);
+  if (st) return st;
+  if (causal != 0 && causal != 1)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: causal is %d, expected 0 or 1", op, (int)causal);
+  if (!(scale > -HUGE_VALF && scale < HUGE_VALF))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: scale is %g, expected a finite number (0: 1/sqrt(Dh))", op,
+                        (double)scale);
+  const int64_t B = q->shape[0], Sq = q->shape[1], Hq = q->shape[2], Dh = q->shape[3];
+  if (k->ndim != 4 || k->shape[0] != B || k->shape[3] != Dh)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: k has shape %s, expected [B, Sk, Hkv, Dh] with q's B and Dh (%lld, "
+                        "%lld)", op, fusedk__shape_str(k, shp, sizeof shp), (long long)B, (long long)Dh);
+  if (k->shape[2] < 1 || Hq % k->shape[2])
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: k has %lld heads, expected a divisor of q's %lld (Hq a multiple of "
+                        "Hkv: GQA, MQA)", op, (long long)k->shape[2], (long long)Hq);
+  const int64_t ls[3] = {B, Hq, Sq};
+  if ((st = fusedk__check_shape(&s.c, v, "v", 4, k->shape, "same as k")) ||
+      (st = fusedk__check_shape(&s.c, out, "out", 4, q->shape, "same as q")) ||
+      (lse && (st = fusedk__check_shape(&s.c, lse, "lse", 3, ls, "[B, Hq, Sq] of q"))) ||
+      (kv_len && (st = fusedk__check_shape(&s.c, kv_len, "kv_len", 1, &B, "[B] (q's first dim)"))))
+    return st;
+  const fusedk_tensor *ins[] = {q, k, v, kv_len};
+  const char *names[] = {"q", "k", "v", "kv_len"};
+  for (int i = 0; i < 4; ++i)
+    if ((st = fusedk__check_disjoint(&s.c, out, "out", ins[i], names[i])) ||
+        (st = fusedk__check_disjoint(&s.c, lse, "lse", ins[i], names[i])))
+      return st;
+  if ((st = fusedk__check_disjoint(&s.c, out, "out", lse, "lse"))) return st;
+  fusedk__attn_args a;
+  memset(&a, 0, sizeof a);
+  a.scalar = s.c.scalar, a.causal = causal;
+  a.scale = scale != 0.0f ? scale : (float)(1.0 / sqrt((double)Dh)); /* the float32 both paths use */
+  a.B = B, a.Sq = Sq, a.Sk = k->shape[1], a.Hq = Hq, a.Hkv = k->shape[2], a.Dh = Dh;
+  a.q.p = fusedk__base(q), a.k.p = fusedk__base(k), a.v.p = fusedk__base(v), a.out.p = fusedk__base(out);
+  FUSEDK__BSH(a.q, q), FUSEDK__BSH(a.k, k), FUSEDK__BSH(a.v, v), FUSEDK__BSH(a.out, out);
+  if (lse)
+    a.lse.p = (float *)fusedk__base(lse), a.lse.sb = fusedk__stride(lse, 0), a.lse.sh = fusedk__stride(lse, 1),
+    a.lse.ss = fusedk__stride(lse, 2);
+  if (kv_len) a.kv_len = (const int32_t *)fusedk__base(kv_len), a.kv_stride = fusedk__stride(kv_len, 0);
+  if (B * Sq * Hq == 0) return FUSEDK_OK;
+  (void)stream; /* the GPU kernel takes it */
+  if (fusedk__is_gpu(s.c.dev.device_type))
+    return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q is on a CUDA device; the GPU kernel is not built yet (CPU "
+                        "tensors run the reference)", op);
+  return fusedk__attention_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's "
+                                                  "buffers", op)
+                                   : FUSEDK_OK;
+}
+#undef FUSEDK__BSH
+
 /* --- [registry] lookup, output shapes and the generic call ------------------------------- */
 
 /* The integer attributes of a registry call: cast to int only what is one. */
@@ -2272,6 +2421,14 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
                            "FUSEDK_LAYOUT_BSHD (1)", o->name, a[3]);
     if (a[3] == FUSEDK_LAYOUT_BHSD) shape[1] = like->shape[2], shape[2] = like->shape[1];
     return 4;
+  }
+  if (id == FUSEDK_OP_ATTENTION) { /* out: q's shape; lse: [B, Hq, Sq] */
+    char shp[160];
+    if (nd != 4)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q has shape %s, expected [B, Sq, Hq, Dh]", o->name,
+                           fusedk__shape_str(like, shp, sizeof shp));
+    if (i == 1) shape[0] = like->shape[0], shape[1] = like->shape[2], shape[2] = like->shape[1], nd = 3;
+    return nd;
   }
   if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD) { /* y, aux_out: x's rows of N; db: [N] */
     const fusedk_tensor *w = t[id == FUSEDK_OP_LINEAR ? 3 : 5];
@@ -2367,6 +2524,8 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
                                  (fusedk_qk_norm)(int)a[1], (fusedk_rope_style)(int)a[2], (fusedk_layout)(int)a[3],
                                  (int32_t)a[4], s);
     case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_ATTENTION:
+      return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_LINEAR_BACKWARD:
       return fusedk_linear_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0],
                                     (int32_t)a[1], s);

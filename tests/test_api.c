@@ -247,7 +247,7 @@ static void registry_cases(void) {
   const char *names[FUSEDK_OP_COUNT] = {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
                                         "silu_fma", "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d",
                                         "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step",
-                                        "qk_norm_rope", "linear", "linear_backward"};
+                                        "qk_norm_rope", "linear", "linear_backward", "attention"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -260,8 +260,10 @@ static void registry_cases(void) {
                                                                      t->when == t->like))),
              "%s: output %s copies an input that exists whenever it does", o->name, t->name);
       EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32 ||
-                 (t->scalar == -2 && t->kind == FUSEDK_ARG_IN && t->role == FUSEDK_ROLE_SAMPLE),
-             "%s: %s has the call's dtype, float32, or (a per-sample input) either", o->name, t->name);
+                 (t->scalar == -2 && t->kind == FUSEDK_ARG_IN && t->role == FUSEDK_ROLE_SAMPLE) ||
+                 (t->scalar == FUSEDK_I32 && t->kind <= FUSEDK_ARG_IN_OPT && t->role == FUSEDK_ROLE_OWN),
+             "%s: %s has the call's dtype, float32, (a per-sample input) either, or (an index input) int32",
+             o->name, t->name);
       EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT) ||
                  (t->when <= -2 && -2 - t->when < o->n_attrs),
              "%s: optional output %s depends on an optional input or an attribute", o->name, t->name);
@@ -424,6 +426,84 @@ static void fuzz_findings(void) {
          fusedk_status_name(st), fusedk_failure_reason(), (double)y[0], (double)y[15]);
 }
 
+/* attention: a bad value for every argument (status, reason naming it, out and lse untouched);
+   what the reference gives where it is known exactly: q = 0 averages v over the keys a row sees
+   (causal: the first i + 1 with Sq = Sk; kv_len: the first kv_len[b]); a row that sees none: 0,
+   lse -inf; lse = log(keys seen) */
+static void attention_cases(void) {
+  enum { AB = 2, AS = 4, AH = 2, AD = 4, AN = AB * AS * AH * AD };
+  static float q[AN], k[AN], v[AN], o[AN], lse[AB * AH * AS];
+  int64_t qs[4] = {AB, AS, AH, AD}, ks1[4] = {AB, AS, 1, AD}, ls[3] = {AB, AH, AS}, bs[1] = {AB};
+  int64_t bad_b[4] = {1, AS, AH, AD}, bad_h[4] = {AB, AS, 3, AD}, bad_l[3] = {AB, AS, AH};
+  int32_t kvl[AB] = {3, 0};
+  float kvl_f[AB] = {3, 0};
+  for (int i = 0; i < AN; ++i) q[i] = 0.0f, k[i] = (float)sin(i + 0.5), v[i] = (float)(i % 7) - 3.0f;
+  fusedk_tensor tq = fusedk_tensor_cpu(q, FUSEDK_F32, 4, qs), tk = fusedk_tensor_cpu(k, FUSEDK_F32, 4, qs);
+  fusedk_tensor tv = fusedk_tensor_cpu(v, FUSEDK_F32, 4, qs), to = fusedk_tensor_cpu(o, FUSEDK_F32, 4, qs);
+  fusedk_tensor tl = fusedk_tensor_cpu(lse, FUSEDK_F32, 3, ls), tn = fusedk_tensor_cpu(kvl, FUSEDK_I32, 1, bs);
+  fusedk_tensor tnf = fusedk_tensor_cpu(kvl_f, FUSEDK_F32, 1, bs), tk1 = fusedk_tensor_cpu(k, FUSEDK_F32, 4, ks1);
+  fusedk_tensor tkb = fusedk_tensor_cpu(k, FUSEDK_F32, 4, bad_b), tkh = fusedk_tensor_cpu(k, FUSEDK_F32, 4, bad_h);
+  fusedk_tensor tlb = fusedk_tensor_cpu(lse, FUSEDK_F32, 3, bad_l), tv16 = tv, tq3 = tq;
+  tv16.dtype = fusedk_dtype_of(FUSEDK_F16), tq3.ndim = 3;
+  struct {
+    const fusedk_tensor *out, *lse, *q, *k, *v, *kv_len;
+    float scale;
+    int causal;
+    fusedk_status want;
+    const char *says;
+  } bad[] = {
+      {NULL, &tl, &tq, &tk, &tv, NULL, 0, 0, FUSEDK_ERR_INVALID_ARGUMENT, "out is NULL"},
+      {&to, &tl, NULL, &tk, &tv, NULL, 0, 0, FUSEDK_ERR_INVALID_ARGUMENT, "q is NULL"},
+      {&to, &tl, &tq, NULL, &tv, NULL, 0, 0, FUSEDK_ERR_INVALID_ARGUMENT, "k is NULL"},
+      {&to, &tl, &tq, &tk, NULL, NULL, 0, 0, FUSEDK_ERR_INVALID_ARGUMENT, "v is NULL"},
+      {&to, &tl, &tq3, &tk, &tv, NULL, 0, 0, FUSEDK_ERR_SHAPE, "q has ndim 3, expected 4"},
+      {&to, &tl, &tq, &tkb, &tv, NULL, 0, 0, FUSEDK_ERR_SHAPE, "k has shape [1, 4, 2, 4], expected [B, Sk, Hkv, Dh]"},
+      {&to, &tl, &tq, &tkh, &tv, NULL, 0, 0, FUSEDK_ERR_SHAPE, "k has 3 heads, expected a divisor of q's 2"},
+      {&to, &tl, &tq, &tk1, &tv, NULL, 0, 0, FUSEDK_ERR_SHAPE, "v has shape [2, 4, 2, 4], expected [2, 4, 1, 4]"},
+      {&to, &tl, &tq, &tk, &tv16, NULL, 0, 0, FUSEDK_ERR_DTYPE, "v has dtype float16, expected float32"},
+      {&to, &tlb, &tq, &tk, &tv, NULL, 0, 0, FUSEDK_ERR_SHAPE, "lse has shape [2, 4, 2], expected [2, 2, 4]"},
+      {&to, &tl, &tq, &tk, &tv, &tnf, 0, 0, FUSEDK_ERR_DTYPE, "kv_len has dtype float32, expected int32"},
+      {&to, &tl, &tq, &tk, &tv, NULL, NAN, 0, FUSEDK_ERR_INVALID_ARGUMENT, "scale is nan, expected a finite"},
+      {&to, &tl, &tq, &tk, &tv, NULL, 0, 2, FUSEDK_ERR_INVALID_ARGUMENT, "causal is 2, expected 0 or 1"},
+      {&tq, &tl, &tq, &tk, &tv, NULL, 0, 0, FUSEDK_ERR_LAYOUT, "out overlaps q"},
+      {&tn, &tl, &tq, &tk, &tv, NULL, 0, 0, FUSEDK_ERR_DTYPE, "out has dtype int32, expected float32"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    for (int j = 0; j < AN; ++j) o[j] = SENTINEL;
+    for (int j = 0; j < AB * AH * AS; ++j) lse[j] = SENTINEL;
+    const fusedk_status st = fusedk_attention(bad[i].out, bad[i].lse, bad[i].q, bad[i].k, bad[i].v, bad[i].kv_len,
+                                              bad[i].scale, bad[i].causal, NULL);
+    int clean = 1;
+    for (int j = 0; j < AN; ++j) clean = clean && (o[j] == SENTINEL || bad[i].out == &tq);
+    for (int j = 0; j < AB * AH * AS; ++j) clean = clean && lse[j] == SENTINEL;
+    EXPECT(st == bad[i].want && clean && strstr(fusedk_failure_reason(), "attention: ") &&
+               strstr(fusedk_failure_reason(), bad[i].says),
+           "attention case %zu: %s, want %s (%s), outputs untouched %d", i, fusedk_status_name(st),
+           fusedk_status_name(bad[i].want), fusedk_failure_reason(), clean);
+  }
+  for (int i = 0; i < AN; ++i) q[i] = 0.0f;
+  /* q = 0: every score 0, out = the mean of the v rows a row sees, lse = log(their count) */
+  for (int causal = 0; causal < 2; ++causal)
+    for (int with_len = 0; with_len < 2; ++with_len) {
+      fusedk_status st = fusedk_attention(&to, &tl, &tq, &tk, &tv, with_len ? &tn : NULL, 0.5f, causal, NULL);
+      int ok = st == FUSEDK_OK;
+      for (int b = 0; b < AB; ++b)
+        for (int i = 0; i < AS; ++i)
+          for (int h = 0; h < AH; ++h) {
+            int n = causal ? i + 1 : AS;
+            if (with_len && kvl[b] < n) n = kvl[b];
+            const float want_lse = n ? (float)log((double)n) : -INFINITY;
+            ok = ok && lse[(b * AH + h) * AS + i] == want_lse;
+            for (int d = 0; d < AD; ++d) {
+              double m = 0.0;
+              for (int j = 0; j < n; ++j) m += v[((b * AS + j) * AH + h) * AD + d];
+              ok = ok && fabs(o[((b * AS + i) * AH + h) * AD + d] - (n ? m / n : 0.0)) <= 1e-6;
+            }
+          }
+      EXPECT(ok, "attention q = 0, causal %d, kv_len %d: %s", causal, with_len, fusedk_status_name(st));
+    }
+}
+
 int main(void) {
   for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
   for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
@@ -440,6 +520,7 @@ int main(void) {
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
   registry_cases();
+  attention_cases();
   empty_and_dtype_cases();
   fuzz_findings();
   printf("%d passed, %d failed\n", checks - failures, failures);

@@ -116,7 +116,7 @@ static const double EDGE[] = {0.0, -1.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 1e-6
 static void make_tensor(bytes *b, fusedk_tensor *x, int nd, int64_t *shape, int64_t *strides, int fixed,
                         int scalar) {
   *x = fusedk_tensor_cpu(NULL, FUSEDK_F32, nd, shape);
-  x->dtype = dtype_of(b, fixed == FUSEDK_F32 ? FUSEDK_F32 : scalar);
+  x->dtype = dtype_of(b, fixed >= 0 ? fixed : scalar);
   const unsigned dv = u8(b);
   if (dv >= 240) x->device.device_type = (int32_t[]){FUSEDK_DEVICE_CUDA, FUSEDK_DEVICE_CUDA_HOST, 7, 13}[dv % 4];
   if (dv == 239) x->device.device_id = 1;

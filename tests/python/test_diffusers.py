@@ -23,7 +23,7 @@ for _name in ("flux", "ltx", "mochi", "wan"):
         continue
     MODELS[_name] = _mod
 
-_CUDA = torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"]["devices"])
+_CUDA = torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"].get("devices"))
 DEVICES = ["cpu"] + (["cuda"] if _CUDA else [])
 
 

@@ -39,6 +39,8 @@ VALID = {
                               f32(S, DH // 2), f32(S, DH // 2), f32(DH), f32(DH)], ()),
     "linear": lambda: ([None, None, f32(3, D), f32(5, D), f32(5)], ()),
     "linear_backward": lambda: ([None, None, None, f32(3, 5), f32(3, D), f32(5, D), None], ()),
+    "attention": lambda: ([None, None, f32(B, S, H, DH), f32(B, L, 1, DH), f32(B, L, 1, DH), np.full(B, 2, np.int32)],
+                          ()),
 }
 
 
@@ -67,7 +69,8 @@ def test_non_native_byte_order_is_refused_in_every_position(name):
         bad = list(args)
         out = i not in o.inputs
         bad[i] = swapped(a, 7.0) if out else swapped(a)
-        with pytest.raises(fusedk.DTypeError, match=rf"^{name}: {o.tensors[i][0]} has dtype >f4 \(big-endian\), "
+        with pytest.raises(fusedk.DTypeError, match=rf"^{name}: {o.tensors[i][0]} has dtype >{bad[i].dtype.str[1:]} "
+                           r"\(big-endian\), "
                            r"expected the machine's byte order"):
             _core.call(o.id, bad[o.inputs[0]], tuple(bad), attrs)
         if out:

@@ -137,7 +137,7 @@ def test_fusedk_functions_route_jax_arrays_here():
     assert fk.__all__ == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
                               "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
-                          "linear_backward"]
+                          "linear_backward", "attention"]
 
 
 def test_every_registry_op_has_a_target():
@@ -174,6 +174,10 @@ def test_every_registry_op_has_a_target():
             want = (2, 3, 5)
         elif o.name == "linear_backward":  # dx, dw and db by default
             ins = dict(dy=np.ones((2, 3, 5), np.float32), x=ins["x"], w=np.ones((5, D), np.float32))
+        elif o.name == "attention":  # q [2, 3, 4, D], k and v [2, 5, 2, D], kv_len int32
+            ins = dict(q=np.ones((2, 3, 4, D), np.float32), k=np.ones((2, 5, 2, D), np.float32),
+                       v=np.ones((2, 5, 2, D), np.float32), kv_len=np.array([5, 2], np.int32))
+            want = (2, 3, 4, D)
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
         if o.name == "linear_backward":
             assert [t.shape for t in out] == [(2, 3, D), (5, D), (5,)], o.name
@@ -344,7 +348,7 @@ try:
     GPU = jax.devices("gpu")[0]
 except RuntimeError:
     GPU = None
-needs_gpu = pytest.mark.skipif(GPU is None or not fusedk.kernel_info()["cuda"]["devices"],
+needs_gpu = pytest.mark.skipif(GPU is None or not fusedk.kernel_info()["cuda"].get("devices"),
                                reason="no jax GPU backend, or no CUDA device for fusedk")
 
 

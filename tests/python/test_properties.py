@@ -111,12 +111,13 @@ def on_devices(args):
     return out
 
 
-def run(dt, swap, fn, args, want, check=None, gpu_check=None, aux=None):
+def run(dt, swap, fn, args, want, check=None, gpu_check=None, aux=None, devices=True):
     """fn(*args) against want() (the float64 oracle: a result or a tuple), each output i of dtype
-    dt within check(got, want, i) (default: one ulp of dt, aux its extra terms); with argument
+    dt (or dt[i]) within check(got, want, i) (default: one ulp of dt, aux its extra terms); with argument
     `swap` byte-swapped a DTypeError instead, naming a big- or little-endian dtype. With a GPU, fn
     on each framework's copy of args too, against the NumPy path's result within
-    gpu_check(got, ref, i, framework) (default: one GPU ulp, oracle.assert_close_gpu)."""
+    gpu_check(got, ref, i, framework) (default: one GPU ulp, oracle.assert_close_gpu); devices=False:
+    the NumPy path alone (an op without its GPU kernel yet)."""
     if swap < len(args) and swappable(args[swap]):
         bad = list(args)
         bad[swap] = swapped(args[swap])
@@ -127,12 +128,12 @@ def run(dt, swap, fn, args, want, check=None, gpu_check=None, aux=None):
     check = check or (lambda got, want, i: assert_close(got, want, dt, aux, f"output {i}"))
     gpu_check = gpu_check or (lambda got, ref, i, fw: oracle.assert_close_gpu(got, ref, dt, aux, f"{fw} output {i}"))
     ref = want()  # before the calls: out= may be an input
-    devices = on_devices(args)
+    devices = on_devices(args) if devices else []
     got = results(fn(*args))
     for i, (g, w) in enumerate(zip(got, results(ref), strict=True)):
         assert (g is None) == (w is None)
         if g is not None:
-            assert g.shape == w.shape and g.dtype == dt, (i, g.shape, w.shape, g.dtype)
+            assert g.shape == w.shape and g.dtype == (dt[i] if isinstance(dt, tuple) else dt), (i, g.shape, g.dtype)
             check(g, w, i)
     event("NumPy: checked against the oracle")
     for fw, dargs, to_host in devices:
@@ -397,3 +398,35 @@ def test_linear_backward(dt, lead, N, K, act, wanted, padded, swap, seed):
         return
     run(dt, swap, lambda dy, x, w, aux: fusedk.linear_backward(dy, x, w, aux, act=act, **flags), (dy, x, w, aux),
         lambda: tuple(r if f else None for r, f in zip(want, wanted)), check, gpu_check)
+
+
+@SETTINGS
+@given(st.data())
+def test_attention(data):
+    """q [B, Sq, Hq, D] and k, v [B, Sk, Hkv, D] (GQA ratios 1 to 4, sizes 0 up), compact, as
+    transposed [B, H, S, D] views or as views of one packed qkv (Sq = Sk, Hq = Hkv); causal with
+    Sq != Sk both ways; kv_len from 0 past Sk; a scale or the default; out and lse against the
+    float64 oracle (test_attention.reference)"""
+    from test_attention import reference
+    d = data.draw
+    dt, B, Sq, Sk = d(st.sampled_from(DTYPES)), d(st.integers(0, 2)), d(st.integers(0, 9)), d(st.integers(0, 9))
+    Hkv, G, D = d(st.integers(1, 3)), d(st.integers(1, 4)), d(st.integers(1, 40) | st.sampled_from([64, 128]))
+    view, causal = d(st.sampled_from(["bshd", "bhsd", "packed"])), d(st.booleans())
+    swap = d(st.sampled_from([0, 1, 2, 9, 9, 9]))  # q, k or v (kv_len: any int array is converted)
+    kv_len = np.array([d(st.integers(0, Sk + 2)) for _ in range(B)], np.int32) if d(st.booleans()) else None
+    scale = d(st.none() | st.floats(0.01, 2.0))
+    rng = np.random.default_rng(d(st.integers(0, 2 ** 32 - 1)))
+    normal = lambda *shape: rng.standard_normal(shape).astype(dt)  # noqa: E731
+    if view == "packed":
+        qkv = normal(B, Sq, 3, Hkv, D + 3)[..., :D]
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    elif view == "bhsd":
+        q, k, v = (normal(B, H, S, D).transpose(0, 2, 1, 3) for H, S in ((G * Hkv, Sq), (Hkv, Sk), (Hkv, Sk)))
+    else:
+        q, k, v = normal(B, Sq, G * Hkv, D), normal(B, Sk, Hkv, D), normal(B, Sk, Hkv, D)
+    # the lse of rows that see no key is -inf on both sides; every finite entry within one ulp
+    check = lambda got, want, i: assert_close(got, want, dt if i == 0 else np.dtype(np.float32),  # noqa: E731
+                                              what=f"output {i}", atol=1e-6, nan_ok=False)
+    run((dt, np.dtype(np.float32)), swap, lambda q, k, v, n: fusedk.attention(q, k, v, scale=scale, causal=causal, kv_len=n,
+                                                      return_lse=True),
+        (q, k, v, kv_len), lambda: reference(q, k, v, scale, causal, kv_len), check=check, devices=False)

@@ -609,7 +609,7 @@ def _torch():
 def _cuda_ok():
     try:
         import torch
-        return torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"]["devices"])
+        return torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"].get("devices"))
     except ImportError:
         return False
 
@@ -896,7 +896,7 @@ def _jax_gpu():
         return None
 
 
-@pytest.mark.skipif(not (fusedk.kernel_info()["cuda"]["devices"] and _jax_gpu()),
+@pytest.mark.skipif(not (fusedk.kernel_info()["cuda"].get("devices") and _jax_gpu()),
                     reason="no jax GPU backend, or no CUDA device for fusedk")
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

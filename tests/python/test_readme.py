@@ -66,7 +66,7 @@ PY_BLOCKS = blocks("python")
 
 
 def _cuda_devices():
-    return bool(fusedk.kernel_info()["cuda"]["devices"])
+    return bool(fusedk.kernel_info()["cuda"].get("devices"))
 
 
 @pytest.mark.parametrize("i", range(len(PY_BLOCKS)))

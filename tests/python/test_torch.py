@@ -99,7 +99,7 @@ def test_fusedk_torch_matches_the_fast_path(dtype):
         assert len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b)), name
 
 
-_CUDA = torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"]["devices"])
+_CUDA = torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"].get("devices"))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _CUDA, reason="no CUDA"))])

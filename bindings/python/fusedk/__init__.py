@@ -16,7 +16,8 @@ from ._core import (DeviceError, DTypeError, Error, InvalidArgumentError, Layout
 __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "DTypeError", "DeviceError",
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
-           "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "kernel_info",
+           "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "attention",
+           "kernel_info",
            "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
@@ -31,6 +32,7 @@ _ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.li
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_MIXED, _core.lib.FUSEDK_OP_DIFFUSION_STEP)
 _QKNR = _core.lib.FUSEDK_OP_QK_NORM_ROPE
 _LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BACKWARD
+_ATTENTION = _core.lib.FUSEDK_OP_ATTENTION
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
 _LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOUT_BSHD}
@@ -245,3 +247,21 @@ def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, t
     r = _call(_LINEAR_BWD, dy, (None, None, None, dy, x, w, aux), (a, 1 if tf32 else 0, 1 if dx else 0,
                                                                    1 if dw else 0, 1 if db else 0), stream)
     return _core.spread(r, (dx, dw, db))
+
+
+# --- [attention] ------------------------------------------------------------------------------
+def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, out=None, lse_out=None, stream=None):
+    """softmax(q @ k.T * scale) @ v per head: q [B, Sq, Hq, Dh], k and v [B, Sk, Hkv, Dh] (Hq a
+    multiple of Hkv: GQA, MQA), any strides but a contiguous last dim ([B, H, S, D] tensors
+    through .transpose(1, 2), views of one packed qkv); out [B, Sq, Hq, Dh]. scale: default
+    1/sqrt(Dh). causal: query i sees keys j <= i + Sk - Sq (bottom-right, as FlashAttention).
+    kv_len: int32 [B], keys at or past kv_len[b] masked (padded text tokens). return_lse=True
+    also returns lse, float32 [B, Hq, Sq], the log of each row's sum of exp(scores): (out, lse).
+    A row whose keys are all masked gives 0 (lse -inf)."""
+    if scale is not None and not scale:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"attention: scale is {scale!r}, expected a nonzero number (None: "
+                    "1/sqrt(Dh))")
+    if isinstance(kv_len, (list, tuple)) or (isinstance(kv_len, _core.np.ndarray) and kv_len.dtype.kind in "iu"):
+        kv_len = _core.np.ascontiguousarray(kv_len, _core.np.int32)  # a few lengths: a copy costs nothing
+    want = 1 if return_lse or lse_out is not None else 0
+    return _call(_ATTENTION, q, (out, lse_out, q, k, v, kv_len), (scale or 0.0, 1 if causal else 0, want), stream)

@@ -98,6 +98,7 @@ class Op:
         self.same_shape = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW}  # outputs: like's shape
         self.half = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW_HALF}  # like's, last dim / 2
         self.float32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_F32}  # always float32
+        self.int32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_I32}  # always int32 (index arguments)
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
@@ -216,7 +217,7 @@ def _check_numpy_dtype(op, name, dt):
     strings, datetimes), refused here in NumPy's words, before anything is written."""
     if dt.kind not in "fiubc" and dt != BF16:
         raise Error("FUSEDK_ERR_DTYPE", f"{op}: {name} has dtype {dt}, expected float32, float16 or bfloat16")
-    if dt.kind == "f" and not dt.isnative:  # (other dtypes: the C layer names them)
+    if dt.kind in "fiu" and not dt.isnative:  # (other dtypes: the C layer names them)
         order = "big" if dt.byteorder == ">" else "little"
         raise Error("FUSEDK_ERR_DTYPE", f"{op}: {name} has dtype {dt.str} ({order}-endian), expected the machine's "
                     f"byte order ({sys.byteorder}-endian); convert it with .astype({dt.newbyteorder('=').str!r})")

@@ -112,7 +112,8 @@ class _Call:
         for (name, typ, _), v in zip(op.attrs, attrs):
             kw[name] = np.float32(v) if typ == _F32 else np.int32(v)
         target, single = _TARGETS[op.id], len(outs) == 1
-        self.checks = [(op.tensors[i][0], i in op.float32) for i in given]  # what _check reads
+        self.checks = [(op.tensors[i][0], np.dtype(np.float32) if i in op.float32 else
+                        np.dtype(np.int32) if i in op.int32 else None) for i in given]  # what _check reads
 
         def impl(*xs):
             shapes = [None] * len(op.tensors)
@@ -151,21 +152,20 @@ def _attr_values(op, attrs):
 
 def _check(op, checks, xs):
     """What JAX knows at trace time: dtypes and ndims (the C library's wording); checks: the given
-    inputs as (name, always float32)."""
+    inputs as (name, the dtype the registry fixes for it: float32, int32, or None)."""
     ref = None
-    for (name, f32), a in zip(checks, xs):
+    for (name, fixed), a in zip(checks, xs):
         dt, nd = getattr(a, "dtype", None), getattr(a, "ndim", None)
         if dt is None or nd is None:  # a list or a Python scalar
             a = np.asarray(a)
             dt, nd = a.dtype, a.ndim
-        if dt not in _DTYPES:
-            dt = np.dtype(dt)
-            if dt not in _DTYPES:
-                raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected float32, float16 or "
-                            "bfloat16")
-        if f32:
-            if dt != np.float32:
-                raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected float32")
+        dt = np.dtype(dt)
+        if fixed is not None:
+            if dt != fixed:
+                raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected {fixed}")
+        elif dt not in _DTYPES:
+            raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected float32, float16 or "
+                        "bfloat16")
         elif ref is None:
             ref, ref_name = dt, name
         elif dt != ref:

@@ -1,0 +1,168 @@
+"""[attention] attention (softmax(q k^T scale) v with GQA, causal masks aligned bottom-right,
+per-sample kv_len, lse): the CPU reference (through the bindings, on NumPy arrays) against a
+float64 NumPy oracle over every dtype, GQA ratios, Sq != Sk both ways, [B, S, H, D] and
+transposed [B, H, S, D] views, views of one packed qkv, kv_len (0, 1, partial, full, past Sk),
+rows that see no key, huge scores, a NaN key; a bad value for every argument."""
+import numpy as np
+import pytest
+
+import fusedk
+import oracle
+from oracle import DTYPES, assert_close
+
+rng = np.random.default_rng()
+
+
+def rand(shape, dtype, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(dtype)
+
+
+def reference(q, k, v, scale=None, causal=False, kv_len=None):
+    """(out, lse) in float64: q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D]; masked keys get -inf scores;
+    a row with none visible: 0 and -inf."""
+    q, k, v = oracle.f64(q), oracle.f64(k), oracle.f64(v)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    scale = np.float64(np.float32(1.0 / np.sqrt(D) if scale is None else scale))
+    kk, vv = np.repeat(k, Hq // Hkv, axis=2), np.repeat(v, Hq // Hkv, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, kk) * scale
+    seen = np.ones((B, 1, Sq, Sk), bool)
+    if causal:
+        seen &= np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + Sk - Sq
+    if kv_len is not None:
+        seen &= np.arange(Sk)[None, None, None, :] < np.asarray(kv_len)[:, None, None, None]
+    s = np.where(seen, s, -np.inf)
+    m = s.max(-1, keepdims=True, initial=-np.inf)  # initial: Sk = 0
+    any_seen = seen.any(-1, keepdims=True)
+    p = np.where(seen, np.exp(s - np.where(any_seen, m, 0.0)), 0.0)
+    l = p.sum(-1, keepdims=True)
+    out = np.einsum("bhij,bjhd->bihd", p / np.where(any_seen, l, 1.0), vv)
+    lse = np.where(any_seen, m + np.log(np.where(any_seen, l, 1.0)), -np.inf)[..., 0]
+    return out, lse
+
+
+def check(dtype, what, q, k, v, scale=None, causal=False, kv_len=None, **kw):
+    got, lse = fusedk.attention(q, k, v, scale=scale, causal=causal, kv_len=kv_len, return_lse=True, **kw)
+    want, want_lse = reference(q, k, v, scale, causal, kv_len)
+    assert got.shape == q.shape and got.dtype == dtype and lse.dtype == np.float32
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    # the reference accumulates in double and rounds once: one ulp of out, plus the double
+    # accumulation's own error (far below it); lse in float32 within one float32 ulp
+    assert_close(got, want, dtype, what=f"{what} out", atol=1e-6, nan_ok=False)
+    assert_close(lse, want_lse, np.float32, what=f"{what} lse", atol=1e-6, nan_ok=False)
+    return got, lse
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D", [(1, 1, 1, 1, 1, 8), (2, 17, 17, 4, 4, 16), (1, 5, 23, 8, 2, 32),
+                                              (2, 23, 5, 8, 1, 24), (1, 33, 33, 6, 3, 64), (1, 7, 127, 2, 2, 128)],
+                         ids=str)
+def test_attention(B, Sq, Sk, Hq, Hkv, D, causal, dtype):
+    q, k, v = rand((B, Sq, Hq, D), dtype), rand((B, Sk, Hkv, D), dtype), rand((B, Sk, Hkv, D), dtype)
+    check(dtype, f"B{B} Sq{Sq} Sk{Sk} Hq{Hq} Hkv{Hkv} D{D} causal {causal}", q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kv_len_and_rows_that_see_nothing(dtype):
+    B, Sq, Sk, H, D = 5, 6, 9, 2, 16
+    q, k, v = rand((B, Sq, H, D), dtype), rand((B, Sk, H, D), dtype), rand((B, Sk, H, D), dtype)
+    kv_len = np.array([0, 1, 4, 9, 50], np.int32)  # none, one, part, all, past Sk (clamps)
+    for causal in (False, True):
+        got, lse = check(dtype, f"kv_len causal {causal}", q, k, v, causal=causal, kv_len=kv_len)
+        assert not got[0].any() and np.all(lse[0] == -np.inf)  # kv_len 0: zeros, lse -inf
+        assert np.array_equal(got[3], fusedk.attention(q, k, v, causal=causal)[3])  # kv_len = Sk: as without
+    # causal with Sk < Sq: the first Sq - Sk rows see no key
+    got, lse = check(dtype, "causal Sk < Sq", q[:, :6], k[:, :3], v[:, :3], causal=True)
+    assert not got[:, :3].any() and np.all(lse[:, :, :3] == -np.inf) and np.all(np.isfinite(lse[:, :, 3:]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_views_transposed_and_packed(dtype):
+    B, S, H, D = 2, 11, 4, 32
+    qkv = rand((B, S, 3, H, D + 8), dtype)[..., :D]  # a packed projection, padded rows
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    check(dtype, "packed views", q, k, v)
+    bhsd = [rand((B, H, S, D), dtype) for _ in range(3)]  # SDPA's layout, as transposed views
+    check(dtype, "bhsd through transposes", *[t.transpose(0, 2, 1, 3) for t in bhsd], causal=True)
+    out = np.zeros((B, H, S, D), dtype).transpose(0, 2, 1, 3)  # out= a transposed view
+    got = fusedk.attention(q, k, v, out=out)
+    assert got is out
+    assert_close(out, reference(q, k, v)[0], dtype, what="out= transposed", atol=1e-6)
+
+
+def test_scale_huge_scores_and_nan():
+    B, S, H, D = 1, 8, 2, 16
+    q, k, v = rand((B, S, H, D), np.float32, 30.0), rand((B, S, H, D), np.float32, 30.0), rand((B, S, H, D), np.float32)
+    got, lse = check(np.float32, "huge scores", q, k, v, scale=1.0)  # scores ~1e4: exp overflows unshifted
+    assert np.all(np.isfinite(got)) and np.all(np.isfinite(lse))
+    check(np.float32, "scale 0.05", q, k, v, scale=0.05)
+    k2 = k.copy()
+    k2[0, 5, 1, 3] = np.nan  # one key: the rows of head 1 that see it are NaN, nothing else
+    got, lse = fusedk.attention(q, k2, v, causal=True, return_lse=True)
+    assert np.all(np.isnan(got[0, 5:, 1])) and np.all(np.isfinite(got[0, :5, 1])) and np.all(np.isfinite(got[:, :, 0]))
+
+
+def test_empty_and_one():
+    q = np.zeros((0, 3, 2, 8), np.float32)
+    assert fusedk.attention(q, q, q).shape == (0, 3, 2, 8)
+    q, k = rand((1, 4, 2, 8), np.float32), np.zeros((1, 0, 2, 8), np.float32)  # no keys at all
+    got, lse = fusedk.attention(q, k, k, return_lse=True)
+    assert not got.any() and np.all(lse == -np.inf)
+
+
+def test_bad_arguments():
+    q, k = rand((2, 4, 4, 8), np.float32), rand((2, 6, 2, 8), np.float32)
+    cases = [
+        (dict(k=rand((2, 6, 3, 8), np.float32)), fusedk.ShapeError, "k has 3 heads, expected a divisor of q's 4"),
+        (dict(k=rand((1, 6, 2, 8), np.float32)), fusedk.ShapeError, "k has shape"),
+        (dict(v=rand((2, 5, 2, 8), np.float32)), fusedk.ShapeError, "v has shape"),
+        (dict(v=rand((2, 6, 2, 8), np.float16)), fusedk.DTypeError, "v has dtype float16, expected float32"),
+        (dict(q=rand((2, 4, 8), np.float32)), fusedk.ShapeError, "q has shape [2, 4, 8], expected [B, Sq, Hq, Dh]"),
+        (dict(kv_len=np.array([1.0, 2.0], np.float32)), fusedk.DTypeError, "kv_len has dtype float32, expected int32"),
+        (dict(kv_len=np.array([1, 2, 3], np.int32)), fusedk.ShapeError, "kv_len has shape"),
+        (dict(scale=float("nan")), fusedk.InvalidArgumentError, "scale is nan"),
+        (dict(scale=0.0), fusedk.InvalidArgumentError, "scale is 0.0"),
+        (dict(out=np.zeros((2, 4, 4, 8), np.float16)), fusedk.DTypeError, "out has dtype float16"),
+        (dict(q=rand((2, 4, 4, 8), np.float32)[..., ::2]), fusedk.LayoutError, "q has stride 2 in its last dim"),
+    ]
+    for over, err, says in cases:
+        args = dict(q=q, k=k, v=k)
+        args.update(over)
+        out = args.get("out")
+        with pytest.raises(err, match=says.replace("[", r"\[")):
+            fusedk.attention(**args)
+        if out is not None:
+            assert not out.any()
+    with pytest.raises(fusedk.LayoutError, match="out overlaps q"):
+        fusedk.attention(q, k, k, out=q)
+
+
+def test_torch_cpu_eager_and_compile():
+    """fusedk.torch's custom op on CPU tensors: eager and torch.compile(fullgraph) give the NumPy
+    path's bits; an int64 kv_len (torch's default integer) is refused with the dtype named"""
+    torch = pytest.importorskip("torch")
+    q, k, v = rand((2, 5, 4, 16), np.float32), rand((2, 7, 2, 16), np.float32), rand((2, 7, 2, 16), np.float32)
+    n = np.array([3, 7], np.int32)
+    want, want_lse = fusedk.attention(q, k, v, causal=True, kv_len=n, return_lse=True)
+    t = [torch.from_numpy(a) for a in (q, k, v, n)]
+    got, lse = fusedk.attention(*t[:3], causal=True, kv_len=t[3], return_lse=True)
+    assert isinstance(got, torch.Tensor) and np.array_equal(got.numpy(), want) and np.array_equal(lse.numpy(), want_lse)
+    f = torch.compile(lambda q, k, v, n: fusedk.attention(q, k, v, causal=True, kv_len=n), fullgraph=True)
+    assert np.array_equal(f(*t).numpy(), want)
+    with pytest.raises(fusedk.DTypeError, match="kv_len has dtype int64, expected int32"):
+        fusedk.attention(*t[:3], kv_len=t[3].long())
+
+
+def test_jax_cpu_jit():
+    """JAX arrays through the XLA custom call, eager and under jax.jit, int32 kv_len included"""
+    jax = pytest.importorskip("jax")
+    import fusedk.jax  # noqa: F401 - registers the custom calls
+    q, k, v = rand((2, 5, 4, 16), np.float32), rand((2, 7, 2, 16), np.float32), rand((2, 7, 2, 16), np.float32)
+    n = np.array([3, 7], np.int32)
+    want = fusedk.attention(q, k, v, causal=True, kv_len=n)
+    cpu = jax.devices("cpu")[0]
+    j = [jax.device_put(a, cpu) for a in (q, k, v, n)]
+    assert np.array_equal(np.asarray(fusedk.attention(*j[:3], causal=True, kv_len=j[3])), want)
+    f = jax.jit(lambda q, k, v, n: fusedk.attention(q, k, v, causal=True, kv_len=n))
+    assert np.array_equal(np.asarray(f(*j)), want)
