@@ -1712,6 +1712,7 @@ static void fusedk__rope_cpu(const fusedk__rope_args *a) {
   const int s = a->scalar;
   const int64_t es = (int64_t)fusedk__scalar_size(s), Dh = a->Dh;
   for (int j = 0; j < 3 && a->t[j].in; ++j) {
+    if (a->t[j].H == 0) continue; /* no heads: its data may be NULL, no address to form */
     const int norm = j < 2 ? a->norm : FUSEDK_QK_NORM_NONE;
     const int64_t R = j < 2 ? a->R : 0, half = R / 2, H = a->t[j].H;
     const void *w = a->t[j].w;

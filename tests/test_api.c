@@ -406,6 +406,14 @@ static void fuzz_findings(void) {
                            FUSEDK_ROPE_INTERLEAVED, FUSEDK_LAYOUT_BSHD, 0, NULL);
   EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "v is given but v_out is NULL"),
          "qk_norm_rope v without v_out: %s %s", fusedk_status_name(st), fusedk_failure_reason());
+  { /* k with no heads, NULL data and negative strides (empty): no address is formed from it */
+    int64_t k0[4] = {1, 2, 0, 4}, kst[4] = {-15, -15, 0, 1};
+    fusedk_tensor tk0 = fusedk_tensor_cpu(NULL, FUSEDK_F32, 4, k0), tko0 = tk0;
+    tk0.strides = kst, tk0.byte_offset = 8, tko0.data = ko;
+    st = fusedk_qk_norm_rope(&tqo, &tko0, NULL, &tq, &tk0, NULL, &tc, &ts, NULL, NULL, 1e-6f, FUSEDK_QK_NORM_FULL,
+                             FUSEDK_ROPE_INTERLEAVED, FUSEDK_LAYOUT_BSHD, 0, NULL);
+    EXPECT(st == FUSEDK_OK, "qk_norm_rope with a headless k: %s %s", fusedk_status_name(st), fusedk_failure_reason());
+  }
   const fusedk_tensor *ts3[3] = {NULL, NULL, &tc};
   double attrs[5] = {10000.0, -INFINITY, 56, 56, 0};
   int64_t out[FUSEDK_MAX_DIMS];
