@@ -275,6 +275,31 @@ def step_aux(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.0, sig
     return y
 
 
+# --- [attention] ---------------------------------------------------------------------------
+def attention(q, k, v, scale=None, causal=False, kv_len=None):
+    """(out, lse) in float64: q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D]; masked keys get -inf scores;
+    a row with none visible: 0 and -inf."""
+    q, k, v = f64(q), f64(k), f64(v)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    scale = np.float64(np.float32(1.0 / np.sqrt(D) if scale is None else scale))
+    kk, vv = np.repeat(k, Hq // Hkv, axis=2), np.repeat(v, Hq // Hkv, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, kk) * scale
+    seen = np.ones((B, 1, Sq, Sk), bool)
+    if causal:
+        seen &= np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + Sk - Sq
+    if kv_len is not None:
+        seen &= np.arange(Sk)[None, None, None, :] < np.asarray(kv_len)[:, None, None, None]
+    s = np.where(seen, s, -np.inf)
+    m = s.max(-1, keepdims=True, initial=-np.inf)  # initial: Sk = 0
+    any_seen = seen.any(-1, keepdims=True)
+    p = np.where(seen, np.exp(s - np.where(any_seen, m, 0.0)), 0.0)
+    l = p.sum(-1, keepdims=True)
+    out = np.einsum("bhij,bjhd->bihd", p / np.where(any_seen, l, 1.0), vv)
+    lse = np.where(any_seen, m + np.log(np.where(any_seen, l, 1.0)), -np.inf)[..., 0]
+    return out, lse
+
+
 # --- the frameworks the GPU tests run through ------------------------------------------------
 def gpu_frameworks():
     """(name, to_device, to_host, broadcast_to) per framework with a CUDA device."""

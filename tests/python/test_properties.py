@@ -406,8 +406,7 @@ def test_attention(data):
     """q [B, Sq, Hq, D] and k, v [B, Sk, Hkv, D] (GQA ratios 1 to 4, sizes 0 up), compact, as
     transposed [B, H, S, D] views or as views of one packed qkv (Sq = Sk, Hq = Hkv); causal with
     Sq != Sk both ways; kv_len from 0 past Sk; a scale or the default; out and lse against the
-    float64 oracle (test_attention.reference)"""
-    from test_attention import reference
+    float64 oracle (oracle.attention)"""
     d = data.draw
     dt, B, Sq, Sk = d(st.sampled_from(DTYPES)), d(st.integers(0, 2)), d(st.integers(0, 9)), d(st.integers(0, 9))
     Hkv, G, D = d(st.integers(1, 3)), d(st.integers(1, 4)), d(st.integers(1, 40) | st.sampled_from([64, 128]))
@@ -429,4 +428,4 @@ def test_attention(data):
                                               what=f"output {i}", atol=1e-6, nan_ok=False)
     run((dt, np.dtype(np.float32)), swap, lambda q, k, v, n: fusedk.attention(q, k, v, scale=scale, causal=causal, kv_len=n,
                                                       return_lse=True),
-        (q, k, v, kv_len), lambda: reference(q, k, v, scale, causal, kv_len), check=check, devices=False)
+        (q, k, v, kv_len), lambda: oracle.attention(q, k, v, scale, causal, kv_len), check=check, devices=False)

@@ -159,7 +159,8 @@ def _check(op, checks, xs):
         if dt is None or nd is None:  # a list or a Python scalar
             a = np.asarray(a)
             dt, nd = a.dtype, a.ndim
-        dt = np.dtype(dt)
+        if dt not in _DTYPES:  # the common dtypes skip the conversion: this runs on every call
+            dt = np.dtype(dt)
         if fixed is not None:
             if dt != fixed:
                 raise Error("FUSEDK_ERR_DTYPE", f"{op.name}: {name} has dtype {dt}, expected {fixed}")
