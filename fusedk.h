@@ -56,7 +56,7 @@
      fusedk_linear_backward   dx, dw, db of it (dz = dy * act'(aux)), each optional
 
      fusedk_attention    softmax(q k^T * scale) v over [B,S,H,Dh] views: GQA, causal (bottom-right),
-                         per-sample kv_len, lse; CPU reference (the GPU kernel is in progress)
+                         per-sample kv_len, lse; flash attention on the GPU (Hopper: TMA + wgmma)
 
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
@@ -738,6 +738,8 @@ fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *o
 fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t device_id,
                                   struct CUstream_st *stream);
 void fusedk__cuda_shutdown(void);
+fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
+                                     struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -853,6 +855,10 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
   return fusedk__no_cuda(op);
 }
 void fusedk__cuda_shutdown(void) {}
+fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
 fusedk_status fusedk__cuda_alloc(int32_t id, size_t bytes, struct CUstream_st *s, void **p) {
   (void)id, (void)bytes, (void)s, (void)p;
   return fusedk__no_cuda("dlpack_alloc");
@@ -2376,11 +2382,19 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
     a.lse.p = (float *)fusedk__base(lse), a.lse.sb = fusedk__stride(lse, 0), a.lse.sh = fusedk__stride(lse, 1),
     a.lse.ss = fusedk__stride(lse, 2);
   if (kv_len) a.kv_len = (const int32_t *)fusedk__base(kv_len), a.kv_stride = fusedk__stride(kv_len, 0);
+  if (fusedk__is_gpu(s.c.dev.device_type)) {
+    if (s.c.scalar == FUSEDK_F32)
+      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q is float32 on a CUDA device; the GPU kernel takes float16 "
+                          "and bfloat16 (CPU tensors run the reference in every dtype)", op);
+    if (Dh > 256)
+      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the GPU kernel takes "
+                          "up to 256", op, (long long)Dh);
+    if (B * Hq * ((Sq + 127) / 128) > 2147483647)
+      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 128) is %lld, past the GPU grid's "
+                          "2^31 - 1 blocks", op, (long long)(B * Hq * ((Sq + 127) / 128)));
+  }
   if (B * Sq * Hq == 0) return FUSEDK_OK;
-  (void)stream; /* the GPU kernel takes it */
-  if (fusedk__is_gpu(s.c.dev.device_type))
-    return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q is on a CUDA device; the GPU kernel is not built yet (CPU "
-                        "tensors run the reference)", op);
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_attention(&a, op, s.c.dev.device_id, stream);
   return fusedk__attention_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's "
                                                   "buffers", op)
                                    : FUSEDK_OK;

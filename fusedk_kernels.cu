@@ -9,10 +9,10 @@
 //
 // Parts: a build may compile this file once per kernel family, in parallel, by defining one or
 // more of FUSEDK_ONLY_NORM, FUSEDK_ONLY_ELEMENTWISE (with [sampler]), FUSEDK_ONLY_POSITION,
-// FUSEDK_ONLY_LINEAR (with fusedk__cuda_shutdown, which releases linear's cuBLASLt state) and
-// FUSEDK_ONLY_RUNTIME (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info) for each
+// FUSEDK_ONLY_LINEAR (with fusedk__cuda_shutdown, which releases linear's cuBLASLt state),
+// FUSEDK_ONLY_ATTENTION and FUSEDK_ONLY_RUNTIME (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info) for each
 // object. Such an object holds the shared helpers ([runtime] to [reduce]) and the named families
-// with their [entry] functions; the five parts together define every fusedk__cuda_* function once
+// with their [entry] functions; the six parts together define every fusedk__cuda_* function once
 // (meson.build links them into libfusedk). The linear part's act pass calls
 // fusedk__cuda_elementwise, so it links with the elementwise part. With none of them defined the
 // file compiles whole: a drop-in build needs none.
@@ -24,6 +24,8 @@
 //   [memory]    16-byte vectors; loads and stores named by cache policy; per-thread row walks;
 //               Hopper bulk copies (cp.async.bulk) counted by mbarriers
 //   [reduce]    warp and row-group sums
+//   [tile]      the tensor-core layer: swizzled 16-bit tiles in shared memory, cp.async tile
+//               loads, ldmatrix, mma.sync m16n8k16
 //   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows (entry points
 //               norm_rows_kernel, norm_rows_reg_kernel) and fusedk__cuda_norm (launcher); the
 //               tuning hook (FUSEDK_TUNING builds only)
@@ -34,8 +36,9 @@
 //               the table builders (rope_table_kernel)
 //   [linear]    linear, linear_backward: cuBLASLt plans, workspaces and scratch (LtState), the act
 //               and bias passes, linear_dz_kernel and linear_db_kernel
+//   [attention] flash attention forward: attn_kernel (sm_80+: mma.sync, cp.async, online softmax)
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
-//               fusedk__cuda_linear, fusedk__cuda_shutdown,
+//               fusedk__cuda_linear, fusedk__cuda_shutdown, fusedk__cuda_attention,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
@@ -44,6 +47,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h> // CUtensorMap, the cuTensorMapEncodeTiled type: types only, no libcuda
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +62,7 @@
 
 // The parts this object compiles (see Parts above): all of them unless FUSEDK_ONLY_* names some.
 #if defined(FUSEDK_ONLY_NORM) || defined(FUSEDK_ONLY_ELEMENTWISE) || defined(FUSEDK_ONLY_POSITION) || \
-    defined(FUSEDK_ONLY_LINEAR) || defined(FUSEDK_ONLY_RUNTIME)
+    defined(FUSEDK_ONLY_LINEAR) || defined(FUSEDK_ONLY_ATTENTION) || defined(FUSEDK_ONLY_RUNTIME)
 #define FUSEDK__PART_ALL 0
 #else
 #define FUSEDK__PART_ALL 1
@@ -82,6 +86,11 @@
 #define FUSEDK__PART_LINEAR 1
 #else
 #define FUSEDK__PART_LINEAR 0
+#endif
+#if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_ATTENTION)
+#define FUSEDK__PART_ATTENTION 1
+#else
+#define FUSEDK__PART_ATTENTION 0
 #endif
 #if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_RUNTIME)
 #define FUSEDK__PART_RUNTIME 1
@@ -349,9 +358,9 @@ inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 // contiguous run of bytes global -> shared and an mbarrier counts them in. The data in flight
 // costs no registers, so a block can keep tens of KB of loads outstanding. sm_90+ only: the
 // kernels using them check the device code they got (tma_code) before they are launched.
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define FUSEDK__SM90 1
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t *bar, int arrivals) { // arrivals a phase
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
 }
@@ -367,6 +376,9 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
   uint32_t done;
   do {
@@ -376,6 +388,30 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 }
 #endif
 
+
+// Whether the device runs Kernel from sm_90+ code (the bulk copies exist there; an sm_80-only
+// build, or a later GPU JIT-compiling the compute_80 PTX, gets the empty body). Once per device.
+template <auto Kernel> bool tma_code(int device) {
+  static std::atomic<int> cache[kMaxDevices]; // 0 unknown, 1 yes, 2 no
+  const bool cached = device >= 0 && device < kMaxDevices;
+  int v = cached ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    cudaFuncAttributes fa;
+    v = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 ? 1 : 2;
+    cudaGetLastError();
+    if (cached) cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+// FUSEDK_NO_TMA=1 in the environment: the pre-Hopper kernels everywhere (A/B and their tests).
+bool tma_disabled() {
+  static const bool off = [] {
+    const char *e = getenv("FUSEDK_NO_TMA");
+    return e && *e && strcmp(e, "0") != 0;
+  }();
+  return off;
+}
 
 template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64_t nvec, int G, F &&f) {
   const int t = threadIdx.x;
@@ -437,6 +473,364 @@ template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G
 #pragma unroll
   for (int k = 0; k < N; ++k) v[k] = lanes_sum(lane < warps ? smem[k][base + lane] : 0.f, 32);
 }
+
+// ---------------------------------------------------------------------------------------------
+// [tile] the tensor-core layer: tiles of 16-bit matrices in shared memory and the warp-level
+// matrix instructions over them (sm_80+: cp.async, ldmatrix, mma.sync m16n8k16).
+//
+// A tile row is a run of 16-byte chunks (8 elements). Chunk c of row r lives at chunk
+// c ^ (r & 7): ldmatrix reads 8 rows of one chunk column at once, and with rows 128 bytes or
+// longer an unswizzled column sits in one bank group (8-way conflict); XOR-ing by the row's low
+// bits spreads the 8 rows over all 32 banks, for loads by row (cp.async) and by column alike.
+// ---------------------------------------------------------------------------------------------
+
+// byte offset of chunk `c` of row `r` in a swizzled tile of `CH` chunks a row
+template <int CH> __device__ __forceinline__ uint32_t swz(int r, int c) {
+  static_assert(CH % 8 == 0, "a swizzled row spans the 8 chunks of a bank cycle");
+  return (uint32_t)(r * CH + (c ^ (r & 7))) * 16u;
+}
+
+// One lane's ldmatrix addresses in a swizzled tile: rows r + 16 i, chunks 2 k + b (a lane reads
+// rows r, chunk parity b; i, k unrolled). r & 7 is the same for every i, so the chunk lands at
+// 8 (k / 4) + ((2 (k % 4) + b) ^ (r & 7)): four per-lane offsets and immediates, where naive
+// addresses would hold a register per (i, k) across the key loop.
+template <int CH> struct SwzLane {
+  uint32_t row, x[4];
+  __device__ __forceinline__ SwzLane(uint32_t base, int r, int b) : row(base + (uint32_t)r * CH * 16) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) x[q] = (uint32_t)((2 * q + b) ^ (r & 7)) * 16u;
+  }
+  __device__ __forceinline__ uint32_t at(int i, int k) const { return row + (i * 16 * CH + (k / 4) * 8) * 16 + x[k % 4]; }
+};
+
+// 16 bytes global -> shared without a register stop; `bytes` 0 fills zeros (rows past a
+// tensor's end) and reads nothing. .cg: the data streams past L1 (each tile is read once a block).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// waits until at most N of this thread's committed groups are in flight
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four 8x8 matrices of 16-bit values, lane l giving the address of row l % 8 of matrix l / 8;
+// each lane receives, per matrix, the two values of row l / 4 at columns 2 (l % 4) and + 1: the
+// fragment layout of mma's operands. .trans delivers the transposed matrices (row-major B).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c[16x8] += a[16x16] b[16x8], 16-bit inputs, float32 accumulators. Lane l holds c at rows
+// l / 4 (c0, c1) and l / 4 + 8 (c2, c3), columns 2 (l % 4) and + 1; a as four 8x8 blocks (rows
+// 0-7 / 8-15 by columns 0-7 / 8-15: a0 a1 a2 a3 = top-left, bottom-left, top-right,
+// bottom-right); b as two (k 0-7, 8-15). The accumulator of two n8 tiles is, packed to 16 bits,
+// the a operand of the next product (flash attention's P never leaves registers).
+template <typename T> __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                                uint32_t b1) {
+  static_assert(sizeof(T) == 2, "mma.sync takes 16-bit inputs here");
+  if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Rows [0, R) of a [R, CH * 8] tile from global rows `src + r * stride` (element stride), by
+// all `THREADS` threads, chunk by chunk. Rows r >= `valid` and chunks past `cols` elements fill
+// zeros. VEC: rows 16-byte aligned and cols a multiple of 8, one cp.async a chunk (completing
+// on the caller's commit/wait); else element loads and a 16-byte shared store (unaligned views,
+// head sizes not a multiple of 8), visible after the caller's barrier.
+template <typename T, int R, int CH, int THREADS, bool VEC>
+__device__ __forceinline__ void load_tile(uint32_t dst, const T *src, int64_t stride, int valid, int cols) {
+#pragma unroll
+  for (int k = 0; k < (R * CH + THREADS - 1) / THREADS; ++k) {
+    const int i = k * THREADS + (int)threadIdx.x, r = i / CH, c = i % CH;
+    if ((R * CH) % THREADS && i >= R * CH) break;
+    const T *p = src + (int64_t)r * stride + c * 8;
+    if constexpr (VEC) {
+      const bool in = r < valid && c * 8 < cols;
+      cp_async16(dst + swz<CH>(r, c), in ? p : src, in ? 16 : 0);
+    } else {
+      uint16_t e[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        e[j] = r < valid && c * 8 + j < cols ? reinterpret_cast<const uint16_t *>(p)[j] : (uint16_t)0;
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst + swz<CH>(r, c)),
+                   "r"(e[0] | (uint32_t)e[1] << 16), "r"(e[2] | (uint32_t)e[3] << 16),
+                   "r"(e[4] | (uint32_t)e[5] << 16), "r"(e[6] | (uint32_t)e[7] << 16)
+                   : "memory");
+    }
+  }
+}
+
+// ---- [tile], Hopper (sm_90a): TMA tensor maps, wgmma, warpgroup register reallocation ----
+// A 16-bit operand tile lives in shared memory as column blocks of 64 elements (128 bytes, the
+// 128-byte swizzle's span): block c holds columns [64 c, 64 c + 64) of every row, row r at
+// r * 128 bytes, 16-byte chunk k of the row at k ^ (r & 7) (the hardware's Swizzle<3,4,3>,
+// which TMA writes and wgmma reads). Blocks start 1024-byte aligned (8 rows: one swizzle atom).
+
+// The driver's cuTensorMapEncodeTiled through cudart, looked up once: nothing links libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) cudaGetLastError(), p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A tensor map over a [B, S, H, D] tensor of 16-bit elements (element strides sb, ss, sh; D
+// contiguous) that loads boxes of `rows` x 64 elements at (d, s, h, b) in the 128-byte swizzle;
+// elements past the tensor's ends load as zeros. False when TMA cannot describe it (base not
+// 16-byte aligned, a stride not a multiple of 16 bytes).
+bool tmap_bshd(CUtensorMap *m, const void *p, bool bf16, int64_t B, int64_t S, int64_t H, int64_t D, int64_t sb,
+               int64_t ss, int64_t sh, int rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
+  const int64_t st[3] = {ss, sh, sb}, dm[4] = {D, S, H, B};
+  if (!encode || (uintptr_t)p % 16) return false;
+  cuuint64_t dims[4], strides[3];
+  for (int i = 0; i < 4; ++i) {
+    if (dm[i] < 1 || dm[i] > ((int64_t)1 << 32)) return false;
+    dims[i] = (cuuint64_t)dm[i];
+  }
+  for (int i = 0; i < 3; ++i) { // a dim of one is never stepped: any valid stride describes it
+    const int64_t b = dm[i + 1] == 1 ? 16 : st[i] * 2;
+    if (b <= 0 || b % 16 || b >= ((int64_t)1 << 40)) return false;
+    strides[i] = (cuuint64_t)b;
+  }
+  const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, one[4] = {1, 1, 1, 1};
+  return encode(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void *>(p),
+                dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FUSEDK__SM90A 1
+// one TMA box of `m` at coordinates (c0 .. c3) into shared memory, counted in by `bar`
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, int c3,
+                                            uint64_t *bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+               "%4, %5}], [%6];" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+               : "memory");
+}
+// shared-memory writes by threads, made visible to the async proxy (wgmma's and TMA's reads)
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// a barrier over `n` threads (a warpgroup: 128) with its own id, leaving the block's other warps
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+// the warpgroup's register budget a thread, raised or lowered together (the producer gives its
+// registers to the consumers)
+template <int N> __device__ __forceinline__ void regs_raise() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void regs_lower() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+
+// wgmma: a warpgroup's 64 x N x 16 product, issued asynchronously; fence before the first of a
+// batch (the accumulators were written by ordinary instructions), commit the batch, wait for it.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Pins a wgmma's register operands at this point of the program: after a wait, no read of the
+// accumulators moves above it; before a fence, no write of them (or of the a fragments: a copy,
+// a zeroing) sinks below it into the batch, where ptxas would serialize the products for it.
+template <int R> __device__ __forceinline__ void wgmma_hold(float (&d)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+template <int R> __device__ __forceinline__ void wgmma_hold(uint32_t (&d)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(d[i][j])::"memory");
+}
+// The descriptor of a 128-byte-swizzled operand at shared address `addr`. K-major (rows of K,
+// Q and K tiles): sbo = 1024, the step between 8-row groups; lbo unused. MN-major (V as B,
+// transposed): lbo = the step between 64-column blocks, sbo = 1024 between 8-row (k) groups.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+}
+
+// The accumulator (N / 2 registers a thread) and operand lists of the wgmma wrappers below
+// (outputs only: the first product of a batch, which overwrites d)
+#define FUSEDK__WG_O64 \
+  "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]), \
+  "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]), "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), \
+  "=f"(d[4][0]), "=f"(d[4][1]), "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]), \
+  "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]), "=f"(d[7][2]), "=f"(d[7][3])
+#define FUSEDK__WG_O128 \
+  "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]), \
+  "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]), "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), \
+  "=f"(d[4][0]), "=f"(d[4][1]), "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]), \
+  "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]), "=f"(d[7][2]), "=f"(d[7][3]), \
+  "=f"(d[8][0]), "=f"(d[8][1]), "=f"(d[8][2]), "=f"(d[8][3]), "=f"(d[9][0]), "=f"(d[9][1]), "=f"(d[9][2]), "=f"(d[9][3]), \
+  "=f"(d[10][0]), "=f"(d[10][1]), "=f"(d[10][2]), "=f"(d[10][3]), "=f"(d[11][0]), "=f"(d[11][1]), "=f"(d[11][2]), "=f"(d[11][3]), \
+  "=f"(d[12][0]), "=f"(d[12][1]), "=f"(d[12][2]), "=f"(d[12][3]), "=f"(d[13][0]), "=f"(d[13][1]), "=f"(d[13][2]), "=f"(d[13][3]), \
+  "=f"(d[14][0]), "=f"(d[14][1]), "=f"(d[14][2]), "=f"(d[14][3]), "=f"(d[15][0]), "=f"(d[15][1]), "=f"(d[15][2]), "=f"(d[15][3])
+#define FUSEDK__WG_O176 \
+  "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]), \
+  "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]), "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), \
+  "=f"(d[4][0]), "=f"(d[4][1]), "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]), \
+  "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]), "=f"(d[7][2]), "=f"(d[7][3]), \
+  "=f"(d[8][0]), "=f"(d[8][1]), "=f"(d[8][2]), "=f"(d[8][3]), "=f"(d[9][0]), "=f"(d[9][1]), "=f"(d[9][2]), "=f"(d[9][3]), \
+  "=f"(d[10][0]), "=f"(d[10][1]), "=f"(d[10][2]), "=f"(d[10][3]), "=f"(d[11][0]), "=f"(d[11][1]), "=f"(d[11][2]), "=f"(d[11][3]), \
+  "=f"(d[12][0]), "=f"(d[12][1]), "=f"(d[12][2]), "=f"(d[12][3]), "=f"(d[13][0]), "=f"(d[13][1]), "=f"(d[13][2]), "=f"(d[13][3]), \
+  "=f"(d[14][0]), "=f"(d[14][1]), "=f"(d[14][2]), "=f"(d[14][3]), "=f"(d[15][0]), "=f"(d[15][1]), "=f"(d[15][2]), "=f"(d[15][3]), \
+  "=f"(d[16][0]), "=f"(d[16][1]), "=f"(d[16][2]), "=f"(d[16][3]), "=f"(d[17][0]), "=f"(d[17][1]), "=f"(d[17][2]), "=f"(d[17][3]), \
+  "=f"(d[18][0]), "=f"(d[18][1]), "=f"(d[18][2]), "=f"(d[18][3]), "=f"(d[19][0]), "=f"(d[19][1]), "=f"(d[19][2]), "=f"(d[19][3]), \
+  "=f"(d[20][0]), "=f"(d[20][1]), "=f"(d[20][2]), "=f"(d[20][3]), "=f"(d[21][0]), "=f"(d[21][1]), "=f"(d[21][2]), "=f"(d[21][3])
+#define FUSEDK__WG_D64 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}"
+#define FUSEDK__WG_C64 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define FUSEDK__WG_D128 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+  "}"
+#define FUSEDK__WG_C128 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+  "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+  "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define FUSEDK__WG_D176 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
+  "%80, %81, %82, %83, %84, %85, %86, %87" \
+  "}"
+#define FUSEDK__WG_C176 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+  "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+  "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), \
+  "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), \
+  "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), \
+  "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])
+#define FUSEDK__WG_D256 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+  "}"
+#define FUSEDK__WG_C256 \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+  "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+  "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), \
+  "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), \
+  "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), \
+  "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), \
+  "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), \
+  "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), \
+  "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), \
+  "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), \
+  "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+
+
+// d[64 x N] (+)= a[64 x 16] b[16 x N] (acc 0: =). SS: a and b K-major in shared memory. RS: a in
+// registers (the m16n8k16 a-fragment layout of mma.sync, per warp of the group), b N-major
+// ("transposed", tnspB = 1: rows of b contiguous along N, as V's [key, d] rows are). The
+// accumulator's layout per warp w of the group (rows 16 w + [0, 16)) is mma.sync's m16n8 one:
+// n8 tile t of the row block in d[t].
+#define FUSEDK__WGMMA_SS(N, IA, IB, IACC, TY)                                                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N     \
+               "k16.f32." #TY "." #TY " " FUSEDK__WG_D##N ", %" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}"        \
+               : FUSEDK__WG_C##N                                                                           \
+               : "l"(a), "l"(b), "r"(acc))
+#define FUSEDK__WGMMA_SS0(N, IA, IB, TY)                                                                    \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " " FUSEDK__WG_D##N ", %" #IA      \
+               ", %" #IB ", 0, 1, 1, 0, 0;"                                                                 \
+               : FUSEDK__WG_O##N                                                                           \
+               : "l"(a), "l"(b))
+#define FUSEDK__WGMMA_RS(N, IA, IB, IACC, TY)                                                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N     \
+               "k16.f32." #TY "." #TY " " FUSEDK__WG_D##N ", " IA ", %" #IB ", p, 1, 1, 1;\n}"             \
+               : FUSEDK__WG_C##N                                                                           \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc))
+
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int acc) {
+  static_assert(N == 64 || N == 128 || N == 176, "score tiles of 64, 128 or 176 keys");
+  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
+  if constexpr (N == 64 && bf) FUSEDK__WGMMA_SS(64, 32, 33, 34, bf16);
+  else if constexpr (N == 64) FUSEDK__WGMMA_SS(64, 32, 33, 34, f16);
+  else if constexpr (N == 128 && bf) FUSEDK__WGMMA_SS(128, 64, 65, 66, bf16);
+  else if constexpr (N == 128) FUSEDK__WGMMA_SS(128, 64, 65, 66, f16);
+  else if constexpr (bf) FUSEDK__WGMMA_SS(176, 88, 89, 90, bf16);
+  else FUSEDK__WGMMA_SS(176, 88, 89, 90, f16);
+}
+// d = a b: wgmma_ss with the accumulator written, not read (no registers to prepare for it)
+template <typename T, int N> __device__ __forceinline__ void wgmma_ss0(float (&d)[N / 8][4], uint64_t a, uint64_t b) {
+  static_assert(N == 64 || N == 128 || N == 176, "score tiles of 64, 128 or 176 keys");
+  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
+  if constexpr (N == 64 && bf) FUSEDK__WGMMA_SS0(64, 32, 33, bf16);
+  else if constexpr (N == 64) FUSEDK__WGMMA_SS0(64, 32, 33, f16);
+  else if constexpr (N == 128 && bf) FUSEDK__WGMMA_SS0(128, 64, 65, bf16);
+  else if constexpr (N == 128) FUSEDK__WGMMA_SS0(128, 64, 65, f16);
+  else if constexpr (bf) FUSEDK__WGMMA_SS0(176, 88, 89, bf16);
+  else FUSEDK__WGMMA_SS0(176, 88, 89, f16);
+}
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, int acc) {
+  static_assert(N == 64 || N == 128 || N == 256, "output tiles of 64, 128 or 256 columns");
+  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
+  if constexpr (N == 64 && bf) FUSEDK__WGMMA_RS(64, "{%32, %33, %34, %35}", 36, 37, bf16);
+  else if constexpr (N == 64) FUSEDK__WGMMA_RS(64, "{%32, %33, %34, %35}", 36, 37, f16);
+  else if constexpr (N == 128 && bf) FUSEDK__WGMMA_RS(128, "{%64, %65, %66, %67}", 68, 69, bf16);
+  else if constexpr (N == 128) FUSEDK__WGMMA_RS(128, "{%64, %65, %66, %67}", 68, 69, f16);
+  else if constexpr (bf) FUSEDK__WGMMA_RS(256, "{%128, %129, %130, %131}", 132, 133, bf16);
+  else FUSEDK__WGMMA_RS(256, "{%128, %129, %130, %131}", 132, 133, f16);
+}
+#endif // __CUDA_ARCH_FEAT_SM90_ALL
 
 #if !FUSEDK__PART_ALL
 #pragma nv_diag_default 177
@@ -1614,30 +2008,6 @@ qkv_tma_kernel(const __grid_constant__ fusedk__rope_args a, const TmaPlan p) {
 #endif
 }
 
-// Whether the device runs Kernel from sm_90+ code (the bulk copies exist there; an sm_80-only
-// build, or a later GPU JIT-compiling the compute_80 PTX, gets the empty body). Once per device.
-template <auto Kernel> bool tma_code(int device) {
-  static std::atomic<int> cache[kMaxDevices]; // 0 unknown, 1 yes, 2 no
-  const bool cached = device >= 0 && device < kMaxDevices;
-  int v = cached ? cache[device].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
-    cudaFuncAttributes fa;
-    v = cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 ? 1 : 2;
-    cudaGetLastError();
-    if (cached) cache[device].store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
-// FUSEDK_NO_TMA=1 in the environment: the pre-Hopper kernels everywhere (A/B and their tests).
-bool tma_disabled() {
-  static const bool off = [] {
-    const char *e = getenv("FUSEDK_NO_TMA");
-    return e && *e && strcmp(e, "0") != 0;
-  }();
-  return off;
-}
-
 template <typename T, int ST, int M>
 cudaError_t run_tma(const fusedk__rope_args &a, const TmaPlan &p, int NT, cudaStream_t s, int device, bool *used) {
   constexpr auto kernel = qkv_tma_kernel<T, ST, M>;
@@ -2406,6 +2776,530 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
 }
 #endif // FUSEDK__PART_LINEAR
 
+#if FUSEDK__PART_ATTENTION
+// ---------------------------------------------------------------------------------------------
+// [attention] softmax attention in one pass over the keys (flash attention, forward).
+//
+// Portable path (sm_80+, attn_kernel): a block owns BR = 16 MT WARPS query rows of one (b, h),
+// 16 MT a warp, and walks the keys in tiles of BC: S = Q K^T (mma.sync; Q stays in shared memory
+// and is re-read by ldmatrix, which leaves the registers to O) -> scale, mask, online softmax in
+// registers -> P, packed to 16 bits in registers as the next product's operand -> O += P V. Q,
+// one K and one V tile sit in swizzled shared memory; V[j]'s copy runs under S's product and
+// softmax, K[j+1]'s under P V (FlashAttention-2's schedule). A warp's MT row tiles share each
+// K and V fragment it loads: shared-memory reads per flop fall as 1 / MT. Scores are scaled by
+// scale * log2(e) before the row max (a negative scale stays correct) and exponentiated by exp2.
+// Head sizes up to 256 run on the next tile width D (64, 128, 256), the columns past Dh zeros.
+// ---------------------------------------------------------------------------------------------
+
+// A launch plan: warps a block, 16-row tiles a warp (MT), keys a tile (BC), and the blocks an
+// SM keeps (which caps registers: 65536 / (blocks x threads)).
+template <int WARPS, int MT, int BC, int MIN_BLOCKS> struct AttnShape {
+  static constexpr int kWarps = WARPS, kMt = MT, kBc = BC, kMinBlocks = MIN_BLOCKS, kRows = 16 * MT * WARPS;
+};
+// the plan per tile width D (bench/attn_plans.cu; bench/NOTES.md): two row tiles a warp where
+// the registers allow (half the shared-memory reads of K and V a flop); Dh 256: one, and 32
+// keys a tile (96 KB of shared memory: sm_86 and sm_89 blocks get 99 KB)
+template <int D> struct AttnPlan;
+template <> struct AttnPlan<64> { using type = AttnShape<4, 2, 64, 2>; };
+template <> struct AttnPlan<128> { using type = AttnShape<4, 2, 64, 2>; };
+template <> struct AttnPlan<256> { using type = AttnShape<8, 1, 32, 1>; };
+
+// how many keys query row i sees: those before kv (kv_len, clamped) and, causal, those before
+// i + Sk - Sq + 1
+__device__ __forceinline__ int64_t attn_keys(const fusedk__attn_args &a, int64_t kv, int64_t i) {
+  return a.causal ? max((int64_t)0, min(kv, i + a.Sk - a.Sq + 1)) : kv;
+}
+
+// 2^x in one MUFU op (flush-to-zero: weights below 2^-126 of the row's max are 0); exp2f adds a
+// denormal range fix-up around it, 3 more instructions an element
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// max and sum over the 4 lanes of a quad (the lanes holding one accumulator row)
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// S = Q K^T for the warp's MT row tiles: Q by 16-column steps (one ldmatrix a row tile), K by
+// pairs of n8 tiles, each K fragment used by every row tile. (Q's lanes: rows lane % 16, chunk
+// parity lane / 16; K's: keys 0-7 / 8-15 and the parity, so that one ldmatrix gives both k
+// halves of two n8 tiles.)
+template <typename T, int D, int MT, int BC>
+__device__ __forceinline__ void attn_scores(float (&s)[MT][BC / 8][4], const SwzLane<D / 8> &lq,
+                                            const SwzLane<D / 8> &lk) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int t = 0; t < BC / 8; ++t) s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t qa[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], lq.at(mt, kk));
+#pragma unroll
+    for (int n = 0; n < BC / 16; ++n) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, lk.at(n, kk));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<T>(s[mt][2 * n], qa[mt], kb[0], kb[1]);
+        mma_16816<T>(s[mt][2 * n + 1], qa[mt], kb[2], kb[3]);
+      }
+    }
+  }
+}
+
+// Online softmax over one tile of raw scores s for the thread's two rows (hf 0: c0 c1, hf 1:
+// c2 c3 of each n8 tile), c = scale * log2(e): the running max m (of the scaled scores), l
+// rescaled to it, s replaced by exp2(s c - m) (one FFMA and one MUFU an element); alpha[hf], the
+// factor O's rows take (attn_rescale: the caller picks the moment, O may be in a product still).
+// The row's extreme raw score is its max when c > 0 and its min when c < 0 (a uniform branch);
+// masked scores are -inf or +inf to match (attn_mask), so that s c is -inf. A row that has
+// seen only masked keys keeps m = -inf and contributes zeros (its shift is 0: no inf - inf).
+template <int BC>
+__device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2]) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float x = s[0][2 * hf];
+    if (c > 0.f) {
+#pragma unroll
+      for (int t = 0; t < BC / 8; ++t) x = fmaxf(x, fmaxf(s[t][2 * hf], s[t][2 * hf + 1]));
+      x = quad_max(x);
+    } else {
+#pragma unroll
+      for (int t = 0; t < BC / 8; ++t) x = fminf(x, fminf(s[t][2 * hf], s[t][2 * hf + 1]));
+      x = -quad_max(-x);
+    }
+    const float mx = fmaxf(m[hf], x * c), shift = mx == -INFINITY ? 0.f : mx;
+    alpha[hf] = exp2_ftz(m[hf] - shift), m[hf] = mx, l[hf] *= alpha[hf];
+#pragma unroll
+    for (int t = 0; t < BC / 8; ++t) {
+      s[t][2 * hf] = exp2_ftz(fmaf(s[t][2 * hf], c, -shift));
+      s[t][2 * hf + 1] = exp2_ftz(fmaf(s[t][2 * hf + 1], c, -shift));
+      l[hf] += s[t][2 * hf] + s[t][2 * hf + 1];
+    }
+  }
+}
+template <int D> __device__ __forceinline__ void attn_rescale(float (&o)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) o[t][0] *= alpha[0], o[t][1] *= alpha[0], o[t][2] *= alpha[1], o[t][3] *= alpha[1];
+}
+// P as the next product's a operand: the accumulator pairs of n8 tiles 2k, 2k + 1, rounded to T
+template <typename T, int BC> __device__ __forceinline__ void attn_pack(uint32_t (&pa)[BC / 16][4], const float (&s)[BC / 8][4]) {
+#pragma unroll
+  for (int k = 0; k < BC / 16; ++k) {
+    const float(&x)[4] = s[2 * k], (&y)[4] = s[2 * k + 1];
+    pa[k][0] = pack2<T>(x[0], x[1]), pa[k][1] = pack2<T>(x[2], x[3]), pa[k][2] = pack2<T>(y[0], y[1]),
+    pa[k][3] = pack2<T>(y[2], y[3]);
+  }
+}
+
+// O += P V: P's accumulator pairs are the a operand (attn_pack); V (row-major [key, d]) by
+// ldmatrix.trans
+template <typename T, int D, int MT, int BC>
+__device__ __forceinline__ void attn_pv(float (&o)[MT][D / 8][4], const float (&s)[MT][BC / 8][4],
+                                        const SwzLane<D / 8> &lv) {
+  uint32_t pa[MT][BC / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) attn_pack<T, BC>(pa[mt], s[mt]);
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk)
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      uint32_t vb[4]; // keys kk*16 + 0-7 / 8-15 by columns n*16 + 0-7 / 8-15
+      ldmatrix_x4_trans(vb, lv.at(kk, n));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<T>(o[mt][2 * n], pa[mt][kk], vb[0], vb[1]);
+        mma_16816<T>(o[mt][2 * n + 1], pa[mt][kk], vb[2], vb[3]);
+      }
+    }
+}
+
+// O / l of a region of ROWS query rows (block rows row0 + [0, ROWS)) stored by THREADS threads:
+// each thread's two accumulator rows (frag, frag + 8 within the region) rounded into shared
+// memory at at(row, chunk) (16-byte chunks of the region's rows, Q's space: no other thread
+// reads it), sync() over the region's threads, then whole chunks a thread to global; lse from
+// the max and the sum. l == 0 (no key seen): 0 and -inf; a NaN l stays NaN.
+template <typename T, int D, bool VEC, int ROWS, int THREADS, typename At, typename Sync>
+__device__ __forceinline__ void attn_store(const fusedk__attn_args &a, float (&o)[D / 8][4], const float (&m)[2],
+                                           float (&l)[2], At at, Sync sync, int frag, int row0, int64_t b, int64_t h,
+                                           int64_t i0, int tid) {
+  float inv[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) l[hf] = quad_sum(l[hf]), inv[hf] = l[hf] == 0.f ? 0.f : 1.f / l[hf];
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(at(frag + 8 * hf, t) + (tid % 4) * 4),
+                   "r"(pack2<T>(o[t][2 * hf] * inv[hf], o[t][2 * hf + 1] * inv[hf]))
+                   : "memory");
+  if (a.lse.p && tid % 4 == 0)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t i = i0 + row0 + frag + 8 * hf;
+      if (i < a.Sq)
+        a.lse.p[b * a.lse.sb + h * a.lse.sh + i * a.lse.ss] =
+            l[hf] == 0.f ? -INFINITY : (m[hf] + __log2f(l[hf])) * 0.6931471805599453f;
+    }
+  sync();
+  constexpr int CH = D / 8;
+  T *out = (T *)a.out.p + b * a.out.sb + h * a.out.sh;
+#pragma unroll
+  for (int k = 0; k < ROWS * CH / THREADS; ++k) {
+    const int idx = k * THREADS + tid, r = idx / CH, c = idx % CH;
+    const int64_t i = i0 + row0 + r;
+    if (i >= a.Sq || c * 8 >= a.Dh) continue;
+    uint32_t w[4];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(at(r, c)));
+    T *p = out + i * a.out.ss + c * 8;
+    if constexpr (VEC) *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    else
+      for (int e = 0; e < 8 && c * 8 + e < a.Dh; ++e)
+        reinterpret_cast<uint16_t *>(p)[e] = (uint16_t)(w[e / 2] >> (16 * (e % 2)));
+  }
+}
+
+// The keys of (b, query block mb): kv (kv_len[b] clamped), and those the block's last and first
+// rows see (n_hi, n_lo); the query blocks run the last first (see attn_kernel).
+struct AttnBlock {
+  int64_t b, h, hk, i0, rows, kv, n_hi, n_lo;
+  __device__ __forceinline__ AttnBlock(const fusedk__attn_args &a, int n_mb, int br) {
+    const int mb = n_mb - 1 - (int)(blockIdx.x % n_mb);
+    const int64_t bh = blockIdx.x / n_mb;
+    b = bh / a.Hq, h = bh % a.Hq, hk = h / (a.Hq / a.Hkv), i0 = (int64_t)mb * br, rows = min((int64_t)br, a.Sq - i0);
+    kv = a.kv_len ? max((int64_t)0, min(a.Sk, (int64_t)a.kv_len[b * a.kv_stride])) : a.Sk;
+    n_hi = attn_keys(a, kv, i0 + rows - 1), n_lo = attn_keys(a, kv, i0);
+  }
+};
+
+// Masks the keys past each row's limit (lim, absolute) in one row tile of raw scores when the
+// tile at j0 is an edge one (some row of the block sees only part of it): -inf, or +inf when the
+// scale is negative, so that the scaled score is -inf (attn_softmax).
+template <int BC>
+__device__ __forceinline__ void attn_mask(float (&s)[BC / 8][4], float c, const int64_t (&lim)[2], int64_t j0,
+                                          bool edge, int c0) {
+  if (!edge) return;
+  const float masked = c > 0.f ? -INFINITY : INFINITY;
+  const int rel[2] = {(int)min(lim[0] - j0, (int64_t)BC), (int)min(lim[1] - j0, (int64_t)BC)};
+#pragma unroll
+  for (int t = 0; t < BC / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (t * 8 + c0 + (e & 1) >= rel[e >> 1]) s[t][e] = masked;
+}
+
+// One block: BR query rows of one (b, h). Blocks run (b, h)-major so that the blocks of one head
+// share its K and V in L2, and the last query blocks first: under a causal mask they see the
+// most keys, and the short ones fill the tail of the grid. Warp w owns rows [16 MT w, + 16 MT).
+template <typename T, int D, typename P, bool VEC>
+__global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
+    attn_kernel(const fusedk__attn_args a, int n_mb, float scale_log2) {
+  constexpr int BR = P::kRows, BC = P::kBc, MT = P::kMt, CH = D / 8, NT = 32 * P::kWarps;
+  extern __shared__ __align__(128) unsigned char attn_smem[];
+  const uint32_t sq = smem_u32(attn_smem), sk = sq + BR * D * 2, sv = sk + BC * D * 2;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const AttnBlock blk(a, n_mb, BR);
+  const int64_t b = blk.b, h = blk.h, i0 = blk.i0, n_hi = blk.n_hi;
+  const int n_tiles = (int)((n_hi + BC - 1) / BC), dh = (int)a.Dh;
+  const T *k = (const T *)a.k.p + b * a.k.sb + blk.hk * a.k.sh, *v = (const T *)a.v.p + b * a.v.sb + blk.hk * a.v.sh;
+
+  load_tile<T, BR, CH, NT, VEC>(sq, (const T *)a.q.p + b * a.q.sb + i0 * a.q.ss + h * a.q.sh, a.q.ss, (int)blk.rows,
+                                dh);
+  if (n_tiles) load_tile<T, BC, CH, NT, VEC>(sk, k, a.k.ss, (int)min((int64_t)BC, n_hi), dh);
+  cp_async_commit();
+
+  float o[MT][D / 8][4], m[MT][2], l[MT][2];
+  int64_t lim[MT][2]; // the keys each of the thread's rows sees
+  const int row0 = warp * 16 * MT, c0 = 2 * (lane % 4);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) o[mt][t][0] = o[mt][t][1] = o[mt][t][2] = o[mt][t][3] = 0.f;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      m[mt][hf] = -INFINITY, l[mt][hf] = 0.f, lim[mt][hf] = attn_keys(a, blk.kv, i0 + row0 + 16 * mt + lane / 4 + 8 * hf);
+  }
+  const SwzLane<CH> lq(sq, row0 + (lane & 15), lane >> 4), lk(sk, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1),
+      lv(sv, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int64_t j0 = (int64_t)j * BC;
+    cp_async_wait<0>(); // K[j] (and Q) landed; after the barrier every warp is done with V[j-1]
+    __syncthreads();
+    load_tile<T, BC, CH, NT, VEC>(sv, v + j0 * a.v.ss, a.v.ss, (int)min((int64_t)BC, n_hi - j0), dh);
+    cp_async_commit();
+    float s[MT][BC / 8][4];
+    attn_scores<T, D, MT, BC>(s, lq, lk);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      attn_mask<BC>(s[mt], scale_log2, lim[mt], j0, j0 + BC > blk.n_lo, c0);
+      float alpha[2];
+      attn_softmax<BC>(s[mt], scale_log2, m[mt], l[mt], alpha);
+      attn_rescale<D>(o[mt], alpha);
+    }
+    cp_async_wait<0>(); // V[j] landed; after the barrier every warp is done with K[j]
+    __syncthreads();
+    if (j + 1 < n_tiles)
+      load_tile<T, BC, CH, NT, VEC>(sk, k + (j0 + BC) * a.k.ss, a.k.ss, (int)min((int64_t)BC, n_hi - j0 - BC), dh);
+    cp_async_commit();
+    attn_pv<T, D, MT, BC>(o, s, lv);
+  }
+  cp_async_wait<0>(); // Q landed even when no key tile ran
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) { // through the warp's own Q rows
+    const int r0 = row0 + 16 * mt;
+    attn_store<T, D, VEC, 16, 32>(
+        a, o[mt], m[mt], l[mt], [&](int r, int c) { return sq + swz<CH>(r0 + r, c); }, [] { __syncwarp(); }, lane / 4,
+        r0, b, h, i0, lane);
+  }
+}
+
+template <typename T, int D, typename P, bool VEC>
+cudaError_t launch_attn(const fusedk__attn_args &a, cudaStream_t s, int dev) {
+  constexpr size_t smem = (size_t)(P::kRows + 2 * P::kBc) * D * sizeof(T);
+  const int64_t n_mb = (a.Sq + P::kRows - 1) / P::kRows;
+  const cudaError_t e = smem_opt_in<attn_kernel<T, D, P, VEC>>(smem, 0, dev);
+  if (e != cudaSuccess) return e;
+  attn_kernel<T, D, P, VEC><<<(unsigned)(n_mb * a.B * a.Hq), 32 * P::kWarps, smem, s>>>(a, (int)n_mb,
+                                                                                      a.scale * 1.4426950408889634f);
+  return cudaGetLastError();
+}
+
+// Hopper path (sm_90a, attn_tma_kernel): a block of three warpgroups owns 128 query rows of one
+// (b, h). Warpgroup 0 produces: one thread issues the TMA loads, Q once, then K and V tiles of BC
+// keys into a ring of stages, each tile completing on its mbarrier, a stage refilled once both
+// consumers have released it; it hands its registers to the consumers (setmaxnreg). Warpgroups
+// 1 and 2 consume 64 rows each: S = Q K^T (wgmma, both from shared memory), scale, mask and the
+// online softmax in registers (attn_mask, attn_softmax: the accumulator's rows are mma.sync's),
+// O += P V (wgmma, P from registers, V transposed from shared memory). Rows and keys past the
+// tensors' ends load as zeros; the keys of the last tile past kv_len (or the causal limit of the
+// block's last row) are zeroed in V, since a weight of 0 times a NaN there would be NaN.
+template <int D> struct AttnTmaPlan; // keys a tile, stages of the K/V ring
+template <> struct AttnTmaPlan<64> { static constexpr int kBc = 128, kStages = 2; };
+template <> struct AttnTmaPlan<128> { static constexpr int kBc = 176, kStages = 2; };
+template <> struct AttnTmaPlan<256> { static constexpr int kBc = 64, kStages = 2; };
+constexpr int kAttnRows = 128; // query rows a block, 64 a consumer warpgroup
+
+// shared-memory layout (bytes from a 1024-aligned base): Q, the K stages, the V stages, barriers
+template <int D> struct AttnTmaSmem {
+  static constexpr int kBc = AttnTmaPlan<D>::kBc, kStages = AttnTmaPlan<D>::kStages;
+  static constexpr uint32_t kQ = 0, kK = kQ + kAttnRows * D * 2, kTile = kBc * D * 2, kV = kK + kStages * kTile,
+                            kBars = kV + kStages * kTile, kBytes = kBars + (1 + 4 * kStages) * 8 + 1024;
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+    attn_tma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                    const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, int n_mb, float scale_log2) {
+#if FUSEDK__SM90A
+  using L = AttnTmaSmem<D>;
+  constexpr int BC = L::kBc, ST = L::kStages, CB = D / 64, CH = D / 8;
+  extern __shared__ __align__(1024) unsigned char attn_tma_smem[];
+  const uint32_t raw = smem_u32(attn_tma_smem), base = (raw + 1023) & ~1023u;
+  uint64_t *bars = reinterpret_cast<uint64_t *>(attn_tma_smem + (base - raw) + L::kBars);
+  // Q; per stage: K landed, V landed, K released, V released (each consumer thread arrives)
+  uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + ST, *k_free = v_full + ST, *v_free = k_free + ST;
+  const uint32_t sq = base + L::kQ, sk = base + L::kK, sv = base + L::kV;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const AttnBlock blk(a, n_mb, kAttnRows);
+  const int n_tiles = (int)((blk.n_hi + BC - 1) / BC);
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < ST; ++s)
+      mbar_init(&k_full[s], 1), mbar_init(&v_full[s], 1), mbar_init(&k_free[s], 256), mbar_init(&v_free[s], 256);
+    fence_mbar_init();
+  }
+  __syncthreads();
+  if (wg == 0) { // the producer: tile j's K into stage j % ST once tile j - ST's K is released, then its V
+    regs_lower<24>();
+    if (tid == 0) {
+      const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk;
+      mbar_expect(q_full, kAttnRows * D * 2);
+      for (int c = 0; c < CB; ++c) tma_load_4d(sq + c * kAttnRows * 128, &tq, 64 * c, (int)blk.i0, h, b, q_full);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % ST;
+        const uint32_t ph = (j / ST - 1) & 1;
+        if (j >= ST) mbar_wait(&k_free[s], ph);
+        mbar_expect(&k_full[s], L::kTile);
+        for (int c = 0; c < CB; ++c) tma_load_4d(sk + s * L::kTile + c * BC * 128, &tk, 64 * c, j * BC, hk, b, &k_full[s]);
+        if (j >= ST) mbar_wait(&v_free[s], ph);
+        mbar_expect(&v_full[s], L::kTile);
+        for (int c = 0; c < CB; ++c) tma_load_4d(sv + s * L::kTile + c * BC * 128, &tv, 64 * c, j * BC, hk, b, &v_full[s]);
+      }
+    }
+    return;
+  }
+  // The consumers. Iteration j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then runs
+  // tile j's softmax while the second product is still in the tensor cores (FA3's intra-warpgroup
+  // overlap); O takes tile j's rescale and P_j its registers only after that product is done (P_j
+  // packed any earlier, into registers of its own, makes ptxas serialize the products).
+  regs_raise<240>();
+  const int w = wg - 1, warp = tid / 32, lane = tid % 32, frag = 16 * warp + lane / 4, c0 = 2 * (lane % 4);
+  const int64_t r0 = blk.i0 + 64 * w; // the warpgroup's first row
+  float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+  const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  uint32_t pa[BC / 16][4];
+  auto scores = [&](float (&sc)[BC / 8][4], int j) { // issue S_j (k steps of 16 columns: 32 bytes a step)
+    const uint32_t kt = sk + (j % ST) * L::kTile;
+    auto qd = [&](int kk) { return wgmma_desc(sq + (kk / 4) * kAttnRows * 128 + w * 64 * 128 + (kk % 4) * 32, 16, 1024); };
+    auto kd = [&](int kk) { return wgmma_desc(kt + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024); };
+    wgmma_ss0<T, BC>(sc, qd(0), kd(0));
+#pragma unroll
+    for (int kk = 1; kk < D / 16; ++kk) wgmma_ss<T, BC>(sc, qd(kk), kd(kk), 1);
+    wgmma_commit();
+  };
+  auto values_ready = [&](int j) { // V_j landed, its keys past the block's last one zeroed
+    const uint32_t vt = sv + (j % ST) * L::kTile;
+    const int64_t j0 = (int64_t)j * BC;
+    mbar_wait(&v_full[j % ST], (j / ST) & 1);
+    if (j0 + BC > blk.n_hi) { // keys no row of the block sees: zeros, not whatever the tensor holds
+      const int from = (int)(blk.n_hi - j0);
+      for (int i = tid; i < (BC - from) * CH; i += 128) {
+        const int r = from + i / CH, c = i % CH;
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(vt + (c / 8) * BC * 128 + r * 128 +
+                                                                      (((c % 8) ^ (r & 7)) * 16)), "r"(0)
+                     : "memory");
+      }
+      fence_async_smem();
+      bar_sync(1 + w, 128);
+    }
+  };
+  auto values = [&](int j) { // issue O += P_j V_j (k steps of 16 keys: 16 rows of V)
+    const uint32_t vt = sv + (j % ST) * L::kTile;
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], wgmma_desc(vt + kk * 16 * 128, BC * 128, 1024), 1);
+    wgmma_commit();
+  };
+  auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights, packed; alpha for O
+    const int64_t j0 = (int64_t)j * BC;
+    attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
+    attn_softmax<BC>(sc, scale_log2, m, l, alpha);
+  };
+  // Ping-pong: the two consumers take turns to issue their products (named barriers 3 and 4, one
+  // per consumer, each passed by the other after its issue), so that one's softmax runs while the
+  // other's products keep the tensor cores busy. Consumer 0 goes first; n_tiles + 1 turns each,
+  // consumer 1 passes its last to nobody.
+  auto turn = [&] { bar_sync(3 + w, 256); };
+  auto pass = [&](bool last) {
+    if (!(last && w == 1)) bar_arrive(4 - w, 256);
+  };
+  if (n_tiles && w == 1) bar_arrive(3, 256);
+  mbar_wait(q_full, 0);
+  if (n_tiles) {
+    float sc[BC / 8][4];
+    mbar_wait(&k_full[0], 0);
+    turn();
+    wgmma_fence();
+    scores(sc, 0);
+    pass(false);
+    wgmma_wait<0>();
+    wgmma_hold(sc);
+    mbar_arrive(&k_free[0]);
+    softmax(sc, 0);
+    attn_pack<T, BC>(pa, sc);
+  }
+  for (int j = 1; j < n_tiles; ++j) {
+    float sc[BC / 8][4];
+    values_ready(j - 1);
+    mbar_wait(&k_full[j % ST], (j / ST) & 1);
+    wgmma_hold(o); // O's rescale and P_{j-1} are in their registers before the products start
+    wgmma_hold(pa);
+    turn();
+    wgmma_fence();
+    scores(sc, j);
+    values(j - 1);
+    pass(false);
+    wgmma_wait<1>(); // S_j is done, P_{j-1} V_{j-1} may still run
+    wgmma_hold(sc);
+    mbar_arrive(&k_free[j % ST]);
+    softmax(sc, j);
+    wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's rescale
+    wgmma_hold(o);
+    mbar_arrive(&v_free[(j - 1) % ST]);
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // most tiles: no new max
+    attn_pack<T, BC>(pa, sc);
+  }
+  if (n_tiles) {
+    values_ready(n_tiles - 1);
+    wgmma_hold(o);
+    wgmma_hold(pa);
+    turn();
+    wgmma_fence();
+    values(n_tiles - 1);
+    pass(true);
+    wgmma_wait<0>();
+    wgmma_hold(o);
+  }
+  // through the warpgroup's own Q rows (its last S product is done)
+  attn_store<T, D, true, 64, 128>(
+      a, o, m, l,
+      [&](int r, int c) { return sq + (c / 8) * kAttnRows * 128 + (64 * w + r) * 128 + (((c % 8) ^ (r & 7)) * 16); },
+      [&] { bar_sync(1 + w, 128); }, frag, 64 * w, blk.b, blk.h, blk.i0, tid);
+#endif
+}
+
+// The Hopper kernel when it applies: the device runs sm_90a code, FUSEDK_NO_TMA is unset, and
+// TMA can describe q, k and v (16-byte aligned bases and strides; attn_vec). *used says.
+template <typename T, int D>
+cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev, bool *used) {
+  using L = AttnTmaSmem<D>;
+  *used = false;
+  if (tma_disabled() || !tma_code<attn_tma_kernel<T, D>>(dev) || L::kBytes > device_smem_optin(dev)) return cudaSuccess;
+  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
+  CUtensorMap tq, tk, tv;
+  if (!tmap_bshd(&tq, a.q.p, bf, a.B, a.Sq, a.Hq, a.Dh, a.q.sb, a.q.ss, a.q.sh, kAttnRows) ||
+      !tmap_bshd(&tk, a.k.p, bf, a.B, a.Sk, a.Hkv, a.Dh, a.k.sb, a.k.ss, a.k.sh, L::kBc) ||
+      !tmap_bshd(&tv, a.v.p, bf, a.B, a.Sk, a.Hkv, a.Dh, a.v.sb, a.v.ss, a.v.sh, L::kBc))
+    return cudaSuccess;
+  const cudaError_t e = smem_opt_in<attn_tma_kernel<T, D>>(L::kBytes, 0, dev);
+  if (e != cudaSuccess) return e;
+  const int64_t n_mb = (a.Sq + kAttnRows - 1) / kAttnRows;
+  attn_tma_kernel<T, D><<<(unsigned)(n_mb * a.B * a.Hq), 384, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb,
+                                                                               a.scale * 1.4426950408889634f);
+  *used = true;
+  return cudaGetLastError();
+}
+
+// 16-byte rows: every base 16-byte aligned, every row stride and Dh a multiple of 8 elements
+bool attn_vec(const fusedk__attn_args &a) {
+  auto ok = [](const void *p, int64_t s0, int64_t s1, int64_t s2) {
+    return (uintptr_t)p % 16 == 0 && s0 % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0;
+  };
+  return a.Dh % 8 == 0 && ok(a.q.p, a.q.sb, a.q.ss, a.q.sh) && ok(a.k.p, a.k.sb, a.k.ss, a.k.sh) &&
+         ok(a.v.p, a.v.sb, a.v.ss, a.v.sh) && ok(a.out.p, a.out.sb, a.out.ss, a.out.sh);
+}
+
+template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, cudaStream_t s, int dev) {
+  auto by_width = [&](auto vc) -> cudaError_t {
+    constexpr bool V = decltype(vc)::value;
+    return a.Dh <= 64    ? launch_attn<T, 64, typename AttnPlan<64>::type, V>(a, s, dev)
+           : a.Dh <= 128 ? launch_attn<T, 128, typename AttnPlan<128>::type, V>(a, s, dev)
+                         : launch_attn<T, 256, typename AttnPlan<256>::type, V>(a, s, dev);
+  };
+  if (!attn_vec(a)) return by_width(std::false_type{});
+  bool used; // Hopper: the TMA kernel where it applies
+  const cudaError_t e = a.Dh <= 64    ? launch_attn_tma<T, 64>(a, s, dev, &used)
+                        : a.Dh <= 128 ? launch_attn_tma<T, 128>(a, s, dev, &used)
+                                      : launch_attn_tma<T, 256>(a, s, dev, &used);
+  return used || e != cudaSuccess ? e : by_width(std::true_type{});
+}
+#endif // FUSEDK__PART_ATTENTION
+
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -2514,6 +3408,19 @@ void fusedk__cuda_shutdown(void) {
   cudaGetLastError(); // e.g. at process exit: not sticky
 }
 #endif // FUSEDK__PART_LINEAR
+
+#if FUSEDK__PART_ATTENTION
+fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
+                                     struct CUstream_st *stream) {
+  return on_device(device_id, op, [&] {
+    return dispatch_scalar(a->scalar, [&](auto t) {
+      using T = typename decltype(t)::type;
+      if constexpr (sizeof(T) == 2) return launch_attention<T>(*a, stream, device_id);
+      else return cudaErrorNotSupported; // fusedk.h refuses float32 tensors first
+    });
+  });
+}
+#endif // FUSEDK__PART_ATTENTION
 
 #if FUSEDK__PART_RUNTIME
 // Stream-ordered, from the device's default memory pool: no device-wide synchronization, and

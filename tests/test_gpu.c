@@ -10,7 +10,7 @@
    differences; aux = |x| for the Mochi op (float32 math on x + n), and |x| + |cpu| >= |n| in its
    exact mode, which rounds the normalized term n = y - x too: one ulp of n can show on top. Exit 77 (skip) without a CUDA device.
 
-   Layout: helpers, then per family a case struct (case_t, rope_t, qknr_t, linear_t: designated
+   Layout: helpers, then per family a case struct (case_t, rope_t, qknr_t, linear_t, attn_t: designated
    initializers, zero fields left out) and its runner (run_case, run_rope, run_qknr, run_linear),
    then the units (a family's cases for one dtype or one group, rows of cases below each) and
    the table of units, run as parallel processes (see "units and how they run"). */
@@ -820,6 +820,116 @@ static void run_linear_graph(void) {
   drop(&x), drop(&w), drop(&b), drop(&y), drop(&z), drop(&dy), drop(&dx), drop(&dw), drop(&db);
 }
 
+/* --- [attention] attention against the CPU reference ------------------------------------------
+   q [B, Sq, Hq, Dh], k, v [B, Sk, Hq / G, Dh]. layout 0: [B, S, H, D] tensors (pad: row padding);
+   1: [B, H, S, D] buffers seen through transposed views (out too); 2: q, k, v as views of one
+   packed [B, S, 3, H, Dh] projection (Sq = Sk, G = 1). kv: kv_len {0, 1, Sk / 2, Sk, Sk + 5}
+   cycled over B. special 1: q scaled 30x (scores far past exp's range unshifted); 2: key 5 of kv
+   head 0 is NaN (the rows that see it are NaN, no other). shift: misaligned bases (the element
+   path). Tolerance: out within eps_T (|cpu| + max|v|) (P rounds to T before P V, one rounding
+   of each weight), lse within 2^-20 (|cpu| + the largest |score| possible) (float32 scores). */
+typedef struct {
+  fusedk_scalar s;
+  int64_t B, Sq, Sk, Hq, G, Dh;
+  int causal, layout, kv, special;
+  int64_t pad;
+  size_t shift;
+  float scale;
+} attn_t;
+
+/* a [B, S, H, D] tensor: compact (+pad) or, layout 1, a [B, H, S, D] buffer's transposed view */
+static buf_t mk_bshd(const attn_t *c, int64_t S, int64_t H, double scale) {
+  const int64_t shp[4] = {c->B, c->layout == 1 ? H : S, c->layout == 1 ? S : H, c->Dh};
+  buf_t b = mk(c->s, 4, shp, c->pad, c->shift, 0, scale, 0.0);
+  if (c->layout == 1) {
+    int64_t t = b.shape[1];
+    b.shape[1] = b.shape[2], b.shape[2] = t, t = b.strides[1], b.strides[1] = b.strides[2], b.strides[2] = t;
+  }
+  return b;
+}
+static double max_abs(const buf_t *b) {
+  double m = 0;
+  for (int64_t i = 0, n = view_count(b); i < n; ++i) m = fmax(m, fabs(get(b->h, view_at(b, i), b->s)));
+  return m;
+}
+/* a float32 buffer like o's allocation, every element v: compare()'s aux term */
+static buf_t mk_const(const buf_t *o, double v) {
+  buf_t a = mk(FUSEDK_F32, o->ndim, o->shape, 0, 0, 0, 0.0, 0.0);
+  free(a.h), a.h = malloc(o->n_alloc * 4), a.n_alloc = o->n_alloc;
+  for (size_t i = 0; i < o->n_alloc; ++i) put(a.h, i, v, FUSEDK_F32);
+  return a;
+}
+
+static void run_attn(attn_t c) {
+  const fusedk_scalar s = c.s;
+  const int64_t B = c.B, Sq = c.Sq, Sk = c.Sk, Hq = c.Hq, Hkv = c.Hq / c.G, Dh = c.Dh;
+  buf_t qkv = {0}, q = {0}, k = {0}, v = {0};
+  fusedk_tensor in_h[3], in_d[3];
+  int64_t pshape[4] = {B, Sq, Hq, Dh}, pstr[4];
+  if (c.layout == 2) { /* one [B, S, 3 H, Dh] buffer; q, k, v its thirds along the head dim */
+    const int64_t shp[4] = {B, Sq, 3 * Hq, Dh};
+    qkv = mk(s, 4, shp, c.pad, c.shift, 0, 1.0, 0.0);
+    memcpy(pstr, qkv.strides, sizeof pstr);
+    for (int j = 0; j < 3; ++j) {
+      in_h[j] = qkv.th, in_d[j] = qkv.td;
+      in_h[j].shape = in_d[j].shape = pshape, in_h[j].strides = in_d[j].strides = pstr;
+      in_h[j].byte_offset = in_d[j].byte_offset = qkv.th.byte_offset + (uint64_t)(j * Hq * pstr[2]) * esize(s);
+    }
+  } else {
+    q = mk_bshd(&c, Sq, Hq, c.special == 1 ? 30.0 : 1.0), k = mk_bshd(&c, Sk, Hkv, 1.0), v = mk_bshd(&c, Sk, Hkv, 1.0);
+    if (c.special == 2 && Sk > 5) { /* key 5 of batch 0, kv head 0: NaN on both sides */
+      const size_t at = k.off + (size_t)(5 * k.strides[1]);
+      put(k.h, at, NAN, s);
+      CK(cudaMemcpy((char *)k.d + at * esize(s), (char *)k.h + at * esize(s), esize(s), cudaMemcpyHostToDevice));
+    }
+    in_h[0] = q.th, in_h[1] = k.th, in_h[2] = v.th, in_d[0] = q.td, in_d[1] = k.td, in_d[2] = v.td;
+  }
+  buf_t out = mk_bshd(&c, Sq, Hq, 0.0);
+  const int64_t lshape[3] = {B, Hq, Sq};
+  buf_t lse = mk(FUSEDK_F32, 3, lshape, 0, 0, 0, 0.0, 0.0);
+  poison(&out), poison(&lse);
+  int32_t *kvh = NULL, *kvd = NULL;
+  fusedk_tensor kv_h, kv_d;
+  int64_t kshape[1] = {B};
+  if (c.kv) {
+    kvh = malloc((size_t)B * 4);
+    const int64_t pick[5] = {0, 1, Sk / 2, Sk, Sk + 5};
+    for (int64_t b = 0; b < B; ++b) kvh[b] = (int32_t)pick[b % 5];
+    CK(cudaMalloc((void **)&kvd, (size_t)B * 4));
+    CK(cudaMemcpy(kvd, kvh, (size_t)B * 4, cudaMemcpyHostToDevice));
+    kv_h = fusedk_tensor_cpu(kvh, FUSEDK_I32, 1, kshape), kv_d = kv_h;
+    kv_d.data = kvd, kv_d.device.device_type = FUSEDK_DEVICE_CUDA;
+  }
+  char what[240];
+  snprintf(what, sizeof what, "attention %s B%lld Sq%lld Sk%lld Hq%lld G%lld Dh%lld%s layout %d%s%s%s pad %lld "
+           "shift %zu scale %g", sname(s), (long long)B, (long long)Sq, (long long)Sk, (long long)Hq, (long long)c.G,
+           (long long)Dh, c.causal ? " causal" : "", c.layout, c.kv ? " kv_len" : "",
+           c.special == 1 ? " huge" : c.special == 2 ? " nan-key" : "", "", (long long)c.pad, c.shift, (double)c.scale);
+  ++checks;
+  fusedk_status sc = fusedk_attention(&out.th, &lse.th, &in_h[0], &in_h[1], &in_h[2], c.kv ? &kv_h : NULL, c.scale,
+                                      c.causal, NULL);
+  fusedk_status sg = fusedk_attention(&out.td, &lse.td, &in_d[0], &in_d[1], &in_d[2], c.kv ? &kv_d : NULL, c.scale,
+                                      c.causal, NULL);
+  int bad = call_failed(what, sc, sg);
+  if (!bad) {
+    const buf_t *vb = c.layout == 2 ? &qkv : &v, *qb = c.layout == 2 ? &qkv : &q, *kb = c.layout == 2 ? &qkv : &k;
+    const double vmax = max_abs(vb), scale = c.scale != 0.0f ? fabs(c.scale) : 1.0 / sqrt((double)Dh);
+    double smax = scale * (double)Dh * max_abs(qb) * max_abs(kb);
+    if (isnan(smax)) smax = 0; /* the NaN key: its rows are NaN on both sides */
+    buf_t ao = mk_const(&out, vmax), al = mk_const(&lse, smax);
+    bad += compare(what, &out, &ao, 0, eps_of(s), c.special != 2);
+    bad += compare(what, &lse, &al, 0, 0x1p-20, c.special != 2);
+    drop(&ao), drop(&al);
+    if (bad) printf("FAIL %s\n", what);
+  }
+  failures += bad != 0;
+  if (c.kv) {
+    free(kvh);
+    CK(cudaFree(kvd));
+  }
+  drop(&qkv), drop(&q), drop(&k), drop(&v), drop(&out), drop(&lse);
+}
+
 /* A tensor of more than 2^31 elements: the device copy is a random block tiled across it; the
    reference runs on rows sampled from the start, the middle and the end. */
 static void run_huge(int silu) { /* rmsnorm, or act(silu) */
@@ -1271,10 +1381,61 @@ static void ew_rows_fma(fusedk_scalar s) { (void)s, ew_rows(SILU_FMA, GATED_RES)
 static void ew_rows_glu(fusedk_scalar s) { (void)s, ew_rows(SWIGLU, GLU_PAIR); }
 static void ew_rows_step(fusedk_scalar s) { (void)s, ew_rows(STEP_EULER, STEP_DDIM); }
 
+/* every tile width (Dh 64, 128, 256), masks, GQA 1/4/8, Sq != Sk both ways, 1-row and 1-key
+   shapes, both layouts and a packed projection, kv_len, lse */
+static void attn_cases(fusedk_scalar s) {
+  const int64_t dh[3] = {64, 128, 256};
+  for (int d = 0; d < 3; ++d)
+    for (int causal = 0; causal < 2; ++causal) {
+      const int64_t D = dh[d];
+      run_attn((attn_t){.s = s, .B = 2, .Sq = 127, .Sk = 127, .Hq = 4, .G = 1, .Dh = D, .causal = causal});
+      run_attn((attn_t){.s = s, .B = 1, .Sq = 17, .Sk = 1000, .Hq = 8, .G = 4, .Dh = D, .causal = causal, .layout = 1});
+      run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 17, .Hq = 8, .G = 8, .Dh = D, .causal = causal});
+      run_attn((attn_t){.s = s, .B = 3, .Sq = 1, .Sk = 1, .Hq = 2, .G = 1, .Dh = D, .causal = causal});
+      run_attn((attn_t){.s = s, .B = 5, .Sq = 33, .Sk = 200, .Hq = 4, .G = 2, .Dh = D, .causal = causal, .kv = 1});
+      run_attn((attn_t){.s = s, .B = 2, .Sq = 129, .Sk = 129, .Hq = 3, .G = 1, .Dh = D, .causal = causal, .layout = 2,
+                        .pad = 8});
+    }
+}
+
+/* head sizes between the tile widths (vector path: multiples of 8), Dh not a multiple of 8 and
+   misaligned bases (element path), padded rows, a negative and an explicit scale, huge scores,
+   a NaN key, float32 refused on the GPU */
+static void attn_edges(fusedk_scalar s) {
+  const int64_t dh[6] = {8, 40, 72, 96, 136, 200};
+  for (int d = 0; d < 6; ++d)
+    run_attn((attn_t){.s = s, .B = 2, .Sq = 70, .Sk = 90, .Hq = 4, .G = 2, .Dh = dh[d], .causal = d % 2});
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 65, .Sk = 65, .Hq = 2, .G = 1, .Dh = 36, .causal = 1});
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 65, .Sk = 80, .Hq = 2, .G = 2, .Dh = 128, .shift = 1, .kv = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 100, .Sk = 300, .Hq = 2, .G = 1, .Dh = 64, .pad = 3, .layout = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 64, .Hq = 2, .G = 1, .Dh = 64, .scale = -0.3f});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 64, .Hq = 2, .G = 1, .Dh = 128, .scale = 1.0f, .special = 1});
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 40, .Sk = 40, .Hq = 4, .G = 2, .Dh = 64, .causal = 1, .special = 2});
+  /* float32 on the GPU: UNSUPPORTED, named, nothing written */
+  const int64_t shp[4] = {1, 4, 1, 64};
+  buf_t q = mk(FUSEDK_F32, 4, shp, 0, 0, 0, 1.0, 0.0), o = mk(FUSEDK_F32, 4, shp, 0, 0, 0, 0.0, 0.0);
+  poison(&o);
+  fusedk_status st = fusedk_attention(&o.td, NULL, &q.td, &q.td, &q.td, NULL, 0.0f, 0, NULL);
+  float h;
+  CK(cudaMemcpy(&h, o.d, 4, cudaMemcpyDeviceToHost));
+  ++checks;
+  if (st != FUSEDK_ERR_UNSUPPORTED || !isnan(h) || !strstr(fusedk_failure_reason(), "float32"))
+    printf("FAIL attention float32 on the GPU: %s (%s), out %s\n", fusedk_status_name(st), fusedk_failure_reason(),
+           isnan(h) ? "untouched" : "written"), ++failures;
+  drop(&q), drop(&o);
+}
+
+/* long sequences: 4097 keys (tiles past a block's rows, a 1-key tail), causal and not, GQA */
+static void attn_big(fusedk_scalar s) {
+  for (int causal = 0; causal < 2; ++causal)
+    run_attn((attn_t){.s = s, .B = 1, .Sq = 4097, .Sk = 4097, .Hq = 2, .G = 2, .Dh = 128, .causal = causal});
+  if (!small) run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 1000, .Hq = 2, .G = 1, .Dh = 256, .causal = 1});
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
-   rope, qk_norm_rope, graph, huge, linear, "ew_sweep bf16", ...). Several units run as parallel
+   rope, qk_norm_rope, graph, huge, linear, attention, "ew_sweep bf16", ...). Several units run as parallel
    processes (this program again, FUSEDK_TEST_UNIT naming the unit): the CPU references of the
    big cases take the machine's cores, each process its own CUDA context on the one device;
    FUSEDK_TEST_JOBS (default: the online cores) caps them, 1 runs every unit in this process
@@ -1286,6 +1447,7 @@ typedef struct {
 } unit_t;
 #define FOR_DTYPES(family, name, fn) \
   {family, name " f32", fn, FUSEDK_F32}, {family, name " f16", fn, FUSEDK_F16}, {family, name " bf16", fn, FUSEDK_BF16}
+#define FOR_16BIT(family, name, fn) {family, name " f16", fn, FUSEDK_F16}, {family, name " bf16", fn, FUSEDK_BF16}
 static const unit_t units[] = {
     FOR_DTYPES("norm", "norm_sweep", norm_sweep),
     FOR_DTYPES("norm", "norm_far_mean", norm_far_mean),
@@ -1310,6 +1472,9 @@ static const unit_t units[] = {
     FOR_DTYPES("linear", "linear", linear_cases),
     {"linear", "linear edges", linear_edges, FUSEDK_BF16},
     {"linear", "linear tuned", linear_tuned, FUSEDK_BF16},
+    FOR_16BIT("attention", "attention", attn_cases), /* the GPU kernels take f16 and bf16 */
+    FOR_16BIT("attention", "attention edges", attn_edges),
+    FOR_16BIT("attention", "attention big", attn_big),
 };
 enum { N_UNITS = sizeof units / sizeof units[0] };
 
@@ -1415,7 +1580,7 @@ int main(void) {
   for (int i = 0; i < N_UNITS; ++i)
     if (unit ? !strcmp(units[i].name, unit) : selected(&units[i], only)) sel[n++] = i;
   if (n == 0) {
-    printf("FUSEDK_TEST_%s=%s names no unit; families: norm, elementwise, position, graph, huge, linear; units:",
+    printf("FUSEDK_TEST_%s=%s names no unit; families: norm, elementwise, position, graph, huge, linear, attention; units:",
            unit ? "UNIT" : "ONLY", unit ? unit : only);
     for (int i = 0; i < N_UNITS; ++i) printf("%s %s", i ? "," : "", units[i].name);
     printf("\n");

@@ -45,6 +45,7 @@ def ops(x, r, w, sc, sh, g, out=None):
     gen = torch.Generator(device=x.device).manual_seed(0)
     cs, sn = (torch.randn(L, 48, device=x.device, generator=gen) for _ in range(2))
     pos = torch.arange(L, device=x.device, dtype=torch.float32)
+    kv_len = torch.tensor([L // 3, L + 5] * B, device=x.device, dtype=torch.int32)[:B]
     return [
         ("rmsnorm", lambda f, m: f.rmsnorm(m(x), m(w), out=o(0))),
         ("rmsnorm+res", lambda f, m: f.rmsnorm(m(x), m(w), residual=m(r), out=o(0), residual_out=o(1))),
@@ -66,6 +67,11 @@ def ops(x, r, w, sc, sh, g, out=None):
                                                      k_weight=m(w[D // 3:2 * D // 3]), norm="full", style="half",
                                                      out=None if out is None else tuple(
                                                          o(0).view(qkv)[:, :, j].transpose(1, 2) for j in range(3)))),
+        # attention: q [B, L, 8, 144] (a head size between the tile widths), k and v the heads 0-1
+        # and 6-7 of other rows (GQA 4, strided heads), causal, kv_len {L / 3, past L}
+        ("attention", lambda f, m: f.attention(m(x).reshape(hd), m(r).reshape(hd)[:, :, :2], m(x).reshape(hd)[:, :, 6:],
+                                               causal=True, kv_len=m(kv_len),
+                                               out=None if out is None else o(0).reshape(hd))),
         ("diffusion_step", lambda f, m: f.diffusion_step(m(x), m(r), uncond=m(x[:, :1].expand_as(x)), guidance=3.0,
                                                          sampler="ddim", alpha_bar=0.5, alpha_bar_prev=0.7,
                                                          clamp_x0=2.0, prev=m(r), blend=0.9, out=o(0))),
@@ -80,6 +86,8 @@ def check_against_reference(name, got, fn, aux=None):
         extra = None
         if name == "mochi":
             extra = np.abs(np_of(aux).astype(np.float64))
+        if name == "attention":  # P rounds to the dtype before P v: eps_T max |v| on top
+            extra = np.full(b.shape, np.abs(np_of(aux).astype(np.float64)).max())
         assert_close(np_of(a), b, b.dtype, aux=extra, what=name)
 
 

@@ -437,3 +437,20 @@ assert err <= 2, err
     dumps = [f.read_text() for f in tmp_path.glob("*after_optimizations.txt")]
     if not any("command_buffer" in d and "fusedk_rmsnorm" in d for d in dumps):
         pytest.skip("results right, but this XLA put no fusedk custom call into a command buffer")
+
+
+@needs_gpu
+@MODES
+def test_gpu_attention(jit):
+    """attention on XLA's stream (GQA, causal, kv_len, lse) against the CPU reference: out within
+    eps_T (|ref| + max |v|) (P rounds to the dtype before P v), lse within 2^-20 of the scores"""
+    B, S, H, D, dt = 2, 300, 4, 128, BF16
+    q, k, v = rand((B, S, H, D), dt), rand((B, S + 7, 2, D), dt), rand((B, S + 7, 2, D), dt)
+    n = np.array([S // 2, S + 7], np.int32)
+    got, lse = run(lambda q, k, v, n: fusedk.attention(q, k, v, causal=True, kv_len=n, return_lse=True), jit,
+                   *on_gpu(q, k, v, n))
+    want, want_lse = fusedk.attention(q, k, v, causal=True, kv_len=n, return_lse=True)
+    check_gpu(got, want, dt, "gpu attention", aux=np.full(want.shape, np.abs(v.astype(np.float64)).max()))
+    smax = D ** -0.5 * D * np.abs(q.astype(np.float64)).max() * np.abs(k.astype(np.float64)).max()
+    assert_close(np.asarray(lse), want_lse, np.float32, aux=np.full(want_lse.shape, smax), what="gpu attention lse",
+                 eps={np.dtype(np.float32): 2.0 ** -20}, atol=1e-5)

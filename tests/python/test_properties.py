@@ -426,6 +426,15 @@ def test_attention(data):
     # the lse of rows that see no key is -inf on both sides; every finite entry within one ulp
     check = lambda got, want, i: assert_close(got, want, dt if i == 0 else np.dtype(np.float32),  # noqa: E731
                                               what=f"output {i}", atol=1e-6, nan_ok=False)
+    # GPU (float16, bfloat16): out within eps_T (|ref| + max |v|) of the NumPy path (P rounds to T
+    # before P v), lse within 2^-20 (|ref| + the largest |score| possible) (float32 scores)
+    vmax = float(np.abs(v.astype(np.float64)).max(initial=0.0))
+    smax = (scale or D ** -0.5) * D * float(np.abs(q.astype(np.float64)).max(initial=0.0)) * \
+        float(np.abs(k.astype(np.float64)).max(initial=0.0))
+    gpu_check = lambda got, ref, i, fw: oracle.assert_close(  # noqa: E731
+        got, ref, dt if i == 0 else np.dtype(np.float32), np.full(ref.shape, vmax if i == 0 else smax),
+        f"{fw} output {i}", eps={dt: oracle.GPU_EPS[dt], np.dtype(np.float32): 2.0 ** -20}, atol=1e-5)
     run((dt, np.dtype(np.float32)), swap, lambda q, k, v, n: fusedk.attention(q, k, v, scale=scale, causal=causal, kv_len=n,
                                                       return_lse=True),
-        (q, k, v, kv_len), lambda: oracle.attention(q, k, v, scale, causal, kv_len), check=check, devices=False)
+        (q, k, v, kv_len), lambda: oracle.attention(q, k, v, scale, causal, kv_len), check=check, gpu_check=gpu_check,
+        devices=dt != np.float32)
