@@ -2972,13 +2972,15 @@ __device__ __forceinline__ void attn_store(const fusedk__attn_args &a, float (&o
   }
 }
 
-// The keys of (b, query block mb): kv (kv_len[b] clamped), and those the block's last and first
-// rows see (n_hi, n_lo); the query blocks run the last first (see attn_kernel).
+// Work unit `unit` (of n_mb * B * Hq): query block mb of (b, h), and its keys: kv (kv_len[b]
+// clamped), those the block's last and first rows see (n_hi, n_lo). Units run (b, h)-major, so
+// that the blocks of one head share its K and V in L2, and a head's last query blocks first:
+// under a causal mask they see the most keys, and the short ones fill the tail.
 struct AttnBlock {
   int64_t b, h, hk, i0, rows, kv, n_hi, n_lo;
-  __device__ __forceinline__ AttnBlock(const fusedk__attn_args &a, int n_mb, int br) {
-    const int mb = n_mb - 1 - (int)(blockIdx.x % n_mb);
-    const int64_t bh = blockIdx.x / n_mb;
+  __device__ __forceinline__ AttnBlock(const fusedk__attn_args &a, int n_mb, int br, int64_t unit) {
+    const int64_t bh = unit / n_mb;
+    const int mb = n_mb - 1 - (int)(unit % n_mb);
     b = bh / a.Hq, h = bh % a.Hq, hk = h / (a.Hq / a.Hkv), i0 = (int64_t)mb * br, rows = min((int64_t)br, a.Sq - i0);
     kv = a.kv_len ? max((int64_t)0, min(a.Sk, (int64_t)a.kv_len[b * a.kv_stride])) : a.Sk;
     n_hi = attn_keys(a, kv, i0 + rows - 1), n_lo = attn_keys(a, kv, i0);
@@ -3001,9 +3003,7 @@ __device__ __forceinline__ void attn_mask(float (&s)[BC / 8][4], float c, const 
       if (t * 8 + c0 + (e & 1) >= rel[e >> 1]) s[t][e] = masked;
 }
 
-// One block: BR query rows of one (b, h). Blocks run (b, h)-major so that the blocks of one head
-// share its K and V in L2, and the last query blocks first: under a causal mask they see the
-// most keys, and the short ones fill the tail of the grid. Warp w owns rows [16 MT w, + 16 MT).
+// One block: BR query rows of one (b, h), in AttnBlock's order. Warp w owns rows [16 MT w, + 16 MT).
 template <typename T, int D, typename P, bool VEC>
 __global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
     attn_kernel(const fusedk__attn_args a, int n_mb, float scale_log2) {
@@ -3011,7 +3011,7 @@ __global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
   extern __shared__ __align__(128) unsigned char attn_smem[];
   const uint32_t sq = smem_u32(attn_smem), sk = sq + BR * D * 2, sv = sk + BC * D * 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const AttnBlock blk(a, n_mb, BR);
+  const AttnBlock blk(a, n_mb, BR, blockIdx.x);
   const int64_t b = blk.b, h = blk.h, i0 = blk.i0, n_hi = blk.n_hi;
   const int n_tiles = (int)((n_hi + BC - 1) / BC), dh = (int)a.Dh;
   const T *k = (const T *)a.k.p + b * a.k.sb + blk.hk * a.k.sh, *v = (const T *)a.v.p + b * a.v.sb + blk.hk * a.v.sh;
@@ -3078,6 +3078,27 @@ cudaError_t launch_attn(const fusedk__attn_args &a, cudaStream_t s, int dev) {
   return cudaGetLastError();
 }
 
+// O / l and lse of the thread's two accumulator rows i, i + 8 straight from registers (a 4-byte
+// store a thread an n8 tile: the Hopper kernel's shared memory is the next unit's by then).
+template <typename T, int D>
+__device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, float (&o)[D / 8][4], const float (&m)[2],
+                                                float (&l)[2], int64_t i, int64_t b, int64_t h, int lane) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    l[hf] = quad_sum(l[hf]);
+    const float inv = l[hf] == 0.f ? 0.f : 1.f / l[hf];
+    const int64_t r = i + 8 * hf;
+    if (r >= a.Sq) continue;
+    T *out = (T *)a.out.p + b * a.out.sb + r * a.out.ss + h * a.out.sh + 2 * (lane % 4);
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+      if (t * 8 < a.Dh) *reinterpret_cast<uint32_t *>(out + 8 * t) = pack2<T>(o[t][2 * hf] * inv, o[t][2 * hf + 1] * inv);
+    if (a.lse.p && lane % 4 == 0)
+      a.lse.p[b * a.lse.sb + h * a.lse.sh + r * a.lse.ss] =
+          l[hf] == 0.f ? -INFINITY : (m[hf] + __log2f(l[hf])) * 0.6931471805599453f;
+  }
+}
+
 // Hopper path (sm_90a, attn_tma_kernel): a block of three warpgroups owns 128 query rows of one
 // (b, h). Warpgroup 0 produces: one thread issues the TMA loads, Q once, then K and V tiles of BC
 // keys into a ring of stages, each tile completing on its mbarrier, a stage refilled once both
@@ -3088,7 +3109,7 @@ cudaError_t launch_attn(const fusedk__attn_args &a, cudaStream_t s, int dev) {
 // tensors' ends load as zeros; the keys of the last tile past kv_len (or the causal limit of the
 // block's last row) are zeroed in V, since a weight of 0 times a NaN there would be NaN.
 template <int D> struct AttnTmaPlan; // keys a tile, stages of the K/V ring
-template <> struct AttnTmaPlan<64> { static constexpr int kBc = 128, kStages = 2; };
+template <> struct AttnTmaPlan<64> { static constexpr int kBc = 176, kStages = 2; };
 template <> struct AttnTmaPlan<128> { static constexpr int kBc = 176, kStages = 2; };
 template <> struct AttnTmaPlan<256> { static constexpr int kBc = 64, kStages = 2; };
 constexpr int kAttnRows = 128; // query rows a block, 64 a consumer warpgroup
@@ -3097,47 +3118,57 @@ constexpr int kAttnRows = 128; // query rows a block, 64 a consumer warpgroup
 template <int D> struct AttnTmaSmem {
   static constexpr int kBc = AttnTmaPlan<D>::kBc, kStages = AttnTmaPlan<D>::kStages;
   static constexpr uint32_t kQ = 0, kK = kQ + kAttnRows * D * 2, kTile = kBc * D * 2, kV = kK + kStages * kTile,
-                            kBars = kV + kStages * kTile, kBytes = kBars + (1 + 4 * kStages) * 8 + 1024;
+                            kBars = kV + kStages * kTile, kBytes = kBars + (2 + 4 * kStages) * 8 + 1024;
 };
 
 template <typename T, int D>
 __global__ void __launch_bounds__(384, 1)
     attn_tma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                    const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, int n_mb, float scale_log2) {
+                    const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, int n_mb, int64_t units,
+                    float scale_log2) {
 #if FUSEDK__SM90A
   using L = AttnTmaSmem<D>;
   constexpr int BC = L::kBc, ST = L::kStages, CB = D / 64, CH = D / 8;
   extern __shared__ __align__(1024) unsigned char attn_tma_smem[];
   const uint32_t raw = smem_u32(attn_tma_smem), base = (raw + 1023) & ~1023u;
   uint64_t *bars = reinterpret_cast<uint64_t *>(attn_tma_smem + (base - raw) + L::kBars);
-  // Q; per stage: K landed, V landed, K released, V released (each consumer thread arrives)
-  uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + ST, *k_free = v_full + ST, *v_free = k_free + ST;
+  // Q landed, Q released; per stage: K landed, V landed, K released, V released (released: each
+  // consumer thread arrives)
+  uint64_t *q_full = bars, *q_free = bars + 1, *k_full = bars + 2, *v_full = k_full + ST, *k_free = v_full + ST,
+           *v_free = k_free + ST;
   const uint32_t sq = base + L::kQ, sk = base + L::kK, sv = base + L::kV;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const AttnBlock blk(a, n_mb, kAttnRows);
-  const int n_tiles = (int)((blk.n_hi + BC - 1) / BC);
   if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
+    mbar_init(q_full, 1), mbar_init(q_free, 256);
     for (int s = 0; s < ST; ++s)
       mbar_init(&k_full[s], 1), mbar_init(&v_full[s], 1), mbar_init(&k_free[s], 256), mbar_init(&v_free[s], 256);
     fence_mbar_init();
   }
   __syncthreads();
-  if (wg == 0) { // the producer: tile j's K into stage j % ST once tile j - ST's K is released, then its V
+  // Persistent: the block takes units (128 query rows of one (b, h)) blockIdx.x, + gridDim.x, ...
+  // The K/V ring runs on across units (tile counter it: stage it % ST), so the producer loads the
+  // next unit's first tiles while the consumers finish this one; Q is reloaded once both
+  // consumers have issued the unit's last S product.
+  if (wg == 0) { // the producer: tile it's K into stage it % ST once tile it - ST's K is released, then its V
     regs_lower<24>();
     if (tid == 0) {
-      const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk;
-      mbar_expect(q_full, kAttnRows * D * 2);
-      for (int c = 0; c < CB; ++c) tma_load_4d(sq + c * kAttnRows * 128, &tq, 64 * c, (int)blk.i0, h, b, q_full);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % ST;
-        const uint32_t ph = (j / ST - 1) & 1;
-        if (j >= ST) mbar_wait(&k_free[s], ph);
-        mbar_expect(&k_full[s], L::kTile);
-        for (int c = 0; c < CB; ++c) tma_load_4d(sk + s * L::kTile + c * BC * 128, &tk, 64 * c, j * BC, hk, b, &k_full[s]);
-        if (j >= ST) mbar_wait(&v_free[s], ph);
-        mbar_expect(&v_full[s], L::kTile);
-        for (int c = 0; c < CB; ++c) tma_load_4d(sv + s * L::kTile + c * BC * 128, &tv, 64 * c, j * BC, hk, b, &v_full[s]);
+      int64_t it = 0;
+      for (int64_t u = blockIdx.x, k = 0; u < units; u += gridDim.x, ++k) {
+        const AttnBlock blk(a, n_mb, kAttnRows, u);
+        const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk, n_tiles = (int)((blk.n_hi + BC - 1) / BC);
+        if (k) mbar_wait(q_free, (uint32_t)(k - 1) & 1);
+        mbar_expect(q_full, kAttnRows * D * 2);
+        for (int c = 0; c < CB; ++c) tma_load_4d(sq + c * kAttnRows * 128, &tq, 64 * c, (int)blk.i0, h, b, q_full);
+        for (int j = 0; j < n_tiles; ++j, ++it) {
+          const int s = (int)(it % ST);
+          const uint32_t ph = (uint32_t)(it / ST - 1) & 1;
+          if (it >= ST) mbar_wait(&k_free[s], ph);
+          mbar_expect(&k_full[s], L::kTile);
+          for (int c = 0; c < CB; ++c) tma_load_4d(sk + s * L::kTile + c * BC * 128, &tk, 64 * c, j * BC, hk, b, &k_full[s]);
+          if (it >= ST) mbar_wait(&v_free[s], ph);
+          mbar_expect(&v_full[s], L::kTile);
+          for (int c = 0; c < CB; ++c) tma_load_4d(sv + s * L::kTile + c * BC * 128, &tv, 64 * c, j * BC, hk, b, &v_full[s]);
+        }
       }
     }
     return;
@@ -3146,110 +3177,117 @@ __global__ void __launch_bounds__(384, 1)
   // tile j's softmax while the second product is still in the tensor cores (FA3's intra-warpgroup
   // overlap); O takes tile j's rescale and P_j its registers only after that product is done (P_j
   // packed any earlier, into registers of its own, makes ptxas serialize the products).
-  regs_raise<240>();
-  const int w = wg - 1, warp = tid / 32, lane = tid % 32, frag = 16 * warp + lane / 4, c0 = 2 * (lane % 4);
-  const int64_t r0 = blk.i0 + 64 * w; // the warpgroup's first row
-  float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
-  const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
-#pragma unroll
-  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
-  uint32_t pa[BC / 16][4];
-  auto scores = [&](float (&sc)[BC / 8][4], int j) { // issue S_j (k steps of 16 columns: 32 bytes a step)
-    const uint32_t kt = sk + (j % ST) * L::kTile;
-    auto qd = [&](int kk) { return wgmma_desc(sq + (kk / 4) * kAttnRows * 128 + w * 64 * 128 + (kk % 4) * 32, 16, 1024); };
-    auto kd = [&](int kk) { return wgmma_desc(kt + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024); };
-    wgmma_ss0<T, BC>(sc, qd(0), kd(0));
-#pragma unroll
-    for (int kk = 1; kk < D / 16; ++kk) wgmma_ss<T, BC>(sc, qd(kk), kd(kk), 1);
-    wgmma_commit();
-  };
-  auto values_ready = [&](int j) { // V_j landed, its keys past the block's last one zeroed
-    const uint32_t vt = sv + (j % ST) * L::kTile;
-    const int64_t j0 = (int64_t)j * BC;
-    mbar_wait(&v_full[j % ST], (j / ST) & 1);
-    if (j0 + BC > blk.n_hi) { // keys no row of the block sees: zeros, not whatever the tensor holds
-      const int from = (int)(blk.n_hi - j0);
-      for (int i = tid; i < (BC - from) * CH; i += 128) {
-        const int r = from + i / CH, c = i % CH;
-        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(vt + (c / 8) * BC * 128 + r * 128 +
-                                                                      (((c % 8) ^ (r & 7)) * 16)), "r"(0)
-                     : "memory");
-      }
-      fence_async_smem();
-      bar_sync(1 + w, 128);
-    }
-  };
-  auto values = [&](int j) { // issue O += P_j V_j (k steps of 16 keys: 16 rows of V)
-    const uint32_t vt = sv + (j % ST) * L::kTile;
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], wgmma_desc(vt + kk * 16 * 128, BC * 128, 1024), 1);
-    wgmma_commit();
-  };
-  auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights, packed; alpha for O
-    const int64_t j0 = (int64_t)j * BC;
-    attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
-    attn_softmax<BC>(sc, scale_log2, m, l, alpha);
-  };
   // Ping-pong: the two consumers take turns to issue their products (named barriers 3 and 4, one
   // per consumer, each passed by the other after its issue), so that one's softmax runs while the
-  // other's products keep the tensor cores busy. Consumer 0 goes first; n_tiles + 1 turns each,
-  // consumer 1 passes its last to nobody.
+  // other's products keep the tensor cores busy. Consumer 0 goes first: consumer 1 passes once
+  // before its first turn, and consumer 0 takes one turn more at the end to balance that.
+  regs_raise<240>();
+  const int w = wg - 1, warp = tid / 32, lane = tid % 32, frag = 16 * warp + lane / 4, c0 = 2 * (lane % 4);
   auto turn = [&] { bar_sync(3 + w, 256); };
-  auto pass = [&](bool last) {
-    if (!(last && w == 1)) bar_arrive(4 - w, 256);
-  };
-  if (n_tiles && w == 1) bar_arrive(3, 256);
-  mbar_wait(q_full, 0);
-  if (n_tiles) {
-    float sc[BC / 8][4];
-    mbar_wait(&k_full[0], 0);
-    turn();
-    wgmma_fence();
-    scores(sc, 0);
-    pass(false);
-    wgmma_wait<0>();
-    wgmma_hold(sc);
-    mbar_arrive(&k_free[0]);
-    softmax(sc, 0);
-    attn_pack<T, BC>(pa, sc);
+  auto pass = [&] { bar_arrive(4 - w, 256); };
+  if (w == 1) bar_arrive(3, 256);
+  int64_t it = 0; // the K/V tile counter, as the producer's
+  for (int64_t u = blockIdx.x, k = 0; u < units; u += gridDim.x, ++k) {
+    const AttnBlock blk(a, n_mb, kAttnRows, u);
+    const int n_tiles = (int)((blk.n_hi + BC - 1) / BC);
+    const int64_t r0 = blk.i0 + 64 * w; // the warpgroup's first row
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+    const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+    uint32_t pa[BC / 16][4];
+    auto scores = [&](float (&sc)[BC / 8][4], int64_t t) { // issue S of ring tile t (k steps of 16 columns: 32 bytes)
+      const uint32_t kt = sk + (int)(t % ST) * L::kTile;
+      auto qd = [&](int kk) { return wgmma_desc(sq + (kk / 4) * kAttnRows * 128 + w * 64 * 128 + (kk % 4) * 32, 16, 1024); };
+      auto kd = [&](int kk) { return wgmma_desc(kt + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024); };
+      wgmma_ss0<T, BC>(sc, qd(0), kd(0));
+#pragma unroll
+      for (int kk = 1; kk < D / 16; ++kk) wgmma_ss<T, BC>(sc, qd(kk), kd(kk), 1);
+      wgmma_commit();
+    };
+    auto values_ready = [&](int j, int64_t t) { // V of ring tile t (the unit's j) landed, keys past the block's last zeroed
+      const uint32_t vt = sv + (int)(t % ST) * L::kTile;
+      const int64_t j0 = (int64_t)j * BC;
+      mbar_wait(&v_full[t % ST], (uint32_t)(t / ST) & 1);
+      if (j0 + BC > blk.n_hi) { // keys no row of the block sees: zeros, not whatever the tensor holds
+        const int from = (int)(blk.n_hi - j0);
+        for (int i = tid; i < (BC - from) * CH; i += 128) {
+          const int r = from + i / CH, c = i % CH;
+          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(vt + (c / 8) * BC * 128 + r * 128 +
+                                                                        (((c % 8) ^ (r & 7)) * 16)), "r"(0)
+                       : "memory");
+        }
+        fence_async_smem();
+        bar_sync(1 + w, 128);
+      }
+    };
+    auto values = [&](int64_t t) { // issue O += P V of ring tile t (k steps of 16 keys: 16 rows of V)
+      const uint32_t vt = sv + (int)(t % ST) * L::kTile;
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], wgmma_desc(vt + kk * 16 * 128, BC * 128, 1024), 1);
+      wgmma_commit();
+    };
+    auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights; alpha for O
+      const int64_t j0 = (int64_t)j * BC;
+      attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
+      attn_softmax<BC>(sc, scale_log2, m, l, alpha);
+    };
+    mbar_wait(q_full, (uint32_t)k & 1);
+    if (n_tiles == 0) mbar_arrive(q_free);
+    if (n_tiles) {
+      float sc[BC / 8][4];
+      mbar_wait(&k_full[it % ST], (uint32_t)(it / ST) & 1);
+      turn();
+      wgmma_fence();
+      scores(sc, it);
+      pass();
+      wgmma_wait<0>();
+      wgmma_hold(sc);
+      mbar_arrive(&k_free[it % ST]);
+      if (n_tiles == 1) mbar_arrive(q_free); // the unit's last S product is done
+      softmax(sc, 0);
+      attn_pack<T, BC>(pa, sc);
+    }
+    for (int j = 1; j < n_tiles; ++j) {
+      const int64_t t = it + j;
+      float sc[BC / 8][4];
+      values_ready(j - 1, t - 1);
+      mbar_wait(&k_full[t % ST], (uint32_t)(t / ST) & 1);
+      wgmma_hold(o); // O's rescale and P_{j-1} are in their registers before the products start
+      wgmma_hold(pa);
+      turn();
+      wgmma_fence();
+      scores(sc, t);
+      values(t - 1);
+      pass();
+      wgmma_wait<1>(); // S_j is done, P_{j-1} V_{j-1} may still run
+      wgmma_hold(sc);
+      mbar_arrive(&k_free[t % ST]);
+      if (j == n_tiles - 1) mbar_arrive(q_free);
+      softmax(sc, j);
+      wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's rescale
+      wgmma_hold(o);
+      mbar_arrive(&v_free[(t - 1) % ST]);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // mostly no new max
+      attn_pack<T, BC>(pa, sc);
+    }
+    if (n_tiles) {
+      const int64_t t = it + n_tiles - 1;
+      values_ready(n_tiles - 1, t);
+      wgmma_hold(o);
+      wgmma_hold(pa);
+      turn();
+      wgmma_fence();
+      values(t);
+      pass();
+      wgmma_wait<0>();
+      wgmma_hold(o);
+      mbar_arrive(&v_free[t % ST]);
+    }
+    it += n_tiles;
+    attn_store_regs<T, D>(a, o, m, l, r0 + frag, blk.b, blk.h, lane);
   }
-  for (int j = 1; j < n_tiles; ++j) {
-    float sc[BC / 8][4];
-    values_ready(j - 1);
-    mbar_wait(&k_full[j % ST], (j / ST) & 1);
-    wgmma_hold(o); // O's rescale and P_{j-1} are in their registers before the products start
-    wgmma_hold(pa);
-    turn();
-    wgmma_fence();
-    scores(sc, j);
-    values(j - 1);
-    pass(false);
-    wgmma_wait<1>(); // S_j is done, P_{j-1} V_{j-1} may still run
-    wgmma_hold(sc);
-    mbar_arrive(&k_free[j % ST]);
-    softmax(sc, j);
-    wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's rescale
-    wgmma_hold(o);
-    mbar_arrive(&v_free[(j - 1) % ST]);
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // most tiles: no new max
-    attn_pack<T, BC>(pa, sc);
-  }
-  if (n_tiles) {
-    values_ready(n_tiles - 1);
-    wgmma_hold(o);
-    wgmma_hold(pa);
-    turn();
-    wgmma_fence();
-    values(n_tiles - 1);
-    pass(true);
-    wgmma_wait<0>();
-    wgmma_hold(o);
-  }
-  // through the warpgroup's own Q rows (its last S product is done)
-  attn_store<T, D, true, 64, 128>(
-      a, o, m, l,
-      [&](int r, int c) { return sq + (c / 8) * kAttnRows * 128 + (64 * w + r) * 128 + (((c % 8) ^ (r & 7)) * 16); },
-      [&] { bar_sync(1 + w, 128); }, frag, 64 * w, blk.b, blk.h, blk.i0, tid);
+  if (w == 0) turn(); // consumer 1's last pass
 #endif
 }
 
@@ -3268,9 +3306,12 @@ cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev,
     return cudaSuccess;
   const cudaError_t e = smem_opt_in<attn_tma_kernel<T, D>>(L::kBytes, 0, dev);
   if (e != cudaSuccess) return e;
-  const int64_t n_mb = (a.Sq + kAttnRows - 1) / kAttnRows;
-  attn_tma_kernel<T, D><<<(unsigned)(n_mb * a.B * a.Hq), 384, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb,
-                                                                               a.scale * 1.4426950408889634f);
+  // persistent (a block an SM) when the units are alike; a block a unit when their work varies
+  // (causal, kv_len): the hardware's block scheduler balances those, a static round robin does not
+  const int64_t n_mb = (a.Sq + kAttnRows - 1) / kAttnRows, units = n_mb * a.B * a.Hq, sms = device_sms(dev);
+  const int64_t grid = a.causal || a.kv_len || units < sms ? units : sms;
+  attn_tma_kernel<T, D><<<(unsigned)grid, 384, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb, units,
+                                                               a.scale * 1.4426950408889634f);
   *used = true;
   return cudaGetLastError();
 }

@@ -809,7 +809,10 @@ def versions():
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         q = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        v["git"] = q.stdout.strip() or None
+        d = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True)
+        # a tree with changes (the GPU machine's copy of an uncommitted one) is not that commit
+        v["git"] = (q.stdout.strip() + ("+changes" if d.stdout.strip() else "")) or None
     except Exception:
         v["git"] = None
     return v
