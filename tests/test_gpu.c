@@ -1426,9 +1426,13 @@ static void attn_edges(fusedk_scalar s) {
   drop(&q), drop(&o);
 }
 
-/* long sequences: 4097 keys (tiles past a block's rows, a 1-key tail), causal and not, GQA */
+/* long sequences: 4097 keys (tiles past a block's rows, a 1-key tail), causal and not, GQA; more
+   units (128-row blocks of a head) than SMs, so that the Hopper kernel's persistent blocks take
+   several, the K/V ring running on across them */
 static void attn_big(fusedk_scalar s) {
   if (small) return;
+  run_attn((attn_t){.s = s, .B = 4, .Sq = 300, .Sk = 300, .Hq = 40, .G = 4, .Dh = 128});
+  run_attn((attn_t){.s = s, .B = 8, .Sq = 129, .Sk = 520, .Hq = 32, .G = 8, .Dh = 64, .layout = 1});
   for (int causal = 0; causal < 2; ++causal)
     run_attn((attn_t){.s = s, .B = 1, .Sq = 4097, .Sk = 4097, .Hq = 2, .G = 2, .Dh = 128, .causal = causal});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 1000, .Hq = 2, .G = 1, .Dh = 256, .causal = 1});
