@@ -606,7 +606,7 @@ bool tmap_bshd(CUtensorMap *m, const void *p, bool bf16, int64_t B, int64_t S, i
                int64_t ss, int64_t sh, int rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
   const int64_t st[3] = {ss, sh, sb}, dm[4] = {D, S, H, B};
-  if (!encode || (uintptr_t)p % 16) return false;
+  if (!encode || !aligned16(p)) return false;
   cuuint64_t dims[4], strides[3];
   for (int i = 0; i < 4; ++i) {
     if (dm[i] < 1 || dm[i] > ((int64_t)1 << 32)) return false;
@@ -2818,14 +2818,10 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// max and sum over the 4 lanes of a quad (the lanes holding one accumulator row)
+// max over the 4 lanes of a quad (the lanes holding one accumulator row; their sum: lanes_sum)
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // S = Q K^T for the warp's MT row tiles: Q by 16-column steps (one ldmatrix a row tile), K by
@@ -2936,7 +2932,7 @@ __device__ __forceinline__ void attn_store(const fusedk__attn_args &a, float (&o
                                            int64_t i0, int tid) {
   float inv[2];
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) l[hf] = quad_sum(l[hf]), inv[hf] = l[hf] == 0.f ? 0.f : 1.f / l[hf];
+  for (int hf = 0; hf < 2; ++hf) l[hf] = lanes_sum(l[hf], 4), inv[hf] = l[hf] == 0.f ? 0.f : 1.f / l[hf];
 #pragma unroll
   for (int t = 0; t < D / 8; ++t)
 #pragma unroll
@@ -3085,7 +3081,7 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
                                                 float (&l)[2], int64_t i, int64_t b, int64_t h, int lane) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    l[hf] = quad_sum(l[hf]);
+    l[hf] = lanes_sum(l[hf], 4);
     const float inv = l[hf] == 0.f ? 0.f : 1.f / l[hf];
     const int64_t r = i + 8 * hf;
     if (r >= a.Sq) continue;
@@ -3319,7 +3315,7 @@ cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev,
 // 16-byte rows: every base 16-byte aligned, every row stride and Dh a multiple of 8 elements
 bool attn_vec(const fusedk__attn_args &a) {
   auto ok = [](const void *p, int64_t s0, int64_t s1, int64_t s2) {
-    return (uintptr_t)p % 16 == 0 && s0 % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0;
+    return aligned16(p) && s0 % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0;
   };
   return a.Dh % 8 == 0 && ok(a.q.p, a.q.sb, a.q.ss, a.q.sh) && ok(a.k.p, a.k.sb, a.k.ss, a.k.sh) &&
          ok(a.v.p, a.v.sb, a.v.ss, a.v.sh) && ok(a.out.p, a.out.sb, a.out.ss, a.out.sh);
