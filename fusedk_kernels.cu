@@ -25,7 +25,8 @@
 //               Hopper bulk copies (cp.async.bulk) counted by mbarriers
 //   [reduce]    warp and row-group sums
 //   [tile]      the tensor-core layer: swizzled 16-bit tiles in shared memory, cp.async tile
-//               loads, ldmatrix, mma.sync m16n8k16
+//               loads, ldmatrix, mma.sync m16n8k16; Hopper: TMA tensor maps (tmap_bshd), TMA
+//               loads, wgmma (wgmma_ss, wgmma_rs), setmaxnreg, named barriers
 //   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows (entry points
 //               norm_rows_kernel, norm_rows_reg_kernel) and fusedk__cuda_norm (launcher); the
 //               tuning hook (FUSEDK_TUNING builds only)
@@ -36,7 +37,8 @@
 //               the table builders (rope_table_kernel)
 //   [linear]    linear, linear_backward: cuBLASLt plans, workspaces and scratch (LtState), the act
 //               and bias passes, linear_dz_kernel and linear_db_kernel
-//   [attention] flash attention forward: attn_kernel (sm_80+: mma.sync, cp.async, online softmax)
+//   [attention] flash attention forward: attn_kernel (sm_80+: mma.sync, cp.async, online
+//               softmax) and attn_tma_kernel (sm_90a: TMA producer, wgmma consumers taking turns)
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
 //               fusedk__cuda_linear, fusedk__cuda_shutdown, fusedk__cuda_attention,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
