@@ -69,6 +69,10 @@ if [ $bench = 1 ] && [ -f bench/bench.py ]; then
     summary+=("bench_linear FUSEDK_LINEAR_TUNE=$tune rc=$?")
     tail -40 "$OUT/bench-linear-tune$tune.log"
   done
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+    python3 bench/bench_attention.py --out "$OUT/bench" $quick >"$OUT/bench-attention.log" 2>&1
+  summary+=("bench_attention rc=$?")
+  tail -30 "$OUT/bench-attention.log"
 fi
 if [ $dit = 1 ] && [ -z "${DIT_NO_TESTS:-}" ]; then  # fusedk.diffusers: the Python suite on the GPU
   FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h FUSEDK_SOURCE_ROOT=$PWD \
