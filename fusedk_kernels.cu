@@ -2873,15 +2873,17 @@ __device__ __forceinline__ void attn_pv(float (&o)[MT][D / 8][4], const float (&
     }
 }
 
-// O / l of a region of ROWS query rows (block rows row0 + [0, ROWS)) stored by THREADS threads:
-// each thread's two accumulator rows (frag, frag + 8 within the region) rounded into shared
-// memory at at(row, chunk) (16-byte chunks of the region's rows, Q's space: no other thread
-// reads it), sync() over the region's threads, then whole chunks a thread to global; lse from
-// the max and the sum. l == 0 (no key seen): 0 and -inf; a NaN l stays NaN.
-template <typename T, int D, bool VEC, int ROWS, int THREADS, typename At, typename Sync>
+// O / l of one warp's 16-row tile (block rows row0 + [0, 16)): each lane's two accumulator rows
+// (lane / 4, + 8) rounded into the tile's own Q rows in shared memory (no other warp reads them),
+// then whole 16-byte chunks a lane to global; lse from the max and the sum. l == 0 (no key seen):
+// 0 and -inf; a NaN l stays NaN.
+template <typename T, int D, bool VEC>
 __device__ __forceinline__ void attn_store(const fusedk__attn_args &a, float (&o)[D / 8][4], const float (&m)[2],
-                                           float (&l)[2], At at, Sync sync, int frag, int row0, int64_t b, int64_t h,
-                                           int64_t i0, int tid) {
+                                           float (&l)[2], uint32_t sq, int row0, int64_t b, int64_t h, int64_t i0,
+                                           int lane) {
+  constexpr int CH = D / 8;
+  auto at = [&](int r, int c) { return sq + swz<CH>(row0 + r, c); };
+  const int frag = lane / 4, tid = lane;
   float inv[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) l[hf] = lanes_sum(l[hf], 4), inv[hf] = l[hf] == 0.f ? 0.f : 1.f / l[hf];
@@ -2900,12 +2902,11 @@ __device__ __forceinline__ void attn_store(const fusedk__attn_args &a, float (&o
         a.lse.p[b * a.lse.sb + h * a.lse.sh + i * a.lse.ss] =
             l[hf] == 0.f ? -INFINITY : (m[hf] + __log2f(l[hf])) * 0.6931471805599453f;
     }
-  sync();
-  constexpr int CH = D / 8;
+  __syncwarp();
   T *out = (T *)a.out.p + b * a.out.sb + h * a.out.sh;
 #pragma unroll
-  for (int k = 0; k < ROWS * CH / THREADS; ++k) {
-    const int idx = k * THREADS + tid, r = idx / CH, c = idx % CH;
+  for (int k = 0; k < 16 * CH / 32; ++k) {
+    const int idx = k * 32 + tid, r = idx / CH, c = idx % CH;
     const int64_t i = i0 + row0 + r;
     if (i >= a.Sq || c * 8 >= a.Dh) continue;
     uint32_t w[4];
@@ -3007,12 +3008,7 @@ __global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
   cp_async_wait<0>(); // Q landed even when no key tile ran
   __syncthreads();
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) { // through the warp's own Q rows
-    const int r0 = row0 + 16 * mt;
-    attn_store<T, D, VEC, 16, 32>(
-        a, o[mt], m[mt], l[mt], [&](int r, int c) { return sq + swz<CH>(r0 + r, c); }, [] { __syncwarp(); }, lane / 4,
-        r0, b, h, i0, lane);
-  }
+  for (int mt = 0; mt < MT; ++mt) attn_store<T, D, VEC>(a, o[mt], m[mt], l[mt], sq, row0 + 16 * mt, b, h, i0, lane);
 }
 
 template <typename T, int D, typename P, bool VEC>
