@@ -2,7 +2,9 @@
 """fusedk.diffusers on real diffusers DiTs (random bf16 weights built on the GPU, no download):
 one block of each kind and a whole denoising step (the transformer's forward), stock eager,
 stock torch.compile, patched eager, patched + torch.compile, patched in a CUDA graph, and the
-patched block with fusedk.torch's operators in place of the plain calls; every variant timed in
+patched block with fusedk.torch's operators in place of the plain calls, and the patched block
+with fusedk's attention (apply(attention=True): eager, compiled, in a CUDA graph; the step eager
+and in a graph); every variant timed in
 the same rounds, the order rotated; the patched eager forward's kernel split (GEMM, attention,
 the rest) from torch.profiler.
 
@@ -204,7 +206,7 @@ def kernel_split(fn, iters=3):
         if not t or ev.device_type != torch.autograd.DeviceType.CUDA:
             continue
         n = ev.key.lower()
-        kind = ("attention" if any(s in n for s in ("fmha", "flash", "attention", "cudnn", "sdpa"))
+        kind = ("attention" if any(s in n for s in ("fmha", "flash", "attention", "cudnn", "sdpa", "attn_"))
                 else "gemm" if any(s in n for s in ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "cublas"))
                 else "other")
         split[kind] += t / 1e3 / iters
@@ -258,14 +260,17 @@ def rel_err(a, ref):
 def bench_blocks(name, iters, n_rounds):
     build, inputs, kinds, _ = MODELS[name]
     stock_m = build(1)
-    pat_m = build(1)
+    pat_m, att_m = build(1), build(1)
     pat_m.load_state_dict(stock_m.state_dict())
+    att_m.load_state_dict(stock_m.state_dict())
     report = fd.apply(pat_m)
-    stocks, pats = [get(stock_m) for _, get in kinds], [get(pat_m) for _, get in kinds]
+    fd.apply(att_m, attention=True)
+    stocks, pats, atts = ([get(m) for _, get in kinds] for m in (stock_m, pat_m, att_m))
     rows = []
-    for (kind, _), stock, pat, (a, kw) in zip(kinds, stocks, pats, block_inputs(stock_m, inputs(stock_m), stocks)):
+    for (kind, _), stock, pat, att, (a, kw) in zip(kinds, stocks, pats, atts,
+                                                  block_inputs(stock_m, inputs(stock_m), stocks)):
         with torch.inference_mode():
-            want, got = stock(*a, **kw), pat(*a, **kw)
+            want, got, got_att = stock(*a, **kw), pat(*a, **kw), att(*a, **kw)
             t0 = time.time()
             cs = torch.compile(stock, fullgraph=True)
             cs(*a, **kw)
@@ -274,7 +279,9 @@ def bench_blocks(name, iters, n_rounds):
             cp = torch.compile(pat, fullgraph=True)
             cp(*a, **kw)
             t_cp = time.time() - t0
-            replay = graph_of(lambda: pat(*a, **kw))
+            ca = torch.compile(att, fullgraph=True)
+            ca(*a, **kw)
+            replay, att_replay = graph_of(lambda: pat(*a, **kw)), graph_of(lambda: att(*a, **kw))
             with_fkt = fd.Pieces(pat._fusedk.k.use)
             with_fkt.fk = fkt
             via_fkt, floor = swapped(pat, with_fkt), swapped(pat, FloorPieces(fd.OPS))
@@ -282,18 +289,22 @@ def bench_blocks(name, iters, n_rounds):
             variants = {"stock eager": lambda: stock(*a, **kw), "stock compile": lambda: cs(*a, **kw),
                         "patched eager": lambda: pat(*a, **kw), "patched compile": lambda: cp(*a, **kw),
                         "patched CUDA graph": replay, "patched eager, fusedk.torch ops": lambda: via_fkt(*a, **kw),
-                        "GEMM + attention alone, CUDA graph": floor_replay}
+                        "GEMM + attention alone, CUDA graph": floor_replay,
+                        "attention=True eager": lambda: att(*a, **kw), "attention=True compile": lambda: ca(*a, **kw),
+                        "attention=True CUDA graph": att_replay}
             for v in variants.values():
                 v()
             med, all_rounds = rounds(variants, iters, n_rounds)
             split = kernel_split(lambda: pat(*a, **kw))
+            split_att = kernel_split(lambda: att(*a, **kw))
             host = {"patched eager": host_time(lambda: pat(*a, **kw), iters),
                     "patched eager, fusedk.torch ops": host_time(lambda: via_fkt(*a, **kw), iters),
                     "stock eager": host_time(lambda: stock(*a, **kw), iters)}
-        want, got = ((t,) if torch.is_tensor(t) else t for t in (want, got))
-        rows.append(dict(model=name, what=kind, ms=med, rounds=all_rounds, split=split, host_ms=host,
-                         compile_s={"stock": t_cs, "patched": t_cp},
-                         out_diff=[(a.float() - b.float()).abs().max().item() for a, b in zip(want, got)]))
+        want, got, got_att = ((t,) if torch.is_tensor(t) else t for t in (want, got, got_att))
+        rows.append(dict(model=name, what=kind, ms=med, rounds=all_rounds, split=split, split_att=split_att,
+                         host_ms=host, compile_s={"stock": t_cs, "patched": t_cp},
+                         out_diff=[(a.float() - b.float()).abs().max().item() for a, b in zip(want, got)],
+                         out_rel_diff_att=[rel_err(b, a) for a, b in zip(want, got_att)]))
         log(rows[-1])
     return rows, repr(report)
 
@@ -324,17 +335,21 @@ def bench_step(name, iters, n_rounds):
         got = pat(**x)[0]
         replay = graph_of(lambda: pat(**x))
         patched = [b for b in pat.modules() if getattr(b, "_fusedk", None) is not None]
-        own, floor = [b._fusedk.k for b in patched], FloorPieces(fd.OPS)
+        own, floor, att = [b._fusedk.k for b in patched], FloorPieces(fd.OPS), fd.Pieces(fd.OPS | {"attention"})
 
-        def floor_step():
-            for b in patched:
-                b._fusedk.k = floor
-            try:
-                pat(**x)
-            finally:
-                for b, k in zip(patched, own):
-                    b._fusedk.k = k
-        floor_replay = graph_of(floor_step)
+        def with_pieces(pieces):  # the patched step with other pieces (apply(attention=True)'s, the floor's)
+            def f():
+                for b in patched:
+                    b._fusedk.k = pieces
+                try:
+                    return pat(**x)
+                finally:
+                    for b, k in zip(patched, own):
+                        b._fusedk.k = k
+            return f
+        floor_replay, att_step = graph_of(with_pieces(floor)), with_pieces(att)
+        got_att = att_step()[0]
+        att_replay = graph_of(att_step)
         split = kernel_split(lambda: pat(**x), 1)
         compile_s = {}
         for key, m in (("stock", stock), ("patched", pat)):
@@ -353,7 +368,8 @@ def bench_step(name, iters, n_rounds):
             return f
         variants = {"stock eager": run(stock, s_off), "stock compile": run(stock, s_on),
                     "patched eager": run(pat, p_off), "patched compile": run(pat, p_on),
-                    "patched CUDA graph": replay, "GEMM + attention alone, CUDA graph": floor_replay}
+                    "patched CUDA graph": replay, "GEMM + attention alone, CUDA graph": floor_replay,
+                    "attention=True eager": lambda: (p_off(), att_step()), "attention=True CUDA graph": att_replay}
         for v in variants.values():
             v()
         med, all_rounds = rounds(variants, iters, n_rounds)
@@ -361,7 +377,7 @@ def bench_step(name, iters, n_rounds):
         host = host_time(lambda: pat(**x), iters)
         p_on()
     row = dict(model=name, what="step", ms=med, rounds=all_rounds, split=split, host_ms={"patched eager": host},
-               compile_s=compile_s, out_rel_diff=rel_err(got, want))
+               compile_s=compile_s, out_rel_diff=rel_err(got, want), out_rel_diff_att=rel_err(got_att, want))
     log(row)
     return [row], repr(report)
 
@@ -372,7 +388,8 @@ def log(*a):
 
 def table(rows):
     hdr = ("| model | what | stock eager | stock compile | patched eager | patched compile | patched CUDA graph "
-           "| eager / compile | graph / compile | GEMM + attention alone | graph / (GEMM + attn) |")
+           "| eager / compile | graph / compile | GEMM + attention alone | graph / (GEMM + attn) "
+           "| attention=True: eager | compile | CUDA graph | graph / stock compile |")
     out = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
     for r in rows:
         ms, sp = r["ms"], r["split"]
@@ -381,7 +398,9 @@ def table(rows):
                    f"{ms['patched eager']:.3f} | {ms['patched compile']:.3f} | {ms['patched CUDA graph']:.3f} | "
                    f"{ms['stock compile'] / ms['patched eager']:.3f}x | "
                    f"{ms['stock compile'] / ms['patched CUDA graph']:.3f}x | {floor:.3f} | "
-                   f"{ms['patched CUDA graph'] / floor:.3f}x |")
+                   f"{ms['patched CUDA graph'] / floor:.3f}x | {ms['attention=True eager']:.3f} | "
+                   f"{ms.get('attention=True compile', float('nan')):.3f} | {ms['attention=True CUDA graph']:.3f} | "
+                   f"{ms['stock compile'] / ms['attention=True CUDA graph']:.3f}x |")
     return "\n".join(out)
 
 
@@ -415,7 +434,8 @@ def write(a, rows, reports):
     names = sorted({r["model"] for r in rows}, key=a.models.split(",").index)
     meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 diffusers=diffusers.__version__, fusedk=fusedk.__version__,
-                commit=os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip(),
+                commit=os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip()
+                + ("+changes" if os.popen("git status --porcelain --untracked-files=no 2>/dev/null").read() else ""),
                 shapes={k: MODELS[k][3] for k in names}, reports=reports)
     with open(os.path.join(a.out, "bench_dit.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
@@ -428,7 +448,10 @@ def write(a, rows, reports):
                   f"patched eager with fusedk.torch ops {r['ms'].get('patched eager, fusedk.torch ops', float('nan')):.3f}"
                   f" ms; profiler's kernel split of the patched eager call (its kernel times run above the events'): "
                   f"GEMM {r['split']['gemm']:.3f}, attention {r['split']['attention']:.3f}, other "
-                  f"{r['split']['other']:.3f} ms: {r['split']['other_kernels']}")
+                  f"{r['split']['other']:.3f} ms: {r['split']['other_kernels']}" +
+                  (f"; with attention=True: GEMM {r['split_att']['gemm']:.3f}, attention {r['split_att']['attention']:.3f}, "
+                   f"other {r['split_att']['other']:.3f} ms, output vs stock's relative L2 {r['out_rel_diff_att']}"
+                   if "split_att" in r else f"; attention=True output vs stock's relative L2 {r['out_rel_diff_att']}"))
     md += ["", "```", *reports.values(), "```"]
     with open(os.path.join(a.out, "bench_dit.md"), "w") as f:
         f.write("\n".join(md) + "\n")

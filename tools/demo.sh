@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds fusedk and runs its demo: the GPU kernel against the CPU reference when the build has
-# the GPU half (nvcc found) and a GPU is present, the CPU references otherwise; then, on a GPU
+# the GPU half (nvcc found) and a GPU is present, the CPU references otherwise; examples/dit_block
+# (one DiT block in C on fusedk alone) the same way; then, on a GPU
 # machine with torch and diffusers, a diffusers Flux block stock and patched (fusedk.diffusers).
 #   bash tools/demo.sh
 # Set-up on first use: the project venv .venv/ with meson, ninja, numpy, ml_dtypes, cffi, pytest
@@ -12,6 +13,7 @@ cd "$FUSEDK_ROOT"
 meson setup --reconfigure build
 meson compile -C build
 build/fusedk_demo
+build/fusedk_dit_block  # a Flux-style block in C: checked against the CPU block, and timed on a GPU
 # with a GPU, torch and diffusers (in the venv, or the python3 on PATH before it): a Flux block,
 # stock and patched by fusedk.diffusers, timed side by side
 for py in "$FUSEDK_VENV/bin/python" "$(PATH=${PATH#"$FUSEDK_VENV/bin:"} command -v python3 || true)"; do

@@ -126,6 +126,11 @@ def test_torch_cpu_eager_and_compile():
     assert isinstance(got, torch.Tensor) and np.array_equal(got.numpy(), want) and np.array_equal(lse.numpy(), want_lse)
     f = torch.compile(lambda q, k, v, n: fusedk.attention(q, k, v, causal=True, kv_len=n), fullgraph=True)
     assert np.array_equal(f(*t).numpy(), want)
+    # outputs used inside the graph: the fake's shapes (out like q, lse [B, Hq, Sq]) are what inductor plans by
+    g = torch.compile(lambda q, k, v, n: [x * 2 for x in fusedk.attention(q, k, v, causal=True, kv_len=n,
+                                                                           return_lse=True)], fullgraph=True)
+    got, lse = g(*t)
+    assert np.array_equal(got.numpy(), want * 2) and np.array_equal(lse.numpy(), want_lse * 2)
     with pytest.raises(fusedk.DTypeError, match="kv_len has dtype int64, expected int32"):
         fusedk.attention(*t[:3], kv_len=t[3].long())
 
@@ -235,6 +240,11 @@ def test_gpu_torch_compile_and_cuda_graph():
     f = torch.compile(lambda q, k, v, n: fkt.attention(q, k, v, causal=True, kv_len=n, return_lse=True), fullgraph=True)
     got, lse = f(q, k, v, n)
     assert torch.equal(got, want) and torch.equal(lse, want_lse)
+    g = torch.compile(lambda q, k, v, n: [x * 2 for x in fkt.attention(q, k, v, kv_len=n, return_lse=True)],
+                      fullgraph=True)
+    full, full_lse = fusedk.attention(q, k, v, kv_len=n, return_lse=True)
+    got, lse = g(q, k, v, n)
+    assert torch.equal(got, full * 2) and torch.equal(lse, full_lse * 2)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

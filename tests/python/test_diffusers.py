@@ -61,40 +61,55 @@ def check_close(got, stock, ref, what):
     assert g[0] <= 1.5 * s[0] and g[1] <= 1.5 * s[1], f"{what}: patched error {g} vs stock {s}"
 
 
+def counting_attention(monkeypatch):
+    """fusedk.attention wrapped to count its eager calls: [count]."""
+    calls, real = [0], fusedk.attention
+
+    def counted(*a, **kw):
+        calls[0] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(fusedk, "attention", counted)
+    return calls
+
+
+@pytest.mark.parametrize("attention", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_patched_matches_float32_as_well_as_stock(name, device):
+def test_patched_matches_float32_as_well_as_stock(name, device, attention, monkeypatch):
     m, ref, low, x32, xl = pair(name, device)
     want = m.output(run(ref, x32)).double()
     stock = m.output(run(low, xl))
-    report = fd.apply(low)
+    calls = counting_attention(monkeypatch)
+    report = fd.apply(low, attention=attention)
     assert len(report.patched) == len(m.blocks(low)) and not report.skipped, report
     got = m.output(run(low, xl))
-    check_close(got, stock, want, f"{name} eager")
+    assert (calls[0] >= len(m.blocks(low))) == attention, calls  # fusedk's kernel in every block, or none
+    check_close(got, stock, want, f"{name} eager attention={attention}")
     assert fd.apply(low).patched == []  # applying twice patches nothing new
     assert fd.revert(low) == len(m.blocks(low))
     assert torch.equal(m.output(run(low, xl)), stock)  # the stock forwards, bit for bit
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device,attention", [(d, False) for d in DEVICES] + [(DEVICES[-1], True)])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_compiled_fullgraph(name, device):
+def test_compiled_fullgraph(name, device, attention):
     m, ref, low, x32, xl = pair(name, device)
     want = m.output(run(ref, x32)).double()
     stock = m.output(run(torch.compile(low, fullgraph=True), xl))
     torch._dynamo.reset()
-    fd.apply(low)
+    fd.apply(low, attention=attention)
     got = m.output(run(torch.compile(low, fullgraph=True), xl))  # fullgraph: any graph break raises
-    check_close(got, stock, want, f"{name} compiled")
+    check_close(got, stock, want, f"{name} compiled attention={attention}")
     torch._dynamo.reset()
     fd.revert(low)
 
 
 @pytest.mark.skipif(not _CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("attention", [False, True])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_cuda_graph(name):
+def test_cuda_graph(name, attention):
     m, ref, low, x32, xl = pair(name, "cuda")
-    fd.apply(low)
+    fd.apply(low, attention=attention)
     eager = m.output(run(low, xl))
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -111,14 +126,43 @@ def test_cuda_graph(name):
 
 
 @pytest.mark.skipif(not _CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("attention", [False, True])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_real_dims_one_block(name):
+def test_real_dims_one_block(name, attention):
     """One block at the model's real width (heads, head dim) and a short sequence."""
     m, ref, low, x32, xl = pair(name, "cuda", big=True)
     want = m.output(run(ref, x32)).double()
     stock = m.output(run(low, xl))
-    fd.apply(low)
-    check_close(m.output(run(low, xl)), stock, want, f"{name} real dims")
+    fd.apply(low, attention=attention)
+    check_close(m.output(run(low, xl)), stock, want, f"{name} real dims attention={attention}")
+
+
+@pytest.mark.skipif("mochi" not in MODELS, reason="this diffusers lacks Mochi")
+@pytest.mark.parametrize("attention", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_mochi_padded_text(device, attention):
+    """Padded text tokens (a padded tail, and holes): the stock processor attends per sample over
+    the valid ones and zeros the rest; fusedk's kernel masks them through kv_len."""
+    m, ref, low, x32, xl = pair("mochi", device)
+    mask = torch.ones_like(xl["encoder_attention_mask"])
+    mask[0, 5:] = False
+    mask[1, ::3] = False
+    x32["encoder_attention_mask"] = xl["encoder_attention_mask"] = mask
+    want = m.output(run(ref, x32)).double()
+    stock = m.output(run(low, xl))
+    fd.apply(low, attention=attention)
+    check_close(m.output(run(low, xl)), stock, want, f"mochi padded text attention={attention}")
+    got = m.output(run(torch.compile(low, fullgraph=True), xl))
+    torch._dynamo.reset()
+    check_close(got, stock, want, f"mochi padded text compiled attention={attention}")
+    fd.revert(low)
+
+
+def test_apply_attention_takes_a_bool():
+    m, ref, low, x32, xl = pair(sorted(MODELS)[0], "cpu")
+    with pytest.raises(fusedk.Error, match="attention is 'yes', expected True or False"):
+        fd.apply(low, attention="yes")
+    assert not any(getattr(b, "_fusedk", None) for b in m.blocks(low))  # nothing patched
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -10,7 +10,11 @@ Each supported block class gets an instance-level `forward` that runs the block'
 fusedk's ops (flux.py, ...: AdaLN modulation + norm in one `adaln`, the q/k/v projections
 concatenated once into one GEMM, `qk_norm_rope` from the packed projection straight into the
 layout attention takes, MLP Linear+GELU(tanh) in cuBLASLt's epilogue, gated residuals in one
-pass); attention stays diffusers' dispatch (SDPA, or the backend the model is set to).
+pass). Attention stays diffusers' dispatch (SDPA, or the backend the model is set to) unless
+apply(..., attention=True) puts fusedk's flash attention there (f16/bf16 on the GPU, every dtype
+on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dispatch).
+
+    fusedk.diffusers.apply(pipe, attention=True)
 
 - Exactness: a block is patched only when every part of it is one the fused forward reproduces;
   anything else (another attention processor, LoRA layers from peft, hooks on its submodules,
@@ -79,15 +83,20 @@ def _roots(model):
     return ts or [model]
 
 
-def apply(model, ops=None):
+def apply(model, ops=None, attention=False):
     """Swaps fusedk's fused forwards into every supported block of `model` (a diffusers
     transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
-    use (a subset of fusedk.diffusers.OPS; None: all). Returns a Report: what was patched and
-    what was left alone, and why. Applying twice patches nothing new."""
+    use (a subset of fusedk.diffusers.OPS; None: all). attention=True: fusedk's attention kernel
+    in the patched blocks' attention instead of diffusers' dispatch. Returns a Report: what was
+    patched and what was left alone, and why. Applying twice patches nothing new."""
     use = OPS if ops is None else frozenset(ops)
     if not use <= OPS:
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "
                           f"expected names from {sorted(OPS)}")
+    if attention not in (True, False):
+        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: attention is {attention!r}, "
+                          "expected True or False")
+    use = use | {"attention"} if attention else use
     table, report = _patchers(), Report()
     for root in _roots(model):
         for name, m in root.named_modules():
@@ -267,7 +276,7 @@ def gelu_ff_why_not(ff):
     return None
 
 
-def attention(attn, q, k, v):
+def dispatch_attention(attn, q, k, v):
     """[B, S, H, Dh] in and out, through diffusers' dispatch with the processor's backend."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     p = attn.processor
@@ -343,6 +352,22 @@ class Pieces:
             out.copy_(y)
             return out
         return y
+
+    def fused_attention(self, q):
+        """Whether attention(q, ...) runs fusedk's kernel: apply(attention=True), and a call it
+        takes (any CPU tensor; f16/bf16 and Dh <= 256 on the GPU)."""
+        return "attention" in self.use and (q.device.type == "cpu" or (
+            q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256))
+
+    def attention(self, attn, q, k, v, kv_len=None):
+        """q [B, Sq, H, Dh], k, v [B, Sk, H, Dh] -> [B, Sq, H, Dh]: fusedk's kernel where
+        fused_attention(q), else diffusers' dispatch with the processor's backend. kv_len (int32
+        [B]: keys at or past it masked) only where fused_attention(q)."""
+        if self.fused_attention(q):
+            return self.fk.attention(q, k, v, kv_len=kv_len)
+        if kv_len is not None:
+            raise ValueError("kv_len needs fusedk's attention")
+        return dispatch_attention(attn, q, k, v)
 
     def gated_residual(self, x, y, gate, out=None):
         if "gated_residual" in self.use:

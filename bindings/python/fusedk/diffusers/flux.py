@@ -8,7 +8,8 @@ modulations):
   qk_norm_rope(qkv) -> q, k, v [B, S, H, Dh] per-head RMSNorm and Flux's interleaved RoPE, the
                                             text rows then the image rows written straight into
                                             the joint q, k, v (no concatenation)
-  attention                                 diffusers' dispatch (SDPA or the model's backend)
+  attention                                 diffusers' dispatch (SDPA or the model's backend), or
+                                            fusedk's kernel with apply(attention=True)
   linear(o, Wo) ; gated_residual            x + gate_msa * (o Wo^T + bo)
   adaln(x, scale_mlp, shift_mlp) ; linear(., W1, act=gelu_tanh) ; linear(., W2) ; gated_residual
 Per single block: adaln; linear(., W_mlp, gelu_tanh) into the second part of the proj_out
@@ -17,7 +18,7 @@ gated_residual. Its (text, image) outputs are views of one joint tensor, which t
 block takes as it is (no torch.cat)."""
 import torch
 
-from . import (Patcher, PerForward, State, attention, attention_why_not, compiling, embedding_why_not,
+from . import (Patcher, PerForward, State, attention_why_not, compiling, embedding_why_not,
                gelu_ff_why_not, linear_parts, linears_why_not, records_grad, rows)
 
 
@@ -140,7 +141,7 @@ def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotar
                    st.eps_qk, out=(q[:, :St], kk[:, :St], v[:, :St]))
     k.qk_norm_rope(qkv_x.view(B, Si, 3, H, Dh), cos[St:], sin[St:], a.norm_q.weight, a.norm_k.weight, st.eps_qk,
                    out=(q[:, St:], kk[:, St:], v[:, St:]))
-    o = attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
+    o = k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
     wo, bo = linear_parts(a.to_out[0])
     wc, bc = linear_parts(a.to_add_out)
     x = _stream_mlp(k, x, gate, k.linear(rows(o[:, St:]), wo, bo), gate2, scale2, shift2, st.eps2, self.ff)
@@ -183,7 +184,7 @@ def forward_single(self, hidden_states, encoder_hidden_states, temb, image_rotar
     cos, sin = _half_tables(image_rotary_emb)
     a = self.attn
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk)
-    h[..., :D] = attention(a, q, kk, v).flatten(2, 3)
+    h[..., :D] = k.attention(a, q, kk, v).flatten(2, 3)
     wo, bo = linear_parts(self.proj_out)
     out = _clip16(k.gated_residual(r, k.linear(h, wo, bo), gate))
     return out[:, :St], out[:, St:]

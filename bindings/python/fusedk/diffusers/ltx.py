@@ -9,7 +9,8 @@ scale_shift_table + temb, as stock):
                                                rms_norm_across_heads) and LTX's interleaved RoPE
                                                (tables per sample [B, S, H, Dh/2]; the dim % 6
                                                leading channels rotate by cos 1, sin 0: unchanged)
-  attention                                    diffusers' dispatch (SDPA or the model's backend)
+  attention                                    diffusers' dispatch (SDPA or the model's backend), or
+                                               fusedk's kernel with apply(attention=True)
   linear(o, Wo) ; gated_residual               x + gate_msa * (o Wo^T + bo)            (T = 1)
   attn2 (cross-attention)                      stock: its q (S rows) and k, v (caption rows)
                                                differ in length, which qk_norm_rope's one S does
@@ -23,7 +24,7 @@ stock torch expressions (diffusers' RMSNorm rounding included); the GEMMs, qk_no
 attention stay fused."""
 import torch
 
-from . import (Patcher, PerForward, State, attention, attention_why_not, embedding_why_not,
+from . import (Patcher, PerForward, State, attention_why_not, embedding_why_not,
                gelu_ff_why_not, linear_parts, linears_why_not, records_grad)
 
 
@@ -106,7 +107,7 @@ def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=N
     cos, sin = _half_tables(image_rotary_emb, H)
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
     wo, bo = linear_parts(a.to_out[0])
-    x = _gated(k, x, k.linear(attention(a, q, kk, v).flatten(2, 3).to(x.dtype), wo, bo), gate_msa)
+    x = _gated(k, x, k.linear(k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype), wo, bo), gate_msa)
     x = x + self.attn2(x, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                        attention_mask=encoder_attention_mask)
     w1, b1 = linear_parts(self.ff.net[0].proj)

@@ -12,7 +12,9 @@ Per block (video stream x, text stream c; temb -> one GEMM for both streams' mod
   attention                                 SDPA as MochiAttnProcessor2_0 calls it: one batched
                                             call when every text token is valid, else per sample
                                             over the video rows and the valid text rows, the rest
-                                            zeros (the stock processor's padding)
+                                            zeros (the stock processor's padding); with
+                                            apply(attention=True) fusedk's kernel, one call,
+                                            the padded text keys masked through kv_len
   linear(o, Wo) ; residual_tanh_gated_rmsnorm  x + (rms(o Wo^T + bo) * tanh(gate_msa)).type_as(x)
   adaln(x, scale_mlp, 0, norm="rms") ; linear(., W1) ; glu(., silu, gate = second half) ;
   linear(., W2) ; residual_tanh_gated_rmsnorm
@@ -162,6 +164,23 @@ def _attend(q, k, v, Sq, rows):
     return torch.cat(outs)
 
 
+def _attend_fused(k, a, q, kk, v, Sq, mask):
+    """_attend through fusedk's kernel in one batched call, with no host sync: each sample's valid
+    text keys moved ahead of its padded ones (a stable sort; softmax does not depend on the keys'
+    order), which kv_len then masks; the padded text rows' outputs zeroed, as the stock processor
+    pads them."""
+    B, S = q.shape[:2]
+    m = mask.reshape(B, -1) != 0
+    Si = S - m.shape[1]
+    order = torch.sort((~m).to(torch.uint8), dim=1, stable=True).indices
+    idx = order[:, :, None, None].expand(-1, -1, *kk.shape[2:])
+    kk[:, Si:], v[:, Si:] = kk[:, Si:].gather(1, idx), v[:, Si:].gather(1, idx)
+    o = k.attention(a, q[:, :Sq], kk, v, kv_len=(Si + m.sum(1)).to(torch.int32))
+    if Sq > Si:
+        o[:, Si:].masked_fill_(~m[:, :, None, None], 0)
+    return o
+
+
 def _zeros(t, B, D):
     return t.new_zeros(1, D).expand(B, D)  # adaln's shift: MochiRMSNormZero has none
 
@@ -200,8 +219,12 @@ def forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_
     one, zero = (torch.full((1, Dh // 2), f, dtype=torch.float32, device=x.device).expand(St, -1) for f in (1., 0.))
     k.qk_norm_rope(qkv_c.view(B, St, 3, H, Dh), one, zero, a.norm_added_q.weight, a.norm_added_k.weight,
                    st.eps_aqk, out=(q[:, Si:], kk[:, Si:], v[:, Si:]))  # no RoPE on the text rows
-    rows = _validrows(encoder_attention_mask, B, Si)
-    o = _attend(q, kk, v, Si if last else Si + St, rows).flatten(2, 3).to(x.dtype)
+    Sq = Si if last else Si + St
+    if k.fused_attention(q):
+        o = _attend_fused(k, a, q, kk, v, Sq, encoder_attention_mask)
+    else:
+        o = _attend(q, kk, v, Sq, _validrows(encoder_attention_mask, B, Si))
+    o = o.flatten(2, 3).to(x.dtype)
     wo, bo = linear_parts(a.to_out[0])
     x = _stream(k, x, o[:, :Si], wo, bo, gate, scale2, gate2, st.eps, self.ff)
     if last:

@@ -6,7 +6,8 @@ Per block (video tokens x, text c; mod = scale_shift_table + temb in float32, as
   linear(., [Wq; Wk; Wv])                   one GEMM for q, k, v
   qk_norm_rope(qkv, norm="full") -> [B, S, H, Dh]  RMSNorm over all heads (Wan's norm_q/norm_k)
                                             and Wan's interleaved RoPE, one pass
-  attention                                 diffusers' dispatch (SDPA or the model's backend)
+  attention                                 diffusers' dispatch (SDPA or the model's backend), or
+                                            fusedk's kernel with apply(attention=True)
   linear(o, Wo) ; gated_residual            x + gate_msa * (o Wo^T + bo)
   cross-attention: norm2 (torch), linear(., Wq), linear(c, [Wk; Wv]) (one GEMM; I2V: the image
     context's [Wk'; Wv'] too), q/k RMSNorm (torch), attention, linear(o, Wo), x + o (torch)
@@ -20,7 +21,7 @@ import torch
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
-from . import (Patcher, PerForward, State, attention, attention_why_not, gelu_ff_why_not, linear_parts,
+from . import (Patcher, PerForward, State, attention_why_not, gelu_ff_why_not, linear_parts,
                linears_why_not, records_grad, rows)
 
 
@@ -116,10 +117,10 @@ def _cross(self, k, x, c):
         c_img, c = c[:, :icl], c[:, icl:]
     q = _heads(a.norm_q(k.linear(n, *linear_parts(a.to_q))), H)
     kv = k.linear(rows(c), st.w_kv, st.b_kv)
-    o = attention(a, q, _heads(a.norm_k(kv[..., :D]), H), _heads(kv[..., D:], H)).flatten(2, 3).type_as(q)
+    o = k.attention(a, q, _heads(a.norm_k(kv[..., :D]), H), _heads(kv[..., D:], H)).flatten(2, 3).type_as(q)
     if c_img is not None:
         kv = k.linear(rows(c_img), st.w_akv, st.b_akv)
-        oi = attention(a, q, _heads(a.norm_added_k(kv[..., :D]), H), _heads(kv[..., D:], H))
+        oi = k.attention(a, q, _heads(a.norm_added_k(kv[..., :D]), H), _heads(kv[..., D:], H))
         o = o + oi.flatten(2, 3).type_as(q)
     return k.linear(o, *linear_parts(a.to_out[0]))
 
@@ -141,7 +142,7 @@ def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
     qkv = k.linear(_norm_mod(k, x, scale, shift, st.eps1), st.w_qkv, st.b_qkv).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(rotary_emb)
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
-    o = attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
+    o = k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
     x = _gated(k, x, k.linear(o, *linear_parts(a.to_out[0])), gate)
     x = x.add_(_cross(self, k, x, encoder_hidden_states))  # stock: a plain add in x's dtype (x is ours)
     h = k.linear(_norm_mod(k, x, c_scale, c_shift, st.eps3), *linear_parts(self.ffn.net[0].proj), act="gelu_tanh")
