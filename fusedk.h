@@ -93,8 +93,9 @@
      implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
                       [sampler] [position] [linear] [attention] (CPU references and entry points)
                       [dlpack] [info]
-     GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [norm]
-                      [elementwise] (with [sampler]) [position] [linear] [entry]
+     GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [tile]
+                      [norm] [elementwise] (with [sampler]) [position] [gemm] [linear] [attention]
+                      [entry]
 
    ADDING AN OP
      An fusedk_op_id at the end of the enum, its registry entry (arguments in C order with kind

@@ -9,7 +9,7 @@
 //
 // Parts: a build may compile this file once per kernel family, in parallel, by defining one or
 // more of FUSEDK_ONLY_NORM, FUSEDK_ONLY_ELEMENTWISE (with [sampler]), FUSEDK_ONLY_POSITION,
-// FUSEDK_ONLY_LINEAR (with fusedk__cuda_shutdown, which releases linear's cuBLASLt state),
+// FUSEDK_ONLY_LINEAR (with [gemm] and fusedk__cuda_shutdown, which releases its cuBLASLt state),
 // FUSEDK_ONLY_ATTENTION and FUSEDK_ONLY_RUNTIME (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info) for each
 // object. Such an object holds the shared helpers ([runtime] to [reduce]) and the named families
 // with their [entry] functions; the six parts together define every fusedk__cuda_* function once
@@ -35,8 +35,10 @@
 //   [position]  rope and qk_norm_rope: on Hopper qkv_tma_kernel (rows of 4 tokens through bulk
 //               copies); else rope_kernel (q and k in one launch) and qkv_kernel (q, k, v rows);
 //               the table builders (rope_table_kernel)
-//   [linear]    linear, linear_backward: cuBLASLt plans, workspaces and scratch (LtState), the act
-//               and bias passes, linear_dz_kernel and linear_db_kernel
+//   [gemm]      cuBLASLt GEMMs for any family: plans, tuning, per-stream workspace and scratch
+//               (LtState), gemm_locked (a family's entry: device, lock), lt_arena, lt_matmul
+//   [linear]    linear, linear_backward on [gemm]: the act and bias passes, linear_dz_kernel and
+//               linear_db_kernel
 //   [attention] flash attention forward: attn_kernel (sm_80+: mma.sync, cp.async, online
 //               softmax) and attn_tma_kernel (sm_90a: TMA producer, wgmma consumers taking turns)
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
@@ -2100,94 +2102,14 @@ __global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_arg
 
 #if FUSEDK__PART_LINEAR
 // ---------------------------------------------------------------------------------------------
-// [linear] linear and linear_backward: cuBLASLt GEMMs (bias and RELU/GELU_TANH in its epilogue),
-// fusedk's passes where it has none: an act pass (GELU erf, SILU), a bias pass (fallback), the
-// backward's dz = dy * act'(aux) with deterministic column sums for db.
-//
-// Row-major y[M, N] = x[M, K] w[N, K]^T is, column-major, y^T[N, M] = w[K, N]^T x^T[K, M]: w is
-// cuBLASLt's A (transposed), x its B, and the bias runs along D's rows (N) as its epilogue wants.
-// From other families: the activations (act_f32, [numerics]) and the act pass, which is the act
-// op itself (fusedk__cuda_elementwise, [elementwise]'s entry point).
+// [gemm] cuBLASLt GEMMs for any family: plans (descriptors and the algorithm, chosen by the
+// heuristic and timed on a large GEMM's first call) cached by shape, dtype, epilogue, leading
+// dims, alignment and device; a workspace and a growing scratch a (device, stream); one lock.
+// A family's entry point takes the lock through gemm_locked, gets its stream's workspace (and
+// scratch) from lt_arena and runs each GEMM, described column-major as cuBLASLt sees it (LtGemm),
+// through lt_matmul; ran = false means cuBLASLt has no algorithm and the family takes its own
+// route. Families that call it compile in the linear part (one LtState a process).
 // ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ float act_grad_f32(float z, int kind) {
-  switch (kind) {
-    case FUSEDK_ACT_GELU: return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * expf(-0.5f * z * z);
-    case FUSEDK_ACT_GELU_TANH: {
-      const float c = 0.79788456080286536f, t = tanhf(c * fmaf(0.044715f * z, z * z, z));
-      return fmaf(0.5f, 1.f + t, 0.5f * z * (1.f - t * t) * c * fmaf(3.f * 0.044715f * z, z, 1.f));
-    }
-    case FUSEDK_ACT_SILU: {
-      const float sg = __frcp_rn(1.f + expf(-z));
-      return sg * fmaf(z, 1.f - sg, 1.f);
-    }
-    case FUSEDK_ACT_RELU: return z > 0.f ? 1.f : 0.f;
-    default: return 1.f;
-  }
-}
-
-// z = src (+ bias[n]) (src NULL: 0), aux = z, y = act(z); GELU (erf) and SILU see z rounded to T.
-// The exact route: src is a float32 GEMM result (rows cuBLASLt's epilogues are not used on, K = 0,
-// and the backward's unaligned outputs). One element a thread (not a hot path).
-template <typename T, typename S, int ACT>
-__global__ void linear_bias_act_kernel(fusedk__mat y, fusedk__mat aux, fusedk__mat src, const T *bias, int64_t M, int64_t N) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t m = i / N, n = i - m * N;
-    float z = src.p ? to_f32<S>(static_cast<const S *>(src.p)[m * src.ld + n]) : 0.f;
-    if (bias) z += to_f32<T>(bias[n]);
-    if (aux.p) static_cast<T *>(aux.p)[m * aux.ld + n] = from_f32<T>(z);
-    if (ACT == FUSEDK_ACT_GELU || ACT == FUSEDK_ACT_SILU) z = round_to<T>(z);
-    static_cast<T *>(y.p)[m * y.ld + n] = from_f32<T>(act_f32(z, ACT));
-  }
-}
-
-// dz[m, n] = dy * act'(aux) rounded to T (written when dz.p), and per chunk of rows the column
-// sums of dz (of dy for NONE) into part[chunk][n] when part: a block is 32 x 8 threads over
-// 32 * VEC columns and the rows of its chunk; its 8 row lanes meet in shared memory. The sums
-// run in a fixed order (no atomics): db is bitwise the same run to run.
-template <typename T, int VEC, int ACT>
-__global__ void __launch_bounds__(256) linear_dz_kernel(fusedk__mat dz, fusedk__mat dy, fusedk__mat aux, float *part,
-                                                        int64_t M, int64_t N, int64_t rows_per_chunk) {
-  __shared__ float sums[8][32 * VEC];
-  const int64_t n0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * VEC;
-  const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk, r1 = min(M, r0 + rows_per_chunk);
-  float acc[VEC] = {};
-  if (n0 < N)
-    for (int64_t m = r0 + threadIdx.y; m < r1; m += 8) {
-      float g[VEC], z[VEC];
-      load<T, VEC>(static_cast<const T *>(dy.p) + m * dy.ld + n0, g);
-      if constexpr (ACT != FUSEDK_ACT_NONE) {
-        load<T, VEC>(static_cast<const T *>(aux.p) + m * aux.ld + n0, z);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) g[i] = g[i] * act_grad_f32(z[i], ACT);
-        round_all<T, VEC>(g);
-        if (dz.p) store_cs<T, VEC>(static_cast<T *>(dz.p) + m * dz.ld + n0, g);
-      }
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) acc[i] += g[i];
-    }
-  if (!part) return; // uniform across the block
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) sums[threadIdx.y][threadIdx.x * VEC + i] = acc[i];
-  __syncthreads();
-  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * VEC; c += 256) {
-    const int64_t n = (int64_t)blockIdx.x * 32 * VEC + c;
-    if (n >= N) continue;
-    float s = 0.f;
-#pragma unroll
-    for (int r = 0; r < 8; ++r) s += sums[r][c];
-    part[(int64_t)blockIdx.y * N + n] = s;
-  }
-}
-
-// db[n] = the chunks' sums in chunk order, rounded once
-template <typename T> __global__ void linear_db_kernel(T *db, const float *part, int64_t chunks, int64_t N) {
-  const int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (n >= N) return;
-  float s = 0.f;
-  for (int64_t c = 0; c < chunks; ++c) s += part[c * N + n];
-  db[n] = from_f32<T>(s);
-}
 
 constexpr size_t kLtWorkspace = 32u << 20; // cuBLASLt's workspace a (device, stream), Hopper's suggestion
 constexpr int kLtPlans = 256;              // cached plans (a bounded table: the oldest slot goes)
@@ -2218,7 +2140,8 @@ struct LtGemm {
   const void *bias;
   void *aux;
   int64_t ldaux;
-  bool d32; // D in float32 (the exact route), else the inputs' type
+  bool d32;            // D in float32 (the exact route), else the inputs' type
+  int32_t scalar, tf32; // the inputs' fusedk_scalar; float32 through TF32 tensor cores
 };
 
 // What a plan depends on: shapes, leading dims, dtype, epilogue, TF32, device and the alignment
@@ -2527,8 +2450,7 @@ void lt_tune(LtPlan &p, cublasLtHandle_t h, const LtGemm &g, void *ws, cudaStrea
 
 // Runs g through its cached plan (lock held). *ran = false: cuBLASLt has no algorithm for it
 // (nothing launched; the caller falls back).
-fusedk_status lt_matmul(LtState &st, const LtGemm &g, const fusedk__linear_args &a, int dev, cudaStream_t s,
-                        void *ws, const char *op, bool *ran) {
+fusedk_status lt_matmul(LtState &st, const LtGemm &g, int dev, cudaStream_t s, void *ws, const char *op, bool *ran) {
   *ran = false;
   cublasLtHandle_t &h = st.handle[dev];
   if (!h) {
@@ -2538,7 +2460,7 @@ fusedk_status lt_matmul(LtState &st, const LtGemm &g, const fusedk__linear_args 
   LtKey k;
   memset(&k, 0, sizeof k); // the key is compared as bytes: padding zeroed
   k.m = g.m, k.n = g.n, k.k = g.k, k.lda = g.lda, k.ldb = g.ldb, k.ldd = g.ldd, k.ldaux = g.aux ? g.ldaux : 0;
-  k.dev = dev, k.scalar = a.scalar, k.tf32 = a.tf32, k.epi = (int32_t)g.epi, k.ta = (int32_t)g.ta, k.tb = (int32_t)g.tb;
+  k.dev = dev, k.scalar = g.scalar, k.tf32 = g.tf32, k.epi = (int32_t)g.epi, k.ta = (int32_t)g.ta, k.tb = (int32_t)g.tb;
   k.d32 = g.d32;
   k.align = log2_align(g.a) | log2_align(g.b) << 4 | log2_align(g.d) << 8 | (g.bias ? log2_align(g.bias) : 0) << 12 |
             (g.aux ? log2_align(g.aux) : 0) << 16;
@@ -2561,6 +2483,141 @@ fusedk_status lt_matmul(LtState &st, const LtGemm &g, const fusedk__linear_args 
   if (c) return lt_fail(c, op, "matmul");
   *ran = true;
   return FUSEDK_OK;
+}
+
+fusedk_status arena_fail(cudaError_t e, const char *op) {
+  return e == cudaErrorLaunchOutOfResources
+             ? fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: more than %d (device, stream) pairs ran linear ops; "
+                            "fusedk_shutdown() releases their workspaces", op, kLtArenas)
+             : cuda_fail(e, op, "allocating the cuBLASLt workspace or scratch");
+}
+
+// 16-byte aligned rows: what cuBLASLt's 16-bit outputs need to be exact (its kernels for unaligned
+// rows were several bf16 ulps off on the H100: at N = 4095, K = 1000 and at K = 4095)
+template <typename T> bool rows16(const void *p, int64_t ld) { return aligned16(p) && ld % (16 / (int64_t)sizeof(T)) == 0; }
+
+// fn(state) on device dev with the state's lock held: how a family's entry point reaches the
+// layer (handles and arenas are per device; plans are shared and their pointer attributes are set
+// just before each matmul, hence one lock).
+template <typename F> fusedk_status gemm_locked(int32_t dev, const char *op, F &&fn) {
+  if (dev < 0 || dev >= kMaxDevices)
+    return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: CUDA device %d, expected 0..%d", op, (int)dev, kMaxDevices - 1);
+  return on_device(dev, op, [&] {
+    LtState &st = lt_state();
+    std::lock_guard<std::mutex> lock(st.mu);
+    return fn(st);
+  });
+}
+
+// Frees every plan, handle, workspace and scratch (fusedk_shutdown: no GEMM in flight).
+void gemm_shutdown() {
+  LtState &st = lt_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (LtPlan &p : st.plans) lt_destroy(p);
+  for (int i = 0; i < st.n_arenas; ++i) {
+    DeviceGuard guard(st.arenas[i].dev);
+    cudaFree(st.arenas[i].ws);
+    if (st.arenas[i].scratch) cudaFree(st.arenas[i].scratch);
+  }
+  for (const auto &r : st.retired) {
+    DeviceGuard guard(r.first);
+    cudaFree(r.second);
+  }
+  st.retired.clear();
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (st.handle[d]) cublasLtDestroy(st.handle[d]), st.handle[d] = nullptr;
+  st.n_arenas = 0, st.next_victim = 0;
+  cudaGetLastError(); // e.g. at process exit: not sticky
+}
+
+// ---------------------------------------------------------------------------------------------
+// [linear] linear and linear_backward: cuBLASLt GEMMs (bias and RELU/GELU_TANH in its epilogue),
+// fusedk's passes where it has none: an act pass (GELU erf, SILU), a bias pass (fallback), the
+// backward's dz = dy * act'(aux) with deterministic column sums for db.
+//
+// Row-major y[M, N] = x[M, K] w[N, K]^T is, column-major, y^T[N, M] = w[K, N]^T x^T[K, M]: w is
+// cuBLASLt's A (transposed), x its B, and the bias runs along D's rows (N) as its epilogue wants.
+// From other families: the activations (act_f32, [numerics]) and the act pass, which is the act
+// op itself (fusedk__cuda_elementwise, [elementwise]'s entry point).
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float act_grad_f32(float z, int kind) {
+  switch (kind) {
+    case FUSEDK_ACT_GELU: return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * expf(-0.5f * z * z);
+    case FUSEDK_ACT_GELU_TANH: {
+      const float c = 0.79788456080286536f, t = tanhf(c * fmaf(0.044715f * z, z * z, z));
+      return fmaf(0.5f, 1.f + t, 0.5f * z * (1.f - t * t) * c * fmaf(3.f * 0.044715f * z, z, 1.f));
+    }
+    case FUSEDK_ACT_SILU: {
+      const float sg = __frcp_rn(1.f + expf(-z));
+      return sg * fmaf(z, 1.f - sg, 1.f);
+    }
+    case FUSEDK_ACT_RELU: return z > 0.f ? 1.f : 0.f;
+    default: return 1.f;
+  }
+}
+
+// z = src (+ bias[n]) (src NULL: 0), aux = z, y = act(z); GELU (erf) and SILU see z rounded to T.
+// The exact route: src is a float32 GEMM result (rows cuBLASLt's epilogues are not used on, K = 0,
+// and the backward's unaligned outputs). One element a thread (not a hot path).
+template <typename T, typename S, int ACT>
+__global__ void linear_bias_act_kernel(fusedk__mat y, fusedk__mat aux, fusedk__mat src, const T *bias, int64_t M, int64_t N) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t m = i / N, n = i - m * N;
+    float z = src.p ? to_f32<S>(static_cast<const S *>(src.p)[m * src.ld + n]) : 0.f;
+    if (bias) z += to_f32<T>(bias[n]);
+    if (aux.p) static_cast<T *>(aux.p)[m * aux.ld + n] = from_f32<T>(z);
+    if (ACT == FUSEDK_ACT_GELU || ACT == FUSEDK_ACT_SILU) z = round_to<T>(z);
+    static_cast<T *>(y.p)[m * y.ld + n] = from_f32<T>(act_f32(z, ACT));
+  }
+}
+
+// dz[m, n] = dy * act'(aux) rounded to T (written when dz.p), and per chunk of rows the column
+// sums of dz (of dy for NONE) into part[chunk][n] when part: a block is 32 x 8 threads over
+// 32 * VEC columns and the rows of its chunk; its 8 row lanes meet in shared memory. The sums
+// run in a fixed order (no atomics): db is bitwise the same run to run.
+template <typename T, int VEC, int ACT>
+__global__ void __launch_bounds__(256) linear_dz_kernel(fusedk__mat dz, fusedk__mat dy, fusedk__mat aux, float *part,
+                                                        int64_t M, int64_t N, int64_t rows_per_chunk) {
+  __shared__ float sums[8][32 * VEC];
+  const int64_t n0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * VEC;
+  const int64_t r0 = (int64_t)blockIdx.y * rows_per_chunk, r1 = min(M, r0 + rows_per_chunk);
+  float acc[VEC] = {};
+  if (n0 < N)
+    for (int64_t m = r0 + threadIdx.y; m < r1; m += 8) {
+      float g[VEC], z[VEC];
+      load<T, VEC>(static_cast<const T *>(dy.p) + m * dy.ld + n0, g);
+      if constexpr (ACT != FUSEDK_ACT_NONE) {
+        load<T, VEC>(static_cast<const T *>(aux.p) + m * aux.ld + n0, z);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) g[i] = g[i] * act_grad_f32(z[i], ACT);
+        round_all<T, VEC>(g);
+        if (dz.p) store_cs<T, VEC>(static_cast<T *>(dz.p) + m * dz.ld + n0, g);
+      }
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[i] += g[i];
+    }
+  if (!part) return; // uniform across the block
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) sums[threadIdx.y][threadIdx.x * VEC + i] = acc[i];
+  __syncthreads();
+  for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * VEC; c += 256) {
+    const int64_t n = (int64_t)blockIdx.x * 32 * VEC + c;
+    if (n >= N) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int r = 0; r < 8; ++r) s += sums[r][c];
+    part[(int64_t)blockIdx.y * N + n] = s;
+  }
+}
+
+// db[n] = the chunks' sums in chunk order, rounded once
+template <typename T> __global__ void linear_db_kernel(T *db, const float *part, int64_t chunks, int64_t N) {
+  const int64_t n = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  float s = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) s += part[c * N + n];
+  db[n] = from_f32<T>(s);
 }
 
 // y[rows, cols] = act(src + bias) (aux = src + bias): src of T, or float32 (src32), or none (0)
@@ -2589,17 +2646,6 @@ fusedk_status act_pass(const fusedk__linear_args &a, fusedk__mat z, int dev, cud
   e.in[0] = fusedk__rows{z.p, 0, z.ld};
   return fusedk__cuda_elementwise(&e, op, dev, s);
 }
-
-fusedk_status arena_fail(cudaError_t e, const char *op) {
-  return e == cudaErrorLaunchOutOfResources
-             ? fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: more than %d (device, stream) pairs ran linear ops; "
-                            "fusedk_shutdown() releases their workspaces", op, kLtArenas)
-             : cuda_fail(e, op, "allocating the cuBLASLt workspace or scratch");
-}
-
-// 16-byte aligned rows: what cuBLASLt's 16-bit outputs need to be exact (its kernels for unaligned
-// rows were several bf16 ulps off on the H100: at N = 4095, K = 1000 and at K = 4095)
-template <typename T> bool rows16(const void *p, int64_t ld) { return aligned16(p) && ld % (16 / (int64_t)sizeof(T)) == 0; }
 
 fusedk_status no_algo(const char *op, const char *which, const fusedk__linear_args &a) {
   return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: cuBLASLt has no algorithm for the %s GEMM (M=%lld N=%lld K=%lld, "
@@ -2631,8 +2677,8 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
       epi = a.aux.p ? (a.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                     : (a.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
     const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z.p, z.ld, epi, a.bias,
-                   gelu_epi ? a.aux.p : nullptr, a.aux.ld, false};
-    if ((f = lt_matmul(st, g, a, dev, s, ar->ws, op, &ran))) return f;
+                   gelu_epi ? a.aux.p : nullptr, a.aux.ld, false, a.scalar, a.tf32};
+    if ((f = lt_matmul(st, g, dev, s, ar->ws, op, &ran))) return f;
     if (ran) {
       if (a.act == FUSEDK_ACT_NONE && a.aux.p) // aux = z = y
         return on_error(cudaMemcpy2DAsync(a.aux.p, (size_t)a.aux.ld * sizeof(T), a.y.p, (size_t)a.y.ld * sizeof(T),
@@ -2647,8 +2693,8 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
     if ((e = lt_arena(st, dev, s, (size_t)(a.M * z32.ld) * sizeof(float), &ar)) != cudaSuccess) return arena_fail(e, op);
     z32.p = ar->scratch;
     const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z32.p, z32.ld,
-                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, true};
-    if ((f = lt_matmul(st, g, a, dev, s, ar->ws, op, &ran))) return f;
+                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, true, a.scalar, a.tf32};
+    if ((f = lt_matmul(st, g, dev, s, ar->ws, op, &ran))) return f;
     if (!ran) return no_algo(op, "forward", a);
   }
   return on_error(launch_bias_act<T>(a.y, a.aux, z32, true, a.bias, a.act, a.M, a.N, s, dev), op);
@@ -2704,9 +2750,9 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
   const bool to32[2] = {dx32, dw32};
   const LtGemm gs[2] = {
       {CUBLAS_OP_N, CUBLAS_OP_N, a.K, a.M, a.N, a.w.p, dz.p, a.w.ld, dz.ld, dx32 ? out32 : a.dx.p, dx32 ? ld32 : a.dx.ld,
-       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dx32},
+       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dx32, a.scalar, a.tf32},
       {CUBLAS_OP_N, CUBLAS_OP_T, a.K, a.N, a.M, a.x.p, dz.p, a.x.ld, dz.ld, dw32 ? out32 : a.dw.p, dw32 ? ld32 : a.dw.ld,
-       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dw32}};
+       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dw32, a.scalar, a.tf32}};
   const fusedk__mat outs[2] = {a.dx, a.dw};
   for (int i = 0; i < 2; ++i) {
     const LtGemm &g = gs[i];
@@ -2717,7 +2763,7 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
       continue;
     }
     bool ran;
-    fusedk_status f = lt_matmul(st, g, a, dev, s, ar->ws, op, &ran);
+    fusedk_status f = lt_matmul(st, g, dev, s, ar->ws, op, &ran);
     if (f) return f;
     if (!ran) return no_algo(op, i ? "dw" : "dx", a);
     if (to32[i] && (e = launch_bias_act<T>(outs[i], fusedk__mat{nullptr, 0}, fusedk__mat{out32, ld32}, true, nullptr,
@@ -3357,11 +3403,7 @@ fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *o
 #if FUSEDK__PART_LINEAR
 fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t device_id,
                                   struct CUstream_st *stream) {
-  if (device_id < 0 || device_id >= kMaxDevices) // the handles and arenas are per device
-    return fusedk__fail(FUSEDK_ERR_DEVICE, "%s: CUDA device %d, expected 0..%d", op, (int)device_id, kMaxDevices - 1);
-  return on_device(device_id, op, [&] {
-    LtState &st = lt_state();
-    std::lock_guard<std::mutex> lock(st.mu);
+  return gemm_locked(device_id, op, [&](LtState &st) {
     fusedk_status f = FUSEDK_OK;
     dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
@@ -3373,25 +3415,7 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
   });
 }
 
-void fusedk__cuda_shutdown(void) {
-  LtState &st = lt_state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  for (LtPlan &p : st.plans) lt_destroy(p);
-  for (int i = 0; i < st.n_arenas; ++i) {
-    DeviceGuard guard(st.arenas[i].dev);
-    cudaFree(st.arenas[i].ws);
-    if (st.arenas[i].scratch) cudaFree(st.arenas[i].scratch);
-  }
-  for (const auto &r : st.retired) {
-    DeviceGuard guard(r.first);
-    cudaFree(r.second);
-  }
-  st.retired.clear();
-  for (int d = 0; d < kMaxDevices; ++d)
-    if (st.handle[d]) cublasLtDestroy(st.handle[d]), st.handle[d] = nullptr;
-  st.n_arenas = 0, st.next_victim = 0;
-  cudaGetLastError(); // e.g. at process exit: not sticky
-}
+void fusedk__cuda_shutdown(void) { gemm_shutdown(); }
 #endif // FUSEDK__PART_LINEAR
 
 #if FUSEDK__PART_ATTENTION
