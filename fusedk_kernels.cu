@@ -2816,6 +2816,20 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// 2^x on the FMA pipe, for a share of the softmax's exponentials where the MUFU unit (16 a clock
+// an SM, against 128 FMAs) is the busier (Dh 64: the products take about as long as the
+// exponentials).
+// x = j + f with j = rint(x) (the 1.5 * 2^23 addend rounds), 2^f for f in [-1/2, 1/2] by a degree-4
+// polynomial (relative error 2.9e-6), times 2^j made from j's bits. x is clamped at -127 first
+// (2^-127 is made as 0: a masked -inf gives 0, as ex2.approx.ftz); the clamp keeps NaN.
+__device__ __forceinline__ float exp2_fma(float x) {
+  float xc;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(xc) : "f"(x), "f"(-127.f));
+  const float t = xc + 12582912.f, f = xc - (t - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(fmaf(0.009582831f, f, 0.05590637f), f, 0.240241f), f, 0.69312418f), f, 1.f);
+  return p * __int_as_float((__float_as_int(t) + 127) << 23);
+}
+
 // max over the 4 lanes of a quad (the lanes holding one accumulator row; their sum: lanes_sum)
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -2858,7 +2872,8 @@ __device__ __forceinline__ void attn_scores(float (&s)[MT][BC / 8][4], const Swz
 // The row's extreme raw score is its max when c > 0 and its min when c < 0 (a uniform branch);
 // masked scores are -inf or +inf to match (attn_mask), so that s c is -inf. A row that has
 // seen only masked keys keeps m = -inf and contributes zeros (its shift is 0: no inf - inf).
-template <int BC>
+// FMA > 0: the n8 tiles t with t % FMA == FMA - 1 take exp2_fma instead of the MUFU op.
+template <int BC, int FMA = 0>
 __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, float (&m)[2], float (&l)[2],
                                              float (&alpha)[2]) {
 #pragma unroll
@@ -2877,8 +2892,10 @@ __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, flo
     alpha[hf] = exp2_ftz(m[hf] - shift), m[hf] = mx, l[hf] *= alpha[hf];
 #pragma unroll
     for (int t = 0; t < BC / 8; ++t) {
-      s[t][2 * hf] = exp2_ftz(fmaf(s[t][2 * hf], c, -shift));
-      s[t][2 * hf + 1] = exp2_ftz(fmaf(s[t][2 * hf + 1], c, -shift));
+      const bool fma_pipe = FMA > 0 && t % (FMA > 0 ? FMA : 1) == FMA - 1;
+      const float x0 = fmaf(s[t][2 * hf], c, -shift), x1 = fmaf(s[t][2 * hf + 1], c, -shift);
+      s[t][2 * hf] = fma_pipe ? exp2_fma(x0) : exp2_ftz(x0);
+      s[t][2 * hf + 1] = fma_pipe ? exp2_fma(x1) : exp2_ftz(x1);
       l[hf] += s[t][2 * hf] + s[t][2 * hf + 1];
     }
   }
@@ -3098,10 +3115,13 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
 // O += P V (wgmma, P from registers, V transposed from shared memory). Rows and keys past the
 // tensors' ends load as zeros; the keys of the last tile past kv_len (or the causal limit of the
 // block's last row) are zeroed in V, since a weight of 0 times a NaN there would be NaN.
-template <int D> struct AttnTmaPlan; // keys a tile, stages of the K/V ring
-template <> struct AttnTmaPlan<64> { static constexpr int kBc = 176, kStages = 2; };
-template <> struct AttnTmaPlan<128> { static constexpr int kBc = 176, kStages = 2; };
-template <> struct AttnTmaPlan<256> { static constexpr int kBc = 64, kStages = 2; };
+// keys a tile, stages of the K/V ring, and every kFma-th n8 tile's exponentials on the FMA pipe
+// (0: none; at Dh 64 a quarter there relieves the MUFU unit, at Dh 128 the issue slots it takes
+// slow the block: bench/NOTES.md)
+template <int D> struct AttnTmaPlan;
+template <> struct AttnTmaPlan<64> { static constexpr int kBc = 176, kStages = 2, kFma = 4; };
+template <> struct AttnTmaPlan<128> { static constexpr int kBc = 176, kStages = 2, kFma = 0; };
+template <> struct AttnTmaPlan<256> { static constexpr int kBc = 64, kStages = 2, kFma = 0; };
 constexpr int kAttnRows = 128; // query rows a block, 64 a consumer warpgroup
 
 // shared-memory layout (bytes from a 1024-aligned base): Q, the K stages, the V stages, barriers
@@ -3199,7 +3219,8 @@ __global__ void __launch_bounds__(384, 1)
       const uint32_t vt = sv + (int)(t % ST) * L::kTile;
       const int64_t j0 = (int64_t)j * BC;
       mbar_wait(&v_full[t % ST], (uint32_t)(t / ST) & 1);
-      if (j0 + BC > blk.n_hi) { // keys no row of the block sees: zeros, not whatever the tensor holds
+      // keys no row of the block sees: zeros, not whatever the tensor holds (past Sk TMA has zero-filled)
+      if (j0 + BC > blk.n_hi && blk.n_hi < a.Sk) {
         const int from = (int)(blk.n_hi - j0);
         for (int i = tid; i < (BC - from) * CH; i += 128) {
           const int r = from + i / CH, c = i % CH;
@@ -3220,7 +3241,7 @@ __global__ void __launch_bounds__(384, 1)
     auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights; alpha for O
       const int64_t j0 = (int64_t)j * BC;
       attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
-      attn_softmax<BC>(sc, scale_log2, m, l, alpha);
+      attn_softmax<BC, AttnTmaPlan<D>::kFma>(sc, scale_log2, m, l, alpha);
     };
     mbar_wait(q_full, (uint32_t)k & 1);
     if (n_tiles == 0) mbar_arrive(q_free);

@@ -9,7 +9,7 @@ goes through this tree's Python package and fusedk.h: the builds compared must s
 (kernel changes, not registry or binding changes).
 
     python3 bench/ab.py --lib base=build-a/libfusedk.so --lib new=build-b/libfusedk.so
-                        [--rows layernorm:1x1024x2048:bf16,adaln:4x4096x3072:bf16]
+                        [--rows layernorm:1x1024x2048:bf16,adaln:4x4096x3072:bf16,attention:2x16x4096x64:bf16]
                         [--rounds 3] [--iters 100] [--peers eager,liger] [--out FILE.json]
 
 Prints, per row, the median over rounds of each build (and peer) in µs and each build's speedup
@@ -80,6 +80,9 @@ def main():
     print("|---|---|---|" + "---:|" * (2 * len(names) - 1 + len(peers)))
     for spec in args.rows.split(","):
         op, shape_s, dtype = spec.split(":")
+        if op == "attention":
+            report["rows"].append(ab_attention(mods, names, shape_s, dtype, args))
+            continue
         shape = tuple(int(v) for v in shape_s.split("x"))
         bench.fusedk = mods[names[0]]
         c = bench.Case(op, shape, dtype, cargs)
@@ -112,6 +115,33 @@ def main():
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(report, fh, indent=1)
+
+
+def ab_attention(mods, names, shape_s, dtype, args):
+    """A row attention:BxHxSxDh[c]:bf16 (c: causal): q, k, v [B, S, H, Dh]; each build's error
+    against float64 (bench_attention's rows) and its graph-replay time, TFLOP/s printed."""
+    import torch
+    import bench
+    from bench_attention import reference_err
+    causal = shape_s.endswith("c")
+    B, H, S, Dh = (int(v) for v in shape_s.rstrip("c").split("x"))
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, S, H, Dh, device="cuda", dtype=dt, generator=g) for _ in range(3))
+    calls, err = {}, {}
+    for n in names:
+        err[n] = reference_err(torch, mods[n].attention(q, k, v, causal=causal), q, k, v, causal)
+        calls[n] = lambda i, m=mods[n]: m.attention(q, k, v, causal=causal)
+    times, _, errs = bench.time_rounds(calls, 3, args.iters, args.rounds,
+                                       timer=lambda f, kk, n: (bench.time_graph(f, kk, n), "cuda-graph"))
+    if errs:
+        raise SystemExit(f"attention {shape_s}: {errs}")
+    med = {n: statistics.median(v) for n, v in times.items()}
+    flop = 4.0 * B * H * S * S * Dh / (2 if causal else 1)
+    cols = [f"{med[n]:.1f} ({flop / med[n] / 1e6:.0f} TF/s, err {err[n]:.1e})" for n in names]
+    ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]
+    print(f"| attention | {shape_s} | {dtype} | " + " | ".join(cols + ratios) + " |", flush=True)
+    return dict(op="attention", shape=shape_s, dtype=dtype, us=times, median=med, max_err=err)
 
 
 if __name__ == "__main__":
