@@ -2487,7 +2487,7 @@ fusedk_status lt_matmul(LtState &st, const LtGemm &g, int dev, cudaStream_t s, v
 
 fusedk_status arena_fail(cudaError_t e, const char *op) {
   return e == cudaErrorLaunchOutOfResources
-             ? fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: more than %d (device, stream) pairs ran linear ops; "
+             ? fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: more than %d (device, stream) pairs ran fusedk's GEMMs (linear ops); "
                             "fusedk_shutdown() releases their workspaces", op, kLtArenas)
              : cuda_fail(e, op, "allocating the cuBLASLt workspace or scratch");
 }
