@@ -3127,6 +3127,7 @@ constexpr int kAttnRows = 128; // query rows a block, 64 a consumer warpgroup
 // shared-memory layout (bytes from a 1024-aligned base): Q, the K stages, the V stages, barriers
 template <int D> struct AttnTmaSmem {
   static constexpr int kBc = AttnTmaPlan<D>::kBc, kStages = AttnTmaPlan<D>::kStages;
+  static_assert(AttnTmaPlan<D>::kFma >= 0, "kFma: 0 (none) or every kFma-th n8 tile"); // (sm_80's pass reads it here)
   static constexpr uint32_t kQ = 0, kK = kQ + kAttnRows * D * 2, kTile = kBc * D * 2, kV = kK + kStages * kTile,
                             kBars = kV + kStages * kTile, kBytes = kBars + (2 + 4 * kStages) * 8 + 1024;
 };

@@ -11,7 +11,8 @@
    the eager GPU call); at Flux-dev's size (B 1, 512 text + 4096 image tokens, D 3072, 24 heads of
    128, MLP 12288) the block is timed eager and as a CUDA graph.
    Build: part of `meson compile -C build`; run: build/fusedk_dit_block (tools/demo.sh runs it;
-   --check: the small checks only, as `meson test` runs it). */
+   --check: the small checks only, as `meson test` runs it; --dump FILE: the CPU block's output
+   as raw bf16 into FILE, nothing else: tests/python/test_dit_block.py checks it against NumPy). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -274,6 +275,7 @@ static int time_flux(void) {
 
 int main(int argc, char **argv) {
   const int timing = !(argc > 1 && !strcmp(argv[1], "--check"));
+  const char *dump = argc > 2 && !strcmp(argv[1], "--dump") ? argv[2] : NULL; /* the CPU block's out, raw bf16 */
   const dims d = {2, 37, 9, 14, 256, 4, 1024}; /* S = 163: tails in every tile */
   const size_t n = (size_t)d.B * seq(&d) * d.D;
   where cpu = {0, NULL};
@@ -286,6 +288,13 @@ int main(int argc, char **argv) {
   for (size_t i = 0; want && i < n; ++i) want[i] = from_bf16(((uint16_t *)m.out)[i]), sum += fabs(want[i]);
   if (!want || !(sum > 0 && sum < INFINITY)) return fprintf(stderr, "dit_block: the CPU block's output is off\n"), 1;
   printf("cpu  block: out[0..3] = %.4f %.4f %.4f, mean |out| %.4f\n", want[0], want[1], want[2], sum / n);
+  if (dump) {
+    FILE *f = fopen(dump, "wb");
+    const int bad = !f || fwrite(m.out, 2, n, f) != n;
+    if (f) fclose(f);
+    release(&m, &cpu), free(want);
+    return bad ? fprintf(stderr, "dit_block: cannot write %s\n", dump), 1 : 0;
+  }
   release(&m, &cpu);
   int rc = 0;
 #ifdef FUSEDK_DEMO_CUDA

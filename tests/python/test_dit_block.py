@@ -1,0 +1,110 @@
+"""examples/dit_block (one Flux-style block in C on fusedk alone) against NumPy: the C program's CPU
+block (bf16, fusedk's references) against the same block in float64 with the inputs it makes
+(its xorshift generator, replayed here) — once with a rounding to bf16 where each fusedk op
+writes its output (what the references compute: double math, one rounding an op), and once
+without any (the exact block). The GPU block is checked against the CPU one by the program itself
+(meson test dit_block on a GPU machine)."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = ml_dtypes.bfloat16
+B, ST, GH, GW, D, H, F = 2, 37, 9, 14, 256, 4, 1024  # main.c's small block
+S, DH = ST + GH * GW, D // H
+EPS = float(np.float32(1e-6))
+
+
+def program():
+    lib = os.environ.get("FUSEDK_LIBRARY", "")
+    exe = os.path.join(os.path.dirname(lib), "fusedk_dit_block") if lib else ""
+    if not os.path.isfile(exe):
+        pytest.skip("fusedk_dit_block not built next to FUSEDK_LIBRARY (meson builds it)")
+    return exe
+
+
+def host_rand(n, scale, shift, seed):
+    """main.c's host_rand: bf16 of shift + scale * frand, float32 arithmetic, xorshift32 state."""
+    s, out = seed, np.empty(n, np.uint32)
+    for i in range(n):
+        s ^= (s << 13) & 0xFFFFFFFF
+        s ^= s >> 17
+        s ^= (s << 5) & 0xFFFFFFFF
+        out[i] = s
+    r = (out & 0xFFFFFF).astype(np.float32) / np.float32(8388608.0) - np.float32(1.0)
+    return (np.float32(shift) + np.float32(scale) * r).astype(BF16).astype(np.float64)
+
+
+def inputs():
+    ws, ws2 = np.float32(1) / np.sqrt(np.float32(D)), np.float32(1) / np.sqrt(np.float32(F))
+    p = dict(mod_w=host_rand(6 * D * D, ws, 0, 1).reshape(6 * D, D), mod_b=host_rand(6 * D, 0.1, 0, 2),
+             qkv_w=host_rand(3 * D * D, ws, 0, 3).reshape(3 * D, D), qkv_b=host_rand(3 * D, 0.1, 0, 4),
+             q_norm=host_rand(DH, 0.2, 1, 5), k_norm=host_rand(DH, 0.2, 1, 6),
+             o_w=host_rand(D * D, ws, 0, 7).reshape(D, D), o_b=host_rand(D, 0.1, 0, 8),
+             fc1_w=host_rand(F * D, ws, 0, 9).reshape(F, D), fc1_b=host_rand(F, 0.1, 0, 10),
+             fc2_w=host_rand(D * F, ws2, 0, 11).reshape(D, F), fc2_b=host_rand(D, 0.1, 0, 12))
+    x = host_rand(B * S * D, 1, 0, 13).reshape(B, S, D)
+    temb = host_rand(B * D, 1, 0, 14).reshape(B, D)
+    return p, x, temb
+
+
+def rope_tables():
+    """fusedk_rope_table_axes for Flux's ids (text (0, 0, 0), image (0, row, column)), axes Dh/8
+    and the rest halved, theta 10000: float64 angles, float32 tables."""
+    ids = np.zeros((S, 3))
+    ids[ST:, 1], ids[ST:, 2] = np.arange(GH * GW) // GW, np.arange(GH * GW) % GW
+    axes = [DH // 8, (DH - DH // 8) // 2, (DH - DH // 8) // 2]
+    ang = np.concatenate([ids[:, a:a + 1] / 10000.0 ** (2 * np.arange(d // 2) / d) for a, d in enumerate(axes)], 1)
+    return (np.cos(ang).astype(np.float32).astype(np.float64), np.sin(ang).astype(np.float32).astype(np.float64))
+
+
+def block(p, x, temb, r):
+    """The C block's math in float64; r rounds an op's output (to bf16, or not at all)."""
+    def adaln(t, scale, shift):
+        mu = t.mean(-1, keepdims=True)
+        n = (t - mu) / np.sqrt(((t - mu) ** 2).mean(-1, keepdims=True) + EPS)
+        return r(n * (1 + scale[:, None]) + shift[:, None])
+
+    def qk(t, w, cos, sin):  # per-head RMSNorm with its weight, then Flux's interleaved RoPE
+        t = t / np.sqrt((t * t).mean(-1, keepdims=True) + EPS) * w
+        a, b = t[..., 0::2], t[..., 1::2]
+        c, s = cos[None, :, None], sin[None, :, None]
+        out = np.empty_like(t)
+        out[..., 0::2], out[..., 1::2] = a * c - b * s, b * c + a * s
+        return r(out)
+
+    t = r(temb / (1 + np.exp(-temb)))
+    mod = r(t @ p["mod_w"].T + p["mod_b"])
+    shift1, scale1, gate1, shift2, scale2, gate2 = (mod[:, i * D:(i + 1) * D] for i in range(6))
+    qkv = r(adaln(x, scale1, shift1) @ p["qkv_w"].T + p["qkv_b"]).reshape(B, S, 3, H, DH)
+    cos, sin = rope_tables()
+    q, k, v = qk(qkv[:, :, 0], p["q_norm"], cos, sin), qk(qkv[:, :, 1], p["k_norm"], cos, sin), qkv[:, :, 2]
+    sc = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(DH)
+    w = np.exp(sc - sc.max(-1, keepdims=True))
+    o = r(np.einsum("bhij,bjhd->bihd", w / w.sum(-1, keepdims=True), v)).reshape(B, S, D)
+    x1 = r(x + gate1[:, None] * r(o @ p["o_w"].T + p["o_b"]))
+    z = adaln(x1, scale2, shift2) @ p["fc1_w"].T + p["fc1_b"]
+    h = r(0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3))))
+    return r(x1 + gate2[:, None] * r(h @ p["fc2_w"].T + p["fc2_b"]))
+
+
+def rel(a, ref):
+    return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
+
+
+def test_c_block_matches_numpy(tmp_path):
+    out = tmp_path / "out.bin"
+    r = subprocess.run([program(), "--dump", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = np.fromfile(out, np.uint16).view(BF16).astype(np.float64).reshape(B, S, D)
+    p, x, temb = inputs()
+    rounded = block(p, x, temb, lambda a: a.astype(BF16).astype(np.float64))
+    exact = block(p, x, temb, lambda a: a)
+    # the references round where the NumPy block does: they differ only where an accumulation
+    # order moves a value across a bf16 rounding boundary
+    assert rel(got, rounded) < 1e-3, rel(got, rounded)
+    # and the bf16 block is the exact one within bf16's rounding (2^-9 a step, a dozen steps)
+    assert rel(got, exact) < 2e-2, rel(got, exact)
+    assert rel(rounded, exact) < 2e-2
