@@ -120,10 +120,11 @@ typedef struct { weights p; acts a; void *x, *temb, *out; void *ptrs[32]; int n;
 static void *put(model *m, const where *w, const void *host, size_t bytes) {
   void *p = NULL;
 #ifdef FUSEDK_DEMO_CUDA
-  if (w->gpu) {
-    if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
-    if (host) cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice);
-    return m->ptrs[m->n++] = p;
+  if (w->gpu) { /* copied in w's stream's order (a non-blocking stream: the legacy one's copies race it) */
+    if (cudaMalloc(&p, bytes) != cudaSuccess) p = NULL;
+    else if (host && cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, (cudaStream_t)w->stream) != cudaSuccess)
+      cudaFree(p), p = NULL;
+    return m->ptrs[m->n++] = p; /* NULL recorded: build() reports it */
   }
 #endif
   (void)w;
@@ -202,22 +203,23 @@ static float time_block(const where *w, const dims *d, model *m, int graph, int 
   cudaGraphExec_t ge = NULL;
   cudaEvent_t e0, e1;
   float ms = -1;
+  int bad = 0;
   if (graph) {
     cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     fusedk_status st = block(w, d, &m->p, &m->a, m->out, m->x, m->temb);
-    if (cudaStreamEndCapture(s, &g) != cudaSuccess || st || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) return -1;
+    bad = cudaStreamEndCapture(s, &g) != cudaSuccess || st || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess;
   }
   cudaEventCreate(&e0), cudaEventCreate(&e1);
-  for (int i = 0; i < reps + 2; ++i) { /* two warm-ups */
+  for (int i = 0; i < reps + 2 && !bad; ++i) { /* two warm-ups */
     if (i == 2) cudaEventRecord(e0, s);
-    if (graph ? cudaGraphLaunch(ge, s) != cudaSuccess : block(w, d, &m->p, &m->a, m->out, m->x, m->temb) != 0)
-      return -1;
+    bad = graph ? cudaGraphLaunch(ge, s) != cudaSuccess : block(w, d, &m->p, &m->a, m->out, m->x, m->temb) != 0;
   }
   cudaEventRecord(e1, s);
-  if (cudaEventSynchronize(e1) == cudaSuccess) cudaEventElapsedTime(&ms, e0, e1);
+  if (cudaEventSynchronize(e1) != cudaSuccess || (!bad && cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)) bad = 1;
   cudaEventDestroy(e0), cudaEventDestroy(e1);
-  if (graph) cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
-  return ms / reps;
+  if (ge) cudaGraphExecDestroy(ge);
+  if (g) cudaGraphDestroy(g);
+  return bad ? -1 : ms / reps;
 }
 
 static int download(float *dst, const void *src, size_t n) {
@@ -233,6 +235,7 @@ static int check_gpu(const dims *d, const float *want, size_t n) {
   where w = {1, NULL};
   cudaStreamCreateWithFlags((cudaStream_t *)&w.stream, cudaStreamNonBlocking);
   model m;
+  memset(&m, 0, sizeof m);
   float *got = malloc(n * 4), *again = malloc(n * 4);
   int bad = !got || !again || build(&m, &w, d) || block(&w, d, &m.p, &m.a, m.out, m.x, m.temb) ||
             cudaStreamSynchronize((cudaStream_t)w.stream) != cudaSuccess || download(got, m.out, n);
@@ -245,8 +248,8 @@ static int check_gpu(const dims *d, const float *want, size_t n) {
   bad = bad || !(rel < 1e-2);
   printf("gpu  block: %s, |gpu - cpu| relative L2 %.2e, max %.3g (bf16 rounding; bound 1e-2)\n", bad ? "FAILED" : "ok",
          rel, mx);
-  cudaMemset(m.out, 0xff, n * 2); /* NaN: the replay must write every element */
-  bad = bad || time_block(&w, d, &m, 1, 1) < 0 || download(again, m.out, n) || memcmp(got, again, n * 4);
+  bad = bad || cudaMemsetAsync(m.out, 0xff, n * 2, (cudaStream_t)w.stream) != cudaSuccess || /* NaN: the replay writes all */
+        time_block(&w, d, &m, 1, 1) < 0 || download(again, m.out, n) || memcmp(got, again, n * 4);
   printf("gpu  block as a CUDA graph: %s\n", bad ? "FAILED (differs from the eager call)" : "the eager call's bits");
   release(&m, &w);
   free(got), free(again);

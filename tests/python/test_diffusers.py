@@ -158,6 +158,33 @@ def test_mochi_padded_text(device, attention):
     fd.revert(low)
 
 
+@pytest.mark.skipif("mochi" not in MODELS, reason="this diffusers lacks Mochi")
+@pytest.mark.parametrize("device", DEVICES)
+def test_mochi_fused_attention_packs_rows_as_stock(device):
+    """Mochi's attention through fusedk's kernel against the stock processor's per-sample path on
+    text masks with a padded tail and with holes: the valid text rows' outputs packed first, then
+    zeros (Sq = S), or the video rows only (the last block). float32 on the CPU (the reference
+    against SDPA: rounding only), bf16 on the GPU (the kernel: bf16's rounding)."""
+    from fusedk.diffusers import mochi
+    dt, bound = (torch.float32, 1e-5) if device == "cpu" else (torch.bfloat16, 1e-2)
+    B, Si, St, H, Dh = 2, 24, 8, 2, 64
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, Si + St, H, Dh, generator=g).to(device, dt) for _ in range(3))
+    mask = torch.ones(B, St, dtype=torch.bool)
+    mask[0, 5:] = False
+    mask[1, ::3] = False
+    mask = mask.to(device)
+    pieces = fd.Pieces(fd.OPS | {"attention"})
+    for Sq in (Si + St, Si):
+        want = mochi._attend(q, k, v, Sq, mochi._validrows(mask, B, Si)).double()
+        got = mochi._attend_fused(pieces, None, q.clone(), k.clone(), v.clone(), Sq, mask).double()
+        assert got.shape == want.shape
+        for b in range(B):
+            assert rel(got[b], want[b])[0] < bound, (Sq, b, rel(got[b], want[b]))
+        if Sq > Si:  # the padded rows: zeros on both sides, exactly
+            assert torch.equal(got[0, Si + 5:], want[0, Si + 5:]) and not got[0, Si + 5:].any()
+
+
 def test_apply_attention_takes_a_bool():
     m, ref, low, x32, xl = pair(sorted(MODELS)[0], "cpu")
     with pytest.raises(fusedk.Error, match="attention is 'yes', expected True or False"):

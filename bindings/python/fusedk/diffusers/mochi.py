@@ -166,18 +166,21 @@ def _attend(q, k, v, Sq, rows):
 
 def _attend_fused(k, a, q, kk, v, Sq, mask):
     """_attend through fusedk's kernel in one batched call, with no host sync: each sample's valid
-    text keys moved ahead of its padded ones (a stable sort; softmax does not depend on the keys'
-    order), which kv_len then masks; the padded text rows' outputs zeroed, as the stock processor
-    pads them."""
+    text rows moved ahead of its padded ones (a stable sort) in k and v, which kv_len then masks
+    (softmax does not depend on the keys' order), and in q, so that the valid rows' outputs come
+    first and the rest are zeros, as the stock processor packs and pads them."""
     B, S = q.shape[:2]
     m = mask.reshape(B, -1) != 0
-    Si = S - m.shape[1]
+    Si, n = S - m.shape[1], m.sum(1)
     order = torch.sort((~m).to(torch.uint8), dim=1, stable=True).indices
     idx = order[:, :, None, None].expand(-1, -1, *kk.shape[2:])
     kk[:, Si:], v[:, Si:] = kk[:, Si:].gather(1, idx), v[:, Si:].gather(1, idx)
-    o = k.attention(a, q[:, :Sq], kk, v, kv_len=(Si + m.sum(1)).to(torch.int32))
     if Sq > Si:
-        o[:, Si:].masked_fill_(~m[:, :, None, None], 0)
+        q[:, Si:] = q[:, Si:].gather(1, idx)
+    o = k.attention(a, q[:, :Sq], kk, v, kv_len=(Si + n).to(torch.int32))
+    if Sq > Si:
+        pad = torch.arange(S - Si, device=m.device)[None] >= n[:, None]
+        o[:, Si:].masked_fill_(pad[:, :, None, None], 0)
     return o
 
 
