@@ -3116,8 +3116,8 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
 // tensors' ends load as zeros; the keys of the last tile past kv_len (or the causal limit of the
 // block's last row) are zeroed in V, since a weight of 0 times a NaN there would be NaN.
 // keys a tile, stages of the K/V ring, and every kFma-th n8 tile's exponentials on the FMA pipe
-// (0: none; at Dh 64 a quarter there relieves the MUFU unit, at Dh 128 the issue slots it takes
-// slow the block: bench/NOTES.md)
+// (0: none; at Dh 64 a quarter there relieves the MUFU unit, at Dh 128 the products bound the
+// block and the polynomial's issue slots only slow it)
 template <int D> struct AttnTmaPlan;
 template <> struct AttnTmaPlan<64> { static constexpr int kBc = 176, kStages = 2, kFma = 4; };
 template <> struct AttnTmaPlan<128> { static constexpr int kBc = 176, kStages = 2, kFma = 0; };

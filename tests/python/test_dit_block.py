@@ -10,11 +10,12 @@ import subprocess
 import numpy as np
 import pytest
 
+import oracle
+
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
 B, ST, GH, GW, D, H, F = 2, 37, 9, 14, 256, 4, 1024  # main.c's small block
 S, DH = ST + GH * GW, D // H
-EPS = float(np.float32(1e-6))
 
 
 def program():
@@ -51,43 +52,28 @@ def inputs():
 
 
 def rope_tables():
-    """fusedk_rope_table_axes for Flux's ids (text (0, 0, 0), image (0, row, column)), axes Dh/8
-    and the rest halved, theta 10000: float64 angles, float32 tables."""
+    """fusedk_rope_table_axes's float32 tables for Flux's ids (text (0, 0, 0), image (0, row,
+    column)), axes Dh/8 and the rest halved, theta 10000."""
     ids = np.zeros((S, 3))
     ids[ST:, 1], ids[ST:, 2] = np.arange(GH * GW) // GW, np.arange(GH * GW) % GW
-    axes = [DH // 8, (DH - DH // 8) // 2, (DH - DH // 8) // 2]
-    ang = np.concatenate([ids[:, a:a + 1] / 10000.0 ** (2 * np.arange(d // 2) / d) for a, d in enumerate(axes)], 1)
-    return (np.cos(ang).astype(np.float32).astype(np.float64), np.sin(ang).astype(np.float32).astype(np.float64))
+    axes = (DH // 8, (DH - DH // 8) // 2, (DH - DH // 8) // 2)
+    return tuple(t.astype(np.float32) for t in oracle.rope_table_axes(ids, axes))
 
 
 def block(p, x, temb, r):
-    """The C block's math in float64; r rounds an op's output (to bf16, or not at all)."""
-    def adaln(t, scale, shift):
-        mu = t.mean(-1, keepdims=True)
-        n = (t - mu) / np.sqrt(((t - mu) ** 2).mean(-1, keepdims=True) + EPS)
-        return r(n * (1 + scale[:, None]) + shift[:, None])
-
-    def qk(t, w, cos, sin):  # per-head RMSNorm with its weight, then Flux's interleaved RoPE
-        t = t / np.sqrt((t * t).mean(-1, keepdims=True) + EPS) * w
-        a, b = t[..., 0::2], t[..., 1::2]
-        c, s = cos[None, :, None], sin[None, :, None]
-        out = np.empty_like(t)
-        out[..., 0::2], out[..., 1::2] = a * c - b * s, b * c + a * s
-        return r(out)
-
-    t = r(temb / (1 + np.exp(-temb)))
-    mod = r(t @ p["mod_w"].T + p["mod_b"])
+    """The C block's math through the ops' float64 oracles; r rounds an op's output (to bf16, or
+    not at all)."""
+    lin = lambda t, w, act="none": r(oracle.linear(t, p[w + "_w"], p[w + "_b"], act)[0])  # noqa: E731
+    t = r(oracle.act(temb, "silu"))
+    mod = lin(t, "mod")
     shift1, scale1, gate1, shift2, scale2, gate2 = (mod[:, i * D:(i + 1) * D] for i in range(6))
-    qkv = r(adaln(x, scale1, shift1) @ p["qkv_w"].T + p["qkv_b"]).reshape(B, S, 3, H, DH)
-    cos, sin = rope_tables()
-    q, k, v = qk(qkv[:, :, 0], p["q_norm"], cos, sin), qk(qkv[:, :, 1], p["k_norm"], cos, sin), qkv[:, :, 2]
-    sc = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(DH)
-    w = np.exp(sc - sc.max(-1, keepdims=True))
-    o = r(np.einsum("bhij,bjhd->bihd", w / w.sum(-1, keepdims=True), v)).reshape(B, S, D)
-    x1 = r(x + gate1[:, None] * r(o @ p["o_w"].T + p["o_b"]))
-    z = adaln(x1, scale2, shift2) @ p["fc1_w"].T + p["fc1_b"]
-    h = r(0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3))))
-    return r(x1 + gate2[:, None] * r(h @ p["fc2_w"].T + p["fc2_b"]))
+    qkv = lin(r(oracle.adaln(x, scale1, shift1)), "qkv").reshape(B, S, 3, H, DH)
+    q, k, v = (r(t) for t in oracle.qk_norm_rope(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *rope_tables(),
+                                                   p["q_norm"], p["k_norm"], layout="bshd"))
+    o = r(oracle.attention(q, k, v)[0]).reshape(B, S, D)
+    x1 = r(oracle.gated_residual(x, lin(o, "o"), gate1))
+    h = lin(r(oracle.adaln(x1, scale2, shift2)), "fc1", "gelu_tanh")
+    return r(oracle.gated_residual(x1, lin(h, "fc2"), gate2))
 
 
 def rel(a, ref):
