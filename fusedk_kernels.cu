@@ -2816,20 +2816,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// 2^x on the FMA pipe, for a share of the softmax's exponentials where the MUFU unit (16 a clock
-// an SM, against 128 FMAs) is the busier (Dh 64: the products take about as long as the
-// exponentials).
-// x = j + f with j = rint(x) (the 1.5 * 2^23 addend rounds), 2^f for f in [-1/2, 1/2] by a degree-4
-// polynomial (relative error 2.9e-6), times 2^j made from j's bits. x is clamped at -127 first
-// (2^-127 is made as 0: a masked -inf gives 0, as ex2.approx.ftz); the clamp keeps NaN.
-__device__ __forceinline__ float exp2_fma(float x) {
-  float xc;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(xc) : "f"(x), "f"(-127.f));
-  const float t = xc + 12582912.f, f = xc - (t - 12582912.f);
-  const float p = fmaf(fmaf(fmaf(fmaf(0.009582831f, f, 0.05590637f), f, 0.240241f), f, 0.69312418f), f, 1.f);
-  return p * __int_as_float((__float_as_int(t) + 127) << 23);
-}
-
 // max over the 4 lanes of a quad (the lanes holding one accumulator row; their sum: lanes_sum)
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -2872,8 +2858,7 @@ __device__ __forceinline__ void attn_scores(float (&s)[MT][BC / 8][4], const Swz
 // The row's extreme raw score is its max when c > 0 and its min when c < 0 (a uniform branch);
 // masked scores are -inf or +inf to match (attn_mask), so that s c is -inf. A row that has
 // seen only masked keys keeps m = -inf and contributes zeros (its shift is 0: no inf - inf).
-// FMA > 0: the n8 tiles t with t % FMA == FMA - 1 take exp2_fma instead of the MUFU op.
-template <int BC, int FMA = 0>
+template <int BC>
 __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, float (&m)[2], float (&l)[2],
                                              float (&alpha)[2]) {
 #pragma unroll
@@ -2892,10 +2877,8 @@ __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, flo
     alpha[hf] = exp2_ftz(m[hf] - shift), m[hf] = mx, l[hf] *= alpha[hf];
 #pragma unroll
     for (int t = 0; t < BC / 8; ++t) {
-      const bool fma_pipe = FMA > 0 && t % (FMA > 0 ? FMA : 1) == FMA - 1;
-      const float x0 = fmaf(s[t][2 * hf], c, -shift), x1 = fmaf(s[t][2 * hf + 1], c, -shift);
-      s[t][2 * hf] = fma_pipe ? exp2_fma(x0) : exp2_ftz(x0);
-      s[t][2 * hf + 1] = fma_pipe ? exp2_fma(x1) : exp2_ftz(x1);
+      s[t][2 * hf] = exp2_ftz(fmaf(s[t][2 * hf], c, -shift));
+      s[t][2 * hf + 1] = exp2_ftz(fmaf(s[t][2 * hf + 1], c, -shift));
       l[hf] += s[t][2 * hf] + s[t][2 * hf + 1];
     }
   }
@@ -3106,40 +3089,42 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
   }
 }
 
-// Hopper path (sm_90a, attn_tma_kernel): a block of three warpgroups owns 128 query rows of one
+// Hopper path (sm_90a, attn_tma_kernel): a block of 1 + NC warpgroups owns 64 NC query rows of one
 // (b, h). Warpgroup 0 produces: one thread issues the TMA loads, Q once, then K and V tiles of BC
-// keys into a ring of stages, each tile completing on its mbarrier, a stage refilled once both
-// consumers have released it; it hands its registers to the consumers (setmaxnreg). Warpgroups
-// 1 and 2 consume 64 rows each: S = Q K^T (wgmma, both from shared memory), scale, mask and the
+// keys into a ring of stages, each tile completing on its mbarrier, a stage refilled once every
+// consumer has released it; it hands its registers to the consumers (setmaxnreg). Warpgroups
+// 1..NC consume 64 rows each: S = Q K^T (wgmma, both from shared memory), scale, mask and the
 // online softmax in registers (attn_mask, attn_softmax: the accumulator's rows are mma.sync's),
 // O += P V (wgmma, P from registers, V transposed from shared memory). Rows and keys past the
 // tensors' ends load as zeros; the keys of the last tile past kv_len (or the causal limit of the
 // block's last row) are zeroed in V, since a weight of 0 times a NaN there would be NaN.
-// keys a tile, stages of the K/V ring, and every kFma-th n8 tile's exponentials on the FMA pipe
-// (0: none; at Dh 64 a quarter there relieves the MUFU unit, at Dh 128 the products bound the
-// block and the polynomial's issue slots only slow it)
+// keys a tile, stages of the K/V ring, consumer warpgroups (NC). Dh 64 runs three consumers
+// (192 rows): its products are half as long a key as Dh 128's, and a third softmax in flight keeps
+// the tensor cores fed; that leaves 160 registers a consumer, which fit 128-key tiles, not 176.
 template <int D> struct AttnTmaPlan;
-template <> struct AttnTmaPlan<64> { static constexpr int kBc = 176, kStages = 2, kFma = 4; };
-template <> struct AttnTmaPlan<128> { static constexpr int kBc = 176, kStages = 2, kFma = 0; };
-template <> struct AttnTmaPlan<256> { static constexpr int kBc = 64, kStages = 2, kFma = 0; };
-constexpr int kAttnRows = 128; // query rows a block, 64 a consumer warpgroup
+template <> struct AttnTmaPlan<64> { static constexpr int kBc = 128, kStages = 2, kWgs = 3; };
+template <> struct AttnTmaPlan<128> { static constexpr int kBc = 176, kStages = 2, kWgs = 2; };
+template <> struct AttnTmaPlan<256> { static constexpr int kBc = 64, kStages = 2, kWgs = 2; };
 
 // shared-memory layout (bytes from a 1024-aligned base): Q, the K stages, the V stages, barriers
 template <int D> struct AttnTmaSmem {
-  static constexpr int kBc = AttnTmaPlan<D>::kBc, kStages = AttnTmaPlan<D>::kStages;
-  static_assert(AttnTmaPlan<D>::kFma >= 0, "kFma: 0 (none) or every kFma-th n8 tile"); // (sm_80's pass reads it here)
-  static constexpr uint32_t kQ = 0, kK = kQ + kAttnRows * D * 2, kTile = kBc * D * 2, kV = kK + kStages * kTile,
+  static constexpr int kBc = AttnTmaPlan<D>::kBc, kStages = AttnTmaPlan<D>::kStages, kWgs = AttnTmaPlan<D>::kWgs;
+  // query rows a block (64 a consumer), threads, and the consumers' registers: what the producer's
+  // 24 leave of the SM's 64 K, a multiple of 8
+  static constexpr int kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1), kRegs = (512 - 24) / kWgs / 8 * 8;
+  static_assert(kRegs * kWgs + 24 <= 512 && kRegs <= 256, "setmaxnreg: the block's registers fit the SM's");
+  static constexpr uint32_t kQ = 0, kK = kQ + kRows * D * 2, kTile = kBc * D * 2, kV = kK + kStages * kTile,
                             kBars = kV + kStages * kTile, kBytes = kBars + (2 + 4 * kStages) * 8 + 1024;
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
     attn_tma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, int n_mb, int64_t units,
                     float scale_log2) {
 #if FUSEDK__SM90A
   using L = AttnTmaSmem<D>;
-  constexpr int BC = L::kBc, ST = L::kStages, CB = D / 64, CH = D / 8;
+  constexpr int BC = L::kBc, ST = L::kStages, CB = D / 64, CH = D / 8, NC = L::kWgs, BR = L::kRows;
   extern __shared__ __align__(1024) unsigned char attn_tma_smem[];
   const uint32_t raw = smem_u32(attn_tma_smem), base = (raw + 1023) & ~1023u;
   uint64_t *bars = reinterpret_cast<uint64_t *>(attn_tma_smem + (base - raw) + L::kBars);
@@ -3150,26 +3135,26 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t sq = base + L::kQ, sk = base + L::kK, sv = base + L::kV;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
-    mbar_init(q_full, 1), mbar_init(q_free, 256);
+    mbar_init(q_full, 1), mbar_init(q_free, 128 * NC);
     for (int s = 0; s < ST; ++s)
-      mbar_init(&k_full[s], 1), mbar_init(&v_full[s], 1), mbar_init(&k_free[s], 256), mbar_init(&v_free[s], 256);
+      mbar_init(&k_full[s], 1), mbar_init(&v_full[s], 1), mbar_init(&k_free[s], 128 * NC), mbar_init(&v_free[s], 128 * NC);
     fence_mbar_init();
   }
   __syncthreads();
-  // Persistent: the block takes units (128 query rows of one (b, h)) blockIdx.x, + gridDim.x, ...
+  // Persistent: the block takes units (64 NC query rows of one (b, h)) blockIdx.x, + gridDim.x, ...
   // The K/V ring runs on across units (tile counter it: stage it % ST), so the producer loads the
-  // next unit's first tiles while the consumers finish this one; Q is reloaded once both
-  // consumers have issued the unit's last S product.
+  // next unit's first tiles while the consumers finish this one; Q is reloaded once every
+  // consumer has issued the unit's last S product.
   if (wg == 0) { // the producer: tile it's K into stage it % ST once tile it - ST's K is released, then its V
     regs_lower<24>();
     if (tid == 0) {
       int64_t it = 0;
       for (int64_t u = blockIdx.x, k = 0; u < units; u += gridDim.x, ++k) {
-        const AttnBlock blk(a, n_mb, kAttnRows, u);
+        const AttnBlock blk(a, n_mb, BR, u);
         const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk, n_tiles = (int)((blk.n_hi + BC - 1) / BC);
         if (k) mbar_wait(q_free, (uint32_t)(k - 1) & 1);
-        mbar_expect(q_full, kAttnRows * D * 2);
-        for (int c = 0; c < CB; ++c) tma_load_4d(sq + c * kAttnRows * 128, &tq, 64 * c, (int)blk.i0, h, b, q_full);
+        mbar_expect(q_full, BR * D * 2);
+        for (int c = 0; c < CB; ++c) tma_load_4d(sq + c * BR * 128, &tq, 64 * c, (int)blk.i0, h, b, q_full);
         for (int j = 0; j < n_tiles; ++j, ++it) {
           const int s = (int)(it % ST);
           const uint32_t ph = (uint32_t)(it / ST - 1) & 1;
@@ -3188,18 +3173,19 @@ __global__ void __launch_bounds__(384, 1)
   // tile j's softmax while the second product is still in the tensor cores (FA3's intra-warpgroup
   // overlap); O takes tile j's rescale and P_j its registers only after that product is done (P_j
   // packed any earlier, into registers of its own, makes ptxas serialize the products).
-  // Ping-pong: the two consumers take turns to issue their products (named barriers 3 and 4, one
-  // per consumer, each passed by the other after its issue), so that one's softmax runs while the
-  // other's products keep the tensor cores busy. Consumer 0 goes first: consumer 1 passes once
-  // before its first turn, and consumer 0 takes one turn more at the end to balance that.
-  regs_raise<240>();
+  // Ping-pong: the consumers take turns, in order, to issue their products (named barriers
+  // NC + 1 + w, one per consumer, each passed by the one before it after its issue), so that one's
+  // softmax runs while another's products keep the tensor cores busy. Consumer 0 goes first: the
+  // last passes once before its first turn, and consumer 0 takes one turn more at the end to
+  // balance that. (Barriers 1..NC: each consumer's own, around V's zeroing.)
+  regs_raise<L::kRegs>();
   const int w = wg - 1, warp = tid / 32, lane = tid % 32, frag = 16 * warp + lane / 4, c0 = 2 * (lane % 4);
-  auto turn = [&] { bar_sync(3 + w, 256); };
-  auto pass = [&] { bar_arrive(4 - w, 256); };
-  if (w == 1) bar_arrive(3, 256);
+  auto turn = [&] { bar_sync(1 + NC + w, 256); };
+  auto pass = [&] { bar_arrive(1 + NC + (w + 1) % NC, 256); };
+  if (w == NC - 1) bar_arrive(1 + NC, 256);
   int64_t it = 0; // the K/V tile counter, as the producer's
   for (int64_t u = blockIdx.x, k = 0; u < units; u += gridDim.x, ++k) {
-    const AttnBlock blk(a, n_mb, kAttnRows, u);
+    const AttnBlock blk(a, n_mb, BR, u);
     const int n_tiles = (int)((blk.n_hi + BC - 1) / BC);
     const int64_t r0 = blk.i0 + 64 * w; // the warpgroup's first row
     float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
@@ -3209,7 +3195,7 @@ __global__ void __launch_bounds__(384, 1)
     uint32_t pa[BC / 16][4];
     auto scores = [&](float (&sc)[BC / 8][4], int64_t t) { // issue S of ring tile t (k steps of 16 columns: 32 bytes)
       const uint32_t kt = sk + (int)(t % ST) * L::kTile;
-      auto qd = [&](int kk) { return wgmma_desc(sq + (kk / 4) * kAttnRows * 128 + w * 64 * 128 + (kk % 4) * 32, 16, 1024); };
+      auto qd = [&](int kk) { return wgmma_desc(sq + (kk / 4) * BR * 128 + w * 64 * 128 + (kk % 4) * 32, 16, 1024); };
       auto kd = [&](int kk) { return wgmma_desc(kt + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024); };
       wgmma_ss0<T, BC>(sc, qd(0), kd(0));
 #pragma unroll
@@ -3242,7 +3228,7 @@ __global__ void __launch_bounds__(384, 1)
     auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights; alpha for O
       const int64_t j0 = (int64_t)j * BC;
       attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
-      attn_softmax<BC, AttnTmaPlan<D>::kFma>(sc, scale_log2, m, l, alpha);
+      attn_softmax<BC>(sc, scale_log2, m, l, alpha);
     };
     mbar_wait(q_full, (uint32_t)k & 1);
     if (n_tiles == 0) mbar_arrive(q_free);
@@ -3299,7 +3285,7 @@ __global__ void __launch_bounds__(384, 1)
     it += n_tiles;
     attn_store_regs<T, D>(a, o, m, l, r0 + frag, blk.b, blk.h, lane);
   }
-  if (w == 0) turn(); // consumer 1's last pass
+  if (w == 0) turn(); // the last consumer's last pass
 #endif
 }
 
@@ -3312,7 +3298,7 @@ cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev,
   if (tma_disabled() || !tma_code<attn_tma_kernel<T, D>>(dev) || L::kBytes > device_smem_optin(dev)) return cudaSuccess;
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   CUtensorMap tq, tk, tv;
-  if (!tmap_bshd(&tq, a.q.p, bf, a.B, a.Sq, a.Hq, a.Dh, a.q.sb, a.q.ss, a.q.sh, kAttnRows) ||
+  if (!tmap_bshd(&tq, a.q.p, bf, a.B, a.Sq, a.Hq, a.Dh, a.q.sb, a.q.ss, a.q.sh, L::kRows) ||
       !tmap_bshd(&tk, a.k.p, bf, a.B, a.Sk, a.Hkv, a.Dh, a.k.sb, a.k.ss, a.k.sh, L::kBc) ||
       !tmap_bshd(&tv, a.v.p, bf, a.B, a.Sk, a.Hkv, a.Dh, a.v.sb, a.v.ss, a.v.sh, L::kBc))
     return cudaSuccess;
@@ -3320,9 +3306,9 @@ cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev,
   if (e != cudaSuccess) return e;
   // persistent (a block an SM) when the units are alike; a block a unit when their work varies
   // (causal, kv_len): the hardware's block scheduler balances those, a static round robin does not
-  const int64_t n_mb = (a.Sq + kAttnRows - 1) / kAttnRows, units = n_mb * a.B * a.Hq, sms = device_sms(dev);
+  const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq, sms = device_sms(dev);
   const int64_t grid = a.causal || a.kv_len || units < sms ? units : sms;
-  attn_tma_kernel<T, D><<<(unsigned)grid, 384, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb, units,
+  attn_tma_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb, units,
                                                                a.scale * 1.4426950408889634f);
   *used = true;
   return cudaGetLastError();
