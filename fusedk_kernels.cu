@@ -2789,16 +2789,19 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
 // Head sizes up to 256 run on the next tile width D (64, 128, 256), the columns past Dh zeros.
 // ---------------------------------------------------------------------------------------------
 
-// A launch plan: warps a block, 16-row tiles a warp (MT), keys a tile (BC), and the blocks an
-// SM keeps (which caps registers: 65536 / (blocks x threads)).
-template <int WARPS, int MT, int BC, int MIN_BLOCKS> struct AttnShape {
+// A launch plan: warps a block, 16-row tiles a warp (MT), keys a tile (BC), the blocks an SM
+// keeps (which caps registers: 65536 / (blocks x threads)), and whether S's fragments are
+// prefetched a k step ahead (attn_scores).
+template <int WARPS, int MT, int BC, int MIN_BLOCKS, bool PF = false> struct AttnShape {
   static constexpr int kWarps = WARPS, kMt = MT, kBc = BC, kMinBlocks = MIN_BLOCKS, kRows = 16 * MT * WARPS;
+  static constexpr bool kPf = PF;
 };
 // the plan per tile width D (bench/attn_plans.cu; bench/NOTES.md): two row tiles a warp where
 // the registers allow (half the shared-memory reads of K and V a flop); Dh 256: one, and 32
-// keys a tile (96 KB of shared memory: sm_86 and sm_89 blocks get 99 KB)
+// keys a tile (96 KB of shared memory: sm_86 and sm_89 blocks get 99 KB); Dh 64's S fragments a
+// step ahead (its O leaves the registers; at Dh 128 they would cost O's)
 template <int D> struct AttnPlan;
-template <> struct AttnPlan<64> { using type = AttnShape<4, 2, 64, 2>; };
+template <> struct AttnPlan<64> { using type = AttnShape<4, 2, 64, 2, true>; };
 template <> struct AttnPlan<128> { using type = AttnShape<4, 2, 64, 2>; };
 template <> struct AttnPlan<256> { using type = AttnShape<8, 1, 32, 1>; };
 
@@ -2822,30 +2825,47 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// S = Q K^T for the warp's MT row tiles: Q by 16-column steps (one ldmatrix a row tile), K by
-// pairs of n8 tiles, each K fragment used by every row tile. (Q's lanes: rows lane % 16, chunk
-// parity lane / 16; K's: keys 0-7 / 8-15 and the parity, so that one ldmatrix gives both k
-// halves of two n8 tiles.)
-template <typename T, int D, int MT, int BC>
+// S = Q K^T for the warp's MT row tiles, by 16-column k steps: Q's fragments (one ldmatrix a row
+// tile) and K's by pairs of n8 tiles, each K fragment used by every row tile. PF: step kk + 1's
+// fragments load before step kk's products (two sets of registers: the products don't wait on
+// the loads); else each step's just before them. (Q's lanes: rows lane % 16, chunk parity
+// lane / 16; K's: keys 0-7 / 8-15 and the parity, so that one ldmatrix gives both k halves of
+// two n8 tiles.)
+template <typename T, int D, int MT, int BC, bool PF>
 __device__ __forceinline__ void attn_scores(float (&s)[MT][BC / 8][4], const SwzLane<D / 8> &lq,
                                             const SwzLane<D / 8> &lk) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int t = 0; t < BC / 8; ++t) s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.f;
+  constexpr int NB = PF ? 2 : 1; // fragment sets
+  uint32_t qa[NB][MT][4], kb[NB][BC / 16][4];
+  auto load_q = [&](int kk) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[kk % NB][mt], lq.at(mt, kk));
+  };
+  auto load_k = [&](int kk, int n) { ldmatrix_x4(kb[kk % NB][n], lk.at(n, kk)); };
+  if (PF) {
+    load_q(0);
+#pragma unroll
+    for (int n = 0; n < BC / 16; ++n) load_k(0, n);
+  }
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t qa[MT][4];
+    if (PF && kk + 1 < D / 16) {
+      load_q(kk + 1);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], lq.at(mt, kk));
+      for (int n = 0; n < BC / 16; ++n) load_k(kk + 1, n);
+    }
+    if (!PF) load_q(kk);
+    const uint32_t(&q)[MT][4] = qa[kk % NB];
 #pragma unroll
     for (int n = 0; n < BC / 16; ++n) {
-      uint32_t kb[4];
-      ldmatrix_x4(kb, lk.at(n, kk));
+      if (!PF) load_k(kk, n);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<T>(s[mt][2 * n], qa[mt], kb[0], kb[1]);
-        mma_16816<T>(s[mt][2 * n + 1], qa[mt], kb[2], kb[3]);
+        mma_16816<T>(s[mt][2 * n], q[mt], kb[kk % NB][n][0], kb[kk % NB][n][1]);
+        mma_16816<T>(s[mt][2 * n + 1], q[mt], kb[kk % NB][n][2], kb[kk % NB][n][3]);
       }
     }
   }
@@ -3036,7 +3056,7 @@ __global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
     load_tile<T, BC, CH, NT, VEC>(sv, v + j0 * a.v.ss, a.v.ss, (int)min((int64_t)BC, n_hi - j0), dh);
     cp_async_commit();
     float s[MT][BC / 8][4];
-    attn_scores<T, D, MT, BC>(s, lq, lk);
+    attn_scores<T, D, MT, BC, P::kPf>(s, lq, lk);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       attn_mask<BC>(s[mt], scale_log2, lim[mt], j0, j0 + BC > blk.n_lo, c0);
