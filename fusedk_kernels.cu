@@ -638,7 +638,8 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *m, 
 }
 // shared-memory writes by threads, made visible to the async proxy (wgmma's and TMA's reads)
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// a barrier over `n` threads (a warpgroup: 128) with its own id, leaving the block's other warps
+// a barrier over `n` threads (a warpgroup: 128; two taking turns: 256) with its own id, leaving
+// the block's other warps
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // the warpgroup's register budget a thread, raised or lowered together (the producer gives its
@@ -2799,7 +2800,8 @@ template <int WARPS, int MT, int BC, int MIN_BLOCKS, bool PF = false> struct Att
 // the plan per tile width D (bench/attn_plans.cu; bench/NOTES.md): two row tiles a warp where
 // the registers allow (half the shared-memory reads of K and V a flop); Dh 256: one, and 32
 // keys a tile (96 KB of shared memory: sm_86 and sm_89 blocks get 99 KB); Dh 64's S fragments a
-// step ahead (its O leaves the registers; at Dh 128 they would cost O's)
+// step ahead (its O, half of Dh 128's, leaves registers for the second set; at Dh 128 the set
+// would take registers from O)
 template <int D> struct AttnPlan;
 template <> struct AttnPlan<64> { using type = AttnShape<4, 2, 64, 2, true>; };
 template <> struct AttnPlan<128> { using type = AttnShape<4, 2, 64, 2>; };
@@ -3132,7 +3134,8 @@ template <int D> struct AttnTmaSmem {
   // query rows a block (64 a consumer), threads, and the consumers' registers: what the producer's
   // 24 leave of the SM's 64 K, a multiple of 8
   static constexpr int kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1), kRegs = (512 - 24) / kWgs / 8 * 8;
-  static_assert(kRegs * kWgs + 24 <= 512 && kRegs <= 256, "setmaxnreg: the block's registers fit the SM's");
+  static_assert(kRegs * kWgs + 24 <= 512 && kRegs <= 256 && kRegs >= 65536 / kThreads / 8 * 8,
+                "setmaxnreg: the block's registers fit the SM's, and the consumers' rise from the launch's");
   static constexpr uint32_t kQ = 0, kK = kQ + kRows * D * 2, kTile = kBc * D * 2, kV = kK + kStages * kTile,
                             kBars = kV + kStages * kTile, kBytes = kBars + (2 + 4 * kStages) * 8 + 1024;
 };

@@ -1,7 +1,8 @@
 // The launch plans of attention's portable kernel (fusedk_kernels.cu, [attention]: attn_kernel)
 // side by side: the evidence behind AttnPlan. For each shape of bench/bench_attention.py (bf16)
-// and each plan (warps, 16-row tiles a warp, keys a tile, blocks an SM), TFLOP/s of the median of
-// 5 rotated rounds of 10 launches, and the largest difference to the first plan's output.
+// and each plan (warps, 16-row tiles a warp, keys a tile, blocks an SM, S fragments a step
+// ahead), TFLOP/s of the median of 5 rotated rounds of 10 launches, and the largest difference
+// to the first plan's output.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DFUSEDK_ONLY_ATTENTION -I. \
 //        -o attn_plans bench/attn_plans.cu && ./attn_plans
 #include "fusedk_kernels.cu"
@@ -105,8 +106,8 @@ template <int D, typename... Ps> void plans(const Shape &sh) {
     using P = typename decltype(tag)::type;
     std::vector<float> &m = ms[idx++];
     std::sort(m.begin(), m.end());
-    printf("  <warps %d, mt %d, bc %3d, blocks %d>  %7.1f us  %6.1f TFLOP/s\n", P::kWarps, P::kMt, P::kBc,
-           P::kMinBlocks, m[m.size() / 2] * 1e3, flop / (m[m.size() / 2] * 1e-3) / 1e12);
+    printf("  <warps %d, mt %d, bc %3d, blocks %d, prefetch %d>  %7.1f us  %6.1f TFLOP/s\n", P::kWarps, P::kMt,
+           P::kBc, P::kMinBlocks, (int)P::kPf, m[m.size() / 2] * 1e3, flop / (m[m.size() / 2] * 1e-3) / 1e12);
   };
   (show(type_tag<Ps>{}), ...);
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o);
@@ -119,9 +120,9 @@ int main() {
   for (Shape s : {Shape{1, 24, 4608, 128, 0}, Shape{2, 24, 4096, 128, 1}, Shape{1, 24, 16384, 128, 0}})
     plans<128, AttnShape<8, 1, 64, 1>, AttnShape<4, 2, 64, 1>, AttnShape<4, 2, 64, 2>, AttnShape<4, 2, 32, 2>,
           AttnShape<4, 1, 64, 2>, AttnShape<8, 2, 32, 1>, AttnShape<8, 1, 32, 2>, AttnShape<8, 1, 128, 1>,
-          AttnShape<4, 1, 128, 2>>(s);
+          AttnShape<4, 1, 128, 2>, AttnShape<4, 2, 64, 2, true>>(s);
   plans<64, AttnShape<8, 1, 64, 2>, AttnShape<4, 2, 64, 2>, AttnShape<4, 2, 128, 2>, AttnShape<8, 1, 128, 1>,
-        AttnShape<4, 1, 128, 3>, AttnShape<8, 2, 64, 1>>(Shape{2, 16, 4096, 64, 0});
+        AttnShape<4, 1, 128, 3>, AttnShape<8, 2, 64, 1>, AttnShape<4, 2, 64, 2, true>>(Shape{2, 16, 4096, 64, 0});
   plans<256, AttnShape<8, 1, 32, 1>, AttnShape<4, 1, 64, 1>, AttnShape<4, 1, 32, 2>, AttnShape<8, 1, 64, 1>,
         AttnShape<4, 2, 32, 1>>(Shape{1, 16, 8192, 256, 0});
   return 0;
