@@ -683,24 +683,30 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 #define FUSEDK__WG_C64(k) \
   FUSEDK__WG_R(k, 0), FUSEDK__WG_R(k, 1), FUSEDK__WG_R(k, 2), FUSEDK__WG_R(k, 3), \
   FUSEDK__WG_R(k, 4), FUSEDK__WG_R(k, 5), FUSEDK__WG_R(k, 6), FUSEDK__WG_R(k, 7)
+#define FUSEDK__WG_C80(k) \
+  FUSEDK__WG_C64(k), FUSEDK__WG_R(k, 8), FUSEDK__WG_R(k, 9)
 #define FUSEDK__WG_C128(k) \
   FUSEDK__WG_C64(k), \
   FUSEDK__WG_R(k, 8), FUSEDK__WG_R(k, 9), FUSEDK__WG_R(k, 10), FUSEDK__WG_R(k, 11), \
   FUSEDK__WG_R(k, 12), FUSEDK__WG_R(k, 13), FUSEDK__WG_R(k, 14), FUSEDK__WG_R(k, 15)
-#define FUSEDK__WG_C176(k) \
+#define FUSEDK__WG_C192(k) \
   FUSEDK__WG_C128(k), \
   FUSEDK__WG_R(k, 16), FUSEDK__WG_R(k, 17), FUSEDK__WG_R(k, 18), FUSEDK__WG_R(k, 19), \
-  FUSEDK__WG_R(k, 20), FUSEDK__WG_R(k, 21)
+  FUSEDK__WG_R(k, 20), FUSEDK__WG_R(k, 21), FUSEDK__WG_R(k, 22), FUSEDK__WG_R(k, 23)
 #define FUSEDK__WG_C256(k) \
-  FUSEDK__WG_C128(k), \
-  FUSEDK__WG_R(k, 16), FUSEDK__WG_R(k, 17), FUSEDK__WG_R(k, 18), FUSEDK__WG_R(k, 19), \
-  FUSEDK__WG_R(k, 20), FUSEDK__WG_R(k, 21), FUSEDK__WG_R(k, 22), FUSEDK__WG_R(k, 23), \
+  FUSEDK__WG_C192(k), \
   FUSEDK__WG_R(k, 24), FUSEDK__WG_R(k, 25), FUSEDK__WG_R(k, 26), FUSEDK__WG_R(k, 27), \
   FUSEDK__WG_R(k, 28), FUSEDK__WG_R(k, 29), FUSEDK__WG_R(k, 30), FUSEDK__WG_R(k, 31)
 #define FUSEDK__WG_D64 \
   "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}"
+#define FUSEDK__WG_D80 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  "%32, %33, %34, %35, %36, %37, %38, %39" \
   "}"
 #define FUSEDK__WG_D128 \
   "{" \
@@ -709,14 +715,14 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
   "}"
-#define FUSEDK__WG_D176 \
+#define FUSEDK__WG_D192 \
   "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-  "%80, %81, %82, %83, %84, %85, %86, %87" \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
   "}"
 #define FUSEDK__WG_D256 \
   "{" \
@@ -754,25 +760,29 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int acc) {
-  static_assert(N == 64 || N == 128 || N == 176, "score tiles of 64, 128 or 176 keys");
+  static_assert(N == 64 || N == 80 || N == 128 || N == 192, "score tiles of 64, 80, 128 or 192 keys");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   if constexpr (N == 64 && bf) FUSEDK__WGMMA_SS(64, 32, 33, 34, bf16);
   else if constexpr (N == 64) FUSEDK__WGMMA_SS(64, 32, 33, 34, f16);
+  else if constexpr (N == 80 && bf) FUSEDK__WGMMA_SS(80, 40, 41, 42, bf16);
+  else if constexpr (N == 80) FUSEDK__WGMMA_SS(80, 40, 41, 42, f16);
   else if constexpr (N == 128 && bf) FUSEDK__WGMMA_SS(128, 64, 65, 66, bf16);
   else if constexpr (N == 128) FUSEDK__WGMMA_SS(128, 64, 65, 66, f16);
-  else if constexpr (bf) FUSEDK__WGMMA_SS(176, 88, 89, 90, bf16);
-  else FUSEDK__WGMMA_SS(176, 88, 89, 90, f16);
+  else if constexpr (bf) FUSEDK__WGMMA_SS(192, 96, 97, 98, bf16);
+  else FUSEDK__WGMMA_SS(192, 96, 97, 98, f16);
 }
 // d = a b: wgmma_ss with the accumulator written, not read (no registers to prepare for it)
 template <typename T, int N> __device__ __forceinline__ void wgmma_ss0(float (&d)[N / 8][4], uint64_t a, uint64_t b) {
-  static_assert(N == 64 || N == 128 || N == 176, "score tiles of 64, 128 or 176 keys");
+  static_assert(N == 64 || N == 80 || N == 128 || N == 192, "score tiles of 64, 80, 128 or 192 keys");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   if constexpr (N == 64 && bf) FUSEDK__WGMMA_SS0(64, 32, 33, bf16);
   else if constexpr (N == 64) FUSEDK__WGMMA_SS0(64, 32, 33, f16);
+  else if constexpr (N == 80 && bf) FUSEDK__WGMMA_SS0(80, 40, 41, bf16);
+  else if constexpr (N == 80) FUSEDK__WGMMA_SS0(80, 40, 41, f16);
   else if constexpr (N == 128 && bf) FUSEDK__WGMMA_SS0(128, 64, 65, bf16);
   else if constexpr (N == 128) FUSEDK__WGMMA_SS0(128, 64, 65, f16);
-  else if constexpr (bf) FUSEDK__WGMMA_SS0(176, 88, 89, bf16);
-  else FUSEDK__WGMMA_SS0(176, 88, 89, f16);
+  else if constexpr (bf) FUSEDK__WGMMA_SS0(192, 96, 97, bf16);
+  else FUSEDK__WGMMA_SS0(192, 96, 97, f16);
 }
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, int acc) {
@@ -3120,13 +3130,15 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
 // O += P V (wgmma, P from registers, V transposed from shared memory). Rows and keys past the
 // tensors' ends load as zeros; the keys of the last tile past kv_len (or the causal limit of the
 // block's last row) are zeroed in V, since a weight of 0 times a NaN there would be NaN.
-// keys a tile, stages of the K/V ring, consumer warpgroups (NC). Dh 64 runs three consumers
+// keys a tile, stages of the K/V ring, consumer warpgroups (NC). Dh 128 and 256: the widest tiles
+// whose two stages of K and V fit beside Q (225 of the 227 KB), 192 and 80 keys (the scores take
+// 96 of a consumer's 240 registers at Dh 128). Dh 64 runs three consumers
 // (192 rows): its products are half as long a key as Dh 128's, and a third softmax in flight keeps
-// the tensor cores fed; that leaves 160 registers a consumer, which fit 128-key tiles, not 176.
+// the tensor cores fed; that leaves 160 registers a consumer: 128-key tiles fit, wider ones do not.
 template <int D> struct AttnTmaPlan;
 template <> struct AttnTmaPlan<64> { static constexpr int kBc = 128, kStages = 2, kWgs = 3; };
-template <> struct AttnTmaPlan<128> { static constexpr int kBc = 176, kStages = 2, kWgs = 2; };
-template <> struct AttnTmaPlan<256> { static constexpr int kBc = 64, kStages = 2, kWgs = 2; };
+template <> struct AttnTmaPlan<128> { static constexpr int kBc = 192, kStages = 2, kWgs = 2; };
+template <> struct AttnTmaPlan<256> { static constexpr int kBc = 80, kStages = 2, kWgs = 2; };
 
 // shared-memory layout (bytes from a 1024-aligned base): Q, the K stages, the V stages, barriers
 template <int D> struct AttnTmaSmem {
