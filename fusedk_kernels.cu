@@ -678,17 +678,16 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 
 // The wgmma wrappers' operand lists: the accumulator's N / 2 registers a thread as asm operands,
 // k their constraint ("+f" read and written; "=f" written: the first product of a batch), d[t]
-// holding n8 tile t (FUSEDK__WG_C); and their placeholders in the instruction (FUSEDK__WG_D)
+// holding n8 tile t (FUSEDK__WG_C); and their placeholders in the instruction (FUSEDK__WG_D of
+// FUSEDK__WG_P). Each width's lists extend the next narrower width's.
 #define FUSEDK__WG_R(k, t) k(d[t][0]), k(d[t][1]), k(d[t][2]), k(d[t][3])
 #define FUSEDK__WG_C64(k) \
   FUSEDK__WG_R(k, 0), FUSEDK__WG_R(k, 1), FUSEDK__WG_R(k, 2), FUSEDK__WG_R(k, 3), \
   FUSEDK__WG_R(k, 4), FUSEDK__WG_R(k, 5), FUSEDK__WG_R(k, 6), FUSEDK__WG_R(k, 7)
-#define FUSEDK__WG_C80(k) \
-  FUSEDK__WG_C64(k), FUSEDK__WG_R(k, 8), FUSEDK__WG_R(k, 9)
+#define FUSEDK__WG_C80(k) FUSEDK__WG_C64(k), FUSEDK__WG_R(k, 8), FUSEDK__WG_R(k, 9)
 #define FUSEDK__WG_C128(k) \
-  FUSEDK__WG_C64(k), \
-  FUSEDK__WG_R(k, 8), FUSEDK__WG_R(k, 9), FUSEDK__WG_R(k, 10), FUSEDK__WG_R(k, 11), \
-  FUSEDK__WG_R(k, 12), FUSEDK__WG_R(k, 13), FUSEDK__WG_R(k, 14), FUSEDK__WG_R(k, 15)
+  FUSEDK__WG_C80(k), FUSEDK__WG_R(k, 10), FUSEDK__WG_R(k, 11), FUSEDK__WG_R(k, 12), FUSEDK__WG_R(k, 13), \
+  FUSEDK__WG_R(k, 14), FUSEDK__WG_R(k, 15)
 #define FUSEDK__WG_C192(k) \
   FUSEDK__WG_C128(k), \
   FUSEDK__WG_R(k, 16), FUSEDK__WG_R(k, 17), FUSEDK__WG_R(k, 18), FUSEDK__WG_R(k, 19), \
@@ -697,45 +696,24 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
   FUSEDK__WG_C192(k), \
   FUSEDK__WG_R(k, 24), FUSEDK__WG_R(k, 25), FUSEDK__WG_R(k, 26), FUSEDK__WG_R(k, 27), \
   FUSEDK__WG_R(k, 28), FUSEDK__WG_R(k, 29), FUSEDK__WG_R(k, 30), FUSEDK__WG_R(k, 31)
-#define FUSEDK__WG_D64 \
-  "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-  "}"
-#define FUSEDK__WG_D80 \
-  "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39" \
-  "}"
-#define FUSEDK__WG_D128 \
-  "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-  "}"
-#define FUSEDK__WG_D192 \
-  "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
-  "}"
-#define FUSEDK__WG_D256 \
-  "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
-  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-  "}"
-
+#define FUSEDK__WG_P64 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FUSEDK__WG_P80 FUSEDK__WG_P64 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FUSEDK__WG_P128 \
+  FUSEDK__WG_P80 ", %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSEDK__WG_P192 \
+  FUSEDK__WG_P128 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define FUSEDK__WG_P256 \
+  FUSEDK__WG_P192 ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define FUSEDK__WG_D(N) "{" FUSEDK__WG_P##N "}"
+// a wrapper's asm for T: the bf16 or the f16 instruction (bf: T is bfloat16)
+#define FUSEDK__WG_TYPED(M, ...) \
+  if constexpr (bf) M(__VA_ARGS__, bf16); \
+  else M(__VA_ARGS__, f16);
 
 // d[64 x N] (+)= a[64 x 16] b[16 x N] (acc 0: =). SS: a and b K-major in shared memory. RS: a in
 // registers (the m16n8k16 a-fragment layout of mma.sync, per warp of the group), b N-major
@@ -744,17 +722,17 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 // n8 tile t of the row block in d[t].
 #define FUSEDK__WGMMA_SS(N, IA, IB, IACC, TY)                                                              \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N     \
-               "k16.f32." #TY "." #TY " " FUSEDK__WG_D##N ", %" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}"        \
+               "k16.f32." #TY "." #TY " " FUSEDK__WG_D(N) ", %" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}"       \
                : FUSEDK__WG_C##N("+f")                                                                      \
                : "l"(a), "l"(b), "r"(acc))
 #define FUSEDK__WGMMA_SS0(N, IA, IB, TY)                                                                    \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " " FUSEDK__WG_D##N ", %" #IA      \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #TY "." #TY " " FUSEDK__WG_D(N) ", %" #IA     \
                ", %" #IB ", 0, 1, 1, 0, 0;"                                                                 \
                : FUSEDK__WG_C##N("=f")                                                                      \
                : "l"(a), "l"(b))
 #define FUSEDK__WGMMA_RS(N, IA, IB, IACC, TY)                                                              \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IACC ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N     \
-               "k16.f32." #TY "." #TY " " FUSEDK__WG_D##N ", " IA ", %" #IB ", p, 1, 1, 1;\n}"             \
+               "k16.f32." #TY "." #TY " " FUSEDK__WG_D(N) ", " IA ", %" #IB ", p, 1, 1, 1;\n}"            \
                : FUSEDK__WG_C##N("+f")                                                                      \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc))
 
@@ -762,38 +740,27 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int acc) {
   static_assert(N == 64 || N == 80 || N == 128 || N == 192, "score tiles of 64, 80, 128 or 192 keys");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
-  if constexpr (N == 64 && bf) FUSEDK__WGMMA_SS(64, 32, 33, 34, bf16);
-  else if constexpr (N == 64) FUSEDK__WGMMA_SS(64, 32, 33, 34, f16);
-  else if constexpr (N == 80 && bf) FUSEDK__WGMMA_SS(80, 40, 41, 42, bf16);
-  else if constexpr (N == 80) FUSEDK__WGMMA_SS(80, 40, 41, 42, f16);
-  else if constexpr (N == 128 && bf) FUSEDK__WGMMA_SS(128, 64, 65, 66, bf16);
-  else if constexpr (N == 128) FUSEDK__WGMMA_SS(128, 64, 65, 66, f16);
-  else if constexpr (bf) FUSEDK__WGMMA_SS(192, 96, 97, 98, bf16);
-  else FUSEDK__WGMMA_SS(192, 96, 97, 98, f16);
+  if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 64, 32, 33, 34) }
+  else if constexpr (N == 80) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 80, 40, 41, 42) }
+  else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 128, 64, 65, 66) }
+  else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 192, 96, 97, 98) }
 }
 // d = a b: wgmma_ss with the accumulator written, not read (no registers to prepare for it)
 template <typename T, int N> __device__ __forceinline__ void wgmma_ss0(float (&d)[N / 8][4], uint64_t a, uint64_t b) {
   static_assert(N == 64 || N == 80 || N == 128 || N == 192, "score tiles of 64, 80, 128 or 192 keys");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
-  if constexpr (N == 64 && bf) FUSEDK__WGMMA_SS0(64, 32, 33, bf16);
-  else if constexpr (N == 64) FUSEDK__WGMMA_SS0(64, 32, 33, f16);
-  else if constexpr (N == 80 && bf) FUSEDK__WGMMA_SS0(80, 40, 41, bf16);
-  else if constexpr (N == 80) FUSEDK__WGMMA_SS0(80, 40, 41, f16);
-  else if constexpr (N == 128 && bf) FUSEDK__WGMMA_SS0(128, 64, 65, bf16);
-  else if constexpr (N == 128) FUSEDK__WGMMA_SS0(128, 64, 65, f16);
-  else if constexpr (bf) FUSEDK__WGMMA_SS0(192, 96, 97, bf16);
-  else FUSEDK__WGMMA_SS0(192, 96, 97, f16);
+  if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS0, 64, 32, 33) }
+  else if constexpr (N == 80) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS0, 80, 40, 41) }
+  else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS0, 128, 64, 65) }
+  else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS0, 192, 96, 97) }
 }
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, int acc) {
   static_assert(N == 64 || N == 128 || N == 256, "output tiles of 64, 128 or 256 columns");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
-  if constexpr (N == 64 && bf) FUSEDK__WGMMA_RS(64, "{%32, %33, %34, %35}", 36, 37, bf16);
-  else if constexpr (N == 64) FUSEDK__WGMMA_RS(64, "{%32, %33, %34, %35}", 36, 37, f16);
-  else if constexpr (N == 128 && bf) FUSEDK__WGMMA_RS(128, "{%64, %65, %66, %67}", 68, 69, bf16);
-  else if constexpr (N == 128) FUSEDK__WGMMA_RS(128, "{%64, %65, %66, %67}", 68, 69, f16);
-  else if constexpr (bf) FUSEDK__WGMMA_RS(256, "{%128, %129, %130, %131}", 132, 133, bf16);
-  else FUSEDK__WGMMA_RS(256, "{%128, %129, %130, %131}", 132, 133, f16);
+  if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_RS, 64, "{%32, %33, %34, %35}", 36, 37) }
+  else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_RS, 128, "{%64, %65, %66, %67}", 68, 69) }
+  else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_RS, 256, "{%128, %129, %130, %131}", 132, 133) }
 }
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
