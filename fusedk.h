@@ -460,9 +460,9 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
                                                 const fusedk_tensor *x, const fusedk_tensor *w,
                                                 const fusedk_tensor *aux, fusedk_activation act, int32_t tf32,
                                                 struct CUstream_st *stream);
-/* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch).
-   Call it with no op in flight and no captured CUDA graph of a linear op left to replay (its
-   workspace and scratch are gone); later calls make them again. */
+/* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch,
+   attention's split buffers). Call it with no op in flight and no captured CUDA graph of a linear
+   or attention op left to replay (its buffers are gone); later calls make them again. */
 FUSEDK_DEF void fusedk_shutdown(void);
 
 /* ---- [attention] softmax attention in one pass over the keys (flash attention) ----
@@ -475,7 +475,11 @@ FUSEDK_DEF void fusedk_shutdown(void);
    tokens); values outside [0, Sk] clamp. lse (float32 [B, Hq, Sq], optional): the natural log of
    each row's sum of exp(scores), what sequence-parallel and ring attention merge partial results
    by. A row whose keys are all masked: out 0, lse -inf. CPU: every dtype, double accumulation,
-   one rounding; GPU: f16/bf16. */
+   one rounding; GPU: f16/bf16. On Hopper, a launch without causal or kv_len whose last wave of
+   query blocks would leave SMs idle splits those blocks by keys and merges the parts in the same
+   launch (in a fixed order: bitwise the same run to run), through a buffer per (device, stream)
+   made on first use (2 x SMs x 35-135 KB by Dh: 9-36 MB on an H100) and kept, like linear's,
+   until fusedk_shutdown; the call stays CUDA-graph capturable. */
 FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
                                           float scale, int32_t causal, struct CUstream_st *stream);

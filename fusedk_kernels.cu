@@ -9,8 +9,8 @@
 //
 // Parts: a build may compile this file once per kernel family, in parallel, by defining one or
 // more of FUSEDK_ONLY_NORM, FUSEDK_ONLY_ELEMENTWISE (with [sampler]), FUSEDK_ONLY_POSITION,
-// FUSEDK_ONLY_LINEAR (with [gemm] and fusedk__cuda_shutdown, which releases its cuBLASLt state),
-// FUSEDK_ONLY_ATTENTION and FUSEDK_ONLY_RUNTIME (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info) for each
+// FUSEDK_ONLY_LINEAR (with [gemm]), FUSEDK_ONLY_ATTENTION and FUSEDK_ONLY_RUNTIME
+// (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info, _shutdown) for each
 // object. Such an object holds the shared helpers ([runtime] to [reduce]) and the named families
 // with their [entry] functions; the six parts together define every fusedk__cuda_* function once
 // (meson.build links them into libfusedk). The linear part's act pass calls
@@ -180,6 +180,79 @@ int device_sms(int device_id) {
   }
   return v;
 }
+
+// Allocations while a stream is being captured go through the relaxed capture mode (cudaMalloc
+// is not a stream operation; the memory outlives the graph).
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+};
+
+// Which thread's stream s is: cudaStreamPerThread names a different stream in each thread
+size_t stream_thread(cudaStream_t s) {
+  return s == cudaStreamPerThread ? std::hash<std::thread::id>()(std::this_thread::get_id()) : 0;
+}
+
+// A device buffer a (device, stream) that grows to the largest request, its first `zeroed` bytes
+// zero when it is made (counters its kernels leave at zero again). Work queued on one stream runs
+// in order, so the stream's calls share it. Outgrown buffers live until release(): graphs
+// captured earlier still use them.
+struct StreamBuffers {
+  struct Buf {
+    int dev;
+    cudaStream_t stream;
+    size_t thread, bytes;
+    void *p;
+  };
+  static constexpr int kMax = 64;
+  std::mutex mu;
+  Buf bufs[kMax] = {};
+  int n = 0;
+  std::vector<std::pair<int, void *>> retired;
+
+  cudaError_t get(int dev, cudaStream_t s, size_t bytes, size_t zeroed, void **out) {
+    std::lock_guard<std::mutex> lock(mu);
+    const size_t thread = stream_thread(s);
+    Buf *b = nullptr;
+    for (int i = 0; i < n && !b; ++i)
+      if (bufs[i].dev == dev && bufs[i].stream == s && bufs[i].thread == thread) b = &bufs[i];
+    if (!b) {
+      if (n == kMax) return cudaErrorLaunchOutOfResources;
+      b = &bufs[n++];
+      *b = Buf{dev, s, thread, 0, nullptr};
+    }
+    if (bytes > b->bytes) {
+      bytes = std::max(bytes, b->bytes + b->bytes / 2);
+      RelaxedCapture relaxed;
+      void *p = nullptr;
+      cudaStream_t z = nullptr; // a private stream: the caller's may be capturing
+      cudaError_t e = cudaMalloc(&p, bytes);
+      if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&z, cudaStreamNonBlocking);
+      if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, zeroed, z);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(z);
+      if (z) cudaStreamDestroy(z);
+      if (e != cudaSuccess) {
+        if (p) cudaFree(p);
+        return e;
+      }
+      if (b->p) retired.emplace_back(dev, b->p);
+      b->p = p, b->bytes = bytes;
+    }
+    *out = b->p;
+    return cudaSuccess;
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < n; ++i) retired.emplace_back(bufs[i].dev, bufs[i].p);
+    for (const auto &r : retired) {
+      DeviceGuard guard(r.first);
+      cudaFree(r.second);
+    }
+    retired.clear(), n = 0;
+    cudaGetLastError(); // e.g. at process exit: not sticky
+  }
+};
 
 // Shared memory beyond 48 KB a block (dynamic `smem` + the kernel's static `fixed`) needs the
 // kernel's opt-in attribute (its dynamic part), per kernel and device. Set once per (kernel,
@@ -2324,18 +2397,11 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan *
   return s;
 }
 
-// The (device, stream) arena (lock held): its workspace made on first use. Allocations while the
-// stream is being captured go through the relaxed capture mode (cudaMalloc is not a stream
-// operation; the memory outlives the graph).
-struct RelaxedCapture {
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
-};
-
+// The (device, stream) arena (lock held): its workspace made on first use (RelaxedCapture: the
+// stream may be capturing).
 cudaError_t lt_arena(LtState &st, int dev, cudaStream_t s, size_t scratch, LtArena **out) {
   LtArena *a = nullptr;
-  const size_t thread = s == cudaStreamPerThread ? std::hash<std::thread::id>()(std::this_thread::get_id()) : 0;
+  const size_t thread = stream_thread(s);
   for (int i = 0; i < st.n_arenas && !a; ++i)
     if (st.arenas[i].dev == dev && st.arenas[i].stream == s && st.arenas[i].thread == thread) a = &st.arenas[i];
   if (!a) {
@@ -3088,6 +3154,90 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
   }
 }
 
+// The persistent kernel's items. Units [0, full) go round robin, whole; with a split (R > 0: R
+// units left over a last wave would leave blocks idle), the last R units' R T tile steps (T key
+// tiles a unit) are shared evenly, block b taking steps [b R T / grid, (b + 1) R T / grid): fewer
+// than T (R < grid), so at most two pieces, each a tile range of one unit. The blocks owning a
+// unit's steps each write their piece's O (unnormalized), m and l to their slot in `part` (2 a
+// block) and count themselves in `cnt`; the last to arrive merges the others' into its own and
+// stores (flash-decoding's combine, inside the launch, with nothing to wait on).
+struct AttnSplit {
+  int64_t full; // the units that go whole: every one when R = 0, else `waves` grids of them
+  int waves, R, T; // grid R T < 2^31 (32-bit steps)
+  float4 *part;
+  int *cnt; // pieces done a (tail unit, consumer, warp); the merging piece sets it back to 0
+};
+struct AttnItem {
+  int64_t u;
+  int jb, je, slot; // key tiles [jb, je) (je = -1: all the unit's); a piece's slot, -1 for a whole unit
+};
+__device__ __forceinline__ int attn_step0(const AttnSplit &sp, int b) {
+  return (int)((uint32_t)(b * sp.R * sp.T) / gridDim.x);
+}
+// the block owning tail step p: the last b with step0(b) <= p
+__device__ __forceinline__ int attn_owner(const AttnSplit &sp, int p) {
+  return (int)(((uint32_t)(p + 1) * gridDim.x + sp.R * sp.T - 1) / (uint32_t)(sp.R * sp.T)) - 1;
+}
+__device__ __forceinline__ int attn_slot(const AttnSplit &sp, int b, int u0) { return 2 * b + (attn_step0(sp, b) >= u0 ? 0 : 1); }
+// the block's item k; u = -1 past its last (returned by value: a struct written through a
+// reference stays in local memory)
+__device__ __forceinline__ AttnItem attn_item(const AttnSplit &sp, int k) {
+  const int bx = blockIdx.x;
+  if (bx + (int64_t)k * gridDim.x < sp.full) return AttnItem{bx + (int64_t)k * gridDim.x, 0, -1, -1};
+  k -= sp.waves;
+  const int s0 = attn_step0(sp, bx), s1 = attn_step0(sp, bx + 1), ut = s0 / max(sp.T, 1) + k, u0 = ut * sp.T;
+  if (sp.R == 0 || k > 1 || u0 >= s1) return AttnItem{-1, 0, 0, -1};
+  const bool whole = attn_owner(sp, u0) == attn_owner(sp, u0 + sp.T - 1);
+  return AttnItem{sp.full + ut, max(s0, u0) - u0, min(s1, u0 + sp.T) - u0, whole ? -1 : attn_slot(sp, bx, u0)};
+}
+
+// A piece's end, per consumer thread (its two rows' O fragments, m, and its share of l) and per
+// warp (a counter for its 16 rows): the slot written, then the count; the unit's last piece sums
+// every piece's slot, weighted by 2^(m_s - M), in block order (the same bits whichever piece
+// merges), and stores as a whole unit does.
+template <typename T, int D, int NC>
+__device__ __forceinline__ void attn_piece_store(const fusedk__attn_args &a, const AttnSplit &sp, const AttnItem &w,
+                                                 float (&o)[D / 8][4], float (&m)[2], float (&l)[2], int wg, int tid,
+                                                 int64_t i, int64_t b, int64_t h) {
+  constexpr int F = D / 8 + 1; // float4s a thread: O's n8 tiles, then m and l
+  auto at = [&](int slot) { return sp.part + ((int64_t)slot * NC + wg) * F * 128 + tid; };
+  float4 *p = at(w.slot);
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) __stcg(p + t * 128, make_float4(o[t][0], o[t][1], o[t][2], o[t][3]));
+  __stcg(p + (F - 1) * 128, make_float4(m[0], m[1], l[0], l[1]));
+  __threadfence(); // the slot is visible before the count
+  __syncwarp();
+  const int lane = tid % 32;
+  const int u0 = (int)(w.u - sp.full) * sp.T; // the unit's first tail step
+  const int b0 = attn_owner(sp, u0), b1 = attn_owner(sp, u0 + sp.T - 1);
+  int *cnt = sp.cnt + ((w.u - sp.full) * NC + wg) * 4 + tid / 32, last = 0;
+  if (lane == 0) last = atomicAdd(cnt, 1) == b1 - b0;
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  if (lane == 0) *cnt = 0; // no other piece counts any more: the next launch starts from 0
+  __threadfence();
+  float shift[2] = {-INFINITY, -INFINITY};
+  for (int bb = b0; bb <= b1; ++bb) {
+    const float4 ml = __ldcg(at(attn_slot(sp, bb, u0)) + (F - 1) * 128);
+    shift[0] = fmaxf(shift[0], ml.x), shift[1] = fmaxf(shift[1], ml.y);
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) m[hf] = shift[hf], shift[hf] = m[hf] == -INFINITY ? 0.f : m[hf], l[hf] = 0.f;
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  for (int bb = b0; bb <= b1; ++bb) {
+    const float4 *q = at(attn_slot(sp, bb, u0)), ml = __ldcg(q + (F - 1) * 128);
+    const float w0 = exp2_ftz(ml.x - shift[0]), w1 = exp2_ftz(ml.y - shift[1]);
+    l[0] = fmaf(ml.z, w0, l[0]), l[1] = fmaf(ml.w, w1, l[1]);
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      const float4 x = __ldcg(q + t * 128);
+      o[t][0] = fmaf(x.x, w0, o[t][0]), o[t][1] = fmaf(x.y, w0, o[t][1]);
+      o[t][2] = fmaf(x.z, w1, o[t][2]), o[t][3] = fmaf(x.w, w1, o[t][3]);
+    }
+  }
+  attn_store_regs<T, D>(a, o, m, l, i, b, h, lane);
+}
+
 // Hopper path (sm_90a, attn_tma_kernel): a block of 1 + NC warpgroups owns 64 NC query rows of one
 // (b, h). Warpgroup 0 produces: one thread issues the TMA loads, Q once, then K and V tiles of BC
 // keys into a ring of stages, each tile completing on its mbarrier, a stage refilled once every
@@ -3110,11 +3260,14 @@ template <> struct AttnTmaPlan<256> { static constexpr int kBc = 80, kStages = 2
 // shared-memory layout (bytes from a 1024-aligned base): Q, the K stages, the V stages, barriers
 template <int D> struct AttnTmaSmem {
   static constexpr int kBc = AttnTmaPlan<D>::kBc, kStages = AttnTmaPlan<D>::kStages, kWgs = AttnTmaPlan<D>::kWgs;
-  // query rows a block (64 a consumer), threads, and the consumers' registers: what the producer's
-  // 24 leave of the SM's 64 K, a multiple of 8
-  static constexpr int kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1), kRegs = (512 - 24) / kWgs / 8 * 8;
-  static_assert(kRegs * kWgs + 24 <= 512 && kRegs <= 256 && kRegs >= 65536 / kThreads / 8 * 8,
-                "setmaxnreg: the block's registers fit the SM's, and the consumers' rise from the launch's");
+  // query rows a block (64 a consumer), threads, and the registers a thread: the launch's (64 K
+  // over the threads, a multiple of 8), the producer's, and the consumers': what the producer
+  // gives up of the launch's, a multiple of 8 (setmaxnreg.inc waits for registers that a .dec
+  // released: asking more than that hangs)
+  static constexpr int kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1), kLaunchRegs = 65536 / kThreads / 8 * 8,
+                       kProdRegs = 24, kRegs = std::min(256, (kLaunchRegs * (kWgs + 1) - kProdRegs) / kWgs / 8 * 8);
+  static_assert(kRegs * kWgs + kProdRegs <= kLaunchRegs * (kWgs + 1) && kRegs >= kLaunchRegs,
+                "setmaxnreg: the consumers' registers come from those the producer releases");
   static constexpr uint32_t kQ = 0, kK = kQ + kRows * D * 2, kTile = kBc * D * 2, kV = kK + kStages * kTile,
                             kBars = kV + kStages * kTile, kBytes = kBars + (2 + 4 * kStages) * 8 + 1024;
 };
@@ -3122,7 +3275,8 @@ template <int D> struct AttnTmaSmem {
 template <typename T, int D>
 __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
     attn_tma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                    const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, int n_mb, int64_t units,
+                    const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, int n_mb,
+                    const __grid_constant__ AttnSplit sp,
                     float scale_log2) {
 #if FUSEDK__SM90A
   using L = AttnTmaSmem<D>;
@@ -3144,20 +3298,24 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
   }
   __syncthreads();
   // Persistent: the block takes units (64 NC query rows of one (b, h)) blockIdx.x, + gridDim.x, ...
-  // The K/V ring runs on across units (tile counter it: stage it % ST), so the producer loads the
-  // next unit's first tiles while the consumers finish this one; Q is reloaded once every
-  // consumer has issued the unit's last S product.
+  // and then its pieces of the split ones (attn_item). The K/V ring runs on across items (tile
+  // counter it: stage it % ST), so the producer loads the next item's first tiles while the
+  // consumers finish this one; Q is reloaded once every consumer has issued the item's last S
+  // product.
   if (wg == 0) { // the producer: tile it's K into stage it % ST once tile it - ST's K is released, then its V
-    regs_lower<24>();
+    regs_lower<L::kProdRegs>();
     if (tid == 0) {
-      int64_t it = 0;
-      for (int64_t u = blockIdx.x, k = 0; u < units; u += gridDim.x, ++k) {
-        const AttnBlock blk(a, n_mb, BR, u);
-        const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk, n_tiles = (int)((blk.n_hi + BC - 1) / BC);
+      uint32_t it = 0; // (a block's tiles stay below 2^32; 32 bits keep the producer within its registers)
+      for (int k = 0;; ++k) {
+        const AttnItem wk = attn_item(sp, k);
+        if (wk.u < 0) break;
+        const AttnBlock blk(a, n_mb, BR, wk.u);
+        const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk;
+        const int je = wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je;
         if (k) mbar_wait(q_free, (uint32_t)(k - 1) & 1);
         mbar_expect(q_full, BR * D * 2);
         for (int c = 0; c < CB; ++c) tma_load_4d(sq + c * BR * 128, &tq, 64 * c, (int)blk.i0, h, b, q_full);
-        for (int j = 0; j < n_tiles; ++j, ++it) {
+        for (int j = wk.jb; j < je; ++j, ++it) {
           const int s = (int)(it % ST);
           const uint32_t ph = (uint32_t)(it / ST - 1) & 1;
           if (it >= ST) mbar_wait(&k_free[s], ph);
@@ -3186,9 +3344,11 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
   auto pass = [&] { bar_arrive(1 + NC + (w + 1) % NC, 256); };
   if (w == NC - 1) bar_arrive(1 + NC, 256);
   int64_t it = 0; // the K/V tile counter, as the producer's
-  for (int64_t u = blockIdx.x, k = 0; u < units; u += gridDim.x, ++k) {
-    const AttnBlock blk(a, n_mb, BR, u);
-    const int n_tiles = (int)((blk.n_hi + BC - 1) / BC);
+  for (int k = 0;; ++k) {
+    const AttnItem wk = attn_item(sp, k);
+    if (wk.u < 0) break;
+    const AttnBlock blk(a, n_mb, BR, wk.u);
+    const int jb = wk.jb, n_tiles = (wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je) - jb; // from key tile jb
     const int64_t r0 = blk.i0 + 64 * w; // the warpgroup's first row
     float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
     const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
@@ -3245,13 +3405,13 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
       wgmma_hold(sc);
       mbar_arrive(&k_free[it % ST]);
       if (n_tiles == 1) mbar_arrive(q_free); // the unit's last S product is done
-      softmax(sc, 0);
+      softmax(sc, jb);
       attn_pack<T, BC>(pa, sc);
     }
     for (int j = 1; j < n_tiles; ++j) {
       const int64_t t = it + j;
       float sc[BC / 8][4];
-      values_ready(j - 1, t - 1);
+      values_ready(jb + j - 1, t - 1);
       mbar_wait(&k_full[t % ST], (uint32_t)(t / ST) & 1);
       wgmma_hold(o); // O's rescale and P_{j-1} are in their registers before the products start
       wgmma_hold(pa);
@@ -3264,7 +3424,7 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
       wgmma_hold(sc);
       mbar_arrive(&k_free[t % ST]);
       if (j == n_tiles - 1) mbar_arrive(q_free);
-      softmax(sc, j);
+      softmax(sc, jb + j);
       wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's rescale
       wgmma_hold(o);
       mbar_arrive(&v_free[(t - 1) % ST]);
@@ -3273,7 +3433,7 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
     }
     if (n_tiles) {
       const int64_t t = it + n_tiles - 1;
-      values_ready(n_tiles - 1, t);
+      values_ready(jb + n_tiles - 1, t);
       wgmma_hold(o);
       wgmma_hold(pa);
       turn();
@@ -3285,10 +3445,19 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
       mbar_arrive(&v_free[t % ST]);
     }
     it += n_tiles;
-    attn_store_regs<T, D>(a, o, m, l, r0 + frag, blk.b, blk.h, lane);
+    if (wk.slot < 0) attn_store_regs<T, D>(a, o, m, l, r0 + frag, blk.b, blk.h, lane);
+    else attn_piece_store<T, D, NC>(a, sp, wk, o, m, l, w, tid, r0 + frag, blk.b, blk.h);
   }
   if (w == 0) turn(); // the last consumer's last pass
 #endif
+}
+
+constexpr int64_t kAttnSplitMin = 8; // tile steps a block the split must save (launch_attn_tma)
+
+// the split launches' counters and partial results, a (device, stream)
+StreamBuffers &attn_buffers() {
+  static StreamBuffers *b = new StreamBuffers; // never destroyed: no teardown order at exit
+  return *b;
 }
 
 // The Hopper kernel when it applies: the device runs sm_90a code, FUSEDK_NO_TMA is unset, and
@@ -3306,11 +3475,35 @@ cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev,
     return cudaSuccess;
   const cudaError_t e = smem_opt_in<attn_tma_kernel<T, D>>(L::kBytes, 0, dev);
   if (e != cudaSuccess) return e;
-  // persistent (a block an SM) when the units are alike; a block a unit when their work varies
+  // persistent (a block an SM) when the units are alike, the last wave's units split by keys
+  // (AttnSplit) where each block gets a tile of them; a block a unit when their work varies
   // (causal, kv_len): the hardware's block scheduler balances those, a static round robin does not
   const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq, sms = device_sms(dev);
-  const int64_t grid = a.causal || a.kv_len || units < sms ? units : sms;
-  attn_tma_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb, units,
+  const bool alike = !a.causal && !a.kv_len;
+  int64_t grid = alike ? std::min(units, sms) : units;
+  // The split where it saves the blocks at least kAttnSplitMin tile steps (tiles (1 - tail / sms)):
+  // pieces cost their own Q loads, pipeline ramps and the merge, worth a few tiles
+  // (bench/NOTES.md), and every block takes at least one step.
+  const int64_t tail = units % sms, tiles = (a.Sk + L::kBc - 1) / L::kBc; // a unit's key tiles
+  AttnSplit sp{units, 0, 0, 0, nullptr, nullptr};
+  if (alike && tail && tiles * (sms - tail) >= kAttnSplitMin * sms && tail * tiles >= sms &&
+      sms * tail * tiles < ((int64_t)1 << 31)) {
+    // the counters first, at the same size for every plan (up to 4 consumers of 4 warps a tail
+    // unit): the head sizes' launches share the buffer, and only the counters are zeroed
+    static_assert(L::kWgs <= 4, "the split's counters: 16 a tail unit");
+    const size_t counters = (size_t)sms * 16 * sizeof(int),
+                 part = (size_t)(2 * sms * L::kWgs * (D / 8 + 1) * 128) * sizeof(float4);
+    void *ws = nullptr;
+    const cudaError_t w = attn_buffers().get(dev, s, counters + part, counters, &ws);
+    if (w != cudaSuccess && w != cudaErrorMemoryAllocation && w != cudaErrorLaunchOutOfResources) return w;
+    if (w == cudaSuccess) {
+      grid = sms, sp.full = units - tail, sp.waves = (int)(units / sms), sp.R = (int)tail, sp.T = (int)tiles;
+      sp.cnt = (int *)ws, sp.part = (float4 *)((char *)ws + counters);
+    } else {
+      cudaGetLastError(); // no memory or too many streams: the launch runs unsplit
+    }
+  }
+  attn_tma_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb, sp,
                                                                a.scale * 1.4426950408889634f);
   *used = true;
   return cudaGetLastError();
@@ -3347,6 +3540,10 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // [entry] the internal entry points fusedk.h's implementation calls
 // ---------------------------------------------------------------------------------------------
 extern "C" {
+
+// what fusedk__cuda_shutdown (the runtime part) releases, each in its family's part
+void fusedk__cuda_gemm_release(void);
+void fusedk__cuda_attention_release(void);
 
 #if FUSEDK__PART_NORM
 #ifdef FUSEDK_TUNING
@@ -3425,7 +3622,7 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
   });
 }
 
-void fusedk__cuda_shutdown(void) { gemm_shutdown(); }
+void fusedk__cuda_gemm_release(void) { gemm_shutdown(); }
 #endif // FUSEDK__PART_LINEAR
 
 #if FUSEDK__PART_ATTENTION
@@ -3439,9 +3636,17 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
     });
   });
 }
+
+void fusedk__cuda_attention_release(void) { attn_buffers().release(); }
 #endif // FUSEDK__PART_ATTENTION
 
 #if FUSEDK__PART_RUNTIME
+// Frees every cached cuBLASLt object, workspace and attention buffer (no work in flight).
+void fusedk__cuda_shutdown(void) {
+  fusedk__cuda_gemm_release();
+  fusedk__cuda_attention_release();
+}
+
 // Stream-ordered, from the device's default memory pool: no device-wide synchronization, and
 // capturable in a CUDA graph (cudaMalloc is neither).
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p) {

@@ -1412,6 +1412,13 @@ static void attn_edges(fusedk_scalar s) {
   run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 64, .Hq = 2, .G = 1, .Dh = 64, .scale = -0.3f});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 64, .Hq = 2, .G = 1, .Dh = 128, .scale = 1.0f, .special = 1});
   run_attn((attn_t){.s = s, .B = 2, .Sq = 40, .Sk = 40, .Hq = 4, .G = 2, .Dh = 64, .causal = 1, .special = 2});
+  /* fewer units than SMs, each over many key tiles: the Hopper kernel splits every unit by keys
+     across blocks (3-5 pieces a unit on 132 SMs), merging them in the launch; with a NaN key and
+     huge scores in one piece */
+  for (int d = 0; d < 3; ++d)
+    run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 64 << d, .layout = d == 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 128, .special = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 128, .special = 2});
   /* float32 on the GPU: UNSUPPORTED, named, nothing written */
   const int64_t shp[4] = {1, 4, 1, 64};
   buf_t q = mk(FUSEDK_F32, 4, shp, 0, 0, 0, 1.0, 0.0), o = mk(FUSEDK_F32, 4, shp, 0, 0, 0, 0.0, 0.0);
@@ -1427,11 +1434,12 @@ static void attn_edges(fusedk_scalar s) {
 }
 
 /* long sequences: 4097 keys (tiles past a block's rows, a 1-key tail), causal and not, GQA; more
-   units (128-row blocks of a head) than SMs, so that the Hopper kernel's persistent blocks take
-   several, the K/V ring running on across them */
+   units (64-192-row blocks of a head) than SMs, so that the Hopper kernel's persistent blocks
+   take several, the K/V ring running on across them, and the last wave's units split by keys */
 static void attn_big(fusedk_scalar s) {
   if (small) return;
   run_attn((attn_t){.s = s, .B = 4, .Sq = 300, .Sk = 300, .Hq = 40, .G = 4, .Dh = 128});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 1000, .Hq = 20, .G = 1, .Dh = 256});
   run_attn((attn_t){.s = s, .B = 8, .Sq = 129, .Sk = 520, .Hq = 32, .G = 8, .Dh = 64, .layout = 1});
   for (int causal = 0; causal < 2; ++causal)
     run_attn((attn_t){.s = s, .B = 1, .Sq = 4097, .Sk = 4097, .Hq = 2, .G = 2, .Dh = 128, .causal = causal});
