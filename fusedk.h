@@ -477,9 +477,10 @@ FUSEDK_DEF void fusedk_shutdown(void);
    by. A row whose keys are all masked: out 0, lse -inf. CPU: every dtype, double accumulation,
    one rounding; GPU: f16/bf16. On Hopper, a launch without causal or kv_len whose last wave of
    query blocks would leave SMs idle splits those blocks by keys and merges the parts in the same
-   launch (in a fixed order: bitwise the same run to run), through a buffer per (device, stream)
-   made on first use (2 x SMs x 35-135 KB by Dh: 9-36 MB on an H100) and kept, like linear's,
-   until fusedk_shutdown; the call stays CUDA-graph capturable. */
+   launch (in a fixed order: bitwise the same run to run); causal and kv_len launches hand their
+   blocks out by a counter. Both go through a buffer per (device, stream) made on first use
+   (8 KB for the counters, 15-36 MB by Dh for a split on an H100) and kept, like linear's, until
+   fusedk_shutdown; the call stays CUDA-graph capturable. */
 FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
                                           float scale, int32_t causal, struct CUstream_st *stream);

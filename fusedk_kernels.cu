@@ -3154,23 +3154,27 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
   }
 }
 
-// The persistent kernel's items. Units [0, full) go round robin, whole; with a split (R > 0: R
-// units left over a last wave would leave blocks idle), the last R units' R T tile steps (T key
-// tiles a unit) are shared evenly, block b taking steps [b R T / grid, (b + 1) R T / grid): fewer
-// than T (R < grid), so at most two pieces, each a tile range of one unit. The blocks owning a
-// unit's steps each write their piece's O (unnormalized), m and l to their slot in `part` (2 a
-// block) and count themselves in `cnt`; the last to arrive merges the others' into its own and
-// stores (flash-decoding's combine, inside the launch, with nothing to wait on).
+// The persistent kernel's items (the producer picks them; attn_next). Units alike: units [0,
+// full) go round robin, whole; with a split (R > 0: R units left over a last wave would leave
+// blocks idle), the last R units' R T tile steps (T key tiles a unit) are shared evenly, block b
+// taking steps [b R T / grid, (b + 1) R T / grid): fewer than T (R < grid), so at most two pieces,
+// each a tile range of one unit. The blocks owning a unit's steps each write their piece's O
+// (unnormalized), m and l to their slot in `part` (2 a block) and count themselves in `cnt`; the
+// last to arrive merges every slot and stores (flash-decoding's combine, inside the launch, with
+// nothing to wait on). Units whose work varies (causal, kv_len; `next` set): each block's next
+// unit comes from a launch-wide counter, in AttnBlock's order (a head's longest rows first).
 struct AttnSplit {
   int64_t full; // the units that go whole: every one when R = 0, else `waves` grids of them
   int waves, R, T; // grid R T < 2^31 (32-bit steps)
   float4 *part;
   int *cnt; // pieces done a (tail unit, consumer, warp); the merging piece sets it back to 0
+  unsigned long long *next; // units handed out past the first grid, then blocks done (2 words)
 };
 struct AttnItem {
   int64_t u;
   int jb, je, slot; // key tiles [jb, je) (je = -1: all the unit's); a piece's slot, -1 for a whole unit
 };
+#if FUSEDK__SM90A // the schedule's device functions: the sm_90a kernel's alone
 __device__ __forceinline__ int attn_step0(const AttnSplit &sp, int b) {
   return (int)((uint32_t)(b * sp.R * sp.T) / gridDim.x);
 }
@@ -3189,6 +3193,16 @@ __device__ __forceinline__ AttnItem attn_item(const AttnSplit &sp, int k) {
   if (sp.R == 0 || k > 1 || u0 >= s1) return AttnItem{-1, 0, 0, -1};
   const bool whole = attn_owner(sp, u0) == attn_owner(sp, u0 + sp.T - 1);
   return AttnItem{sp.full + ut, max(s0, u0) - u0, min(s1, u0 + sp.T) - u0, whole ? -1 : attn_slot(sp, bx, u0)};
+}
+
+// the block's item k: from the static schedule, or from the counter; past the last, u = -1, and
+// the last block to get there sets the counters back to 0 for the next launch
+__device__ __forceinline__ AttnItem attn_next(const AttnSplit &sp, int k) {
+  if (!sp.next) return attn_item(sp, k);
+  const int64_t u = k == 0 ? blockIdx.x : gridDim.x + (int64_t)atomicAdd(sp.next, 1ull);
+  if (u < sp.full) return AttnItem{u, 0, -1, -1};
+  if (atomicAdd(sp.next + 1, 1ull) == gridDim.x - 1) sp.next[0] = sp.next[1] = 0;
+  return AttnItem{-1, 0, 0, -1};
 }
 
 // A piece's end, per consumer thread (its two rows' O fragments, m, and its share of l) and per
@@ -3237,6 +3251,7 @@ __device__ __forceinline__ void attn_piece_store(const fusedk__attn_args &a, con
   }
   attn_store_regs<T, D>(a, o, m, l, i, b, h, lane);
 }
+#endif // FUSEDK__SM90A
 
 // Hopper path (sm_90a, attn_tma_kernel): a block of 1 + NC warpgroups owns 64 NC query rows of one
 // (b, h). Warpgroup 0 produces: one thread issues the TMA loads, Q once, then K and V tiles of BC
@@ -3269,7 +3284,8 @@ template <int D> struct AttnTmaSmem {
   static_assert(kRegs * kWgs + kProdRegs <= kLaunchRegs * (kWgs + 1) && kRegs >= kLaunchRegs,
                 "setmaxnreg: the consumers' registers come from those the producer releases");
   static constexpr uint32_t kQ = 0, kK = kQ + kRows * D * 2, kTile = kBc * D * 2, kV = kK + kStages * kTile,
-                            kBars = kV + kStages * kTile, kBytes = kBars + (2 + 4 * kStages) * 8 + 1024;
+                            kBars = kV + kStages * kTile, kItem = kBars + (2 + 4 * kStages) * 8,
+                            kBytes = kItem + sizeof(AttnItem) + 1024;
 };
 
 template <typename T, int D>
@@ -3289,6 +3305,7 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
   uint64_t *q_full = bars, *q_free = bars + 1, *k_full = bars + 2, *v_full = k_full + ST, *k_free = v_full + ST,
            *v_free = k_free + ST;
   const uint32_t sq = base + L::kQ, sk = base + L::kK, sv = base + L::kV;
+  AttnItem *item = reinterpret_cast<AttnItem *>(attn_tma_smem + (base - raw) + L::kItem); // the producer's pick
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1), mbar_init(q_free, 128 * NC);
@@ -3297,22 +3314,26 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
     fence_mbar_init();
   }
   __syncthreads();
-  // Persistent: the block takes units (64 NC query rows of one (b, h)) blockIdx.x, + gridDim.x, ...
-  // and then its pieces of the split ones (attn_item). The K/V ring runs on across items (tile
-  // counter it: stage it % ST), so the producer loads the next item's first tiles while the
-  // consumers finish this one; Q is reloaded once every consumer has issued the item's last S
-  // product.
+  // Persistent: the block takes the items (units of 64 NC query rows of one (b, h), or pieces of
+  // them) the producer picks (attn_next) and hands the consumers through shared memory with Q's
+  // barrier. The K/V ring runs on across items (tile counter it: stage it % ST), so the producer
+  // loads the next item's first tiles while the consumers finish this one; Q is reloaded once
+  // every consumer has issued the item's last S product.
   if (wg == 0) { // the producer: tile it's K into stage it % ST once tile it - ST's K is released, then its V
     regs_lower<L::kProdRegs>();
     if (tid == 0) {
       uint32_t it = 0; // (a block's tiles stay below 2^32; 32 bits keep the producer within its registers)
       for (int k = 0;; ++k) {
-        const AttnItem wk = attn_item(sp, k);
-        if (wk.u < 0) break;
+        const AttnItem wk = attn_next(sp, k);
+        if (k) mbar_wait(q_free, (uint32_t)(k - 1) & 1);
+        *item = wk; // the consumers read it once q_full completes: with Q, or past the last item without
+        if (wk.u < 0) {
+          mbar_arrive(q_full);
+          break;
+        }
         const AttnBlock blk(a, n_mb, BR, wk.u);
         const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk;
         const int je = wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je;
-        if (k) mbar_wait(q_free, (uint32_t)(k - 1) & 1);
         mbar_expect(q_full, BR * D * 2);
         for (int c = 0; c < CB; ++c) tma_load_4d(sq + c * BR * 128, &tq, 64 * c, (int)blk.i0, h, b, q_full);
         for (int j = wk.jb; j < je; ++j, ++it) {
@@ -3345,7 +3366,8 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
   if (w == NC - 1) bar_arrive(1 + NC, 256);
   int64_t it = 0; // the K/V tile counter, as the producer's
   for (int k = 0;; ++k) {
-    const AttnItem wk = attn_item(sp, k);
+    mbar_wait(q_full, (uint32_t)k & 1); // the item's Q landed, and the producer's pick with it
+    const AttnItem wk = *item;
     if (wk.u < 0) break;
     const AttnBlock blk(a, n_mb, BR, wk.u);
     const int jb = wk.jb, n_tiles = (wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je) - jb; // from key tile jb
@@ -3392,7 +3414,6 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
       attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
       attn_softmax<BC>(sc, scale_log2, m, l, alpha);
     };
-    mbar_wait(q_full, (uint32_t)k & 1);
     if (n_tiles == 0) mbar_arrive(q_free);
     if (n_tiles) {
       float sc[BC / 8][4];
@@ -3475,32 +3496,37 @@ cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev,
     return cudaSuccess;
   const cudaError_t e = smem_opt_in<attn_tma_kernel<T, D>>(L::kBytes, 0, dev);
   if (e != cudaSuccess) return e;
-  // persistent (a block an SM) when the units are alike, the last wave's units split by keys
-  // (AttnSplit) where each block gets a tile of them; a block a unit when their work varies
-  // (causal, kv_len): the hardware's block scheduler balances those, a static round robin does not
+  // Persistent, a block an SM. Units alike: a static round robin, the last wave's units split by
+  // keys where that saves the blocks at least kAttnSplitMin tile steps (tiles (1 - tail / sms);
+  // pieces cost their own Q loads, pipeline ramps and the merge, a few tiles: bench/NOTES.md).
+  // Work that varies (causal, kv_len): units from a counter (balanced as the hardware's block
+  // scheduler would, with the next unit's loads under this one's end). Without the buffer (no
+  // memory, too many streams): unsplit, or a block a unit.
   const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq, sms = device_sms(dev);
-  const bool alike = !a.causal && !a.kv_len;
-  int64_t grid = alike ? std::min(units, sms) : units;
-  // The split where it saves the blocks at least kAttnSplitMin tile steps (tiles (1 - tail / sms)):
-  // pieces cost their own Q loads, pipeline ramps and the merge, worth a few tiles
-  // (bench/NOTES.md), and every block takes at least one step.
   const int64_t tail = units % sms, tiles = (a.Sk + L::kBc - 1) / L::kBc; // a unit's key tiles
-  AttnSplit sp{units, 0, 0, 0, nullptr, nullptr};
-  if (alike && tail && tiles * (sms - tail) >= kAttnSplitMin * sms && tail * tiles >= sms &&
-      sms * tail * tiles < ((int64_t)1 << 31)) {
-    // the counters first, at the same size for every plan (up to 4 consumers of 4 warps a tail
-    // unit): the head sizes' launches share the buffer, and only the counters are zeroed
+  const bool alike = !a.causal && !a.kv_len,
+             split = alike && tail && tiles * (sms - tail) >= kAttnSplitMin * sms && tail * tiles >= sms &&
+                     sms * tail * tiles < ((int64_t)1 << 31),
+             dynamic = !alike && units > sms;
+  int64_t grid = alike ? std::min(units, sms) : units;
+  AttnSplit sp{units, 0, 0, 0, nullptr, nullptr, nullptr};
+  if (split || dynamic) {
+    // the buffer: the unit counter, the pieces' counters (one size for every plan: up to 4
+    // consumers of 4 warps a tail unit; the head sizes' launches share the buffer, and only the
+    // counters are zeroed), the pieces' results
     static_assert(L::kWgs <= 4, "the split's counters: 16 a tail unit");
-    const size_t counters = (size_t)sms * 16 * sizeof(int),
-                 part = (size_t)(2 * sms * L::kWgs * (D / 8 + 1) * 128) * sizeof(float4);
+    const size_t counters = 64 + (size_t)sms * 16 * sizeof(int),
+                 part = split ? (size_t)(2 * sms * L::kWgs * (D / 8 + 1) * 128) * sizeof(float4) : 0;
     void *ws = nullptr;
     const cudaError_t w = attn_buffers().get(dev, s, counters + part, counters, &ws);
     if (w != cudaSuccess && w != cudaErrorMemoryAllocation && w != cudaErrorLaunchOutOfResources) return w;
-    if (w == cudaSuccess) {
+    if (w != cudaSuccess) {
+      cudaGetLastError(); // not sticky
+    } else if (split) {
       grid = sms, sp.full = units - tail, sp.waves = (int)(units / sms), sp.R = (int)tail, sp.T = (int)tiles;
-      sp.cnt = (int *)ws, sp.part = (float4 *)((char *)ws + counters);
+      sp.cnt = (int *)((char *)ws + 64), sp.part = (float4 *)((char *)ws + counters);
     } else {
-      cudaGetLastError(); // no memory or too many streams: the launch runs unsplit
+      grid = sms, sp.next = (unsigned long long *)ws;
     }
   }
   attn_tma_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb, sp,

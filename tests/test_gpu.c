@@ -1419,6 +1419,9 @@ static void attn_edges(fusedk_scalar s) {
     run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 64 << d, .layout = d == 1});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 128, .special = 1});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 128, .special = 2});
+  /* more causal / kv_len units than SMs: the Hopper kernel's blocks take them from a counter */
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 130, .Sk = 300, .Hq = 70, .G = 7, .Dh = 128, .causal = 1});
+  run_attn((attn_t){.s = s, .B = 5, .Sq = 100, .Sk = 300, .Hq = 30, .G = 3, .Dh = 64, .kv = 1, .layout = 1});
   /* float32 on the GPU: UNSUPPORTED, named, nothing written */
   const int64_t shp[4] = {1, 4, 1, 64};
   buf_t q = mk(FUSEDK_F32, 4, shp, 0, 0, 0, 1.0, 0.0), o = mk(FUSEDK_F32, 4, shp, 0, 0, 0, 0.0, 0.0);
@@ -1435,11 +1438,14 @@ static void attn_edges(fusedk_scalar s) {
 
 /* long sequences: 4097 keys (tiles past a block's rows, a 1-key tail), causal and not, GQA; more
    units (64-192-row blocks of a head) than SMs, so that the Hopper kernel's persistent blocks
-   take several, the K/V ring running on across them, and the last wave's units split by keys */
+   take several, the K/V ring running on across them: the last wave's units split by keys, and
+   causal / kv_len units from a counter */
 static void attn_big(fusedk_scalar s) {
   if (small) return;
   run_attn((attn_t){.s = s, .B = 4, .Sq = 300, .Sk = 300, .Hq = 40, .G = 4, .Dh = 128});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 1000, .Hq = 20, .G = 1, .Dh = 256});
+  run_attn((attn_t){.s = s, .B = 4, .Sq = 300, .Sk = 300, .Hq = 40, .G = 4, .Dh = 128, .causal = 1});
+  run_attn((attn_t){.s = s, .B = 5, .Sq = 300, .Sk = 350, .Hq = 32, .G = 8, .Dh = 256, .causal = 1, .kv = 1});
   run_attn((attn_t){.s = s, .B = 8, .Sq = 129, .Sk = 520, .Hq = 32, .G = 8, .Dh = 64, .layout = 1});
   for (int causal = 0; causal < 2; ++causal)
     run_attn((attn_t){.s = s, .B = 1, .Sq = 4097, .Sk = 4097, .Hq = 2, .G = 2, .Dh = 128, .causal = causal});

@@ -260,25 +260,26 @@ def test_gpu_torch_compile_and_cuda_graph():
 
 
 @needs_gpu
-def test_gpu_split_units_repeats_streams_and_graph():
-    """A shape whose last wave the Hopper kernel splits by keys across blocks (192 units of 16 key
-    tiles on 132 SMs): repeated calls, calls on two streams at once and replays of a captured CUDA
-    graph with new inputs give the eager call's bits (each launch leaves its pieces' counters at 0
-    for the next)"""
+@pytest.mark.parametrize("causal", [False, True], ids=["split", "counter"])
+def test_gpu_persistent_schedules_repeat_streams_and_graph(causal):
+    """Shapes on the Hopper kernel's two persistent schedules: the last wave split by keys across
+    blocks (192 units of 16 key tiles on 132 SMs), and causal units taken from a counter. Repeated
+    calls, calls on two streams at once and replays of a captured CUDA graph with new inputs give
+    the eager call's bits (each launch leaves its counters at 0 for the next)"""
     q, k, v = (torch.randn(1, 3000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     q2 = torch.randn_like(q)
-    want, want2 = fusedk.attention(q, k, v), fusedk.attention(q2, k, v)
-    ref, _ = torch_reference(q, k, v, False)
+    want, want2 = fusedk.attention(q, k, v, causal=causal), fusedk.attention(q2, k, v, causal=causal)
+    ref, _ = torch_reference(q, k, v, causal)
     assert (want.double() - ref).abs().max().item() <= 2 * 2 ** -7 * v.abs().max().item()
     for _ in range(3):
-        assert torch.equal(fusedk.attention(q, k, v), want)
+        assert torch.equal(fusedk.attention(q, k, v, causal=causal), want)
     streams = [torch.cuda.Stream() for _ in range(2)]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream())
     outs = []
     for i in range(6):
         with torch.cuda.stream(streams[i % 2]):
-            outs.append(fusedk.attention(q2 if i % 2 else q, k, v))
+            outs.append(fusedk.attention(q2 if i % 2 else q, k, v, causal=causal))
     for s in streams:
         torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
@@ -286,7 +287,7 @@ def test_gpu_split_units_repeats_streams_and_graph():
     qs = q.clone()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = fusedk.attention(qs, k, v)
+        out = fusedk.attention(qs, k, v, causal=causal)
     for x, w in ((q2, want2), (q, want), (q2, want2)):
         qs.copy_(x)
         out.fill_(float("nan"))
