@@ -477,10 +477,14 @@ FUSEDK_DEF void fusedk_shutdown(void);
    by. A row whose keys are all masked: out 0, lse -inf. CPU: every dtype, double accumulation,
    one rounding; GPU: f16/bf16. On Hopper, a launch without causal or kv_len whose last wave of
    query blocks would leave SMs idle splits those blocks by keys and merges the parts in the same
-   launch (in a fixed order: bitwise the same run to run); causal and kv_len launches hand their
-   blocks out by a counter. Both go through a buffer per (device, stream) made on first use
-   (8 KB for the counters, 15-36 MB by Dh for a split on an H100) and kept, like linear's, until
-   fusedk_shutdown; the call stays CUDA-graph capturable. */
+   launch (in a fixed order: bitwise the same run to run); causal and kv_len launches with more
+   query blocks than SMs hand them out by a counter. Both go through a buffer per (device,
+   stream) made on first use (8 KB for the counters, 15-36 MB by Dh for a split on an H100; at
+   most 64 streams, past them the launches run unsplit, a block a query block) and kept, like
+   linear's, until fusedk_shutdown; the call stays CUDA-graph capturable. A captured graph keeps
+   the buffer of the stream it was captured on: it must not run at the same time as attention
+   calls on that stream or other graphs captured there (torch.cuda.graph captures on one shared
+   side stream unless given one), as with linear's cuBLASLt workspaces. */
 FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
                                           float scale, int32_t causal, struct CUstream_st *stream);

@@ -196,8 +196,9 @@ size_t stream_thread(cudaStream_t s) {
 
 // A device buffer a (device, stream) that grows to the largest request, its first `zeroed` bytes
 // zero when it is made (counters its kernels leave at zero again). Work queued on one stream runs
-// in order, so the stream's calls share it. Outgrown buffers live until release(): graphs
-// captured earlier still use them.
+// in order, so the stream's calls share it; a CUDA graph keeps the buffer of the stream it was
+// captured on, so it must not run concurrently with that stream's other users (as cuBLAS
+// workspaces). Outgrown buffers live until release(): graphs captured earlier still use them.
 struct StreamBuffers {
   struct Buf {
     int dev;
@@ -3157,7 +3158,7 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
 // The persistent kernel's items (the producer picks them; attn_next). Units alike: units [0,
 // full) go round robin, whole; with a split (R > 0: R units left over a last wave would leave
 // blocks idle), the last R units' R T tile steps (T key tiles a unit) are shared evenly, block b
-// taking steps [b R T / grid, (b + 1) R T / grid): fewer than T (R < grid), so at most two pieces,
+// taking steps [b R T / grid, (b + 1) R T / grid): at most T (R < grid), so at most two pieces,
 // each a tile range of one unit. The blocks owning a unit's steps each write their piece's O
 // (unnormalized), m and l to their slot in `part` (2 a block) and count themselves in `cnt`; the
 // last to arrive merges every slot and stores (flash-decoding's combine, inside the launch, with
@@ -3322,7 +3323,7 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
   if (wg == 0) { // the producer: tile it's K into stage it % ST once tile it - ST's K is released, then its V
     regs_lower<L::kProdRegs>();
     if (tid == 0) {
-      uint32_t it = 0; // (a block's tiles stay below 2^32; 32 bits keep the producer within its registers)
+      uint32_t it = 0; // a block's tiles stay below 2^32 (32 bits: one register of the producer's 24)
       for (int k = 0;; ++k) {
         const AttnItem wk = attn_next(sp, k);
         if (k) mbar_wait(q_free, (uint32_t)(k - 1) & 1);

@@ -1413,7 +1413,7 @@ static void attn_edges(fusedk_scalar s) {
   run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 64, .Hq = 2, .G = 1, .Dh = 128, .scale = 1.0f, .special = 1});
   run_attn((attn_t){.s = s, .B = 2, .Sq = 40, .Sk = 40, .Hq = 4, .G = 2, .Dh = 64, .causal = 1, .special = 2});
   /* fewer units than SMs, each over many key tiles: the Hopper kernel splits every unit by keys
-     across blocks (3-5 pieces a unit on 132 SMs), merging them in the launch; with a NaN key and
+     across blocks (3-6 pieces a unit on 132 SMs), merging them in the launch; with a NaN key and
      huge scores in one piece */
   for (int d = 0; d < 3; ++d)
     run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 64 << d, .layout = d == 1});

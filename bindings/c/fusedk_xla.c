@@ -257,8 +257,9 @@ FUSEDK_DEF FXLA_Error *fusedk_xla_cpu(FXLA_CallFrame *f) {
   return st ? xla_error(f->api, st) : NULL;
 }
 
-/* The kernels are stream-ordered, allocation-free and capturable: XLA may record the call
-   into a CUDA graph (command buffer). */
+/* The kernels are stream-ordered and capturable (what linear and attention keep between calls is
+   made on a stream's first call, in the relaxed capture mode): XLA may record the call into a
+   CUDA graph (command buffer). */
 FUSEDK_DEF FXLA_Error *fusedk_xla_cuda(FXLA_CallFrame *f) {
   FXLA_Error *err;
   if (preamble(f, FXLA_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE, &err)) return err;
