@@ -3176,6 +3176,9 @@ struct AttnItem {
   int jb, je, slot; // key tiles [jb, je) (je = -1: all the unit's); a piece's slot, -1 for a whole unit
 };
 #if FUSEDK__SM90A // the schedule's device functions: the sm_90a kernel's alone
+// a release / acquire fence at GPU scope (around the relaxed atomic that counts a split unit's
+// pieces), lighter than __threadfence's sequentially consistent one
+__device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ int attn_step0(const AttnSplit &sp, int b) {
   return (int)((uint32_t)(b * sp.R * sp.T) / gridDim.x);
 }
@@ -3220,16 +3223,18 @@ __device__ __forceinline__ void attn_piece_store(const fusedk__attn_args &a, con
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) __stcg(p + t * 128, make_float4(o[t][0], o[t][1], o[t][2], o[t][3]));
   __stcg(p + (F - 1) * 128, make_float4(m[0], m[1], l[0], l[1]));
-  __threadfence(); // the slot is visible before the count
-  __syncwarp();
+  __syncwarp(); // the warp's slot stores, then lane 0 releases them all (fences are cumulative)
   const int lane = tid % 32;
   const int u0 = (int)(w.u - sp.full) * sp.T; // the unit's first tail step
   const int b0 = attn_owner(sp, u0), b1 = attn_owner(sp, u0 + sp.T - 1);
   int *cnt = sp.cnt + ((w.u - sp.full) * NC + wg) * 4 + tid / 32, last = 0;
-  if (lane == 0) last = atomicAdd(cnt, 1) == b1 - b0;
+  if (lane == 0) {
+    fence_gpu();
+    last = atomicAdd(cnt, 1) == b1 - b0;
+    if (last) *cnt = 0, fence_gpu(); // the next launch's count starts from 0; the others' slots acquired
+  }
   if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  if (lane == 0) *cnt = 0; // no other piece counts any more: the next launch starts from 0
-  __threadfence();
+  __syncwarp();
   float shift[2] = {-INFINITY, -INFINITY};
   for (int bb = b0; bb <= b1; ++bb) {
     const float4 ml = __ldcg(at(attn_slot(sp, bb, u0)) + (F - 1) * 128);
@@ -3239,15 +3244,27 @@ __device__ __forceinline__ void attn_piece_store(const fusedk__attn_args &a, con
   for (int hf = 0; hf < 2; ++hf) m[hf] = shift[hf], shift[hf] = m[hf] == -INFINITY ? 0.f : m[hf], l[hf] = 0.f;
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
-  for (int bb = b0; bb <= b1; ++bb) {
-    const float4 *q = at(attn_slot(sp, bb, u0)), ml = __ldcg(q + (F - 1) * 128);
-    const float w0 = exp2_ftz(ml.x - shift[0]), w1 = exp2_ftz(ml.y - shift[1]);
-    l[0] = fmaf(ml.z, w0, l[0]), l[1] = fmaf(ml.w, w1, l[1]);
+  // PN pieces a round, their loads in flight together (two below Dh 256: the registers hold them)
+  constexpr int PN = D <= 128 ? 2 : 1;
+  for (int bb = b0; bb <= b1; bb += PN) {
+    const float4 *q[PN];
+    float4 ml[PN], x[PN][D / 8];
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-      const float4 x = __ldcg(q + t * 128);
-      o[t][0] = fmaf(x.x, w0, o[t][0]), o[t][1] = fmaf(x.y, w0, o[t][1]);
-      o[t][2] = fmaf(x.z, w1, o[t][2]), o[t][3] = fmaf(x.w, w1, o[t][3]);
+    for (int n = 0; n < PN; ++n) q[n] = at(attn_slot(sp, min(bb + n, b1), u0)), ml[n] = __ldcg(q[n] + (F - 1) * 128);
+#pragma unroll
+    for (int n = 0; n < PN; ++n)
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) x[n][t] = __ldcg(q[n] + t * 128);
+#pragma unroll
+    for (int n = 0; n < PN; ++n) {
+      if (bb + n > b1) continue;
+      const float w0 = exp2_ftz(ml[n].x - shift[0]), w1 = exp2_ftz(ml[n].y - shift[1]);
+      l[0] = fmaf(ml[n].z, w0, l[0]), l[1] = fmaf(ml[n].w, w1, l[1]);
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) {
+        o[t][0] = fmaf(x[n][t].x, w0, o[t][0]), o[t][1] = fmaf(x[n][t].y, w0, o[t][1]);
+        o[t][2] = fmaf(x[n][t].z, w1, o[t][2]), o[t][3] = fmaf(x[n][t].w, w1, o[t][3]);
+      }
     }
   }
   attn_store_regs<T, D>(a, o, m, l, i, b, h, lane);
