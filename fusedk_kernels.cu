@@ -229,9 +229,9 @@ struct StreamBuffers {
       void *p = nullptr;
       cudaStream_t z = nullptr; // a private stream: the caller's may be capturing
       cudaError_t e = cudaMalloc(&p, bytes);
-      if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&z, cudaStreamNonBlocking);
-      if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, zeroed, z);
-      if (e == cudaSuccess) e = cudaStreamSynchronize(z);
+      if (e == cudaSuccess && zeroed) e = cudaStreamCreateWithFlags(&z, cudaStreamNonBlocking);
+      if (e == cudaSuccess && zeroed) e = cudaMemsetAsync(p, 0, zeroed, z);
+      if (e == cudaSuccess && zeroed) e = cudaStreamSynchronize(z);
       if (z) cudaStreamDestroy(z);
       if (e != cudaSuccess) {
         if (p) cudaFree(p);
@@ -2165,7 +2165,7 @@ __global__ void __launch_bounds__(256) rope_table_kernel(const fusedk__table_arg
 
 constexpr size_t kLtWorkspace = 32u << 20; // cuBLASLt's workspace a (device, stream), Hopper's suggestion
 constexpr int kLtPlans = 256;              // cached plans (a bounded table: the oldest slot goes)
-constexpr int kLtArenas = 64;              // (device, stream) pairs with a workspace
+constexpr int kLtArenas = StreamBuffers::kMax; // (device, stream) pairs with a workspace
 constexpr int kLtCandidates = 8;           // heuristic algorithms timed on a large GEMM's first call
 constexpr int kLtWide = 8192;              // at most, with FUSEDK_LINEAR_TUNE=2 or 3 (lt_widen)
 constexpr double kLtTuneFlops = 1e10;      // large: 2 m n k over this (a few ms of tuning, once)
@@ -2216,12 +2216,9 @@ struct LtPlan {
   std::vector<cublasLtMatmulAlgo_t> cand; // until tuned
 };
 
+// a (device, stream)'s cuBLASLt workspace and scratch (nullptr when the call asks none)
 struct LtArena {
-  int dev;
-  cudaStream_t stream;
-  size_t thread; // cudaStreamPerThread: the calling thread's (one handle, a stream per thread)
   void *ws, *scratch;
-  size_t scratch_bytes;
 };
 
 // Every cached cuBLASLt object, behind one lock: plans are shared, and a plan's pointer
@@ -2232,10 +2229,7 @@ struct LtState {
   cublasLtHandle_t handle[kMaxDevices] = {};
   LtPlan plans[kLtPlans] = {};
   int next_victim = 0;
-  LtArena arenas[kLtArenas] = {};
-  int n_arenas = 0;
-  // outgrown scratch: a graph captured earlier may still use it, so it lives until shutdown
-  std::vector<std::pair<int, void *>> retired;
+  StreamBuffers ws, scratch; // kLtWorkspace bytes, and the largest scratch asked, a (device, stream)
 };
 LtState &lt_state() {
   static LtState *s = new LtState; // never destroyed: no teardown order at exit
@@ -2398,36 +2392,13 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan *
   return s;
 }
 
-// The (device, stream) arena (lock held): its workspace made on first use (RelaxedCapture: the
-// stream may be capturing).
-cudaError_t lt_arena(LtState &st, int dev, cudaStream_t s, size_t scratch, LtArena **out) {
-  LtArena *a = nullptr;
-  const size_t thread = stream_thread(s);
-  for (int i = 0; i < st.n_arenas && !a; ++i)
-    if (st.arenas[i].dev == dev && st.arenas[i].stream == s && st.arenas[i].thread == thread) a = &st.arenas[i];
-  if (!a) {
-    if (st.n_arenas == kLtArenas) return cudaErrorLaunchOutOfResources; // reported as too many streams
-    RelaxedCapture relaxed;
-    void *ws = nullptr;
-    const cudaError_t e = cudaMalloc(&ws, kLtWorkspace);
-    if (e != cudaSuccess) return e;
-    a = &st.arenas[st.n_arenas++];
-    *a = LtArena{dev, s, thread, ws, nullptr, 0};
-  }
-  if (scratch > a->scratch_bytes) { // grows (by half again at least) to the largest call on this stream
-    scratch = std::max(scratch, a->scratch_bytes + a->scratch_bytes / 2);
-    void *p = nullptr;
-    {
-      RelaxedCapture relaxed;
-      const cudaError_t e = cudaMalloc(&p, scratch);
-      if (e != cudaSuccess) return e;
-    }
-    // the old buffer is not freed: queued work and CUDA graphs captured earlier still use it
-    if (a->scratch) st.retired.emplace_back(dev, a->scratch);
-    a->scratch = p, a->scratch_bytes = scratch;
-  }
-  *out = a;
-  return cudaSuccess;
+// The (device, stream) arena: its workspace made on first use, its scratch grown to `scratch`
+// bytes (StreamBuffers; too many streams: cudaErrorLaunchOutOfResources, reported as such).
+cudaError_t lt_arena(LtState &st, int dev, cudaStream_t s, size_t scratch, LtArena *out) {
+  *out = LtArena{nullptr, nullptr};
+  cudaError_t e = st.ws.get(dev, s, kLtWorkspace, 0, &out->ws);
+  if (e == cudaSuccess && scratch) e = st.scratch.get(dev, s, scratch, 0, &out->scratch);
+  return e;
 }
 
 fusedk_status lt_fail(cublasStatus_t s, const char *op, const char *what) {
@@ -2559,19 +2530,10 @@ void gemm_shutdown() {
   LtState &st = lt_state();
   std::lock_guard<std::mutex> lock(st.mu);
   for (LtPlan &p : st.plans) lt_destroy(p);
-  for (int i = 0; i < st.n_arenas; ++i) {
-    DeviceGuard guard(st.arenas[i].dev);
-    cudaFree(st.arenas[i].ws);
-    if (st.arenas[i].scratch) cudaFree(st.arenas[i].scratch);
-  }
-  for (const auto &r : st.retired) {
-    DeviceGuard guard(r.first);
-    cudaFree(r.second);
-  }
-  st.retired.clear();
+  st.ws.release(), st.scratch.release();
   for (int d = 0; d < kMaxDevices; ++d)
     if (st.handle[d]) cublasLtDestroy(st.handle[d]), st.handle[d] = nullptr;
-  st.n_arenas = 0, st.next_victim = 0;
+  st.next_victim = 0;
   cudaGetLastError(); // e.g. at process exit: not sticky
 }
 
@@ -2701,7 +2663,7 @@ fusedk_status no_algo(const char *op, const char *which, const fusedk__linear_ar
 
 template <typename T>
 fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev, cudaStream_t s, const char *op) {
-  LtArena *ar;
+  LtArena ar;
   cudaError_t e = lt_arena(st, dev, s, 0, &ar);
   if (e != cudaSuccess) return arena_fail(e, op);
   fusedk_status f = FUSEDK_OK;
@@ -2723,7 +2685,7 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
                     : (a.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
     const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z.p, z.ld, epi, a.bias,
                    gelu_epi ? a.aux.p : nullptr, a.aux.ld, false, a.scalar, a.tf32};
-    if ((f = lt_matmul(st, g, dev, s, ar->ws, op, &ran))) return f;
+    if ((f = lt_matmul(st, g, dev, s, ar.ws, op, &ran))) return f;
     if (ran) {
       if (a.act == FUSEDK_ACT_NONE && a.aux.p) // aux = z = y
         return on_error(cudaMemcpy2DAsync(a.aux.p, (size_t)a.aux.ld * sizeof(T), a.y.p, (size_t)a.y.ld * sizeof(T),
@@ -2736,10 +2698,10 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
   fusedk__mat z32{nullptr, (a.N + 3) / 4 * 4}; // 16-byte float32 rows
   if (a.K > 0) {
     if ((e = lt_arena(st, dev, s, (size_t)(a.M * z32.ld) * sizeof(float), &ar)) != cudaSuccess) return arena_fail(e, op);
-    z32.p = ar->scratch;
+    z32.p = ar.scratch;
     const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z32.p, z32.ld,
                    CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, true, a.scalar, a.tf32};
-    if ((f = lt_matmul(st, g, dev, s, ar->ws, op, &ran))) return f;
+    if ((f = lt_matmul(st, g, dev, s, ar.ws, op, &ran))) return f;
     if (!ran) return no_algo(op, "forward", a);
   }
   return on_error(launch_bias_act<T>(a.y, a.aux, z32, true, a.bias, a.act, a.M, a.N, s, dev), op);
@@ -2762,12 +2724,12 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
   const bool dx32 = a.dx.p && !rows16<T>(a.dx.p, a.dx.ld), dw32 = a.dw.p && !rows16<T>(a.dw.p, a.dw.ld);
   const int64_t ld32 = (a.K + 3) / 4 * 4; // 16-byte float32 rows
   const size_t f32 = (size_t)std::max(dx32 ? a.M * ld32 : 0, dw32 ? a.N * ld32 : 0) * sizeof(float);
-  LtArena *ar;
+  LtArena ar;
   cudaError_t e = lt_arena(st, dev, s, dz_pad + part_pad + f32, &ar);
   if (e != cudaSuccess) return arena_fail(e, op);
-  void *out32 = static_cast<char *>(ar->scratch) + dz_pad + part_pad;
-  fusedk__mat dz = need_dz ? fusedk__mat{ar->scratch, dz_ld} : a.dy;
-  float *part = a.db && chunks ? reinterpret_cast<float *>(static_cast<char *>(ar->scratch) + dz_pad) : nullptr;
+  void *out32 = static_cast<char *>(ar.scratch) + dz_pad + part_pad;
+  fusedk__mat dz = need_dz ? fusedk__mat{ar.scratch, dz_ld} : a.dy;
+  float *part = a.db && chunks ? reinterpret_cast<float *>(static_cast<char *>(ar.scratch) + dz_pad) : nullptr;
   if (need_dz || part) {
     const bool vec = a.N % V == 0 && aligned16(a.dy.p) && a.dy.ld % V == 0 &&
                      (a.act == FUSEDK_ACT_NONE || (aligned16(a.aux.p) && a.aux.ld % V == 0));
@@ -2808,7 +2770,7 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
       continue;
     }
     bool ran;
-    fusedk_status f = lt_matmul(st, g, dev, s, ar->ws, op, &ran);
+    fusedk_status f = lt_matmul(st, g, dev, s, ar.ws, op, &ran);
     if (f) return f;
     if (!ran) return no_algo(op, i ? "dw" : "dx", a);
     if (to32[i] && (e = launch_bias_act<T>(outs[i], fusedk__mat{nullptr, 0}, fusedk__mat{out32, ld32}, true, nullptr,
