@@ -58,6 +58,9 @@
      fusedk_attention    softmax(q k^T * scale) v over [B,S,H,Dh] views: GQA, causal (bottom-right),
                          per-sample kv_len, lse; flash attention on the GPU (Hopper: TMA + wgmma)
 
+     fusedk_lowrank_update   out = beta y + scaling ((x v) * codes) u_t: BEM's generated update, a
+                         LoRA's delta; one pass over x and one over y (the [M, r] product stays on chip)
+
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
      be passed as (const fusedk_tensor *). Strides are in elements, NULL = compact row-major.
@@ -89,13 +92,15 @@
                       [norm] the normalization ops     [elementwise] activations, fused residuals
                       [position] rope, its tables, qk_norm_rope   [sampler] diffusion_step
                       [linear] linear, linear_backward (cuBLASLt)   [attention] attention
+                      [lowrank] lowrank_update
                       [registry] every op's arguments as data, output shapes
      implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
-                      [sampler] [position] [linear] [attention] (CPU references and entry points)
+                      [sampler] [position] [linear] [attention] [lowrank] (CPU references and
+                      entry points)
                       [dlpack] [info]
      GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [tile]
                       [norm] [elementwise] (with [sampler]) [position] [gemm] [linear] [attention]
-                      [entry]
+                      [lowrank] [entry]
 
    ADDING AN OP
      An fusedk_op_id at the end of the enum, its registry entry (arguments in C order with kind
@@ -489,6 +494,23 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
                                           float scale, int32_t causal, struct CUstream_st *stream);
 
+/* ---- [lowrank] low-rank updates: BEM's generated update, a LoRA's delta ----
+   out = beta * y + scaling * ((x v) * codes) u_t, per row m of x:
+   h[m, j] = sum_k x[m, k] v[k, j] (times codes[m, j] when codes is given), out[m, n] = beta y[m, n]
+   + scaling sum_j h[m, j] u_t[j, n]. x [..., K1]; v [K1, r] with rank r in 1..128; codes [..., r]
+   (x's leading dims, optional); u_t [r, K2] (U pre-transposed, as BEM stores it); y and out
+   [..., K2]. y NULL, or beta 0: out = the update alone (y is not read: NaN or Inf there do not
+   propagate, as BLAS and torch.addmm treat beta 0). out may be y itself (the same view:
+   in place, each element read before it is written); otherwise no output overlaps an input. Rows
+   by any stride (leading dims that flatten to one row stride), last dims contiguous. One dtype
+   for every tensor. CPU: every dtype, double accumulation, one rounding. GPU: one kernel, x read
+   once and y once; f16/bf16 on tensor cores (h kept in float32, rounded once to the dtype for
+   the second product), float32 on CUDA cores. */
+FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *v,
+                                               const fusedk_tensor *codes, const fusedk_tensor *u_t,
+                                               const fusedk_tensor *y, float scaling, float beta,
+                                               struct CUstream_st *stream);
+
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
    fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
@@ -515,9 +537,10 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_QK_NORM_ROPE = 15,
   FUSEDK_OP_LINEAR = 16,
   FUSEDK_OP_LINEAR_BACKWARD = 17,
-  FUSEDK_OP_ATTENTION = 18
+  FUSEDK_OP_ATTENTION = 18,
+  FUSEDK_OP_LOWRANK_UPDATE = 19
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 19
+#define FUSEDK_OP_COUNT 20
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -737,6 +760,15 @@ typedef struct fusedk__attn_args {
   int64_t kv_stride;
 } fusedk__attn_args;
 
+/* lowrank_update: out, x, codes, y [M, *] and v, u_t as matrices (p, row stride); codes.p / y.p
+   NULL when absent */
+typedef struct fusedk__lowrank_args {
+  int32_t scalar, r;
+  float scaling, beta;
+  int64_t M, K1, K2;
+  fusedk__mat out, x, v, codes, u_t, y;
+} fusedk__lowrank_args;
+
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream);
 fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
@@ -750,6 +782,8 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
 void fusedk__cuda_shutdown(void);
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
                                      struct CUstream_st *stream);
+fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op, int32_t device_id,
+                                   struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -866,6 +900,10 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
 }
 void fusedk__cuda_shutdown(void) {}
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op, int32_t id, struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
@@ -1171,6 +1209,11 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
       FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
       {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
      {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}},
+    /* [lowrank]: out takes x's leading dims and u_t's columns; y, when given, is what it adds to */
+    {"lowrank_update", 6, 2, -1,
+     {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
+      FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), FUSEDK__IN("u_t", FUSEDK_ROLE_OWN), FUSEDK__OPT("y", FUSEDK_ROLE_OWN)},
+     {FUSEDK__FLT("scaling", 1.0), FUSEDK__FLT("beta", 1.0)}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2411,6 +2454,95 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
 }
 #undef FUSEDK__BSH
 
+/* --- [lowrank] CPU reference and entry point ----------------------------------------------- */
+
+/* Per row: h = x v in double, times codes and scaling, then out = beta y + h u_t in double, one
+   rounding. y is read before out is written, element by element (out may be y). */
+static int fusedk__lowrank_cpu(const fusedk__lowrank_args *a) {
+  const int s = a->scalar;
+  const int64_t r = a->r, K1 = a->K1, K2 = a->K2;
+  double *v = (double *)malloc((size_t)(K1 * r + r * K2 + K1 + r) * sizeof(double) + 1), *u = v + K1 * r,
+         *xr = u + r * K2, *h = xr + K1;
+  if (!v) return -1;
+  fusedk__mat_rows(&a->v, K1, r, s, v);
+  fusedk__mat_rows(&a->u_t, r, K2, s, u);
+  for (int64_t m = 0; m < a->M; ++m) {
+    const fusedk__mat row = {fusedk__mat_row(&a->x, m, s), 0};
+    fusedk__mat_rows(&row, 1, K1, s, xr);
+    for (int64_t j = 0; j < r; ++j) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < K1; ++k) acc += xr[k] * v[k * r + j];
+      h[j] = (double)a->scaling * acc * (a->codes.p ? fusedk__load(fusedk__mat_row(&a->codes, m, s), j, s) : 1.0);
+    }
+    void *o = fusedk__mat_row(&a->out, m, s);
+    const void *y = a->y.p ? fusedk__mat_row(&a->y, m, s) : NULL;
+    for (int64_t n = 0; n < K2; ++n) {
+      double acc = y ? (double)a->beta * fusedk__load(y, n, s) : 0.0;
+      for (int64_t j = 0; j < r; ++j) acc += h[j] * u[j * K2 + n];
+      fusedk__store(o, n, acc, s);
+    }
+  }
+  free(v);
+  return 0;
+}
+
+/* the same view: one base, shape and strides (an in-place output) */
+static int fusedk__same_view(const fusedk_tensor *a, const fusedk_tensor *b) {
+  if (a->ndim != b->ndim || fusedk__base(a) != fusedk__base(b)) return 0;
+  for (int i = 0; i < a->ndim; ++i)
+    if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && fusedk__stride(a, i) != fusedk__stride(b, i))) return 0;
+  return 1;
+}
+
+FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *v,
+                                               const fusedk_tensor *codes, const fusedk_tensor *u_t,
+                                               const fusedk_tensor *y, float scaling, float beta,
+                                               struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {out, x, v, codes, u_t, y};
+  const char *op = "lowrank_update";
+  char shp[160];
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LOWRANK_UPDATE], t, &s);
+  if (st) return st;
+  const float num[2] = {scaling, beta};
+  for (int i = 0; i < 2; ++i)
+    if (!(num[i] > -HUGE_VALF && num[i] < HUGE_VALF))
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g, expected a finite number", op,
+                          i ? "beta" : "scaling", (double)num[i]);
+  const int64_t K1 = x->shape[x->ndim - 1];
+  if (v->ndim != 2 || v->shape[0] != K1 || v->shape[1] < 1 || v->shape[1] > 128)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: v has shape %s, expected [K1, r] with K1 = %lld (the last dim of x) "
+                        "and a rank r of 1..128", op, fusedk__shape_str(v, shp, sizeof shp), (long long)K1);
+  const int64_t r = v->shape[1];
+  if (u_t->ndim != 2 || u_t->shape[0] != r)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: u_t has shape %s, expected [r, K2] with r = %lld (the last dim of v)",
+                        op, fusedk__shape_str(u_t, shp, sizeof shp), (long long)r);
+  fusedk__lowrank_args a;
+  memset(&a, 0, sizeof a);
+  a.scalar = s.c.scalar, a.r = (int32_t)r, a.scaling = scaling, a.beta = beta;
+  a.K1 = K1, a.K2 = u_t->shape[1];
+  a.M = 1;
+  for (int i = 0; i < x->ndim - 1; ++i) a.M *= x->shape[i];
+  if ((st = fusedk__linear_2d(&s.c, v, "v", &a.v)) || (st = fusedk__linear_2d(&s.c, u_t, "u_t", &a.u_t)) ||
+      (st = fusedk__linear_rows(&s.c, x, "x", x, "x", K1, &a.x)) ||
+      (codes && (st = fusedk__linear_rows(&s.c, codes, "codes", x, "x", r, &a.codes))) ||
+      (y && (st = fusedk__linear_rows(&s.c, y, "y", x, "x", a.K2, &a.y))) ||
+      (st = fusedk__linear_rows(&s.c, out, "out", x, "x", a.K2, &a.out)))
+    return st;
+  const fusedk_tensor *ins[] = {x, v, codes, u_t, y};
+  const char *names[] = {"x", "v", "codes", "u_t", "y"};
+  for (int i = 0; i < 5; ++i)
+    if ((i < 4 || (y && !fusedk__same_view(out, y))) && (st = fusedk__check_disjoint(&s.c, out, "out", ins[i], names[i])))
+      return i < 4 ? st : fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: out overlaps y in memory, expected separate buffers "
+                                       "or the same view (in place)", op);
+  if (beta == 0.0f) a.y.p = NULL; /* not read */
+  if (a.M == 0 || a.K2 == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_lowrank(&a, op, s.c.dev.device_id, stream);
+  return fusedk__lowrank_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's "
+                                                "buffers", op)
+                                 : FUSEDK_OK;
+}
+
 /* --- [registry] lookup, output shapes and the generic call ------------------------------- */
 
 /* The integer attributes of a registry call: cast to int only what is one. */
@@ -2453,6 +2585,17 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
       return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q has shape %s, expected [B, Sq, Hq, Dh]", o->name,
                            fusedk__shape_str(like, shp, sizeof shp));
     if (i == 1) shape[0] = like->shape[0], shape[1] = like->shape[2], shape[2] = like->shape[1], nd = 3;
+    return nd;
+  }
+  if (id == FUSEDK_OP_LOWRANK_UPDATE) { /* out: x's rows of K2 (u_t's columns) */
+    const fusedk_tensor *u = t[4];
+    char shp[160];
+    if (!u || !u->shape || u->ndim < 1 || u->ndim > FUSEDK_MAX_DIMS)
+      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: u_t is missing, expected [r, K2]", o->name);
+    if (u->ndim != 2)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: u_t has shape %s, expected [r, K2]", o->name,
+                           fusedk__shape_str(u, shp, sizeof shp));
+    shape[nd - 1] = u->shape[1];
     return nd;
   }
   if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD) { /* y, aux_out: x's rows of N; db: [N] */
@@ -2551,6 +2694,7 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_LOWRANK_UPDATE: return fusedk_lowrank_update(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (float)a[1], s);
     case FUSEDK_OP_LINEAR_BACKWARD:
       return fusedk_linear_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0],
                                     (int32_t)a[1], s);

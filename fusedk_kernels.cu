@@ -9,10 +9,10 @@
 //
 // Parts: a build may compile this file once per kernel family, in parallel, by defining one or
 // more of FUSEDK_ONLY_NORM, FUSEDK_ONLY_ELEMENTWISE (with [sampler]), FUSEDK_ONLY_POSITION,
-// FUSEDK_ONLY_LINEAR (with [gemm]), FUSEDK_ONLY_ATTENTION and FUSEDK_ONLY_RUNTIME
-// (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info, _shutdown) for each
-// object. Such an object holds the shared helpers ([runtime] to [reduce]) and the named families
-// with their [entry] functions; the six parts together define every fusedk__cuda_* function once
+// FUSEDK_ONLY_LINEAR (with [gemm]), FUSEDK_ONLY_ATTENTION, FUSEDK_ONLY_LOWRANK and
+// FUSEDK_ONLY_RUNTIME (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info, _shutdown) for
+// each object. Such an object holds the shared helpers ([runtime] to [tile]) and the named families
+// with their [entry] functions; the seven parts together define every fusedk__cuda_* function once
 // (meson.build links them into libfusedk). The linear part's act pass calls
 // fusedk__cuda_elementwise, so it links with the elementwise part. With none of them defined the
 // file compiles whole: a drop-in build needs none.
@@ -41,8 +41,10 @@
 //               linear_db_kernel
 //   [attention] flash attention forward: attn_kernel (sm_80+: mma.sync, cp.async, online
 //               softmax) and attn_tma_kernel (sm_90a: TMA producer, wgmma consumers taking turns)
+//   [lowrank]   lowrank_update: lowrank_mma_kernel (f16/bf16: x v and h u_t on mma.sync, h in
+//               registers) and lowrank_fma_kernel (float32 and unaligned views: CUDA cores)
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
-//               fusedk__cuda_linear, fusedk__cuda_shutdown, fusedk__cuda_attention,
+//               fusedk__cuda_linear, fusedk__cuda_shutdown, fusedk__cuda_attention, fusedk__cuda_lowrank,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
@@ -66,7 +68,8 @@
 
 // The parts this object compiles (see Parts above): all of them unless FUSEDK_ONLY_* names some.
 #if defined(FUSEDK_ONLY_NORM) || defined(FUSEDK_ONLY_ELEMENTWISE) || defined(FUSEDK_ONLY_POSITION) || \
-    defined(FUSEDK_ONLY_LINEAR) || defined(FUSEDK_ONLY_ATTENTION) || defined(FUSEDK_ONLY_RUNTIME)
+    defined(FUSEDK_ONLY_LINEAR) || defined(FUSEDK_ONLY_ATTENTION) || defined(FUSEDK_ONLY_LOWRANK) ||        \
+    defined(FUSEDK_ONLY_RUNTIME)
 #define FUSEDK__PART_ALL 0
 #else
 #define FUSEDK__PART_ALL 1
@@ -95,6 +98,11 @@
 #define FUSEDK__PART_ATTENTION 1
 #else
 #define FUSEDK__PART_ATTENTION 0
+#endif
+#if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_LOWRANK)
+#define FUSEDK__PART_LOWRANK 1
+#else
+#define FUSEDK__PART_LOWRANK 0
 #endif
 #if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_RUNTIME)
 #define FUSEDK__PART_RUNTIME 1
@@ -562,10 +570,14 @@ template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G
 // bits spreads the 8 rows over all 32 banks, for loads by row (cp.async) and by column alike.
 // ---------------------------------------------------------------------------------------------
 
-// byte offset of chunk `c` of row `r` in a swizzled tile of `CH` chunks a row
+// byte offset of chunk `c` of row `r` in a swizzled tile of `CH` chunks a row. Rows shorter than
+// the 8 chunks of a bank cycle (CH 1, 2, 4: a low-rank tile's [k, r] rows) share a 128-byte line
+// with the next 8 / CH rows, and the XOR takes the line's index instead (1 chunk: 8 rows of one
+// column are one line already).
 template <int CH> __device__ __forceinline__ uint32_t swz(int r, int c) {
-  static_assert(CH % 8 == 0, "a swizzled row spans the 8 chunks of a bank cycle");
-  return (uint32_t)(r * CH + (c ^ (r & 7))) * 16u;
+  static_assert(CH > 0 && (CH & (CH - 1)) == 0, "chunks a row: a power of two");
+  if constexpr (CH >= 8) return (uint32_t)(r * CH + (c ^ (r & 7))) * 16u;
+  else return (uint32_t)(r * CH + (c ^ ((r * CH / 8) & (CH - 1)))) * 16u;
 }
 
 // One lane's ldmatrix addresses in a swizzled tile: rows r + 16 i, chunks 2 k + b (a lane reads
@@ -624,6 +636,17 @@ template <typename T> __device__ __forceinline__ void mma_16816(float (&c)[4], c
                  "{%0, %1, %2, %3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// An accumulator of N columns as the next product's a operand (attention's P, a low-rank
+// update's h): the pairs of n8 tiles 2k, 2k + 1 rounded to T, k step k of 16 columns
+template <typename T, int N> __device__ __forceinline__ void pack_a(uint32_t (&a)[N / 16][4], const float (&c)[N / 8][4]) {
+#pragma unroll
+  for (int k = 0; k < N / 16; ++k) {
+    const float(&x)[4] = c[2 * k], (&y)[4] = c[2 * k + 1];
+    a[k][0] = pack2<T>(x[0], x[1]), a[k][1] = pack2<T>(x[2], x[3]), a[k][2] = pack2<T>(y[0], y[1]),
+    a[k][3] = pack2<T>(y[2], y[3]);
+  }
 }
 
 // Rows [0, R) of a [R, CH * 8] tile from global rows `src + r * stride` (element stride), by
@@ -2915,24 +2938,15 @@ template <int D> __device__ __forceinline__ void attn_rescale(float (&o)[D / 8][
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) o[t][0] *= alpha[0], o[t][1] *= alpha[0], o[t][2] *= alpha[1], o[t][3] *= alpha[1];
 }
-// P as the next product's a operand: the accumulator pairs of n8 tiles 2k, 2k + 1, rounded to T
-template <typename T, int BC> __device__ __forceinline__ void attn_pack(uint32_t (&pa)[BC / 16][4], const float (&s)[BC / 8][4]) {
-#pragma unroll
-  for (int k = 0; k < BC / 16; ++k) {
-    const float(&x)[4] = s[2 * k], (&y)[4] = s[2 * k + 1];
-    pa[k][0] = pack2<T>(x[0], x[1]), pa[k][1] = pack2<T>(x[2], x[3]), pa[k][2] = pack2<T>(y[0], y[1]),
-    pa[k][3] = pack2<T>(y[2], y[3]);
-  }
-}
 
-// O += P V: P's accumulator pairs are the a operand (attn_pack); V (row-major [key, d]) by
+// O += P V: P's accumulator pairs are the a operand (pack_a); V (row-major [key, d]) by
 // ldmatrix.trans
 template <typename T, int D, int MT, int BC>
 __device__ __forceinline__ void attn_pv(float (&o)[MT][D / 8][4], const float (&s)[MT][BC / 8][4],
                                         const SwzLane<D / 8> &lv) {
   uint32_t pa[MT][BC / 16][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) attn_pack<T, BC>(pa[mt], s[mt]);
+  for (int mt = 0; mt < MT; ++mt) pack_a<T, BC>(pa[mt], s[mt]);
 #pragma unroll
   for (int kk = 0; kk < BC / 16; ++kk)
 #pragma unroll
@@ -3407,7 +3421,7 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
       mbar_arrive(&k_free[it % ST]);
       if (n_tiles == 1) mbar_arrive(q_free); // the unit's last S product is done
       softmax(sc, jb);
-      attn_pack<T, BC>(pa, sc);
+      pack_a<T, BC>(pa, sc);
     }
     for (int j = 1; j < n_tiles; ++j) {
       const int64_t t = it + j;
@@ -3430,7 +3444,7 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
       wgmma_hold(o);
       mbar_arrive(&v_free[(t - 1) % ST]);
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // mostly no new max
-      attn_pack<T, BC>(pa, sc);
+      pack_a<T, BC>(pa, sc);
     }
     if (n_tiles) {
       const int64_t t = it + n_tiles - 1;
@@ -3540,6 +3554,299 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 }
 #endif // FUSEDK__PART_ATTENTION
 
+#if FUSEDK__PART_LOWRANK
+// ---------------------------------------------------------------------------------------------
+// [lowrank] lowrank_update: out = beta y + scaling ((x v) * codes) u_t
+//
+// lowrank_mma_kernel (f16/bf16, rows 16-byte aligned): a block of 4 WS warps owns 64 rows, WS
+// warps a 16-row group (phase 1: k steps by turns, the partial h summed through shared memory;
+// phase 2: a share of each column tile; WS = 2 doubles the warps an SM has to hide latency), and
+// one of `splits` column ranges of out (split only where the row blocks alone would
+// leave SMs idle: each split recomputes x v, its x rows from L2 after the first). Phase 1 streams
+// x's rows and v's through a ring of shared-memory stages in 64-wide k tiles (cp.async, a tile
+// landing while the stages before it are computed; one barrier a tile) into h = x v, the warp's
+// [16, RT] accumulators (RT: the rank rounded up to 16; v's columns past r load as zeros).
+// codes and scaling multiply h there, and h, rounded once to T, is phase 2's a operand (pack_a):
+// the [M, r] product never leaves the chip. Phase 2 streams u_t's 64-column tiles and y's through
+// a second ring over the same memory, adds beta y to h u_t in the accumulators' layout and stores
+// out. x is read once, y once, out written once; v and u_t come from L2 to every block.
+// lowrank_fma_kernel (float32, and 16-bit views the 16-byte loads can't take): the same two
+// phases on CUDA cores, h in shared memory as float32.
+// ---------------------------------------------------------------------------------------------
+
+// rows a block, x's k tile, out's column tile, stages of each ring (three tiles in flight); warps
+// a 16-row group (the partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8 float4)
+constexpr int kLrRows = 64, kLrK = 64, kLrN = 64, kLrStages = 4;
+template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
+
+// shared memory of the tensor-core kernel: phase 1's stages (x's and v's k tiles), then phase
+// 2's over the same bytes (u_t's and y's column tiles)
+template <int RT> struct LrSmem {
+  static constexpr int kX = kLrRows * kLrK * 2, kStage1 = kX + kLrK * RT * 2, kU = RT * kLrN * 2,
+                       kStage2 = kU + kLrRows * kLrN * 2, kBytes = kLrStages * std::max(kStage1, kStage2);
+};
+
+// two 16-bit values (one 32-bit word) as floats
+template <typename T> __device__ __forceinline__ void unpack2(uint32_t w, float (&f)[2]) {
+  Raw<T, 2> r;
+  r.w[0] = w;
+  to_floats<T, 2>(r, f);
+}
+
+// A ring of kLrStages shared-memory stages over tiles [0, n): load(t, stage) issues tile t's
+// copies; tile t is computed (compute(t, stage)) once it has landed, kLrStages - 1 tiles ahead of
+// it in flight. One barrier a tile: it makes tile t visible and frees tile t - 1's stage, which
+// the load issued right after it refills.
+template <typename Load, typename Compute> __device__ __forceinline__ void lr_ring(int n, Load &&load, Compute &&compute) {
+  for (int t = 0; t < kLrStages - 1; ++t) {
+    if (t < n) load(t, t);
+    cp_async_commit();
+  }
+  for (int t = 0; t < n; ++t) {
+    cp_async_wait<kLrStages - 2>(); // tile t landed (this thread's copies)
+    __syncthreads();                // everyone's, and everyone is done with tile t - 1
+    if (t + kLrStages - 1 < n) load(t + kLrStages - 1, (t + kLrStages - 1) % kLrStages);
+    cp_async_commit();
+    compute(t, t % kLrStages);
+  }
+  cp_async_wait<0>();
+  __syncthreads(); // the stages are free for whatever comes next
+}
+
+template <typename T, int RT, bool VV, int WS>
+__global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_mma_kernel(const fusedk__lowrank_args a,
+                                                                                          int splits, int per) {
+  using L = LrSmem<RT>;
+  constexpr int NT = 128 * WS;
+  extern __shared__ __align__(128) unsigned char lr_smem[];
+  const uint32_t base = smem_u32(lr_smem);
+  // warp = 16-row group g, share s
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4, s = threadIdx.x / 128, c0 = 2 * (lane % 4);
+  const int64_t m0 = (int64_t)(blockIdx.x / splits) * kLrRows, r0 = m0 + 16 * warp + lane / 4; // rows r0, r0 + 8
+  const int rows = (int)min((int64_t)kLrRows, a.M - m0);
+  const T *x = (const T *)a.x.p + m0 * a.x.ld, *v = (const T *)a.v.p, *u = (const T *)a.u_t.p;
+
+  // phase 1: h = x v over k tiles of both (lanes as attention's Q and V fragments)
+  float h[RT / 8][4];
+#pragma unroll
+  for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
+  lr_ring(
+      (int)((a.K1 + kLrK - 1) / kLrK),
+      [&](int kt, int st) {
+        const uint32_t xs = base + st * L::kStage1;
+        const int64_t k0 = (int64_t)kt * kLrK;
+        const int kv = (int)min((int64_t)kLrK, a.K1 - k0);
+        load_tile<T, kLrRows, kLrK / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
+        load_tile<T, kLrK, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
+      },
+      [&](int, int st) {
+        const uint32_t xs = base + st * L::kStage1, vs = xs + L::kX;
+#pragma unroll
+        for (int q = 0; q < kLrK / 16 / WS; ++q) { // this warp's k steps
+          const int kk = q * WS + s;
+          uint32_t xa[4];
+          ldmatrix_x4(xa, xs + swz<kLrK / 8>(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+          for (int n = 0; n < RT / 16; ++n) {
+            uint32_t vb[4];
+            ldmatrix_x4_trans(vb, vs + swz<RT / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
+            mma_16816<T>(h[2 * n], xa, vb[0], vb[1]);
+            mma_16816<T>(h[2 * n + 1], xa, vb[2], vb[3]);
+          }
+        }
+      });
+
+  if constexpr (WS > 1) { // the WS partial sums of each row group, through shared memory (the ring's, free now)
+    float4 *part = reinterpret_cast<float4 *>(lr_smem) + (size_t)threadIdx.x * (RT / 8);
+#pragma unroll
+    for (int t = 0; t < RT / 8; ++t) part[t] = make_float4(h[t][0], h[t][1], h[t][2], h[t][3]);
+    __syncthreads();
+#pragma unroll
+    for (int o = 1; o < WS; ++o) {
+      const float4 *q = reinterpret_cast<const float4 *>(lr_smem) + (size_t)((threadIdx.x + 128 * o) % NT) * (RT / 8);
+#pragma unroll
+      for (int t = 0; t < RT / 8; ++t) {
+        const float4 f = q[t];
+        h[t][0] += f.x, h[t][1] += f.y, h[t][2] += f.z, h[t][3] += f.w;
+      }
+    }
+    __syncthreads(); // read before phase 2's ring refills
+  }
+
+  // codes and scaling on h, then h rounded to T as phase 2's a operand
+  const T *codes = (const T *)a.codes.p;
+#pragma unroll
+  for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = r0 + 8 * (e / 2);
+      const int j = 8 * t + c0 + e % 2;
+      h[t][e] *= codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling;
+    }
+  uint32_t ha[RT / 16][4];
+  pack_a<T, RT>(ha, h);
+
+  // phase 2: out = beta y + h u_t over the split's column tiles [nb, ne)
+  const T *y = (const T *)a.y.p;
+  T *out = (T *)a.out.p;
+  const int nb = (int)(blockIdx.x % splits) * per, ne = min((int)((a.K2 + kLrN - 1) / kLrN), nb + per);
+  lr_ring(
+      ne - nb,
+      [&](int i, int st) {
+        const uint32_t us = base + st * L::kStage2;
+        const int64_t n0 = (int64_t)(nb + i) * kLrN;
+        const int nv = (int)min((int64_t)kLrN, a.K2 - n0);
+        load_tile<T, RT, kLrN / 8, NT, true>(us, u + n0, a.u_t.ld, a.r, nv);
+        if (y) load_tile<T, kLrRows, kLrN / 8, NT, true>(us + L::kU, y + m0 * a.y.ld + n0, a.y.ld, rows, nv);
+      },
+      [&](int i, int st) {
+        const uint32_t us = base + st * L::kStage2, ys = us + L::kU;
+        constexpr int NP = kLrN / 16 / WS; // this warp's pairs of n8 tiles: s NP .. + NP
+        float d[2 * NP][4];
+#pragma unroll
+        for (int t = 0; t < 2 * NP; ++t) d[t][0] = d[t][1] = d[t][2] = d[t][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < RT / 16; ++kk)
+#pragma unroll
+          for (int n = 0; n < NP; ++n) {
+            uint32_t ub[4];
+            ldmatrix_x4_trans(ub, us + swz<kLrN / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                     2 * (s * NP + n) + (lane >> 4)));
+            mma_16816<T>(d[2 * n], ha[kk], ub[0], ub[1]);
+            mma_16816<T>(d[2 * n + 1], ha[kk], ub[2], ub[3]);
+          }
+        // out = beta y + h u_t into y's place in the stage (a stage without y has the room), then
+        // back out by 16-byte chunks: whole 32-byte sectors, a row's run of the warp's columns
+        const int64_t n0 = (int64_t)(nb + i) * kLrN;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+          for (int t = 0; t < 2 * NP; ++t) {
+            const uint32_t at = ys + swz<kLrN / 8>(16 * warp + lane / 4 + 8 * hf, 2 * s * NP + t) + c0 * 2;
+            float o[2] = {d[t][2 * hf], d[t][2 * hf + 1]};
+            if (y) {
+              uint32_t w;
+              asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w) : "r"(at));
+              float yf[2];
+              unpack2<T>(w, yf);
+              o[0] = fmaf(a.beta, yf[0], o[0]), o[1] = fmaf(a.beta, yf[1], o[1]);
+            }
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(pack2<T>(o[0], o[1])) : "memory");
+          }
+        __syncwarp();
+        constexpr int CW = 2 * NP; // the warp's chunks a row
+#pragma unroll
+        for (int q = lane; q < 16 * CW; q += 32) {
+          const int lr = 16 * warp + q / CW, ch = s * CW + q % CW;
+          if (lr >= rows || n0 + 8 * ch >= a.K2) continue;
+          uint32_t w[4];
+          asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                       : "r"(ys + swz<kLrN / 8>(lr, ch)));
+          st_cs(out + (m0 + lr) * a.out.ld + n0 + 8 * ch, w[0], w[1], w[2], w[3]);
+        }
+      });
+}
+
+constexpr int kLfRows = 32, kLfK = 32; // the CUDA-core kernel: rows a block (8 warps), x's k tile
+
+// RQ: the rank's 32-column groups (a lane owns columns lane + 32 q of h)
+template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma_kernel(const fusedk__lowrank_args a) {
+  __shared__ float xs[kLfRows][kLfK + 1], vs[kLfK][32 * RQ], hs[kLfRows][32 * RQ];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t m0 = (int64_t)blockIdx.x * kLfRows;
+  const T *x = (const T *)a.x.p, *v = (const T *)a.v.p, *u = (const T *)a.u_t.p, *codes = (const T *)a.codes.p,
+          *y = (const T *)a.y.p;
+  float acc[kLfRows / 8][RQ] = {}; // rows warp + 8 i
+  for (int64_t k0 = 0; k0 < a.K1; k0 += kLfK) {
+    for (int i = threadIdx.x; i < kLfRows * kLfK; i += 256) {
+      const int64_t row = m0 + i / kLfK, k = k0 + i % kLfK;
+      xs[i / kLfK][i % kLfK] = row < a.M && k < a.K1 ? (float)x[row * a.x.ld + k] : 0.f;
+    }
+    for (int i = threadIdx.x; i < kLfK * 32 * RQ; i += 256) {
+      const int64_t k = k0 + i / (32 * RQ);
+      const int j = i % (32 * RQ);
+      vs[i / (32 * RQ)][j] = k < a.K1 && j < a.r ? (float)v[k * a.v.ld + j] : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int k = 0; k < kLfK; ++k)
+#pragma unroll
+      for (int i = 0; i < kLfRows / 8; ++i)
+#pragma unroll
+        for (int q = 0; q < RQ; ++q) acc[i][q] = fmaf(xs[warp + 8 * i][k], vs[k][lane + 32 * q], acc[i][q]);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kLfRows / 8; ++i)
+#pragma unroll
+    for (int q = 0; q < RQ; ++q) {
+      const int64_t row = m0 + warp + 8 * i;
+      const int j = lane + 32 * q;
+      hs[warp + 8 * i][j] =
+          acc[i][q] * (codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling);
+    }
+  __syncthreads();
+  const int rows = (int)min((int64_t)kLfRows, a.M - m0);
+  for (int64_t n = threadIdx.x; n < a.K2; n += 256) { // a thread a column of the block's rows
+    float o[kLfRows] = {};
+    for (int j = 0; j < a.r; ++j) {
+      const float uj = (float)u[j * a.u_t.ld + n];
+#pragma unroll
+      for (int m = 0; m < kLfRows; ++m) o[m] = fmaf(hs[m][j], uj, o[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < kLfRows; ++m)
+      if (m < rows) {
+        T *p = (T *)a.out.p + (m0 + m) * a.out.ld + n;
+        *p = (T)(y ? fmaf(a.beta, (float)y[(m0 + m) * a.y.ld + n], o[m]) : o[m]);
+      }
+  }
+}
+
+// the tensor-core kernel takes the call: 16-bit, and every row of x, u_t, y and out 16-byte
+// aligned (v's rows too, or loaded element by element: ranks not a multiple of 8)
+inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.ld % 8 == 0; }
+
+// splits: enough blocks for one an SM where the row blocks are fewer, no more than out has
+// column tiles
+template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
+  const int64_t rows = (a.M + kLrRows - 1) / kLrRows, tiles = (a.K2 + kLrN - 1) / kLrN;
+  const int64_t ask = std::min(tiles, (device_sms(dev) + rows - 1) / rows), per = (tiles + ask - 1) / ask;
+  const int splits = (int)((tiles + per - 1) / per); // none left empty
+  const unsigned grid = (unsigned)(rows * splits);
+  constexpr int WS = kLrShares<RT>;
+  auto go = [&](auto kernel) {
+    const cudaError_t e = smem_opt_in<decltype(kernel)::value>(LrSmem<RT>::kBytes, 0, dev);
+    if (e != cudaSuccess) return e;
+    decltype(kernel)::value<<<grid, 128 * WS, LrSmem<RT>::kBytes, s>>>(a, splits, (int)per);
+    return cudaGetLastError();
+  };
+  if (a.r % 8 == 0 && lr_vec(a.v))
+    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS>), lowrank_mma_kernel<T, RT, true, WS>>{});
+  return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS>), lowrank_mma_kernel<T, RT, false, WS>>{});
+}
+
+template <typename T> cudaError_t launch_lowrank(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
+  if constexpr (sizeof(T) == 2) {
+    if (a.K1 % 8 == 0 && a.K2 % 8 == 0 && lr_vec(a.x) && lr_vec(a.u_t) && lr_vec(a.out) && (!a.y.p || lr_vec(a.y))) {
+      if (a.r <= 16) return launch_lowrank_mma<T, 16>(a, s, dev);
+      if (a.r <= 32) return launch_lowrank_mma<T, 32>(a, s, dev);
+      if (a.r <= 64) return launch_lowrank_mma<T, 64>(a, s, dev);
+      return launch_lowrank_mma<T, 128>(a, s, dev);
+    }
+  }
+  const unsigned grid = (unsigned)((a.M + kLfRows - 1) / kLfRows);
+  switch ((a.r + 31) / 32) {
+    case 1: lowrank_fma_kernel<T, 1><<<grid, 256, 0, s>>>(a); break;
+    case 2: lowrank_fma_kernel<T, 2><<<grid, 256, 0, s>>>(a); break;
+    case 3: lowrank_fma_kernel<T, 3><<<grid, 256, 0, s>>>(a); break;
+    default: lowrank_fma_kernel<T, 4><<<grid, 256, 0, s>>>(a); break;
+  }
+  return cudaGetLastError();
+}
+#endif // FUSEDK__PART_LOWRANK
+
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -3645,6 +3952,15 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
 
 void fusedk__cuda_attention_release(void) { attn_buffers().release(); }
 #endif // FUSEDK__PART_ATTENTION
+
+#if FUSEDK__PART_LOWRANK
+fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op, int32_t device_id,
+                                   struct CUstream_st *stream) {
+  return on_device(device_id, op, [&] {
+    return dispatch_scalar(a->scalar, [&](auto t) { return launch_lowrank<typename decltype(t)::type>(*a, stream, device_id); });
+  });
+}
+#endif // FUSEDK__PART_LOWRANK
 
 #if FUSEDK__PART_RUNTIME
 // Frees every cached cuBLASLt object, workspace and attention buffer (no work in flight).

@@ -83,6 +83,9 @@ def main():
         if op == "attention":
             report["rows"].append(ab_attention(mods, names, shape_s, dtype, args))
             continue
+        if op == "lowrank":
+            report["rows"].append(ab_lowrank(mods, names, shape_s, dtype, args, l2))
+            continue
         shape = tuple(int(v) for v in shape_s.split("x"))
         bench.fusedk = mods[names[0]]
         c = bench.Case(op, shape, dtype, cargs)
@@ -115,6 +118,40 @@ def main():
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(report, fh, indent=1)
+
+
+def ab_lowrank(mods, names, shape_s, dtype, args, l2):
+    """A row lowrank:MxK1xrxK2[y]:f16 — lowrank_update's delta form (codes, out new) or, with y, the
+    LoRA form (y += scaling x v u_t in place); input sets cycled past L2; each build's max error
+    against the first's."""
+    import torch
+    import bench
+    lora = shape_s.endswith("y")
+    M, K1, r, K2 = (int(v) for v in shape_s.rstrip("y").split("x"))
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dt, generator=g)  # noqa: E731
+    R = max(2, -(-3 * l2 // ((M * K1 + 2 * M * K2) * 2)))
+    v, u = mk(K1, r) * K1 ** -0.5, mk(r, K2) * r ** -0.5
+    sets = [(mk(M, K1), mk(M, r), mk(M, K2), torch.empty(M, K2, device="cuda", dtype=dt)) for _ in range(R)]
+
+    def call(m, i):
+        x, c, y, o = sets[i % R]
+        return m.lowrank_update(x, v, u, scaling=0.5, y=y, out=y) if lora else \
+            m.lowrank_update(x, v, u, c, scaling=0.5, out=o)
+    outs = {n: mods[n].lowrank_update(sets[0][0], v, u, None if lora else sets[0][1], scaling=0.5,
+                                      y=sets[0][2] if lora else None) for n in names}
+    err = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item() for n in names}
+    calls = {n: (lambda i, m=mods[n]: call(m, i)) for n in names}
+    times, _, errs = bench.time_rounds(calls, 2 * R, args.iters, args.rounds,
+                                       timer=lambda f, kk, n: (bench.time_graph(f, kk, n), "cuda-graph"))
+    if errs:
+        raise SystemExit(f"lowrank {shape_s}: {errs}")
+    med = {n: statistics.median(t) for n, t in times.items()}
+    cols = [f"{med[n]:.2f} (diff {err[n]:.1e})" for n in names]
+    ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]
+    print(f"| lowrank | {shape_s} | {dtype} | " + " | ".join(cols + ratios) + " |", flush=True)
+    return dict(op="lowrank", shape=shape_s, dtype=dtype, us=times, median=med, diff=err)
 
 
 def ab_attention(mods, names, shape_s, dtype, args):

@@ -247,7 +247,8 @@ static void registry_cases(void) {
   const char *names[FUSEDK_OP_COUNT] = {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
                                         "silu_fma", "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d",
                                         "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step",
-                                        "qk_norm_rope", "linear", "linear_backward", "attention"};
+                                        "qk_norm_rope", "linear", "linear_backward", "attention",
+                                        "lowrank_update"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -512,6 +513,81 @@ static void attention_cases(void) {
     }
 }
 
+/* lowrank_update: a bad value for every argument (status, reason naming it, out untouched); the
+   reference on small integers, where every product and sum is exact: the update alone, with
+   codes and y, in place, and beta 0 over a NaN y */
+static void lowrank_cases(void) {
+  enum { LM = 3, LK = 4, LR = 2, LN = 5 };
+  static float x[LM * LK], v[LK * LR], c[LM * LR], u[LR * LN], y[LM * LN], o[LM * LN], nany[LM * LN];
+  int64_t xs[2] = {LM, LK}, vs[2] = {LK, LR}, cs[2] = {LM, LR}, us[2] = {LR, LN}, ys[2] = {LM, LN};
+  int64_t v_bad[2] = {LK + 1, LR}, v_r0[2] = {LK, 0}, u_bad[2] = {LR + 1, LN}, c_bad[2] = {LM, LR + 1};
+  for (int i = 0; i < LM * LK; ++i) x[i] = (float)(i % 5) - 2.0f;
+  for (int i = 0; i < LK * LR; ++i) v[i] = (float)(i % 3) - 1.0f;
+  for (int i = 0; i < LM * LR; ++i) c[i] = (float)(i % 4);
+  for (int i = 0; i < LR * LN; ++i) u[i] = (float)(i % 7) - 3.0f;
+  for (int i = 0; i < LM * LN; ++i) y[i] = (float)i, nany[i] = NAN;
+  fusedk_tensor tx = fusedk_tensor_cpu(x, FUSEDK_F32, 2, xs), tv = fusedk_tensor_cpu(v, FUSEDK_F32, 2, vs);
+  fusedk_tensor tc = fusedk_tensor_cpu(c, FUSEDK_F32, 2, cs), tu = fusedk_tensor_cpu(u, FUSEDK_F32, 2, us);
+  fusedk_tensor ty = fusedk_tensor_cpu(y, FUSEDK_F32, 2, ys), to = fusedk_tensor_cpu(o, FUSEDK_F32, 2, ys);
+  fusedk_tensor tvb = fusedk_tensor_cpu(v, FUSEDK_F32, 2, v_bad), tv0 = fusedk_tensor_cpu(v, FUSEDK_F32, 2, v_r0);
+  fusedk_tensor tub = fusedk_tensor_cpu(u, FUSEDK_F32, 2, u_bad), tcb = fusedk_tensor_cpu(c, FUSEDK_F32, 2, c_bad);
+  static float ybig[LM * LN + 1];
+  fusedk_tensor tn = fusedk_tensor_cpu(nany, FUSEDK_F32, 2, ys), tc16 = tc, tya = fusedk_tensor_cpu(ybig, FUSEDK_F32, 2, ys);
+  fusedk_tensor tyb = tya;
+  tc16.dtype = fusedk_dtype_of(FUSEDK_F16);
+  tyb.byte_offset = 4; /* one element on: overlaps tya, not the same view */
+  struct {
+    const fusedk_tensor *out, *x, *v, *codes, *u_t, *y;
+    float scaling, beta;
+    fusedk_status want;
+    const char *says;
+  } bad[] = {
+      {NULL, &tx, &tv, NULL, &tu, NULL, 1, 1, FUSEDK_ERR_INVALID_ARGUMENT, "out is NULL"},
+      {&to, NULL, &tv, NULL, &tu, NULL, 1, 1, FUSEDK_ERR_INVALID_ARGUMENT, "x is NULL"},
+      {&to, &tx, NULL, NULL, &tu, NULL, 1, 1, FUSEDK_ERR_INVALID_ARGUMENT, "v is NULL"},
+      {&to, &tx, &tv, NULL, NULL, NULL, 1, 1, FUSEDK_ERR_INVALID_ARGUMENT, "u_t is NULL"},
+      {&to, &tx, &tvb, NULL, &tu, NULL, 1, 1, FUSEDK_ERR_SHAPE, "v has shape [5, 2], expected [K1, r] with K1 = 4"},
+      {&to, &tx, &tv0, NULL, &tu, NULL, 1, 1, FUSEDK_ERR_SHAPE, "a rank r of 1..128"},
+      {&to, &tx, &tv, NULL, &tub, NULL, 1, 1, FUSEDK_ERR_SHAPE, "u_t has shape [3, 5], expected [r, K2] with r = 2"},
+      {&to, &tx, &tv, &tcb, &tu, NULL, 1, 1, FUSEDK_ERR_SHAPE, "codes has shape [3, 3], expected [3, 2]"},
+      {&to, &tx, &tv, &tc16, &tu, NULL, 1, 1, FUSEDK_ERR_DTYPE, "codes has dtype float16, expected float32"},
+      {&to, &tx, &tv, NULL, &tu, &tx, 1, 1, FUSEDK_ERR_SHAPE, "y has shape [3, 4], expected [3, 5]"},
+      {&to, &tx, &tv, NULL, &tu, NULL, INFINITY, 1, FUSEDK_ERR_INVALID_ARGUMENT, "scaling is inf"},
+      {&to, &tx, &tv, NULL, &tu, &ty, 1, NAN, FUSEDK_ERR_INVALID_ARGUMENT, "beta is nan"},
+      {&tyb, &tx, &tv, NULL, &tu, &tya, 1, 1, FUSEDK_ERR_LAYOUT, "out overlaps y in memory"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    for (int j = 0; j < LM * LN; ++j) o[j] = SENTINEL, y[j] = (float)j;
+    const fusedk_status st = fusedk_lowrank_update(bad[i].out, bad[i].x, bad[i].v, bad[i].codes, bad[i].u_t, bad[i].y,
+                                                   bad[i].scaling, bad[i].beta, NULL);
+    int clean = 1;
+    for (int j = 0; j < LM * LN; ++j) clean = clean && o[j] == SENTINEL && y[j] == (float)j;
+    EXPECT(st == bad[i].want && clean && strstr(fusedk_failure_reason(), "lowrank_update: ") &&
+               strstr(fusedk_failure_reason(), bad[i].says),
+           "lowrank_update case %zu: %s, want %s (%s), outputs untouched %d", i, fusedk_status_name(st),
+           fusedk_status_name(bad[i].want), fusedk_failure_reason(), clean);
+  }
+  /* exact values: out = beta y + s sum_j (sum_k x v) codes u_t */
+  for (int mode = 0; mode < 4; ++mode) { /* plain; codes and y; in place; beta 0 over NaN y */
+    for (int j = 0; j < LM * LN; ++j) o[j] = SENTINEL, y[j] = (float)j;
+    const float sc = 2.0f, beta = mode == 3 ? 0.0f : -1.0f;
+    const fusedk_tensor *out = mode == 2 ? &ty : &to, *yy = mode == 0 ? NULL : mode == 3 ? &tn : &ty;
+    const fusedk_status st = fusedk_lowrank_update(out, &tx, &tv, mode ? &tc : NULL, &tu, yy, sc, beta, NULL);
+    int ok = st == FUSEDK_OK;
+    for (int m = 0; m < LM; ++m)
+      for (int n = 0; n < LN; ++n) {
+        double want = mode == 1 || mode == 2 ? beta * (double)(m * LN + n) : 0.0;
+        for (int r = 0; r < LR; ++r) {
+          double h = 0.0;
+          for (int k = 0; k < LK; ++k) h += (double)x[m * LK + k] * v[k * LR + r];
+          want += sc * h * (mode ? c[m * LR + r] : 1.0) * u[r * LN + n];
+        }
+        ok = ok && (mode == 2 ? y : o)[m * LN + n] == (float)want;
+      }
+    EXPECT(ok, "lowrank_update exact values, mode %d: %s", mode, fusedk_status_name(st));
+  }
+}
+
 int main(void) {
   for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
   for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
@@ -529,6 +605,7 @@ int main(void) {
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
   registry_cases();
   attention_cases();
+  lowrank_cases();
   empty_and_dtype_cases();
   fuzz_findings();
   printf("%d passed, %d failed\n", checks - failures, failures);

@@ -1452,10 +1452,102 @@ static void attn_big(fusedk_scalar s) {
   run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 1000, .Hq = 2, .G = 1, .Dh = 256, .causal = 1});
 }
 
+/* --- [lowrank] lowrank_update against the CPU reference ----------------------------------------
+   Tolerance: eps_T |cpu| (the output's rounding) + (e_h + 2^-19) S, with S the reference run on
+   absolute values (|beta| |y| + |scaling| sum_j |x v|_j |codes| |u_t|): float32 accumulation
+   against double, and on the tensor-core path (16-bit) h rounded once to the dtype (e_h = eps_T;
+   float32 keeps h in float32: e_h = 0). */
+typedef struct {
+  fusedk_scalar s;
+  int64_t B, L, K1, r, K2; /* x [B, L, K1], v [K1, r], u_t [r, K2] */
+  int codes, y, inplace, nan_y; /* codes given; y given; out is y; y all NaN (with beta 0: ignored) */
+  float scaling, beta;
+  int64_t pad;  /* row padding of x, codes, y, out (and u_t) */
+  size_t shift; /* leading elements of x, y, out: misaligned bases */
+} lowrank_t;
+
+static void run_lowrank(lowrank_t c) {
+  const fusedk_scalar s = c.s;
+  const int64_t xs[3] = {c.B, c.L, c.K1}, vs[2] = {c.K1, c.r}, cs[3] = {c.B, c.L, c.r}, us[2] = {c.r, c.K2},
+                ys[3] = {c.B, c.L, c.K2};
+  char what[200];
+  snprintf(what, sizeof what, "lowrank_update %s [%lld,%lld,%lld] r=%lld K2=%lld%s%s%s scaling %g beta %g pad %lld "
+           "shift %zu", sname(s), (long long)c.B, (long long)c.L, (long long)c.K1, (long long)c.r, (long long)c.K2,
+           c.codes ? " codes" : "", c.y ? (c.nan_y ? " y(NaN)" : " y") : "", c.inplace ? " in-place" : "",
+           (double)c.scaling, (double)c.beta, (long long)c.pad, c.shift);
+  buf_t x = mk(s, 3, xs, c.pad, c.shift, 0, 1.0, 0.0), v = mk(s, 2, vs, 0, 0, 0, 1.0 / sqrt((double)(c.K1 ? c.K1 : 1)), 0.0);
+  buf_t cd = mk(s, 3, cs, c.pad, 0, 0, 1.0, 0.0), u = mk(s, 2, us, c.pad, 0, 0, 1.0, 0.0);
+  buf_t y = mk(s, 3, ys, c.pad, c.shift, 0, 1.0, 0.0), o = {0};
+  if (c.nan_y) poison(&y);
+  /* the bound's inputs, before an in-place call overwrites y */
+  buf_t xa = lin_abs(&x, 1.0), va = lin_abs(&v, 1.0), ca = lin_abs(&cd, 1.0), ua = lin_abs(&u, 1.0), ya = lin_abs(&y, 1.0);
+  buf_t *out = &y;
+  if (!c.inplace) o = mk(s, 3, ys, c.pad, c.shift, 0, 0.0, 0.0), poison(&o), out = &o;
+  buf_t sb = lin_abs(out, 0.0);
+  fusedk_status sc = fusedk_lowrank_update(&out->th, &x.th, &v.th, c.codes ? &cd.th : NULL, &u.th, c.y ? &y.th : NULL,
+                                           c.scaling, c.beta, NULL);
+  fusedk_status sg = fusedk_lowrank_update(&out->td, &x.td, &v.td, c.codes ? &cd.td : NULL, &u.td, c.y ? &y.td : NULL,
+                                           c.scaling, c.beta, NULL);
+  if (!call_failed_counted(what, sc, sg)) {
+    fusedk_lowrank_update(&sb.th, &xa.th, &va.th, c.codes ? &ca.th : NULL, &ua.th, c.y && c.beta != 0.f ? &ya.th : NULL,
+                          fabsf(c.scaling), fabsf(c.beta), NULL);
+    const double e = eps_of(s), eh = s == FUSEDK_F32 ? 0.0 : e;
+    void *g = to_host(out);
+    int bad = 0;
+    for (int64_t i = 0, n = view_count(out); i < n; ++i) {
+      const size_t k = view_at(out, i);
+      const double cpu = get(out->h, k, s), gpu = get(g, k, s), t = e * fabs(cpu) + (eh + 0x1p-19) * get(sb.h, k, s) + 1e-6;
+      if (!(fabs(gpu - cpu) <= t) && bad++ < 3)
+        printf("FAIL %s: element %lld gpu %.6g cpu %.6g tol %.3g\n", what, (long long)i, gpu, cpu, t);
+    }
+    unsigned char *inview = view_mask(out);
+    bad += outside_written("FAIL ", what, out, inview, g, out->h);
+    free(inview), free(g);
+    ++checks;
+    if (bad) ++failures;
+  }
+  free(xa.h), free(va.h), free(ca.h), free(ua.h), free(ya.h), free(sb.h);
+  drop(&x), drop(&v), drop(&cd), drop(&u), drop(&y), drop(&o);
+}
+
+/* every rank class (1-16, 32, 64, 128; not a multiple of 8: v's rows element by element), codes
+   and y present and absent, in place, beta 0 over a NaN y (ignored), K1 = 0 (out = beta y), one
+   row, partial 64-row blocks; odd K1/K2 and misaligned or padded rows (the CUDA-core kernel for
+   16-bit too); float32 on CUDA cores */
+static void lowrank_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  const int64_t ranks[] = {1, 7, 8, 16, 24, 64, 100, 128};
+  for (size_t i = 0; i < sizeof ranks / sizeof ranks[0]; ++i)
+    run_lowrank((lowrank_t){.s = s, .B = 2, .L = 33, .K1 = 200, .r = ranks[i], .K2 = 136, .codes = 1, .y = 1,
+                            .scaling = 0.5f, .beta = 1.0f});
+  const lowrank_t rows[] = {
+      {.s = s, .B = 1, .L = 70, .K1 = 96, .r = 16, .K2 = 72, .scaling = 1.0f, .beta = 1.0f},
+      {.s = s, .B = 2, .L = 65, .K1 = 128, .r = 32, .K2 = 64, .codes = 1, .y = 1, .inplace = 1, .scaling = 2.0f,
+       .beta = -0.75f},
+      {.s = s, .B = 1, .L = 1, .K1 = 8, .r = 8, .K2 = 8, .codes = 1, .y = 1, .scaling = 1.0f, .beta = 1.0f},
+      {.s = s, .B = 3, .L = 5, .K1 = 1000, .r = 12, .K2 = 4095, .y = 1, .scaling = 0.25f, .beta = 0.5f},
+      {.s = s, .B = 1, .L = 40, .K1 = 64, .r = 64, .K2 = 64, .codes = 1, .y = 1, .scaling = 1.0f, .beta = 1.0f, .pad = 8},
+      {.s = s, .B = 1, .L = 40, .K1 = 64, .r = 16, .K2 = 64, .y = 1, .inplace = 1, .scaling = 1.0f, .beta = 1.0f,
+       .pad = 3, .shift = 1},
+      {.s = s, .B = 2, .L = 10, .K1 = 0, .r = 4, .K2 = 24, .codes = 1, .y = 1, .scaling = 1.0f, .beta = 2.0f},
+      {.s = s, .B = 1, .L = 50, .K1 = 72, .r = 128, .K2 = 200, .codes = 1, .y = 1, .nan_y = 1, .scaling = 1.0f},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_lowrank(rows[i]);
+  if (!small) { /* BEM's shape (seed 001) and a rank-128 adapter over many blocks */
+    run_lowrank((lowrank_t){.s = s, .B = 1, .L = 16384, .K1 = 768, .r = 8, .K2 = 768, .codes = 1, .y = 1,
+                            .scaling = 2.0f, .beta = 1.0f});
+    run_lowrank((lowrank_t){.s = s, .B = 3, .L = 1000, .K1 = 1024, .r = 128, .K2 = 1032, .y = 1, .scaling = 0.5f,
+                            .beta = 1.0f});
+  }
+  if (failures == n_before)
+    printf("ok   %s lowrank_update (ranks 1-128, codes, y, in place, beta 0, K1 0, odd sizes, strided, misaligned)\n",
+           sname(s));
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
-   rope, qk_norm_rope, graph, huge, linear, attention, "ew_sweep bf16", ...). Several units run as parallel
+   rope, qk_norm_rope, graph, huge, linear, attention, lowrank, "ew_sweep bf16", ...). Several units run as parallel
    processes (this program again, FUSEDK_TEST_UNIT naming the unit): the CPU references of the
    big cases take the machine's cores, each process its own CUDA context on the one device;
    FUSEDK_TEST_JOBS (default: the online cores) caps them, 1 runs every unit in this process
@@ -1493,6 +1585,7 @@ static const unit_t units[] = {
     FOR_16BIT("attention", "attention", attn_cases), /* the GPU kernels take f16 and bf16 */
     FOR_16BIT("attention", "attention edges", attn_edges),
     FOR_16BIT("attention", "attention big", attn_big),
+    FOR_DTYPES("lowrank", "lowrank", lowrank_cases),
 };
 enum { N_UNITS = sizeof units / sizeof units[0] };
 
@@ -1598,7 +1691,8 @@ int main(void) {
   for (int i = 0; i < N_UNITS; ++i)
     if (unit ? !strcmp(units[i].name, unit) : selected(&units[i], only)) sel[n++] = i;
   if (n == 0) {
-    printf("FUSEDK_TEST_%s=%s names no unit; families: norm, elementwise, position, graph, huge, linear, attention; units:",
+    printf("FUSEDK_TEST_%s=%s names no unit; families: norm, elementwise, position, graph, huge, linear, attention, "
+           "lowrank; units:",
            unit ? "UNIT" : "ONLY", unit ? unit : only);
     for (int i = 0; i < N_UNITS; ++i) printf("%s %s", i ? "," : "", units[i].name);
     printf("\n");

@@ -397,3 +397,17 @@ def linear_backward(dy, x, w, aux=None, act_kind="none", dtype=None):
     M, K, N = int(np.prod(np.shape(x)[:-1])), x.shape[-1], w.shape[0]  # M explicit: K may be 0
     dz2, x2 = dz.reshape(M, N), f64(x).reshape(M, K)
     return (dz @ f64(w)).reshape(np.shape(x)), dz2.T @ x2, dz2.sum(0)
+
+
+# --- [lowrank] -----------------------------------------------------------------------------
+def lowrank_update(x, v, u_t, codes=None, scaling=1.0, y=None, beta=1.0):
+    """(out, S1) in float64: out = beta y + scaling ((x v) codes) u_t (y absent or beta 0: the
+    update alone, y not read); S1 the same over absolute values, the bound of a summation's error"""
+    s, b = np.float64(np.float32(scaling)), np.float64(np.float32(beta))
+    h, ha = (f64(x) @ f64(v)) * s, (np.abs(f64(x)) @ np.abs(f64(v))) * abs(s)
+    if codes is not None:
+        h, ha = h * f64(codes), ha * np.abs(f64(codes))
+    out, s1 = h @ f64(u_t), ha @ np.abs(f64(u_t))
+    if y is not None and b != 0:
+        out, s1 = out + b * f64(y), s1 + abs(b) * np.abs(f64(y))
+    return out, s1

@@ -41,6 +41,7 @@ VALID = {
     "linear_backward": lambda: ([None, None, None, f32(3, 5), f32(3, D), f32(5, D), None], ()),
     "attention": lambda: ([None, None, f32(B, S, H, DH), f32(B, L, 1, DH), f32(B, L, 1, DH), np.full(B, 2, np.int32)],
                           ()),
+    "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
 }
 
 

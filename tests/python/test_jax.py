@@ -137,7 +137,7 @@ def test_fusedk_functions_route_jax_arrays_here():
     assert fk.__all__ == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
                               "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
-                          "linear_backward", "attention"]
+                          "linear_backward", "attention", "lowrank_update"]
 
 
 def test_every_registry_op_has_a_target():
@@ -178,6 +178,9 @@ def test_every_registry_op_has_a_target():
             ins = dict(q=np.ones((2, 3, 4, D), np.float32), k=np.ones((2, 5, 2, D), np.float32),
                        v=np.ones((2, 5, 2, D), np.float32), kv_len=np.array([5, 2], np.int32))
             want = (2, 3, 4, D)
+        elif o.name == "lowrank_update":  # x [2, 3, D], v [D, 4], u_t [4, 5]
+            ins = dict(x=ins["x"], v=np.ones((D, 4), np.float32), u_t=np.ones((4, 5), np.float32))
+            want = (2, 3, 5)
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
         if o.name == "linear_backward":
             assert [t.shape for t in out] == [(2, 3, D), (5, D), (5,)], o.name

@@ -231,6 +231,7 @@ def test_python_output_shapes_agree_with_the_c_rule():
         "linear": ({"x": (2, 3, 8), "w": (5, 8)}, (0, 0, 1)),
         "linear_backward": ({"dy": (6, 5), "x": (6, 8), "w": (5, 8), "aux": (6, 5)}, (0, 0, 1, 1, 1)),
         "attention": ({"q": (2, 7, 6, 16), "k": (2, 9, 3, 16), "v": (2, 9, 3, 16)}, (0.0, 1, 1)),
+        "lowrank_update": ({"x": (2, 3, 8), "v": (8, 4), "u_t": (4, 5)}, (0.5, 1.0)),
     }
     for layout in (0, 1):
         cases[f"qk_norm_rope{layout}"] = ({"q": qkv, "k": qkv, "v": qkv, "cos": (5, 8), "sin": (5, 8)},

@@ -6,7 +6,8 @@ returns the caller's own type; outputs come from the caller's framework allocato
 into the caller's array. Errors raise fusedk.Error with the C library's reason. JAX arrays (and
 tracers, under jax.jit) go through XLA custom calls: see fusedk.jax. Under torch.compile the same
 functions become the torch.ops.fusedk custom operators (fusedk.torch). fusedk.diffusers puts
-fused forwards into diffusers' DiTs. The formulas are in fusedk.h."""
+fused forwards into diffusers' DiTs; fusedk.bem has BEM's helpers over lowrank_update. The
+formulas are in fusedk.h."""
 import json as _json
 
 from . import _core
@@ -17,7 +18,7 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "DTypeE
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "attention",
-           "kernel_info",
+           "lowrank_update", "kernel_info",
            "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
@@ -33,6 +34,7 @@ _ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.li
 _QKNR = _core.lib.FUSEDK_OP_QK_NORM_ROPE
 _LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BACKWARD
 _ATTENTION = _core.lib.FUSEDK_OP_ATTENTION
+_LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_UPDATE
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
 _LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOUT_BSHD}
@@ -45,7 +47,7 @@ _LINEAR_ACTS = {"none": _core.lib.FUSEDK_ACT_NONE, **_ACTS}
 
 
 def __dir__():
-    return sorted(__all__ + ["diffusers", "jax", "torch"])
+    return sorted(__all__ + ["bem", "diffusers", "jax", "torch"])
 
 
 def kernel_info():
@@ -265,3 +267,13 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, 
         kv_len = _core.np.ascontiguousarray(kv_len, _core.np.int32)  # a few lengths: a copy costs nothing
     want = 1 if return_lse or lse_out is not None else 0
     return _call(_ATTENTION, q, (out, lse_out, q, k, v, kv_len), (scale or 0.0, 1 if causal else 0, want), stream)
+
+
+# --- [lowrank] --------------------------------------------------------------------------------
+def lowrank_update(x, v, u_t, codes=None, scaling=1.0, y=None, beta=1.0, out=None, stream=None):
+    """BEM's generated update, a LoRA's delta: out = beta * y + scaling * ((x @ v) * codes) @ u_t
+    with x [..., K1], v [K1, r] (rank 1..128), codes [..., r] (optional), u_t [r, K2] (U
+    pre-transposed, as BEM keeps it; a LoRA's B.T), y [..., K2] (optional: without it, or with
+    beta 0, out is the update alone and y is not read). In place: lowrank_update(x, v, u_t, y=y,
+    out=y). On the GPU one kernel: x read once, y once, the [M, r] product kept on chip."""
+    return _call(_LOWRANK, x, (out, x, v, codes, u_t, y), (scaling, beta), stream)

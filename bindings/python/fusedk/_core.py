@@ -155,6 +155,8 @@ class Op:
             return (like[0], like[2], like[1], like[3]) if values[3] == lib.FUSEDK_LAYOUT_BHSD else like
         if n == "linear":
             return like[:-1] + (shapes[3][0],)
+        if n == "lowrank_update":  # x's rows of K2 (u_t's columns)
+            return like[:-1] + (shapes[4][1],)
         if n == "attention":  # out: q's [B, Sq, Hq, Dh]; lse: [B, Hq, Sq]
             return like if self.tensors[i][0] == "out" else (like[0], like[2], like[1])
         if n == "linear_backward":
