@@ -503,9 +503,13 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
    propagate, as BLAS and torch.addmm treat beta 0). out may be y itself (the same view:
    in place, each element read before it is written); otherwise no output overlaps an input. Rows
    by any stride (leading dims that flatten to one row stride), last dims contiguous. One dtype
-   for every tensor. CPU: every dtype, double accumulation, one rounding. GPU: one kernel, x read
-   once and y once; f16/bf16 on tensor cores (h kept in float32, rounded once to the dtype for
-   the second product), float32 on CUDA cores. */
+   for every tensor. CPU: every dtype, double accumulation, one rounding. GPU: one kernel, y read
+   once and x once (a call with few rows splits out's columns across blocks, each reading its x
+   rows again, from L2 after the first); f16/bf16 rows 16-byte aligned on tensor cores: h =
+   scaling (x v) codes accumulates in float32 and is rounded once to the dtype for the second
+   product (float16: an h past 65504 becomes inf there); float32, and views the tensor cores'
+   16-byte loads can't take, on CUDA cores with h in float32 (so an unaligned view of the same
+   data can differ in its last bits). */
 FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *v,
                                                const fusedk_tensor *codes, const fusedk_tensor *u_t,
                                                const fusedk_tensor *y, float scaling, float beta,

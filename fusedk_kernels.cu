@@ -3574,16 +3574,18 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // phases on CUDA cores, h in shared memory as float32.
 // ---------------------------------------------------------------------------------------------
 
-// rows a block, x's k tile, out's column tile, stages of each ring (three tiles in flight); warps
-// a 16-row group (the partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8 float4)
-constexpr int kLrRows = 64, kLrK = 64, kLrN = 64, kLrStages = 4;
+// rows a block, x's k tile, out's column tile; stages of each ring (rank 16: five tiles in flight;
+// wider ranks' v and u_t tiles would cost blocks an SM: three); warps a 16-row group (the
+// partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8 float4)
+constexpr int kLrRows = 64, kLrK = 64, kLrN = 64;
+template <int RT> constexpr int kLrStages = RT <= 16 ? 6 : 4;
 template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
 
 // shared memory of the tensor-core kernel: phase 1's stages (x's and v's k tiles), then phase
 // 2's over the same bytes (u_t's and y's column tiles)
 template <int RT> struct LrSmem {
   static constexpr int kX = kLrRows * kLrK * 2, kStage1 = kX + kLrK * RT * 2, kU = RT * kLrN * 2,
-                       kStage2 = kU + kLrRows * kLrN * 2, kBytes = kLrStages * std::max(kStage1, kStage2);
+                       kStage2 = kU + kLrRows * kLrN * 2, kBytes = kLrStages<RT> * std::max(kStage1, kStage2);
 };
 
 // two 16-bit values (one 32-bit word) as floats
@@ -3593,21 +3595,22 @@ template <typename T> __device__ __forceinline__ void unpack2(uint32_t w, float 
   to_floats<T, 2>(r, f);
 }
 
-// A ring of kLrStages shared-memory stages over tiles [0, n): load(t, stage) issues tile t's
-// copies; tile t is computed (compute(t, stage)) once it has landed, kLrStages - 1 tiles ahead of
-// it in flight. One barrier a tile: it makes tile t visible and frees tile t - 1's stage, which
-// the load issued right after it refills.
-template <typename Load, typename Compute> __device__ __forceinline__ void lr_ring(int n, Load &&load, Compute &&compute) {
-  for (int t = 0; t < kLrStages - 1; ++t) {
+// A ring of ST shared-memory stages over tiles [0, n): load(t, stage) issues tile t's copies;
+// tile t is computed (compute(t, stage)) once it has landed, ST - 1 tiles ahead of it in flight.
+// One barrier a tile: it makes tile t visible and frees tile t - 1's stage, which the load
+// issued right after it refills.
+template <int ST, typename Load, typename Compute>
+__device__ __forceinline__ void lr_ring(int n, Load &&load, Compute &&compute) {
+  for (int t = 0; t < ST - 1; ++t) {
     if (t < n) load(t, t);
     cp_async_commit();
   }
   for (int t = 0; t < n; ++t) {
-    cp_async_wait<kLrStages - 2>(); // tile t landed (this thread's copies)
-    __syncthreads();                // everyone's, and everyone is done with tile t - 1
-    if (t + kLrStages - 1 < n) load(t + kLrStages - 1, (t + kLrStages - 1) % kLrStages);
+    cp_async_wait<ST - 2>(); // tile t landed (this thread's copies)
+    __syncthreads();         // everyone's, and everyone is done with tile t - 1
+    if (t + ST - 1 < n) load(t + ST - 1, (t + ST - 1) % ST);
     cp_async_commit();
-    compute(t, t % kLrStages);
+    compute(t, t % ST);
   }
   cp_async_wait<0>();
   __syncthreads(); // the stages are free for whatever comes next
@@ -3630,7 +3633,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   float h[RT / 8][4];
 #pragma unroll
   for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
-  lr_ring(
+  lr_ring<kLrStages<RT>>(
       (int)((a.K1 + kLrK - 1) / kLrK),
       [&](int kt, int st) {
         const uint32_t xs = base + st * L::kStage1;
@@ -3690,7 +3693,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   const T *y = (const T *)a.y.p;
   T *out = (T *)a.out.p;
   const int nb = (int)(blockIdx.x % splits) * per, ne = min((int)((a.K2 + kLrN - 1) / kLrN), nb + per);
-  lr_ring(
+  lr_ring<kLrStages<RT>>(
       ne - nb,
       [&](int i, int st) {
         const uint32_t us = base + st * L::kStage2;

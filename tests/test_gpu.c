@@ -1533,6 +1533,17 @@ static void lowrank_cases(fusedk_scalar s) {
       {.s = s, .B = 1, .L = 50, .K1 = 72, .r = 128, .K2 = 200, .codes = 1, .y = 1, .nan_y = 1, .scaling = 1.0f},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_lowrank(rows[i]);
+  /* more row blocks than SMs (no column splits: several column tiles a block) and more k and
+     column tiles than ring stages (the stages refilled), for each rank class, with v's rows
+     element by element (r not a multiple of 8) and in place; the sanitizers' runs too */
+  const lowrank_t rings[] = {
+      {.s = s, .B = 1, .L = 8449, .K1 = 520, .r = 8, .K2 = 456, .codes = 1, .y = 1, .scaling = 1.0f, .beta = 1.0f},
+      {.s = s, .B = 1, .L = 8449, .K1 = 320, .r = 20, .K2 = 328, .codes = 1, .y = 1, .scaling = 0.5f, .beta = 1.0f},
+      {.s = s, .B = 1, .L = 8449, .K1 = 328, .r = 50, .K2 = 320, .y = 1, .inplace = 1, .scaling = 0.5f, .beta = 1.0f},
+      {.s = s, .B = 1, .L = 8449, .K1 = 320, .r = 128, .K2 = 328, .codes = 1, .y = 1, .inplace = 1, .scaling = 0.25f,
+       .beta = -1.0f},
+  };
+  for (size_t i = 0; i < sizeof rings / sizeof rings[0]; ++i) run_lowrank(rings[i]);
   if (!small) { /* BEM's shape (seed 001) and a rank-128 adapter over many blocks */
     run_lowrank((lowrank_t){.s = s, .B = 1, .L = 16384, .K1 = 768, .r = 8, .K2 = 768, .codes = 1, .y = 1,
                             .scaling = 2.0f, .beta = 1.0f});
