@@ -3568,8 +3568,10 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // [16, RT] accumulators (RT: the rank rounded up to 16; v's columns past r load as zeros).
 // codes and scaling multiply h there, and h, rounded once to T, is phase 2's a operand (pack_a):
 // the [M, r] product never leaves the chip. Phase 2 streams u_t's 64-column tiles and y's through
-// a second ring over the same memory, adds beta y to h u_t in the accumulators' layout and stores
-// out. x is read once, y once, out written once; v and u_t come from L2 to every block.
+// a second ring over the same memory, adds beta y to h u_t, writes the sums into y's place in the
+// stage and stores them in 16-byte chunks (whole 32-byte sectors: the accumulators' 4-byte pairs
+// half-fill theirs, twice L2's write traffic). y is read once, out written once, x once a split;
+// v and u_t come from L2 to every block.
 // lowrank_fma_kernel (float32, and 16-bit views the 16-byte loads can't take): the same two
 // phases on CUDA cores, h in shared memory as float32.
 // ---------------------------------------------------------------------------------------------
@@ -3623,7 +3625,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   constexpr int NT = 128 * WS;
   extern __shared__ __align__(128) unsigned char lr_smem[];
   const uint32_t base = smem_u32(lr_smem);
-  // warp = 16-row group g, share s
+  // warp: the block's 16-row group, s: the warp's share of it
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4, s = threadIdx.x / 128, c0 = 2 * (lane % 4);
   const int64_t m0 = (int64_t)(blockIdx.x / splits) * kLrRows, r0 = m0 + 16 * warp + lane / 4; // rows r0, r0 + 8
   const int rows = (int)min((int64_t)kLrRows, a.M - m0);
