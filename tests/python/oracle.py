@@ -301,6 +301,17 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None):
 
 
 # --- the frameworks the GPU tests run through ------------------------------------------------
+def torch_cuda():
+    """(torch, True) where torch, a CUDA device and fusedk's GPU half are all there, else (torch
+    or None, False): what the torch GPU tests skip by"""
+    import fusedk
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return None, False
+    return torch, torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"].get("devices"))
+
+
 def gpu_frameworks():
     """(name, to_device, to_host, broadcast_to) per framework with a CUDA device."""
     import fusedk

@@ -130,11 +130,7 @@ def test_jax_cpu_jit():
 
 
 # --- the GPU kernels, through torch ------------------------------------------------------------
-try:
-    import torch
-    _gpu = torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"].get("devices"))
-except ImportError:  # pragma: no cover
-    torch, _gpu = None, False
+torch, _gpu = oracle.torch_cuda()
 needs_gpu = pytest.mark.skipif(not _gpu, reason="no CUDA device, torch or fusedk GPU half")
 
 
