@@ -60,6 +60,9 @@
 
      fusedk_lowrank_update   out = beta y + scaling ((x v) * codes) u_t: BEM's generated update, a
                          LoRA's delta; one pass over x and one over y (the [M, r] product stays on chip)
+     fusedk_lowrank_prepare / fusedk_linear_lowrank   a LoRA folded into its base linear: w_cat =
+                         [w | s b] made once, then y = act(x w^T + bias + s ((x a^T) * codes) b^T)
+                         as one GEMM over [x | h]
 
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
@@ -466,7 +469,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
                                                 const fusedk_tensor *aux, fusedk_activation act, int32_t tf32,
                                                 struct CUstream_st *stream);
 /* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch,
-   attention's split buffers). Call it with no op in flight and no captured CUDA graph of a linear
+   linear_lowrank's [x | h] buffers, attention's split buffers). Call it with no op in flight and no captured CUDA graph of a linear
    or attention op left to replay (its buffers are gone); later calls make them again. */
 FUSEDK_DEF void fusedk_shutdown(void);
 
@@ -514,6 +517,26 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
                                                const fusedk_tensor *codes, const fusedk_tensor *u_t,
                                                const fusedk_tensor *y, float scaling, float beta,
                                                struct CUstream_st *stream);
+/* A LoRA folded into its base linear: y = act(x w^T + bias + ((x a^T) * codes) (scaling b)^T),
+   one cuBLASLt GEMM over K + rp columns (rp = r rounded up to 8).
+   lowrank_prepare, once an adapter (and again when w, b or scaling change): w_cat [N, K + rp] =
+   [w | scaling b | 0], scaling b rounded once to the dtype. w [N, K] (nn.Linear's weight), b
+   [N, r] (peft's lora_B), rank r 1..128.
+   linear_lowrank, each call: x [..., K]; w_cat from lowrank_prepare; a [r, K] (peft's lora_A);
+   codes [..., r] (x's leading dims, optional: BEM's per-row codes); bias [N] and act as linear's
+   (aux is not offered). h = (x a^T) * codes, rounded once to the dtype (float16: past 65504 it
+   is inf), is the GEMM's last rp columns of K beside x: y[m, n] = act(sum_k x[m, k] w_cat[n, k]
+   + sum_j h[m, j] w_cat[n, K + j] + bias[n]). CPU: every dtype, double accumulation, one
+   rounding of h and one of y. GPU: one kernel reads x once and writes [x | h] into a buffer of
+   the stream (grown to the largest call, kept like linear's scratch until fusedk_shutdown), then
+   linear's GEMM on it: the adapter costs the copy (2 M K elements) and r / K more flops. y may
+   not overlap an input. */
+FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,
+                                                const fusedk_tensor *b, float scaling, struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *x,
+                                               const fusedk_tensor *w_cat, const fusedk_tensor *bias,
+                                               const fusedk_tensor *a, const fusedk_tensor *codes,
+                                               fusedk_activation act, struct CUstream_st *stream);
 
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
@@ -542,9 +565,11 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_LINEAR = 16,
   FUSEDK_OP_LINEAR_BACKWARD = 17,
   FUSEDK_OP_ATTENTION = 18,
-  FUSEDK_OP_LOWRANK_UPDATE = 19
+  FUSEDK_OP_LOWRANK_UPDATE = 19,
+  FUSEDK_OP_LOWRANK_PREPARE = 20,
+  FUSEDK_OP_LINEAR_LOWRANK = 21
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 20
+#define FUSEDK_OP_COUNT 22
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -765,9 +790,12 @@ typedef struct fusedk__attn_args {
 } fusedk__attn_args;
 
 /* lowrank_update: out, x, codes, y [M, *] and v, u_t as matrices (p, row stride); codes.p / y.p
-   NULL when absent */
+   NULL when absent. mode FUSEDK__LR_CAT (linear_lowrank's first pass): out [M, K1 + rp] = [x | h |
+   0] with v holding a [r, K1] (no u_t, y; scaling 1); FUSEDK__LR_PREPARE: out [M, K1 + rp] = [x |
+   scaling v | 0] with x = w [N, K], v = b [N, r] */
+enum { FUSEDK__LR_UPDATE = 0, FUSEDK__LR_CAT = 1, FUSEDK__LR_PREPARE = 2 };
 typedef struct fusedk__lowrank_args {
-  int32_t scalar, r;
+  int32_t mode, scalar, r;
   float scaling, beta;
   int64_t M, K1, K2;
   fusedk__mat out, x, v, codes, u_t, y;
@@ -788,6 +816,10 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
                                      struct CUstream_st *stream);
 fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op, int32_t device_id,
                                    struct CUstream_st *stream);
+/* linear_lowrank: h's pass (lowrank's FUSEDK__LR_CAT, its out set here to the stream's buffer),
+   then l's GEMM with that buffer as x */
+fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h,
+                                          const char *op, int32_t device_id, struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -909,6 +941,11 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
 }
 fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op, int32_t id, struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h, const char *op,
+                                          int32_t id, struct CUstream_st *s) {
+  (void)l, (void)h, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
 fusedk_status fusedk__cuda_alloc(int32_t id, size_t bytes, struct CUstream_st *s, void **p) {
@@ -1218,6 +1255,15 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
      {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
       FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), FUSEDK__IN("u_t", FUSEDK_ROLE_OWN), FUSEDK__OPT("y", FUSEDK_ROLE_OWN)},
      {FUSEDK__FLT("scaling", 1.0), FUSEDK__FLT("beta", 1.0)}},
+    /* w_cat: [N, K + rp] (w's rows, b's columns rounded up to 8 after them) */
+    {"lowrank_prepare", 3, 1, -1,
+     {FUSEDK__OWN_OUT("w_cat", 1, -1), FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__IN("b", FUSEDK_ROLE_OWN)},
+     {FUSEDK__FLT("scaling", 1.0)}},
+    /* y: x's rows of N (w_cat's rows) */
+    {"linear_lowrank", 6, 1, -1,
+     {FUSEDK__OWN_OUT("y", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN),
+      FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN), FUSEDK__OPT("codes", FUSEDK_ROLE_OWN)},
+     {FUSEDK__I32("act", FUSEDK_ACT_NONE)}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2256,25 +2302,28 @@ static fusedk_status fusedk__linear_2d(const fusedk__check *c, const fusedk_tens
   return FUSEDK_OK;
 }
 
-/* linear's and linear_backward's common checks: act, tf32, w [N, K] against x [..., K]. */
+/* linear's, linear_backward's and linear_lowrank's common checks: act, tf32, w [N, K + extra]
+   against x [..., K] (extra: linear_lowrank's h columns, w named w_cat there); a->K = K + extra. */
 static fusedk_status fusedk__linear_common(const fusedk__check *c, int act, int32_t tf32, const fusedk_tensor *x,
-                                           const fusedk_tensor *w, fusedk__linear_args *a) {
+                                           const fusedk_tensor *w, int64_t extra, fusedk__linear_args *a) {
   char shp[160];
   if (act < FUSEDK_ACT_GELU || act > FUSEDK_ACT_NONE)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected FUSEDK_ACT_NONE (4), RELU (3), "
                         "GELU_TANH (1), GELU (0) or SILU (2)", c->op, act);
   if (tf32 != 0 && tf32 != 1)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: tf32 is %d, expected 0 or 1", c->op, (int)tf32);
-  const int64_t K = x->shape[x->ndim - 1];
+  const int64_t K = x->shape[x->ndim - 1] + extra;
   if (w->ndim != 2 || w->shape[1] != K)
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, %lld] (K = the last dim of x)", c->op,
-                        fusedk__shape_str(w, shp, sizeof shp), (long long)K);
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [N, %lld] (%s)", c->op, extra ? "w_cat" : "w",
+                        fusedk__shape_str(w, shp, sizeof shp), (long long)K,
+                        extra ? "K = the last dim of x, plus a's rank rounded up to 8: lowrank_prepare's output"
+                              : "K = the last dim of x");
   memset(a, 0, sizeof *a);
   a->scalar = c->scalar, a->act = act, a->tf32 = tf32;
   a->N = w->shape[0], a->K = K;
   a->M = 1;
   for (int i = 0; i < x->ndim - 1; ++i) a->M *= x->shape[i];
-  return fusedk__linear_2d(c, w, "w", &a->w);
+  return fusedk__linear_2d(c, w, extra ? "w_cat" : "w", &a->w);
 }
 
 static fusedk_status fusedk__linear_run(const fusedk__linear_args *a, const fusedk__check *c,
@@ -2291,7 +2340,7 @@ FUSEDK_DEF fusedk_status fusedk_linear(const fusedk_tensor *y, const fusedk_tens
   fusedk__rowset s;
   fusedk__linear_args a;
   fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR], t, &s);
-  if (st || (st = fusedk__linear_common(&s.c, (int)act, tf32, x, w, &a))) return st;
+  if (st || (st = fusedk__linear_common(&s.c, (int)act, tf32, x, w, 0, &a))) return st;
   a.op = FUSEDK_OP_LINEAR;
   if (bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &a.N, "[N] (the first dim of w)"))) return st;
   if ((st = fusedk__linear_rows(&s.c, x, "x", x, "x", a.K, &a.x)) ||
@@ -2318,7 +2367,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
   fusedk__rowset s;
   fusedk__linear_args a;
   fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_BACKWARD], t, &s);
-  if (st || (st = fusedk__linear_common(&s.c, (int)act, tf32, x, w, &a))) return st;
+  if (st || (st = fusedk__linear_common(&s.c, (int)act, tf32, x, w, 0, &a))) return st;
   a.op = FUSEDK_OP_LINEAR_BACKWARD;
   if (act != FUSEDK_ACT_NONE && !aux)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "linear_backward: aux is NULL, expected the forward's aux_out "
@@ -2490,6 +2539,32 @@ static int fusedk__lowrank_cpu(const fusedk__lowrank_args *a) {
   return 0;
 }
 
+/* FUSEDK__LR_CAT and FUSEDK__LR_PREPARE: out's row m = [x's row | h | 0 up to rp] with h = (x a^T)
+   * codes in double (v holds a [r, K1]), or scaling times v's row m; h rounded once. */
+static int fusedk__lowrank_cat_cpu(const fusedk__lowrank_args *a) {
+  const int s = a->scalar, cat = a->mode == FUSEDK__LR_CAT;
+  const int64_t r = a->r, K1 = a->K1, rp = (r + 7) / 8 * 8, nv = cat ? r * K1 : 0;
+  double *v = (double *)malloc((size_t)(nv + K1 + r) * sizeof(double) + 1), *xr = v + nv, *h = xr + K1;
+  if (!v) return -1;
+  if (cat) fusedk__mat_rows(&a->v, r, K1, s, v);
+  for (int64_t m = 0; m < a->M; ++m) {
+    const fusedk__mat row = {fusedk__mat_row(&a->x, m, s), 0}, vrow = {cat ? NULL : fusedk__mat_row(&a->v, m, s), 0};
+    fusedk__mat_rows(&row, 1, K1, s, xr);
+    if (!cat) fusedk__mat_rows(&vrow, 1, r, s, h);
+    for (int64_t j = 0; j < r; ++j) {
+      double acc = 0.0;
+      for (int64_t k = 0; cat && k < K1; ++k) acc += xr[k] * v[j * K1 + k];
+      h[j] = cat ? acc * (a->codes.p ? fusedk__load(fusedk__mat_row(&a->codes, m, s), j, s) : 1.0)
+                 : (double)a->scaling * h[j];
+    }
+    void *o = fusedk__mat_row(&a->out, m, s);
+    for (int64_t k = 0; k < K1; ++k) fusedk__store(o, k, xr[k], s);
+    for (int64_t j = 0; j < rp; ++j) fusedk__store(o, K1 + j, j < r ? h[j] : 0.0, s);
+  }
+  free(v);
+  return 0;
+}
+
 /* the same view: one base, shape and strides (an in-place output) */
 static int fusedk__same_view(const fusedk_tensor *a, const fusedk_tensor *b) {
   if (a->ndim != b->ndim || fusedk__base(a) != fusedk__base(b)) return 0;
@@ -2547,6 +2622,87 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
                                  : FUSEDK_OK;
 }
 
+static fusedk_status fusedk__check_rank(const fusedk__check *c, const fusedk_tensor *t, const char *name, int dim,
+                                        int64_t other, const char *want) {
+  char shp[160];
+  if (t->ndim == 2 && t->shape[1 - dim] == other && t->shape[dim] >= 1 && t->shape[dim] <= 128) return FUSEDK_OK;
+  return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected %s = %lld and a rank r of 1..128", c->op, name,
+                      fusedk__shape_str(t, shp, sizeof shp), want, (long long)other);
+}
+
+FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,
+                                                const fusedk_tensor *b, float scaling, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {w_cat, w, b};
+  char shp[160];
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LOWRANK_PREPARE], t, &s);
+  if (st) return st;
+  if (!(scaling > -HUGE_VALF && scaling < HUGE_VALF))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: scaling is %g, expected a finite number", s.c.op,
+                        (double)scaling);
+  if (w->ndim != 2)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, K]", s.c.op,
+                        fusedk__shape_str(w, shp, sizeof shp));
+  if ((st = fusedk__check_rank(&s.c, b, "b", 1, w->shape[0], "[N, r] with N (w's rows)"))) return st;
+  fusedk__lowrank_args a;
+  memset(&a, 0, sizeof a);
+  a.mode = FUSEDK__LR_PREPARE, a.scalar = s.c.scalar, a.r = (int32_t)b->shape[1], a.scaling = scaling;
+  a.M = w->shape[0], a.K1 = w->shape[1];
+  const int64_t want[2] = {a.M, a.K1 + (a.r + 7) / 8 * 8};
+  if ((st = fusedk__check_shape(&s.c, w_cat, "w_cat", 2, want, "[N, K + r rounded up to 8]")) ||
+      (st = fusedk__linear_2d(&s.c, w, "w", &a.x)) || (st = fusedk__linear_2d(&s.c, b, "b", &a.v)) ||
+      (st = fusedk__linear_2d(&s.c, w_cat, "w_cat", &a.out)) ||
+      (st = fusedk__check_disjoint(&s.c, w_cat, "w_cat", w, "w")) ||
+      (st = fusedk__check_disjoint(&s.c, w_cat, "w_cat", b, "b")))
+    return st;
+  if (a.M == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_lowrank(&a, s.c.op, s.c.dev.device_id, stream);
+  return fusedk__lowrank_cat_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's "
+                                                    "buffers", s.c.op)
+                                     : FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *x,
+                                               const fusedk_tensor *w_cat, const fusedk_tensor *bias,
+                                               const fusedk_tensor *a, const fusedk_tensor *codes,
+                                               fusedk_activation act, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, x, w_cat, bias, a, codes};
+  fusedk__rowset s;
+  fusedk__linear_args l;
+  fusedk__lowrank_args h;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_LOWRANK], t, &s);
+  if (st) return st;
+  const int64_t K = x->shape[x->ndim - 1];
+  if ((st = fusedk__check_rank(&s.c, a, "a", 0, K, "[r, K] with K (the last dim of x)"))) return st;
+  const int64_t r = a->shape[0], rp = (r + 7) / 8 * 8;
+  if ((st = fusedk__linear_common(&s.c, (int)act, 0, x, w_cat, rp, &l))) return st;
+  l.op = FUSEDK_OP_LINEAR;
+  memset(&h, 0, sizeof h);
+  h.mode = FUSEDK__LR_CAT, h.scalar = s.c.scalar, h.r = (int32_t)r, h.scaling = 1.0f, h.M = l.M, h.K1 = K;
+  if ((bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &l.N, "[N] (the first dim of w_cat)"))) ||
+      (st = fusedk__linear_2d(&s.c, a, "a", &h.v)) || (st = fusedk__linear_rows(&s.c, x, "x", x, "x", K, &h.x)) ||
+      (codes && (st = fusedk__linear_rows(&s.c, codes, "codes", x, "x", r, &h.codes))) ||
+      (st = fusedk__linear_rows(&s.c, y, "y", x, "x", l.N, &l.y)))
+    return st;
+  const fusedk_tensor *ins[] = {x, w_cat, bias, a, codes};
+  const char *names[] = {"x", "w_cat", "bias", "a", "codes"};
+  for (int i = 0; i < 5; ++i)
+    if ((st = fusedk__check_disjoint(&s.c, y, "y", ins[i], names[i]))) return st;
+  l.bias = fusedk__base(bias);
+  if (l.M == 0 || l.N == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type))
+    return fusedk__cuda_linear_lowrank(&l, &h, s.c.op, s.c.dev.device_id, stream);
+  /* [x | h] into a host buffer, then linear's reference on it */
+  const int64_t ld = K + rp;
+  void *xc = malloc((size_t)(l.M * ld) * fusedk__scalar_size(s.c.scalar) + 1);
+  h.out.p = xc, h.out.ld = ld;
+  l.x = h.out;
+  const int fail = !xc || fusedk__lowrank_cat_cpu(&h) || fusedk__linear_cpu(&l);
+  free(xc);
+  return fail ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers", s.c.op)
+              : FUSEDK_OK;
+}
+
 /* --- [registry] lookup, output shapes and the generic call ------------------------------- */
 
 /* The integer attributes of a registry call: cast to int only what is one. */
@@ -2602,13 +2758,29 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
     shape[nd - 1] = u->shape[1];
     return nd;
   }
-  if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD) { /* y, aux_out: x's rows of N; db: [N] */
-    const fusedk_tensor *w = t[id == FUSEDK_OP_LINEAR ? 3 : 5];
+  if (id == FUSEDK_OP_LOWRANK_PREPARE) { /* w_cat: [N, K + rp] */
+    const fusedk_tensor *b = t[2];
+    char shp[160];
+    if (nd != 2)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, K]", o->name,
+                           fusedk__shape_str(like, shp, sizeof shp));
+    if (!b || !b->shape || b->ndim < 1 || b->ndim > FUSEDK_MAX_DIMS)
+      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: b is missing, expected [N, r]", o->name);
+    if (b->ndim != 2)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: b has shape %s, expected [N, r]", o->name,
+                           fusedk__shape_str(b, shp, sizeof shp));
+    shape[1] = like->shape[1] + (b->shape[1] + 7) / 8 * 8;
+    return 2;
+  }
+  if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD || id == FUSEDK_OP_LINEAR_LOWRANK) {
+    /* y, aux_out: x's rows of N (w's or w_cat's rows); db: [N] */
+    const fusedk_tensor *w = t[id == FUSEDK_OP_LINEAR ? 3 : id == FUSEDK_OP_LINEAR_LOWRANK ? 2 : 5];
+    const char *wn = id == FUSEDK_OP_LINEAR_LOWRANK ? "w_cat" : "w";
     char shp[160];
     if (!w || !w->shape || w->ndim < 1 || w->ndim > FUSEDK_MAX_DIMS)
-      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: w is missing, expected [N, K]", o->name);
+      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is missing, expected [N, K]", o->name, wn);
     if (w->ndim != 2)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, K]", o->name,
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [N, K]", o->name, wn,
                            fusedk__shape_str(w, shp, sizeof shp));
     if (id == FUSEDK_OP_LINEAR_BACKWARD) nd = 1;
     shape[nd - 1] = w->shape[0];
@@ -2699,6 +2871,9 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_LOWRANK_UPDATE: return fusedk_lowrank_update(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (float)a[1], s);
+    case FUSEDK_OP_LOWRANK_PREPARE: return fusedk_lowrank_prepare(t[0], t[1], t[2], (float)a[0], s);
+    case FUSEDK_OP_LINEAR_LOWRANK:
+      return fusedk_linear_lowrank(t[0], t[1], t[2], t[3], t[4], t[5], (fusedk_activation)(int)a[0], s);
     case FUSEDK_OP_LINEAR_BACKWARD:
       return fusedk_linear_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0],
                                     (int32_t)a[1], s);

@@ -2253,6 +2253,7 @@ struct LtState {
   LtPlan plans[kLtPlans] = {};
   int next_victim = 0;
   StreamBuffers ws, scratch; // kLtWorkspace bytes, and the largest scratch asked, a (device, stream)
+  StreamBuffers cat;         // linear_lowrank's [x | h], the largest asked, a (device, stream)
 };
 LtState &lt_state() {
   static LtState *s = new LtState; // never destroyed: no teardown order at exit
@@ -2553,7 +2554,7 @@ void gemm_shutdown() {
   LtState &st = lt_state();
   std::lock_guard<std::mutex> lock(st.mu);
   for (LtPlan &p : st.plans) lt_destroy(p);
-  st.ws.release(), st.scratch.release();
+  st.ws.release(), st.scratch.release(), st.cat.release();
   for (int d = 0; d < kMaxDevices; ++d)
     if (st.handle[d]) cublasLtDestroy(st.handle[d]), st.handle[d] = nullptr;
   st.next_victim = 0;
@@ -3618,7 +3619,7 @@ __device__ __forceinline__ void lr_ring(int n, Load &&load, Compute &&compute) {
   __syncthreads(); // the stages are free for whatever comes next
 }
 
-template <typename T, int RT, bool VV, int WS>
+template <typename T, int RT, bool VV, int WS, bool CAT>
 __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_mma_kernel(const fusedk__lowrank_args a,
                                                                                           int splits, int per) {
   using L = LrSmem<RT>;
@@ -3642,10 +3643,23 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
         const int64_t k0 = (int64_t)kt * kLrK;
         const int kv = (int)min((int64_t)kLrK, a.K1 - k0);
         load_tile<T, kLrRows, kLrK / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
-        load_tile<T, kLrK, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
+        if constexpr (CAT) load_tile<T, RT, kLrK / 8, NT, true>(xs + L::kX, v + k0, a.v.ld, a.r, kv); // a's [RT, k] tile
+        else load_tile<T, kLrK, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
       },
-      [&](int, int st) {
+      [&](int kt, int st) {
         const uint32_t xs = base + st * L::kStage1, vs = xs + L::kX;
+        if constexpr (CAT) { // x's tile on to out's first K1 columns, 16-byte chunks (K1 % 8 == 0)
+          const int64_t k0 = (int64_t)kt * kLrK;
+          for (int q = threadIdx.x; q < kLrRows * kLrK / 8; q += NT) {
+            const int lr = q / (kLrK / 8), ch = q % (kLrK / 8);
+            if (lr >= rows || k0 + 8 * ch >= a.K1) continue;
+            uint32_t w[4];
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                         : "r"(xs + swz<kLrK / 8>(lr, ch)));
+            *reinterpret_cast<uint4 *>((T *)a.out.p + (m0 + lr) * a.out.ld + k0 + 8 * ch) = make_uint4(w[0], w[1], w[2], w[3]);
+          }
+        }
 #pragma unroll
         for (int q = 0; q < kLrK / 16 / WS; ++q) { // this warp's k steps
           const int kk = q * WS + s;
@@ -3653,8 +3667,9 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
           ldmatrix_x4(xa, xs + swz<kLrK / 8>(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
 #pragma unroll
           for (int n = 0; n < RT / 16; ++n) {
-            uint32_t vb[4];
-            ldmatrix_x4_trans(vb, vs + swz<RT / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
+            uint32_t vb[4]; // a's rows are the product's columns: b fragments without a transpose
+            if constexpr (CAT) ldmatrix_x4(vb, vs + swz<kLrK / 8>(16 * n + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
+            else ldmatrix_x4_trans(vb, vs + swz<RT / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
             mma_16816<T>(h[2 * n], xa, vb[0], vb[1]);
             mma_16816<T>(h[2 * n + 1], xa, vb[2], vb[3]);
           }
@@ -3688,6 +3703,19 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
       const int j = 8 * t + c0 + e % 2;
       h[t][e] *= codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling;
     }
+  if constexpr (CAT) { // h, rounded, into out's columns K1 .. K1 + rp (zeros past r); one share stores
+    const int rp = (a.r + 7) / 8 * 8;
+#pragma unroll
+    for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int64_t row = r0 + 8 * hf;
+        const int j = 8 * t + c0;
+        if (s == 0 && row < a.M && j < rp)
+          *reinterpret_cast<uint32_t *>((T *)a.out.p + row * a.out.ld + a.K1 + j) = pack2<T>(h[t][2 * hf], h[t][2 * hf + 1]);
+      }
+    return;
+  }
   uint32_t ha[RT / 16][4];
   pack_a<T, RT>(ha, h);
 
@@ -3762,16 +3790,20 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
   const int64_t m0 = (int64_t)blockIdx.x * kLfRows;
   const T *x = (const T *)a.x.p, *v = (const T *)a.v.p, *u = (const T *)a.u_t.p, *codes = (const T *)a.codes.p,
           *y = (const T *)a.y.p;
+  const bool cat = a.mode == FUSEDK__LR_CAT; // x copied on to out, v holds a [r, K1]
   float acc[kLfRows / 8][RQ] = {}; // rows warp + 8 i
   for (int64_t k0 = 0; k0 < a.K1; k0 += kLfK) {
     for (int i = threadIdx.x; i < kLfRows * kLfK; i += 256) {
       const int64_t row = m0 + i / kLfK, k = k0 + i % kLfK;
-      xs[i / kLfK][i % kLfK] = row < a.M && k < a.K1 ? (float)x[row * a.x.ld + k] : 0.f;
+      const bool in = row < a.M && k < a.K1;
+      const T e = in ? x[row * a.x.ld + k] : T(0.f);
+      if (cat && in) ((T *)a.out.p)[row * a.out.ld + k] = e;
+      xs[i / kLfK][i % kLfK] = (float)e;
     }
     for (int i = threadIdx.x; i < kLfK * 32 * RQ; i += 256) {
       const int64_t k = k0 + i / (32 * RQ);
       const int j = i % (32 * RQ);
-      vs[i / (32 * RQ)][j] = k < a.K1 && j < a.r ? (float)v[k * a.v.ld + j] : 0.f;
+      vs[i / (32 * RQ)][j] = k < a.K1 && j < a.r ? (float)v[cat ? j * a.v.ld + k : k * a.v.ld + j] : 0.f;
     }
     __syncthreads();
 #pragma unroll 4
@@ -3793,6 +3825,12 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
     }
   __syncthreads();
   const int rows = (int)min((int64_t)kLfRows, a.M - m0);
+  if (cat) { // h, rounded, into out's columns K1 .. K1 + rp (zeros past r)
+    const int rp = (a.r + 7) / 8 * 8;
+    for (int i = threadIdx.x; i < rows * rp; i += 256)
+      ((T *)a.out.p)[(m0 + i / rp) * a.out.ld + a.K1 + i % rp] = (T)hs[i / rp][i % rp];
+    return;
+  }
   for (int64_t n = threadIdx.x; n < a.K2; n += 256) { // a thread a column of the block's rows
     float o[kLfRows] = {};
     for (int j = 0; j < a.r; ++j) {
@@ -3809,6 +3847,17 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
   }
 }
 
+// lowrank_prepare: out [N, K1 + rp] = [w | scaling b | 0], an element a thread (once an adapter);
+// scaling b in double, rounded once (as the CPU reference: the same bits)
+template <typename T> __global__ void lowrank_prepare_kernel(const fusedk__lowrank_args a) {
+  const int64_t W = a.K1 + (a.r + 7) / 8 * 8, n = a.M * W;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t row = i / W, c = i % W;
+    const double b = c >= a.K1 && c < a.K1 + a.r ? (double)(float)((const T *)a.v.p)[row * a.v.ld + c - a.K1] : 0.0;
+    ((T *)a.out.p)[row * a.out.ld + c] = c < a.K1 ? ((const T *)a.x.p)[row * a.x.ld + c] : T((double)a.scaling * b);
+  }
+}
+
 // the tensor-core kernel takes the call: 16-bit, and every row of x, u_t, y and out 16-byte
 // aligned (v's rows too, or loaded element by element: ranks not a multiple of 8)
 inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.ld % 8 == 0; }
@@ -3816,7 +3865,8 @@ inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.
 // splits: enough blocks for one an SM where the row blocks are fewer, no more than out has
 // column tiles
 template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
-  const int64_t rows = (a.M + kLrRows - 1) / kLrRows, tiles = (a.K2 + kLrN - 1) / kLrN;
+  const bool cat = a.mode == FUSEDK__LR_CAT;
+  const int64_t rows = (a.M + kLrRows - 1) / kLrRows, tiles = cat ? 1 : (a.K2 + kLrN - 1) / kLrN;
   const int64_t ask = std::min(tiles, (device_sms(dev) + rows - 1) / rows), per = (tiles + ask - 1) / ask;
   const int splits = (int)((tiles + per - 1) / per); // none left empty
   const unsigned grid = (unsigned)(rows * splits);
@@ -3827,14 +3877,23 @@ template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowra
     decltype(kernel)::value<<<grid, 128 * WS, LrSmem<RT>::kBytes, s>>>(a, splits, (int)per);
     return cudaGetLastError();
   };
+  if (cat) // one pass over x's rows (a column tile: no split)
+    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, true>), lowrank_mma_kernel<T, RT, true, WS, true>>{});
   if (a.r % 8 == 0 && lr_vec(a.v))
-    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS>), lowrank_mma_kernel<T, RT, true, WS>>{});
-  return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS>), lowrank_mma_kernel<T, RT, false, WS>>{});
+    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, false>), lowrank_mma_kernel<T, RT, true, WS, false>>{});
+  return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS, false>), lowrank_mma_kernel<T, RT, false, WS, false>>{});
 }
 
 template <typename T> cudaError_t launch_lowrank(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
+  if (a.mode == FUSEDK__LR_PREPARE) {
+    const int64_t n = a.M * (a.K1 + (a.r + 7) / 8 * 8), cap = (int64_t)device_sms(dev) * 8;
+    lowrank_prepare_kernel<T><<<(unsigned)std::min((n + 255) / 256, cap), 256, 0, s>>>(a);
+    return cudaGetLastError();
+  }
+  const bool cat = a.mode == FUSEDK__LR_CAT; // u_t, y absent; out [M, K1 + rp]
   if constexpr (sizeof(T) == 2) {
-    if (a.K1 % 8 == 0 && a.K2 % 8 == 0 && lr_vec(a.x) && lr_vec(a.u_t) && lr_vec(a.out) && (!a.y.p || lr_vec(a.y))) {
+    if (a.K1 % 8 == 0 && (cat || a.K2 % 8 == 0) && lr_vec(a.x) && (cat ? lr_vec(a.v) : lr_vec(a.u_t)) && lr_vec(a.out) &&
+        (!a.y.p || lr_vec(a.y))) {
       if (a.r <= 16) return launch_lowrank_mma<T, 16>(a, s, dev);
       if (a.r <= 32) return launch_lowrank_mma<T, 32>(a, s, dev);
       if (a.r <= 64) return launch_lowrank_mma<T, 64>(a, s, dev);
@@ -3934,6 +3993,28 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
       using T = typename decltype(t)::type;
       f = a->op == FUSEDK_OP_LINEAR ? linear_forward<T>(st, *a, device_id, stream, op)
                                     : linear_backward<T>(st, *a, device_id, stream, op);
+      return cudaSuccess;
+    });
+    return f;
+  });
+}
+
+// [x | h] by the lowrank part's pass into the stream's buffer (16-byte rows), then linear's GEMM on
+// it over K + rp
+fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h, const char *op,
+                                          int32_t device_id, struct CUstream_st *stream) {
+  return gemm_locked(device_id, op, [&](LtState &st) {
+    fusedk__lowrank_args hc = *h;
+    fusedk__linear_args lc = *l;
+    hc.out.ld = (l->K + 7) / 8 * 8;
+    const cudaError_t e = st.cat.get(device_id, stream, (size_t)(l->M * hc.out.ld) * (l->scalar == FUSEDK_F32 ? 4 : 2), 0,
+                                     &hc.out.p);
+    if (e != cudaSuccess) return arena_fail(e, op);
+    fusedk_status f = fusedk__cuda_lowrank(&hc, op, device_id, stream);
+    if (f) return f;
+    lc.x = hc.out;
+    dispatch_scalar(l->scalar, [&](auto t) {
+      f = linear_forward<typename decltype(t)::type>(st, lc, device_id, stream, op);
       return cudaSuccess;
     });
     return f;

@@ -248,7 +248,7 @@ static void registry_cases(void) {
                                         "silu_fma", "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d",
                                         "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step",
                                         "qk_norm_rope", "linear", "linear_backward", "attention",
-                                        "lowrank_update"};
+                                        "lowrank_update", "lowrank_prepare", "linear_lowrank"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -588,6 +588,109 @@ static void lowrank_cases(void) {
   }
 }
 
+/* lowrank_prepare and linear_lowrank: a bad value for every argument (status, reason naming it,
+   outputs untouched); the references on small integers (every product and sum exact): w_cat's
+   columns, and y = act(x w^T + bias + ((x a^T) * codes) (s b)^T) */
+static void linear_lowrank_cases(void) {
+  enum { QM = 3, QK = 4, QR = 3, QRP = 8, QN = 5 };
+  static float x[QM * QK], w[QN * QK], a[QR * QK], b[QN * QR], c[QM * QR], bias[QN], wc[QN * (QK + QRP)], y[QM * QN];
+  int64_t xs[2] = {QM, QK}, ws[2] = {QN, QK}, as[2] = {QR, QK}, bs[2] = {QN, QR}, cs[2] = {QM, QR}, ns[1] = {QN};
+  int64_t wcs[2] = {QN, QK + QRP}, ys[2] = {QM, QN}, wc_bad[2] = {QN, QK + QR}, b_bad[2] = {QN + 1, QR}, b_r0[2] = {QN, 0};
+  int64_t a_bad[2] = {QR, QK + 1}, a_big[2] = {129, QK}, c_bad[2] = {QM, QR + 1}, y_bad[2] = {QM, QN + 1};
+  for (int i = 0; i < QM * QK; ++i) x[i] = (float)(i % 5) - 2.0f;
+  for (int i = 0; i < QN * QK; ++i) w[i] = (float)(i % 3) - 1.0f;
+  for (int i = 0; i < QR * QK; ++i) a[i] = (float)(i % 4) - 1.0f;
+  for (int i = 0; i < QN * QR; ++i) b[i] = (float)(i % 7) - 3.0f;
+  for (int i = 0; i < QM * QR; ++i) c[i] = (float)(i % 3);
+  for (int i = 0; i < QN; ++i) bias[i] = (float)i - 2.0f;
+  fusedk_tensor tx = fusedk_tensor_cpu(x, FUSEDK_F32, 2, xs), tw = fusedk_tensor_cpu(w, FUSEDK_F32, 2, ws);
+  fusedk_tensor ta = fusedk_tensor_cpu(a, FUSEDK_F32, 2, as), tb = fusedk_tensor_cpu(b, FUSEDK_F32, 2, bs);
+  fusedk_tensor tc = fusedk_tensor_cpu(c, FUSEDK_F32, 2, cs), tn = fusedk_tensor_cpu(bias, FUSEDK_F32, 1, ns);
+  fusedk_tensor twc = fusedk_tensor_cpu(wc, FUSEDK_F32, 2, wcs), ty = fusedk_tensor_cpu(y, FUSEDK_F32, 2, ys);
+  fusedk_tensor twcb = fusedk_tensor_cpu(wc, FUSEDK_F32, 2, wc_bad), tbb = fusedk_tensor_cpu(b, FUSEDK_F32, 2, b_bad);
+  fusedk_tensor tb0 = fusedk_tensor_cpu(b, FUSEDK_F32, 2, b_r0), tab = fusedk_tensor_cpu(a, FUSEDK_F32, 2, a_bad);
+  fusedk_tensor ta9 = fusedk_tensor_cpu(a, FUSEDK_F32, 2, a_big), tcb = fusedk_tensor_cpu(c, FUSEDK_F32, 2, c_bad);
+  fusedk_tensor tyb = fusedk_tensor_cpu(y, FUSEDK_F32, 2, y_bad), tw16 = tw, twy = ty;
+  tw16.dtype = fusedk_dtype_of(FUSEDK_F16);
+  twy.shape = ws; /* y's memory as a [N, QK] w: overlaps y */
+  struct {
+    const fusedk_tensor *wc, *w, *b;
+    float scaling;
+    fusedk_status want;
+    const char *says;
+  } prep[] = {
+      {NULL, &tw, &tb, 1, FUSEDK_ERR_INVALID_ARGUMENT, "w_cat is NULL"},
+      {&twc, &tw, NULL, 1, FUSEDK_ERR_INVALID_ARGUMENT, "b is NULL"},
+      {&twc, &tw, &tbb, 1, FUSEDK_ERR_SHAPE, "b has shape [6, 3], expected [N, r] with N (w's rows) = 5"},
+      {&twc, &tw, &tb0, 1, FUSEDK_ERR_SHAPE, "a rank r of 1..128"},
+      {&twcb, &tw, &tb, 1, FUSEDK_ERR_SHAPE, "w_cat has shape [5, 7], expected [5, 12]"},
+      {&twc, &tw16, &tb, 1, FUSEDK_ERR_DTYPE, "b has dtype float32, expected float16 (the dtype of w)"},
+      {&twc, &tw, &tb, NAN, FUSEDK_ERR_INVALID_ARGUMENT, "scaling is nan"},
+  };
+  for (size_t i = 0; i < sizeof prep / sizeof prep[0]; ++i) {
+    for (int j = 0; j < QN * (QK + QRP); ++j) wc[j] = SENTINEL;
+    const fusedk_status st = fusedk_lowrank_prepare(prep[i].wc, prep[i].w, prep[i].b, prep[i].scaling, NULL);
+    int clean = 1;
+    for (int j = 0; j < QN * (QK + QRP); ++j) clean = clean && wc[j] == SENTINEL;
+    EXPECT(st == prep[i].want && clean && strstr(fusedk_failure_reason(), "lowrank_prepare: ") &&
+               strstr(fusedk_failure_reason(), prep[i].says),
+           "lowrank_prepare case %zu: %s, want %s (%s), w_cat untouched %d", i, fusedk_status_name(st),
+           fusedk_status_name(prep[i].want), fusedk_failure_reason(), clean);
+  }
+  EXPECT(fusedk_lowrank_prepare(&twc, &tw, &tb, 2.0f, NULL) == FUSEDK_OK, "lowrank_prepare: %s", fusedk_failure_reason());
+  int ok = 1;
+  for (int n = 0; n < QN; ++n)
+    for (int k = 0; k < QK + QRP; ++k)
+      ok = ok && wc[n * (QK + QRP) + k] == (k < QK ? w[n * QK + k] : k < QK + QR ? 2.0f * b[n * QR + k - QK] : 0.0f);
+  EXPECT(ok, "lowrank_prepare values: [w | 2 b | 0]");
+  struct {
+    const fusedk_tensor *y, *x, *wc, *bias, *a, *codes;
+    int act;
+    fusedk_status want;
+    const char *says;
+  } bad[] = {
+      {NULL, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "y is NULL"},
+      {&ty, &tx, NULL, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "w_cat is NULL"},
+      {&ty, &tx, &twc, NULL, NULL, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "a is NULL"},
+      {&ty, &tx, &twc, NULL, &tab, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "a has shape [3, 5], expected [r, K] with K"},
+      {&ty, &tx, &twc, NULL, &ta9, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "a rank r of 1..128"},
+      {&ty, &tx, &twcb, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "w_cat has shape [5, 7], expected [N, 12]"},
+      {&ty, &tx, &twc, &tx, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "bias has shape [3, 4], expected [5]"},
+      {&ty, &tx, &twc, NULL, &ta, &tcb, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "codes has shape [3, 4], expected [3, 3]"},
+      {&tyb, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "y has shape [3, 6], expected [3, 5]"},
+      {&ty, &tx, &twc, NULL, &ta, NULL, 7, FUSEDK_ERR_INVALID_ARGUMENT, "act is 7"},
+      {&ty, &tx, &twc, NULL, &twy, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_LAYOUT, "output y overlaps a in memory"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    for (int j = 0; j < QM * QN; ++j) y[j] = SENTINEL;
+    const fusedk_status st = fusedk_linear_lowrank(bad[i].y, bad[i].x, bad[i].wc, bad[i].bias, bad[i].a, bad[i].codes,
+                                                   (fusedk_activation)bad[i].act, NULL);
+    int clean = 1;
+    for (int j = 0; j < QM * QN; ++j) clean = clean && y[j] == SENTINEL;
+    EXPECT(st == bad[i].want && clean && strstr(fusedk_failure_reason(), "linear_lowrank: ") &&
+               strstr(fusedk_failure_reason(), bad[i].says),
+           "linear_lowrank case %zu: %s, want %s (%s), y untouched %d", i, fusedk_status_name(st),
+           fusedk_status_name(bad[i].want), fusedk_failure_reason(), clean);
+  }
+  for (int mode = 0; mode < 2; ++mode) { /* no codes, no bias; codes, bias and relu */
+    const fusedk_status st = fusedk_linear_lowrank(&ty, &tx, &twc, mode ? &tn : NULL, &ta, mode ? &tc : NULL,
+                                                   mode ? FUSEDK_ACT_RELU : FUSEDK_ACT_NONE, NULL);
+    ok = st == FUSEDK_OK;
+    for (int m = 0; m < QM; ++m)
+      for (int n = 0; n < QN; ++n) {
+        double want = mode ? bias[n] : 0.0;
+        for (int k = 0; k < QK; ++k) want += (double)x[m * QK + k] * w[n * QK + k];
+        for (int j = 0; j < QR; ++j) {
+          double h = 0.0;
+          for (int k = 0; k < QK; ++k) h += (double)x[m * QK + k] * a[j * QK + k];
+          want += h * (mode ? c[m * QR + j] : 1.0) * 2.0 * b[n * QR + j];
+        }
+        ok = ok && y[m * QN + n] == (float)(mode && want < 0 ? 0.0 : want);
+      }
+    EXPECT(ok, "linear_lowrank exact values, mode %d: %s", mode, fusedk_status_name(st));
+  }
+}
+
 int main(void) {
   for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
   for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
@@ -606,6 +709,7 @@ int main(void) {
   registry_cases();
   attention_cases();
   lowrank_cases();
+  linear_lowrank_cases();
   empty_and_dtype_cases();
   fuzz_findings();
   printf("%d passed, %d failed\n", checks - failures, failures);

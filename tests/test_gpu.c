@@ -1555,6 +1555,109 @@ static void lowrank_cases(fusedk_scalar s) {
            sname(s));
 }
 
+/* --- [lowrank] lowrank_prepare and linear_lowrank against the CPU reference ---------------------
+   w_cat prepared on both sides must match bit for bit (scaling b rounded once from double), and
+   nothing outside its view written. The GPU's linear_lowrank then runs on the CPU's w_cat. x, a
+   and codes hold few-bit values (x k/4, a k/16, codes +-2^j) so that h = (x a^T) * codes is exact
+   in float32 and double alike and rounds to the same h on both sides; what is left is the GEMM's
+   accumulation order: linear's bound (lin_compare) against the reference on absolute values. */
+typedef struct {
+  fusedk_scalar s;
+  int64_t B, L, K, r, N; /* x [B, L, K], a [r, K], w [N, K], b [N, r] */
+  int codes, bias, act;
+  float scaling;
+  int64_t pad;  /* row padding of x, a, w, w_cat, y */
+  size_t shift; /* leading elements of x and y */
+} lora_t;
+
+/* every element of b to k * step, k an integer rounded from it / step and clamped to +-lim
+   (pow2: +-2^j, j in -1..1, instead), copied to the device */
+static void few_bits(buf_t *b, double step, double lim, int pow2) {
+  for (size_t i = 0; i < b->n_alloc; ++i) {
+    const double v = get(b->h, i, b->s), k = fmin(lim, fmax(-lim, nearbyint(v / step)));
+    put(b->h, i, pow2 ? (v < 0 ? -1.0 : 1.0) * ldexp(1.0, (int)(i % 3) - 1) : k * step, b->s);
+  }
+  CK(cudaMemcpy(b->d, b->h, b->n_alloc * esize(b->s), cudaMemcpyHostToDevice));
+}
+
+static void run_linear_lowrank(lora_t c) {
+  const fusedk_scalar s = c.s;
+  const int64_t rp = (c.r + 7) / 8 * 8, xs[3] = {c.B, c.L, c.K}, as[2] = {c.r, c.K}, cs[3] = {c.B, c.L, c.r},
+                ws[2] = {c.N, c.K}, bs[2] = {c.N, c.r}, wcs[2] = {c.N, c.K + rp}, ns[1] = {c.N}, ys[3] = {c.B, c.L, c.N};
+  char what[200], prep[200];
+  snprintf(what, sizeof what, "linear_lowrank %s [%lld,%lld,%lld] r=%lld N=%lld act=%s%s%s scaling %g pad %lld shift %zu",
+           sname(s), (long long)c.B, (long long)c.L, (long long)c.K, (long long)c.r, (long long)c.N, act_name(c.act),
+           c.codes ? " codes" : "", c.bias ? " bias" : "", (double)c.scaling, (long long)c.pad, c.shift);
+  snprintf(prep, sizeof prep, "lowrank_prepare %s N=%lld K=%lld r=%lld pad %lld", sname(s), (long long)c.N,
+           (long long)c.K, (long long)c.r, (long long)c.pad);
+  buf_t x = mk(s, 3, xs, c.pad, c.shift, 0, 1.0, 0.0), a = mk(s, 2, as, c.pad, 0, 0, 0.25, 0.0);
+  buf_t cd = mk(s, 3, cs, 0, 0, 0, 1.0, 0.0), w = mk(s, 2, ws, c.pad, 0, 0, 1.0 / sqrt((double)c.K), 0.0);
+  buf_t b = mk(s, 2, bs, 0, 0, 0, 1.0 / sqrt((double)c.r), 0.0), bias = mk(s, 1, ns, 0, 0, 0, 0.5, 0.0);
+  buf_t wc = mk(s, 2, wcs, c.pad, 0, 0, 0.0, 0.0), y = mk(s, 3, ys, c.pad, c.shift, 0, 0.0, 0.0);
+  buf_t z = mk(s, 3, ys, c.pad, c.shift, 0, 0.0, 0.0);
+  few_bits(&x, 0.25, 8, 0), few_bits(&a, 1.0 / 16, 16, 0), few_bits(&cd, 0, 0, 1);
+  poison(&wc), poison(&y), poison(&z);
+  fusedk_status sc = fusedk_lowrank_prepare(&wc.th, &w.th, &b.th, c.scaling, NULL);
+  fusedk_status sg = fusedk_lowrank_prepare(&wc.td, &w.td, &b.td, c.scaling, NULL);
+  CK(cudaDeviceSynchronize());
+  if (!call_failed_counted(prep, sc, sg)) {
+    void *g = to_host(&wc);
+    ++checks;
+    if (memcmp(g, wc.h, wc.n_alloc * esize(s))) printf("FAIL %s: w_cat differs from the CPU's\n", prep), ++failures;
+    free(g);
+  }
+  CK(cudaMemcpy(wc.d, wc.h, wc.n_alloc * esize(s), cudaMemcpyHostToDevice));
+  const fusedk_tensor *bc = c.bias ? &bias.th : NULL, *bg = c.bias ? &bias.td : NULL;
+  sc = fusedk_linear_lowrank(&y.th, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, (fusedk_activation)c.act, NULL);
+  sg = fusedk_linear_lowrank(&y.td, &x.td, &wc.td, bg, &a.td, c.codes ? &cd.td : NULL, (fusedk_activation)c.act, NULL);
+  CK(cudaDeviceSynchronize());
+  if (!call_failed_counted(what, sc, sg)) {
+    buf_t xa = lin_abs(&x, 1.0), aa = lin_abs(&a, 1.0), ca = lin_abs(&cd, 1.0), wa = lin_abs(&wc, 1.0);
+    buf_t ba = lin_abs(&bias, 1.0), s1 = lin_abs(&y, 0.0);
+    fusedk_linear_lowrank(&s1.th, &xa.th, &wa.th, c.bias ? &ba.th : NULL, &aa.th, c.codes ? &ca.th : NULL,
+                          FUSEDK_ACT_NONE, NULL);
+    const int two_pass = c.act == FUSEDK_ACT_GELU || c.act == FUSEDK_ACT_SILU; /* z rounded, then act */
+    if (two_pass) fusedk_linear_lowrank(&z.th, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, FUSEDK_ACT_NONE, NULL);
+    const double g = c.act == FUSEDK_ACT_NONE || c.act == FUSEDK_ACT_RELU ? 1.0 : 1.13;
+    lin_compare(what, "", &y, y.h, &s1, g, c.K + c.r, 0, 0, two_pass ? &z : NULL);
+    free(xa.h), free(aa.h), free(ca.h), free(wa.h), free(ba.h), free(s1.h);
+  }
+  drop(&x), drop(&a), drop(&cd), drop(&w), drop(&b), drop(&bias), drop(&wc), drop(&y), drop(&z);
+}
+
+/* every rank class (r not a multiple of 8: w_cat's zero columns), codes, bias, every act, K not
+   a multiple of 8 (the CUDA-core pass and linear's exact route), odd N, one row, padded and
+   misaligned rows; more row blocks than SMs and more k tiles than ring stages; float32 */
+static void linear_lowrank_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  const int64_t ranks[] = {1, 7, 8, 16, 24, 64, 100, 128};
+  for (size_t i = 0; i < sizeof ranks / sizeof ranks[0]; ++i)
+    run_linear_lowrank((lora_t){.s = s, .B = 2, .L = 33, .K = 200, .r = ranks[i], .N = 136, .codes = i % 2,
+                                .bias = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.5f});
+  const int acts[] = {FUSEDK_ACT_RELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_GELU, FUSEDK_ACT_SILU};
+  for (size_t i = 0; i < 4; ++i)
+    run_linear_lowrank((lora_t){.s = s, .B = 1, .L = 70, .K = 256, .r = 16, .N = 192, .codes = 1, .bias = i != 1,
+                                .act = acts[i], .scaling = 2.0f});
+  const lora_t rows[] = {
+      {.s = s, .B = 1, .L = 1, .K = 64, .r = 8, .N = 64, .bias = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
+      {.s = s, .B = 3, .L = 7, .K = 999, .r = 12, .N = 130, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.25f},
+      {.s = s, .B = 1, .L = 40, .K = 128, .r = 32, .N = 4095, .bias = 1, .act = FUSEDK_ACT_GELU_TANH, .scaling = 1.0f},
+      {.s = s, .B = 2, .L = 45, .K = 192, .r = 16, .N = 96, .codes = 1, .bias = 1, .act = FUSEDK_ACT_NONE,
+       .scaling = -1.5f, .pad = 8},
+      {.s = s, .B = 1, .L = 50, .K = 128, .r = 20, .N = 64, .bias = 1, .act = FUSEDK_ACT_RELU, .scaling = 1.0f,
+       .pad = 3, .shift = 1},
+      {.s = s, .B = 1, .L = 8449, .K = 520, .r = 8, .N = 64, .codes = 1, .bias = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
+      {.s = s, .B = 1, .L = 8449, .K = 328, .r = 128, .N = 72, .bias = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.5f},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_linear_lowrank(rows[i]);
+  if (!small) /* a DiT projection's width */
+    run_linear_lowrank((lora_t){.s = s, .B = 1, .L = 1024, .K = 1536, .r = 32, .N = 1024, .bias = 1,
+                                .act = FUSEDK_ACT_GELU_TANH, .scaling = 1.0f});
+  if (failures == n_before)
+    printf("ok   %s lowrank_prepare, linear_lowrank (ranks 1-128, codes, bias, acts, odd K and N, strided, misaligned)\n",
+           sname(s));
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
@@ -1597,6 +1700,7 @@ static const unit_t units[] = {
     FOR_16BIT("attention", "attention edges", attn_edges),
     FOR_16BIT("attention", "attention big", attn_big),
     FOR_DTYPES("lowrank", "lowrank", lowrank_cases),
+    FOR_DTYPES("lowrank", "linear_lowrank", linear_lowrank_cases),
 };
 enum { N_UNITS = sizeof units / sizeof units[0] };
 

@@ -374,6 +374,24 @@ def linear(x, w, bias=None, act_kind="none", dtype=None):
     return act(zin, act_kind), z
 
 
+def linear_lowrank(x, w, a, b, scaling=1.0, bias=None, codes=None, act_kind="none", dtype=None):
+    """(y, S1, Sh) in float64: y = act(x w^T + bias + ((x a^T) codes) (scaling b)^T) (GELU and SILU
+    see z rounded to dtype first, as linear's); S1 the same over absolute values; Sh = |h| |scaling
+    b|^T, what h's and scaling b's roundings to the dtype (one each) can move"""
+    s = np.float64(np.float32(scaling))
+    h, ha = f64(x) @ f64(a).T, np.abs(f64(x)) @ np.abs(f64(a)).T
+    if codes is not None:
+        h, ha = h * f64(codes), ha * np.abs(f64(codes))
+    z, _ = linear(x, w, bias)
+    z = z + h @ (s * f64(b)).T
+    s1 = np.abs(f64(x)) @ np.abs(f64(w)).T + (0 if bias is None else np.abs(f64(bias))) + ha @ np.abs(s * f64(b)).T
+    sh = np.abs(h) @ np.abs(s * f64(b)).T
+    if act_kind == "none":
+        return z, s1, sh
+    zin = z.astype(dtype).astype(np.float64) if dtype is not None and act_kind in ("gelu", "silu") else z
+    return act(zin, act_kind), s1, sh
+
+
 def gemm_close(got, want, dtype, s1, what, extra=0.0, gpu=False):
     """The reference (double accumulation, one rounding) against the oracle: |got - want| <=
     eps_T |want| + 2^-40 S1 + extra + 1e-7 (float16 subnormals); S1 = the sum of |terms|. gpu:

@@ -42,6 +42,8 @@ VALID = {
     "attention": lambda: ([None, None, f32(B, S, H, DH), f32(B, L, 1, DH), f32(B, L, 1, DH), np.full(B, 2, np.int32)],
                           ()),
     "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
+    "lowrank_prepare": lambda: ([None, f32(6, D), f32(6, 3)], (0.5,)),
+    "linear_lowrank": lambda: ([None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3)], (1,)),
 }
 
 

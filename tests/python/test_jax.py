@@ -137,7 +137,7 @@ def test_fusedk_functions_route_jax_arrays_here():
     assert fk.__all__ == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
                               "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
-                          "linear_backward", "attention", "lowrank_update"]
+                          "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank"]
 
 
 def test_every_registry_op_has_a_target():
@@ -180,6 +180,12 @@ def test_every_registry_op_has_a_target():
             want = (2, 3, 4, D)
         elif o.name == "lowrank_update":  # x [2, 3, D], v [D, 4], u_t [4, 5]
             ins = dict(x=ins["x"], v=np.ones((D, 4), np.float32), u_t=np.ones((4, 5), np.float32))
+            want = (2, 3, 5)
+        elif o.name == "lowrank_prepare":  # w [5, D], b [5, 3]: [5, D + 8]
+            ins = dict(w=np.ones((5, D), np.float32), b=np.ones((5, 3), np.float32))
+            want = (5, D + 8)
+        elif o.name == "linear_lowrank":  # x [2, 3, D], w_cat [5, D + 8], a [3, D]
+            ins = dict(x=ins["x"], w_cat=np.ones((5, D + 8), np.float32), a=np.ones((3, D), np.float32))
             want = (2, 3, 5)
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
         if o.name == "linear_backward":

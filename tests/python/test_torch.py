@@ -232,6 +232,8 @@ def test_python_output_shapes_agree_with_the_c_rule():
         "linear_backward": ({"dy": (6, 5), "x": (6, 8), "w": (5, 8), "aux": (6, 5)}, (0, 0, 1, 1, 1)),
         "attention": ({"q": (2, 7, 6, 16), "k": (2, 9, 3, 16), "v": (2, 9, 3, 16)}, (0.0, 1, 1)),
         "lowrank_update": ({"x": (2, 3, 8), "v": (8, 4), "u_t": (4, 5)}, (0.5, 1.0)),
+        "lowrank_prepare": ({"w": (5, 8), "b": (5, 3)}, (0.5,)),
+        "linear_lowrank": ({"x": (2, 3, 8), "w_cat": (5, 16), "a": (3, 8)}, (4,)),
     }
     for layout in (0, 1):
         cases[f"qk_norm_rope{layout}"] = ({"q": qkv, "k": qkv, "v": qkv, "cos": (5, 8), "sin": (5, 8)},

@@ -6,8 +6,8 @@ returns the caller's own type; outputs come from the caller's framework allocato
 into the caller's array. Errors raise fusedk.Error with the C library's reason. JAX arrays (and
 tracers, under jax.jit) go through XLA custom calls: see fusedk.jax. Under torch.compile the same
 functions become the torch.ops.fusedk custom operators (fusedk.torch). fusedk.diffusers puts
-fused forwards into diffusers' DiTs; fusedk.bem has BEM's helpers over lowrank_update. The
-formulas are in fusedk.h."""
+fused forwards into diffusers' DiTs; fusedk.bem has BEM's helpers over lowrank_update;
+fusedk.LoRA folds a LoRA into its base linear. The formulas are in fusedk.h."""
 import json as _json
 
 from . import _core
@@ -18,7 +18,7 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "DTypeE
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "attention",
-           "lowrank_update", "kernel_info",
+           "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "kernel_info",
            "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
@@ -35,6 +35,7 @@ _QKNR = _core.lib.FUSEDK_OP_QK_NORM_ROPE
 _LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BACKWARD
 _ATTENTION = _core.lib.FUSEDK_OP_ATTENTION
 _LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_UPDATE
+_LR_PREPARE, _LINEAR_LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_PREPARE, _core.lib.FUSEDK_OP_LINEAR_LOWRANK
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
 _LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOUT_BSHD}
@@ -277,3 +278,37 @@ def lowrank_update(x, v, u_t, codes=None, scaling=1.0, y=None, beta=1.0, out=Non
     beta 0, out is the update alone and y is not read). In place: lowrank_update(x, v, u_t, y=y,
     out=y). On the GPU one kernel: x read once, y once, the [M, r] product kept on chip."""
     return _call(_LOWRANK, x, (out, x, v, codes, u_t, y), (scaling, beta), stream)
+
+
+def lowrank_prepare(w, b, scaling=1.0, out=None, stream=None):
+    """A LoRA's weights for linear_lowrank: w_cat [N, K + rp] = [w | scaling * b | 0] with w [N, K]
+    (the base nn.Linear's weight), b [N, r] (peft's lora_B.weight), rp = r rounded up to 8. Made
+    once an adapter (again when w, b or scaling change)."""
+    return _call(_LR_PREPARE, w, (out, w, b), (scaling,), stream)
+
+
+def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", out=None, stream=None):
+    """A linear with its LoRA in one GEMM: y = act(x @ w.T + bias + ((x @ a.T) * codes) @ (s b).T)
+    with w_cat = lowrank_prepare(w, b, s), a [r, K] (peft's lora_A.weight), codes [..., r]
+    (optional), act as linear's. On the GPU one pass writes [x | x @ a.T] and one GEMM runs over
+    it and w_cat. fusedk.LoRA keeps w_cat and a together."""
+    return _call(_LINEAR_LOWRANK, x, (out, x, w_cat, bias, a, codes),
+                 (_choice("linear_lowrank", "act", act, _LINEAR_ACTS),), stream)
+
+
+class LoRA:
+    """A linear layer with a LoRA folded in, prepared once: LoRA(w, a, b, scaling, bias)(x) =
+    act(x @ w.T + bias + scaling * (x @ a.T) @ b.T) as one GEMM (linear_lowrank). w [N, K], a [r,
+    K], b [N, r] in one dtype, on one device (NumPy arrays: the CPU references). Call prepare()
+    again after changing w, b or scaling in place."""
+
+    def __init__(self, w, a, b, scaling=1.0, bias=None, act="none", stream=None):
+        self.w, self.a, self.b, self.scaling, self.bias, self.act = w, a, b, scaling, bias, act
+        self.prepare(stream)
+
+    def prepare(self, stream=None):
+        self.w_cat = lowrank_prepare(self.w, self.b, self.scaling, stream=stream)
+        return self
+
+    def __call__(self, x, codes=None, out=None, stream=None):
+        return linear_lowrank(x, self.w_cat, self.a, self.bias, codes, self.act, out, stream)

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""[lowrank] fusedk's LoRA'd linear (lowrank_prepare once, linear_lowrank each call: one GEMM over
+[x | h]) against the base linear alone, the same adapter as two fusedk kernels (linear, then
+lowrank_update adding the delta into y in place), and peft's unfused chain (F.linear(x, w, bias) +
+F.linear(F.linear(x, a), b) * s) in torch eager and torch.compile: one run.
+
+    PYTHONPATH=bindings/python python3 bench/bench_linear_lowrank.py [--out DIR] [--rounds 3]
+
+Shapes (issue 26): BEM's f16 M=16384 K=N=768 r=8 (seed 001), bf16 M=8192 K=N=4096 r=16, Flux's MLP
+fc1 4608x3072 -> 12288 r=32, with bias; Flux's fc1 with gelu_tanh too (its FeedForward's act; the
+two-kernel form has no act and is not timed there). Kernel time: bench.py's method (K calls in
+one CUDA graph over input sets that outgrow L2, replays timed by events, median of --rounds
+rotated rounds); the base linear is fusedk.linear(x, w, bias, act) in the same rounds. The eager
+call (no out=, no graph): a loop of calls to a sync, per call. Writes DIR/bench_linear_lowrank.json
+and .md and prints the table."""
+import argparse
+import datetime
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import bench
+import fusedk
+from bench_lowrank import eager_us
+
+SHAPES = [("BEM f16", 16384, 768, 8, 768, torch.float16, "none"),
+          ("bf16 4096", 8192, 4096, 16, 4096, torch.bfloat16, "none"),
+          ("Flux fc1", 4608, 3072, 32, 12288, torch.bfloat16, "none"),
+          ("Flux fc1", 4608, 3072, 32, 12288, torch.bfloat16, "gelu_tanh")]
+ACT = {"none": lambda z: z, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh")}
+
+
+def row(name, M, K, r, N, dt, act, rounds, iters):
+    es = torch.tensor([], dtype=dt).element_size()
+    n_sets = max(2, -(-150 * 2 ** 20 // ((M * K + M * N) * es)))  # cycled through: more than L2 between reuses
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda *s, scale=1.0: (scale * torch.randn(*s, device="cuda", generator=g)).to(dt)  # noqa: E731
+    w, a, b, bias, s = mk(N, K, scale=K ** -0.5), mk(r, K, scale=K ** -0.5), mk(N, r, scale=r ** -0.5), mk(N), 0.5
+    sets = [(mk(M, K), torch.empty(M, N, device="cuda", dtype=dt)) for _ in range(n_sets)]
+    lora = fusedk.LoRA(w, a, b, scaling=s, bias=bias, act=act)
+    v, u_t = a.t().contiguous(), (b * s).t().contiguous()  # lowrank_update's layout of the same adapter
+    chain = lambda x: ACT[act](F.linear(x, w, bias) + F.linear(F.linear(x, a), b) * s)  # noqa: E731
+    cc = torch.compile(chain)
+    X = lambda i: sets[i % n_sets][0]  # noqa: E731
+    Y = lambda i: sets[i % n_sets][1]  # noqa: E731
+    calls = {"fusedk": lambda i: lora(X(i), out=Y(i)),
+             "base linear": lambda i: fusedk.linear(X(i), w, bias, act=act, out=Y(i)),
+             "eager": lambda i: chain(X(i)), "compile": lambda i: cc(X(i))}
+    if act == "none":
+        calls["two kernels"] = lambda i: fusedk.lowrank_update(X(i), v, u_t, y=fusedk.linear(X(i), w, bias, out=Y(i)),
+                                                              out=Y(i))
+    # correctness of what is timed: fusedk and the chain against float64
+    x0 = sets[0][0].double()
+    want = ACT[act](x0 @ w.double().T + bias.double() + (x0 @ a.double().T) @ b.double().T * s)
+    err = {"fusedk": (lora(sets[0][0]).double() - want).abs().max().item(),
+           "eager": (chain(sets[0][0]).double() - want).abs().max().item()}
+    us, meth, errs = bench.time_rounds(calls, max(1, min(20, n_sets * 4)), iters, rounds)
+    med = {k: statistics.median(t) for k, t in us.items() if t}
+    eager = {"fusedk": eager_us(lambda: lora(sets[0][0])), "eager": eager_us(lambda: chain(sets[0][0])),
+             "base linear": eager_us(lambda: fusedk.linear(sets[0][0], w, bias, act=act))}
+    return {"name": name, "M": M, "K": K, "r": r, "N": N, "act": act, "dtype": str(dt).replace("torch.", ""),
+            "tflops_base": 2 * M * N * K / 1e12, "us": med, "rounds_us": us, "method": meth, "errors": errs,
+            "eager_call_us": eager, "max_abs_err_vs_float64": err}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--commit", default="")
+    o = ap.parse_args()
+    bench.torch = torch  # bench.py binds torch in its own main()
+    rows = [row(*sh, o.rounds, o.iters) for sh in SHAPES]
+    meta = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M UTC"),
+            "versions": bench.versions(), "commit": o.commit, "rounds": o.rounds}
+    lines = [f"# fusedk linear_lowrank — {meta['gpu']} — {meta['date']}", "",
+             f"torch {torch.__version__}; CUDA-graph replays, median of {o.rounds} rotated rounds "
+             f"(bench/bench_linear_lowrank.py); commit {o.commit or '(not given)'}. Goal: fusedk / base linear <= 1.03.",
+             "", "| shape | act | base linear µs | fusedk µs | fusedk / base | two kernels µs | peft eager µs | "
+             "peft compile µs | eager call: fusedk / peft / base µs | max err vs f64: fusedk / peft |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        u = r["us"]
+        cell = lambda k: f"{u[k]:.1f}" if k in u else "-"  # noqa: E731
+        ratio = f"{u['fusedk'] / u['base linear']:.3f}x" if "fusedk" in u and "base linear" in u else "-"
+        e = r["eager_call_us"]
+        lines.append(f"| {r['name']} M{r['M']} K{r['K']} N{r['N']} r{r['r']} {r['dtype']} | {r['act']} | "
+                     f"{cell('base linear')} | {cell('fusedk')} | {ratio} | {cell('two kernels')} | {cell('eager')} | "
+                     f"{cell('compile')} | {e['fusedk']:.1f} / {e['eager']:.1f} / {e['base linear']:.1f} | "
+                     f"{r['max_abs_err_vs_float64']['fusedk']:.2e} / {r['max_abs_err_vs_float64']['eager']:.2e} |")
+    md = "\n".join(lines) + "\n"
+    os.makedirs(o.out, exist_ok=True)
+    with open(os.path.join(o.out, "bench_linear_lowrank.json"), "w") as fh:
+        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    with open(os.path.join(o.out, "bench_linear_lowrank.md"), "w") as fh:
+        fh.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
