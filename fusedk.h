@@ -469,8 +469,9 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
                                                 const fusedk_tensor *aux, fusedk_activation act, int32_t tf32,
                                                 struct CUstream_st *stream);
 /* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch,
-   linear_lowrank's [x | h] buffers, attention's split buffers). Call it with no op in flight and no captured CUDA graph of a linear
-   or attention op left to replay (its buffers are gone); later calls make them again. */
+   linear_lowrank's [x | h] buffers, attention's split buffers). Call it with no op in flight and
+   no captured CUDA graph of a linear, linear_lowrank or attention op left to replay (its buffers
+   are gone); later calls make them again. */
 FUSEDK_DEF void fusedk_shutdown(void);
 
 /* ---- [attention] softmax attention in one pass over the keys (flash attention) ----
@@ -524,11 +525,15 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
    [N, r] (peft's lora_B), rank r 1..128.
    linear_lowrank, each call: x [..., K]; w_cat from lowrank_prepare; a [r, K] (peft's lora_A);
    codes [..., r] (x's leading dims, optional: BEM's per-row codes); bias [N] and act as linear's
-   (aux is not offered). h = (x a^T) * codes, rounded once to the dtype (float16: past 65504 it
-   is inf), is the GEMM's last rp columns of K beside x: y[m, n] = act(sum_k x[m, k] w_cat[n, k]
+   (aux is not offered). a's rank must be b's: w_cat's width tells only r rounded up to 8 (a
+   rank-5 b with a rank-8 a passes and drops a's last 3 rows). h = (x a^T) * codes, rounded once
+   to the dtype (float16: past 65504 it is inf), and zeros up to rp are the GEMM's last rp
+   columns of K beside x: y[m, n] = act(sum_k x[m, k] w_cat[n, k]
    + sum_j h[m, j] w_cat[n, K + j] + bias[n]). CPU: every dtype, double accumulation, one
    rounding of h and one of y. GPU: one kernel reads x once and writes [x | h] into a buffer of
-   the stream (grown to the largest call, kept like linear's scratch until fusedk_shutdown), then
+   the stream (grown to the largest call; outgrown ones are kept, as linear's scratch, for graphs
+   captured earlier: a stream whose M keeps growing holds up to about 3x the largest M (K + rp)
+   elements until fusedk_shutdown), then
    linear's GEMM on it: the adapter costs the copy (2 M K elements) and r / K more flops. y may
    not overlap an input. */
 FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,

@@ -3703,7 +3703,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
       const int j = 8 * t + c0 + e % 2;
       h[t][e] *= codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling;
     }
-  if constexpr (CAT) { // h, rounded, into out's columns K1 .. K1 + rp (zeros past r); one share stores
+  if constexpr (CAT) { // h, rounded, into out's columns K1 .. K1 + rp; one share stores
     const int rp = (a.r + 7) / 8 * 8;
 #pragma unroll
     for (int t = 0; t < RT / 8; ++t)
@@ -3711,8 +3711,9 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
       for (int hf = 0; hf < 2; ++hf) {
         const int64_t row = r0 + 8 * hf;
         const int j = 8 * t + c0;
-        if (s == 0 && row < a.M && j < rp)
-          *reinterpret_cast<uint32_t *>((T *)a.out.p + row * a.out.ld + a.K1 + j) = pack2<T>(h[t][2 * hf], h[t][2 * hf + 1]);
+        if (s == 0 && row < a.M && j < rp) // zeros past r written as zeros (an inf in x makes x 0 = NaN there)
+          *reinterpret_cast<uint32_t *>((T *)a.out.p + row * a.out.ld + a.K1 + j) =
+              pack2<T>(j < a.r ? h[t][2 * hf] : 0.f, j + 1 < a.r ? h[t][2 * hf + 1] : 0.f);
       }
     return;
   }
@@ -3825,10 +3826,10 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
     }
   __syncthreads();
   const int rows = (int)min((int64_t)kLfRows, a.M - m0);
-  if (cat) { // h, rounded, into out's columns K1 .. K1 + rp (zeros past r)
+  if (cat) { // h, rounded, into out's columns K1 .. K1 + rp (zeros past r, whatever x holds)
     const int rp = (a.r + 7) / 8 * 8;
     for (int i = threadIdx.x; i < rows * rp; i += 256)
-      ((T *)a.out.p)[(m0 + i / rp) * a.out.ld + a.K1 + i % rp] = (T)hs[i / rp][i % rp];
+      ((T *)a.out.p)[(m0 + i / rp) * a.out.ld + a.K1 + i % rp] = T(i % rp < a.r ? hs[i / rp][i % rp] : 0.f);
     return;
   }
   for (int64_t n = threadIdx.x; n < a.K2; n += 256) { // a thread a column of the block's rows

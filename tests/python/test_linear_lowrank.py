@@ -237,3 +237,25 @@ def test_gpu_compile_and_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@needs_gpu
+@pytest.mark.parametrize("K", [64, 60], ids=["tensor cores", "cuda cores"])
+def test_gpu_inf_in_x_with_padded_rank(K):
+    """h's columns past r are zeros, not x times a's zero rows: an inf in x stays inf (the CPU's
+    result), it does not become NaN through inf * 0 in the padding"""
+    x = torch.ones(4, K, device="cuda", dtype=torch.float16)
+    x[0, 0] = float("inf")
+    w, a, b = torch.ones(8, K, device="cuda", dtype=torch.float16), torch.ones(5, K, device="cuda",
+                                                                                dtype=torch.float16), \
+        torch.ones(8, 5, device="cuda", dtype=torch.float16)
+    got = fusedk.LoRA(w, a, b)(x)
+    want = fusedk.LoRA(*(oracle.np_of(t) for t in (w, a, b)))(oracle.np_of(x))
+    assert np.isinf(want[0]).all() and np.array_equal(oracle.np_of(got), want)
+
+
+def test_lora_ranks_must_agree():
+    """w_cat's width tells only r rounded up to 8: LoRA checks a's and b's ranks itself"""
+    w, a, b = rand((8, 16), np.float32), rand((8, 16), np.float32), rand((8, 5), np.float32)
+    with pytest.raises(fusedk.ShapeError, match="a has rank 8 .* and b 5"):
+        fusedk.LoRA(w, a, b)

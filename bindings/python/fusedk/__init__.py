@@ -303,6 +303,10 @@ class LoRA:
     again after changing w, b or scaling in place."""
 
     def __init__(self, w, a, b, scaling=1.0, bias=None, act="none", stream=None):
+        ra, rb = tuple(getattr(a, "shape", ()))[:1], tuple(getattr(b, "shape", ()))[1:2]
+        if ra != rb:  # w_cat's width tells only the rank rounded up to 8
+            raise Error("FUSEDK_ERR_SHAPE", f"LoRA: a has rank {ra[0] if ra else None} (its first dim) and b "
+                        f"{rb[0] if rb else None} (its second), expected the same")
         self.w, self.a, self.b, self.scaling, self.bias, self.act = w, a, b, scaling, bias, act
         self.prepare(stream)
 
