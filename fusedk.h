@@ -519,18 +519,23 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
                                                const fusedk_tensor *y, float scaling, float beta,
                                                struct CUstream_st *stream);
 /* A LoRA folded into its base linear: y = act(x w^T + bias + ((x a^T) * codes) (scaling b)^T),
-   one cuBLASLt GEMM over K + rp columns (rp = r rounded up to 8).
+   one cuBLASLt GEMM over K + A rp columns (rp = r rounded up to 8, A adapters).
    lowrank_prepare, once an adapter (and again when w, b or scaling change): w_cat [N, K + rp] =
    [w | scaling b | 0], scaling b rounded once to the dtype. w [N, K] (nn.Linear's weight), b
-   [N, r] (peft's lora_B), rank r 1..128.
-   linear_lowrank, each call: x [..., K]; w_cat from lowrank_prepare; a [r, K] (peft's lora_A);
-   codes [..., r] (x's leading dims, optional: BEM's per-row codes); bias [N] and act as linear's
-   (aux is not offered). a's rank must be b's: w_cat's width tells only r rounded up to 8 (a
+   [N, r] (peft's lora_B), rank r 1..128. Several adapters: b [A, N, r] stacked, w_cat [N, K +
+   A rp] = [w | scaling b_0 | 0 | scaling b_1 | 0 ...], A rp at most 128.
+   linear_lowrank, each call: x [..., K]; w_cat from lowrank_prepare; a [r, K] (peft's lora_A),
+   or [A, r, K] stacked as b; codes [..., r] (x's leading dims, optional: BEM's per-row codes, on
+   each adapter's h); adapter_ids (int32 [M], M = x's rows flattened, contiguous, optional): row m
+   takes adapter ids[m] alone, an id outside 0..A-1 (-1) none (its y is the base linear's); without
+   ids every adapter acts on every row (peft's several active adapters: their sum); bias [N] and
+   act as linear's (aux is not offered). a's rank must be b's: w_cat's width tells only r rounded up to 8 (a
    rank-5 b with a rank-8 a passes and drops a's last 3 rows). h = (x a^T) * codes, rounded once
    to the dtype (float16: past 65504 it is inf), and zeros up to rp are the GEMM's last rp
    columns of K beside x: y[m, n] = act(sum_k x[m, k] w_cat[n, k]
    + sum_j h[m, j] w_cat[n, K + j] + bias[n]). CPU: every dtype, double accumulation, one
-   rounding of h and one of y. GPU: one kernel reads x once and writes [x | h] into a buffer of
+   rounding of h and one of y. The GEMM's width is what an adapter costs, whichever rows take it:
+   A rp more columns of K for A adapters. GPU: one kernel reads x once and writes [x | h] into a buffer of
    the stream (grown to the largest call; outgrown ones are kept, as linear's scratch, for graphs
    captured earlier: a stream whose M keeps growing holds up to about 3x the largest M (K + rp)
    elements until fusedk_shutdown), then
@@ -541,7 +546,8 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, cons
 FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *x,
                                                const fusedk_tensor *w_cat, const fusedk_tensor *bias,
                                                const fusedk_tensor *a, const fusedk_tensor *codes,
-                                               fusedk_activation act, struct CUstream_st *stream);
+                                               const fusedk_tensor *adapter_ids, fusedk_activation act,
+                                               struct CUstream_st *stream);
 
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
@@ -801,9 +807,12 @@ typedef struct fusedk__attn_args {
 enum { FUSEDK__LR_UPDATE = 0, FUSEDK__LR_CAT = 1, FUSEDK__LR_PREPARE = 2 };
 typedef struct fusedk__lowrank_args {
   int32_t mode, scalar, r;
+  int32_t slots;            /* CAT, PREPARE: adapters A (v's [A, r, K1] or [A, N, r]), h's width A rp */
   float scaling, beta;
   int64_t M, K1, K2;
+  int64_t va;               /* CAT, PREPARE: v's adapter stride (elements) */
   fusedk__mat out, x, v, codes, u_t, y;
+  const int32_t *ids;       /* CAT: adapter_ids [M] (contiguous) or NULL: every adapter on every row */
 } fusedk__lowrank_args;
 
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
@@ -1260,14 +1269,15 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
      {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
       FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), FUSEDK__IN("u_t", FUSEDK_ROLE_OWN), FUSEDK__OPT("y", FUSEDK_ROLE_OWN)},
      {FUSEDK__FLT("scaling", 1.0), FUSEDK__FLT("beta", 1.0)}},
-    /* w_cat: [N, K + rp] (w's rows, b's columns rounded up to 8 after them) */
+    /* w_cat: [N, K + A rp] (w's rows, each adapter's b columns rounded up to 8 after them) */
     {"lowrank_prepare", 3, 1, -1,
      {FUSEDK__OWN_OUT("w_cat", 1, -1), FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__IN("b", FUSEDK_ROLE_OWN)},
      {FUSEDK__FLT("scaling", 1.0)}},
     /* y: x's rows of N (w_cat's rows) */
-    {"linear_lowrank", 6, 1, -1,
+    {"linear_lowrank", 7, 1, -1,
      {FUSEDK__OWN_OUT("y", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN),
-      FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN), FUSEDK__OPT("codes", FUSEDK_ROLE_OWN)},
+      FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN), FUSEDK__OPT("codes", FUSEDK_ROLE_OWN),
+      {"adapter_ids", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
      {FUSEDK__I32("act", FUSEDK_ACT_NONE)}},
 };
 #undef FUSEDK__IN
@@ -2544,27 +2554,35 @@ static int fusedk__lowrank_cpu(const fusedk__lowrank_args *a) {
   return 0;
 }
 
-/* FUSEDK__LR_CAT and FUSEDK__LR_PREPARE: out's row m = [x's row | h | 0 up to rp] with h = (x a^T)
-   * codes in double (v holds a [r, K1]), or scaling times v's row m; h rounded once. */
+/* FUSEDK__LR_CAT and FUSEDK__LR_PREPARE: out's row m = [x's row | h_0 | 0 | h_1 | 0 ...], each
+   adapter's slot rp wide (zeros past r): h_q = (x a_q^T) * codes in double (v holds a [A, r, K1]),
+   0 for an adapter the row's id does not select; or scaling times b_q's row m. Rounded once. */
 static int fusedk__lowrank_cat_cpu(const fusedk__lowrank_args *a) {
   const int s = a->scalar, cat = a->mode == FUSEDK__LR_CAT;
-  const int64_t r = a->r, K1 = a->K1, rp = (r + 7) / 8 * 8, nv = cat ? r * K1 : 0;
-  double *v = (double *)malloc((size_t)(nv + K1 + r) * sizeof(double) + 1), *xr = v + nv, *h = xr + K1;
+  const int64_t r = a->r, K1 = a->K1, rp = (r + 7) / 8 * 8, A = a->slots, nv = cat ? A * r * K1 : 0;
+  double *v = (double *)malloc((size_t)(nv + K1 + A * r) * sizeof(double) + 1), *xr = v + nv, *h = xr + K1;
   if (!v) return -1;
-  if (cat) fusedk__mat_rows(&a->v, r, K1, s, v);
+  fusedk__mat vq[128]; /* adapter q's rows (A <= 128) */
+  for (int64_t q = 0; q < A; ++q)
+    vq[q].p = (void *)((uintptr_t)a->v.p + (uintptr_t)(q * a->va * (int64_t)fusedk__scalar_size(s))), vq[q].ld = a->v.ld;
+  for (int64_t q = 0; cat && q < A; ++q) fusedk__mat_rows(&vq[q], r, K1, s, v + q * r * K1);
   for (int64_t m = 0; m < a->M; ++m) {
-    const fusedk__mat row = {fusedk__mat_row(&a->x, m, s), 0}, vrow = {cat ? NULL : fusedk__mat_row(&a->v, m, s), 0};
+    const fusedk__mat row = {fusedk__mat_row(&a->x, m, s), 0};
     fusedk__mat_rows(&row, 1, K1, s, xr);
-    if (!cat) fusedk__mat_rows(&vrow, 1, r, s, h);
-    for (int64_t j = 0; j < r; ++j) {
-      double acc = 0.0;
-      for (int64_t k = 0; cat && k < K1; ++k) acc += xr[k] * v[j * K1 + k];
-      h[j] = cat ? acc * (a->codes.p ? fusedk__load(fusedk__mat_row(&a->codes, m, s), j, s) : 1.0)
-                 : (double)a->scaling * h[j];
+    for (int64_t q = 0; q < A; ++q) {
+      const fusedk__mat brow = {cat ? NULL : fusedk__mat_row(&vq[q], m, s), 0};
+      if (!cat) fusedk__mat_rows(&brow, 1, r, s, h + q * r);
+      for (int64_t j = 0; j < r; ++j) {
+        double acc = 0.0;
+        const int on = !a->ids || a->ids[m] == q;
+        for (int64_t k = 0; cat && on && k < K1; ++k) acc += xr[k] * v[(q * r + j) * K1 + k];
+        h[q * r + j] = !cat ? (double)a->scaling * h[q * r + j]
+                       : on ? acc * (a->codes.p ? fusedk__load(fusedk__mat_row(&a->codes, m, s), j, s) : 1.0) : 0.0;
+      }
     }
     void *o = fusedk__mat_row(&a->out, m, s);
     for (int64_t k = 0; k < K1; ++k) fusedk__store(o, k, xr[k], s);
-    for (int64_t j = 0; j < rp; ++j) fusedk__store(o, K1 + j, j < r ? h[j] : 0.0, s);
+    for (int64_t j = 0; j < A * rp; ++j) fusedk__store(o, K1 + j, j % rp < r ? h[j / rp * r + j % rp] : 0.0, s);
   }
   free(v);
   return 0;
@@ -2627,12 +2645,31 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
                                  : FUSEDK_OK;
 }
 
-static fusedk_status fusedk__check_rank(const fusedk__check *c, const fusedk_tensor *t, const char *name, int dim,
-                                        int64_t other, const char *want) {
+/* A LoRA factor, one adapter's [d0, d1] or A stacked [A, d0, d1]: dim rank_dim (0 or 1) of the
+   matrix is the rank (1..128, and A rp <= 128 columns of h), the other must be `other`. Gives A,
+   r, the first adapter's rows (p, row stride) and the adapter stride. */
+static fusedk_status fusedk__lora_factor(const fusedk__check *c, const fusedk_tensor *t, const char *name, int rank_dim,
+                                         int64_t other, const char *want, fusedk__lowrank_args *la, fusedk__mat *m) {
   char shp[160];
-  if (t->ndim == 2 && t->shape[1 - dim] == other && t->shape[dim] >= 1 && t->shape[dim] <= 128) return FUSEDK_OK;
-  return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected %s = %lld and a rank r of 1..128", c->op, name,
-                      fusedk__shape_str(t, shp, sizeof shp), want, (long long)other);
+  const int o = t->ndim - 2;
+  if ((o != 0 && o != 1) || t->shape[o + 1 - rank_dim] != other || t->shape[o + rank_dim] < 1 ||
+      t->shape[o + rank_dim] > 128 || (o == 1 && t->shape[0] < 1))
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected %s = %lld and a rank r of 1..128 (or A of "
+                        "those stacked: [A, ...])", c->op, name, fusedk__shape_str(t, shp, sizeof shp), want,
+                        (long long)other);
+  const int64_t A = o ? t->shape[0] : 1, r = t->shape[o + rank_dim];
+  if (A * ((r + 7) / 8 * 8) > 128)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s: %lld adapters of rank %lld make %lld columns of h, "
+                        "expected at most 128 (A times r rounded up to 8)", c->op, name,
+                        fusedk__shape_str(t, shp, sizeof shp), (long long)A, (long long)r, (long long)(A * ((r + 7) / 8 * 8)));
+  la->slots = (int32_t)A, la->r = (int32_t)r;
+  la->va = A > 1 ? fusedk__stride(t, 0) : 0;
+  m->p = fusedk__base(t);
+  m->ld = t->shape[o] > 1 ? fusedk__stride(t, o) : t->shape[o + 1];
+  if (m->ld < t->shape[o + 1])
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has a row stride of %lld elements, expected >= %lld", c->op, name,
+                        (long long)m->ld, (long long)t->shape[o + 1]);
+  return FUSEDK_OK;
 }
 
 FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,
@@ -2648,14 +2685,14 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, cons
   if (w->ndim != 2)
     return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, K]", s.c.op,
                         fusedk__shape_str(w, shp, sizeof shp));
-  if ((st = fusedk__check_rank(&s.c, b, "b", 1, w->shape[0], "[N, r] with N (w's rows)"))) return st;
   fusedk__lowrank_args a;
   memset(&a, 0, sizeof a);
-  a.mode = FUSEDK__LR_PREPARE, a.scalar = s.c.scalar, a.r = (int32_t)b->shape[1], a.scaling = scaling;
+  if ((st = fusedk__lora_factor(&s.c, b, "b", 1, w->shape[0], "[N, r] with N (w's rows)", &a, &a.v))) return st;
+  a.mode = FUSEDK__LR_PREPARE, a.scalar = s.c.scalar, a.scaling = scaling;
   a.M = w->shape[0], a.K1 = w->shape[1];
-  const int64_t want[2] = {a.M, a.K1 + (a.r + 7) / 8 * 8};
-  if ((st = fusedk__check_shape(&s.c, w_cat, "w_cat", 2, want, "[N, K + r rounded up to 8]")) ||
-      (st = fusedk__linear_2d(&s.c, w, "w", &a.x)) || (st = fusedk__linear_2d(&s.c, b, "b", &a.v)) ||
+  const int64_t want[2] = {a.M, a.K1 + a.slots * ((a.r + 7) / 8 * 8)};
+  if ((st = fusedk__check_shape(&s.c, w_cat, "w_cat", 2, want, "[N, K + A r], r rounded up to 8")) ||
+      (st = fusedk__linear_2d(&s.c, w, "w", &a.x)) ||
       (st = fusedk__linear_2d(&s.c, w_cat, "w_cat", &a.out)) ||
       (st = fusedk__check_disjoint(&s.c, w_cat, "w_cat", w, "w")) ||
       (st = fusedk__check_disjoint(&s.c, w_cat, "w_cat", b, "b")))
@@ -2670,35 +2707,41 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, cons
 FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *x,
                                                const fusedk_tensor *w_cat, const fusedk_tensor *bias,
                                                const fusedk_tensor *a, const fusedk_tensor *codes,
-                                               fusedk_activation act, struct CUstream_st *stream) {
-  const fusedk_tensor *t[] = {y, x, w_cat, bias, a, codes};
+                                               const fusedk_tensor *adapter_ids, fusedk_activation act,
+                                               struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, x, w_cat, bias, a, codes, adapter_ids};
   fusedk__rowset s;
   fusedk__linear_args l;
   fusedk__lowrank_args h;
   fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_LOWRANK], t, &s);
   if (st) return st;
   const int64_t K = x->shape[x->ndim - 1];
-  if ((st = fusedk__check_rank(&s.c, a, "a", 0, K, "[r, K] with K (the last dim of x)"))) return st;
-  const int64_t r = a->shape[0], rp = (r + 7) / 8 * 8;
-  if ((st = fusedk__linear_common(&s.c, (int)act, 0, x, w_cat, rp, &l))) return st;
-  l.op = FUSEDK_OP_LINEAR;
   memset(&h, 0, sizeof h);
-  h.mode = FUSEDK__LR_CAT, h.scalar = s.c.scalar, h.r = (int32_t)r, h.scaling = 1.0f, h.M = l.M, h.K1 = K;
+  if ((st = fusedk__lora_factor(&s.c, a, "a", 0, K, "[r, K] with K (the last dim of x)", &h, &h.v))) return st;
+  const int64_t r = h.r, W = h.slots * ((r + 7) / 8 * 8);
+  if ((st = fusedk__linear_common(&s.c, (int)act, 0, x, w_cat, W, &l))) return st;
+  l.op = FUSEDK_OP_LINEAR;
+  h.mode = FUSEDK__LR_CAT, h.scalar = s.c.scalar, h.scaling = 1.0f, h.M = l.M, h.K1 = K;
   if ((bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &l.N, "[N] (the first dim of w_cat)"))) ||
-      (st = fusedk__linear_2d(&s.c, a, "a", &h.v)) || (st = fusedk__linear_rows(&s.c, x, "x", x, "x", K, &h.x)) ||
+      (st = fusedk__linear_rows(&s.c, x, "x", x, "x", K, &h.x)) ||
       (codes && (st = fusedk__linear_rows(&s.c, codes, "codes", x, "x", r, &h.codes))) ||
+      (adapter_ids && (st = fusedk__check_shape(&s.c, adapter_ids, "adapter_ids", 1, &l.M, "[M] (x's rows, flattened)"))) ||
       (st = fusedk__linear_rows(&s.c, y, "y", x, "x", l.N, &l.y)))
     return st;
-  const fusedk_tensor *ins[] = {x, w_cat, bias, a, codes};
-  const char *names[] = {"x", "w_cat", "bias", "a", "codes"};
-  for (int i = 0; i < 5; ++i)
+  if (adapter_ids && l.M > 1 && fusedk__stride(adapter_ids, 0) != 1)
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: adapter_ids has stride %lld, expected a contiguous [M]", s.c.op,
+                        (long long)fusedk__stride(adapter_ids, 0));
+  const fusedk_tensor *ins[] = {x, w_cat, bias, a, codes, adapter_ids};
+  const char *names[] = {"x", "w_cat", "bias", "a", "codes", "adapter_ids"};
+  for (int i = 0; i < 6; ++i)
     if ((st = fusedk__check_disjoint(&s.c, y, "y", ins[i], names[i]))) return st;
   l.bias = fusedk__base(bias);
+  h.ids = adapter_ids ? (const int32_t *)fusedk__base(adapter_ids) : NULL;
   if (l.M == 0 || l.N == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type))
     return fusedk__cuda_linear_lowrank(&l, &h, s.c.op, s.c.dev.device_id, stream);
   /* [x | h] into a host buffer, then linear's reference on it */
-  const int64_t ld = K + rp;
+  const int64_t ld = K + W;
   void *xc = malloc((size_t)(l.M * ld) * fusedk__scalar_size(s.c.scalar) + 1);
   h.out.p = xc, h.out.ld = ld;
   l.x = h.out;
@@ -2763,7 +2806,7 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
     shape[nd - 1] = u->shape[1];
     return nd;
   }
-  if (id == FUSEDK_OP_LOWRANK_PREPARE) { /* w_cat: [N, K + rp] */
+  if (id == FUSEDK_OP_LOWRANK_PREPARE) { /* w_cat: [N, K + A rp] */
     const fusedk_tensor *b = t[2];
     char shp[160];
     if (nd != 2)
@@ -2771,10 +2814,10 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
                            fusedk__shape_str(like, shp, sizeof shp));
     if (!b || !b->shape || b->ndim < 1 || b->ndim > FUSEDK_MAX_DIMS)
       return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: b is missing, expected [N, r]", o->name);
-    if (b->ndim != 2)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: b has shape %s, expected [N, r]", o->name,
+    if (b->ndim != 2 && b->ndim != 3)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: b has shape %s, expected [N, r] or [A, N, r]", o->name,
                            fusedk__shape_str(b, shp, sizeof shp));
-    shape[1] = like->shape[1] + (b->shape[1] + 7) / 8 * 8;
+    shape[1] = like->shape[1] + (b->ndim == 3 ? b->shape[0] : 1) * ((b->shape[b->ndim - 1] + 7) / 8 * 8);
     return 2;
   }
   if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD || id == FUSEDK_OP_LINEAR_LOWRANK) {
@@ -2878,7 +2921,7 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_LOWRANK_UPDATE: return fusedk_lowrank_update(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (float)a[1], s);
     case FUSEDK_OP_LOWRANK_PREPARE: return fusedk_lowrank_prepare(t[0], t[1], t[2], (float)a[0], s);
     case FUSEDK_OP_LINEAR_LOWRANK:
-      return fusedk_linear_lowrank(t[0], t[1], t[2], t[3], t[4], t[5], (fusedk_activation)(int)a[0], s);
+      return fusedk_linear_lowrank(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0], s);
     case FUSEDK_OP_LINEAR_BACKWARD:
       return fusedk_linear_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0],
                                     (int32_t)a[1], s);

@@ -3643,7 +3643,14 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
         const int64_t k0 = (int64_t)kt * kLrK;
         const int kv = (int)min((int64_t)kLrK, a.K1 - k0);
         load_tile<T, kLrRows, kLrK / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
-        if constexpr (CAT) load_tile<T, RT, kLrK / 8, NT, true>(xs + L::kX, v + k0, a.v.ld, a.r, kv); // a's [RT, k] tile
+        if constexpr (CAT) { // a's [RT, k] tile: h column j is adapter j / rp's row j % rp (zeros past r)
+          const int rp = (a.r + 7) / 8 * 8;
+          for (int i = threadIdx.x; i < RT * (kLrK / 8); i += NT) {
+            const int j = i / (kLrK / 8), c = i % (kLrK / 8), q = j / rp;
+            const bool in = q < a.slots && j % rp < a.r && c * 8 < kv;
+            cp_async16(xs + L::kX + swz<kLrK / 8>(j, c), in ? v + q * a.va + (j % rp) * a.v.ld + k0 + c * 8 : v, in ? 16 : 0);
+          }
+        }
         else load_tile<T, kLrK, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
       },
       [&](int kt, int st) {
@@ -3695,27 +3702,34 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
 
   // codes and scaling on h, then h rounded to T as phase 2's a operand
   const T *codes = (const T *)a.codes.p;
-#pragma unroll
-  for (int t = 0; t < RT / 8; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t row = r0 + 8 * (e / 2);
-      const int j = 8 * t + c0 + e % 2;
-      h[t][e] *= codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling;
-    }
-  if constexpr (CAT) { // h, rounded, into out's columns K1 .. K1 + rp; one share stores
+  if constexpr (CAT) { // h (times codes) where the row's id selects the adapter, else 0 (selected,
+                       // not multiplied: an inf in x would make NaN); rounded into out's columns
+                       // K1 .. K1 + A rp; one share stores
     const int rp = (a.r + 7) / 8 * 8;
 #pragma unroll
     for (int t = 0; t < RT / 8; ++t)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int64_t row = r0 + 8 * hf;
-        const int j = 8 * t + c0;
-        if (s == 0 && row < a.M && j < rp) // zeros past r written as zeros (an inf in x makes x 0 = NaN there)
-          *reinterpret_cast<uint32_t *>((T *)a.out.p + row * a.out.ld + a.K1 + j) =
-              pack2<T>(j < a.r ? h[t][2 * hf] : 0.f, j + 1 < a.r ? h[t][2 * hf + 1] : 0.f);
+        const int j = 8 * t + c0, q = j / rp, jj = j % rp; // j even, rp a multiple of 8: j + 1 in the same slot
+        if (s != 0 || row >= a.M || q >= a.slots) continue;
+        const bool on = !a.ids || a.ids[row] == q;
+        float o[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          o[e] = on && jj + e < a.r ? h[t][2 * hf + e] * (codes ? (float)codes[row * a.codes.ld + jj + e] : 1.f) : 0.f;
+        *reinterpret_cast<uint32_t *>((T *)a.out.p + row * a.out.ld + a.K1 + j) = pack2<T>(o[0], o[1]);
       }
     return;
+  } else {
+#pragma unroll
+    for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = r0 + 8 * (e / 2);
+        const int j = 8 * t + c0 + e % 2;
+        h[t][e] *= codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling;
+      }
   }
   uint32_t ha[RT / 16][4];
   pack_a<T, RT>(ha, h);
@@ -3791,7 +3805,8 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
   const int64_t m0 = (int64_t)blockIdx.x * kLfRows;
   const T *x = (const T *)a.x.p, *v = (const T *)a.v.p, *u = (const T *)a.u_t.p, *codes = (const T *)a.codes.p,
           *y = (const T *)a.y.p;
-  const bool cat = a.mode == FUSEDK__LR_CAT; // x copied on to out, v holds a [r, K1]
+  const bool cat = a.mode == FUSEDK__LR_CAT; // x copied on to out, v holds a [A, r, K1]: h column j is
+  const int rp = (a.r + 7) / 8 * 8;          // adapter j / rp's row j % rp
   float acc[kLfRows / 8][RQ] = {}; // rows warp + 8 i
   for (int64_t k0 = 0; k0 < a.K1; k0 += kLfK) {
     for (int i = threadIdx.x; i < kLfRows * kLfK; i += 256) {
@@ -3804,7 +3819,8 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
     for (int i = threadIdx.x; i < kLfK * 32 * RQ; i += 256) {
       const int64_t k = k0 + i / (32 * RQ);
       const int j = i % (32 * RQ);
-      vs[i / (32 * RQ)][j] = k < a.K1 && j < a.r ? (float)v[cat ? j * a.v.ld + k : k * a.v.ld + j] : 0.f;
+      const bool in = k < a.K1 && (cat ? j / rp < a.slots && j % rp < a.r : j < a.r);
+      vs[i / (32 * RQ)][j] = in ? (float)v[cat ? j / rp * a.va + j % rp * a.v.ld + k : k * a.v.ld + j] : 0.f;
     }
     __syncthreads();
 #pragma unroll 4
@@ -3820,16 +3836,20 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
 #pragma unroll
     for (int q = 0; q < RQ; ++q) {
       const int64_t row = m0 + warp + 8 * i;
-      const int j = lane + 32 * q;
+      const int j = lane + 32 * q, jc = cat ? j % rp : j; // codes' column: the adapter's row of a
       hs[warp + 8 * i][j] =
-          acc[i][q] * (codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling);
+          acc[i][q] * (codes ? (row < a.M && jc < a.r ? a.scaling * (float)codes[row * a.codes.ld + jc] : 0.f) : a.scaling);
     }
   __syncthreads();
   const int rows = (int)min((int64_t)kLfRows, a.M - m0);
-  if (cat) { // h, rounded, into out's columns K1 .. K1 + rp (zeros past r, whatever x holds)
-    const int rp = (a.r + 7) / 8 * 8;
-    for (int i = threadIdx.x; i < rows * rp; i += 256)
-      ((T *)a.out.p)[(m0 + i / rp) * a.out.ld + a.K1 + i % rp] = T(i % rp < a.r ? hs[i / rp][i % rp] : 0.f);
+  if (cat) { // h where the row's id selects the adapter (zeros past r, whatever x holds), rounded,
+             // into out's columns K1 .. K1 + A rp
+    const int W = a.slots * rp;
+    for (int i = threadIdx.x; i < rows * W; i += 256) {
+      const int m = i / W, j = i % W;
+      const bool on = j % rp < a.r && (!a.ids || a.ids[m0 + m] == j / rp);
+      ((T *)a.out.p)[(m0 + m) * a.out.ld + a.K1 + j] = T(on ? hs[m][j] : 0.f);
+    }
     return;
   }
   for (int64_t n = threadIdx.x; n < a.K2; n += 256) { // a thread a column of the block's rows
@@ -3851,10 +3871,11 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
 // lowrank_prepare: out [N, K1 + rp] = [w | scaling b | 0], an element a thread (once an adapter);
 // scaling b in double, rounded once (as the CPU reference: the same bits)
 template <typename T> __global__ void lowrank_prepare_kernel(const fusedk__lowrank_args a) {
-  const int64_t W = a.K1 + (a.r + 7) / 8 * 8, n = a.M * W;
+  const int rp = (a.r + 7) / 8 * 8;
+  const int64_t W = a.K1 + a.slots * rp, n = a.M * W;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t row = i / W, c = i % W;
-    const double b = c >= a.K1 && c < a.K1 + a.r ? (double)(float)((const T *)a.v.p)[row * a.v.ld + c - a.K1] : 0.0;
+    const int64_t row = i / W, c = i % W, q = (c - a.K1) / rp, j = (c - a.K1) % rp; // adapter q's column j
+    const double b = c >= a.K1 && j < a.r ? (double)(float)((const T *)a.v.p)[q * a.va + row * a.v.ld + j] : 0.0;
     ((T *)a.out.p)[row * a.out.ld + c] = c < a.K1 ? ((const T *)a.x.p)[row * a.x.ld + c] : T((double)a.scaling * b);
   }
 }
@@ -3887,22 +3908,24 @@ template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowra
 
 template <typename T> cudaError_t launch_lowrank(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
   if (a.mode == FUSEDK__LR_PREPARE) {
-    const int64_t n = a.M * (a.K1 + (a.r + 7) / 8 * 8), cap = (int64_t)device_sms(dev) * 8;
+    const int64_t n = a.M * (a.K1 + a.slots * ((a.r + 7) / 8 * 8)), cap = (int64_t)device_sms(dev) * 8;
     lowrank_prepare_kernel<T><<<(unsigned)std::min((n + 255) / 256, cap), 256, 0, s>>>(a);
     return cudaGetLastError();
   }
-  const bool cat = a.mode == FUSEDK__LR_CAT; // u_t, y absent; out [M, K1 + rp]
+  // CAT: u_t, y absent; out [M, K1 + A rp], h as wide as A rp (its columns: the rank's place)
+  const bool cat = a.mode == FUSEDK__LR_CAT;
+  const int width = cat ? a.slots * ((a.r + 7) / 8 * 8) : a.r;
   if constexpr (sizeof(T) == 2) {
-    if (a.K1 % 8 == 0 && (cat || a.K2 % 8 == 0) && lr_vec(a.x) && (cat ? lr_vec(a.v) : lr_vec(a.u_t)) && lr_vec(a.out) &&
-        (!a.y.p || lr_vec(a.y))) {
-      if (a.r <= 16) return launch_lowrank_mma<T, 16>(a, s, dev);
-      if (a.r <= 32) return launch_lowrank_mma<T, 32>(a, s, dev);
-      if (a.r <= 64) return launch_lowrank_mma<T, 64>(a, s, dev);
+    if (a.K1 % 8 == 0 && (cat || a.K2 % 8 == 0) && lr_vec(a.x) && (cat ? lr_vec(a.v) && a.va % 8 == 0 : lr_vec(a.u_t)) &&
+        lr_vec(a.out) && (!a.y.p || lr_vec(a.y))) {
+      if (width <= 16) return launch_lowrank_mma<T, 16>(a, s, dev);
+      if (width <= 32) return launch_lowrank_mma<T, 32>(a, s, dev);
+      if (width <= 64) return launch_lowrank_mma<T, 64>(a, s, dev);
       return launch_lowrank_mma<T, 128>(a, s, dev);
     }
   }
   const unsigned grid = (unsigned)((a.M + kLfRows - 1) / kLfRows);
-  switch ((a.r + 31) / 32) {
+  switch ((width + 31) / 32) {
     case 1: lowrank_fma_kernel<T, 1><<<grid, 256, 0, s>>>(a); break;
     case 2: lowrank_fma_kernel<T, 2><<<grid, 256, 0, s>>>(a); break;
     case 3: lowrank_fma_kernel<T, 3><<<grid, 256, 0, s>>>(a); break;

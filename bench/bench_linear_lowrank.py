@@ -11,8 +11,12 @@ fc1 4608x3072 -> 12288 r=32, with bias; Flux's fc1 with gelu_tanh too (its FeedF
 two-kernel form has no act and is not timed there). Kernel time: bench.py's method (K calls in
 one CUDA graph over input sets that outgrow L2, replays timed by events, median of --rounds
 rotated rounds); the base linear is fusedk.linear(x, w, bias, act) in the same rounds. The eager
-call (no out=, no graph): a loop of calls to a sync, per call. Writes DIR/bench_linear_lowrank.json
-and .md and prints the table."""
+call (no out=, no graph): a loop of calls to a sync, per call. Many adapters (issue 26: within
+1.1x of the single-adapter call): A stacked rank-16 adapters with adapter_ids, in runs (A
+requests of M / A rows) or at random a row, against one rank-16 adapter and against torch's
+per-adapter loop (y = F.linear(x, w, bias), then y[rows_q] += s (x[rows_q] a_q^T) b_q^T, the rows
+of each adapter gathered by precomputed indices). Writes DIR/bench_linear_lowrank.json and .md and
+prints the table."""
 import argparse
 import datetime
 import json
@@ -66,6 +70,47 @@ def row(name, M, K, r, N, dt, act, rounds, iters):
             "eager_call_us": eager, "max_abs_err_vs_float64": err}
 
 
+ADAPTERS = [("Flux fc1", 4608, 3072, 16, 12288, torch.bfloat16, 4, "runs"),
+            ("Flux fc1", 4608, 3072, 16, 12288, torch.bfloat16, 8, "random"),
+            ("bf16 4096", 8192, 4096, 16, 4096, torch.bfloat16, 4, "runs")]
+
+
+def adapters_row(name, M, K, r, N, dt, A, kind, rounds, iters):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    mk = lambda *s, scale=1.0: (scale * torch.randn(*s, device="cuda", generator=g)).to(dt)  # noqa: E731
+    w, bias, s = mk(N, K, scale=K ** -0.5), mk(N), 0.5
+    a, b = mk(A, r, K, scale=K ** -0.5), mk(A, N, r, scale=r ** -0.5)
+    ids = (torch.arange(M, device="cuda") * A // M if kind == "runs" else
+           torch.randint(0, A, (M,), device="cuda", generator=g)).to(torch.int32)
+    rows = [torch.nonzero(ids == q).flatten() for q in range(A)]
+    sets = [(mk(M, K), torch.empty(M, N, device="cuda", dtype=dt)) for _ in range(2)]
+    many, one = fusedk.LoRA(w, a, b, scaling=s, bias=bias), fusedk.LoRA(w, a[0], b[0], scaling=s, bias=bias)
+
+    def loop(x, y):
+        y = torch.addmm(bias, x, w.t(), out=y)
+        for q in range(A):
+            xq = x.index_select(0, rows[q])
+            y.index_add_(0, rows[q], (xq @ a[q].t()) @ b[q].t(), alpha=s)
+        return y
+    X = lambda i: sets[i % 2][0]  # noqa: E731
+    Y = lambda i: sets[i % 2][1]  # noqa: E731
+    calls = {"many": lambda i: many(X(i), adapter_ids=ids, out=Y(i)), "one": lambda i: one(X(i), out=Y(i)),
+             "base linear": lambda i: fusedk.linear(X(i), w, bias, out=Y(i)), "torch loop": lambda i: loop(X(i), Y(i))}
+    x0 = sets[0][0].double()
+    want = x0 @ w.double().T + bias.double()
+    for q in range(A):
+        want[rows[q]] += (x0[rows[q]] @ a[q].double().T) @ b[q].double().T * s
+    err = {"fusedk": (many(sets[0][0], adapter_ids=ids).double() - want).abs().max().item(),
+           "torch loop": (loop(sets[0][0], torch.empty_like(sets[0][1])).double() - want).abs().max().item()}
+    us, meth, errs = bench.time_rounds(calls, 8, iters, rounds)
+    med = {k: statistics.median(t) for k, t in us.items() if t}
+    eager = {"many": eager_us(lambda: many(sets[0][0], adapter_ids=ids)), "torch loop": eager_us(
+        lambda: loop(sets[0][0], torch.empty_like(sets[0][1])))}
+    return {"name": name, "M": M, "K": K, "r": r, "N": N, "A": A, "ids": kind, "dtype": str(dt).replace("torch.", ""),
+            "us": med, "rounds_us": us, "method": meth, "errors": errs, "eager_call_us": eager,
+            "max_abs_err_vs_float64": err}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
@@ -75,6 +120,7 @@ def main():
     o = ap.parse_args()
     bench.torch = torch  # bench.py binds torch in its own main()
     rows = [row(*sh, o.rounds, o.iters) for sh in SHAPES]
+    arows = [adapters_row(*sh, o.rounds, o.iters) for sh in ADAPTERS]
     meta = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M UTC"),
             "versions": bench.versions(), "commit": o.commit, "rounds": o.rounds}
     lines = [f"# fusedk linear_lowrank — {meta['gpu']} — {meta['date']}", "",
@@ -92,10 +138,22 @@ def main():
                      f"{cell('base linear')} | {cell('fusedk')} | {ratio} | {cell('two kernels')} | {cell('eager')} | "
                      f"{cell('compile')} | {e['fusedk']:.1f} / {e['eager']:.1f} / {e['base linear']:.1f} | "
                      f"{r['max_abs_err_vs_float64']['fusedk']:.2e} / {r['max_abs_err_vs_float64']['eager']:.2e} |")
+    lines += ["", "Many adapters (rank 16 each, bias, adapter_ids; goal: many / one <= 1.1):", "",
+              "| shape | adapters | ids | base linear µs | one adapter µs | many µs | many / one | torch loop µs | "
+              "eager call: many / torch loop µs | max err vs f64: fusedk / torch loop |",
+              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in arows:
+        u = r["us"]
+        cell = lambda k: f"{u[k]:.1f}" if k in u else "-"  # noqa: E731
+        ratio = f"{u['many'] / u['one']:.3f}x" if "many" in u and "one" in u else "-"
+        lines.append(f"| {r['name']} M{r['M']} K{r['K']} N{r['N']} {r['dtype']} | {r['A']} | {r['ids']} | "
+                     f"{cell('base linear')} | {cell('one')} | {cell('many')} | {ratio} | {cell('torch loop')} | "
+                     f"{r['eager_call_us']['many']:.1f} / {r['eager_call_us']['torch loop']:.1f} | "
+                     f"{r['max_abs_err_vs_float64']['fusedk']:.2e} / {r['max_abs_err_vs_float64']['torch loop']:.2e} |")
     md = "\n".join(lines) + "\n"
     os.makedirs(o.out, exist_ok=True)
     with open(os.path.join(o.out, "bench_linear_lowrank.json"), "w") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+        json.dump({"meta": meta, "rows": rows, "adapters": arows}, fh, indent=1)
     with open(os.path.join(o.out, "bench_linear_lowrank.md"), "w") as fh:
         fh.write(md)
     print(md)

@@ -643,28 +643,46 @@ static void linear_lowrank_cases(void) {
     for (int k = 0; k < QK + QRP; ++k)
       ok = ok && wc[n * (QK + QRP) + k] == (k < QK ? w[n * QK + k] : k < QK + QR ? 2.0f * b[n * QR + k - QK] : 0.0f);
   EXPECT(ok, "lowrank_prepare values: [w | 2 b | 0]");
+  static int32_t ids[QM] = {1, -1, 0}, ids8[8];
+  static float a2[2 * QR * QK], b2[2 * QN * QR], wc2[QN * (QK + 2 * QRP)], big[9 * 16 * QK];
+  int64_t is[1] = {QM}, is_bad[1] = {QM + 1}, a2s[3] = {2, QR, QK}, b2s[3] = {2, QN, QR}, wc2s[2] = {QN, QK + 2 * QRP};
+  int64_t bigs[3] = {9, 16, QK}, i8s[1] = {QM}, i8st[1] = {2};
+  fusedk_tensor tid = fusedk_tensor_cpu(ids, FUSEDK_I32, 1, is), tidb = fusedk_tensor_cpu(ids8, FUSEDK_I32, 1, is_bad);
+  fusedk_tensor tidf = fusedk_tensor_cpu(c, FUSEDK_F32, 1, is), tids = fusedk_tensor_cpu(ids8, FUSEDK_I32, 1, i8s);
+  fusedk_tensor ta2 = fusedk_tensor_cpu(a2, FUSEDK_F32, 3, a2s), tb2 = fusedk_tensor_cpu(b2, FUSEDK_F32, 3, b2s);
+  fusedk_tensor twc2 = fusedk_tensor_cpu(wc2, FUSEDK_F32, 2, wc2s), tbig = fusedk_tensor_cpu(big, FUSEDK_F32, 3, bigs);
+  tids.strides = i8st;
+  for (int i = 0; i < 2 * QR * QK; ++i) a2[i] = (float)(i % 5) - 2.0f;
+  for (int i = 0; i < 2 * QN * QR; ++i) b2[i] = (float)(i % 3) - 1.0f;
   struct {
     const fusedk_tensor *y, *x, *wc, *bias, *a, *codes;
     int act;
     fusedk_status want;
     const char *says;
+    const fusedk_tensor *ids;
   } bad[] = {
-      {NULL, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "y is NULL"},
-      {&ty, &tx, NULL, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "w_cat is NULL"},
-      {&ty, &tx, &twc, NULL, NULL, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "a is NULL"},
-      {&ty, &tx, &twc, NULL, &tab, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "a has shape [3, 5], expected [r, K] with K"},
-      {&ty, &tx, &twc, NULL, &ta9, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "a rank r of 1..128"},
-      {&ty, &tx, &twcb, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "w_cat has shape [5, 7], expected [N, 12]"},
-      {&ty, &tx, &twc, &tx, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "bias has shape [3, 4], expected [5]"},
-      {&ty, &tx, &twc, NULL, &ta, &tcb, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "codes has shape [3, 4], expected [3, 3]"},
-      {&tyb, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "y has shape [3, 6], expected [3, 5]"},
-      {&ty, &tx, &twc, NULL, &ta, NULL, 7, FUSEDK_ERR_INVALID_ARGUMENT, "act is 7"},
-      {&ty, &tx, &twc, NULL, &twy, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_LAYOUT, "output y overlaps a in memory"},
+      {NULL, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "y is NULL", NULL},
+      {&ty, &tx, NULL, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "w_cat is NULL", NULL},
+      {&ty, &tx, &twc, NULL, NULL, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_INVALID_ARGUMENT, "a is NULL", NULL},
+      {&ty, &tx, &twc, NULL, &tab, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "a has shape [3, 5], expected [r, K] with K", NULL},
+      {&ty, &tx, &twc, NULL, &ta9, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "a rank r of 1..128", NULL},
+      {&ty, &tx, &twcb, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "w_cat has shape [5, 7], expected [N, 12]", NULL},
+      {&ty, &tx, &twc, &tx, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "bias has shape [3, 4], expected [5]", NULL},
+      {&ty, &tx, &twc, NULL, &ta, &tcb, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "codes has shape [3, 4], expected [3, 3]", NULL},
+      {&tyb, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "y has shape [3, 6], expected [3, 5]", NULL},
+      {&ty, &tx, &twc, NULL, &ta, NULL, 7, FUSEDK_ERR_INVALID_ARGUMENT, "act is 7", NULL},
+      {&ty, &tx, &twc, NULL, &twy, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_LAYOUT, "output y overlaps a in memory", NULL},
+      {&ty, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "adapter_ids has shape [4], expected [3]", &tidb},
+      {&ty, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_DTYPE, "adapter_ids has dtype float32, expected int32",
+       &tidf},
+      {&ty, &tx, &twc, NULL, &ta, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_LAYOUT, "adapter_ids has stride 2", &tids},
+      {&ty, &tx, &twc, NULL, &tbig, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "9 adapters of rank 16 make 144 columns", NULL},
+      {&ty, &tx, &twc, NULL, &ta2, NULL, FUSEDK_ACT_NONE, FUSEDK_ERR_SHAPE, "w_cat has shape [5, 12], expected [N, 20]", NULL},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
     for (int j = 0; j < QM * QN; ++j) y[j] = SENTINEL;
     const fusedk_status st = fusedk_linear_lowrank(bad[i].y, bad[i].x, bad[i].wc, bad[i].bias, bad[i].a, bad[i].codes,
-                                                   (fusedk_activation)bad[i].act, NULL);
+                                                   bad[i].ids, (fusedk_activation)bad[i].act, NULL);
     int clean = 1;
     for (int j = 0; j < QM * QN; ++j) clean = clean && y[j] == SENTINEL;
     EXPECT(st == bad[i].want && clean && strstr(fusedk_failure_reason(), "linear_lowrank: ") &&
@@ -673,7 +691,7 @@ static void linear_lowrank_cases(void) {
            fusedk_status_name(bad[i].want), fusedk_failure_reason(), clean);
   }
   for (int mode = 0; mode < 2; ++mode) { /* no codes, no bias; codes, bias and relu */
-    const fusedk_status st = fusedk_linear_lowrank(&ty, &tx, &twc, mode ? &tn : NULL, &ta, mode ? &tc : NULL,
+    const fusedk_status st = fusedk_linear_lowrank(&ty, &tx, &twc, mode ? &tn : NULL, &ta, mode ? &tc : NULL, NULL,
                                                    mode ? FUSEDK_ACT_RELU : FUSEDK_ACT_NONE, NULL);
     ok = st == FUSEDK_OK;
     for (int m = 0; m < QM; ++m)
@@ -688,6 +706,35 @@ static void linear_lowrank_cases(void) {
         ok = ok && y[m * QN + n] == (float)(mode && want < 0 ? 0.0 : want);
       }
     EXPECT(ok, "linear_lowrank exact values, mode %d: %s", mode, fusedk_status_name(st));
+  }
+  /* two stacked adapters, scaling 2: w_cat's slots, then rows by ids {1, -1, 0} and, without ids,
+     both adapters on every row */
+  EXPECT(fusedk_lowrank_prepare(&twc2, &tw, &tb2, 2.0f, NULL) == FUSEDK_OK, "lowrank_prepare, 2 adapters: %s",
+         fusedk_failure_reason());
+  ok = 1;
+  for (int n = 0; n < QN; ++n)
+    for (int k = 0; k < QK + 2 * QRP; ++k) {
+      const int q = (k - QK) / QRP, j = (k - QK) % QRP;
+      ok = ok && wc2[n * (QK + 2 * QRP) + k] == (k < QK ? w[n * QK + k] : j < QR ? 2.0f * b2[(q * QN + n) * QR + j] : 0.0f);
+    }
+  EXPECT(ok, "lowrank_prepare values, 2 adapters: [w | 2 b_0 | 0 | 2 b_1 | 0]");
+  for (int with_ids = 0; with_ids < 2; ++with_ids) {
+    const fusedk_status st = fusedk_linear_lowrank(&ty, &tx, &twc2, NULL, &ta2, &tc, with_ids ? &tid : NULL,
+                                                   FUSEDK_ACT_NONE, NULL);
+    ok = st == FUSEDK_OK;
+    for (int m = 0; m < QM; ++m)
+      for (int n = 0; n < QN; ++n) {
+        double want = 0.0;
+        for (int k = 0; k < QK; ++k) want += (double)x[m * QK + k] * w[n * QK + k];
+        for (int q = 0; q < 2; ++q)
+          for (int j = 0; j < QR && (!with_ids || ids[m] == q); ++j) {
+            double h = 0.0;
+            for (int k = 0; k < QK; ++k) h += (double)x[m * QK + k] * a2[(q * QR + j) * QK + k];
+            want += h * c[m * QR + j] * 2.0 * b2[(q * QN + n) * QR + j];
+          }
+        ok = ok && y[m * QN + n] == (float)want;
+      }
+    EXPECT(ok, "linear_lowrank exact values, 2 adapters, ids %d: %s", with_ids, fusedk_status_name(st));
   }
 }
 

@@ -1563,11 +1563,13 @@ static void lowrank_cases(fusedk_scalar s) {
    accumulation order: linear's bound (lin_compare) against the reference on absolute values. */
 typedef struct {
   fusedk_scalar s;
-  int64_t B, L, K, r, N; /* x [B, L, K], a [r, K], w [N, K], b [N, r] */
+  int64_t B, L, K, r, N; /* x [B, L, K], a [r, K], w [N, K], b [N, r] (A > 1: [A, r, K], [A, N, r]) */
   int codes, bias, act;
   float scaling;
   int64_t pad;  /* row padding of x, a, w, w_cat, y */
   size_t shift; /* leading elements of x and y */
+  int64_t A;    /* adapters stacked (0: one, 2-d a and b) */
+  int ids;      /* adapter_ids: 0 none (every adapter on every row), 1 in runs of 5 rows, -1 and A among them */
 } lora_t;
 
 /* every element of b to k * step, k an integer rounded from it / step and clamped to +-lim
@@ -1582,17 +1584,27 @@ static void few_bits(buf_t *b, double step, double lim, int pow2) {
 
 static void run_linear_lowrank(lora_t c) {
   const fusedk_scalar s = c.s;
-  const int64_t rp = (c.r + 7) / 8 * 8, xs[3] = {c.B, c.L, c.K}, as[2] = {c.r, c.K}, cs[3] = {c.B, c.L, c.r},
-                ws[2] = {c.N, c.K}, bs[2] = {c.N, c.r}, wcs[2] = {c.N, c.K + rp}, ns[1] = {c.N}, ys[3] = {c.B, c.L, c.N};
-  char what[200], prep[200];
-  snprintf(what, sizeof what, "linear_lowrank %s [%lld,%lld,%lld] r=%lld N=%lld act=%s%s%s scaling %g pad %lld shift %zu",
-           sname(s), (long long)c.B, (long long)c.L, (long long)c.K, (long long)c.r, (long long)c.N, act_name(c.act),
-           c.codes ? " codes" : "", c.bias ? " bias" : "", (double)c.scaling, (long long)c.pad, c.shift);
+  const int64_t A = c.A ? c.A : 1, rp = (c.r + 7) / 8 * 8, M = c.B * c.L, xs[3] = {c.B, c.L, c.K},
+                as[3] = {A, c.r, c.K}, cs[3] = {c.B, c.L, c.r}, ws[2] = {c.N, c.K}, bs[3] = {A, c.N, c.r},
+                wcs[2] = {c.N, c.K + A * rp}, ns[1] = {c.N}, ys[3] = {c.B, c.L, c.N};
+  const int fd = c.A ? 3 : 2; /* a's and b's ndim */
+  char what[220], prep[200];
+  snprintf(what, sizeof what, "linear_lowrank %s [%lld,%lld,%lld] r=%lld N=%lld act=%s%s%s scaling %g pad %lld shift %zu "
+           "A=%lld%s", sname(s), (long long)c.B, (long long)c.L, (long long)c.K, (long long)c.r, (long long)c.N,
+           act_name(c.act), c.codes ? " codes" : "", c.bias ? " bias" : "", (double)c.scaling, (long long)c.pad, c.shift,
+           (long long)A, c.ids ? " ids" : "");
   snprintf(prep, sizeof prep, "lowrank_prepare %s N=%lld K=%lld r=%lld pad %lld", sname(s), (long long)c.N,
            (long long)c.K, (long long)c.r, (long long)c.pad);
-  buf_t x = mk(s, 3, xs, c.pad, c.shift, 0, 1.0, 0.0), a = mk(s, 2, as, c.pad, 0, 0, 0.25, 0.0);
+  buf_t x = mk(s, 3, xs, c.pad, c.shift, 0, 1.0, 0.0), a = mk(s, fd, as + 3 - fd, c.pad, 0, 0, 0.25, 0.0);
   buf_t cd = mk(s, 3, cs, 0, 0, 0, 1.0, 0.0), w = mk(s, 2, ws, c.pad, 0, 0, 1.0 / sqrt((double)c.K), 0.0);
-  buf_t b = mk(s, 2, bs, 0, 0, 0, 1.0 / sqrt((double)c.r), 0.0), bias = mk(s, 1, ns, 0, 0, 0, 0.5, 0.0);
+  buf_t b = mk(s, fd, bs + 3 - fd, 0, 0, 0, 1.0 / sqrt((double)c.r), 0.0), bias = mk(s, 1, ns, 0, 0, 0, 0.5, 0.0);
+  int32_t *idh = malloc((size_t)M * sizeof(int32_t) + 4), *idd = NULL;
+  for (int64_t m = 0; m < M; ++m) idh[m] = (int32_t)((m / 5) % (A + 2)) - 1; /* -1 .. A: none at both ends */
+  CK(cudaMalloc((void **)&idd, (size_t)M * sizeof(int32_t) + 4));
+  CK(cudaMemcpy(idd, idh, (size_t)M * sizeof(int32_t), cudaMemcpyHostToDevice));
+  int64_t ids_shape[1] = {M};
+  fusedk_tensor ih = fusedk_tensor_cpu(idh, FUSEDK_I32, 1, ids_shape), idv = ih;
+  idv.data = idd, idv.device.device_type = FUSEDK_DEVICE_CUDA;
   buf_t wc = mk(s, 2, wcs, c.pad, 0, 0, 0.0, 0.0), y = mk(s, 3, ys, c.pad, c.shift, 0, 0.0, 0.0);
   buf_t z = mk(s, 3, ys, c.pad, c.shift, 0, 0.0, 0.0);
   few_bits(&x, 0.25, 8, 0), few_bits(&a, 1.0 / 16, 16, 0), few_bits(&cd, 0, 0, 1);
@@ -1608,21 +1620,24 @@ static void run_linear_lowrank(lora_t c) {
   }
   CK(cudaMemcpy(wc.d, wc.h, wc.n_alloc * esize(s), cudaMemcpyHostToDevice));
   const fusedk_tensor *bc = c.bias ? &bias.th : NULL, *bg = c.bias ? &bias.td : NULL;
-  sc = fusedk_linear_lowrank(&y.th, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, (fusedk_activation)c.act, NULL);
-  sg = fusedk_linear_lowrank(&y.td, &x.td, &wc.td, bg, &a.td, c.codes ? &cd.td : NULL, (fusedk_activation)c.act, NULL);
+  const fusedk_tensor *ic = c.ids ? &ih : NULL, *ig = c.ids ? &idv : NULL;
+  sc = fusedk_linear_lowrank(&y.th, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, ic, (fusedk_activation)c.act, NULL);
+  sg = fusedk_linear_lowrank(&y.td, &x.td, &wc.td, bg, &a.td, c.codes ? &cd.td : NULL, ig, (fusedk_activation)c.act, NULL);
   CK(cudaDeviceSynchronize());
   if (!call_failed_counted(what, sc, sg)) {
     buf_t xa = lin_abs(&x, 1.0), aa = lin_abs(&a, 1.0), ca = lin_abs(&cd, 1.0), wa = lin_abs(&wc, 1.0);
     buf_t ba = lin_abs(&bias, 1.0), s1 = lin_abs(&y, 0.0);
-    fusedk_linear_lowrank(&s1.th, &xa.th, &wa.th, c.bias ? &ba.th : NULL, &aa.th, c.codes ? &ca.th : NULL,
+    fusedk_linear_lowrank(&s1.th, &xa.th, &wa.th, c.bias ? &ba.th : NULL, &aa.th, c.codes ? &ca.th : NULL, ic,
                           FUSEDK_ACT_NONE, NULL);
     const int two_pass = c.act == FUSEDK_ACT_GELU || c.act == FUSEDK_ACT_SILU; /* z rounded, then act */
-    if (two_pass) fusedk_linear_lowrank(&z.th, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, FUSEDK_ACT_NONE, NULL);
+    if (two_pass) fusedk_linear_lowrank(&z.th, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, ic, FUSEDK_ACT_NONE, NULL);
     const double g = c.act == FUSEDK_ACT_NONE || c.act == FUSEDK_ACT_RELU ? 1.0 : 1.13;
     lin_compare(what, "", &y, y.h, &s1, g, c.K + c.r, 0, 0, two_pass ? &z : NULL);
     free(xa.h), free(aa.h), free(ca.h), free(wa.h), free(ba.h), free(s1.h);
   }
   drop(&x), drop(&a), drop(&cd), drop(&w), drop(&b), drop(&bias), drop(&wc), drop(&y), drop(&z);
+  free(idh);
+  CK(cudaFree(idd));
 }
 
 /* every rank class (r not a multiple of 8: w_cat's zero columns), codes, bias, every act, K not
@@ -1650,11 +1665,29 @@ static void linear_lowrank_cases(fusedk_scalar s) {
       {.s = s, .B = 1, .L = 8449, .K = 328, .r = 128, .N = 72, .bias = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.5f},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_linear_lowrank(rows[i]);
+  /* stacked adapters: ids in runs (-1 and A: none), and none (all adapters summed); A rp up to 128;
+     r not a multiple of 8 (each slot's zero columns); K not a multiple of 8 */
+  const lora_t stacks[] = {
+      {.s = s, .B = 2, .L = 33, .K = 200, .r = 16, .N = 136, .codes = 1, .bias = 1, .act = FUSEDK_ACT_NONE,
+       .scaling = 0.5f, .A = 4, .ids = 1},
+      {.s = s, .B = 2, .L = 33, .K = 200, .r = 16, .N = 136, .bias = 1, .act = FUSEDK_ACT_GELU_TANH, .scaling = 0.5f,
+       .A = 4},
+      {.s = s, .B = 1, .L = 70, .K = 128, .r = 5, .N = 64, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f, .A = 3,
+       .ids = 1},
+      {.s = s, .B = 1, .L = 600, .K = 256, .r = 8, .N = 72, .bias = 1, .act = FUSEDK_ACT_RELU, .scaling = 1.0f,
+       .A = 16, .ids = 1},
+      {.s = s, .B = 3, .L = 7, .K = 999, .r = 12, .N = 130, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.25f,
+       .A = 2, .ids = 1},
+      {.s = s, .B = 1, .L = 8449, .K = 328, .r = 32, .N = 64, .bias = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.5f,
+       .A = 4, .ids = 1},
+  };
+  for (size_t i = 0; i < sizeof stacks / sizeof stacks[0]; ++i) run_linear_lowrank(stacks[i]);
   if (!small) /* a DiT projection's width */
     run_linear_lowrank((lora_t){.s = s, .B = 1, .L = 1024, .K = 1536, .r = 32, .N = 1024, .bias = 1,
                                 .act = FUSEDK_ACT_GELU_TANH, .scaling = 1.0f});
   if (failures == n_before)
-    printf("ok   %s lowrank_prepare, linear_lowrank (ranks 1-128, codes, bias, acts, odd K and N, strided, misaligned)\n",
+    printf("ok   %s lowrank_prepare, linear_lowrank (ranks 1-128, codes, bias, acts, odd K and N, strided, misaligned, "
+           "stacked adapters with and without ids)\n",
            sname(s));
 }
 

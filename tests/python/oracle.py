@@ -374,18 +374,27 @@ def linear(x, w, bias=None, act_kind="none", dtype=None):
     return act(zin, act_kind), z
 
 
-def linear_lowrank(x, w, a, b, scaling=1.0, bias=None, codes=None, act_kind="none", dtype=None):
-    """(y, S1, Sh) in float64: y = act(x w^T + bias + ((x a^T) codes) (scaling b)^T) (GELU and SILU
-    see z rounded to dtype first, as linear's); S1 the same over absolute values; Sh = |h| |scaling
-    b|^T, what h's and scaling b's roundings to the dtype (one each) can move"""
+def linear_lowrank(x, w, a, b, scaling=1.0, bias=None, codes=None, act_kind="none", dtype=None, ids=None):
+    """(y, S1, Sh) in float64: y = act(x w^T + bias + sum over adapters q of ((x a_q^T) codes) (scaling
+    b_q)^T) (a [r, K] and b [N, r], or [A, r, K] and [A, N, r]; with ids [M], row m takes adapter
+    ids[m] alone, none outside 0..A-1); GELU and SILU see z rounded to dtype first, as linear's; S1
+    the same over absolute values; Sh = |h| |scaling b|^T, what h's and scaling b's roundings to
+    the dtype (one each) can move"""
     s = np.float64(np.float32(scaling))
-    h, ha = f64(x) @ f64(a).T, np.abs(f64(x)) @ np.abs(f64(a)).T
-    if codes is not None:
-        h, ha = h * f64(codes), ha * np.abs(f64(codes))
+    a3, b3 = (f64(a)[None], f64(b)[None]) if np.ndim(a) == 2 else (f64(a), f64(b))
     z, _ = linear(x, w, bias)
-    z = z + h @ (s * f64(b)).T
-    s1 = np.abs(f64(x)) @ np.abs(f64(w)).T + (0 if bias is None else np.abs(f64(bias))) + ha @ np.abs(s * f64(b)).T
-    sh = np.abs(h) @ np.abs(s * f64(b)).T
+    s1 = np.abs(f64(x)) @ np.abs(f64(w)).T + (0 if bias is None else np.abs(f64(bias)))
+    sh = np.zeros_like(z)
+    for q in range(a3.shape[0]):
+        h, ha = f64(x) @ a3[q].T, np.abs(f64(x)) @ np.abs(a3[q]).T
+        if codes is not None:
+            h, ha = h * f64(codes), ha * np.abs(f64(codes))
+        if ids is not None:
+            on = (np.asarray(ids).reshape(h.shape[:-1]) == q)[..., None]
+            h, ha = h * on, ha * on
+        z = z + h @ (s * b3[q]).T
+        s1 = s1 + ha @ np.abs(s * b3[q]).T
+        sh = sh + np.abs(h) @ np.abs(s * b3[q]).T
     if act_kind == "none":
         return z, s1, sh
     zin = z.astype(dtype).astype(np.float64) if dtype is not None and act_kind in ("gelu", "silu") else z

@@ -28,14 +28,14 @@ def operands(dtype, lead, K, r, N):
             rand((N, r), dtype, r ** -0.5), rand((N,), dtype, 0.5), rand(lead + (r,), dtype))
 
 
-def check(got, x, w, a, b, s, bias, codes, act, what, gpu=False):
+def check(got, x, w, a, b, s, bias, codes, act, what, gpu=False, ids=None):
     dtype = np.asarray(oracle.np_of(got) if gpu else got).dtype
-    want, s1, sh = oracle.linear_lowrank(x, w, a, b, s, bias, codes, act, dtype)
+    want, s1, sh = oracle.linear_lowrank(x, w, a, b, s, bias, codes, act, dtype, ids)
     g = 1.0 if act in ("none", "relu") else 1.13  # |act'| bounds how far an error in z moves y
     e = EPS[dtype]  # an ulp: h and scaling b rounded once each (float32 too)
     extra = g * e * sh
     if act in ("gelu", "silu"):  # z rounded to the dtype before the act: an ulp of z either way
-        extra = extra + g * e * np.abs(oracle.linear_lowrank(x, w, a, b, s, bias, codes)[0])
+        extra = extra + g * e * np.abs(oracle.linear_lowrank(x, w, a, b, s, bias, codes, ids=ids)[0])
     gemm_close(oracle.np_of(got) if gpu else got, want, dtype, g * s1, what, extra=extra, gpu=gpu)
 
 
@@ -52,6 +52,25 @@ def test_reference(r, act, with_codes, with_bias, dtype):
     got = fusedk.linear_lowrank(x, w_cat, a, bias, codes, act)
     assert got.shape == (2, 5, 40) and got.dtype == dtype
     check(got, x, w, a, b, 0.75, bias, codes, act, f"r={r} act={act} codes={with_codes} bias={with_bias}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("A,r", [(2, 8), (3, 5), (16, 8), (1, 128)], ids=str)
+@pytest.mark.parametrize("ids", ["none", "mixed"])
+def test_adapters(A, r, ids, dtype):
+    """A stacked adapters: with ids each row takes its own (-1 and out-of-range ids: none, repeats,
+    runs), without ids all of them on every row (peft's several active adapters)"""
+    x, w, _, _, bias, codes = operands(dtype, (3, 7), 24, r, 40)
+    a, b = rand((A, r, 24), dtype, 24 ** -0.5), rand((A, 40, r), dtype, r ** -0.5)
+    w_cat = fusedk.lowrank_prepare(w, b, 0.5)
+    assert w_cat.shape == (40, 24 + A * ((r + 7) // 8 * 8))
+    idv = None if ids == "none" else np.array([(i // 3) % (A + 1) - 1 if i % 5 else A + 3 for i in range(21)], np.int32)
+    got = fusedk.linear_lowrank(x, w_cat, a, bias, codes, "gelu_tanh", adapter_ids=idv)
+    check(got, x, w, a, b, 0.5, bias, codes, "gelu_tanh", f"A={A} r={r} ids={ids}", ids=idv)
+    if idv is not None:  # a row whose id names no adapter is the base linear's
+        base = fusedk.linear(x, w, bias, act="gelu_tanh").reshape(21, 40)
+        off = (idv < 0) | (idv >= A)
+        assert np.array_equal(got.reshape(21, 40)[off], base[off])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -102,6 +121,7 @@ def test_empty():
     w_cat = fusedk.lowrank_prepare(w, b)
     assert fusedk.linear_lowrank(x, w_cat, a).shape == (0, 5)
     assert fusedk.lowrank_prepare(w[:0], b[:0]).shape == (0, 16)
+    assert fusedk.lowrank_prepare(w, rand((3, 5, 4), np.float32)).shape == (5, 32)
 
 
 def test_bad_arguments():
@@ -129,6 +149,11 @@ def test_bad_arguments():
         (dict(a=rand((3, 8), np.float16)), fusedk.DTypeError, "a has dtype float16, expected float32"),
         (dict(x=rand((4, 16), np.float32)[:, ::2]), fusedk.LayoutError, "x has stride 2 in its last dim"),
         (dict(out=np.zeros((4, 6), np.float32)), fusedk.ShapeError, "y has shape"),
+        (dict(adapter_ids=np.zeros(3, np.int32)), fusedk.ShapeError, "adapter_ids has shape [3], expected [4]"),
+        (dict(adapter_ids=np.zeros(4, np.float32)), fusedk.DTypeError, "adapter_ids has dtype float32, expected int32"),
+        (dict(adapter_ids=np.zeros(8, np.int32)[::2]), fusedk.LayoutError, "adapter_ids has stride 2"),
+        (dict(a=rand((9, 16, 8), np.float32)), fusedk.ShapeError, "9 adapters of rank 16 make 144 columns of h, "
+                                                                  "expected at most 128"),
     ]
     for over, err, says in cases:
         args = dict(x=x, w_cat=w_cat, a=a)
@@ -257,5 +282,27 @@ def test_gpu_inf_in_x_with_padded_rank(K):
 def test_lora_ranks_must_agree():
     """w_cat's width tells only r rounded up to 8: LoRA checks a's and b's ranks itself"""
     w, a, b = rand((8, 16), np.float32), rand((8, 16), np.float32), rand((8, 5), np.float32)
-    with pytest.raises(fusedk.ShapeError, match="a has rank 8 .* and b 5"):
+    with pytest.raises(fusedk.ShapeError, match=r"a has shape \(8, 16\) and b \(8, 5\), expected"):
         fusedk.LoRA(w, a, b)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("A,r,M,K,N", [(4, 16, 1000, 512, 520), (3, 5, 77, 1000, 136), (16, 8, 300, 768, 256)],
+                         ids=str)
+def test_gpu_adapters(A, r, M, K, N, dtype):
+    """stacked adapters on the GPU against the float64 oracle: ids at random (-1 and past A: none),
+    ids in runs (a batch of requests), and no ids (all adapters summed)"""
+    dt = getattr(torch, dtype)
+    x, w, _, _, bias, codes = gpu_operands(dt, M, K, r, N)
+    g = torch.Generator(device="cuda").manual_seed(A * 31 + r)
+    a = (torch.randn(A, r, K, device="cuda", generator=g) * K ** -0.5).to(dt)
+    b = (torch.randn(A, N, r, device="cuda", generator=g) * r ** -0.5).to(dt)
+    lora = fusedk.LoRA(w, a, b, scaling=0.5, bias=bias)
+    n = [oracle.np_of(t) for t in (x, w, a, b, bias, codes)]
+    ids_random = torch.randint(-1, A + 1, (M,), device="cuda", generator=g, dtype=torch.int32)
+    ids_runs = (torch.arange(M, device="cuda", dtype=torch.int32) // 64) % (A + 1) - 1
+    for name, ids in (("random", ids_random), ("runs", ids_runs), ("none", None)):
+        got = lora(x, codes, adapter_ids=ids)
+        check(got, n[0], n[1], n[2], n[3], 0.5, n[4], n[5], "none", f"A{A} r{r} M{M} K{K} N{N} {dtype} ids {name}",
+              gpu=True, ids=None if ids is None else ids.cpu().numpy())

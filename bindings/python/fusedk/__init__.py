@@ -282,31 +282,39 @@ def lowrank_update(x, v, u_t, codes=None, scaling=1.0, y=None, beta=1.0, out=Non
 
 def lowrank_prepare(w, b, scaling=1.0, out=None, stream=None):
     """A LoRA's weights for linear_lowrank: w_cat [N, K + rp] = [w | scaling * b | 0] with w [N, K]
-    (the base nn.Linear's weight), b [N, r] (peft's lora_B.weight), rp = r rounded up to 8. Made
-    once an adapter (again when w, b or scaling change)."""
+    (the base nn.Linear's weight), b [N, r] (peft's lora_B.weight), rp = r rounded up to 8; or
+    several adapters, b [A, N, r] stacked: [w | s b_0 | 0 | s b_1 | 0 ...], A rp <= 128. Made once
+    (again when w, b or scaling change)."""
     return _call(_LR_PREPARE, w, (out, w, b), (scaling,), stream)
 
 
-def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", out=None, stream=None):
+def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", adapter_ids=None, out=None, stream=None):
     """A linear with its LoRA in one GEMM: y = act(x @ w.T + bias + ((x @ a.T) * codes) @ (s b).T)
     with w_cat = lowrank_prepare(w, b, s), a [r, K] (peft's lora_A.weight), codes [..., r]
-    (optional), act as linear's. On the GPU one pass writes [x | x @ a.T] and one GEMM runs over
-    it and w_cat. fusedk.LoRA keeps w_cat and a together."""
-    return _call(_LINEAR_LOWRANK, x, (out, x, w_cat, bias, a, codes),
+    (optional), act as linear's. Several adapters: a [A, r, K] stacked as lowrank_prepare's b;
+    adapter_ids (int32 [M], x's rows flattened): row m takes adapter ids[m] alone (-1: none, the
+    base linear's row); without ids every adapter acts on every row (their sum). On the GPU one
+    pass writes [x | h] and one GEMM runs over it and w_cat. fusedk.LoRA keeps w_cat and a."""
+    if isinstance(adapter_ids, (list, tuple)) or (isinstance(adapter_ids, _core.np.ndarray) and
+                                                  adapter_ids.dtype.kind in "iu" and adapter_ids.dtype != "int32"):
+        adapter_ids = _core.np.ascontiguousarray(adapter_ids, _core.np.int32)
+    return _call(_LINEAR_LOWRANK, x, (out, x, w_cat, bias, a, codes, adapter_ids),
                  (_choice("linear_lowrank", "act", act, _LINEAR_ACTS),), stream)
 
 
 class LoRA:
     """A linear layer with a LoRA folded in, prepared once: LoRA(w, a, b, scaling, bias)(x) =
     act(x @ w.T + bias + scaling * (x @ a.T) @ b.T) as one GEMM (linear_lowrank). w [N, K], a [r,
-    K], b [N, r] in one dtype, on one device (NumPy arrays: the CPU references). Call prepare()
-    again after changing w, b or scaling in place."""
+    K], b [N, r] in one dtype, on one device (NumPy arrays: the CPU references); or A adapters
+    stacked, a [A, r, K] and b [A, N, r], each row taking the one its adapter_ids entry names (or,
+    without ids, all of them). Call prepare() again after changing w, b or scaling in place."""
 
     def __init__(self, w, a, b, scaling=1.0, bias=None, act="none", stream=None):
-        ra, rb = tuple(getattr(a, "shape", ()))[:1], tuple(getattr(b, "shape", ()))[1:2]
-        if ra != rb:  # w_cat's width tells only the rank rounded up to 8
-            raise Error("FUSEDK_ERR_SHAPE", f"LoRA: a has rank {ra[0] if ra else None} (its first dim) and b "
-                        f"{rb[0] if rb else None} (its second), expected the same")
+        sa, sb = tuple(getattr(a, "shape", ())), tuple(getattr(b, "shape", ()))
+        ra, rb = (sa[:-2], sa[-2:-1]), (sb[:-2], sb[-1:])
+        if ra != rb:  # w_cat's width tells only A times the rank rounded up to 8
+            raise Error("FUSEDK_ERR_SHAPE", f"LoRA: a has shape {sa} and b {sb}, expected [r, K] and [N, r] (or "
+                        "[A, r, K] and [A, N, r]) with the same A and r")
         self.w, self.a, self.b, self.scaling, self.bias, self.act = w, a, b, scaling, bias, act
         self.prepare(stream)
 
@@ -314,5 +322,5 @@ class LoRA:
         self.w_cat = lowrank_prepare(self.w, self.b, self.scaling, stream=stream)
         return self
 
-    def __call__(self, x, codes=None, out=None, stream=None):
-        return linear_lowrank(x, self.w_cat, self.a, self.bias, codes, self.act, out, stream)
+    def __call__(self, x, codes=None, adapter_ids=None, out=None, stream=None):
+        return linear_lowrank(x, self.w_cat, self.a, self.bias, codes, self.act, adapter_ids, out, stream)

@@ -155,8 +155,9 @@ class Op:
             return (like[0], like[2], like[1], like[3]) if values[3] == lib.FUSEDK_LAYOUT_BHSD else like
         if n in ("linear", "linear_lowrank"):  # x's rows of N (w's or w_cat's rows)
             return like[:-1] + (shapes[3 if n == "linear" else 2][0],)
-        if n == "lowrank_prepare":  # [N, K + r rounded up to 8]
-            return (like[0], like[1] + (shapes[2][1] + 7) // 8 * 8)
+        if n == "lowrank_prepare":  # [N, K + A r], r rounded up to 8
+            b = shapes[2]
+            return (like[0], like[1] + (b[0] if len(b) == 3 else 1) * ((b[-1] + 7) // 8 * 8))
         if n == "lowrank_update":  # x's rows of K2 (u_t's columns)
             return like[:-1] + (shapes[4][1],)
         if n == "attention":  # out: q's [B, Sq, Hq, Dh]; lse: [B, Hq, Sq]
