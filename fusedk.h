@@ -535,12 +535,13 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
    columns of K beside x: y[m, n] = act(sum_k x[m, k] w_cat[n, k]
    + sum_j h[m, j] w_cat[n, K + j] + bias[n]). CPU: every dtype, double accumulation, one
    rounding of h and one of y. The GEMM's width is what an adapter costs, whichever rows take it:
-   A rp more columns of K for A adapters. GPU: one kernel reads x once and writes [x | h] into a buffer of
-   the stream (grown to the largest call; outgrown ones are kept, as linear's scratch, for graphs
-   captured earlier: a stream whose M keeps growing holds up to about 3x the largest M (K + rp)
-   elements until fusedk_shutdown), then
-   linear's GEMM on it: the adapter costs the copy (2 M K elements) and r / K more flops. y may
-   not overlap an input. */
+   A rp more columns of K for A adapters. GPU: one pass reads x once and writes [x | h] into a
+   buffer of the stream (with fewer 64-row blocks than SMs it splits x's columns across blocks and
+   a second pass adds their float32 h in a fixed order); the buffer grows to the largest call, and
+   outgrown ones are kept, as linear's scratch, for graphs captured earlier (a stream whose M keeps
+   growing holds up to about 3x the largest M (K + A rp) elements until fusedk_shutdown). Then
+   linear's GEMM runs on it: the adapter costs the copy (2 M K elements) and A rp / K more flops.
+   y may not overlap an input. */
 FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,
                                                 const fusedk_tensor *b, float scaling, struct CUstream_st *stream);
 FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *x,
@@ -813,6 +814,7 @@ typedef struct fusedk__lowrank_args {
   int64_t va;               /* CAT, PREPARE: v's adapter stride (elements) */
   fusedk__mat out, x, v, codes, u_t, y;
   const int32_t *ids;       /* CAT: adapter_ids [M] (contiguous) or NULL: every adapter on every row */
+  float *part;              /* CAT on the GPU: room for the k splits' float32 h [splits, M, A rp] */
 } fusedk__lowrank_args;
 
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,

@@ -174,6 +174,17 @@ size_t device_smem_optin(int device_id) {
   return (size_t)v;
 }
 
+int device_sms(int device_id);
+
+// linear_lowrank's [x | h] pass on tensor cores: where its 64-row blocks fill at most 3/4 of the
+// SMs, k splits of them (each a share of x's 64-wide k tiles, at least 4) to give every SM a block
+// (more splits, or splits at 128 row blocks, ran slower: bench/NOTES.md); its linear part sizes
+// the partial sums' buffer by the same count
+inline int lr_cat_splits(int64_t M, int64_t K1, int dev) {
+  const int64_t rows = (M + 63) / 64, tiles = (K1 + 63) / 64, sms = device_sms(dev);
+  return (int)std::max<int64_t>(1, std::min((tiles + 3) / 4, 4 * rows <= 3 * sms ? (sms + rows - 1) / rows : 1));
+}
+
 // The device's multiprocessor count, read once per device (grid sizes of grid-stride kernels).
 int device_sms(int device_id) {
   static std::atomic<int> sms[kMaxDevices];
@@ -3619,7 +3630,7 @@ __device__ __forceinline__ void lr_ring(int n, Load &&load, Compute &&compute) {
   __syncthreads(); // the stages are free for whatever comes next
 }
 
-template <typename T, int RT, bool VV, int WS, bool CAT>
+template <typename T, int RT, bool VV, int WS, int CAT> // CAT: 0 lowrank_update, 1 [x | h], 2 [x | h] split by k
 __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_mma_kernel(const fusedk__lowrank_args a,
                                                                                           int splits, int per) {
   using L = LrSmem<RT>;
@@ -3632,18 +3643,21 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   const int rows = (int)min((int64_t)kLrRows, a.M - m0);
   const T *x = (const T *)a.x.p + m0 * a.x.ld, *v = (const T *)a.v.p, *u = (const T *)a.u_t.p;
 
-  // phase 1: h = x v over k tiles of both (lanes as attention's Q and V fragments)
+  // phase 1: h = x v over k tiles of both (lanes as attention's Q and V fragments); CAT: this
+  // split's k tiles [kt0, kt0 + per)
   float h[RT / 8][4];
 #pragma unroll
   for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
+  const int nk = (int)((a.K1 + kLrK - 1) / kLrK), kt0 = CAT == 2 ? (int)(blockIdx.x % splits) * per : 0;
   lr_ring<kLrStages<RT>>(
-      (int)((a.K1 + kLrK - 1) / kLrK),
-      [&](int kt, int st) {
+      CAT == 2 ? max(0, min(per, nk - kt0)) : nk,
+      [&](int kl, int st) {
+        const int kt = kt0 + kl;
         const uint32_t xs = base + st * L::kStage1;
         const int64_t k0 = (int64_t)kt * kLrK;
         const int kv = (int)min((int64_t)kLrK, a.K1 - k0);
         load_tile<T, kLrRows, kLrK / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
-        if constexpr (CAT) { // a's [RT, k] tile: h column j is adapter j / rp's row j % rp (zeros past r)
+        if constexpr (CAT != 0) { // a's [RT, k] tile: h column j is adapter j / rp's row j % rp (zeros past r)
           const int rp = (a.r + 7) / 8 * 8;
           for (int i = threadIdx.x; i < RT * (kLrK / 8); i += NT) {
             const int j = i / (kLrK / 8), c = i % (kLrK / 8), q = j / rp;
@@ -3653,10 +3667,10 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
         }
         else load_tile<T, kLrK, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
       },
-      [&](int kt, int st) {
+      [&](int kl, int st) {
         const uint32_t xs = base + st * L::kStage1, vs = xs + L::kX;
-        if constexpr (CAT) { // x's tile on to out's first K1 columns, 16-byte chunks (K1 % 8 == 0)
-          const int64_t k0 = (int64_t)kt * kLrK;
+        if constexpr (CAT != 0) { // x's tile on to out's first K1 columns, 16-byte chunks (K1 % 8 == 0)
+          const int64_t k0 = (int64_t)(kt0 + kl) * kLrK;
           for (int q = threadIdx.x; q < kLrRows * kLrK / 8; q += NT) {
             const int lr = q / (kLrK / 8), ch = q % (kLrK / 8);
             if (lr >= rows || k0 + 8 * ch >= a.K1) continue;
@@ -3675,7 +3689,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
 #pragma unroll
           for (int n = 0; n < RT / 16; ++n) {
             uint32_t vb[4]; // a's rows are the product's columns: b fragments without a transpose
-            if constexpr (CAT) ldmatrix_x4(vb, vs + swz<kLrK / 8>(16 * n + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
+            if constexpr (CAT != 0) ldmatrix_x4(vb, vs + swz<kLrK / 8>(16 * n + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
             else ldmatrix_x4_trans(vb, vs + swz<RT / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
             mma_16816<T>(h[2 * n], xa, vb[0], vb[1]);
             mma_16816<T>(h[2 * n + 1], xa, vb[2], vb[3]);
@@ -3702,10 +3716,24 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
 
   // codes and scaling on h, then h rounded to T as phase 2's a operand
   const T *codes = (const T *)a.codes.p;
-  if constexpr (CAT) { // h (times codes) where the row's id selects the adapter, else 0 (selected,
+  if constexpr (CAT != 0) { // h (times codes) where the row's id selects the adapter, else 0 (selected,
                        // not multiplied: an inf in x would make NaN); rounded into out's columns
-                       // K1 .. K1 + A rp; one share stores
-    const int rp = (a.r + 7) / 8 * 8;
+                       // K1 .. K1 + A rp; one share stores. Split: this split's float32 sums to
+                       // part, lowrank_cat_finish_kernel adds them in split order
+    const int rp = (a.r + 7) / 8 * 8, W = a.slots * rp;
+    if constexpr (CAT == 2) {
+#pragma unroll
+      for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int64_t row = r0 + 8 * hf;
+          const int j = 8 * t + c0;
+          if (s == 0 && row < a.M && j < W)
+            *reinterpret_cast<float2 *>(a.part + ((blockIdx.x % splits) * a.M + row) * W + j) =
+                make_float2(h[t][2 * hf], h[t][2 * hf + 1]);
+        }
+      return;
+    }
 #pragma unroll
     for (int t = 0; t < RT / 8; ++t)
 #pragma unroll
@@ -3880,17 +3908,36 @@ template <typename T> __global__ void lowrank_prepare_kernel(const fusedk__lowra
   }
 }
 
+// CAT split into k ranges: h = the splits' float32 sums in split order (the same bits run to run),
+// codes and ids as lowrank_mma_kernel applies them, rounded into out's columns K1 .. K1 + A rp
+template <typename T> __global__ void lowrank_cat_finish_kernel(const fusedk__lowrank_args a, int splits) {
+  const int rp = (a.r + 7) / 8 * 8, W = a.slots * rp;
+  const T *codes = (const T *)a.codes.p;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.M * W; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t m = i / W;
+    const int j = (int)(i % W), jj = j % rp;
+    float hsum = 0.f;
+    for (int sp = 0; sp < splits; ++sp) hsum += a.part[(sp * a.M + m) * W + j];
+    const bool on = jj < a.r && (!a.ids || a.ids[m] == j / rp);
+    ((T *)a.out.p)[m * a.out.ld + a.K1 + j] = T(on ? hsum * (codes ? (float)codes[m * a.codes.ld + jj] : 1.f) : 0.f);
+  }
+}
+
 // the tensor-core kernel takes the call: 16-bit, and every row of x, u_t, y and out 16-byte
 // aligned (v's rows too, or loaded element by element: ranks not a multiple of 8)
 inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.ld % 8 == 0; }
 
 // splits: enough blocks for one an SM where the row blocks are fewer, no more than out has
 // column tiles
+// CAT splits x's k tiles instead (lr_cat_splits; where its caller gave part's room)
 template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
   const bool cat = a.mode == FUSEDK__LR_CAT;
-  const int64_t rows = (a.M + kLrRows - 1) / kLrRows, tiles = cat ? 1 : (a.K2 + kLrN - 1) / kLrN;
-  const int64_t ask = std::min(tiles, (device_sms(dev) + rows - 1) / rows), per = (tiles + ask - 1) / ask;
-  const int splits = (int)((tiles + per - 1) / per); // none left empty
+  const int64_t rows = (a.M + kLrRows - 1) / kLrRows,
+                tiles = cat ? std::max<int64_t>(1, (a.K1 + kLrK - 1) / kLrK) : (a.K2 + kLrN - 1) / kLrN;
+  const int64_t ask = std::max<int64_t>(1, std::min(tiles, cat ? (a.part ? lr_cat_splits(a.M, a.K1, dev) : 1)
+                                                                : (device_sms(dev) + rows - 1) / rows));
+  const int64_t per = (tiles + ask - 1) / ask;
+  const int splits = (int)std::max<int64_t>(1, (tiles + per - 1) / per); // none left empty
   const unsigned grid = (unsigned)(rows * splits);
   constexpr int WS = kLrShares<RT>;
   auto go = [&](auto kernel) {
@@ -3899,11 +3946,18 @@ template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowra
     decltype(kernel)::value<<<grid, 128 * WS, LrSmem<RT>::kBytes, s>>>(a, splits, (int)per);
     return cudaGetLastError();
   };
-  if (cat) // one pass over x's rows (a column tile: no split)
-    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, true>), lowrank_mma_kernel<T, RT, true, WS, true>>{});
+  if (cat) {
+    if (splits == 1)
+      return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 1>), lowrank_mma_kernel<T, RT, true, WS, 1>>{});
+    cudaError_t e = go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 2>), lowrank_mma_kernel<T, RT, true, WS, 2>>{});
+    if (e != cudaSuccess) return e;
+    const int64_t n = a.M * a.slots * ((a.r + 7) / 8 * 8);
+    lowrank_cat_finish_kernel<T><<<(unsigned)std::min<int64_t>((n + 255) / 256, 8 * device_sms(dev)), 256, 0, s>>>(a, splits);
+    return cudaGetLastError();
+  }
   if (a.r % 8 == 0 && lr_vec(a.v))
-    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, false>), lowrank_mma_kernel<T, RT, true, WS, false>>{});
-  return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS, false>), lowrank_mma_kernel<T, RT, false, WS, false>>{});
+    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 0>), lowrank_mma_kernel<T, RT, true, WS, 0>>{});
+  return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS, 0>), lowrank_mma_kernel<T, RT, false, WS, 0>>{});
 }
 
 template <typename T> cudaError_t launch_lowrank(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
@@ -4031,9 +4085,13 @@ fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fu
     fusedk__lowrank_args hc = *h;
     fusedk__linear_args lc = *l;
     hc.out.ld = (l->K + 7) / 8 * 8;
-    const cudaError_t e = st.cat.get(device_id, stream, (size_t)(l->M * hc.out.ld) * (l->scalar == FUSEDK_F32 ? 4 : 2), 0,
-                                     &hc.out.p);
+    // [x | h], then the k splits' float32 h (lr_cat_splits of them) 256-byte aligned after it
+    const size_t xb = ((size_t)(l->M * hc.out.ld) * (l->scalar == FUSEDK_F32 ? 4 : 2) + 255) / 256 * 256;
+    const int splits = l->scalar == FUSEDK_F32 ? 1 : lr_cat_splits(l->M, h->K1, device_id);
+    const size_t pb = splits > 1 ? (size_t)(splits * l->M * (l->K - h->K1)) * sizeof(float) : 0;
+    const cudaError_t e = st.cat.get(device_id, stream, xb + pb, 0, &hc.out.p);
     if (e != cudaSuccess) return arena_fail(e, op);
+    hc.part = pb ? reinterpret_cast<float *>(static_cast<char *>(hc.out.p) + xb) : nullptr;
     fusedk_status f = fusedk__cuda_lowrank(&hc, op, device_id, stream);
     if (f) return f;
     lc.x = hc.out;

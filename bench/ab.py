@@ -86,6 +86,9 @@ def main():
         if op == "lowrank":
             report["rows"].append(ab_lowrank(mods, names, shape_s, dtype, args, l2))
             continue
+        if op == "lora":
+            report["rows"].append(ab_lora(mods, names, shape_s, dtype, args))
+            continue
         shape = tuple(int(v) for v in shape_s.split("x"))
         bench.fusedk = mods[names[0]]
         c = bench.Case(op, shape, dtype, cargs)
@@ -152,6 +155,35 @@ def ab_lowrank(mods, names, shape_s, dtype, args, l2):
     ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]
     print(f"| lowrank | {shape_s} | {dtype} | " + " | ".join(cols + ratios) + " |", flush=True)
     return dict(op="lowrank", shape=shape_s, dtype=dtype, us=times, median=med, diff=err)
+
+
+def ab_lora(mods, names, shape_s, dtype, args):
+    """A row lora:MxKxrxN[xA]:bf16 — linear_lowrank with bias (A stacked adapters with random
+    adapter_ids where A > 1), two input sets; each build's max difference from the first's."""
+    import torch
+    import bench
+    M, K, r, N, *rest = (int(v) for v in shape_s.split("x"))
+    A = rest[0] if rest else 1
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dt, generator=g)  # noqa: E731
+    w, bias = mk(N, K) * K ** -0.5, mk(N)
+    a, b = (mk(A, r, K) * K ** -0.5, mk(A, N, r)) if A > 1 else (mk(r, K) * K ** -0.5, mk(N, r))
+    ids = torch.randint(0, A, (M,), device="cuda", generator=g, dtype=torch.int32) if A > 1 else None
+    sets = [(mk(M, K), torch.empty(M, N, device="cuda", dtype=dt)) for _ in range(2)]
+    loras = {n: mods[n].LoRA(w, a, b, scaling=0.5, bias=bias) for n in names}
+    outs = {n: loras[n](sets[0][0], adapter_ids=ids) for n in names}
+    err = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item() for n in names}
+    calls = {n: (lambda i, lo=loras[n]: lo(sets[i % 2][0], adapter_ids=ids, out=sets[i % 2][1])) for n in names}
+    times, _, errs = bench.time_rounds(calls, 8, args.iters, args.rounds,
+                                       timer=lambda f, kk, n: (bench.time_graph(f, kk, n), "cuda-graph"))
+    if errs:
+        raise SystemExit(f"lora {shape_s}: {errs}")
+    med = {n: statistics.median(t) for n, t in times.items()}
+    cols = [f"{med[n]:.2f} (diff {err[n]:.1e})" for n in names]
+    ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]
+    print(f"| lora | {shape_s} | {dtype} | " + " | ".join(cols + ratios) + " |", flush=True)
+    return dict(op="lora", shape=shape_s, dtype=dtype, us=times, median=med, diff=err)
 
 
 def ab_attention(mods, names, shape_s, dtype, args):

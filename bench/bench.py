@@ -416,8 +416,8 @@ def max_err(got, ref):
 # ----------------------------------------------------------------------------------------------
 # Timing
 
-def time_graph(call, K, iters, warm=3):
-    """Per-call µs of call(0..K-1) captured in one CUDA graph: median over replays of events / K."""
+def capture(call, K):
+    """call(0..K-1) captured in one CUDA graph, after an eager warm-up: (graph, the outputs kept)."""
     for i in range(K):  # eager warm-up: compiles, autotunes and lazily-initialized state stay out of capture
         call(i)
     torch.cuda.synchronize()
@@ -434,6 +434,12 @@ def time_graph(call, K, iters, warm=3):
         finally:
             g.capture_end()
     torch.cuda.current_stream().wait_stream(side)
+    return g, keep
+
+
+def time_graph(call, K, iters, warm=3):
+    """Per-call µs of call(0..K-1) captured in one CUDA graph: median over replays of events / K."""
+    g, keep = capture(call, K)
     for _ in range(warm):
         g.replay()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]

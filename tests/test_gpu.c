@@ -1680,6 +1680,12 @@ static void linear_lowrank_cases(fusedk_scalar s) {
        .A = 2, .ids = 1},
       {.s = s, .B = 1, .L = 8449, .K = 328, .r = 32, .N = 64, .bias = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.5f,
        .A = 4, .ids = 1},
+      /* few rows, long k: the [x | h] pass splits x's k tiles (4, and 5 uneven ones), then adds the
+         splits' sums in order */
+      {.s = s, .B = 1, .L = 100, .K = 1024, .r = 24, .N = 64, .codes = 1, .bias = 1, .act = FUSEDK_ACT_NONE,
+       .scaling = 1.0f, .A = 2, .ids = 1},
+      {.s = s, .B = 1, .L = 130, .K = 1096, .r = 8, .N = 40, .bias = 1, .act = FUSEDK_ACT_RELU, .scaling = 0.5f},
+      {.s = s, .B = 1, .L = 20, .K = 0, .r = 8, .N = 24, .bias = 1, .act = FUSEDK_ACT_GELU_TANH, .scaling = 1.0f},
   };
   for (size_t i = 0; i < sizeof stacks / sizeof stacks[0]; ++i) run_linear_lowrank(stacks[i]);
   if (!small) /* a DiT projection's width */
@@ -1687,7 +1693,7 @@ static void linear_lowrank_cases(fusedk_scalar s) {
                                 .act = FUSEDK_ACT_GELU_TANH, .scaling = 1.0f});
   if (failures == n_before)
     printf("ok   %s lowrank_prepare, linear_lowrank (ranks 1-128, codes, bias, acts, odd K and N, strided, misaligned, "
-           "stacked adapters with and without ids)\n",
+           "stacked adapters with and without ids, k splits, K 0)\n",
            sname(s));
 }
 
