@@ -177,9 +177,9 @@ size_t device_smem_optin(int device_id) {
 int device_sms(int device_id);
 
 // linear_lowrank's [x | h] pass on tensor cores: where its 64-row blocks fill at most 3/4 of the
-// SMs, k splits of them (each a share of x's 64-wide k tiles, at least 4) to give every SM a block
-// (more splits, or splits at 128 row blocks, ran slower: bench/NOTES.md); its linear part sizes
-// the partial sums' buffer by the same count
+// SMs, k splits of them (each a share of x's 64-wide k tiles, at least 4) to give every SM a block;
+// past that the splits' second pass and partial sums cost more than the SMs they fill. Its linear
+// part sizes the partial sums' buffer by the same count.
 inline int lr_cat_splits(int64_t M, int64_t K1, int dev) {
   const int64_t rows = (M + 63) / 64, tiles = (K1 + 63) / 64, sms = device_sms(dev);
   return (int)std::max<int64_t>(1, std::min((tiles + 3) / 4, 4 * rows <= 3 * sms ? (sms + rows - 1) / rows : 1));
