@@ -521,23 +521,24 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
 /* A LoRA folded into its base linear: y = act(x w^T + bias + ((x a^T) * codes) (scaling b)^T),
    one cuBLASLt GEMM over K + A rp columns (rp = r rounded up to 8, A adapters).
    lowrank_prepare, once an adapter (and again when w, b or scaling change): w_cat [N, K + rp] =
-   [w | scaling b | 0], scaling b rounded once to the dtype. w [N, K] (nn.Linear's weight), b
-   [N, r] (peft's lora_B), rank r 1..128. Several adapters: b [A, N, r] stacked, w_cat [N, K +
-   A rp] = [w | scaling b_0 | 0 | scaling b_1 | 0 ...], A rp at most 128.
+   [w | scaling b | 0], scaling b rounded once to the dtype (past its range, float16's 65504, it is
+   inf in w_cat, and with it every row's y NaN, adapter or not: 0 h times inf). w [N, K] (nn.Linear's
+   weight), b [N, r] (peft's lora_B), rank r 1..128. Several adapters: b [A, N, r] stacked, w_cat
+   [N, K + A rp] = [w | scaling b_0 | 0 | scaling b_1 | 0 ...], A rp at most 128.
    linear_lowrank, each call: x [..., K]; w_cat from lowrank_prepare; a [r, K] (peft's lora_A),
-   or [A, r, K] stacked as b; codes [..., r] (x's leading dims, optional: BEM's per-row codes, on
-   each adapter's h); adapter_ids (int32 [M], M = x's rows flattened, contiguous, optional): row m
-   takes adapter ids[m] alone, an id outside 0..A-1 (-1) none (its y is the base linear's); without
-   ids every adapter acts on every row (peft's several active adapters: their sum); bias [N] and
-   act as linear's (aux is not offered). a's rank must be b's: w_cat's width tells only r rounded up to 8 (a
-   rank-5 b with a rank-8 a passes and drops a's last 3 rows). h = (x a^T) * codes, rounded once
-   to the dtype (float16: past 65504 it is inf), and zeros up to rp are the GEMM's last rp
-   columns of K beside x: y[m, n] = act(sum_k x[m, k] w_cat[n, k]
-   + sum_j h[m, j] w_cat[n, K + j] + bias[n]). CPU: every dtype, double accumulation, one
-   rounding of h and one of y. The GEMM's width is what an adapter costs, whichever rows take it:
-   A rp more columns of K for A adapters. GPU: one pass reads x once and writes [x | h] into a
-   buffer of the stream (with fewer 64-row blocks than SMs it splits x's columns across blocks and
-   a second pass adds their float32 h in a fixed order); the buffer grows to the largest call, and
+   or [A, r, K] stacked as b (A and r come from a: w_cat's width tells only A rp, so an a and a b
+   of other A or r with the same A rp pass and mix the adapters up); codes [..., r] (x's leading
+   dims, optional: BEM's per-row codes, on each adapter's h); adapter_ids (int32 [M], M = x's rows
+   flattened, contiguous, optional): row m takes adapter ids[m] alone, an id outside 0..A-1 (-1)
+   none (its y is the base linear's); without ids every adapter acts on every row (peft's several
+   active adapters: their sum); bias [N] and act as linear's (aux is not offered).
+   h = (x a^T) * codes, rounded once to the dtype (float16: past 65504 it is inf), and zeros up to
+   rp are the GEMM's last columns of K beside x: y[m, n] = act(sum_k x[m, k] w_cat[n, k] + sum_j
+   h[m, j] w_cat[n, K + j] + bias[n]). CPU: every dtype, double accumulation, one rounding of h and
+   one of y. The GEMM's width is what an adapter costs, whichever rows take it: A rp more columns
+   of K for A adapters. GPU: one pass reads x once and writes [x | h] into a buffer of the stream
+   (where its 64-row blocks fill at most 3/4 of the SMs it splits x's columns across blocks, and a
+   second pass adds their float32 h in a fixed order); the buffer grows to the largest call, and
    outgrown ones are kept, as linear's scratch, for graphs captured earlier (a stream whose M keeps
    growing holds up to about 3x the largest M (K + A rp) elements until fusedk_shutdown). Then
    linear's GEMM runs on it: the adapter costs the copy (2 M K elements) and A rp / K more flops.
@@ -802,9 +803,9 @@ typedef struct fusedk__attn_args {
 } fusedk__attn_args;
 
 /* lowrank_update: out, x, codes, y [M, *] and v, u_t as matrices (p, row stride); codes.p / y.p
-   NULL when absent. mode FUSEDK__LR_CAT (linear_lowrank's first pass): out [M, K1 + rp] = [x | h |
-   0] with v holding a [r, K1] (no u_t, y; scaling 1); FUSEDK__LR_PREPARE: out [M, K1 + rp] = [x |
-   scaling v | 0] with x = w [N, K], v = b [N, r] */
+   NULL when absent. mode FUSEDK__LR_CAT (linear_lowrank's first pass): out [M, K1 + A rp] = [x |
+   h_0 | 0 | h_1 | 0 ...] with v holding a [A, r, K1] (no u_t, y; scaling 1); FUSEDK__LR_PREPARE:
+   out [M, K1 + A rp] = [x | scaling v_0 | 0 ...] with x = w [N, K], v = b [A, N, r] */
 enum { FUSEDK__LR_UPDATE = 0, FUSEDK__LR_CAT = 1, FUSEDK__LR_PREPARE = 2 };
 typedef struct fusedk__lowrank_args {
   int32_t mode, scalar, r;
@@ -815,6 +816,7 @@ typedef struct fusedk__lowrank_args {
   fusedk__mat out, x, v, codes, u_t, y;
   const int32_t *ids;       /* CAT: adapter_ids [M] (contiguous) or NULL: every adapter on every row */
   float *part;              /* CAT on the GPU: room for the k splits' float32 h [splits, M, A rp] */
+  int32_t part_splits;      /* the splits part has room for (the most the pass may use) */
 } fusedk__lowrank_args;
 
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
@@ -2333,7 +2335,7 @@ static fusedk_status fusedk__linear_common(const fusedk__check *c, int act, int3
   if (w->ndim != 2 || w->shape[1] != K)
     return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [N, %lld] (%s)", c->op, extra ? "w_cat" : "w",
                         fusedk__shape_str(w, shp, sizeof shp), (long long)K,
-                        extra ? "K = the last dim of x, plus a's rank rounded up to 8: lowrank_prepare's output"
+                        extra ? "K = the last dim of x, plus A times a's rank rounded up to 8: lowrank_prepare's output"
                               : "K = the last dim of x");
   memset(a, 0, sizeof *a);
   a->scalar = c->scalar, a->act = act, a->tf32 = tf32;

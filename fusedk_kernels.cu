@@ -3929,12 +3929,12 @@ inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.
 
 // splits: enough blocks for one an SM where the row blocks are fewer, no more than out has
 // column tiles
-// CAT splits x's k tiles instead (lr_cat_splits; where its caller gave part's room)
+// CAT splits x's k tiles instead (as many as its caller gave part room for: lr_cat_splits)
 template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
   const bool cat = a.mode == FUSEDK__LR_CAT;
   const int64_t rows = (a.M + kLrRows - 1) / kLrRows,
                 tiles = cat ? std::max<int64_t>(1, (a.K1 + kLrK - 1) / kLrK) : (a.K2 + kLrN - 1) / kLrN;
-  const int64_t ask = std::max<int64_t>(1, std::min(tiles, cat ? (a.part ? lr_cat_splits(a.M, a.K1, dev) : 1)
+  const int64_t ask = std::max<int64_t>(1, std::min(tiles, cat ? (a.part ? (int64_t)a.part_splits : 1)
                                                                 : (device_sms(dev) + rows - 1) / rows));
   const int64_t per = (tiles + ask - 1) / ask;
   const int splits = (int)std::max<int64_t>(1, (tiles + per - 1) / per); // none left empty
@@ -4078,7 +4078,7 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
 }
 
 // [x | h] by the lowrank part's pass into the stream's buffer (16-byte rows), then linear's GEMM on
-// it over K + rp
+// it over K + A rp
 fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h, const char *op,
                                           int32_t device_id, struct CUstream_st *stream) {
   return gemm_locked(device_id, op, [&](LtState &st) {
@@ -4092,6 +4092,7 @@ fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fu
     const cudaError_t e = st.cat.get(device_id, stream, xb + pb, 0, &hc.out.p);
     if (e != cudaSuccess) return arena_fail(e, op);
     hc.part = pb ? reinterpret_cast<float *>(static_cast<char *>(hc.out.p) + xb) : nullptr;
+    hc.part_splits = pb ? splits : 1;
     fusedk_status f = fusedk__cuda_lowrank(&hc, op, device_id, stream);
     if (f) return f;
     lc.x = hc.out;

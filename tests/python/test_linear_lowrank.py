@@ -152,6 +152,8 @@ def test_bad_arguments():
         (dict(adapter_ids=np.zeros(3, np.int32)), fusedk.ShapeError, "adapter_ids has shape [3], expected [4]"),
         (dict(adapter_ids=np.zeros(4, np.float32)), fusedk.DTypeError, "adapter_ids has dtype float32, expected int32"),
         (dict(adapter_ids=np.zeros(8, np.int32)[::2]), fusedk.LayoutError, "adapter_ids has stride 2"),
+        (dict(adapter_ids=np.array([2 ** 32, 0, 0, 0])), fusedk.InvalidArgumentError,
+         "adapter_ids holds values outside int32"),
         (dict(a=rand((9, 16, 8), np.float32)), fusedk.ShapeError, "9 adapters of rank 16 make 144 columns of h, "
                                                                   "expected at most 128"),
     ]

@@ -297,7 +297,11 @@ def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", adapter_ids=N
     pass writes [x | h] and one GEMM runs over it and w_cat. fusedk.LoRA keeps w_cat and a."""
     if isinstance(adapter_ids, (list, tuple)) or (isinstance(adapter_ids, _core.np.ndarray) and
                                                   adapter_ids.dtype.kind in "iu" and adapter_ids.dtype != "int32"):
-        adapter_ids = _core.np.ascontiguousarray(adapter_ids, _core.np.int32)
+        ids = _core.np.asarray(adapter_ids)  # a few ids on the host: checked, then int32 (no wrap-around)
+        if ids.size and (ids.dtype.kind not in "iu" or ids.min() < -2 ** 31 or ids.max() >= 2 ** 31):
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", "linear_lowrank: adapter_ids holds values outside int32 (or "
+                        "not integers), expected adapter indices (-1: none)")
+        adapter_ids = _core.np.ascontiguousarray(ids, _core.np.int32)
     return _call(_LINEAR_LOWRANK, x, (out, x, w_cat, bias, a, codes, adapter_ids),
                  (_choice("linear_lowrank", "act", act, _LINEAR_ACTS),), stream)
 
