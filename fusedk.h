@@ -2818,10 +2818,11 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
                            fusedk__shape_str(like, shp, sizeof shp));
     if (!b || !b->shape || b->ndim < 1 || b->ndim > FUSEDK_MAX_DIMS)
       return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: b is missing, expected [N, r]", o->name);
-    if (b->ndim != 2 && b->ndim != 3)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: b has shape %s, expected [N, r] or [A, N, r]", o->name,
-                           fusedk__shape_str(b, shp, sizeof shp));
-    shape[1] = like->shape[1] + (b->ndim == 3 ? b->shape[0] : 1) * ((b->shape[b->ndim - 1] + 7) / 8 * 8);
+    const int64_t A = b->ndim == 3 ? b->shape[0] : 1, r = b->shape[b->ndim - 1];
+    if ((b->ndim != 2 && b->ndim != 3) || r < 1 || r > 128 || A < 1 || A > 128 || A * ((r + 7) / 8 * 8) > 128)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: b has shape %s, expected [N, r] or [A, N, r] with a rank r of "
+                           "1..128 and A r (r rounded up to 8) at most 128", o->name, fusedk__shape_str(b, shp, sizeof shp));
+    shape[1] = like->shape[1] + A * ((r + 7) / 8 * 8);
     return 2;
   }
   if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD || id == FUSEDK_OP_LINEAR_LOWRANK) {

@@ -25,6 +25,7 @@ limit=(-max_total_time="${FUZZ_SECONDS:-60}") what="${FUZZ_SECONDS:-60} s"
 if [ -n "${FUZZ_RUNS:-}" ]; then limit=(-runs="$FUZZ_RUNS") what="$FUZZ_RUNS inputs"; fi
 echo "fuzz: $cc, $n seeds, $what"
 set +eo pipefail  # the fuzzer's status, whatever the filter's
-UBSAN_OPTIONS=print_stacktrace=1 ./fuzz_ops "${limit[@]}" -print_final_stats=1 corpus 2>&1 |
+# -error_exitcode=1: libFuzzer's own default (77) is what meson reads as a skip
+UBSAN_OPTIONS=print_stacktrace=1 ./fuzz_ops "${limit[@]}" -error_exitcode=1 -timeout_exitcode=1 -print_final_stats=1 corpus 2>&1 |
   grep -vE '^#[0-9]+\s+(NEW|REDUCE|pulse)' | tail -25
 exit "${PIPESTATUS[0]}"
