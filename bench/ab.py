@@ -123,6 +123,22 @@ def main():
             json.dump(report, fh, indent=1)
 
 
+def timed_row(op, shape_s, dtype, names, calls, K, err, args):
+    """Times calls {build: call(i)} in rotated rounds (graphs of K calls), prints the row (each
+    build's median µs and its max difference err[build] from the first build's output, then the
+    speedups over the first) and returns it for the report."""
+    import bench
+    times, _, errs = bench.time_rounds(calls, K, args.iters, args.rounds,
+                                       timer=lambda f, kk, n: (bench.time_graph(f, kk, n), "cuda-graph"))
+    if errs:
+        raise SystemExit(f"{op} {shape_s}: {errs}")
+    med = {n: statistics.median(t) for n, t in times.items()}
+    cols = [f"{med[n]:.2f} (diff {err[n]:.1e})" for n in names]
+    ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]
+    print(f"| {op} | {shape_s} | {dtype} | " + " | ".join(cols + ratios) + " |", flush=True)
+    return dict(op=op, shape=shape_s, dtype=dtype, us=times, median=med, diff=err)
+
+
 def ab_lowrank(mods, names, shape_s, dtype, args, l2):
     """A row lowrank:MxK1xrxK2[y]:f16 — lowrank_update's delta form (codes, out new) or, with y, the
     LoRA form (y += scaling x v u_t in place); input sets cycled past L2; each build's max error
@@ -146,15 +162,7 @@ def ab_lowrank(mods, names, shape_s, dtype, args, l2):
                                       y=sets[0][2] if lora else None) for n in names}
     err = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item() for n in names}
     calls = {n: (lambda i, m=mods[n]: call(m, i)) for n in names}
-    times, _, errs = bench.time_rounds(calls, 2 * R, args.iters, args.rounds,
-                                       timer=lambda f, kk, n: (bench.time_graph(f, kk, n), "cuda-graph"))
-    if errs:
-        raise SystemExit(f"lowrank {shape_s}: {errs}")
-    med = {n: statistics.median(t) for n, t in times.items()}
-    cols = [f"{med[n]:.2f} (diff {err[n]:.1e})" for n in names]
-    ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]
-    print(f"| lowrank | {shape_s} | {dtype} | " + " | ".join(cols + ratios) + " |", flush=True)
-    return dict(op="lowrank", shape=shape_s, dtype=dtype, us=times, median=med, diff=err)
+    return timed_row("lowrank", shape_s, dtype, names, calls, 2 * R, err, args)
 
 
 def ab_lora(mods, names, shape_s, dtype, args):
@@ -175,15 +183,7 @@ def ab_lora(mods, names, shape_s, dtype, args):
     outs = {n: loras[n](sets[0][0], adapter_ids=ids) for n in names}
     err = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item() for n in names}
     calls = {n: (lambda i, lo=loras[n]: lo(sets[i % 2][0], adapter_ids=ids, out=sets[i % 2][1])) for n in names}
-    times, _, errs = bench.time_rounds(calls, 8, args.iters, args.rounds,
-                                       timer=lambda f, kk, n: (bench.time_graph(f, kk, n), "cuda-graph"))
-    if errs:
-        raise SystemExit(f"lora {shape_s}: {errs}")
-    med = {n: statistics.median(t) for n, t in times.items()}
-    cols = [f"{med[n]:.2f} (diff {err[n]:.1e})" for n in names]
-    ratios = [f"{med[names[0]] / med[n]:.3f}x" for n in names[1:]]
-    print(f"| lora | {shape_s} | {dtype} | " + " | ".join(cols + ratios) + " |", flush=True)
-    return dict(op="lora", shape=shape_s, dtype=dtype, us=times, median=med, diff=err)
+    return timed_row("lora", shape_s, dtype, names, calls, 8, err, args)
 
 
 def ab_attention(mods, names, shape_s, dtype, args):
