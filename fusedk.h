@@ -63,6 +63,8 @@
      fusedk_lowrank_prepare / fusedk_linear_lowrank   a LoRA folded into its base linear: w_cat =
                          [w | s b] made once, then y = act(x w^T + bias + s ((x a^T) * codes) b^T)
                          as one GEMM over [x | h]
+     fusedk_lowrank_update_backward / fusedk_linear_lowrank_backward   their gradients: dx, dv or
+                         da, du_t or db, dcodes (and dbias), the frozen w not differentiated
 
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
@@ -95,7 +97,7 @@
                       [norm] the normalization ops     [elementwise] activations, fused residuals
                       [position] rope, its tables, qk_norm_rope   [sampler] diffusion_step
                       [linear] linear, linear_backward (cuBLASLt)   [attention] attention
-                      [lowrank] lowrank_update
+                      [lowrank] lowrank_update, linear_lowrank, their backward
                       [registry] every op's arguments as data, output shapes
      implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
                       [sampler] [position] [linear] [attention] [lowrank] (CPU references and
@@ -531,7 +533,8 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
    dims, optional: BEM's per-row codes, on each adapter's h); adapter_ids (int32 [M], M = x's rows
    flattened, contiguous, optional): row m takes adapter ids[m] alone, an id outside 0..A-1 (-1)
    none (its y is the base linear's); without ids every adapter acts on every row (peft's several
-   active adapters: their sum); bias [N] and act as linear's (aux is not offered).
+   active adapters: their sum); bias [N], act and aux_out (the pre-activation, what the backward
+   needs for act != NONE; optional) as linear's.
    h = (x a^T) * codes, rounded once to the dtype (float16: past 65504 it is inf), and zeros up to
    rp are the GEMM's last columns of K beside x: y[m, n] = act(sum_k x[m, k] w_cat[n, k] + sum_j
    h[m, j] w_cat[n, K + j] + bias[n]). CPU: every dtype, double accumulation, one rounding of h and
@@ -542,14 +545,44 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
    outgrown ones are kept, as linear's scratch, for graphs captured earlier (a stream whose M keeps
    growing holds up to about 3x the largest M (K + A rp) elements until fusedk_shutdown). Then
    linear's GEMM runs on it: the adapter costs the copy (2 M K elements) and A rp / K more flops.
-   y may not overlap an input. */
+   y may not overlap an input.
+   The backward, for training adapters (the frozen w and b_0's w_cat not differentiated): with
+   dz = dy (lowrank_update's dout) times act'(aux) rounded to the dtype as linear_backward's, per
+   adapter q (lowrank_update: one, with P = v, Q = scaling u_t^T; linear_lowrank: P_q = a_q^T,
+   Q_q = w_cat's columns K + q rp .. K + q rp + r - 1, that is scaling b_q) and row m:
+     h_q = x P_q,  g_q = h_q * codes (0 on a row whose id is not q),  dg_q = dz Q_q,
+     dx = sum_q (dg_q * codes) P_q^T  (+ dz w for linear_lowrank: w_cat's first K columns),
+     dv = x^T (dg * codes)  /  da_q = (dg_q * codes)^T x,
+     du_t = scaling g^T dz  /  db_q = scaling dz^T g_q,
+     dcodes = sum_q dg_q * h_q,  dbias = dz summed over the rows (linear_lowrank_backward).
+   Each output optional (NULL: not computed; dcodes needs codes), each like its input (db like b:
+   [N, r] or [A, N, r]); none may overlap another argument. CPU: double accumulation, one rounding
+   of each output. GPU: cuBLASLt GEMMs (h and dg in float32, [M, A r] each; dg * codes and
+   scaling g rounded to the dtype for the GEMMs that take them; dx accumulated in one GEMM's
+   float32 for lowrank, as dz w + (dg * codes) a for linear_lowrank) and two small fusedk passes;
+   the scratch is linear's (per stream, kept). The dy w GEMM of linear_lowrank_backward is
+   linear_backward's dx: a LoRA's backward costs that and the narrow [M, A r] GEMMs. */
 FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,
                                                 const fusedk_tensor *b, float scaling, struct CUstream_st *stream);
-FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *x,
-                                               const fusedk_tensor *w_cat, const fusedk_tensor *bias,
-                                               const fusedk_tensor *a, const fusedk_tensor *codes,
-                                               const fusedk_tensor *adapter_ids, fusedk_activation act,
-                                               struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *aux_out,
+                                               const fusedk_tensor *x, const fusedk_tensor *w_cat,
+                                               const fusedk_tensor *bias, const fusedk_tensor *a,
+                                               const fusedk_tensor *codes, const fusedk_tensor *adapter_ids,
+                                               fusedk_activation act, struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_lowrank_update_backward(const fusedk_tensor *dx, const fusedk_tensor *dv,
+                                                        const fusedk_tensor *du_t, const fusedk_tensor *dcodes,
+                                                        const fusedk_tensor *dout, const fusedk_tensor *x,
+                                                        const fusedk_tensor *v, const fusedk_tensor *codes,
+                                                        const fusedk_tensor *u_t, float scaling,
+                                                        struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx, const fusedk_tensor *da,
+                                                        const fusedk_tensor *db, const fusedk_tensor *dcodes,
+                                                        const fusedk_tensor *dbias, const fusedk_tensor *dy,
+                                                        const fusedk_tensor *x, const fusedk_tensor *w_cat,
+                                                        const fusedk_tensor *a, const fusedk_tensor *codes,
+                                                        const fusedk_tensor *adapter_ids, const fusedk_tensor *aux,
+                                                        fusedk_activation act, float scaling,
+                                                        struct CUstream_st *stream);
 
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
@@ -580,9 +613,11 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_ATTENTION = 18,
   FUSEDK_OP_LOWRANK_UPDATE = 19,
   FUSEDK_OP_LOWRANK_PREPARE = 20,
-  FUSEDK_OP_LINEAR_LOWRANK = 21
+  FUSEDK_OP_LINEAR_LOWRANK = 21,
+  FUSEDK_OP_LOWRANK_UPDATE_BACKWARD = 22,
+  FUSEDK_OP_LINEAR_LOWRANK_BACKWARD = 23
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 22
+#define FUSEDK_OP_COUNT 24
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -819,6 +854,20 @@ typedef struct fusedk__lowrank_args {
   int32_t part_splits;      /* the splits part has room for (the most the pass may use) */
 } fusedk__lowrank_args;
 
+/* lowrank_update_backward (lora 0) and linear_lowrank_backward (lora 1), as fusedk.h's [lowrank]
+   comment writes them: x [M, K], dy and aux [M, N]; p: v [K, r] or a_0 [r, K] (adapter q at
+   q pa elements on), q: u_t [r, N] or w_cat [N, K + A rp]; outputs like them (p.NULL: not asked
+   for): dp like p (adapter stride dpa), dq like u_t or db [A, N, r] (adapter stride dqa). */
+typedef struct fusedk__lowrank_grad_args {
+  int32_t lora, scalar, act, r, slots;
+  float scaling;
+  int64_t M, K, N, pa, dpa, dqa;
+  fusedk__mat dy, x, aux, p, q, codes;
+  fusedk__mat dx, dp, dq, dcodes;
+  const int32_t *ids;       /* adapter_ids [M] (contiguous) or NULL */
+  void *dbias;              /* [N] contiguous, or NULL */
+} fusedk__lowrank_grad_args;
+
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream);
 fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
@@ -838,6 +887,8 @@ fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op
    then l's GEMM with that buffer as x */
 fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h,
                                           const char *op, int32_t device_id, struct CUstream_st *stream);
+fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, const char *op, int32_t device_id,
+                                        struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -964,6 +1015,11 @@ fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op
 fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h, const char *op,
                                           int32_t id, struct CUstream_st *s) {
   (void)l, (void)h, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, const char *op, int32_t id,
+                                        struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
 fusedk_status fusedk__cuda_alloc(int32_t id, size_t bytes, struct CUstream_st *s, void **p) {
@@ -1277,12 +1333,28 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
     {"lowrank_prepare", 3, 1, -1,
      {FUSEDK__OWN_OUT("w_cat", 1, -1), FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__IN("b", FUSEDK_ROLE_OWN)},
      {FUSEDK__FLT("scaling", 1.0)}},
-    /* y: x's rows of N (w_cat's rows) */
-    {"linear_lowrank", 7, 1, -1,
-     {FUSEDK__OWN_OUT("y", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN),
-      FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN), FUSEDK__OPT("codes", FUSEDK_ROLE_OWN),
-      {"adapter_ids", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
-     {FUSEDK__I32("act", FUSEDK_ACT_NONE)}},
+    /* y, aux_out: x's rows of N (w_cat's rows); aux_out exists when want_aux asks */
+    {"linear_lowrank", 8, 2, -1,
+     {FUSEDK__OWN_OUT("y", 2, -1), FUSEDK__OWN_OUT("aux_out", 2, -2 - 1), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+      FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN), FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN),
+      FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), {"adapter_ids", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
+     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("want_aux", 0)}},
+    /* the gradients: each like its input, when its want_ attribute asks; dcodes when codes is given */
+    {"lowrank_update_backward", 9, 4, -1,
+     {{"dx", FUSEDK_ARG_OUT_OPT, 5, -2 - 1, FUSEDK__ROW, -1}, {"dv", FUSEDK_ARG_OUT_OPT, 6, -2 - 2, FUSEDK__ROW, -1},
+      {"du_t", FUSEDK_ARG_OUT_OPT, 8, -2 - 3, FUSEDK__ROW, -1}, {"dcodes", FUSEDK_ARG_OUT_OPT, 7, 7, FUSEDK__ROW, -1},
+      FUSEDK__IN("dout", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
+      FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), FUSEDK__IN("u_t", FUSEDK_ROLE_OWN)},
+     {FUSEDK__FLT("scaling", 1.0), FUSEDK__I32("want_dx", 1), FUSEDK__I32("want_dv", 1), FUSEDK__I32("want_du_t", 1)}},
+    /* db: b's shape ([A,] N, r: a's with w_cat's N), dbias: [N] */
+    {"linear_lowrank_backward", 12, 6, -1,
+     {{"dx", FUSEDK_ARG_OUT_OPT, 6, -2 - 2, FUSEDK__ROW, -1}, {"da", FUSEDK_ARG_OUT_OPT, 8, -2 - 3, FUSEDK__ROW, -1},
+      FUSEDK__OWN_OUT("db", 8, -2 - 4), {"dcodes", FUSEDK_ARG_OUT_OPT, 9, 9, FUSEDK__ROW, -1},
+      FUSEDK__OWN_OUT("dbias", 7, -2 - 5), FUSEDK__IN("dy", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+      FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN), FUSEDK__OPT("codes", FUSEDK_ROLE_OWN),
+      {"adapter_ids", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}, FUSEDK__OPT("aux", FUSEDK_ROLE_OWN)},
+     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__FLT("scaling", 1.0), FUSEDK__I32("want_dx", 1),
+      FUSEDK__I32("want_da", 1), FUSEDK__I32("want_db", 1), FUSEDK__I32("want_dbias", 0)}},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2676,6 +2748,17 @@ static fusedk_status fusedk__lora_factor(const fusedk__check *c, const fusedk_te
   return FUSEDK_OK;
 }
 
+/* adapter_ids, when given: int32 [M] (x's rows, flattened), contiguous */
+static fusedk_status fusedk__check_ids(const fusedk__check *c, const fusedk_tensor *ids, int64_t M) {
+  fusedk_status st;
+  if (!ids) return FUSEDK_OK;
+  if ((st = fusedk__check_shape(c, ids, "adapter_ids", 1, &M, "[M] (x's rows, flattened)"))) return st;
+  if (M > 1 && fusedk__stride(ids, 0) != 1)
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: adapter_ids has stride %lld, expected a contiguous [M]", c->op,
+                        (long long)fusedk__stride(ids, 0));
+  return FUSEDK_OK;
+}
+
 FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,
                                                 const fusedk_tensor *b, float scaling, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {w_cat, w, b};
@@ -2708,12 +2791,12 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, cons
                                      : FUSEDK_OK;
 }
 
-FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *x,
-                                               const fusedk_tensor *w_cat, const fusedk_tensor *bias,
-                                               const fusedk_tensor *a, const fusedk_tensor *codes,
-                                               const fusedk_tensor *adapter_ids, fusedk_activation act,
-                                               struct CUstream_st *stream) {
-  const fusedk_tensor *t[] = {y, x, w_cat, bias, a, codes, adapter_ids};
+FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *aux_out,
+                                               const fusedk_tensor *x, const fusedk_tensor *w_cat,
+                                               const fusedk_tensor *bias, const fusedk_tensor *a,
+                                               const fusedk_tensor *codes, const fusedk_tensor *adapter_ids,
+                                               fusedk_activation act, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, aux_out, x, w_cat, bias, a, codes, adapter_ids};
   fusedk__rowset s;
   fusedk__linear_args l;
   fusedk__lowrank_args h;
@@ -2729,16 +2812,16 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fus
   if ((bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &l.N, "[N] (the first dim of w_cat)"))) ||
       (st = fusedk__linear_rows(&s.c, x, "x", x, "x", K, &h.x)) ||
       (codes && (st = fusedk__linear_rows(&s.c, codes, "codes", x, "x", r, &h.codes))) ||
-      (adapter_ids && (st = fusedk__check_shape(&s.c, adapter_ids, "adapter_ids", 1, &l.M, "[M] (x's rows, flattened)"))) ||
-      (st = fusedk__linear_rows(&s.c, y, "y", x, "x", l.N, &l.y)))
+      (st = fusedk__linear_rows(&s.c, y, "y", x, "x", l.N, &l.y)) ||
+      (aux_out && (st = fusedk__linear_rows(&s.c, aux_out, "aux_out", x, "x", l.N, &l.aux))) ||
+      (st = fusedk__check_ids(&s.c, adapter_ids, l.M)))
     return st;
-  if (adapter_ids && l.M > 1 && fusedk__stride(adapter_ids, 0) != 1)
-    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: adapter_ids has stride %lld, expected a contiguous [M]", s.c.op,
-                        (long long)fusedk__stride(adapter_ids, 0));
-  const fusedk_tensor *ins[] = {x, w_cat, bias, a, codes, adapter_ids};
-  const char *names[] = {"x", "w_cat", "bias", "a", "codes", "adapter_ids"};
-  for (int i = 0; i < 6; ++i)
-    if ((st = fusedk__check_disjoint(&s.c, y, "y", ins[i], names[i]))) return st;
+  const fusedk_tensor *ins[] = {x, w_cat, bias, a, codes, adapter_ids, aux_out};
+  const char *names[] = {"x", "w_cat", "bias", "a", "codes", "adapter_ids", "aux_out"};
+  for (int i = 0; i < 7; ++i)
+    if ((st = fusedk__check_disjoint(&s.c, y, "y", ins[i], names[i])) ||
+        (i < 6 && (st = fusedk__check_disjoint(&s.c, aux_out, "aux_out", ins[i], names[i]))))
+      return st;
   l.bias = fusedk__base(bias);
   h.ids = adapter_ids ? (const int32_t *)fusedk__base(adapter_ids) : NULL;
   if (l.M == 0 || l.N == 0) return FUSEDK_OK;
@@ -2753,6 +2836,185 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fus
   free(xc);
   return fail ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers", s.c.op)
               : FUSEDK_OK;
+}
+
+/* The backward's reference (the formulas above linear_lowrank's declaration), a row at a time in
+   double: P, Q (and w) converted once, dz rounded to the dtype as linear_backward's; dv / da,
+   du_t / db and dbias summed over the rows; every output rounded once. */
+static int fusedk__lowrank_grad_cpu(const fusedk__lowrank_grad_args *a) {
+  const int s = a->scalar, lora = a->lora;
+  const int64_t r = a->r, A = a->slots, K = a->K, N = a->N, R = A * r, rp = (r + 7) / 8 * 8, W = lora ? N * K : 0;
+  double *P = (double *)malloc((size_t)(2 * R * (K + N) + W + K + 2 * N + 3 * R + r) * sizeof(double) + 1);
+  if (!P) return -1;
+  double *Q = P + R * K, *dP = Q + R * N, *dQ = dP + R * K, *w = dQ + R * N, *xr = w + W, *dz = xr + K;
+  double *db = dz + N, *dh = db + N, *g = dh + R, *hq = g + R, *dc = hq + R;
+  memset(dP, 0, (size_t)(R * (K + N)) * sizeof(double));
+  memset(db, 0, (size_t)N * sizeof(double));
+  const size_t es = fusedk__scalar_size(s);
+  for (int64_t q = 0; q < A; ++q) { /* P[q r + j][k] = P_q[k, j], Q[q r + j][n] = Q_q[n, j] */
+    const fusedk__mat pq = {(void *)((uintptr_t)a->p.p + (uintptr_t)(q * a->pa) * es), a->p.ld};
+    for (int64_t j = 0; j < r; ++j) {
+      for (int64_t k = 0; k < K; ++k)
+        P[(q * r + j) * K + k] = lora ? fusedk__load(fusedk__mat_row(&pq, j, s), k, s)
+                                      : fusedk__load(fusedk__mat_row(&pq, k, s), j, s);
+      for (int64_t n = 0; n < N; ++n)
+        Q[(q * r + j) * N + n] = lora ? fusedk__load(fusedk__mat_row(&a->q, n, s), K + q * rp + j, s)
+                                      : (double)a->scaling * fusedk__load(fusedk__mat_row(&a->q, j, s), n, s);
+    }
+  }
+  if (lora) fusedk__mat_rows(&a->q, N, K, s, w);
+  for (int64_t m = 0; m < a->M; ++m) {
+    const fusedk__mat xm = {fusedk__mat_row(&a->x, m, s), 0}, dym = {fusedk__mat_row(&a->dy, m, s), 0};
+    fusedk__mat_rows(&xm, 1, K, s, xr);
+    fusedk__mat_rows(&dym, 1, N, s, dz);
+    for (int64_t n = 0; a->act != FUSEDK_ACT_NONE && n < N; ++n)
+      dz[n] = fusedk__round(dz[n] * fusedk__act_grad_f64(fusedk__load(fusedk__mat_row(&a->aux, m, s), n, s), a->act), s);
+    for (int64_t j = 0; j < r; ++j) dc[j] = 0.0;
+    for (int64_t q = 0; q < A; ++q) {
+      const int on = !a->ids || a->ids[m] == q;
+      for (int64_t j = 0, i = q * r; j < r; ++j, ++i) {
+        double h = 0.0, dg = 0.0;
+        for (int64_t k = 0; on && k < K; ++k) h += xr[k] * P[i * K + k];
+        for (int64_t n = 0; on && n < N; ++n) dg += dz[n] * Q[i * N + n];
+        const double c = a->codes.p ? fusedk__load(fusedk__mat_row(&a->codes, m, s), j, s) : 1.0;
+        hq[i] = h, dc[j] += dg * h, dh[i] = dg * c, g[i] = h * c;
+        for (int64_t k = 0; k < K; ++k) dP[i * K + k] += xr[k] * dh[i];
+        for (int64_t n = 0; n < N; ++n) dQ[i * N + n] += (double)a->scaling * g[i] * dz[n];
+      }
+    }
+    for (int64_t k = 0; a->dx.p && k < K; ++k) {
+      double acc = 0.0;
+      for (int64_t i = 0; i < R; ++i) acc += dh[i] * P[i * K + k];
+      for (int64_t n = 0; lora && n < N; ++n) acc += dz[n] * w[n * K + k];
+      fusedk__store(fusedk__mat_row(&a->dx, m, s), k, acc, s);
+    }
+    for (int64_t j = 0; a->dcodes.p && j < r; ++j) fusedk__store(fusedk__mat_row(&a->dcodes, m, s), j, dc[j], s);
+    for (int64_t n = 0; n < N; ++n) db[n] += dz[n];
+  }
+  for (int64_t q = 0; q < A; ++q) { /* dv[k, j] / da_q[j, k]; du_t[j, n] / db_q[n, j] */
+    const fusedk__mat dpq = {(void *)((uintptr_t)a->dp.p + (uintptr_t)(q * a->dpa) * es), a->dp.ld};
+    const fusedk__mat dqq = {(void *)((uintptr_t)a->dq.p + (uintptr_t)(q * a->dqa) * es), a->dq.ld};
+    for (int64_t j = 0, i = q * r; j < r; ++j, ++i) {
+      for (int64_t k = 0; a->dp.p && k < K; ++k)
+        fusedk__store(lora ? fusedk__mat_row(&dpq, j, s) : fusedk__mat_row(&dpq, k, s), lora ? k : j, dP[i * K + k], s);
+      for (int64_t n = 0; a->dq.p && n < N; ++n)
+        fusedk__store(lora ? fusedk__mat_row(&dqq, n, s) : fusedk__mat_row(&dqq, j, s), lora ? j : n, dQ[i * N + n], s);
+    }
+  }
+  for (int64_t n = 0; a->dbias && n < N; ++n) fusedk__store(a->dbias, n, db[n], s);
+  free(P);
+  return 0;
+}
+
+/* The outputs against every input and each other: a GEMM reads its inputs while it writes. */
+static fusedk_status fusedk__grad_disjoint(const fusedk__check *c, const fusedk_tensor *const *t, const char *const *names,
+                                          int n_out, int n) {
+  fusedk_status st = FUSEDK_OK;
+  for (int i = 0; i < n_out && !st; ++i)
+    for (int j = i + 1; j < n && !st; ++j) st = fusedk__check_disjoint(c, t[i], names[i], t[j], names[j]);
+  return st;
+}
+
+static fusedk_status fusedk__grad_run(const fusedk__lowrank_grad_args *a, const fusedk__check *c,
+                                      struct CUstream_st *stream) {
+  if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_lowrank_grad(a, c->op, c->dev.device_id, stream);
+  return fusedk__lowrank_grad_cpu(a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's "
+                                                    "buffers", c->op)
+                                     : FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_lowrank_update_backward(const fusedk_tensor *dx, const fusedk_tensor *dv,
+                                                        const fusedk_tensor *du_t, const fusedk_tensor *dcodes,
+                                                        const fusedk_tensor *dout, const fusedk_tensor *x,
+                                                        const fusedk_tensor *v, const fusedk_tensor *codes,
+                                                        const fusedk_tensor *u_t, float scaling,
+                                                        struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {dx, dv, du_t, dcodes, dout, x, v, codes, u_t};
+  const char *names[] = {"dx", "dv", "du_t", "dcodes", "dout", "x", "v", "codes", "u_t"};
+  char shp[160];
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LOWRANK_UPDATE_BACKWARD], t, &s);
+  if (st) return st;
+  if (!(scaling > -HUGE_VALF && scaling < HUGE_VALF))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: scaling is %g, expected a finite number", s.c.op,
+                        (double)scaling);
+  const int64_t K = x->shape[x->ndim - 1];
+  if (v->ndim != 2 || v->shape[0] != K || v->shape[1] < 1 || v->shape[1] > 128)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: v has shape %s, expected [K1, r] with K1 = %lld (the last dim of x) "
+                        "and a rank r of 1..128", s.c.op, fusedk__shape_str(v, shp, sizeof shp), (long long)K);
+  const int64_t r = v->shape[1];
+  if (u_t->ndim != 2 || u_t->shape[0] != r)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: u_t has shape %s, expected [r, K2] with r = %lld (the last dim of v)",
+                        s.c.op, fusedk__shape_str(u_t, shp, sizeof shp), (long long)r);
+  fusedk__lowrank_grad_args a;
+  memset(&a, 0, sizeof a);
+  a.scalar = s.c.scalar, a.act = FUSEDK_ACT_NONE, a.r = (int32_t)r, a.slots = 1, a.scaling = scaling;
+  a.K = K, a.N = u_t->shape[1], a.M = 1;
+  for (int i = 0; i < x->ndim - 1; ++i) a.M *= x->shape[i];
+  if ((st = fusedk__linear_2d(&s.c, v, "v", &a.p)) || (st = fusedk__linear_2d(&s.c, u_t, "u_t", &a.q)) ||
+      (st = fusedk__linear_rows(&s.c, x, "x", x, "x", K, &a.x)) ||
+      (st = fusedk__linear_rows(&s.c, dout, "dout", x, "x", a.N, &a.dy)) ||
+      (codes && (st = fusedk__linear_rows(&s.c, codes, "codes", x, "x", r, &a.codes))) ||
+      (dx && (st = fusedk__linear_rows(&s.c, dx, "dx", x, "x", K, &a.dx))) ||
+      (dcodes && (st = fusedk__linear_rows(&s.c, dcodes, "dcodes", x, "x", r, &a.dcodes))) ||
+      (dv && (st = fusedk__linear_2d(&s.c, dv, "dv", &a.dp))) || (du_t && (st = fusedk__linear_2d(&s.c, du_t, "du_t", &a.dq))) ||
+      (st = fusedk__grad_disjoint(&s.c, t, names, 4, 9)))
+    return st;
+  if (!dx && !dv && !du_t && !dcodes) return FUSEDK_OK;
+  return fusedk__grad_run(&a, &s.c, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx, const fusedk_tensor *da,
+                                                        const fusedk_tensor *db, const fusedk_tensor *dcodes,
+                                                        const fusedk_tensor *dbias, const fusedk_tensor *dy,
+                                                        const fusedk_tensor *x, const fusedk_tensor *w_cat,
+                                                        const fusedk_tensor *a, const fusedk_tensor *codes,
+                                                        const fusedk_tensor *adapter_ids, const fusedk_tensor *aux,
+                                                        fusedk_activation act, float scaling,
+                                                        struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {dx, da, db, dcodes, dbias, dy, x, w_cat, a, codes, adapter_ids, aux};
+  const char *names[] = {"dx", "da", "db", "dcodes", "dbias", "dy", "x", "w_cat", "a", "codes", "adapter_ids", "aux"};
+  fusedk__rowset s;
+  fusedk__linear_args l;
+  fusedk__lowrank_args f, fd;
+  fusedk__lowrank_grad_args g;
+  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_LOWRANK_BACKWARD], t, &s);
+  if (st) return st;
+  if (!(scaling > -HUGE_VALF && scaling < HUGE_VALF))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: scaling is %g, expected a finite number", s.c.op,
+                        (double)scaling);
+  const int64_t K = x->shape[x->ndim - 1];
+  memset(&f, 0, sizeof f);
+  memset(&g, 0, sizeof g);
+  if ((st = fusedk__lora_factor(&s.c, a, "a", 0, K, "[r, K] with K (the last dim of x)", &f, &g.p))) return st;
+  const int64_t r = f.r, A = f.slots;
+  if ((st = fusedk__linear_common(&s.c, (int)act, 0, x, w_cat, A * ((r + 7) / 8 * 8), &l))) return st;
+  if (act != FUSEDK_ACT_NONE && !aux)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: aux is NULL, expected the forward's aux_out (its "
+                        "pre-activation; for RELU its y will do) since act is not NONE", s.c.op);
+  g.lora = 1, g.scalar = s.c.scalar, g.act = (int32_t)act, g.r = (int32_t)r, g.slots = (int32_t)A;
+  g.scaling = scaling, g.M = l.M, g.K = K, g.N = l.N, g.pa = f.va, g.q = l.w;
+  int64_t bshape[3] = {A, l.N, r};
+  if ((st = fusedk__linear_rows(&s.c, x, "x", x, "x", K, &g.x)) ||
+      (st = fusedk__linear_rows(&s.c, dy, "dy", x, "x", l.N, &g.dy)) ||
+      (aux && (st = fusedk__linear_rows(&s.c, aux, "aux", x, "x", l.N, &g.aux))) ||
+      (codes && (st = fusedk__linear_rows(&s.c, codes, "codes", x, "x", r, &g.codes))) ||
+      (st = fusedk__check_ids(&s.c, adapter_ids, l.M)) ||
+      (dx && (st = fusedk__linear_rows(&s.c, dx, "dx", x, "x", K, &g.dx))) ||
+      (dcodes && (st = fusedk__linear_rows(&s.c, dcodes, "dcodes", x, "x", r, &g.dcodes))) ||
+      (da && (st = fusedk__lora_factor(&s.c, da, "da", 0, K, "a's", &fd, &g.dp))) ||
+      (db && (st = fusedk__check_shape(&s.c, db, "db", a->ndim, bshape + 3 - a->ndim, "b's: a's adapters, w_cat's "
+                                       "N, a's rank"))) ||
+      (db && (st = fusedk__lora_factor(&s.c, db, "db", 1, l.N, "[N, r]", &fd, &g.dq))) ||
+      (dbias && (st = fusedk__check_shape(&s.c, dbias, "dbias", 1, &l.N, "[N] (the first dim of w_cat)"))) ||
+      (st = fusedk__grad_disjoint(&s.c, t, names, 5, 12)))
+    return st;
+  if (da) g.dpa = A > 1 ? fusedk__stride(da, 0) : 0;
+  if (db) g.dqa = A > 1 ? fusedk__stride(db, 0) : 0;
+  g.ids = adapter_ids ? (const int32_t *)fusedk__base(adapter_ids) : NULL;
+  g.dbias = fusedk__base(dbias);
+  if (!dx && !da && !db && !dcodes && !dbias) return FUSEDK_OK;
+  return fusedk__grad_run(&g, &s.c, stream);
 }
 
 /* --- [registry] lookup, output shapes and the generic call ------------------------------- */
@@ -2827,7 +3089,7 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
   }
   if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD || id == FUSEDK_OP_LINEAR_LOWRANK) {
     /* y, aux_out: x's rows of N (w's or w_cat's rows); db: [N] */
-    const fusedk_tensor *w = t[id == FUSEDK_OP_LINEAR ? 3 : id == FUSEDK_OP_LINEAR_LOWRANK ? 2 : 5];
+    const fusedk_tensor *w = t[id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_LOWRANK ? 3 : 5];
     const char *wn = id == FUSEDK_OP_LINEAR_LOWRANK ? "w_cat" : "w";
     char shp[160];
     if (!w || !w->shape || w->ndim < 1 || w->ndim > FUSEDK_MAX_DIMS)
@@ -2837,6 +3099,18 @@ static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *con
                            fusedk__shape_str(w, shp, sizeof shp));
     if (id == FUSEDK_OP_LINEAR_BACKWARD) nd = 1;
     shape[nd - 1] = w->shape[0];
+    return nd;
+  }
+  if (id == FUSEDK_OP_LINEAR_LOWRANK_BACKWARD) { /* db: a's [A,] r, K as b's [A,] N, r; dbias: [N] */
+    const fusedk_tensor *w = t[7];
+    char shp[160];
+    if (!w || !w->shape || w->ndim != 2)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w_cat is missing or not [N, K + A rp]", o->name);
+    if (i == 4) return shape[0] = w->shape[0], 1;
+    if (nd != 2 && nd != 3)
+      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: a has shape %s, expected [r, K] or [A, r, K]", o->name,
+                           fusedk__shape_str(like, shp, sizeof shp));
+    shape[nd - 1] = like->shape[nd - 2], shape[nd - 2] = w->shape[0];
     return nd;
   }
   int64_t F = 0;
@@ -2926,7 +3200,12 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_LOWRANK_UPDATE: return fusedk_lowrank_update(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (float)a[1], s);
     case FUSEDK_OP_LOWRANK_PREPARE: return fusedk_lowrank_prepare(t[0], t[1], t[2], (float)a[0], s);
     case FUSEDK_OP_LINEAR_LOWRANK:
-      return fusedk_linear_lowrank(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0], s);
+      return fusedk_linear_lowrank(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], (fusedk_activation)(int)a[0], s);
+    case FUSEDK_OP_LOWRANK_UPDATE_BACKWARD:
+      return fusedk_lowrank_update_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], (float)a[0], s);
+    case FUSEDK_OP_LINEAR_LOWRANK_BACKWARD:
+      return fusedk_linear_lowrank_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11],
+                                            (fusedk_activation)(int)a[0], (float)a[1], s);
     case FUSEDK_OP_LINEAR_BACKWARD:
       return fusedk_linear_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0],
                                     (int32_t)a[1], s);

@@ -2228,6 +2228,7 @@ struct LtGemm {
   int64_t ldaux;
   bool d32;            // D in float32 (the exact route), else the inputs' type
   int32_t scalar, tf32; // the inputs' fusedk_scalar; float32 through TF32 tensor cores
+  bool acc;            // D += op(A) op(B) (beta 1, C = D): never timed, as timing rewrites D
 };
 
 // What a plan depends on: shapes, leading dims, dtype, epilogue, TF32, device and the alignment
@@ -2235,7 +2236,7 @@ struct LtGemm {
 // returns NOT_SUPPORTED on misaligned ones).
 struct LtKey {
   int64_t m, n, k, lda, ldb, ldd, ldaux;
-  int32_t dev, scalar, tf32, epi, ta, tb, d32;
+  int32_t dev, scalar, tf32, epi, ta, tb, d32, acc;
   uint32_t align;
   bool operator==(const LtKey &o) const { return !memcmp(this, &o, sizeof *this); }
 };
@@ -2412,13 +2413,13 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan *
   }
   // a large GEMM keeps the heuristic's first candidates, timed on its first call (lt_tune)
   const int level = lt_tune_level();
-  const bool large = level && 2.0 * (double)k.m * (double)k.n * (double)k.k >= kLtTuneFlops;
+  const bool large = level && !k.acc && 2.0 * (double)k.m * (double)k.n * (double)k.k >= kLtTuneFlops;
   if (!s) s = lt_heuristic(p, h, pref, large ? kLtCandidates : 1);
   if (!s && large && level >= 2 && !p.cand.empty())
     s = lt_widen(p, h, pref, ct, t, k.d32 ? CUDA_R_32F : t, epi, level == 3);
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
   p.found = !p.cand.empty();
-  p.tuned = p.cand.size() < 2;
+  p.tuned = p.cand.size() < 2 || k.acc;
   if (p.found) p.algo = p.cand[0];
   if (p.tuned) p.cand = {};
   *slot = std::move(p);
@@ -2512,7 +2513,7 @@ fusedk_status lt_matmul(LtState &st, const LtGemm &g, int dev, cudaStream_t s, v
   memset(&k, 0, sizeof k); // the key is compared as bytes: padding zeroed
   k.m = g.m, k.n = g.n, k.k = g.k, k.lda = g.lda, k.ldb = g.ldb, k.ldd = g.ldd, k.ldaux = g.aux ? g.ldaux : 0;
   k.dev = dev, k.scalar = g.scalar, k.tf32 = g.tf32, k.epi = (int32_t)g.epi, k.ta = (int32_t)g.ta, k.tb = (int32_t)g.tb;
-  k.d32 = g.d32;
+  k.d32 = g.d32, k.acc = g.acc;
   k.align = log2_align(g.a) | log2_align(g.b) << 4 | log2_align(g.d) << 8 | (g.bias ? log2_align(g.bias) : 0) << 12 |
             (g.aux ? log2_align(g.aux) : 0) << 16;
   LtPlan *p;
@@ -2523,8 +2524,8 @@ fusedk_status lt_matmul(LtState &st, const LtGemm &g, int dev, cudaStream_t s, v
   if (!c && g.aux) c = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux);
   const float one = 1.f, zero = 0.f;
   if (!c && !p->tuned) lt_tune(*p, h, g, ws, s);
-  if (!c) c = cublasLtMatmul(h, p->desc, &one, g.a, p->la, g.b, p->lb, &zero, g.d, p->ld, g.d, p->ld, &p->algo, ws,
-                             kLtWorkspace, s);
+  if (!c) c = cublasLtMatmul(h, p->desc, &one, g.a, p->la, g.b, p->lb, g.acc ? &one : &zero, g.d, p->ld, g.d, p->ld,
+                             &p->algo, ws, kLtWorkspace, s);
   // refused at run time (H100: INVALID_VALUE for some unaligned shapes the heuristic had an
   // algorithm for): remembered, and the caller takes its exact route
   if (c == CUBLAS_STATUS_NOT_SUPPORTED || c == CUBLAS_STATUS_INVALID_VALUE) {
@@ -2719,7 +2720,7 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
       epi = a.aux.p ? (a.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                     : (a.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
     const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z.p, z.ld, epi, a.bias,
-                   gelu_epi ? a.aux.p : nullptr, a.aux.ld, false, a.scalar, a.tf32};
+                   gelu_epi ? a.aux.p : nullptr, a.aux.ld, false, a.scalar, a.tf32, false};
     if ((f = lt_matmul(st, g, dev, s, ar.ws, op, &ran))) return f;
     if (ran) {
       if (a.act == FUSEDK_ACT_NONE && a.aux.p) // aux = z = y
@@ -2735,66 +2736,80 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
     if ((e = lt_arena(st, dev, s, (size_t)(a.M * z32.ld) * sizeof(float), &ar)) != cudaSuccess) return arena_fail(e, op);
     z32.p = ar.scratch;
     const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z32.p, z32.ld,
-                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, true, a.scalar, a.tf32};
+                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, true, a.scalar, a.tf32, false};
     if ((f = lt_matmul(st, g, dev, s, ar.ws, op, &ran))) return f;
     if (!ran) return no_algo(op, "forward", a);
   }
   return on_error(launch_bias_act<T>(a.y, a.aux, z32, true, a.bias, a.act, a.M, a.N, s, dev), op);
 }
 
+// The backward's dz pass: blocks of 32 * VEC columns by chunks of rows, about 4 blocks an SM
+// (with db, each chunk's column sums go to part[chunk], then one pass sums them in chunk order).
+// dz_ld: 16-byte rows of dz in scratch (written only for act != NONE: dz = dy otherwise).
+struct DzPass {
+  int64_t chunks, dz_ld;
+  size_t dz_bytes, part_bytes; // 256-byte padded
+};
+inline size_t pad256(size_t b) { return (b + 255) & ~(size_t)255; }
+template <typename T> DzPass dz_plan(int64_t M, int64_t N, int act, bool need_dz, bool db, int dev) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t col_blocks = (N + 32 * V - 1) / (32 * V);
+  DzPass p;
+  p.chunks = M > 0 && N > 0 ? std::max<int64_t>(1, std::min<int64_t>((M + 7) / 8,
+                                  ((int64_t)device_sms(dev) * 4 + col_blocks - 1) / col_blocks)) : 0;
+  p.dz_ld = (N + V - 1) / V * V;
+  p.dz_bytes = pad256(need_dz && act != FUSEDK_ACT_NONE && M > 0 && N > 0 ? (size_t)(M * p.dz_ld) * sizeof(T) : 0);
+  p.part_bytes = pad256(db ? (size_t)(p.chunks * N) * sizeof(float) : 0);
+  return p;
+}
+
+// Runs the pass: dz (p.dz_bytes != 0) and db (part != NULL; M = 0: zeros)
+template <typename T> cudaError_t dz_run(const DzPass &p, fusedk__mat dz, fusedk__mat dy, fusedk__mat aux, int act,
+                                         void *db, float *part, int64_t M, int64_t N, cudaStream_t s) {
+  constexpr int V = 16 / sizeof(T);
+  const bool need_dz = p.dz_bytes != 0;
+  if (!need_dz && !part) return db && N ? cudaMemsetAsync(db, 0, (size_t)N * sizeof(T), s) : cudaSuccess;
+  const bool vec = N % V == 0 && aligned16(dy.p) && dy.ld % V == 0 &&
+                   (act == FUSEDK_ACT_NONE || (aligned16(aux.p) && aux.ld % V == 0));
+  const int64_t rpc = (M + p.chunks - 1) / p.chunks; // M, N > 0 here: chunks >= 1
+  auto go = [&](auto act_c, auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const int64_t cb = (N + 32 * VEC - 1) / (32 * VEC), ch = (M + rpc - 1) / rpc;
+    linear_dz_kernel<T, VEC, decltype(act_c)::value><<<dim3((unsigned)cb, (unsigned)ch), dim3(32, 8), 0, s>>>(
+        need_dz ? dz : fusedk__mat{nullptr, 0}, dy, aux, part, M, N, rpc);
+    cudaError_t r = cudaGetLastError();
+    if (r == cudaSuccess && part) {
+      linear_db_kernel<T><<<(unsigned)((N + 255) / 256), 256, 0, s>>>(static_cast<T *>(db), part, ch, N);
+      r = cudaGetLastError();
+    }
+    return r;
+  };
+  return dispatch_int<FUSEDK_ACT_NONE, FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
+      act, [&](auto act_c) { return vec ? go(act_c, int_c<V>()) : go(act_c, int_c<1>()); });
+}
+
 template <typename T>
 fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev, cudaStream_t s, const char *op) {
-  constexpr int V = 16 / sizeof(T);
-  const bool need_dz = a.act != FUSEDK_ACT_NONE && a.M > 0 && a.N > 0 && (a.dx.p || a.dw.p);
-  // the dz pass: blocks of 32 * VEC columns by chunks of rows, about 4 blocks an SM (with db,
-  // each chunk's column sums go to part[chunk])
-  const int64_t col_blocks = (a.N + 32 * V - 1) / (32 * V);
-  const int64_t chunks = a.M > 0 && a.N > 0 ? std::max<int64_t>(1, std::min<int64_t>((a.M + 7) / 8,
-                             ((int64_t)device_sms(dev) * 4 + col_blocks - 1) / col_blocks)) : 0;
-  auto pad = [](size_t b) { return (b + 255) & ~(size_t)255; };
-  const int64_t dz_ld = (a.N + V - 1) / V * V; // 16-byte rows
-  const size_t dz_pad = pad(need_dz ? (size_t)(a.M * dz_ld) * sizeof(T) : 0);
-  const size_t part_pad = pad(a.db ? (size_t)(chunks * a.N) * sizeof(float) : 0);
+  const DzPass dp = dz_plan<T>(a.M, a.N, a.act, a.dx.p || a.dw.p, a.db != nullptr, dev);
   // dx, dw with rows cuBLASLt should not write in T: a float32 result in scratch, then converted
   const bool dx32 = a.dx.p && !rows16<T>(a.dx.p, a.dx.ld), dw32 = a.dw.p && !rows16<T>(a.dw.p, a.dw.ld);
   const int64_t ld32 = (a.K + 3) / 4 * 4; // 16-byte float32 rows
   const size_t f32 = (size_t)std::max(dx32 ? a.M * ld32 : 0, dw32 ? a.N * ld32 : 0) * sizeof(float);
   LtArena ar;
-  cudaError_t e = lt_arena(st, dev, s, dz_pad + part_pad + f32, &ar);
+  cudaError_t e = lt_arena(st, dev, s, dp.dz_bytes + dp.part_bytes + f32, &ar);
   if (e != cudaSuccess) return arena_fail(e, op);
-  void *out32 = static_cast<char *>(ar.scratch) + dz_pad + part_pad;
-  fusedk__mat dz = need_dz ? fusedk__mat{ar.scratch, dz_ld} : a.dy;
-  float *part = a.db && chunks ? reinterpret_cast<float *>(static_cast<char *>(ar.scratch) + dz_pad) : nullptr;
-  if (need_dz || part) {
-    const bool vec = a.N % V == 0 && aligned16(a.dy.p) && a.dy.ld % V == 0 &&
-                     (a.act == FUSEDK_ACT_NONE || (aligned16(a.aux.p) && a.aux.ld % V == 0));
-    const int64_t rpc = (a.M + chunks - 1) / chunks; // need_dz or part: M, N > 0, chunks >= 1
-    auto go = [&](auto act, auto vec_c) {
-      constexpr int VEC = decltype(vec_c)::value;
-      const int64_t cb = (a.N + 32 * VEC - 1) / (32 * VEC), ch = (a.M + rpc - 1) / rpc;
-      linear_dz_kernel<T, VEC, decltype(act)::value><<<dim3((unsigned)cb, (unsigned)ch), dim3(32, 8), 0, s>>>(
-          need_dz ? dz : fusedk__mat{nullptr, 0}, a.dy, a.aux, part, a.M, a.N, rpc);
-      cudaError_t r = cudaGetLastError();
-      if (r == cudaSuccess && part) {
-        linear_db_kernel<T><<<(unsigned)((a.N + 255) / 256), 256, 0, s>>>(static_cast<T *>(a.db), part, ch, a.N);
-        r = cudaGetLastError();
-      }
-      return r;
-    };
-    e = dispatch_int<FUSEDK_ACT_NONE, FUSEDK_ACT_RELU, FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU>(
-        a.act, [&](auto act) { return vec ? go(act, int_c<V>()) : go(act, int_c<1>()); });
-    if (e != cudaSuccess) return on_error(e, op);
-  } else if (a.db) { // M = 0: the sum of no rows
-    if ((e = cudaMemsetAsync(a.db, 0, (size_t)a.N * sizeof(T), s)) != cudaSuccess) return cuda_fail(e, op, "memset");
-  }
+  void *out32 = static_cast<char *>(ar.scratch) + dp.dz_bytes + dp.part_bytes;
+  const fusedk__mat dz = dp.dz_bytes ? fusedk__mat{ar.scratch, dp.dz_ld} : a.dy;
+  float *part = a.db && dp.chunks ? reinterpret_cast<float *>(static_cast<char *>(ar.scratch) + dp.dz_bytes) : nullptr;
+  if ((e = dz_run<T>(dp, dz, a.dy, a.aux, a.act, a.db, part, a.M, a.N, s)) != cudaSuccess) return on_error(e, op);
   // dx[M, K] = dz w: column-major dx^T[K, M] = w^T[K, N] dz^T[N, M]
   // dw[N, K] = dz^T x: column-major dw^T[K, N] = x^T[K, M] dz[M, N]
   const bool to32[2] = {dx32, dw32};
   const LtGemm gs[2] = {
       {CUBLAS_OP_N, CUBLAS_OP_N, a.K, a.M, a.N, a.w.p, dz.p, a.w.ld, dz.ld, dx32 ? out32 : a.dx.p, dx32 ? ld32 : a.dx.ld,
-       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dx32, a.scalar, a.tf32},
+       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dx32, a.scalar, a.tf32, false},
       {CUBLAS_OP_N, CUBLAS_OP_T, a.K, a.N, a.M, a.x.p, dz.p, a.x.ld, dz.ld, dw32 ? out32 : a.dw.p, dw32 ? ld32 : a.dw.ld,
-       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dw32, a.scalar, a.tf32}};
+       CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, dw32, a.scalar, a.tf32, false}};
   const fusedk__mat outs[2] = {a.dx, a.dw};
   for (int i = 0; i < 2; ++i) {
     const LtGemm &g = gs[i];
@@ -2811,6 +2826,152 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
     if (to32[i] && (e = launch_bias_act<T>(outs[i], fusedk__mat{nullptr, 0}, fusedk__mat{out32, ld32}, true, nullptr,
                                            FUSEDK_ACT_NONE, g.n, g.m, s, dev)) != cudaSuccess)
       return on_error(e, op);
+  }
+  return FUSEDK_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [lowrank] lowrank_update_backward and linear_lowrank_backward on linear's GEMM layer: h = x P
+// and dg = dz Q as float32 GEMMs [M, A r] (narrow: each reads x or dz once), one pass makes
+// dh = dg * codes and g = scaling h * codes in the dtype (and dcodes), then GEMMs make dx (for
+// linear_lowrank dz w accumulated onto dh a in the same output), dP^T = dh^T x and dQ^T = g^T dz
+// as float32 [A r, *], which a last pass writes through the outputs' strides.
+
+// Per (m, j), adapter q: h = hf[m, q r + j], dg = gf[m, q rp + j] (lowrank: scaling gf[m, j]);
+// a row whose id is not q has dh = g = 0 there.
+template <typename T>
+__global__ void lowrank_grad_mid_kernel(const fusedk__lowrank_grad_args a, const float *hf, int64_t ldh,
+                                        const float *gf, int64_t ldg, T *dh, T *g, int64_t ldo) {
+  const int64_t r = a.r, rp = (r + 7) / 8 * 8;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.M * r; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t m = i / r, j = i % r;
+    const float c = a.codes.p ? to_f32(static_cast<const T *>(a.codes.p)[m * a.codes.ld + j]) : 1.f;
+    float dc = 0.f;
+    for (int q = 0; q < a.slots; ++q) {
+      const bool on = !a.ids || a.ids[m] == q;
+      const float h = on && hf ? hf[m * ldh + q * r + j] : 0.f;
+      const float d = on && gf ? (a.lora ? gf[m * ldg + q * rp + j] : a.scaling * gf[m * ldg + j]) : 0.f;
+      dc += d * h;
+      dh[m * ldo + q * r + j] = from_f32<T>(d * c);
+      g[m * ldo + q * r + j] = from_f32<T>(a.scaling * h * c);
+    }
+    if (a.dcodes.p) static_cast<T *>(a.dcodes.p)[m * a.dcodes.ld + j] = from_f32<T>(dc);
+  }
+}
+
+// out[q oq + j oj + c oc] = s[(q r + j) lds + c] rounded once: a factor's gradient through its
+// strides (dv [K, r], da [A, r, K], du_t [r, N], db [A, N, r] from the [A r, *] products)
+template <typename T>
+__global__ void lowrank_grad_store_kernel(T *out, int64_t oq, int64_t oj, int64_t oc, const float *s, int64_t lds,
+                                          int64_t rows, int64_t cols, int r) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * cols; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t row = i / cols, c = i % cols;
+    out[row / r * oq + row % r * oj + c * oc] = from_f32<T>(s[row * lds + c]);
+  }
+}
+
+// g's product into g.d; with k = 0 zeros there (or nothing, accumulating); nothing for no output
+fusedk_status grad_gemm(LtState &st, const LtGemm &g, int dev, cudaStream_t s, void *ws, const char *op,
+                        const char *which, size_t es) {
+  if (g.m == 0 || g.n == 0 || (g.k == 0 && g.acc)) return FUSEDK_OK;
+  if (g.k == 0) {
+    const cudaError_t e = cudaMemset2DAsync(g.d, (size_t)g.ldd * es, 0, (size_t)g.m * es, (size_t)g.n, s);
+    return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "memset");
+  }
+  bool ran;
+  const fusedk_status f = lt_matmul(st, g, dev, s, ws, op, &ran);
+  if (f || ran) return f;
+  return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: cuBLASLt has no algorithm for the %s GEMM (m=%lld n=%lld k=%lld, "
+                      "leading dims %lld, %lld) with these pointer alignments; pass compact, 16-byte aligned tensors",
+                      op, which, (long long)g.m, (long long)g.n, (long long)g.k, (long long)g.lda, (long long)g.ldb);
+}
+
+template <typename T>
+fusedk_status lowrank_grad(LtState &st, const fusedk__lowrank_grad_args &a, int dev, cudaStream_t s, const char *op) {
+  const int64_t M = a.M, K = a.K, N = a.N, r = a.r, R = a.slots * r, rp = (r + 7) / 8 * 8;
+  const int64_t Gc = a.lora ? a.slots * rp : r;           // dg's columns: w_cat's h columns, or r
+  const bool lowr = a.dx.p || a.dp.p || a.dq.p || a.dcodes.p; // anything but dbias
+  const bool need_h = a.dq.p || a.dcodes.p, need_g = a.dx.p || a.dp.p || a.dcodes.p;
+  // one [A r, K] matrix for all of a's adapters, or one GEMM an adapter
+  const bool one = !a.lora || a.slots == 1 || a.pa == r * a.p.ld;
+  const int groups = one ? 1 : a.slots;
+  const int64_t Rg = one ? R : r;
+  const bool dx32 = a.dx.p && !rows16<T>(a.dx.p, a.dx.ld);
+  auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+  const int64_t ldh = r4(R), ldg = r4(Gc), ldo = (R + 7) / 8 * 8, ld1 = r4(K), ld2 = r4(N);
+  const DzPass dp = dz_plan<T>(M, N, a.act, lowr, a.dbias != nullptr, dev);
+  size_t off[7], total = dp.dz_bytes + dp.part_bytes; // hf, gf, dh, g, s1, s2, dx32
+  const size_t bytes[7] = {need_h ? (size_t)(M * ldh) * 4 : 0, need_g ? (size_t)(M * ldg) * 4 : 0,
+                           lowr ? (size_t)(M * ldo) * sizeof(T) : 0, lowr ? (size_t)(M * ldo) * sizeof(T) : 0,
+                           a.dp.p ? (size_t)(R * ld1) * 4 : 0, a.dq.p ? (size_t)(R * ld2) * 4 : 0,
+                           dx32 ? (size_t)(M * ld1) * 4 : 0};
+  for (int i = 0; i < 7; ++i) off[i] = total, total += pad256(bytes[i]);
+  LtArena ar;
+  cudaError_t e = lt_arena(st, dev, s, total, &ar);
+  if (e != cudaSuccess) return arena_fail(e, op);
+  char *base = static_cast<char *>(ar.scratch);
+  auto at = [&](int i) { return bytes[i] ? static_cast<void *>(base + off[i]) : nullptr; };
+  float *hf = static_cast<float *>(at(0)), *gf = static_cast<float *>(at(1)), *s1 = static_cast<float *>(at(4));
+  float *s2 = static_cast<float *>(at(5)), *x32 = static_cast<float *>(at(6));
+  T *dh = static_cast<T *>(at(2)), *g = static_cast<T *>(at(3));
+  const fusedk__mat dz = dp.dz_bytes ? fusedk__mat{ar.scratch, dp.dz_ld} : a.dy;
+  float *part = a.dbias && dp.chunks ? reinterpret_cast<float *>(base + dp.dz_bytes) : nullptr;
+  if ((e = dz_run<T>(dp, dz, a.dy, a.aux, a.act, a.dbias, part, M, N, s)) != cudaSuccess) return on_error(e, op);
+  for (int i = 0; i < 2 && M == 0; ++i) // no rows: the factors' gradients are sums of nothing (zeros stored below)
+    if (bytes[4 + i] && (e = cudaMemsetAsync(at(4 + i), 0, bytes[4 + i], s)) != cudaSuccess) return cuda_fail(e, op, "memset");
+  const size_t es = sizeof(T);
+  const char *pp = static_cast<const char *>(a.p.p);
+  auto pg = [&](int q) { return static_cast<const void *>(pp + (size_t)(q * a.pa) * es); }; // adapter q's P
+  const cublasOperation_t tp = a.lora ? CUBLAS_OP_T : CUBLAS_OP_N, tpt = a.lora ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasLtEpilogue_t dflt = CUBLASLT_EPILOGUE_DEFAULT;
+  fusedk_status f = FUSEDK_OK;
+  if (lowr && M > 0) {
+    // h^T [R, M] = P^T x^T: v [K, r] is column-major v^T; a_q [r, K] is column-major a_q^T (so op T)
+    for (int q = 0; need_h && q < groups && !f; ++q)
+      f = grad_gemm(st, {tp, CUBLAS_OP_N, Rg, M, K, pg(q), a.x.p, a.p.ld, a.x.ld, hf + q * r, ldh, dflt, nullptr,
+                         nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "h", 4);
+    // dg^T [Gc, M] = Q^T dz^T: u_t [r, N] (op T); w_cat's h columns, column-major [Gc, N] (op N)
+    const void *qp = a.lora ? static_cast<const char *>(a.q.p) + (size_t)K * es : a.q.p;
+    if (!f && need_g)
+      f = grad_gemm(st, {a.lora ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, Gc, M, N, qp, dz.p, a.q.ld, dz.ld, gf, ldg,
+                         dflt, nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dg", 4);
+    if (f) return f;
+    const int64_t grid = std::min<int64_t>((M * r + 255) / 256, (int64_t)device_sms(dev) * 8);
+    lowrank_grad_mid_kernel<T><<<(unsigned)grid, 256, 0, s>>>(a, hf, ldh, gf, ldg, dh, g, ldo);
+    if ((e = cudaGetLastError()) != cudaSuccess) return on_error(e, op);
+  }
+  if (a.dx.p && K > 0) { // dx^T [K, M] = P dh^T (+ w^T dz^T): into dx, or float32 then converted
+    void *d = dx32 ? static_cast<void *>(x32) : a.dx.p;
+    const int64_t ldd = dx32 ? ld1 : a.dx.ld;
+    for (int q = 0; q < groups && !f && M > 0; ++q)
+      f = grad_gemm(st, {tpt, CUBLAS_OP_N, K, M, Rg, pg(q), dh + q * r, a.p.ld, ldo, d, ldd, dflt, nullptr, nullptr, 0,
+                         dx32, a.scalar, 0, q > 0}, dev, s, ar.ws, op, "dx", dx32 ? 4 : es);
+    if (!f && a.lora)
+      f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, dz.p, a.q.ld, dz.ld, d, ldd, dflt, nullptr, nullptr,
+                         0, dx32, a.scalar, 0, true}, dev, s, ar.ws, op, "dx", dx32 ? 4 : es);
+    if (f) return f;
+    if (dx32 && M > 0 && (e = launch_bias_act<T>(a.dx, fusedk__mat{nullptr, 0}, fusedk__mat{x32, ld1}, true, nullptr,
+                                                 FUSEDK_ACT_NONE, M, K, s, dev)) != cudaSuccess)
+      return on_error(e, op);
+  }
+  // dP^T: s1 [R, K] = dh^T x (column-major s1^T [K, R] = x^T dh); dQ^T: s2 [R, N] = g^T dz
+  if (a.dp.p && M > 0 && (f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_T, K, R, M, a.x.p, dh, a.x.ld, ldo, s1, ld1, dflt,
+                                             nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dP", 4)))
+    return f;
+  if (a.dq.p && M > 0 && (f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_T, N, R, M, dz.p, g, dz.ld, ldo, s2, ld2, dflt,
+                                             nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dQ", 4)))
+    return f;
+  // dv[k, j] / da_q[j, k]; du_t[j, n] / db_q[n, j]
+  const int64_t strides[2][3] = {{a.lora ? a.dpa : 0, a.lora ? a.dp.ld : 1, a.lora ? 1 : a.dp.ld},
+                                 {a.lora ? a.dqa : 0, a.lora ? 1 : a.dq.ld, a.lora ? a.dq.ld : 1}};
+  for (int i = 0; i < 2; ++i) {
+    const fusedk__mat o = i ? a.dq : a.dp;
+    const int64_t cols = i ? N : K, n = R * cols;
+    if (!o.p || n == 0) continue;
+    const int64_t grid = std::min<int64_t>((n + 255) / 256, (int64_t)device_sms(dev) * 8);
+    lowrank_grad_store_kernel<T><<<(unsigned)grid, 256, 0, s>>>(static_cast<T *>(o.p), strides[i][0], strides[i][1],
+                                                                strides[i][2], i ? s2 : s1, i ? ld2 : ld1, R, cols, (int)r);
+    if ((e = cudaGetLastError()) != cudaSuccess) return on_error(e, op);
   }
   return FUSEDK_OK;
 }
@@ -4098,6 +4259,18 @@ fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fu
     lc.x = hc.out;
     dispatch_scalar(l->scalar, [&](auto t) {
       f = linear_forward<typename decltype(t)::type>(st, lc, device_id, stream, op);
+      return cudaSuccess;
+    });
+    return f;
+  });
+}
+
+fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, const char *op, int32_t device_id,
+                                        struct CUstream_st *stream) {
+  return gemm_locked(device_id, op, [&](LtState &st) {
+    fusedk_status f = FUSEDK_OK;
+    dispatch_scalar(a->scalar, [&](auto t) {
+      f = lowrank_grad<typename decltype(t)::type>(st, *a, device_id, stream, op);
       return cudaSuccess;
     });
     return f;

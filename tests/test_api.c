@@ -248,7 +248,8 @@ static void registry_cases(void) {
                                         "silu_fma", "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d",
                                         "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step",
                                         "qk_norm_rope", "linear", "linear_backward", "attention",
-                                        "lowrank_update", "lowrank_prepare", "linear_lowrank"};
+                                        "lowrank_update", "lowrank_prepare", "linear_lowrank",
+                                        "lowrank_update_backward", "linear_lowrank_backward"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -295,6 +296,16 @@ static void registry_cases(void) {
     nd = fusedk_op_out_shape(FUSEDK_OP_ROPE_TABLE_LTX, 0, tab, bad_a, shape);
     EXPECT(nd == -FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "rope_table_ltx: dim is 63, expected an even size"),
            "out_shape: an odd dim: %s", fusedk_failure_reason());
+    { /* linear_lowrank_backward: db like b ([A,] N, r from a's [A,] r, K and w_cat's N), dbias [N] */
+      int64_t as3[3] = {4, 6, 16}, wcs[2] = {9, 16 + 32};
+      fusedk_tensor a3 = fusedk_tensor_cpu(NULL, FUSEDK_F32, 3, as3), wc = fusedk_tensor_cpu(NULL, FUSEDK_F32, 2, wcs);
+      const fusedk_tensor *lg[12] = {NULL, NULL, NULL, NULL, NULL, NULL, &x, &wc, &a3, NULL, NULL, NULL};
+      const double lg_a[6] = {FUSEDK_ACT_NONE, 1, 1, 1, 1, 1};
+      nd = fusedk_op_out_shape(FUSEDK_OP_LINEAR_LOWRANK_BACKWARD, 2, lg, lg_a, shape);
+      EXPECT(nd == 3 && shape[0] == 4 && shape[1] == 9 && shape[2] == 6, "out_shape linear_lowrank_backward db: %d", nd);
+      nd = fusedk_op_out_shape(FUSEDK_OP_LINEAR_LOWRANK_BACKWARD, 4, lg, lg_a, shape);
+      EXPECT(nd == 1 && shape[0] == 9, "out_shape linear_lowrank_backward dbias: %d", nd);
+    }
     { /* qk_norm_rope: each output in the layout attribute's order */
       int64_t qs[4] = {2, 5, 6, 8}, ks[4] = {2, 5, 3, 8};
       fusedk_tensor q = fusedk_tensor_cpu(NULL, FUSEDK_F32, 4, qs), k = fusedk_tensor_cpu(NULL, FUSEDK_F32, 4, ks);
@@ -681,7 +692,7 @@ static void linear_lowrank_cases(void) {
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
     for (int j = 0; j < QM * QN; ++j) y[j] = SENTINEL;
-    const fusedk_status st = fusedk_linear_lowrank(bad[i].y, bad[i].x, bad[i].wc, bad[i].bias, bad[i].a, bad[i].codes,
+    const fusedk_status st = fusedk_linear_lowrank(bad[i].y, NULL, bad[i].x, bad[i].wc, bad[i].bias, bad[i].a, bad[i].codes,
                                                    bad[i].ids, (fusedk_activation)bad[i].act, NULL);
     int clean = 1;
     for (int j = 0; j < QM * QN; ++j) clean = clean && y[j] == SENTINEL;
@@ -690,9 +701,11 @@ static void linear_lowrank_cases(void) {
            "linear_lowrank case %zu: %s, want %s (%s), y untouched %d", i, fusedk_status_name(st),
            fusedk_status_name(bad[i].want), fusedk_failure_reason(), clean);
   }
-  for (int mode = 0; mode < 2; ++mode) { /* no codes, no bias; codes, bias and relu */
-    const fusedk_status st = fusedk_linear_lowrank(&ty, &tx, &twc, mode ? &tn : NULL, &ta, mode ? &tc : NULL, NULL,
-                                                   mode ? FUSEDK_ACT_RELU : FUSEDK_ACT_NONE, NULL);
+  static float aux[QM * QN];
+  fusedk_tensor taux = fusedk_tensor_cpu(aux, FUSEDK_F32, 2, ys);
+  for (int mode = 0; mode < 2; ++mode) { /* no codes, no bias; codes, bias, relu and aux_out */
+    const fusedk_status st = fusedk_linear_lowrank(&ty, mode ? &taux : NULL, &tx, &twc, mode ? &tn : NULL, &ta,
+                                                   mode ? &tc : NULL, NULL, mode ? FUSEDK_ACT_RELU : FUSEDK_ACT_NONE, NULL);
     ok = st == FUSEDK_OK;
     for (int m = 0; m < QM; ++m)
       for (int n = 0; n < QN; ++n) {
@@ -703,7 +716,7 @@ static void linear_lowrank_cases(void) {
           for (int k = 0; k < QK; ++k) h += (double)x[m * QK + k] * a[j * QK + k];
           want += h * (mode ? c[m * QR + j] : 1.0) * 2.0 * b[n * QR + j];
         }
-        ok = ok && y[m * QN + n] == (float)(mode && want < 0 ? 0.0 : want);
+        ok = ok && y[m * QN + n] == (float)(mode && want < 0 ? 0.0 : want) && (!mode || aux[m * QN + n] == (float)want);
       }
     EXPECT(ok, "linear_lowrank exact values, mode %d: %s", mode, fusedk_status_name(st));
   }
@@ -719,7 +732,7 @@ static void linear_lowrank_cases(void) {
     }
   EXPECT(ok, "lowrank_prepare values, 2 adapters: [w | 2 b_0 | 0 | 2 b_1 | 0]");
   for (int with_ids = 0; with_ids < 2; ++with_ids) {
-    const fusedk_status st = fusedk_linear_lowrank(&ty, &tx, &twc2, NULL, &ta2, &tc, with_ids ? &tid : NULL,
+    const fusedk_status st = fusedk_linear_lowrank(&ty, NULL, &tx, &twc2, NULL, &ta2, &tc, with_ids ? &tid : NULL,
                                                    FUSEDK_ACT_NONE, NULL);
     ok = st == FUSEDK_OK;
     for (int m = 0; m < QM; ++m)
@@ -736,6 +749,142 @@ static void linear_lowrank_cases(void) {
       }
     EXPECT(ok, "linear_lowrank exact values, 2 adapters, ids %d: %s", with_ids, fusedk_status_name(st));
   }
+  /* linear_lowrank_backward of those two adapters (scaling 2), rows by ids, and relu through aux */
+  static float dy[QM * QN], dx[QM * QK], da[2 * QR * QK], db[2 * QN * QR], dc[QM * QR], dbias[QN];
+  fusedk_tensor tdy = fusedk_tensor_cpu(dy, FUSEDK_F32, 2, ys), tdx = fusedk_tensor_cpu(dx, FUSEDK_F32, 2, xs);
+  fusedk_tensor tda = fusedk_tensor_cpu(da, FUSEDK_F32, 3, a2s), tdb = fusedk_tensor_cpu(db, FUSEDK_F32, 3, b2s);
+  fusedk_tensor tdc = fusedk_tensor_cpu(dc, FUSEDK_F32, 2, cs), tdn = fusedk_tensor_cpu(dbias, FUSEDK_F32, 1, ns);
+  fusedk_tensor tdbb = fusedk_tensor_cpu(db, FUSEDK_F32, 2, bs);
+  for (int i = 0; i < QM * QN; ++i) dy[i] = (float)(i % 5) - 2.0f, aux[i] = (float)(i % 3) - 1.0f;
+  for (int relu = 0; relu < 2; ++relu) {
+    const fusedk_status st = fusedk_linear_lowrank_backward(&tdx, &tda, &tdb, &tdc, &tdn, &tdy, &tx, &twc2, &ta2, &tc,
+                                                            &tid, relu ? &taux : NULL,
+                                                            relu ? FUSEDK_ACT_RELU : FUSEDK_ACT_NONE, 2.0f, NULL);
+    double h[QM][2][QR], g[QM][2][QR]; /* x a_q^T, and dz (2 b_q) where the row's id is q */
+    double wdx[QM * QK] = {0}, wda[2 * QR * QK] = {0}, wdb[2 * QN * QR] = {0}, wdc[QM * QR] = {0}, wdn[QN] = {0};
+    for (int m = 0; m < QM; ++m)
+      for (int q = 0; q < 2; ++q)
+        for (int j = 0; j < QR; ++j) {
+          h[m][q][j] = g[m][q][j] = 0.0;
+          for (int k = 0; ids[m] == q && k < QK; ++k) h[m][q][j] += (double)x[m * QK + k] * a2[(q * QR + j) * QK + k];
+          for (int n = 0; ids[m] == q && n < QN; ++n)
+            g[m][q][j] += (relu && aux[m * QN + n] <= 0 ? 0.0 : dy[m * QN + n]) * 2.0 * b2[(q * QN + n) * QR + j];
+        }
+    for (int m = 0; m < QM; ++m)
+      for (int n = 0; n < QN; ++n) {
+        const double dz = relu && aux[m * QN + n] <= 0 ? 0.0 : dy[m * QN + n];
+        wdn[n] += dz;
+        for (int k = 0; k < QK; ++k) wdx[m * QK + k] += dz * w[n * QK + k];
+        for (int q = 0; q < 2; ++q)
+          for (int j = 0; j < QR; ++j) wdb[(q * QN + n) * QR + j] += 2.0 * dz * h[m][q][j] * c[m * QR + j];
+      }
+    for (int m = 0; m < QM; ++m)
+      for (int q = 0; q < 2; ++q)
+        for (int j = 0; j < QR; ++j) {
+          wdc[m * QR + j] += g[m][q][j] * h[m][q][j];
+          for (int k = 0; k < QK; ++k) {
+            wdx[m * QK + k] += g[m][q][j] * c[m * QR + j] * a2[(q * QR + j) * QK + k];
+            wda[(q * QR + j) * QK + k] += g[m][q][j] * c[m * QR + j] * x[m * QK + k];
+          }
+        }
+    ok = st == FUSEDK_OK;
+    for (int i = 0; i < QM * QK; ++i) ok = ok && dx[i] == (float)wdx[i];
+    for (int i = 0; i < 2 * QR * QK; ++i) ok = ok && da[i] == (float)wda[i];
+    for (int i = 0; i < 2 * QN * QR; ++i) ok = ok && db[i] == (float)wdb[i];
+    for (int i = 0; i < QM * QR; ++i) ok = ok && dc[i] == (float)wdc[i];
+    for (int i = 0; i < QN; ++i) ok = ok && dbias[i] == (float)wdn[i];
+    EXPECT(ok, "linear_lowrank_backward exact values, relu %d: %s (%s)", relu, fusedk_status_name(st),
+           fusedk_failure_reason());
+  }
+  struct {
+    const fusedk_tensor *dx, *db, *dc, *a, *codes, *aux;
+    int act;
+    float scaling;
+    fusedk_status want;
+    const char *says;
+  } gbad[] = {
+      {&tdx, &tdb, &tdc, &ta2, NULL, NULL, FUSEDK_ACT_NONE, 2, FUSEDK_ERR_INVALID_ARGUMENT, "dcodes is given but codes is NULL"},
+      {&tdx, &tdbb, NULL, &ta2, &tc, NULL, FUSEDK_ACT_NONE, 2, FUSEDK_ERR_SHAPE, "db has shape [5, 3], expected [2, 5, 3]"},
+      {&tdx, &tdb, NULL, &ta2, &tc, NULL, FUSEDK_ACT_GELU, 2, FUSEDK_ERR_INVALID_ARGUMENT, "aux is NULL"},
+      {&tdx, &tdb, NULL, &ta2, &tc, NULL, FUSEDK_ACT_NONE, NAN, FUSEDK_ERR_INVALID_ARGUMENT, "scaling is nan"},
+      {&tdx, &tdb, NULL, &ta, &tc, NULL, FUSEDK_ACT_NONE, 2, FUSEDK_ERR_SHAPE, "w_cat has shape [5, 20], expected [N, 12]"},
+      {&tx, &tdb, NULL, &ta2, &tc, NULL, FUSEDK_ACT_NONE, 2, FUSEDK_ERR_LAYOUT, "output dx overlaps x in memory"},
+  };
+  for (size_t i = 0; i < sizeof gbad / sizeof gbad[0]; ++i) {
+    for (int j = 0; j < 2 * QN * QR; ++j) db[j] = SENTINEL;
+    const fusedk_status st = fusedk_linear_lowrank_backward(gbad[i].dx, NULL, gbad[i].db, gbad[i].dc, NULL, &tdy, &tx,
+                                                            &twc2, gbad[i].a, gbad[i].codes, NULL, gbad[i].aux,
+                                                            (fusedk_activation)gbad[i].act, gbad[i].scaling, NULL);
+    int clean = 1;
+    for (int j = 0; j < 2 * QN * QR; ++j) clean = clean && db[j] == SENTINEL;
+    EXPECT(st == gbad[i].want && clean && strstr(fusedk_failure_reason(), "linear_lowrank_backward: ") &&
+               strstr(fusedk_failure_reason(), gbad[i].says),
+           "linear_lowrank_backward case %zu: %s, want %s (%s), db untouched %d", i, fusedk_status_name(st),
+           fusedk_status_name(gbad[i].want), fusedk_failure_reason(), clean);
+  }
+}
+
+/* lowrank_update_backward on small integers (exact): out = 2 ((x v) * codes) u_t */
+static void lowrank_backward_cases(void) {
+  enum { BM = 3, BK = 4, BR = 3, BN = 5 };
+  static float x[BM * BK], v[BK * BR], c[BM * BR], u[BR * BN], d[BM * BN], dx[BM * BK], dv[BK * BR], du[BR * BN];
+  static float dc[BM * BR];
+  int64_t xs[2] = {BM, BK}, vs[2] = {BK, BR}, cs[2] = {BM, BR}, us[2] = {BR, BN}, ds[2] = {BM, BN}, vbad[2] = {BK, BR + 1};
+  for (int i = 0; i < BM * BK; ++i) x[i] = (float)(i % 5) - 2.0f;
+  for (int i = 0; i < BK * BR; ++i) v[i] = (float)(i % 3) - 1.0f;
+  for (int i = 0; i < BM * BR; ++i) c[i] = (float)(i % 4) - 1.0f;
+  for (int i = 0; i < BR * BN; ++i) u[i] = (float)(i % 7) - 3.0f;
+  for (int i = 0; i < BM * BN; ++i) d[i] = (float)(i % 3) - 1.0f;
+  fusedk_tensor tx = fusedk_tensor_cpu(x, FUSEDK_F32, 2, xs), tv = fusedk_tensor_cpu(v, FUSEDK_F32, 2, vs);
+  fusedk_tensor tc = fusedk_tensor_cpu(c, FUSEDK_F32, 2, cs), tu = fusedk_tensor_cpu(u, FUSEDK_F32, 2, us);
+  fusedk_tensor td = fusedk_tensor_cpu(d, FUSEDK_F32, 2, ds), tdx = fusedk_tensor_cpu(dx, FUSEDK_F32, 2, xs);
+  fusedk_tensor tdv = fusedk_tensor_cpu(dv, FUSEDK_F32, 2, vs), tdu = fusedk_tensor_cpu(du, FUSEDK_F32, 2, us);
+  fusedk_tensor tdc = fusedk_tensor_cpu(dc, FUSEDK_F32, 2, cs), tvb = fusedk_tensor_cpu(v, FUSEDK_F32, 2, vbad);
+  for (int with_codes = 0; with_codes < 2; ++with_codes) {
+    const fusedk_status st = fusedk_lowrank_update_backward(&tdx, &tdv, &tdu, with_codes ? &tdc : NULL, &td, &tx, &tv,
+                                                            with_codes ? &tc : NULL, &tu, 2.0f, NULL);
+    double h[BM * BR] = {0}, g[BM * BR] = {0};
+    int ok = st == FUSEDK_OK;
+    for (int m = 0; m < BM; ++m)
+      for (int j = 0; j < BR; ++j) {
+        for (int k = 0; k < BK; ++k) h[m * BR + j] += (double)x[m * BK + k] * v[k * BR + j];
+        for (int n = 0; n < BN; ++n) g[m * BR + j] += 2.0 * d[m * BN + n] * u[j * BN + n];
+      }
+    for (int m = 0; m < BM; ++m)
+      for (int j = 0; j < BR; ++j) {
+        const double cj = with_codes ? c[m * BR + j] : 1.0;
+        ok = ok && (!with_codes || dc[m * BR + j] == (float)(g[m * BR + j] * h[m * BR + j]));
+        for (int k = 0; k < BK; ++k) {
+          double want = 0.0;
+          for (int i = 0; i < BR; ++i) want += g[m * BR + i] * (with_codes ? c[m * BR + i] : 1.0) * v[k * BR + i];
+          ok = ok && dx[m * BK + k] == (float)want;
+        }
+        (void)cj;
+      }
+    for (int k = 0; k < BK; ++k)
+      for (int j = 0; j < BR; ++j) {
+        double want = 0.0;
+        for (int m = 0; m < BM; ++m) want += (double)x[m * BK + k] * g[m * BR + j] * (with_codes ? c[m * BR + j] : 1.0);
+        ok = ok && dv[k * BR + j] == (float)want;
+      }
+    for (int j = 0; j < BR; ++j)
+      for (int n = 0; n < BN; ++n) {
+        double want = 0.0;
+        for (int m = 0; m < BM; ++m) want += 2.0 * h[m * BR + j] * (with_codes ? c[m * BR + j] : 1.0) * d[m * BN + n];
+        ok = ok && du[j * BN + n] == (float)want;
+      }
+    EXPECT(ok, "lowrank_update_backward exact values, codes %d: %s (%s)", with_codes, fusedk_status_name(st),
+           fusedk_failure_reason());
+  }
+  for (int i = 0; i < BK * BR; ++i) dv[i] = SENTINEL;
+  fusedk_status st = fusedk_lowrank_update_backward(NULL, &tdv, NULL, &tdc, &td, &tx, &tv, NULL, &tu, 1.0f, NULL);
+  EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "dcodes is given but codes is NULL") &&
+             dv[0] == SENTINEL, "lowrank_update_backward: dcodes without codes: %s", fusedk_failure_reason());
+  st = fusedk_lowrank_update_backward(NULL, &tdv, NULL, NULL, &td, &tx, &tvb, NULL, &tu, 1.0f, NULL);
+  EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "lowrank_update_backward: ") &&
+             dv[0] == SENTINEL, "lowrank_update_backward: bad v: %s", fusedk_failure_reason());
+  st = fusedk_lowrank_update_backward(&tdx, NULL, NULL, NULL, &tdx, &tx, &tv, NULL, &tu, 1.0f, NULL);
+  EXPECT(st != FUSEDK_OK && dv[0] == SENTINEL, "lowrank_update_backward: dx as dout: %s", fusedk_failure_reason());
 }
 
 int main(void) {
@@ -757,6 +906,7 @@ int main(void) {
   attention_cases();
   lowrank_cases();
   linear_lowrank_cases();
+  lowrank_backward_cases();
   empty_and_dtype_cases();
   fuzz_findings();
   printf("%d passed, %d failed\n", checks - failures, failures);

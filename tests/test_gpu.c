@@ -587,9 +587,10 @@ static void run_tables(int64_t S) {
    |act'| (1.13) where an act derivative is in it) + 2^-10 * S1 with TF32 (its 10-bit inputs);
    GELU/SILU's y = act(z rounded): + eps_T * 1.13 * |z|, a flip of z's rounding; the backward's
    dz rounded on both sides: + 4 eps_T * S1 / sqrt(terms), a few flips among the terms. */
+static double grad_rounded; /* the low-rank backward's roundings of dh and g: lin_tol adds grad_rounded * s1 */
 static double lin_tol(double cpu, double s1, int64_t terms, fusedk_scalar s, int tf32, int flips, double z) {
   const double e = eps_of(s);
-  double t = e * fabs(cpu) + 0x1p-19 * s1 + (tf32 ? 0x1p-10 * s1 : 0.0) + 1e-6 + e * 1.13 * fabs(z);
+  double t = e * fabs(cpu) + (0x1p-19 + grad_rounded) * s1 + (tf32 ? 0x1p-10 * s1 : 0.0) + 1e-6 + e * 1.13 * fabs(z);
   if (flips) t += 4.0 * e * s1 / sqrt((double)(terms > 0 ? terms : 1));
   return t;
 }
@@ -1621,16 +1622,16 @@ static void run_linear_lowrank(lora_t c) {
   CK(cudaMemcpy(wc.d, wc.h, wc.n_alloc * esize(s), cudaMemcpyHostToDevice));
   const fusedk_tensor *bc = c.bias ? &bias.th : NULL, *bg = c.bias ? &bias.td : NULL;
   const fusedk_tensor *ic = c.ids ? &ih : NULL, *ig = c.ids ? &idv : NULL;
-  sc = fusedk_linear_lowrank(&y.th, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, ic, (fusedk_activation)c.act, NULL);
-  sg = fusedk_linear_lowrank(&y.td, &x.td, &wc.td, bg, &a.td, c.codes ? &cd.td : NULL, ig, (fusedk_activation)c.act, NULL);
+  sc = fusedk_linear_lowrank(&y.th, NULL, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, ic, (fusedk_activation)c.act, NULL);
+  sg = fusedk_linear_lowrank(&y.td, NULL, &x.td, &wc.td, bg, &a.td, c.codes ? &cd.td : NULL, ig, (fusedk_activation)c.act, NULL);
   CK(cudaDeviceSynchronize());
   if (!call_failed_counted(what, sc, sg)) {
     buf_t xa = lin_abs(&x, 1.0), aa = lin_abs(&a, 1.0), ca = lin_abs(&cd, 1.0), wa = lin_abs(&wc, 1.0);
     buf_t ba = lin_abs(&bias, 1.0), s1 = lin_abs(&y, 0.0);
-    fusedk_linear_lowrank(&s1.th, &xa.th, &wa.th, c.bias ? &ba.th : NULL, &aa.th, c.codes ? &ca.th : NULL, ic,
+    fusedk_linear_lowrank(&s1.th, NULL, &xa.th, &wa.th, c.bias ? &ba.th : NULL, &aa.th, c.codes ? &ca.th : NULL, ic,
                           FUSEDK_ACT_NONE, NULL);
     const int two_pass = c.act == FUSEDK_ACT_GELU || c.act == FUSEDK_ACT_SILU; /* z rounded, then act */
-    if (two_pass) fusedk_linear_lowrank(&z.th, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, ic, FUSEDK_ACT_NONE, NULL);
+    if (two_pass) fusedk_linear_lowrank(&z.th, NULL, &x.th, &wc.th, bc, &a.th, c.codes ? &cd.th : NULL, ic, FUSEDK_ACT_NONE, NULL);
     const double g = c.act == FUSEDK_ACT_NONE || c.act == FUSEDK_ACT_RELU ? 1.0 : 1.13;
     lin_compare(what, "", &y, y.h, &s1, g, c.K + c.r, 0, 0, two_pass ? &z : NULL);
     free(xa.h), free(aa.h), free(ca.h), free(wa.h), free(ba.h), free(s1.h);
@@ -1697,6 +1698,171 @@ static void linear_lowrank_cases(fusedk_scalar s) {
            sname(s));
 }
 
+/* --- [lowrank] lowrank_update_backward and linear_lowrank_backward against the CPU reference ---
+   Random inputs; each gradient within linear's bound (lin_tol) on the reference run on absolute
+   values, plus the GPU's roundings of dh = dg * codes and g = scaling h * codes to the dtype
+   (grad_rounded: e of the absolute reference each). For linear_lowrank with act the forward's
+   aux_out is compared first (few-bit x, a, codes: h exact on both sides), then both backward
+   calls take the CPU's aux. dx asked alone must give dx's bits again. */
+typedef struct {
+  fusedk_scalar s;
+  int lora;                 /* 0 lowrank_update_backward, 1 linear_lowrank_backward */
+  int64_t B, L, K, r, N, A; /* x [B, L, K], dy [B, L, N]; A adapters (lora; 0: one, 2-d a) */
+  int codes, ids, act, gap; /* gap: a's adapters a row apart (a [A, r + 1, K] viewed as [A, r, K]) */
+  float scaling;
+  int64_t pad;
+  size_t shift;
+} grad_t;
+
+static void run_lowrank_grad(grad_t c) {
+  const fusedk_scalar s = c.s;
+  const int lora = c.lora, fd = c.A ? 3 : 2;
+  const int64_t A = c.A ? c.A : 1, rp = (c.r + 7) / 8 * 8, M = c.B * c.L, xs[3] = {c.B, c.L, c.K};
+  const int64_t ys[3] = {c.B, c.L, c.N}, cs[3] = {c.B, c.L, c.r}, ns[1] = {c.N};
+  const int64_t ps[3] = {A, c.r + (c.gap ? 1 : 0), c.K}, vs[2] = {c.K, c.r}, us[2] = {c.r, c.N};
+  const int64_t bs[3] = {A, c.N, c.r}, wcs[2] = {c.N, c.K + A * rp};
+  char what[240];
+  snprintf(what, sizeof what, "%s %s [%lld,%lld,%lld] r=%lld N=%lld A=%lld act=%s%s%s%s scaling %g pad %lld shift %zu",
+           lora ? "linear_lowrank_backward" : "lowrank_update_backward", sname(s), (long long)c.B, (long long)c.L,
+           (long long)c.K, (long long)c.r, (long long)c.N, (long long)A, act_name(c.act), c.codes ? " codes" : "",
+           c.ids ? " ids" : "", c.gap ? " gap" : "", (double)c.scaling, (long long)c.pad, c.shift);
+  buf_t x = mk(s, 3, xs, c.pad, c.shift, 0, 1.0, 0.0), dy = mk(s, 3, ys, c.pad, 0, 0, 1.0, 0.0);
+  buf_t cd = mk(s, 3, cs, 0, 0, 0, 1.0, 0.0), aux = mk(s, 3, ys, 0, 0, 0, 0.0, 0.0);
+  buf_t p = lora ? mk(s, fd, ps + 3 - fd, c.pad, 0, 0, 0.25, 0.0) : mk(s, 2, vs, 0, 0, 0, 0.25, 0.0);
+  buf_t q = lora ? mk(s, 2, wcs, c.pad, 0, 0, 1.0 / sqrt((double)c.N), 0.0) : mk(s, 2, us, c.pad, 0, 0, 0.25, 0.0);
+  if (c.gap) p.shape[1] = c.r; /* the view: adapter stride (r + 1) K */
+  buf_t dx = mk(s, 3, xs, c.pad, c.shift, 0, 0.0, 0.0), dxo = mk(s, 3, xs, c.pad, c.shift, 0, 0.0, 0.0);
+  buf_t dp = lora ? mk(s, fd, ps + 3 - fd, 0, 0, 0, 0.0, 0.0) : mk(s, 2, vs, c.pad, 0, 0, 0.0, 0.0);
+  buf_t dq = lora ? mk(s, fd, bs + 3 - fd, c.pad, 0, 0, 0.0, 0.0) : mk(s, 2, us, 0, 0, 0, 0.0, 0.0);
+  buf_t dc = mk(s, 3, cs, c.pad, 0, 0, 0.0, 0.0), dn = mk(s, 1, ns, 0, 0, 0, 0.0, 0.0);
+  if (c.gap) dp.shape[1] = c.r;
+  poison(&dx), poison(&dxo), poison(&dp), poison(&dq), poison(&dc), poison(&dn);
+  int32_t *idh = malloc((size_t)M * sizeof(int32_t) + 4), *idd = NULL;
+  for (int64_t m = 0; m < M; ++m) idh[m] = (int32_t)((m / 3) % (A + 2)) - 1;
+  CK(cudaMalloc((void **)&idd, (size_t)M * sizeof(int32_t) + 4));
+  CK(cudaMemcpy(idd, idh, (size_t)M * sizeof(int32_t), cudaMemcpyHostToDevice));
+  int64_t ids_shape[1] = {M};
+  fusedk_tensor ih = fusedk_tensor_cpu(idh, FUSEDK_I32, 1, ids_shape), idv = ih;
+  idv.data = idd, idv.device.device_type = FUSEDK_DEVICE_CUDA;
+  const fusedk_tensor *ic = c.ids ? &ih : NULL, *ig = c.ids ? &idv : NULL;
+  const fusedk_tensor *cc = c.codes ? &cd.th : NULL, *cg = c.codes ? &cd.td : NULL;
+  const fusedk_tensor *dcc = c.codes ? &dc.th : NULL, *dcg = c.codes ? &dc.td : NULL;
+  fusedk_status sc, sg;
+  int ok = 1;
+  if (lora && c.act != FUSEDK_ACT_NONE) { /* the forward's aux_out */
+    buf_t y = mk(s, 3, ys, 0, 0, 0, 0.0, 0.0);
+    few_bits(&x, 0.25, 8, 0), few_bits(&p, 1.0 / 16, 16, 0), few_bits(&cd, 0, 0, 1);
+    poison(&aux);
+    sc = fusedk_linear_lowrank(&y.th, &aux.th, &x.th, &q.th, NULL, &p.th, cc, ic, (fusedk_activation)c.act, NULL);
+    sg = fusedk_linear_lowrank(&y.td, &aux.td, &x.td, &q.td, NULL, &p.td, cg, ig, (fusedk_activation)c.act, NULL);
+    CK(cudaDeviceSynchronize());
+    char fw[260];
+    snprintf(fw, sizeof fw, "%s forward aux_out", what);
+    if (!(ok = !call_failed_counted(fw, sc, sg))) goto out;
+    buf_t xa = lin_abs(&x, 1.0), pa = lin_abs(&p, 1.0), ca = lin_abs(&cd, 1.0), qa = lin_abs(&q, 1.0), s1 = lin_abs(&y, 0.0);
+    fusedk_linear_lowrank(&s1.th, NULL, &xa.th, &qa.th, NULL, &pa.th, c.codes ? &ca.th : NULL, ic, FUSEDK_ACT_NONE, NULL);
+    lin_compare(fw, "", &aux, aux.h, &s1, 1.0, c.K + c.r, 0, 0, NULL);
+    free(xa.h), free(pa.h), free(ca.h), free(qa.h), free(s1.h);
+    drop(&y);
+    CK(cudaMemcpy(aux.d, aux.h, aux.n_alloc * esize(s), cudaMemcpyHostToDevice));
+  }
+  const fusedk_tensor *zc = c.act != FUSEDK_ACT_NONE ? &aux.th : NULL, *zg = c.act != FUSEDK_ACT_NONE ? &aux.td : NULL;
+#define GRAD_CALL(o_dx, o_dp, o_dq, o_dc, o_dn, side, ids_, codes_, aux_)                                              \
+  (lora ? fusedk_linear_lowrank_backward(o_dx, o_dp, o_dq, o_dc, o_dn, &dy.side, &x.side, &q.side, &p.side, codes_, ids_, \
+                                         aux_, (fusedk_activation)c.act, c.scaling, NULL)                              \
+        : fusedk_lowrank_update_backward(o_dx, o_dp, o_dq, o_dc, &dy.side, &x.side, &p.side, codes_, &q.side,          \
+                                         c.scaling, NULL))
+  sc = GRAD_CALL(&dx.th, &dp.th, &dq.th, dcc, lora ? &dn.th : NULL, th, ic, cc, zc);
+  sg = GRAD_CALL(&dx.td, &dp.td, &dq.td, dcg, lora ? &dn.td : NULL, td, ig, cg, zg);
+  CK(cudaDeviceSynchronize());
+  if (call_failed_counted(what, sc, sg)) goto out;
+  {
+    const double g1 = c.act == FUSEDK_ACT_NONE || c.act == FUSEDK_ACT_RELU ? 1.0 : 1.13;
+    buf_t xa = lin_abs(&x, 1.0), pa = lin_abs(&p, 1.0), ca = lin_abs(&cd, 1.0), qa = lin_abs(&q, 1.0);
+    buf_t dya = lin_abs(&dy, g1), dxa = lin_abs(&dx, 0.0), dpa = lin_abs(&dp, 0.0), dqa = lin_abs(&dq, 0.0);
+    buf_t dca = lin_abs(&dc, 0.0), dna = lin_abs(&dn, 0.0);
+    const fusedk_activation none = FUSEDK_ACT_NONE;
+    if (lora)
+      fusedk_linear_lowrank_backward(&dxa.th, &dpa.th, &dqa.th, c.codes ? &dca.th : NULL, &dna.th, &dya.th, &xa.th,
+                                     &qa.th, &pa.th, c.codes ? &ca.th : NULL, ic, NULL, none, fabsf(c.scaling), NULL);
+    else
+      fusedk_lowrank_update_backward(&dxa.th, &dpa.th, &dqa.th, c.codes ? &dca.th : NULL, &dya.th, &xa.th, &pa.th,
+                                     c.codes ? &ca.th : NULL, &qa.th, fabsf(c.scaling), NULL);
+    const int flips = c.act != FUSEDK_ACT_NONE;
+    grad_rounded = 2.0 * eps_of(s) * (s == FUSEDK_F32 ? 0.0 : 1.0);
+    lin_compare(what, " dx", &dx, dx.h, &dxa, 1.0, c.N + A * c.r, 0, flips, NULL);
+    lin_compare(what, lora ? " da" : " dv", &dp, dp.h, &dpa, 1.0, M, 0, flips, NULL);
+    lin_compare(what, lora ? " db" : " du_t", &dq, dq.h, &dqa, 1.0, M, 0, flips, NULL);
+    if (c.codes) lin_compare(what, " dcodes", &dc, dc.h, &dca, 1.0, c.N, 0, flips, NULL);
+    if (lora) lin_compare(what, " dbias", &dn, dn.h, &dna, 1.0, M, 0, flips, NULL);
+    grad_rounded = 0.0;
+    free(xa.h), free(pa.h), free(ca.h), free(qa.h), free(dya.h), free(dxa.h), free(dpa.h), free(dqa.h), free(dca.h);
+    free(dna.h);
+    /* dx alone: the same bits */
+    fusedk_status s2 = GRAD_CALL(&dxo.td, NULL, NULL, NULL, NULL, td, ig, cg, zg);
+    void *h1 = to_host(&dx), *h2 = to_host(&dxo);
+    ++checks;
+    if (s2 || memcmp(h1, h2, dx.n_alloc * esize(s)))
+      printf("FAIL %s: dx alone differs from dx with the rest (%s)\n", what, fusedk_status_name(s2)), ++failures;
+    free(h1), free(h2);
+  }
+#undef GRAD_CALL
+out:
+  (void)ok;
+  drop(&x), drop(&dy), drop(&cd), drop(&aux), drop(&p), drop(&q), drop(&dx), drop(&dxo), drop(&dp), drop(&dq);
+  drop(&dc), drop(&dn);
+  free(idh);
+  CK(cudaFree(idd));
+}
+
+/* ranks 1-128 (7: unaligned rows of v, dv, codes), odd K and N, one row, no rows, strided and
+   misaligned x and dx (dx's float32 route), codes; lora: stacked adapters with ids (-1 and A among
+   them) and without, a's adapters a row apart (a GEMM an adapter), every act through aux_out */
+static void lowrank_grad_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  const int64_t ranks[] = {1, 7, 8, 16, 64, 128};
+  for (size_t i = 0; i < sizeof ranks / sizeof ranks[0]; ++i)
+    for (int lora = 0; lora < 2; ++lora)
+      run_lowrank_grad((grad_t){.s = s, .lora = lora, .B = 2, .L = 33, .K = 200, .r = ranks[i], .N = 136,
+                                .codes = (int)(i % 2), .act = FUSEDK_ACT_NONE, .scaling = 0.5f});
+  const grad_t rows[] = {
+      {.s = s, .B = 1, .L = 1, .K = 64, .r = 8, .N = 64, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 2.0f},
+      {.s = s, .B = 3, .L = 7, .K = 999, .r = 12, .N = 131, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = -0.25f},
+      {.s = s, .B = 2, .L = 45, .K = 192, .r = 16, .N = 96, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.5f,
+       .pad = 3, .shift = 1},
+      {.s = s, .B = 1, .L = 0, .K = 64, .r = 8, .N = 40, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
+      {.s = s, .B = 1, .L = 4000, .K = 520, .r = 8, .N = 456, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i)
+    for (int lora = 0; lora < 2; ++lora) {
+      grad_t c = rows[i];
+      c.lora = lora;
+      run_lowrank_grad(c);
+    }
+  const int acts[] = {FUSEDK_ACT_RELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_GELU, FUSEDK_ACT_SILU};
+  for (size_t i = 0; i < 4; ++i)
+    run_lowrank_grad((grad_t){.s = s, .lora = 1, .B = 1, .L = 70, .K = 256, .r = 16, .N = 192, .codes = 1,
+                              .act = acts[i], .scaling = 2.0f});
+  const grad_t stacks[] = {
+      {.s = s, .lora = 1, .B = 2, .L = 33, .K = 200, .r = 16, .N = 136, .A = 4, .codes = 1, .ids = 1,
+       .act = FUSEDK_ACT_NONE, .scaling = 0.5f},
+      {.s = s, .lora = 1, .B = 2, .L = 33, .K = 200, .r = 16, .N = 136, .A = 4, .act = FUSEDK_ACT_GELU_TANH,
+       .scaling = 0.5f},
+      {.s = s, .lora = 1, .B = 1, .L = 70, .K = 128, .r = 5, .N = 64, .A = 3, .codes = 1, .ids = 1,
+       .act = FUSEDK_ACT_NONE, .scaling = 1.0f, .gap = 1},
+      {.s = s, .lora = 1, .B = 3, .L = 7, .K = 999, .r = 12, .N = 130, .A = 2, .ids = 1, .act = FUSEDK_ACT_RELU,
+       .scaling = 0.25f, .gap = 1},
+      {.s = s, .lora = 1, .B = 1, .L = 600, .K = 256, .r = 8, .N = 72, .A = 16, .ids = 1, .act = FUSEDK_ACT_NONE,
+       .scaling = 1.0f},
+      {.s = s, .lora = 1, .B = 1, .L = 20, .K = 0, .r = 8, .N = 24, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
+  };
+  for (size_t i = 0; i < sizeof stacks / sizeof stacks[0]; ++i) run_lowrank_grad(stacks[i]);
+  if (failures == n_before)
+    printf("ok   %s lowrank_update_backward, linear_lowrank_backward (ranks 1-128, codes, odd K and N, 0 and 1 "
+           "rows, strided, misaligned, stacked adapters with and without ids, a's adapters apart, acts, K 0)\n",
+           sname(s));
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
@@ -1740,6 +1906,7 @@ static const unit_t units[] = {
     FOR_16BIT("attention", "attention big", attn_big),
     FOR_DTYPES("lowrank", "lowrank", lowrank_cases),
     FOR_DTYPES("lowrank", "linear_lowrank", linear_lowrank_cases),
+    FOR_DTYPES("lowrank", "lowrank_grad", lowrank_grad_cases),
 };
 enum { N_UNITS = sizeof units / sizeof units[0] };
 

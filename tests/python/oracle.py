@@ -449,3 +449,34 @@ def lowrank_update(x, v, u_t, codes=None, scaling=1.0, y=None, beta=1.0):
     if y is not None and b != 0:
         out, s1 = out + b * f64(y), s1 + abs(b) * np.abs(f64(y))
     return out, s1
+
+
+def lowrank_grad(dy, x, ps, qs, codes=None, ids=None, scaling=1.0, w=None, aux=None, act_kind="none", dtype=None):
+    """The low-rank backward in float64 (fusedk.h's [lowrank] formulas): per adapter q, h_q = x P_q,
+    g_q = h_q codes (0 on rows whose id is not q), dg_q = dz Q_q; returns dx = sum_q (dg_q codes)
+    P_q^T (+ dz w), [dP_q = x^T (dg_q codes)], [dQ_q = scaling dz^T g_q] ([N, r] each), dcodes =
+    sum_q dg_q h_q, dbias = dz summed over rows. ps: P_q [K, r] (v, or a_q^T); qs: Q_q [N, r]
+    (scaling u_t^T, or w_cat's scaling b_q columns); dz = dy act'(aux) rounded to dtype."""
+    s = np.float64(np.float32(scaling))
+    K, N = np.shape(x)[-1], np.shape(dy)[-1]
+    M = int(np.prod(np.shape(x)[:-1]))
+    dz = f64(dy).reshape(M, N)
+    if act_kind != "none":
+        dz = dz * act_grad(f64(aux).reshape(M, N), act_kind)
+        if dtype is not None:
+            dz = dz.astype(dtype).astype(np.float64)
+    x2 = f64(x).reshape(M, K)
+    c = np.ones((M, ps[0].shape[1])) if codes is None else f64(codes).reshape(M, -1)
+    dx, dps, dqs, dc = np.zeros((M, K)), [], [], np.zeros_like(c)
+    for q, (P, Q) in enumerate(zip(ps, qs)):
+        on = np.ones((M, 1)) if ids is None else (np.asarray(ids).reshape(M) == q)[:, None].astype(np.float64)
+        h = (x2 @ f64(P)) * on
+        dg = (dz @ f64(Q)) * on
+        dh = dg * c
+        dx += dh @ f64(P).T
+        dps.append(x2.T @ dh)
+        dqs.append(s * dz.T @ (h * c))
+        dc += dg * h
+    if w is not None:
+        dx += dz @ f64(w)
+    return dx.reshape(np.shape(x)), dps, dqs, dc.reshape(np.shape(x)[:-1] + (-1,)), dz.sum(0)

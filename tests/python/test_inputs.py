@@ -43,8 +43,13 @@ VALID = {
                           ()),
     "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
     "lowrank_prepare": lambda: ([None, f32(6, D), f32(6, 3)], (0.5,)),
-    "linear_lowrank": lambda: ([None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3),
+    "linear_lowrank": lambda: ([None, None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3),
                                 np.zeros(B * L, np.int32)], (1,)),
+    "lowrank_update_backward": lambda: ([None] * 4 + [f32(B, L, 6), f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6)],
+                                        (0.5,)),
+    "linear_lowrank_backward": lambda: ([None] * 5 + [f32(B, L, 6), f32(B, L, D), f32(6, D + 8), f32(3, D),
+                                                      f32(B, L, 3), np.zeros(B * L, np.int32), f32(B, L, 6)],
+                                        (1, 0.5, 1, 1, 1, 1)),
 }
 
 

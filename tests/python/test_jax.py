@@ -137,7 +137,8 @@ def test_fusedk_functions_route_jax_arrays_here():
     assert fk.__all__ == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
                               "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
-                          "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank"]
+                          "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
+                          "lowrank_update_backward", "linear_lowrank_backward"]
 
 
 def test_every_registry_op_has_a_target():
@@ -187,8 +188,18 @@ def test_every_registry_op_has_a_target():
         elif o.name == "linear_lowrank":  # x [2, 3, D], w_cat [5, D + 8], a [3, D]
             ins = dict(x=ins["x"], w_cat=np.ones((5, D + 8), np.float32), a=np.ones((3, D), np.float32))
             want = (2, 3, 5)
+        elif o.name == "lowrank_update_backward":  # dx, dv, du_t by default
+            ins = dict(dout=np.ones((2, 3, 5), np.float32), x=ins["x"], v=np.ones((D, 4), np.float32),
+                       u_t=np.ones((4, 5), np.float32))
+        elif o.name == "linear_lowrank_backward":  # dx, da, db by default
+            ins = dict(dy=np.ones((2, 3, 5), np.float32), x=ins["x"], w_cat=np.ones((5, D + 8), np.float32),
+                       a=np.ones((3, D), np.float32))
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
-        if o.name == "linear_backward":
+        if o.name == "lowrank_update_backward":
+            assert [t.shape for t in out] == [(2, 3, D), (D, 4), (4, 5)], o.name
+        elif o.name == "linear_lowrank_backward":
+            assert [t.shape for t in out] == [(2, 3, D), (3, D), (5, 3)], o.name
+        elif o.name == "linear_backward":
             assert [t.shape for t in out] == [(2, 3, D), (5, D), (5,)], o.name
         elif o.name == "qk_norm_rope":
             assert all(isinstance(t, jax.Array) and t.dtype == np.float32 for t in out), o.name

@@ -233,7 +233,11 @@ def test_python_output_shapes_agree_with_the_c_rule():
         "attention": ({"q": (2, 7, 6, 16), "k": (2, 9, 3, 16), "v": (2, 9, 3, 16)}, (0.0, 1, 1)),
         "lowrank_update": ({"x": (2, 3, 8), "v": (8, 4), "u_t": (4, 5)}, (0.5, 1.0)),
         "lowrank_prepare": ({"w": (5, 8), "b": (5, 3)}, (0.5,)),
-        "linear_lowrank": ({"x": (2, 3, 8), "w_cat": (5, 16), "a": (3, 8)}, (4,)),
+        "linear_lowrank": ({"x": (2, 3, 8), "w_cat": (5, 16), "a": (3, 8)}, (4, 1)),
+        "lowrank_update_backward": ({"dout": (2, 3, 5), "x": (2, 3, 8), "v": (8, 4), "codes": (2, 3, 4),
+                                     "u_t": (4, 5)}, (0.5, 1, 1, 1)),
+        "linear_lowrank_backward": ({"dy": (2, 3, 5), "x": (2, 3, 8), "w_cat": (5, 24), "a": (2, 3, 8),
+                                     "codes": (2, 3, 3)}, (4, 0.5, 1, 1, 1, 1)),
     }
     for layout in (0, 1):
         cases[f"qk_norm_rope{layout}"] = ({"q": qkv, "k": qkv, "v": qkv, "cos": (5, 8), "sin": (5, 8)},

@@ -18,7 +18,8 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "DTypeE
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "attention",
-           "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "kernel_info",
+           "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
+           "linear_lowrank_backward", "kernel_info",
            "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
@@ -36,6 +37,8 @@ _LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BA
 _ATTENTION = _core.lib.FUSEDK_OP_ATTENTION
 _LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_UPDATE
 _LR_PREPARE, _LINEAR_LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_PREPARE, _core.lib.FUSEDK_OP_LINEAR_LOWRANK
+_LOWRANK_BWD, _LINEAR_LOWRANK_BWD = (_core.lib.FUSEDK_OP_LOWRANK_UPDATE_BACKWARD,
+                                     _core.lib.FUSEDK_OP_LINEAR_LOWRANK_BACKWARD)
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
 _LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOUT_BSHD}
@@ -288,22 +291,59 @@ def lowrank_prepare(w, b, scaling=1.0, out=None, stream=None):
     return _call(_LR_PREPARE, w, (out, w, b), (scaling,), stream)
 
 
-def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", adapter_ids=None, out=None, stream=None):
+def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", adapter_ids=None, aux=False, out=None,
+                   aux_out=None, stream=None):
     """A linear with its LoRA in one GEMM: y = act(x @ w.T + bias + ((x @ a.T) * codes) @ (s b).T)
     with w_cat = lowrank_prepare(w, b, s), a [r, K] (peft's lora_A.weight), codes [..., r]
     (optional), act as linear's. Several adapters: a [A, r, K] stacked as lowrank_prepare's b;
     adapter_ids (int32 [M], x's rows flattened): row m takes adapter ids[m] alone (-1: none, the
     base linear's row); without ids every adapter acts on every row (their sum). On the GPU one
-    pass writes [x | h] and one GEMM runs over it and w_cat. fusedk.LoRA keeps w_cat and a."""
+    pass writes [x | h] and one GEMM runs over it and w_cat. fusedk.LoRA keeps w_cat and a.
+    aux=True also returns the pre-activation, what linear_lowrank_backward needs: (y, aux)."""
+    adapter_ids = _ids(adapter_ids, "linear_lowrank")
+    want = 1 if aux or aux_out is not None else 0
+    return _call(_LINEAR_LOWRANK, x, (out, aux_out, x, w_cat, bias, a, codes, adapter_ids),
+                 (_choice("linear_lowrank", "act", act, _LINEAR_ACTS), want), stream)
+
+
+def _ids(adapter_ids, op):
+    """adapter_ids given as a list or a NumPy array of another integer type: checked, then int32
+    (no wrap-around); any other array goes to the C library as it is (int32 is checked there)."""
     if isinstance(adapter_ids, (list, tuple)) or (isinstance(adapter_ids, _core.np.ndarray) and
                                                   adapter_ids.dtype.kind in "iu" and adapter_ids.dtype != "int32"):
         ids = _core.np.asarray(adapter_ids)  # a few ids on the host: checked, then int32 (no wrap-around)
         if ids.size and (ids.dtype.kind not in "iu" or ids.min() < -2 ** 31 or ids.max() >= 2 ** 31):
-            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", "linear_lowrank: adapter_ids holds values outside int32 (or "
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: adapter_ids holds values outside int32 (or "
                         "not integers), expected adapter indices (-1: none)")
         adapter_ids = _core.np.ascontiguousarray(ids, _core.np.int32)
-    return _call(_LINEAR_LOWRANK, x, (out, x, w_cat, bias, a, codes, adapter_ids),
-                 (_choice("linear_lowrank", "act", act, _LINEAR_ACTS),), stream)
+    return adapter_ids
+
+
+def lowrank_update_backward(dout, x, v, u_t, codes=None, scaling=1.0, dx=True, dv=True, du_t=True, stream=None):
+    """Gradients of out = beta * y + scaling * ((x @ v) * codes) @ u_t given dout (y's is beta *
+    dout): dx, dv, du_t and dcodes (when codes is given). Returns (dx, dv, du_t, dcodes), None for
+    each not asked for. fusedk.torch's lowrank_update differentiates through this."""
+    if not (dx or dv or du_t or codes is not None):
+        return None, None, None, None
+    r = _call(_LOWRANK_BWD, dout, (None, None, None, None, dout, x, v, codes, u_t),
+              (scaling, 1 if dx else 0, 1 if dv else 0, 1 if du_t else 0), stream)
+    return _core.spread(r, (dx, dv, du_t, codes is not None))
+
+
+def linear_lowrank_backward(dy, x, w_cat, a, codes=None, adapter_ids=None, aux=None, act="none", scaling=1.0,
+                            dx=True, da=True, db=True, dbias=False, stream=None):
+    """Gradients of y = linear_lowrank(x, w_cat, a, bias, codes, act, adapter_ids) with w_cat =
+    lowrank_prepare(w, b, scaling), the frozen w not differentiated: dx, da (like a), db (like b:
+    [N, r] or [A, N, r]), dcodes (when codes is given), dbias (when asked). aux: the forward's
+    pre-activation (aux=True there), needed for act != "none". Returns (dx, da, db, dcodes, dbias),
+    None for each not asked for."""
+    if not (dx or da or db or dbias or codes is not None):
+        return None, None, None, None, None
+    adapter_ids = _ids(adapter_ids, "linear_lowrank_backward")
+    r = _call(_LINEAR_LOWRANK_BWD, dy, (None, None, None, None, None, dy, x, w_cat, a, codes, adapter_ids, aux),
+              (_choice("linear_lowrank_backward", "act", act, _LINEAR_ACTS), scaling, 1 if dx else 0, 1 if da else 0,
+               1 if db else 0, 1 if dbias else 0), stream)
+    return _core.spread(r, (dx, da, db, codes is not None, dbias))
 
 
 class LoRA:
@@ -327,4 +367,4 @@ class LoRA:
         return self
 
     def __call__(self, x, codes=None, adapter_ids=None, out=None, stream=None):
-        return linear_lowrank(x, self.w_cat, self.a, self.bias, codes, self.act, adapter_ids, out, stream)
+        return linear_lowrank(x, self.w_cat, self.a, self.bias, codes, self.act, adapter_ids, out=out, stream=stream)

@@ -154,7 +154,9 @@ class Op:
         if n == "qk_norm_rope":  # the input's [B, S, H, Dh], or [B, H, S, Dh] for BHSD
             return (like[0], like[2], like[1], like[3]) if values[3] == lib.FUSEDK_LAYOUT_BHSD else like
         if n in ("linear", "linear_lowrank"):  # x's rows of N (w's or w_cat's rows)
-            return like[:-1] + (shapes[3 if n == "linear" else 2][0],)
+            return like[:-1] + (shapes[3][0],)
+        if n == "linear_lowrank_backward":  # db: a's [A,] r, K as b's [A,] N, r; dbias: [N]
+            return (shapes[7][0],) if self.tensors[i][0] == "dbias" else like[:-2] + (shapes[7][0], like[-2])
         if n == "lowrank_prepare":  # [N, K + A r], r rounded up to 8
             b = shapes[2]
             return (like[0], like[1] + (b[0] if len(b) == 3 else 1) * ((b[-1] + 7) // 8 * 8))

@@ -12,7 +12,10 @@ arrays.
 
 - Attributes (eps, norm, exact) are static: each value is its own compiled program. Eager calls
   run a jax.jit cached per (op, optional inputs given, attributes): no retrace on repeat.
-- Forward only: differentiating through an op (jax.grad, jvp, vjp) raises fusedk.Error.
+- Forward only: differentiating through an op (jax.grad, jvp, vjp) raises fusedk.Error, but for
+  lowrank_update, linear_lowrank and lowrank_prepare, which have a custom_vjp (a LoRA trains as
+  linear_lowrank(x, lowrank_prepare(w, b, s), a, ...): cotangents reach x, a, b, codes and bias;
+  the frozen base weight w gets zeros, and so do w_cat's first K columns).
 - vmap runs the op once per batch element (vmap_method="sequential").
 - Dtypes and ndims are checked at trace time (fusedk.Error). Shapes are checked by the C library
   when the op runs: an eager call raises fusedk.Error; inside your own jax.jit, XLA raises its
@@ -97,6 +100,7 @@ class _Call:
     a derivative rule that refuses, and its jit for eager use."""
 
     def __init__(self, op, mask, attrs):
+        self.op, self.mask, self.attrs = op, mask, attrs
         given = [i for i in op.inputs if op.tensors[i][1] == _IN or (mask >> i) & 1]
         pos = {i: k for k, i in enumerate(given)}
         outs = []  # (output index, the operand it copies shape and dtype from)
@@ -125,16 +129,104 @@ class _Call:
             return r[0] if single else tuple(r)
 
         impl.__name__ = impl.__qualname__ = target
+        self.impl, self.given = impl, given
 
         def no_derivative(primals, tangents):
             raise Error("FUSEDK_ERR_UNSUPPORTED", f"{op.name}: fusedk ops are forward-only; fusedk.jax's XLA custom "
                         "calls have no derivative rule (JVP/VJP), so jax.grad, jvp and vjp cannot go through them")
 
-        self.traced = jax.custom_jvp(impl)
-        self.traced.defjvp(no_derivative)
+        if op.name in _VJPS:
+            self.traced = jax.custom_vjp(impl)
+            self.traced.defvjp(*_VJPS[op.name](self))
+        else:
+            self.traced = jax.custom_jvp(impl)
+            self.traced.defjvp(no_derivative)
         self.eager = jax.jit(self.traced)
 
 
+# --- the derivative rules: (fwd, bwd) for jax.custom_vjp, from a _Call -------------------------
+def _named(c, xs):
+    """The call's inputs by registry name (None for those not given)."""
+    d = {c.op.tensors[i][0]: None for i in c.op.inputs}
+    d.update((c.op.tensors[i][0], a) for i, a in zip(c.given, xs))
+    return d
+
+
+def _cotangents(c, xs, grads):
+    """grads (by name) in the order of the given inputs; zeros for the rest (float0 for integers)."""
+    out = []
+    for i, a in zip(c.given, xs):
+        g = grads.get(c.op.tensors[i][0])
+        if g is None:
+            g = (np.zeros(a.shape, jax.dtypes.float0) if jax.numpy.issubdtype(a.dtype, jax.numpy.integer)
+                 else jax.numpy.zeros_like(a))
+        out.append(g)
+    return tuple(out)
+
+
+def _lowrank_vjp(c):
+    scaling, beta = c.attrs
+
+    def bwd(xs, dout):
+        a = _named(c, xs)
+        r = call(OPS[lib.FUSEDK_OP_LOWRANK_UPDATE_BACKWARD], [dout, a["x"], a["v"], a["codes"], a["u_t"]],
+                 (scaling, 1, 1, 1))
+        g = {"x": r[0], "v": r[1], "u_t": r[2], "codes": r[3] if a["codes"] is not None else None,
+             "y": dout * beta if a["y"] is not None else None}
+        return _cotangents(c, xs, g)
+
+    return (lambda *xs: (c.impl(*xs), xs)), bwd
+
+
+def _slots(db, K, N, A, r):
+    """w_cat's [N, K + A rp] cotangent from its adapter columns' [A, N, r]: zeros elsewhere."""
+    rp = (r + 7) // 8 * 8
+    blk = jax.numpy.zeros((N, A, rp), db.dtype).at[:, :, :r].set(jax.numpy.transpose(db.reshape(A, N, r), (1, 0, 2)))
+    return jax.numpy.concatenate([jax.numpy.zeros((N, K), db.dtype), blk.reshape(N, A * rp)], axis=1)
+
+
+def _lora_vjp(c):
+    act, want_aux = c.attrs
+    none = act == lib.FUSEDK_ACT_NONE
+
+    def fwd(*xs):
+        if none and not want_aux:
+            return c.impl(*xs), (xs, None)
+        y, z = _call_for(c.op, c.mask, (act, 1)).impl(*xs)  # the pre-activation, for the backward
+        return ((y, z) if want_aux else y), (xs, None if none else z)
+
+    def bwd(res, ct):
+        xs, z = res
+        a = _named(c, xs)
+        dy = ct[0] if want_aux else ct
+        has_b = a["bias"] is not None
+        r = list(call(OPS[lib.FUSEDK_OP_LINEAR_LOWRANK_BACKWARD],
+                      [dy, a["x"], a["w_cat"], a["a"], a["codes"], a["adapter_ids"], z], (act, 1.0, 1, 1, 1, int(has_b))))
+        g = {"x": r.pop(0), "a": r.pop(0)}
+        db = r.pop(0)
+        g["codes"] = r.pop(0) if a["codes"] is not None else None
+        g["bias"] = r.pop(0) if has_b else None
+        N, K = a["w_cat"].shape[0], a["x"].shape[-1]
+        g["w_cat"] = _slots(db, K, N, db.shape[0] if db.ndim == 3 else 1, db.shape[-1])
+        return _cotangents(c, xs, g)
+
+    return fwd, bwd
+
+
+def _prepare_vjp(c):
+    (scaling,) = c.attrs
+
+    def bwd(xs, g):
+        w, b = xs
+        A, N, r = (b.shape[0] if b.ndim == 3 else 1), b.shape[-2], b.shape[-1]
+        rp = (r + 7) // 8 * 8
+        db = g[:, w.shape[1]:].reshape(N, A, rp)[:, :, :r].transpose(1, 0, 2) * scaling
+        return jax.numpy.zeros_like(w), db.reshape(b.shape).astype(b.dtype)
+
+    return (lambda *xs: (c.impl(*xs), xs)), bwd
+
+
+_VJPS = {"lowrank_update": _lowrank_vjp, "linear_lowrank": _lora_vjp, "lowrank_prepare": _prepare_vjp}
 _CALLS = {}
 _REASON = re.compile(r"fusedk: (.*) \[(FUSEDK_\w+)\]", re.S)
 
@@ -211,6 +303,14 @@ def call(op, inputs, attrs):
         if m is None:
             raise
         raise Error(m.group(2), m.group(1)) from None
+
+
+def _call_for(op, mask, attrs):
+    """The _Call of op with these optional inputs and attribute values (made once)."""
+    key = (op.id, mask, tuple(attrs))
+    if key not in _CALLS:
+        _CALLS[key] = _Call(op, mask, tuple(attrs))
+    return _CALLS[key]
 
 
 # --- the ops: fusedk's own functions, every input routed here (NumPy arrays too) --------------

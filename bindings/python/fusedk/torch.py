@@ -9,8 +9,10 @@ Every registry op of fusedk.h becomes two operators in the `fusedk` namespace, t
 derived from the registry: `fusedk::<op>` (functional: returns new tensors) and
 `fusedk::<op>_out` (writes the caller's out=/residual_out= tensors, declared as mutated), each
 with a fake (meta) implementation. The ops are forward-only: backward through one raises an
-error that says so, but for `linear`, whose backward is `linear_backward` (so
-`fusedk.torch.linear` trains, eager or compiled). Plain `fusedk.rmsnorm(x)` & co. need no import of
+error that says so, but for those that train, eager or compiled: `linear` (its backward is
+`linear_backward`), `lowrank_update` (`lowrank_update_backward`), and a LoRA as
+`linear_lowrank(x, lowrank_prepare(w, b, s), a, ...)` (`linear_lowrank_backward`: gradients
+reach x, a, b, codes and bias; the base weight w is frozen: w_cat's first K columns get none). Plain `fusedk.rmsnorm(x)` & co. need no import of
 this module: under torch.compile they become these operators, and so do eager calls autograd
 records; other eager calls take fusedk's C path (no dispatcher), the faster one."""
 import sys
@@ -100,8 +102,9 @@ def _register(o):
         raise RuntimeError(f"fusedk.torch.{o.name} is forward-only: it has no backward, so no gradient flows "
                            "through it (run it under torch.no_grad(), or use a differentiable op for training)")
 
-    if o.name == "linear":
-        torch.library.register_autograd(qual, _linear_backward, setup_context=_linear_setup)
+    if o.name in _GRADS:
+        setup, grad = _GRADS[o.name]
+        torch.library.register_autograd(qual, grad, setup_context=setup)
     else:
         torch.library.register_autograd(qual, backward, setup_context=lambda ctx, inputs, output: None)
 
@@ -129,9 +132,135 @@ def _linear_backward(ctx, grads):
     return dx, dw, db, None, None, None
 
 
+def _run(ctx, name, inputs, attrs):
+    """Registry op `name` on its inputs (registry order) and attributes: through the custom operator
+    (what torch.compile traces), or, from an eager autograd.Function (ctx.eager), the C call."""
+    if not getattr(ctx, "eager", False):
+        return getattr(torch.ops.fusedk, name)(*inputs, *attrs)
+    o = _BY_NAME[name]
+    args = [None] * len(o.tensors)
+    for i, v in zip(o.inputs, inputs):
+        args[i] = v
+    return _core.call(o.id, inputs[0], tuple(args), tuple(attrs), None)
+
+
+# lowrank_update's gradients: lowrank_update_backward (y's: beta dout)
+def _lowrank_setup(ctx, inputs, output):
+    x, v, codes, u_t, y, scaling, beta = inputs
+    ctx.scaling, ctx.beta = scaling, beta
+    ctx.save_for_backward(x, v, codes, u_t)
+
+
+def _lowrank_backward(ctx, dout):
+    x, v, codes, u_t = ctx.saved_tensors
+    n = ctx.needs_input_grad  # x, v, codes, u_t, y
+    dy = dout * ctx.beta if n[4] else None
+    if not (n[0] or n[1] or n[2] or n[3]):
+        return None, None, None, None, dy, None, None
+    want = (n[0], n[1], n[3], codes is not None)
+    r = _run(ctx, "lowrank_update_backward", (dout.contiguous(), x, v, codes, u_t),
+             (ctx.scaling, *(int(w) for w in want[:3])))
+    dx, dv, du_t, dcodes = _core.spread(r, want)
+    return dx, dv, dcodes if n[2] else None, du_t, dy, None, None
+
+
+# linear_lowrank's: linear_lowrank_backward with scaling 1, whose db is then w_cat's adapter
+# columns' gradient (lowrank_prepare's backward scales it into b's)
+def _lora_setup(ctx, inputs, output):
+    x, w_cat, bias, a, codes, ids, act, _ = inputs
+    ctx.act, ctx.has_bias = act, bias is not None
+    if len(output) > 1:
+        ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, w_cat, a, codes, ids, output[1] if len(output) > 1 else None)
+
+
+def _lora_backward(ctx, grads):
+    x, w_cat, a, codes, ids, z = ctx.saved_tensors
+    dy = grads[0]
+    n = ctx.needs_input_grad  # x, w_cat, bias, a, codes, adapter_ids
+    if ctx.act != _core.lib.FUSEDK_ACT_NONE and z is None:
+        raise RuntimeError("fusedk.torch.linear_lowrank: no pre-activation was kept for the backward (call it with "
+                           "aux=True, or with grad mode on when an input requires grad)")
+    want = (n[0], n[3], n[1], codes is not None, ctx.has_bias and n[2])
+    if dy is None or not (want[0] or want[1] or want[2] or want[4] or n[4]):
+        return (None,) * 8
+    r = _run(ctx, "linear_lowrank_backward", (dy.contiguous(), x, w_cat, a, codes, ids, z),
+             (ctx.act, 1.0, int(want[0]), int(want[1]), int(want[2]), int(want[4])))
+    dx, da, db, dcodes, dbias = _core.spread(r, want)
+    dw_cat = None
+    if db is not None:  # [N, K + A rp]: zeros for w, db's [A, N, r] in the adapters' slots
+        N, r_ = db.shape[-2], db.shape[-1]
+        A, rp, K = (db.shape[0] if db.dim() == 3 else 1), (db.shape[-1] + 7) // 8 * 8, x.shape[-1]
+        dw_cat = w_cat.new_zeros(w_cat.shape)
+        dw_cat[:, K:].view(N, A, rp)[:, :, :r_] = db.reshape(A, N, r_).transpose(0, 1)
+    return dx, dw_cat, dbias, da, dcodes if n[4] else None, None, None, None
+
+
+# lowrank_prepare's: b's gradient is scaling times w_cat's adapter columns'; w is frozen
+def _prepare_setup(ctx, inputs, output):
+    w, b, scaling = inputs
+    ctx.scaling, ctx.K, ctx.b_shape = scaling, w.shape[1], b.shape
+
+
+def _prepare_backward(ctx, g):
+    if ctx.needs_input_grad[0]:
+        raise RuntimeError("fusedk.torch.lowrank_prepare: w, the frozen base weight, gets no gradient (a LoRA "
+                           "trains a and b): call w.requires_grad_(False), or pass w.detach()")
+    if g is None or not ctx.needs_input_grad[1]:
+        return None, None, None
+    shape = ctx.b_shape
+    A, N, r = (shape[0] if len(shape) == 3 else 1), shape[-2], shape[-1]
+    rp = (r + 7) // 8 * 8
+    db = g[:, ctx.K:].reshape(N, A, rp)[:, :, :r].transpose(0, 1) * ctx.scaling
+    return None, db.reshape(shape), None
+
+
+# Eager calls under autograd: the same gradients through torch.autograd.Function and fusedk's C
+# calls, without the custom operators' dispatch (tens of µs a call, bench/NOTES.md); torch.compile
+# traces the operators instead.
+class _LowrankFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, v, codes, u_t, y, scaling, beta):
+        ctx.eager, ctx.scaling, ctx.beta = True, scaling, beta
+        ctx.save_for_backward(x, v, codes, u_t)
+        return _run(ctx, "lowrank_update", (x, v, codes, u_t, y), (scaling, beta))
+
+    @staticmethod
+    def backward(ctx, dout):
+        return _lowrank_backward(ctx, dout)
+
+
+class _LoraFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_cat, bias, a, codes, ids, act, want_aux):
+        ctx.eager, ctx.act, ctx.has_bias = True, act, bias is not None
+        keep = act != _core.lib.FUSEDK_ACT_NONE and any(ctx.needs_input_grad)
+        r = _run(ctx, "linear_lowrank", (x, w_cat, bias, a, codes, ids), (act, int(keep)))
+        y, z = r if keep else (r, None)
+        ctx.save_for_backward(x, w_cat, a, codes, ids, z)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _lora_backward(ctx, (dy,))
+
+
+class _PrepareFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, b, scaling):
+        ctx.eager, ctx.scaling, ctx.K, ctx.b_shape = True, scaling, w.shape[1], b.shape
+        return _run(ctx, "lowrank_prepare", (w, b), (scaling,))
+
+    @staticmethod
+    def backward(ctx, g):
+        return _prepare_backward(ctx, g)
+
+
 def _keeps_aux(o, args, attrs):
-    """linear under autograd: its backward needs the pre-activation, kept though not asked for."""
-    return (o.id == _LINEAR and len(attrs) > 2 and not attrs[2] and attrs[0] != _core.lib.FUSEDK_ACT_NONE
+    """linear, linear_lowrank under autograd: the backward needs the pre-activation, kept though
+    not asked for."""
+    k = _AUX.get(o.id)
+    return (k is not None and len(attrs) > k and not attrs[k] and attrs[0] != _core.lib.FUSEDK_ACT_NONE
             and args[0] is None and args[1] is None and torch.is_grad_enabled()
             and any(t is not None and t.requires_grad for t in args[2:]))
 
@@ -159,7 +288,8 @@ def _route(op, x, args, attrs, stream):
     inputs = [args[i] for i in o.inputs]
     attrs = o.typed(attrs)  # every attribute: the schema's int and float arguments
     if _keeps_aux(o, args, attrs):
-        return getattr(torch.ops.fusedk, o.name)(*inputs, *attrs[:2], 1, *attrs[3:])[0]
+        k = _AUX[o.id]
+        return getattr(torch.ops.fusedk, o.name)(*inputs, *attrs[:k], 1, *attrs[k + 1:])[0]
     given = [args[i] for i, _, _ in o.outputs]
     if any(g is not None for g in given) and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in inputs):
@@ -167,6 +297,9 @@ def _route(op, x, args, attrs, stream):
                     "calls are not differentiable (as torch's own out= ops): leave out= unset, or call it under "
                     "torch.no_grad()")
     if all(g is None for g in given):
+        f = _FUNCTIONS.get(o.name)
+        if f is not None and not torch.compiler.is_compiling() and (o.id != _LINEAR_LOWRANK or not attrs[1]):
+            return f.apply(*inputs, *attrs)
         r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
         return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)
     outs = []  # out= given: the missing outputs are made here, then all are written in place
@@ -180,7 +313,12 @@ def _route(op, x, args, attrs, stream):
 
 
 _pkg = sys.modules[__package__]
-_LINEAR = _core.lib.FUSEDK_OP_LINEAR
+_AUX = {_core.lib.FUSEDK_OP_LINEAR: 2, _core.lib.FUSEDK_OP_LINEAR_LOWRANK: 1}  # want_aux's attribute index
+_BY_NAME = {o.name: o for o in OPS}
+_LINEAR_LOWRANK = _core.lib.FUSEDK_OP_LINEAR_LOWRANK
+_FUNCTIONS = {"lowrank_update": _LowrankFn, "linear_lowrank": _LoraFn, "lowrank_prepare": _PrepareFn}
+_GRADS = {"linear": (_linear_setup, _linear_backward), "lowrank_update": (_lowrank_setup, _lowrank_backward),
+          "linear_lowrank": (_lora_setup, _lora_backward), "lowrank_prepare": (_prepare_setup, _prepare_backward)}
 for _o in OPS:
     _register(_o)
     globals()[_o.name] = _core.rebind(getattr(_pkg, _o.name), _route)  # fusedk's function through the operators
