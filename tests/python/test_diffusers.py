@@ -280,3 +280,70 @@ def test_another_attention_processor_is_reported(name):
                                                      f"{type((getattr(m.blocks(ref)[0], 'attn', None) or m.blocks(ref)[0].attn1).processor).__name__}"]
     assert len(report.patched) == len(m.blocks(low)) - 1
     fd.revert(low)
+
+
+FLUX_LORA = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+             "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "norm1.linear",
+             "norm1_context.linear", "proj_mlp", "proj_out", "norm.linear"]
+
+
+def lora_pair(device, ranks=(4, 8), dtype=torch.bfloat16):
+    """Flux with peft LoRA adapters on every projection (random B: not a no-op), "one" and "two"
+    active with weights 1.0 and 0.5: (module, float32 model, the same in dtype, inputs)"""
+    import copy
+    peft = pytest.importorskip("peft")
+    m, ref, low, x32, xl = pair("flux", device)
+    for name, r, seed in zip(("one", "two"), ranks, (5, 6)):
+        torch.manual_seed(seed)
+        ref.add_adapter(peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=FLUX_LORA, init_lora_weights=False),
+                        adapter_name=name)
+    ref.set_adapters(["one", "two"], [1.0, 0.5])
+    low = copy.deepcopy(ref).to(dtype)
+    return m, ref, low, x32, xl
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flux_lora_folds_into_the_gemms(device):
+    """peft LoRA layers on every projection of Flux's blocks (two adapters with set_adapters
+    weights): every block patched, as close to float32 as the stock LoRA'd model; changing the
+    adapters (weights, one disabled, all disabled) after apply is seen; revert gives the stock
+    forwards back bit for bit; compiled (fullgraph) too"""
+    m, ref, low, x32, xl = lora_pair(device)
+    want = m.output(run(ref, x32)).double()
+    stock = m.output(run(low, xl))
+    base = m.output(run(pair("flux", device)[2], xl))
+    assert not torch.allclose(stock.float(), base.float(), atol=1e-2)  # the adapters change the output
+    report = fd.apply(low)
+    assert len(report.patched) == len(m.blocks(low)) and not report.skipped, report
+    assert any(P.a is not None for b in m.blocks(low) for P in b._fusedk.p.values())
+    check_close(m.output(run(low, xl)), stock, want, "flux LoRA eager")
+    f = torch.compile(low, fullgraph=True)
+    check_close(m.output(run(f, xl)), stock, want, "flux LoRA compiled")
+    torch._dynamo.reset()
+    for change in (lambda t: t.set_adapters(["one"], [0.7]), lambda t: t.disable_adapters()):
+        change(ref), change(low)
+        want = m.output(run(ref, x32)).double()
+        fd.revert(low)
+        stock = m.output(run(low, xl))
+        fd.apply(low)
+        check_close(m.output(run(low, xl)), stock, want, "flux LoRA after a change (applied again)")
+        change(low)  # and the same change seen by an already patched model
+        check_close(m.output(run(low, xl)), stock, want, "flux LoRA after a change")
+    assert fd.revert(low) == len(m.blocks(low))
+    assert torch.equal(m.output(run(low, xl)), stock)
+
+
+def test_flux_lora_changed_after_apply_and_too_wide():
+    """set_adapters after apply (no re-apply): the next eager call folds the new weights in; adapters
+    wider than one GEMM takes (3 x 48 columns for q, k, v) leave the block unpatched, reported"""
+    m, ref, low, x32, xl = lora_pair("cpu")
+    fd.apply(low)
+    ref.set_adapters(["one", "two"], [0.25, 1.5])
+    low.set_adapters(["one", "two"], [0.25, 1.5])
+    want = m.output(run(ref, x32)).double()
+    got = m.output(run(low, xl))
+    fd.revert(low)
+    check_close(got, m.output(run(low, xl)), want, "flux LoRA weights changed after apply")
+    m, ref, low, x32, xl = lora_pair("cpu", ranks=(48, 4))
+    report = fd.apply(low)
+    assert not report.patched and all("expected at most 128" in why for _, _, why in report.skipped), report

@@ -17,8 +17,16 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
     fusedk.diffusers.apply(pipe, attention=True)
 
 - Exactness: a block is patched only when every part of it is one the fused forward reproduces;
-  anything else (another attention processor, LoRA layers from peft, hooks on its submodules,
-  an unknown norm or activation) leaves it unpatched, and the report says why.
+  anything else (another attention processor, hooks on its submodules, an unknown norm or
+  activation) leaves it unpatched, and the report says why.
+- LoRA (Flux): peft's LoRA layers on the block's projections (loaded with load_lora_weights or
+  added with add_adapter; several active adapters with their set_adapters weights) fold into the
+  projection's GEMM: w_cat = [w | s_1 b_1 | s_2 b_2 ...] made by apply (the base weight becomes
+  a view into it: no second copy), then linear_lowrank. Adapters in another float dtype than the
+  base are cast to it once; DoRA and other variants, LoRA biases, dropout in training mode and more
+  than 128 adapter columns a GEMM (A times r rounded up to 8, the q/k/v adapters together) leave
+  the block unpatched. A change to the adapters after apply (set_adapters, another LoRA, fuse_lora,
+  disable) is seen at the next eager call and the block prepared again.
 - Training: fusedk's fused forwards have no backward. A patched block that autograd would
   record (grad mode on and a parameter or input that requires grad) runs its stock forward,
   and a warning says so once.
@@ -103,7 +111,7 @@ def apply(model, ops=None, attention=False):
             patcher = table.get(type(m))
             if patcher is None or getattr(m, "_fusedk", None) is not None:
                 continue
-            why = _common_why_not(m, root) or patcher.why_not(m, root)
+            why = _common_why_not(m, root, lora=patcher.projections(m)) or patcher.why_not(m, root)
             if why:
                 report.skipped.append((name or type(m).__name__, type(m).__name__, why))
                 continue
@@ -115,6 +123,8 @@ def apply(model, ops=None, attention=False):
 def _patch(m, patcher, pieces, root):
     st = patcher.prepare(m, pieces)
     st.patcher, st.root, st.links = patcher, weakref.ref(root), _links(m, st.views)
+    parent = {c: (p, n) for p in m.modules() for n, c in p.named_children()}
+    st.mods = [(*parent[lin], lin, lora_signature(lin)) for lin in st.projected]
     m._fusedk = st
     if "forward" not in vars(m):
         m.forward = types.MethodType(_checked_forward, m)
@@ -135,7 +145,8 @@ def _fresh(st):
     added on a fused Linear since apply()."""
     return all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and getattr(lin, attr) is p
                and p.data_ptr() == ptr and not lin._forward_hooks and not lin._forward_pre_hooks
-               for parent, name, lin, attr, p, ptr in st.links)
+               for parent, name, lin, attr, p, ptr in st.links) and all(
+        parent._modules.get(name) is lin and lora_signature(lin) == sig for parent, name, lin, sig in st.mods)
 
 
 def _checked_forward(self, *args, **kwargs):
@@ -145,7 +156,8 @@ def _checked_forward(self, *args, **kwargs):
     st = self._fusedk
     if not compiling() and not _fresh(st):
         root = st.root() or self
-        why = _common_why_not(self, root, patched=True) or st.patcher.why_not(self, root)
+        why = (_common_why_not(self, root, patched=True, lora=st.patcher.projections(self))
+               or st.patcher.why_not(self, root))
         if why:
             warnings.warn(f"fusedk.diffusers: {type(self).__name__} changed after apply() and runs its stock "
                           f"forward from now on: {why}", RuntimeWarning, stacklevel=2)
@@ -184,8 +196,9 @@ def _unpatch(m):
     del m._fusedk
 
 
-def _common_why_not(m, root, patched=False):
-    """Why block m of model root cannot be patched whatever its model: a reason, or None."""
+def _common_why_not(m, root, patched=False, lora=()):
+    """Why block m of model root cannot be patched whatever its model: a reason, or None. lora:
+    the projections the model's fused forward takes (peft LoRA layers among them fold in)."""
     if "forward" in vars(m) and not patched:
         return "its forward is already replaced (a diffusers hook, e.g. a cache or offload hook)"
     if hasattr(root, "_hf_hook") or hasattr(root, "_diffusers_hook"):
@@ -194,22 +207,84 @@ def _common_why_not(m, root, patched=False):
         if sub is not m and (sub._forward_hooks or sub._forward_pre_hooks or hasattr(sub, "_hf_hook")
                              or hasattr(sub, "_diffusers_hook") or "forward" in vars(sub)):
             return f"{name} has hooks (the fused forward would skip them)"
-        if hasattr(sub, "lora_A") or hasattr(sub, "base_layer"):
-            return f"{name} is a LoRA/adapter layer (peft): fusedk's forward would drop it"
+        if (hasattr(sub, "lora_A") or hasattr(sub, "base_layer")) and not any(sub is x for x in lora):
+            return f"{name} is a LoRA/adapter layer (peft) the fused forward does not take: it would drop it"
     # one dtype, but for the float32 parameters the model keeps so (its _keep_in_fp32_modules, as
-    # from_pretrained(torch_dtype=...) loads them): the model's forward handles those
+    # from_pretrained(torch_dtype=...) loads them): the model's forward handles those; and an
+    # adapter's own (cast to the block's once)
     keep = getattr(root, "_keep_in_fp32_modules", None) or ()
-    dts = {p.dtype for n, p in m.named_parameters() if not (p.dtype == torch.float32 and any(k in n for k in keep))}
+    dts = {p.dtype for n, p in m.named_parameters() if not (p.dtype == torch.float32 and any(k in n for k in keep))
+           and ".lora_" not in f".{n}"}
     if not dts <= {torch.float32, torch.float16, torch.bfloat16} or len(dts) > 1:
         return f"its parameters have dtypes {sorted(str(d) for d in dts)}, expected one of float32, float16, bfloat16"
     return None
 
 
-def linears_why_not(lins):
-    """Why the fused forward cannot take these as plain torch.nn.Linear layers (quantized or LoRA
-    layers compute otherwise): a reason, or None."""
-    bad = next((x for x in lins if type(x) is not torch.nn.Linear), None)
-    return None if bad is None else f"{type(bad).__name__} where a torch.nn.Linear is expected"
+def linears_why_not(lins, lora=False):
+    """Why the fused forward cannot take these as plain torch.nn.Linear layers (quantized layers
+    compute otherwise) or, with lora, peft LoRA layers over them: a reason, or None."""
+    for x in lins:
+        why = lora_of(x) if lora else (None if type(x) is torch.nn.Linear else
+                                       f"{type(x).__name__} where a torch.nn.Linear is expected")
+        if isinstance(why, str):
+            return why
+    return None
+
+
+def _peft_linear():
+    try:
+        from peft.tuners.lora.layer import Linear
+        return Linear
+    except ImportError:  # no peft: no LoRA layers to meet
+        return None
+
+
+def lora_of(lin):
+    """A projection as a fused forward takes it: (its base nn.Linear, its active LoRA adapters as
+    [(a [r, K], b [N, r], scaling)]) for an nn.Linear (no adapters) or a peft LoRA Linear over one
+    (merged or disabled: none); or why it cannot be taken (a str)."""
+    if type(lin) is torch.nn.Linear:
+        return lin, []
+    peft_linear = _peft_linear()
+    if peft_linear is None or type(lin) is not peft_linear:
+        return f"{type(lin).__name__} where a torch.nn.Linear (or peft's LoRA Linear over one) is expected"
+    base = lin.base_layer
+    if type(base) is not torch.nn.Linear:
+        return f"a peft LoRA layer over {type(base).__name__}, expected over a torch.nn.Linear"
+    if lin.disable_adapters or lin.merged:
+        return base, []
+    out = []
+    for ad in lin.active_adapters:
+        if ad not in lin.lora_A:
+            continue
+        A, B, drop = lin.lora_A[ad], lin.lora_B[ad], lin.lora_dropout[ad]
+        if ad in getattr(lin, "lora_variant", {}) or getattr(lin, "use_dora", {}).get(ad, False):
+            return f"LoRA adapter {ad!r} is a variant (DoRA, ...) the fused GEMM does not compute"
+        if type(A) is not torch.nn.Linear or type(B) is not torch.nn.Linear or A.bias is not None or B.bias is not None:
+            return f"LoRA adapter {ad!r} has a bias or non-Linear factors"
+        if not (type(drop) is torch.nn.Identity or (type(drop) is torch.nn.Dropout and (drop.p == 0 or not drop.training))):
+            return f"LoRA adapter {ad!r} has dropout in training mode"
+        if not A.weight.is_floating_point() or A.weight.device != base.weight.device:
+            return f"LoRA adapter {ad!r} is on {A.weight.device} in {A.weight.dtype}, the base on {base.weight.device}"
+        out.append((A.weight, B.weight, float(lin.scaling[ad])))
+    return base, out
+
+
+def lora_signature(lin):
+    """What a projection's LoRA state is made of (None for a plain Linear): a change to it after
+    apply (set_adapters, another adapter, fuse_lora, disable, new weights) prepares the block again."""
+    if type(lin) is torch.nn.Linear:
+        return None
+    return (bool(lin.disable_adapters), bool(lin.merged), tuple(lin.active_adapters),
+            tuple(sorted((k, float(v)) for k, v in lin.scaling.items())),
+            tuple((k, m.weight.data_ptr(), m.weight._version) for d in (lin.lora_A, lin.lora_B) for k, m in d.items()))
+
+
+def lora_width(lins):
+    """The h columns one GEMM over these projections takes: their adapters, each r rounded up to 8
+    (all of them at the largest rank's)."""
+    ads = [ad for p in map(lora_of, lins) if not isinstance(p, str) for ad in p[1]]
+    return len(ads) * ((max((a.shape[0] for a, _, _ in ads), default=0) + 7) // 8 * 8)
 
 
 def attention_why_not(attn, processor):
@@ -231,10 +306,15 @@ def attention_why_not(attn, processor):
 
 class Patcher:
     """How one block class is patched: why_not(block, model) -> a reason or None, prepare(block,
-    pieces) -> its State, forward(block, ...) the fused forward."""
+    pieces) -> its State, forward(block, ...) the fused forward; projections(block): the modules
+    the fused forward runs as projections (where peft LoRA layers may fold in; none by default)."""
 
-    def __init__(self, why_not, prepare, forward):
+    def __init__(self, why_not, prepare, forward, projections=None):
         self.why_not, self.prepare, self.forward = why_not, prepare, forward
+        self._projections = projections
+
+    def projections(self, m):
+        return self._projections(m) if self._projections else ()
 
 
 class State:
@@ -242,7 +322,7 @@ class State:
     parameters apply() made views into them."""
 
     def __init__(self, pieces):
-        self.k, self.views = pieces, []
+        self.k, self.views, self.projected, self.p = pieces, [], [], {}
 
     def fuse(self, name, lins):
         """One GEMM's weight and bias for the nn.Linear modules lins: w_<name>, b_<name>."""
@@ -251,6 +331,13 @@ class State:
         setattr(self, "b_" + name, b)
         self.views += views
         return w
+
+    def proj(self, name, lins):
+        """p[name]: one GEMM for the projections lins (nn.Linear or peft LoRA layers over one), their
+        adapters folded in (Proj)."""
+        P, views = fuse_projections(lins)
+        self.p[name], self.views, self.projected = P, self.views + views, self.projected + list(lins)
+        return P
 
     def self_attention(self, attn, head_dim):
         """The self-attention's q, k, v as one GEMM (w_qkv, b_qkv), its heads, head dim and q/k norm eps."""
@@ -318,6 +405,68 @@ def fuse_linears(lins):
     return w, b, views
 
 
+class Proj:
+    """A projection's GEMM: w [N, K] and bias b (None) of the base layers; with adapters, w_cat
+    [N, K + A rp] (w its first K columns) and a [A, r, K] for linear_lowrank, else None."""
+
+    def __init__(self, w, b, w_cat=None, a=None):
+        self.w, self.b, self.w_cat, self.a = w, b, w_cat, a
+
+
+def fuse_projections(lins):
+    """A Proj for the projections lins (their rows in order): fuse_linears' [sum N, K] weight when no
+    adapter is active; else w_cat = [w | s_q b_q (in its projection's rows, 0 elsewhere) | 0 ...]
+    by lowrank_prepare's layout, each base weight (and bias) then a view into it. Returns (Proj,
+    views)."""
+    parts = [lora_of(x) for x in lins]
+    bases = [p[0] for p in parts]
+    slots = [(i, A, B, s) for i, (_, ads) in enumerate(parts) for A, B, s in ads]
+    if not slots:
+        if len(bases) == 1:
+            return Proj(bases[0].weight, bases[0].bias), []
+        w, b, views = fuse_linears(bases)
+        return Proj(w, b), views
+    w0 = bases[0].weight
+    K, dt, ns = w0.shape[1], w0.dtype, [x.weight.shape[0] for x in bases]
+    r = max(A.shape[0] for _, A, _, _ in slots)
+    rp = (r + 7) // 8 * 8
+    with torch.no_grad():
+        w_cat = w0.new_zeros(sum(ns), K + len(slots) * rp)
+        a = w0.new_zeros(len(slots), r, K)
+        row0 = [sum(ns[:i]) for i in range(len(ns))]
+        for q, (i, A, B, s) in enumerate(slots):
+            a[q, :A.shape[0]] = A.detach().to(dt)
+            w_cat[row0[i]:row0[i] + ns[i], K + q * rp:K + q * rp + B.shape[1]] = (B.detach().float() * s).to(dt)
+        views = []
+        for x, r0, n in zip(bases, row0, ns):
+            w_cat[r0:r0 + n, :K] = x.weight.detach()
+            x.weight.data = w_cat[r0:r0 + n, :K]
+            views.append(x.weight)
+        bs = [x.bias for x in bases]
+        b = None
+        if all(y is not None for y in bs):
+            b = torch.cat([y.detach() for y in bs]) if len(bs) > 1 else bs[0]
+            if len(bs) > 1:
+                for y, r0, n in zip(bs, row0, ns):
+                    y.data = b[r0:r0 + n]
+                    views.append(y)
+        elif any(y is not None for y in bs):
+            raise TypeError("some of the fused projections have a bias and some not")
+    return Proj(w_cat[:, :K], b, w_cat, a), views
+
+
+def _act_out(y, act, out):
+    """The stock expression's tail: act (none or gelu_tanh), then into out when given."""
+    if act == "gelu_tanh":
+        y = torch.nn.functional.gelu(y, approximate="tanh")
+    elif act != "none":
+        raise ValueError(act)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
 class Pieces:
     """The fused pieces a patched forward calls: fusedk's op where `use` names it, else the
     stock torch expression (the same formula, in the block's dtype)."""
@@ -343,15 +492,20 @@ class Pieces:
     def linear(self, x, w, b=None, act="none", out=None):
         if "linear" in self.use:
             return self.fk.linear(x, w, b, act=act, out=out)
-        y = torch.nn.functional.linear(x, w, b)
-        if act == "gelu_tanh":
-            y = torch.nn.functional.gelu(y, approximate="tanh")
-        elif act != "none":
-            raise ValueError(act)
-        if out is not None:
-            out.copy_(y)
-            return out
-        return y
+        return _act_out(torch.nn.functional.linear(x, w, b), act, out)
+
+    def proj(self, x, P, act="none", out=None):
+        """x through Proj P: linear, or with adapters linear_lowrank (the stock expression: the base
+        linear plus each adapter's (x a_q^T) (s b_q)^T, in the block's dtype)."""
+        if P.a is None:
+            return self.linear(x, P.w, P.b, act=act, out=out)
+        if "linear" in self.use:
+            return self.fk.linear_lowrank(x, P.w_cat, P.a, P.b, act=act, out=out)
+        A, r, K = P.a.shape
+        rp = (r + 7) // 8 * 8
+        sb = P.w_cat[:, K:].unflatten(1, (A, rp))[:, :, :r].flatten(1)  # [N, A r]
+        F = torch.nn.functional
+        return _act_out(F.linear(x, P.w, P.b) + F.linear(F.linear(x, P.a.flatten(0, 1)), sb), act, out)
 
     def fused_attention(self, q):
         """Whether attention(q, ...) runs fusedk's kernel: apply(attention=True), and a call it

@@ -15,11 +15,13 @@ modulations):
 Per single block: adaln; linear(., W_mlp, gelu_tanh) into the second part of the proj_out
 input; linear(., [Wq; Wk; Wv]) ; qk_norm_rope ; attention into its first part; linear(., W_out) ;
 gated_residual. Its (text, image) outputs are views of one joint tensor, which the next single
-block takes as it is (no torch.cat)."""
+block takes as it is (no torch.cat).
+peft LoRA layers on any of these projections fold into their GEMM (linear_lowrank over w_cat =
+[w | s b ...]; the q/k/v adapters of a stream together in its one GEMM)."""
 import torch
 
-from . import (Patcher, PerForward, State, attention_why_not, compiling, embedding_why_not,
-               gelu_ff_why_not, linear_parts, linears_why_not, records_grad, rows)
+from . import (Patcher, PerForward, State, attention_why_not, compiling, embedding_why_not, eps_of,
+               gelu_ff_why_not, linears_why_not, lora_width, records_grad, rows)
 
 
 def _attn_why_not(attn, added):
@@ -47,10 +49,37 @@ def _ada_why_not(norm, n_chunks):
     return None
 
 
+def _groups_double(m):
+    """The double block's GEMMs: {name: the projections it runs}"""
+    a = m.attn
+    return {"qkv": [a.to_q, a.to_k, a.to_v], "aqkv": [a.add_q_proj, a.add_k_proj, a.add_v_proj],
+            "mod": [m.norm1.linear, m.norm1_context.linear], "o": [a.to_out[0]], "add_o": [a.to_add_out],
+            "ff1": [m.ff.net[0].proj], "ff2": [m.ff.net[2]], "cff1": [m.ff_context.net[0].proj],
+            "cff2": [m.ff_context.net[2]]}
+
+
+def _groups_single(m):
+    return {"qkv": [m.attn.to_q, m.attn.to_k, m.attn.to_v], "mod": [m.norm.linear], "mlp": [m.proj_mlp],
+            "out": [m.proj_out]}
+
+
+def _projections(groups):
+    return lambda m: [x for lins in groups(m).values() for x in lins]
+
+
+def _lins_why_not(groups):
+    why = linears_why_not([x for lins in groups.values() for x in lins], lora=True)
+    if why:
+        return why
+    for name, lins in groups.items():
+        if lora_width(lins) > 128:
+            return f"the LoRA adapters of its {name} GEMM take {lora_width(lins)} columns (A times r rounded up to 8), " \
+                   "expected at most 128"
+    return None
+
+
 def _why_not_double(m, root):
-    why = linears_why_not([m.attn.to_q, m.attn.to_k, m.attn.to_v, m.attn.add_q_proj, m.attn.add_k_proj,
-                           m.attn.add_v_proj, m.attn.to_out[0], m.attn.to_add_out, m.ff.net[0].proj, m.ff.net[2],
-                           m.ff_context.net[0].proj, m.ff_context.net[2], m.norm1.linear, m.norm1_context.linear])
+    why = _lins_why_not(_groups_double(m))
     if why:
         return why
     for n in (m.norm2, m.norm2_context):
@@ -61,7 +90,7 @@ def _why_not_double(m, root):
 
 
 def _why_not_single(m, root):
-    why = linears_why_not([m.attn.to_q, m.attn.to_k, m.attn.to_v, m.proj_mlp, m.proj_out, m.norm.linear])
+    why = _lins_why_not(_groups_single(m))
     if why:
         return why
     if type(m.act_mlp) is not torch.nn.GELU or m.act_mlp.approximate != "tanh":
@@ -74,12 +103,16 @@ def _pos_why_not(root):
     return embedding_why_not(root, "pos_embed", FluxPosEmbed, "repeat-interleaved tables")
 
 
+def _prepare(st, groups, a):
+    for name, lins in groups.items():  # "mod": the double block's one GEMM for both streams
+        st.proj(name, lins)
+    st.heads, st.dh = a.heads, a.head_dim
+    st.eps_qk = eps_of(a.norm_q, st.p["qkv"].w.dtype)
+
+
 def _prepare_double(m, pieces):
     st = State(pieces)
-    a = m.attn
-    st.self_attention(a, a.head_dim)
-    st.fuse("aqkv", [a.add_q_proj, a.add_k_proj, a.add_v_proj])
-    st.fuse("mod", [m.norm1.linear, m.norm1_context.linear])  # one GEMM, both streams
+    _prepare(st, _groups_double(m), m.attn)
     st.eps1, st.eps1c = m.norm1.norm.eps, m.norm1_context.norm.eps
     st.eps2, st.eps2c = m.norm2.eps, m.norm2_context.eps
     return st
@@ -87,8 +120,7 @@ def _prepare_double(m, pieces):
 
 def _prepare_single(m, pieces):
     st = State(pieces)
-    a = m.attn
-    st.self_attention(a, a.head_dim)
+    _prepare(st, _groups_single(m), m.attn)
     st.eps = m.norm.norm.eps
     return st
 
@@ -105,14 +137,12 @@ def _clip16(t):
     return t.clip(-65504, 65504) if t.dtype == torch.float16 else t
 
 
-def _stream_mlp(k, x, gate_msa, ax, gate_mlp, scale_mlp, shift_mlp, eps, ff):
+def _stream_mlp(k, x, gate_msa, ax, gate_mlp, scale_mlp, shift_mlp, eps, p1, p2):
     """The rest of one stream of a double block after its attention output ax."""
     x = k.gated_residual(x, ax, gate_msa)
     n = k.adaln(x, scale_mlp, shift_mlp, eps)
-    w1, b1 = linear_parts(ff.net[0].proj)
-    w2, b2 = linear_parts(ff.net[2])
-    h = k.linear(n, w1, b1, act="gelu_tanh")
-    return k.gated_residual(x, k.linear(h, w2, b2), gate_mlp, out=x)
+    h = k.proj(n, p1, act="gelu_tanh")
+    return k.gated_residual(x, k.proj(h, p2), gate_mlp, out=x)
 
 
 def _stock(self, x, c, temb, rope, kwargs):
@@ -130,10 +160,11 @@ def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotar
     k, x, c = st.k, hidden_states, encoder_hidden_states
     B, Si, D = x.shape
     St, H, Dh = c.shape[1], st.heads, st.dh
-    mod = k.linear(torch.nn.functional.silu(temb), st.w_mod, st.b_mod)  # [B, 12 D]: both streams
+    p = st.p
+    mod = k.proj(torch.nn.functional.silu(temb), p["mod"])  # [B, 12 D]: both streams
     shift, scale, gate, shift2, scale2, gate2, c_shift, c_scale, c_gate, c_shift2, c_scale2, c_gate2 = mod.chunk(12, 1)
-    qkv_x = k.linear(k.adaln(x, scale, shift, st.eps1), st.w_qkv, st.b_qkv)
-    qkv_c = k.linear(k.adaln(c, c_scale, c_shift, st.eps1c), st.w_aqkv, st.b_aqkv)
+    qkv_x = k.proj(k.adaln(x, scale, shift, st.eps1), p["qkv"])
+    qkv_c = k.proj(k.adaln(c, c_scale, c_shift, st.eps1c), p["aqkv"])
     cos, sin = _half_tables(image_rotary_emb)
     q, kk, v = (x.new_empty(B, St + Si, H, Dh) for _ in range(3))
     a = self.attn
@@ -142,11 +173,9 @@ def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotar
     k.qk_norm_rope(qkv_x.view(B, Si, 3, H, Dh), cos[St:], sin[St:], a.norm_q.weight, a.norm_k.weight, st.eps_qk,
                    out=(q[:, St:], kk[:, St:], v[:, St:]))
     o = k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
-    wo, bo = linear_parts(a.to_out[0])
-    wc, bc = linear_parts(a.to_add_out)
-    x = _stream_mlp(k, x, gate, k.linear(rows(o[:, St:]), wo, bo), gate2, scale2, shift2, st.eps2, self.ff)
-    c = _stream_mlp(k, c, c_gate, k.linear(rows(o[:, :St]), wc, bc), c_gate2, c_scale2, c_shift2, st.eps2c,
-                    self.ff_context)
+    x = _stream_mlp(k, x, gate, k.proj(rows(o[:, St:]), p["o"]), gate2, scale2, shift2, st.eps2, p["ff1"], p["ff2"])
+    c = _stream_mlp(k, c, c_gate, k.proj(rows(o[:, :St]), p["add_o"]), c_gate2, c_scale2, c_shift2, st.eps2c,
+                    p["cff1"], p["cff2"])
     return _clip16(c), x  # as stock: the text stream is clipped in float16, the image stream not
 
 
@@ -174,23 +203,23 @@ def forward_single(self, hidden_states, encoder_hidden_states, temb, image_rotar
     r = _joint(encoder_hidden_states, hidden_states)
     B, S, D = r.shape
     H, Dh = st.heads, st.dh
-    wm, bm = linear_parts(self.norm.linear)
-    shift, scale, gate = k.linear(torch.nn.functional.silu(temb), wm, bm).chunk(3, 1)
+    p = st.p
+    shift, scale, gate = k.proj(torch.nn.functional.silu(temb), p["mod"]).chunk(3, 1)
     n = k.adaln(r, scale, shift, st.eps)
-    w_mlp, b_mlp = linear_parts(self.proj_mlp)
-    h = r.new_empty(B, S, D + w_mlp.shape[0])  # proj_out's input: [attention, mlp]
-    k.linear(n, w_mlp, b_mlp, act="gelu_tanh", out=h[..., D:])
-    qkv = k.linear(n, st.w_qkv, st.b_qkv).view(B, S, 3, H, Dh)
+    h = r.new_empty(B, S, D + p["mlp"].w.shape[0])  # proj_out's input: [attention, mlp]
+    k.proj(n, p["mlp"], act="gelu_tanh", out=h[..., D:])
+    qkv = k.proj(n, p["qkv"]).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(image_rotary_emb)
     a = self.attn
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk)
     h[..., :D] = k.attention(a, q, kk, v).flatten(2, 3)
-    wo, bo = linear_parts(self.proj_out)
-    out = _clip16(k.gated_residual(r, k.linear(h, wo, bo), gate))
+    out = _clip16(k.gated_residual(r, k.proj(h, p["out"]), gate))
     return out[:, :St], out[:, St:]
 
 
 def patchers():
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
-    return {FluxTransformerBlock: Patcher(_why_not_double, _prepare_double, forward_double),
-            FluxSingleTransformerBlock: Patcher(_why_not_single, _prepare_single, forward_single)}
+    return {FluxTransformerBlock: Patcher(_why_not_double, _prepare_double, forward_double,
+                                          _projections(_groups_double)),
+            FluxSingleTransformerBlock: Patcher(_why_not_single, _prepare_single, forward_single,
+                                                _projections(_groups_single))}
