@@ -142,8 +142,9 @@ def _links(m, views):
 def _fresh(st):
     """Whether the fused weights are still the model's: no Linear replaced (a LoRA layer added
     after apply), no parameter given new storage (.to(), load_state_dict(assign=True)), no hook
-    added on a fused Linear since apply()."""
-    return all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and getattr(lin, attr) is p
+    added on a fused Linear since apply(). Every block's eager call runs it: the modules' dicts are
+    read directly (nn.Module.__getattr__ costs ~7 µs an attribute)."""
+    return all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and lin._parameters.get(attr) is p
                and p.data_ptr() == ptr and not lin._forward_hooks and not lin._forward_pre_hooks
                for parent, name, lin, attr, p, ptr in st.links) and all(
         parent._modules.get(name) is lin and lora_signature(lin) == sig for parent, name, lin, sig in st.mods)
@@ -275,9 +276,11 @@ def lora_signature(lin):
     apply (set_adapters, another adapter, fuse_lora, disable, new weights) prepares the block again."""
     if type(lin) is torch.nn.Linear:
         return None
-    return (bool(lin.disable_adapters), bool(lin.merged), tuple(lin.active_adapters),
-            tuple(sorted((k, float(v)) for k, v in lin.scaling.items())),
-            tuple((k, m.weight.data_ptr(), m.weight._version) for d in (lin.lora_A, lin.lora_B) for k, m in d.items()))
+    d = lin.__dict__  # peft's own state, read without nn.Module.__getattr__ (checked every eager call)
+    return (d.get("_disable_adapters"), tuple(d.get("merged_adapters", ())), str(d.get("_active_adapter")),
+            tuple(d["scaling"].items()), tuple((k, w.data_ptr(), w._version) for f in ("lora_A", "lora_B")
+                                               for k, m in lin._modules[f]._modules.items()
+                                               for w in (m._parameters["weight"],)))
 
 
 def lora_width(lins):
