@@ -74,8 +74,12 @@ def _register(o):
 
     @torch.library.impl(qual, ("cpu", "cuda"))
     def functional(*a):
-        with torch.no_grad():  # the kernel itself, below autograd: the C path, never back here
-            r = _core.call(o.id, a[0], args_of(a[:n_in], ()), tuple(a[n_in:]), None)
+        args = args_of(a[:n_in], ())
+        if torch.is_grad_enabled():  # the kernel itself, below autograd: the C path, never back here
+            with torch.no_grad():
+                r = _core.call(o.id, a[0], args, tuple(a[n_in:]), None)
+        else:  # inference mode, compiled inference graphs: no context to enter (~4 µs a call)
+            r = _core.call(o.id, a[0], args, tuple(a[n_in:]), None)
         r = list(r) if isinstance(r, tuple) else [r]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
 
@@ -90,8 +94,12 @@ def _register(o):
     @torch.library.impl(qual_out, ("cpu", "cuda"))
     def out(*a):
         n_attr = len(o.attrs)
-        with torch.no_grad():
-            _core.call(o.id, a[0], args_of(a[:n_in], a[n_in + n_attr:]), tuple(a[n_in:n_in + n_attr]), None)
+        args, attrs = args_of(a[:n_in], a[n_in + n_attr:]), tuple(a[n_in:n_in + n_attr])
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                _core.call(o.id, a[0], args, attrs, None)
+        else:
+            _core.call(o.id, a[0], args, attrs, None)
 
     @torch.library.register_fake(qual_out)
     def out_fake(*a):
