@@ -558,8 +558,9 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
    Each output optional (NULL: not computed; dcodes needs codes), each like its input (db like b:
    [N, r] or [A, N, r]); none may overlap another argument. CPU: double accumulation, one rounding
    of each output. GPU: cuBLASLt GEMMs (h and dg in float32, [M, A r] each; dg * codes and
-   scaling g rounded to the dtype for the GEMMs that take them; dx accumulated in one GEMM's
-   float32 for lowrank, as dz w + (dg * codes) a for linear_lowrank) and two small fusedk passes;
+   scaling g rounded to the dtype for the GEMMs that take them; linear_lowrank's dx is
+   (dg * codes) a, rounded to the dtype, then dz w added onto it by the GEMM that computes it:
+   float32 throughout where dx's rows are not 16-byte aligned) and two small fusedk passes;
    the scratch is linear's (per stream, kept). The dy w GEMM of linear_lowrank_backward is
    linear_backward's dx: a LoRA's backward costs that and the narrow [M, A r] GEMMs. */
 FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,
@@ -3011,6 +3012,13 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
     return st;
   if (da) g.dpa = A > 1 ? fusedk__stride(da, 0) : 0;
   if (db) g.dqa = A > 1 ? fusedk__stride(db, 0) : 0;
+  const int64_t span[2] = {r * g.dp.ld, l.N * g.dq.ld}; /* an adapter's rows: r of da's, N of db's */
+  const int64_t astride[2] = {g.dpa, g.dqa};
+  for (int i = 0; i < 2; ++i) /* stacked outputs: each adapter's rows apart from the next one's */
+    if ((i ? db : da) && A > 1 && span[i] > 0 && (astride[i] < 0 ? -astride[i] : astride[i]) < span[i])
+      return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has an adapter stride of %lld elements, expected >= %lld (its "
+                          "adapters' rows may not overlap)", s.c.op, i ? "db" : "da", (long long)astride[i],
+                          (long long)span[i]);
   g.ids = adapter_ids ? (const int32_t *)fusedk__base(adapter_ids) : NULL;
   g.dbias = fusedk__base(dbias);
   if (!dx && !da && !db && !dcodes && !dbias) return FUSEDK_OK;

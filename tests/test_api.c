@@ -822,6 +822,16 @@ static void linear_lowrank_cases(void) {
            "linear_lowrank_backward case %zu: %s, want %s (%s), db untouched %d", i, fusedk_status_name(st),
            fusedk_status_name(gbad[i].want), fusedk_failure_reason(), clean);
   }
+  { /* stacked da whose adapters overlap (adapter stride K < r K): refused, nothing written */
+    int64_t st3[3] = {QK, QK, 1};
+    fusedk_tensor tdo = tda;
+    tdo.strides = st3;
+    for (int j = 0; j < 2 * QR * QK; ++j) da[j] = SENTINEL;
+    const fusedk_status st = fusedk_linear_lowrank_backward(NULL, &tdo, NULL, NULL, NULL, &tdy, &tx, &twc2, &ta2, NULL,
+                                                            NULL, NULL, FUSEDK_ACT_NONE, 2.0f, NULL);
+    EXPECT(st == FUSEDK_ERR_LAYOUT && strstr(fusedk_failure_reason(), "da has an adapter stride of 4") &&
+               da[0] == SENTINEL, "linear_lowrank_backward: overlapping da: %s", fusedk_failure_reason());
+  }
 }
 
 /* lowrank_update_backward on small integers (exact): out = 2 ((x v) * codes) u_t */

@@ -347,3 +347,25 @@ def test_flux_lora_changed_after_apply_and_too_wide():
     m, ref, low, x32, xl = lora_pair("cpu", ranks=(48, 4))
     report = fd.apply(low)
     assert not report.patched and all("expected at most 128" in why for _, _, why in report.skipped), report
+
+
+def test_flux_replaced_parameters_and_merged_disabled_lora():
+    """a single projection's parameter replaced after apply (as load_state_dict(assign=True) does)
+    is seen; a merged LoRA then disabled (peft unmerges it at its next forward) is left alone"""
+    m, ref, low, x32, xl = pair("flux", "cpu")
+    fd.apply(low)
+    blk = m.blocks(low)[0]
+    with torch.no_grad():
+        blk.ff.net[2].weight = torch.nn.Parameter(blk.ff.net[2].weight * 3)
+    got = m.output(run(low, xl))
+    fd.revert(low)
+    fd.apply(low)  # prepared afresh from the new parameter: the same bits
+    assert torch.equal(got, m.output(run(low, xl)))
+    fd.revert(low)
+    m, ref, low, x32, xl = lora_pair("cpu")
+    for mod in low.modules():
+        if hasattr(mod, "merge") and hasattr(mod, "lora_A"):
+            mod.merge()
+    low.disable_adapters()
+    report = fd.apply(low)
+    assert not report.patched and all("merged LoRA is disabled" in why for _, _, why in report.skipped), report

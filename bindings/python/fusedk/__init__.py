@@ -291,8 +291,8 @@ def lowrank_prepare(w, b, scaling=1.0, out=None, stream=None):
     return _call(_LR_PREPARE, w, (out, w, b), (scaling,), stream)
 
 
-def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", adapter_ids=None, aux=False, out=None,
-                   aux_out=None, stream=None):
+def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", adapter_ids=None, out=None, stream=None,
+                   aux=False, aux_out=None):
     """A linear with its LoRA in one GEMM: y = act(x @ w.T + bias + ((x @ a.T) * codes) @ (s b).T)
     with w_cat = lowrank_prepare(w, b, s), a [r, K] (peft's lora_A.weight), codes [..., r]
     (optional), act as linear's. Several adapters: a [A, r, K] stacked as lowrank_prepare's b;
@@ -367,4 +367,4 @@ class LoRA:
         return self
 
     def __call__(self, x, codes=None, adapter_ids=None, out=None, stream=None):
-        return linear_lowrank(x, self.w_cat, self.a, self.bias, codes, self.act, adapter_ids, out=out, stream=stream)
+        return linear_lowrank(x, self.w_cat, self.a, self.bias, codes, self.act, adapter_ids, out, stream)

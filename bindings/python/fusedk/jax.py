@@ -15,7 +15,8 @@ arrays.
 - Forward only: differentiating through an op (jax.grad, jvp, vjp) raises fusedk.Error, but for
   lowrank_update, linear_lowrank and lowrank_prepare, which have a custom_vjp (a LoRA trains as
   linear_lowrank(x, lowrank_prepare(w, b, s), a, ...): cotangents reach x, a, b, codes and bias;
-  the frozen base weight w gets zeros, and so do w_cat's first K columns).
+  the frozen base weight w gets zeros, and so do w_cat's first K columns; linear_lowrank's aux
+  output, when asked for, passes no cotangent back).
 - vmap runs the op once per batch element (vmap_method="sequential").
 - Dtypes and ndims are checked at trace time (fusedk.Error). Shapes are checked by the C library
   when the op runs: an eager call raises fusedk.Error; inside your own jax.jit, XLA raises its

@@ -295,19 +295,20 @@ def _route(op, x, args, attrs, stream):
             return _route(op, x, args, attrs, None)
     inputs = [args[i] for i in o.inputs]
     attrs = o.typed(attrs)  # every attribute: the schema's int and float arguments
+    given = [args[i] for i, _, _ in o.outputs]
+    f = _FUNCTIONS.get(o.name)  # eager, differentiable: the autograd.Function (it keeps aux itself)
+    if (f is not None and all(g is None for g in given) and not torch.compiler.is_compiling()
+            and (o.id != _LINEAR_LOWRANK or not attrs[1])):
+        return f.apply(*inputs, *attrs)
     if _keeps_aux(o, args, attrs):
         k = _AUX[o.id]
         return getattr(torch.ops.fusedk, o.name)(*inputs, *attrs[:k], 1, *attrs[k + 1:])[0]
-    given = [args[i] for i, _, _ in o.outputs]
     if any(g is not None for g in given) and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in inputs):
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: out= is given and an input requires grad; out= "
                     "calls are not differentiable (as torch's own out= ops): leave out= unset, or call it under "
                     "torch.no_grad()")
     if all(g is None for g in given):
-        f = _FUNCTIONS.get(o.name)
-        if f is not None and not torch.compiler.is_compiling() and (o.id != _LINEAR_LOWRANK or not attrs[1]):
-            return f.apply(*inputs, *attrs)
         r = getattr(torch.ops.fusedk, o.name)(*inputs, *attrs)
         return tuple(r) if isinstance(r, list) and len(r) > 1 else (r[0] if isinstance(r, list) else r)
     outs = []  # out= given: the missing outputs are made here, then all are written in place

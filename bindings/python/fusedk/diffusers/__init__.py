@@ -122,7 +122,11 @@ def apply(model, ops=None, attention=False):
 
 def _patch(m, patcher, pieces, root):
     st = patcher.prepare(m, pieces)
-    st.patcher, st.root, st.links = patcher, weakref.ref(root), _links(m, st.views)
+    st.patcher, st.root, st.links = patcher, weakref.ref(root), _links(m, st.views + st.kept)
+    st.handle = id(m)
+    _BLOCKS[st.handle] = weakref.ref(m)
+    if patcher.opaque:
+        _block_op()  # defined before any trace meets it
     parent = {c: (p, n) for p in m.modules() for n, c in p.named_children()}
     st.mods = [(*parent[lin], lin, lora_signature(lin)) for lin in st.projected]
     m._fusedk = st
@@ -177,8 +181,9 @@ def revert(model):
         st = getattr(m, "_fusedk", None)
         if st is None:
             continue
+        views = {id(v) for v in st.views}
         for parent, name, lin, attr, p, ptr in st.links:
-            if p.data_ptr() == ptr:  # still a view into the fused weight
+            if id(p) in views and p.data_ptr() == ptr:  # still a view into the fused weight
                 p.data = p.data.clone()
         _unpatch(m)
         n += 1
@@ -252,6 +257,8 @@ def lora_of(lin):
     base = lin.base_layer
     if type(base) is not torch.nn.Linear:
         return f"a peft LoRA layer over {type(base).__name__}, expected over a torch.nn.Linear"
+    if lin.disable_adapters and lin.merged:
+        return "a merged LoRA is disabled (peft unmerges it at its next forward): run it once, or unmerge first"
     if lin.disable_adapters or lin.merged:
         return base, []
     out = []
@@ -280,7 +287,8 @@ def lora_signature(lin):
     return (d.get("_disable_adapters"), tuple(d.get("merged_adapters", ())), str(d.get("_active_adapter")),
             tuple(d["scaling"].items()), tuple((k, w.data_ptr(), w._version) for f in ("lora_A", "lora_B")
                                                for k, m in lin._modules[f]._modules.items()
-                                               for w in (m._parameters["weight"],)))
+                                               for w in (m._parameters["weight"],)),
+            tuple(m.training for m in lin._modules["lora_dropout"]._modules.values()))
 
 
 def lora_width(lins):
@@ -310,11 +318,13 @@ def attention_why_not(attn, processor):
 class Patcher:
     """How one block class is patched: why_not(block, model) -> a reason or None, prepare(block,
     pieces) -> its State, forward(block, ...) the fused forward; projections(block): the modules
-    the fused forward runs as projections (where peft LoRA layers may fold in; none by default)."""
+    the fused forward runs as projections (where peft LoRA layers may fold in; none by default);
+    opaque: (run(block, tensors) -> [tensors], shapes(tensors) -> [empty tensors]), the fused
+    forward as one operator under torch.compile (block_op), or None."""
 
-    def __init__(self, why_not, prepare, forward, projections=None):
+    def __init__(self, why_not, prepare, forward, projections=None, opaque=None):
         self.why_not, self.prepare, self.forward = why_not, prepare, forward
-        self._projections = projections
+        self._projections, self.opaque = projections, opaque  # opaque: (run, shapes) for block_op
 
     def projections(self, m):
         return self._projections(m) if self._projections else ()
@@ -326,6 +336,7 @@ class State:
 
     def __init__(self, pieces):
         self.k, self.views, self.projected, self.p = pieces, [], [], {}
+        self.kept = []  # parameters a Proj holds as they are (no view made): checked as the views are
 
     def fuse(self, name, lins):
         """One GEMM's weight and bias for the nn.Linear modules lins: w_<name>, b_<name>."""
@@ -340,6 +351,8 @@ class State:
         adapters folded in (Proj)."""
         P, views = fuse_projections(lins)
         self.p[name], self.views, self.projected = P, self.views + views, self.projected + list(lins)
+        ids = {id(v) for v in self.views}
+        self.kept += [t for t in (P.w, P.b) if isinstance(t, torch.nn.Parameter) and id(t) not in ids]
         return P
 
     def self_attention(self, attn, head_dim):
@@ -619,6 +632,34 @@ def records_grad(m, *inputs):
 
 def compiling():
     return torch.compiler.is_compiling()
+
+
+# Under torch.compile a model may run each patched block as one operator, fusedk_diffusers::block:
+# the graph then calls the fused forward once a block, as eager code does, instead of each fusedk
+# call through its own custom operator (tens of µs of dispatch each, and Inductor's copies around
+# out= writes into views of the block's buffers).
+_BLOCKS = {}  # handle (id of the block) -> weak reference to the patched block
+_BLOCK_OP = []
+
+
+def block_op(st, xs):
+    """The patched block of State st run as one operator on tensors xs: its patcher's run(block, xs)
+    -> [tensors], its fake outputs shapes(xs) -> [empty tensors]."""
+    return _BLOCK_OP[0](st.handle, xs)
+
+
+def _block_op():
+    if not _BLOCK_OP:
+        @torch.library.custom_op("fusedk_diffusers::block", mutates_args=())
+        def block(handle: int, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            m = _BLOCKS[handle]()
+            return m._fusedk.patcher.opaque[0](m, xs)
+
+        @block.register_fake
+        def _(handle, xs):
+            return _BLOCKS[handle]()._fusedk.patcher.opaque[1](xs)
+        _BLOCK_OP.append(block)
+    return _BLOCK_OP[0]
 
 
 class PerForward:

@@ -20,7 +20,7 @@ peft LoRA layers on any of these projections fold into their GEMM (linear_lowran
 [w | s b ...]; the q/k/v adapters of a stream together in its one GEMM)."""
 import torch
 
-from . import (Patcher, PerForward, State, attention_why_not, compiling, embedding_why_not, eps_of,
+from . import (Patcher, PerForward, State, attention_why_not, block_op, compiling, embedding_why_not, eps_of,
                gelu_ff_why_not, linears_why_not, lora_width, records_grad, rows)
 
 
@@ -156,6 +156,13 @@ def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotar
     if _stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                   joint_attention_kwargs)
+    if compiling():  # one operator a block (block_op)
+        c, x = block_op(self._fusedk, [hidden_states, encoder_hidden_states, temb, *image_rotary_emb])
+        return c, x
+    return _double(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb)
+
+
+def _double(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
     st = self._fusedk
     k, x, c = st.k, hidden_states, encoder_hidden_states
     B, Si, D = x.shape
@@ -197,9 +204,18 @@ def forward_single(self, hidden_states, encoder_hidden_states, temb, image_rotar
     if _stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                   joint_attention_kwargs)
+    St = encoder_hidden_states.shape[1]
+    if compiling():  # one operator a block (block_op)
+        out = block_op(self._fusedk, [hidden_states, encoder_hidden_states, temb, *image_rotary_emb])[0]
+    else:
+        out = _single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb)
+    return out[:, :St], out[:, St:]
+
+
+def _single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
+    """The single block's joint output [B, St + Si, D] (text rows, then image rows)."""
     st = self._fusedk
     k = st.k
-    St = encoder_hidden_states.shape[1]
     r = _joint(encoder_hidden_states, hidden_states)
     B, S, D = r.shape
     H, Dh = st.heads, st.dh
@@ -213,13 +229,16 @@ def forward_single(self, hidden_states, encoder_hidden_states, temb, image_rotar
     a = self.attn
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk)
     h[..., :D] = k.attention(a, q, kk, v).flatten(2, 3)
-    out = _clip16(k.gated_residual(r, k.proj(h, p["out"]), gate))
-    return out[:, :St], out[:, St:]
+    return _clip16(k.gated_residual(r, k.proj(h, p["out"]), gate))
 
 
 def patchers():
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
+    double = (lambda m, xs: list(_double(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))),
+              lambda xs: [torch.empty_like(xs[1]), torch.empty_like(xs[0])])
+    single = (lambda m, xs: [_single(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))],
+              lambda xs: [xs[0].new_empty(xs[0].shape[0], xs[1].shape[1] + xs[0].shape[1], xs[0].shape[2])])
     return {FluxTransformerBlock: Patcher(_why_not_double, _prepare_double, forward_double,
-                                          _projections(_groups_double)),
+                                          _projections(_groups_double), double),
             FluxSingleTransformerBlock: Patcher(_why_not_single, _prepare_single, forward_single,
-                                                _projections(_groups_single))}
+                                                _projections(_groups_single), single)}
