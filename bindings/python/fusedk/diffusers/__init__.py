@@ -123,9 +123,11 @@ def apply(model, ops=None, attention=False):
 def _patch(m, patcher, pieces, root):
     st = patcher.prepare(m, pieces)
     st.patcher, st.root, st.links = patcher, weakref.ref(root), _links(m, st.views + st.kept)
-    st.handle = id(m)
-    _BLOCKS[st.handle] = weakref.ref(m)
-    if patcher.opaque:
+    if patcher.opaque:  # block_op's handle: a tensor, so that blocks of a class share one compiled graph
+        st.handle = torch.tensor(id(m))
+        _BLOCKS[id(m)] = weakref.ref(m)
+        if patcher not in _KINDS:
+            _KINDS.append(patcher)
         _block_op()  # defined before any trace meets it
     parent = {c: (p, n) for p in m.modules() for n, c in p.named_children()}
     st.mods = [(*parent[lin], lin, lora_signature(lin)) for lin in st.projected]
@@ -638,26 +640,28 @@ def compiling():
 # the graph then calls the fused forward once a block, as eager code does, instead of each fusedk
 # call through its own custom operator (tens of µs of dispatch each, and Inductor's copies around
 # out= writes into views of the block's buffers).
-_BLOCKS = {}  # handle (id of the block) -> weak reference to the patched block
+_BLOCKS = {}  # id of a patched block -> a weak reference to it
+_KINDS = []  # the patchers with an opaque form: their index is the operator's `kind`
 _BLOCK_OP = []
 
 
 def block_op(st, xs):
     """The patched block of State st run as one operator on tensors xs: its patcher's run(block, xs)
-    -> [tensors], its fake outputs shapes(xs) -> [empty tensors]."""
-    return _BLOCK_OP[0](st.handle, xs)
+    -> [tensors], its fake outputs shapes(xs) -> [empty tensors]. The block is named by a CPU
+    tensor holding its id (an int would be a constant of the graph: a recompile a block)."""
+    return _BLOCK_OP[0](_KINDS.index(st.patcher), st.handle, xs)
 
 
 def _block_op():
     if not _BLOCK_OP:
         @torch.library.custom_op("fusedk_diffusers::block", mutates_args=())
-        def block(handle: int, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-            m = _BLOCKS[handle]()
+        def block(kind: int, handle: torch.Tensor, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            m = _BLOCKS[int(handle)]()
             return m._fusedk.patcher.opaque[0](m, xs)
 
         @block.register_fake
-        def _(handle, xs):
-            return _BLOCKS[handle]()._fusedk.patcher.opaque[1](xs)
+        def _(kind, handle, xs):
+            return _KINDS[kind].opaque[1](xs)
         _BLOCK_OP.append(block)
     return _BLOCK_OP[0]
 
