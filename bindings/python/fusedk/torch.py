@@ -78,7 +78,7 @@ def _register(o):
         if torch.is_grad_enabled():  # the kernel itself, below autograd: the C path, never back here
             with torch.no_grad():
                 r = _core.call(o.id, a[0], args, tuple(a[n_in:]), None)
-        else:  # inference mode, compiled inference graphs: no context to enter (~4 µs a call)
+        else:  # inference mode, compiled inference graphs: no context to enter
             r = _core.call(o.id, a[0], args, tuple(a[n_in:]), None)
         r = list(r) if isinstance(r, tuple) else [r]
         return r if listed else (r[0] if len(r) == 1 else tuple(r))
@@ -224,7 +224,7 @@ def _prepare_backward(ctx, g):
 
 
 # Eager calls under autograd: the same gradients through torch.autograd.Function and fusedk's C
-# calls, without the custom operators' dispatch (tens of µs a call, bench/NOTES.md); torch.compile
+# calls, without the custom operators' dispatch into Python and its autograd wrapper; torch.compile
 # traces the operators instead.
 class _LowrankFn(torch.autograd.Function):
     @staticmethod

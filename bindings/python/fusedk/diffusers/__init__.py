@@ -149,7 +149,7 @@ def _fresh(st):
     """Whether the fused weights are still the model's: no Linear replaced (a LoRA layer added
     after apply), no parameter given new storage (.to(), load_state_dict(assign=True)), no hook
     added on a fused Linear since apply(). Every block's eager call runs it: the modules' dicts are
-    read directly (nn.Module.__getattr__ costs ~7 µs an attribute)."""
+    read directly (nn.Module.__getattr__ is the slow path for every attribute)."""
     return all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and lin._parameters.get(attr) is p
                and p.data_ptr() == ptr and not lin._forward_hooks and not lin._forward_pre_hooks
                for parent, name, lin, attr, p, ptr in st.links) and all(
@@ -638,7 +638,7 @@ def compiling():
 
 # Under torch.compile a model may run each patched block as one operator, fusedk_diffusers::block:
 # the graph then calls the fused forward once a block, as eager code does, instead of each fusedk
-# call through its own custom operator (tens of µs of dispatch each, and Inductor's copies around
+# call through its own custom operator (each a dispatch into Python, and Inductor's copies around
 # out= writes into views of the block's buffers).
 _BLOCKS = {}  # id of a patched block -> a weak reference to it
 _KINDS = []  # the patchers with an opaque form: their index is the operator's `kind`
