@@ -369,3 +369,25 @@ def test_flux_replaced_parameters_and_merged_disabled_lora():
     low.disable_adapters()
     report = fd.apply(low)
     assert not report.patched and all("merged LoRA is disabled" in why for _, _, why in report.skipped), report
+
+
+def test_flux_regional_compile_one_operator_a_block():
+    """under diffusers' compile_repeated_blocks each patched Flux block is one fusedk_diffusers::block
+    operator: the blocks of a class share one graph (no recompile a block), and the compiled model
+    gives the eager patched model's bits"""
+    m, ref, low, x32, xl = pair("flux", "cpu")
+    fd.apply(low)
+    eager = m.output(run(low, xl))
+    torch._dynamo.reset()
+    import torch._dynamo.utils as du
+    du.counters.clear()
+    low.compile_repeated_blocks(fullgraph=True)
+    from torch.profiler import ProfilerActivity, profile
+    run(low, xl)
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        got = m.output(run(low, xl))
+    assert torch.equal(got, eager)
+    names = {e.key for e in p.key_averages()}
+    assert "fusedk_diffusers::block" in names and not any(n.startswith("fusedk::") for n in names), names
+    assert du.counters["stats"]["unique_graphs"] <= 3, dict(du.counters["stats"])  # a class, and a joint-input variant
+    torch._dynamo.reset()
