@@ -401,15 +401,18 @@ def linear_parts(lin):
     return lin.weight, lin.bias
 
 
-def fuse_linears(lins):
+def fuse_linears(lins, into=None):
     """One [sum N, K] weight (and bias) for the nn.Linear modules `lins`, each module's own weight
-    and bias then a view into it: the same values, no extra memory. Returns (w, b, views)."""
+    and bias then a view into it: the same values, no extra memory. into: a [sum N, K + extra]
+    buffer whose first K columns take the weights (linear_lowrank's w_cat). Returns (w, b, views)."""
     ws = [linear_parts(m)[0] for m in lins]
     bs = [m.bias for m in lins]
     if len({b is None for b in bs}) > 1:
         raise TypeError("some of the fused projections have a bias and some not")
     with torch.no_grad():
-        w = torch.cat([x.detach() for x in ws])
+        w = torch.cat([x.detach() for x in ws]) if into is None else into[:, :ws[0].shape[1]]
+        if into is not None:
+            w.copy_(torch.cat([x.detach() for x in ws]))
         b = torch.cat([x.detach() for x in bs]) if all(x is not None for x in bs) else None
     views, row = [], 0
     for m, x, y in zip(lins, ws, bs):
@@ -434,8 +437,7 @@ class Proj:
 def fuse_projections(lins):
     """A Proj for the projections lins (their rows in order): fuse_linears' [sum N, K] weight when no
     adapter is active; else w_cat = [w | s_q b_q (in its projection's rows, 0 elsewhere) | 0 ...]
-    by lowrank_prepare's layout, each base weight (and bias) then a view into it. Returns (Proj,
-    views)."""
+    by lowrank_prepare's layout, fuse_linears' weight its first K columns. Returns (Proj, views)."""
     parts = [lora_of(x) for x in lins]
     bases = [p[0] for p in parts]
     slots = [(i, A, B, s) for i, (_, ads) in enumerate(parts) for A, B, s in ads]
@@ -455,22 +457,8 @@ def fuse_projections(lins):
         for q, (i, A, B, s) in enumerate(slots):
             a[q, :A.shape[0]] = A.detach().to(dt)
             w_cat[row0[i]:row0[i] + ns[i], K + q * rp:K + q * rp + B.shape[1]] = (B.detach().float() * s).to(dt)
-        views = []
-        for x, r0, n in zip(bases, row0, ns):
-            w_cat[r0:r0 + n, :K] = x.weight.detach()
-            x.weight.data = w_cat[r0:r0 + n, :K]
-            views.append(x.weight)
-        bs = [x.bias for x in bases]
-        b = None
-        if all(y is not None for y in bs):
-            b = torch.cat([y.detach() for y in bs]) if len(bs) > 1 else bs[0]
-            if len(bs) > 1:
-                for y, r0, n in zip(bs, row0, ns):
-                    y.data = b[r0:r0 + n]
-                    views.append(y)
-        elif any(y is not None for y in bs):
-            raise TypeError("some of the fused projections have a bias and some not")
-    return Proj(w_cat[:, :K], b, w_cat, a), views
+    w, b, views = fuse_linears(bases, into=w_cat)
+    return Proj(w, b, w_cat, a), views
 
 
 def _act_out(y, act, out):
