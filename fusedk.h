@@ -562,7 +562,14 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
    (dg * codes) a, rounded to the dtype, then dz w added onto it by the GEMM that computes it:
    float32 throughout where dx's rows are not 16-byte aligned) and two small fusedk passes;
    the scratch is linear's (per stream, kept). The dy w GEMM of linear_lowrank_backward is
-   linear_backward's dx: a LoRA's backward costs that and the narrow [M, A r] GEMMs. */
+   linear_backward's dx: a LoRA's backward costs that and the narrow [M, A r] GEMMs.
+   Instead, on 16-bit tensors with K and N multiples of 8, 16-byte rows of x, dy, u_t / w_cat, a
+   and dx, one adapter, and rows for 64-row blocks on at least 3/4 of the SMs, one kernel does
+   lowrank_update_backward, and linear_lowrank_backward but for dz w (then added onto its dx by
+   cuBLASLt): tensor cores, dz read once, x twice, dx written once, the same roundings of dh and
+   g; its dv / da and du_t / db are float32 sums over the row blocks taken in no fixed order, so
+   their bits may differ from run to run by the float32 rounding (dx, dcodes and dbias are the
+   same bits every run). */
 FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, const fusedk_tensor *w,
                                                 const fusedk_tensor *b, float scaling, struct CUstream_st *stream);
 FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *aux_out,
@@ -890,6 +897,13 @@ fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fu
                                           const char *op, int32_t device_id, struct CUstream_st *stream);
 fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, const char *op, int32_t device_id,
                                         struct CUstream_st *stream);
+/* the low-rank backward's one-pass kernel (the lowrank part): dx (linear_lowrank: dh a, the
+   caller adds dz w) and dcodes; dv^T / da and du_t / db^T added into float32 sums sv [r, ldv],
+   su [r, ldu] that the caller zeroes (NULL: not asked for); *ran = 0 where the tensors don't fit
+   it (nothing run) */
+fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a, float *sv, int64_t ldv, float *su,
+                                             int64_t ldu, int *ran, const char *op, int32_t device_id,
+                                             struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);

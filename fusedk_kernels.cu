@@ -42,9 +42,11 @@
 //   [attention] flash attention forward: attn_kernel (sm_80+: mma.sync, cp.async, online
 //               softmax) and attn_tma_kernel (sm_90a: TMA producer, wgmma consumers taking turns)
 //   [lowrank]   lowrank_update: lowrank_mma_kernel (f16/bf16: x v and h u_t on mma.sync, h in
-//               registers) and lowrank_fma_kernel (float32 and unaligned views: CUDA cores)
+//               registers) and lowrank_fma_kernel (float32 and unaligned views: CUDA cores); the
+//               backward's one-pass lowrank_grad_kernel
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
 //               fusedk__cuda_linear, fusedk__cuda_shutdown, fusedk__cuda_attention, fusedk__cuda_lowrank,
+//               fusedk__cuda_lowrank_grad_pass,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
@@ -183,6 +185,18 @@ int device_sms(int device_id);
 inline int lr_cat_splits(int64_t M, int64_t K1, int dev) {
   const int64_t rows = (M + 63) / 64, tiles = (K1 + 63) / 64, sms = device_sms(dev);
   return (int)std::max<int64_t>(1, std::min((tiles + 3) / 4, 4 * rows <= 3 * sms ? (sms + rows - 1) / rows : 1));
+}
+
+// 16-byte rows: the tensor-core low-rank kernels' copies
+inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.ld % 8 == 0; }
+
+// The backward's one-pass kernel takes the call: 16-bit, K and N multiples of 8, 16-byte rows of
+// x, dy (dz), u_t or w_cat and dx; for linear_lowrank one adapter and 16-byte rows of a; and 64-row
+// blocks for at least 3/4 of the SMs (fewer leave it slower than the GEMMs, which split k).
+inline bool lowrank_grad_fits(const fusedk__lowrank_grad_args &a, int dev) {
+  return a.scalar != FUSEDK_F32 && a.M > 0 && a.K > 0 && a.N > 0 && a.K % 8 == 0 && a.N % 8 == 0 && lr_vec(a.x) &&
+         lr_vec(a.dy) && lr_vec(a.q) && (!a.dx.p || lr_vec(a.dx)) && (!a.lora || (a.slots == 1 && lr_vec(a.p))) &&
+         4 * ((a.M + 63) / 64) >= 3 * (int64_t)device_sms(dev);
 }
 
 // The device's multiprocessor count, read once per device (grid sizes of grid-stride kernels).
@@ -2831,11 +2845,13 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
 }
 
 // ---------------------------------------------------------------------------------------------
-// [lowrank] lowrank_update_backward and linear_lowrank_backward on linear's GEMM layer: h = x P
-// and dg = dz Q as float32 GEMMs [M, A r] (narrow: each reads x or dz once), one pass makes
-// dh = dg * codes and g = scaling h * codes in the dtype (and dcodes), then GEMMs make dx (for
-// linear_lowrank dz w accumulated onto dh a in the same output), dP^T = dh^T x and dQ^T = g^T dz
-// as float32 [A r, *], which a last pass writes through the outputs' strides.
+// [lowrank] lowrank_update_backward and linear_lowrank_backward: where lowrank_grad_fits, the
+// lowrank part's one-pass kernel (after linear_backward's dz pass; linear_lowrank's dz w added
+// onto its dx by a GEMM). Else on linear's GEMM layer: h = x P and dg = dz Q as float32 GEMMs
+// [M, A r] (narrow: each reads x or dz once), one pass makes dh = dg * codes and g = scaling h *
+// codes in the dtype (and dcodes), then GEMMs make dx (for linear_lowrank dz w accumulated onto dh
+// a in the same output), dP^T = dh^T x and dQ^T = g^T dz as float32 [A r, *]. Either way a last
+// pass writes the factors' gradients through the outputs' strides.
 
 // Per (m, j), adapter q: h = hf[m, q r + j], dg = gf[m, q rp + j] (lowrank: scaling gf[m, j]);
 // a row whose id is not q has dh = g = 0 there.
@@ -2859,15 +2875,39 @@ __global__ void lowrank_grad_mid_kernel(const fusedk__lowrank_grad_args a, const
   }
 }
 
-// out[q oq + j oj + c oc] = s[(q r + j) lds + c] rounded once: a factor's gradient through its
-// strides (dv [K, r], da [A, r, K], du_t [r, N], db [A, N, r] from the [A r, *] products)
+// A factor's gradient through its strides: out[q oq + j oj + c oc] = s[(q r + j) lds + c] (dv
+// [K, r], da [A, r, K], du_t [r, N], db [A, N, r] from the float32 [A r, cols] products)
+template <typename T> struct GradOut {
+  T *out;
+  int64_t oq, oj, oc, lds, cols; // cols 0: not asked for
+  const float *s;
+};
+
+// both factors' gradients rounded once, in one launch
 template <typename T>
-__global__ void lowrank_grad_store_kernel(T *out, int64_t oq, int64_t oj, int64_t oc, const float *s, int64_t lds,
-                                          int64_t rows, int64_t cols, int r) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * cols; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t row = i / cols, c = i % cols;
-    out[row / r * oq + row % r * oj + c * oc] = from_f32<T>(s[row * lds + c]);
+__global__ void lowrank_grad_store_kernel(GradOut<T> o0, GradOut<T> o1, int64_t rows, int r) {
+  const int64_t n0 = rows * o0.cols, n = n0 + rows * o1.cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const GradOut<T> &o = i < n0 ? o0 : o1;
+    const int64_t e = i < n0 ? i : i - n0, row = e / o.cols, c = e % o.cols;
+    o.out[row / r * o.oq + row % r * o.oj + c * o.oc] = from_f32<T>(o.s[row * o.lds + c]);
   }
+}
+
+// dv[k, j] / da_q[j, k] from s1 [A r, ld1]; du_t[j, n] / db_q[n, j] from s2 [A r, ld2]
+template <typename T>
+fusedk_status lowrank_grad_store(const fusedk__lowrank_grad_args &a, const float *s1, int64_t ld1, const float *s2,
+                                 int64_t ld2, int dev, cudaStream_t s, const char *op) {
+  const int64_t R = a.slots * (int64_t)a.r;
+  const GradOut<T> o0{static_cast<T *>(a.dp.p), a.lora ? a.dpa : 0, a.lora ? a.dp.ld : 1, a.lora ? 1 : a.dp.ld,
+                      ld1, a.dp.p ? a.K : 0, s1},
+                   o1{static_cast<T *>(a.dq.p), a.lora ? a.dqa : 0, a.lora ? 1 : a.dq.ld, a.lora ? a.dq.ld : 1,
+                      ld2, a.dq.p ? a.N : 0, s2};
+  const int64_t n = R * (o0.cols + o1.cols);
+  if (n == 0) return FUSEDK_OK;
+  const int64_t grid = std::min<int64_t>((n + 255) / 256, (int64_t)device_sms(dev) * 8);
+  lowrank_grad_store_kernel<T><<<(unsigned)grid, 256, 0, s>>>(o0, o1, R, a.r);
+  return on_error(cudaGetLastError(), op);
 }
 
 // g's product into g.d; with k = 0 zeros there (or nothing, accumulating); nothing for no output
@@ -2900,6 +2940,30 @@ fusedk_status lowrank_grad(LtState &st, const fusedk__lowrank_grad_args &a, int 
   auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
   const int64_t ldh = r4(R), ldg = r4(Gc), ldo = (R + 7) / 8 * 8, ld1 = r4(K), ld2 = r4(N);
   const DzPass dp = dz_plan<T>(M, N, a.act, lowr, a.dbias != nullptr, dev);
+  fusedk__lowrank_grad_args fa = a; // what the one-pass kernel reads: dz for dy (scratch: 16-byte rows)
+  if (dp.dz_bytes) fa.dy = fusedk__mat{nullptr, dp.dz_ld};
+  if (lowr && lowrank_grad_fits(fa, dev)) { // the one-pass kernel (lowrank part); the factors' float32 sums in scratch
+    LtArena ar;
+    const size_t b1 = pad256(a.dp.p ? (size_t)(R * ld1) * 4 : 0), b2 = a.dq.p ? (size_t)(R * ld2) * 4 : 0;
+    cudaError_t e = lt_arena(st, dev, s, dp.dz_bytes + dp.part_bytes + b1 + b2, &ar);
+    if (e != cudaSuccess) return arena_fail(e, op);
+    char *base = static_cast<char *>(ar.scratch);
+    if (dp.dz_bytes) fa.dy.p = base;
+    float *part = a.dbias && dp.chunks ? reinterpret_cast<float *>(base + dp.dz_bytes) : nullptr;
+    float *sv = a.dp.p ? reinterpret_cast<float *>(base + dp.dz_bytes + dp.part_bytes) : nullptr;
+    float *su = a.dq.p ? reinterpret_cast<float *>(base + dp.dz_bytes + dp.part_bytes + b1) : nullptr;
+    if ((e = dz_run<T>(dp, fa.dy, a.dy, a.aux, a.act, a.dbias, part, M, N, s)) != cudaSuccess) return on_error(e, op);
+    if (b1 + b2 && (e = cudaMemsetAsync(sv ? sv : su, 0, sv && su ? b1 + b2 : sv ? b1 : b2, s)) != cudaSuccess)
+      return cuda_fail(e, op, "memset");
+    int ran = 0;
+    fusedk_status f = fusedk__cuda_lowrank_grad_pass(&fa, sv, ld1, su, ld2, &ran, op, dev, s);
+    if (!f && !ran) f = fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: the one-pass kernel refused a call that fits it", op);
+    if (!f && a.lora && a.dx.p) // dx = dh a from the pass, then dz w added by the GEMM (beta 1)
+      f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, fa.dy.p, a.q.ld, fa.dy.ld, a.dx.p, a.dx.ld,
+                         CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, false, a.scalar, 0, true},
+                    dev, s, ar.ws, op, "dx", sizeof(T));
+    return f ? f : lowrank_grad_store<T>(a, sv, ld1, su, ld2, dev, s, op);
+  }
   size_t off[7], total = dp.dz_bytes + dp.part_bytes; // hf, gf, dh, g, s1, s2, dx32
   const size_t bytes[7] = {need_h ? (size_t)(M * ldh) * 4 : 0, need_g ? (size_t)(M * ldg) * 4 : 0,
                            lowr ? (size_t)(M * ldo) * sizeof(T) : 0, lowr ? (size_t)(M * ldo) * sizeof(T) : 0,
@@ -2961,19 +3025,7 @@ fusedk_status lowrank_grad(LtState &st, const fusedk__lowrank_grad_args &a, int 
   if (a.dq.p && M > 0 && (f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_T, N, R, M, dz.p, g, dz.ld, ldo, s2, ld2, dflt,
                                              nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dQ", 4)))
     return f;
-  // dv[k, j] / da_q[j, k]; du_t[j, n] / db_q[n, j]
-  const int64_t strides[2][3] = {{a.lora ? a.dpa : 0, a.lora ? a.dp.ld : 1, a.lora ? 1 : a.dp.ld},
-                                 {a.lora ? a.dqa : 0, a.lora ? 1 : a.dq.ld, a.lora ? a.dq.ld : 1}};
-  for (int i = 0; i < 2; ++i) {
-    const fusedk__mat o = i ? a.dq : a.dp;
-    const int64_t cols = i ? N : K, n = R * cols;
-    if (!o.p || n == 0) continue;
-    const int64_t grid = std::min<int64_t>((n + 255) / 256, (int64_t)device_sms(dev) * 8);
-    lowrank_grad_store_kernel<T><<<(unsigned)grid, 256, 0, s>>>(static_cast<T *>(o.p), strides[i][0], strides[i][1],
-                                                                strides[i][2], i ? s2 : s1, i ? ld2 : ld1, R, cols, (int)r);
-    if ((e = cudaGetLastError()) != cudaSuccess) return on_error(e, op);
-  }
-  return FUSEDK_OK;
+  return lowrank_grad_store<T>(a, s1, ld1, s2, ld2, dev, s, op);
 }
 #endif // FUSEDK__PART_LINEAR
 
@@ -3791,6 +3843,110 @@ __device__ __forceinline__ void lr_ring(int n, Load &&load, Compute &&compute) {
   __syncthreads(); // the stages are free for whatever comes next
 }
 
+// acc[the warp's 16 rows, RT] += A B over a stage's 64-wide k tile: A the [64 rows, 64 k] tile at
+// as, B at bs either [64 k, RT] (KN: v's tiles; ldmatrix transposes) or [RT, 64 k] (a's or
+// u_t's rows: the b fragments without a transpose); share s takes the k steps s, s + WS, ...
+template <typename T, int RT, int WS, bool KN, int W = kLrK>
+__device__ __forceinline__ void lr_row_mma(float (&acc)[RT / 8][4], uint32_t as, uint32_t bs, int warp, int s, int lane) {
+#pragma unroll
+  for (int q = 0; q < W / 16 / WS; ++q) {
+    const int kk = q * WS + s;
+    uint32_t xa[4];
+    ldmatrix_x4(xa, as + swz<W / 8>(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+    for (int n = 0; n < RT / 16; ++n) {
+      uint32_t b[4];
+      if constexpr (KN) ldmatrix_x4_trans(b, bs + swz<RT / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
+      else ldmatrix_x4(b, bs + swz<W / 8>(16 * n + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
+      mma_16816<T>(acc[2 * n], xa, b[0], b[1]);
+      mma_16816<T>(acc[2 * n + 1], xa, b[2], b[3]);
+    }
+  }
+}
+
+// d[the warp's 16 rows, share s's 64 / WS columns of a 64-column tile] = ha B: ha the warp's
+// [16, RT] as a operands, B at bs either [RT, 64 n] (KN: u_t's tiles; ldmatrix transposes) or
+// [64 n, RT] (v's tiles, for dh v^T)
+template <typename T, int RT, int WS, bool KN, int W = kLrN>
+__device__ __forceinline__ void lr_out_mma(float (&d)[W / 8 / WS][4], const uint32_t (&ha)[RT / 16][4], uint32_t bs,
+                                           int s, int lane) {
+  constexpr int NP = W / 16 / WS; // the share's pairs of n8 tiles: s NP .. + NP
+#pragma unroll
+  for (int t = 0; t < 2 * NP; ++t) d[t][0] = d[t][1] = d[t][2] = d[t][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < RT / 16; ++kk)
+#pragma unroll
+    for (int n = 0; n < NP; ++n) {
+      uint32_t b[4];
+      if constexpr (KN) ldmatrix_x4_trans(b, bs + swz<W / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * (s * NP + n) + (lane >> 4)));
+      else ldmatrix_x4(b, bs + swz<RT / 8>(16 * (s * NP + n) + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
+      mma_16816<T>(d[2 * n], ha[kk], b[0], b[1]);
+      mma_16816<T>(d[2 * n + 1], ha[kk], b[2], b[3]);
+    }
+}
+
+// out's tile [64 rows, 64 columns] at (m0, n0), the warp's part (its rows, share s's columns):
+// d (+ beta y, y's tile at ys when Y) rounded into ys (y's place, or a [64, 64] room), then back
+// out by 16-byte chunks: whole 32-byte sectors (the accumulators' 4-byte pairs half-fill theirs,
+// twice L2's write traffic), a row's run of the share's columns
+template <typename T, int WS, bool Y, int W = kLrN>
+__device__ __forceinline__ void lr_store_tile(const float (&d)[W / 8 / WS][4], uint32_t ys, float beta, T *out,
+                                              int64_t ld, int64_t m0, int64_t n0, int rows, int64_t cols, int warp,
+                                              int s, int lane) {
+  constexpr int CW = W / 8 / WS; // the share's chunks a row
+  const int c0 = 2 * (lane % 4);
+  __syncwarp(); // the room's previous chunks read
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int t = 0; t < CW; ++t) {
+      const uint32_t at = ys + swz<W / 8>(16 * warp + lane / 4 + 8 * hf, s * CW + t) + c0 * 2;
+      float o[2] = {d[t][2 * hf], d[t][2 * hf + 1]};
+      if constexpr (Y) {
+        uint32_t w;
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w) : "r"(at));
+        float yf[2];
+        unpack2<T>(w, yf);
+        o[0] = fmaf(beta, yf[0], o[0]), o[1] = fmaf(beta, yf[1], o[1]);
+      }
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(pack2<T>(o[0], o[1])) : "memory");
+    }
+  __syncwarp();
+#pragma unroll
+  for (int q = lane; q < 16 * CW; q += 32) {
+    const int lr = 16 * warp + q / CW, ch = s * CW + q % CW;
+    if (lr >= rows || n0 + 8 * ch >= cols) continue;
+    uint32_t w[4];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(ys + swz<W / 8>(lr, ch)));
+    st_cs(out + (m0 + lr) * ld + n0 + 8 * ch, w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The WS shares' partial sums of each row group, through shared memory (a ring's, free: every
+// share ends with the whole sum); the barriers leave the bytes free again
+template <int RT, int WS, int G = 4>
+__device__ __forceinline__ void lr_share_sum(float (&h)[RT / 8][4], unsigned char *smem) {
+  if constexpr (WS > 1) {
+    constexpr int NT = 32 * G * WS;
+    float4 *part = reinterpret_cast<float4 *>(smem) + (size_t)threadIdx.x * (RT / 8);
+#pragma unroll
+    for (int t = 0; t < RT / 8; ++t) part[t] = make_float4(h[t][0], h[t][1], h[t][2], h[t][3]);
+    __syncthreads();
+#pragma unroll
+    for (int o = 1; o < WS; ++o) {
+      const float4 *q = reinterpret_cast<const float4 *>(smem) + (size_t)((threadIdx.x + 32 * G * o) % NT) * (RT / 8);
+#pragma unroll
+      for (int t = 0; t < RT / 8; ++t) {
+        const float4 f = q[t];
+        h[t][0] += f.x, h[t][1] += f.y, h[t][2] += f.z, h[t][3] += f.w;
+      }
+    }
+    __syncthreads();
+  }
+}
+
 template <typename T, int RT, bool VV, int WS, int CAT> // CAT: 0 lowrank_update, 1 [x | h], 2 [x | h] split by k
 __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_mma_kernel(const fusedk__lowrank_args a,
                                                                                           int splits, int per) {
@@ -3829,7 +3985,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
         else load_tile<T, kLrK, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
       },
       [&](int kl, int st) {
-        const uint32_t xs = base + st * L::kStage1, vs = xs + L::kX;
+        const uint32_t xs = base + st * L::kStage1;
         if constexpr (CAT != 0) { // x's tile on to out's first K1 columns, 16-byte chunks (K1 % 8 == 0)
           const int64_t k0 = (int64_t)(kt0 + kl) * kLrK;
           for (int q = threadIdx.x; q < kLrRows * kLrK / 8; q += NT) {
@@ -3842,38 +3998,9 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
             *reinterpret_cast<uint4 *>((T *)a.out.p + (m0 + lr) * a.out.ld + k0 + 8 * ch) = make_uint4(w[0], w[1], w[2], w[3]);
           }
         }
-#pragma unroll
-        for (int q = 0; q < kLrK / 16 / WS; ++q) { // this warp's k steps
-          const int kk = q * WS + s;
-          uint32_t xa[4];
-          ldmatrix_x4(xa, xs + swz<kLrK / 8>(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-          for (int n = 0; n < RT / 16; ++n) {
-            uint32_t vb[4]; // a's rows are the product's columns: b fragments without a transpose
-            if constexpr (CAT != 0) ldmatrix_x4(vb, vs + swz<kLrK / 8>(16 * n + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
-            else ldmatrix_x4_trans(vb, vs + swz<RT / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
-            mma_16816<T>(h[2 * n], xa, vb[0], vb[1]);
-            mma_16816<T>(h[2 * n + 1], xa, vb[2], vb[3]);
-          }
-        }
+        lr_row_mma<T, RT, WS, CAT == 0>(h, xs, xs + L::kX, warp, s, lane);
       });
-
-  if constexpr (WS > 1) { // the WS partial sums of each row group, through shared memory (the ring's, free now)
-    float4 *part = reinterpret_cast<float4 *>(lr_smem) + (size_t)threadIdx.x * (RT / 8);
-#pragma unroll
-    for (int t = 0; t < RT / 8; ++t) part[t] = make_float4(h[t][0], h[t][1], h[t][2], h[t][3]);
-    __syncthreads();
-#pragma unroll
-    for (int o = 1; o < WS; ++o) {
-      const float4 *q = reinterpret_cast<const float4 *>(lr_smem) + (size_t)((threadIdx.x + 128 * o) % NT) * (RT / 8);
-#pragma unroll
-      for (int t = 0; t < RT / 8; ++t) {
-        const float4 f = q[t];
-        h[t][0] += f.x, h[t][1] += f.y, h[t][2] += f.z, h[t][3] += f.w;
-      }
-    }
-    __syncthreads(); // read before phase 2's ring refills
-  }
+  lr_share_sum<RT, WS>(h, lr_smem);
 
   // codes and scaling on h, then h rounded to T as phase 2's a operand
   const T *codes = (const T *)a.codes.p;
@@ -3923,9 +4050,9 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   uint32_t ha[RT / 16][4];
   pack_a<T, RT>(ha, h);
 
-  // phase 2: out = beta y + h u_t over the split's column tiles [nb, ne)
+  // phase 2: out = beta y + h u_t over the split's column tiles [nb, ne), the sums written into
+  // y's place in the stage (a stage without y has the room)
   const T *y = (const T *)a.y.p;
-  T *out = (T *)a.out.p;
   const int nb = (int)(blockIdx.x % splits) * per, ne = min((int)((a.K2 + kLrN - 1) / kLrN), nb + per);
   lr_ring<kLrStages<RT>>(
       ne - nb,
@@ -3937,52 +4064,184 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
         if (y) load_tile<T, kLrRows, kLrN / 8, NT, true>(us + L::kU, y + m0 * a.y.ld + n0, a.y.ld, rows, nv);
       },
       [&](int i, int st) {
-        const uint32_t us = base + st * L::kStage2, ys = us + L::kU;
-        constexpr int NP = kLrN / 16 / WS; // this warp's pairs of n8 tiles: s NP .. + NP
-        float d[2 * NP][4];
-#pragma unroll
-        for (int t = 0; t < 2 * NP; ++t) d[t][0] = d[t][1] = d[t][2] = d[t][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < RT / 16; ++kk)
-#pragma unroll
-          for (int n = 0; n < NP; ++n) {
-            uint32_t ub[4];
-            ldmatrix_x4_trans(ub, us + swz<kLrN / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                     2 * (s * NP + n) + (lane >> 4)));
-            mma_16816<T>(d[2 * n], ha[kk], ub[0], ub[1]);
-            mma_16816<T>(d[2 * n + 1], ha[kk], ub[2], ub[3]);
-          }
-        // out = beta y + h u_t into y's place in the stage (a stage without y has the room), then
-        // back out by 16-byte chunks: whole 32-byte sectors, a row's run of the warp's columns
+        const uint32_t us = base + st * L::kStage2;
+        float d[kLrN / 8 / WS][4];
+        lr_out_mma<T, RT, WS, true>(d, ha, us, s, lane);
         const int64_t n0 = (int64_t)(nb + i) * kLrN;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-          for (int t = 0; t < 2 * NP; ++t) {
-            const uint32_t at = ys + swz<kLrN / 8>(16 * warp + lane / 4 + 8 * hf, 2 * s * NP + t) + c0 * 2;
-            float o[2] = {d[t][2 * hf], d[t][2 * hf + 1]};
-            if (y) {
-              uint32_t w;
-              asm volatile("ld.shared.b32 %0, [%1];" : "=r"(w) : "r"(at));
-              float yf[2];
-              unpack2<T>(w, yf);
-              o[0] = fmaf(a.beta, yf[0], o[0]), o[1] = fmaf(a.beta, yf[1], o[1]);
-            }
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(pack2<T>(o[0], o[1])) : "memory");
-          }
-        __syncwarp();
-        constexpr int CW = 2 * NP; // the warp's chunks a row
-#pragma unroll
-        for (int q = lane; q < 16 * CW; q += 32) {
-          const int lr = 16 * warp + q / CW, ch = s * CW + q % CW;
-          if (lr >= rows || n0 + 8 * ch >= a.K2) continue;
-          uint32_t w[4];
-          asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                       : "r"(ys + swz<kLrN / 8>(lr, ch)));
-          st_cs(out + (m0 + lr) * a.out.ld + n0 + 8 * ch, w[0], w[1], w[2], w[3]);
-        }
+        if (y) lr_store_tile<T, WS, true>(d, us + L::kU, a.beta, (T *)a.out.p, a.out.ld, m0, n0, rows, a.K2, warp, s, lane);
+        else lr_store_tile<T, WS, false>(d, us + L::kU, 0.f, (T *)a.out.p, a.out.ld, m0, n0, rows, a.K2, warp, s, lane);
       });
+}
+
+// ---------------------------------------------------------------------------------------------
+// lowrank_grad_kernel: lowrank_update's backward in one row-block pass (f16/bf16, 16-byte rows,
+// K and N multiples of 8), a block of 64 rows as lowrank_mma_kernel's, three rings:
+//   A. x's and v's k tiles: h = x v (only for du_t or dcodes); g = scaling h codes, rounded,
+//      into z (shared memory, [64, RT]);
+//   B. dy's and u_t's column tiles: dg = scaling dy u_t^T per row group, and g^T dy, the tile's
+//      [r, 64] of du_t, added into the float32 sum su; then dcodes = dg h, dh = dg codes into z
+//      and into registers as the a operand;
+//   C. x's and v's k tiles again: dx = dh v^T (staged in shared memory, 16-byte stores) and
+//      dh^T x, the tile's [r, 64] of dv^T, added into sv.
+// dy is read once, x twice (its second read from L2 where the rows in flight fit), dx written
+// once; the factors' [r, K] and [r, N] sums are float32 reductions in L2 (red.global.add, the
+// order of a row block's terms not fixed; each block starts its rings at its own tile so the
+// blocks' adds spread over the columns). The caller zeroes su and sv and rounds them into dv,
+// du_t afterwards.
+// ---------------------------------------------------------------------------------------------
+// a ring of ST [64, W] + [W, RT] stages, then z [64, RT], dx's room [64, W] and the share sums' floats
+template <int RT, int WS, int W, int ST> struct LgSmem {
+  static constexpr int kX = kLrRows * W * 2, kStage = kX + W * RT * 2, kZ = ST * kStage, kO = kZ + kLrRows * RT * 2,
+                       kSum = kO + kLrRows * W * 2, kBytes = kSum + (WS > 1 ? 4 * kLrRows * WS * RT : 0);
+};
+
+// p[0..3] += v in L2 (one 16-byte reduction on sm_90)
+__device__ __forceinline__ void red_add4(float *p, float4 v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+#else
+  atomicAdd(p, v.x), atomicAdd(p + 1, v.y), atomicAdd(p + 2, v.z), atomicAdd(p + 3, v.w);
+#endif
+}
+
+// sum[j, c0 + c] += (Z^T T)[j, c] over the block's 64 rows, j < r, c0 + c < cols: Z the block's
+// [64, RT] at zs, T a stage's [64 rows, W columns] tile at ts; 16x16 units by the warps in turn
+template <typename T, int RT, int NT, int W>
+__device__ __forceinline__ void lg_rows_sum(uint32_t zs, uint32_t ts, float *sum, int64_t ld, int r, int64_t c0,
+                                            int64_t cols, int lane) {
+  for (int u = (int)threadIdx.x / 32; u < RT / 16 * (W / 16); u += NT / 32) {
+    const int m = u / (W / 16), n = u % (W / 16);
+    float d[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kLrRows / 16; ++kk) {
+      uint32_t za[4], tb[4]; // Z^T's a fragments: Z's rows are the product's k
+      ldmatrix_x4_trans(za, zs + swz<RT / 8>(16 * kk + (lane & 7) + (lane >> 4) * 8, 2 * m + ((lane >> 3) & 1)));
+      ldmatrix_x4_trans(tb, ts + swz<W / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
+      mma_16816<T>(d[0], za, tb[0], tb[1]);
+      mma_16816<T>(d[1], za, tb[2], tb[3]);
+    }
+    // lanes 2i, 2i + 1 (columns c, c + 2 of rows j, j + 8) trade pairs: the even lane adds row
+    // j's four columns from c, the odd one row j + 8's (c a multiple of 4, cols of 8: all in)
+    const bool odd = lane & 1;
+    const int j = 16 * m + lane / 4 + (odd ? 8 : 0);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const float p0 = __shfl_xor_sync(~0u, odd ? d[t][0] : d[t][2], 1), p1 = __shfl_xor_sync(~0u, odd ? d[t][1] : d[t][3], 1);
+      const int64_t c = c0 + 16 * n + 8 * t + 2 * (lane % 4) - (odd ? 2 : 0);
+      if (j < r && c < cols)
+        red_add4(sum + j * ld + c, odd ? make_float4(p0, p1, d[t][2], d[t][3]) : make_float4(d[t][0], d[t][1], p0, p1));
+    }
+  }
+}
+
+// z[row, j] = f(e, row, j) rounded to T (one share writes; every share has the row group's sums)
+template <typename T, int RT, typename F>
+__device__ __forceinline__ void lg_to_z(uint32_t zs, const float (&c)[RT / 8][4], int warp, int s, int lane, F &&f) {
+  if (s != 0) return;
+#pragma unroll
+  for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int row = 16 * warp + lane / 4 + 8 * hf, j = 8 * t + 2 * (lane % 4);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(zs + swz<RT / 8>(row, j / 8) + (j % 8) * 2),
+                   "r"(pack2<T>(f(c[t][2 * hf], row, j), f(c[t][2 * hf + 1], row, j + 1)))
+                   : "memory");
+    }
+}
+
+template <typename T, int RT, bool VV, int WS, int W, int ST, bool LORA>
+__global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
+    lowrank_grad_kernel(const fusedk__lowrank_grad_args a, float *sv, int64_t ldv, float *su, int64_t ldu) {
+  using L = LgSmem<RT, WS, W, ST>;
+  constexpr int NT = 128 * WS;
+  extern __shared__ __align__(128) unsigned char lr_smem[];
+  const uint32_t base = smem_u32(lr_smem), zs = base + L::kZ, os = base + L::kO;
+  unsigned char *sums = lr_smem + L::kSum;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4, s = threadIdx.x / 128;
+  const int64_t m0 = (int64_t)blockIdx.x * kLrRows;
+  const int rows = (int)min((int64_t)kLrRows, a.M - m0);
+  const T *x = (const T *)a.x.p + m0 * a.x.ld, *dy = (const T *)a.dy.p + m0 * a.dy.ld, *v = (const T *)a.p.p,
+          *u = (const T *)a.q.p, *codes = (const T *)a.codes.p;
+  const int nk = (int)((a.K + W - 1) / W), nn = (int)((a.N + W - 1) / W);
+  // codes[row, j] where the block has the row, its id takes the adapter and v the column (else
+  // 0: z's padding stays 0, a row without the adapter has no h and no dg)
+  auto code = [&](int row, int j) {
+    return row < rows && j < a.r && (!a.ids || a.ids[m0 + row] == 0)
+               ? (codes ? (float)codes[(m0 + row) * a.codes.ld + j] : 1.f) : 0.f;
+  };
+  auto k_at = [&](int i) { return (int64_t)((i + blockIdx.x) % nk) * W; }; // the block's i-th k tile
+  auto load_xv = [&](int i, int st, bool with_x) { // x's (with_x) and P's: v's [W, RT] or a's [RT, W]
+    const uint32_t xs = base + st * L::kStage;
+    const int64_t k0 = k_at(i);
+    const int kv = (int)min((int64_t)W, a.K - k0);
+    if (with_x) load_tile<T, kLrRows, W / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
+    if constexpr (LORA) load_tile<T, RT, W / 8, NT, true>(xs + L::kX, v + k0, a.p.ld, a.r, kv);
+    else load_tile<T, W, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.p.ld, a.p.ld, kv, a.r);
+  };
+
+  // A: h = x v; g = scaling h codes into z
+  float h[RT / 8][4];
+#pragma unroll
+  for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
+  if (su || a.dcodes.p) {
+    lr_ring<ST>(nk, [&](int i, int st) { load_xv(i, st, true); }, [&](int, int st) {
+      const uint32_t xs = base + st * L::kStage;
+      lr_row_mma<T, RT, WS, !LORA, W>(h, xs, xs + L::kX, warp, s, lane);
+    });
+    lr_share_sum<RT, WS>(h, sums);
+    lg_to_z<T, RT>(zs, h, warp, s, lane, [&](float e, int row, int j) { return a.scaling * e * code(row, j); });
+  }
+  __syncthreads(); // z written
+
+  // B: dg = dy Q over dy's column tiles (Q: u_t^T, or w_cat's adapter columns [N, r]), g^T dy into su
+  float dg[RT / 8][4];
+#pragma unroll
+  for (int t = 0; t < RT / 8; ++t) dg[t][0] = dg[t][1] = dg[t][2] = dg[t][3] = 0.f;
+  auto n_at = [&](int i) { return (int64_t)((i + blockIdx.x) % nn) * W; };
+  lr_ring<ST>(
+      nn,
+      [&](int i, int st) {
+        const uint32_t ds = base + st * L::kStage;
+        const int64_t n0 = n_at(i);
+        const int nv = (int)min((int64_t)W, a.N - n0);
+        load_tile<T, kLrRows, W / 8, NT, true>(ds, dy + n0, a.dy.ld, rows, nv);
+        if constexpr (LORA) load_tile<T, W, RT / 8, NT, VV>(ds + L::kX, u + n0 * a.q.ld + a.K, a.q.ld, nv, a.r);
+        else load_tile<T, RT, W / 8, NT, true>(ds + L::kX, u + n0, a.q.ld, a.r, nv);
+      },
+      [&](int i, int st) {
+        const uint32_t ds = base + st * L::kStage;
+        lr_row_mma<T, RT, WS, LORA, W>(dg, ds, ds + L::kX, warp, s, lane);
+        if (su) lg_rows_sum<T, RT, NT, W>(zs, ds, su, ldu, a.r, n_at(i), a.N, lane);
+      });
+  lr_share_sum<RT, WS>(dg, sums);
+  // dcodes = dg h; dh = dg codes (into h, then z); w_cat's columns hold the scaling already
+  T *dcodes = (T *)a.dcodes.p;
+#pragma unroll
+  for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + lane / 4 + 8 * (e / 2), j = 8 * t + 2 * (lane % 4) + e % 2;
+      const float d = (LORA ? 1.f : a.scaling) * dg[t][e];
+      if (dcodes && s == 0 && row < rows && j < a.r)
+        dcodes[(m0 + row) * a.dcodes.ld + j] = from_f32<T>(!a.ids || a.ids[m0 + row] == 0 ? d * h[t][e] : 0.f);
+      h[t][e] = d * code(row, j);
+    }
+  if (!sv && !a.dx.p) return;
+  lg_to_z<T, RT>(zs, h, warp, s, lane, [](float e, int, int) { return e; });
+  uint32_t ha[RT / 16][4];
+  pack_a<T, RT>(ha, h);
+  __syncthreads(); // z written
+
+  // C: dx = dh v^T and dh^T x into sv, over x's and v's k tiles
+  lr_ring<ST>(nk, [&](int i, int st) { load_xv(i, st, sv != nullptr); }, [&](int i, int st) {
+    const uint32_t xs = base + st * L::kStage;
+    if (a.dx.p) {
+      float d[W / 8 / WS][4];
+      lr_out_mma<T, RT, WS, LORA, W>(d, ha, xs + L::kX, s, lane);
+      lr_store_tile<T, WS, false, W>(d, os, 0.f, (T *)a.dx.p, a.dx.ld, m0, k_at(i), rows, a.K, warp, s, lane);
+    }
+    if (sv) lg_rows_sum<T, RT, NT, W>(zs, xs, sv, ldv, a.r, k_at(i), a.K, lane);
+  });
 }
 
 constexpr int kLfRows = 32, kLfK = 32; // the CUDA-core kernel: rows a block (8 warps), x's k tile
@@ -4085,8 +4344,7 @@ template <typename T> __global__ void lowrank_cat_finish_kernel(const fusedk__lo
 }
 
 // the tensor-core kernel takes the call: 16-bit, and every row of x, u_t, y and out 16-byte
-// aligned (v's rows too, or loaded element by element: ranks not a multiple of 8)
-inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.ld % 8 == 0; }
+// aligned (lr_vec; v's rows too, or loaded element by element: ranks not a multiple of 8)
 
 // splits: enough blocks for one an SM where the row blocks are fewer, no more than out has
 // column tiles
@@ -4119,6 +4377,28 @@ template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowra
   if (a.r % 8 == 0 && lr_vec(a.v))
     return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 0>), lowrank_mma_kernel<T, RT, true, WS, 0>>{});
   return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS, 0>), lowrank_mma_kernel<T, RT, false, WS, 0>>{});
+}
+
+// the backward's one-pass kernel: 128-wide tiles (64 at rank 128: registers), rings of six
+// stages at rank 16, else four
+template <typename T, int RT>
+cudaError_t launch_lowrank_grad(const fusedk__lowrank_grad_args &a, float *sv, int64_t ldv, float *su, int64_t ldu,
+                                cudaStream_t s, int dev) {
+  constexpr int WS = kLrShares<RT>, W = RT <= 64 ? 128 : 64, ST = RT <= 16 ? 6 : 4;
+  using L = LgSmem<RT, WS, W, ST>;
+  auto go = [&](auto kernel) {
+    const cudaError_t e = smem_opt_in<decltype(kernel)::value>(L::kBytes, 0, dev);
+    if (e != cudaSuccess) return e;
+    decltype(kernel)::value<<<(unsigned)((a.M + kLrRows - 1) / kLrRows), 128 * WS, L::kBytes, s>>>(a, sv, ldv, su, ldu);
+    return cudaGetLastError();
+  };
+  const bool vv = a.r % 8 == 0 && (a.lora ? lr_vec(a.q) : lr_vec(a.p)); // the [*, r] rows by 16-byte copies
+  auto pick = [&](auto lora) {
+    constexpr bool LO = decltype(lora)::value;
+    if (vv) return go(std::integral_constant<decltype(&lowrank_grad_kernel<T, RT, true, WS, W, ST, LO>), lowrank_grad_kernel<T, RT, true, WS, W, ST, LO>>{});
+    return go(std::integral_constant<decltype(&lowrank_grad_kernel<T, RT, false, WS, W, ST, LO>), lowrank_grad_kernel<T, RT, false, WS, W, ST, LO>>{});
+  };
+  return a.lora ? pick(std::true_type{}) : pick(std::false_type{});
 }
 
 template <typename T> cudaError_t launch_lowrank(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
@@ -4300,6 +4580,27 @@ fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op
                                    struct CUstream_st *stream) {
   return on_device(device_id, op, [&] {
     return dispatch_scalar(a->scalar, [&](auto t) { return launch_lowrank<typename decltype(t)::type>(*a, stream, device_id); });
+  });
+}
+
+// the backward in one pass where the tensors fit the kernel (lowrank_grad_fits; *ran = 0
+// otherwise, nothing run); sv, su zeroed by the caller
+fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a, float *sv, int64_t ldv, float *su,
+                                             int64_t ldu, int *ran, const char *op, int32_t device_id,
+                                             struct CUstream_st *stream) {
+  *ran = lowrank_grad_fits(*a, device_id);
+  if (!*ran) return FUSEDK_OK;
+  return on_device(device_id, op, [&] {
+    return dispatch_scalar(a->scalar, [&](auto t) {
+      using T = typename decltype(t)::type;
+      if constexpr (sizeof(T) == 2) {
+        if (a->r <= 16) return launch_lowrank_grad<T, 16>(*a, sv, ldv, su, ldu, stream, device_id);
+        if (a->r <= 32) return launch_lowrank_grad<T, 32>(*a, sv, ldv, su, ldu, stream, device_id);
+        if (a->r <= 64) return launch_lowrank_grad<T, 64>(*a, sv, ldv, su, ldu, stream, device_id);
+        return launch_lowrank_grad<T, 128>(*a, sv, ldv, su, ldu, stream, device_id);
+      }
+      return cudaErrorNotSupported; // *ran is 0 for float32
+    });
   });
 }
 #endif // FUSEDK__PART_LOWRANK

@@ -1795,6 +1795,21 @@ static void run_lowrank_grad(grad_t c) {
     lin_compare(what, lora ? " db" : " du_t", &dq, dq.h, &dqa, 1.0, M, 0, flips, NULL);
     if (c.codes) lin_compare(what, " dcodes", &dc, dc.h, &dca, 1.0, c.N, 0, flips, NULL);
     if (lora) lin_compare(what, " dbias", &dn, dn.h, &dna, 1.0, M, 0, flips, NULL);
+    { /* the factors alone (no dx, dcodes: lowrank_update_backward's pass skips its dx store) */
+      buf_t dp2 = lora ? mk(s, fd, ps + 3 - fd, 0, 0, 0, 0.0, 0.0) : mk(s, 2, vs, c.pad, 0, 0, 0.0, 0.0);
+      buf_t dq2 = lora ? mk(s, fd, bs + 3 - fd, c.pad, 0, 0, 0.0, 0.0) : mk(s, 2, us, 0, 0, 0, 0.0, 0.0);
+      if (c.gap) dp2.shape[1] = c.r;
+      poison(&dp2), poison(&dq2);
+      fusedk_status s3 = GRAD_CALL(NULL, &dp2.td, &dq2.td, NULL, NULL, td, ig, cg, zg);
+      CK(cudaDeviceSynchronize());
+      char fw[260];
+      snprintf(fw, sizeof fw, "%s, factors alone", what);
+      if (!call_failed_counted(fw, FUSEDK_OK, s3)) {
+        lin_compare(fw, lora ? " da" : " dv", &dp2, dp.h, &dpa, 1.0, M, 0, flips, NULL);
+        lin_compare(fw, lora ? " db" : " du_t", &dq2, dq.h, &dqa, 1.0, M, 0, flips, NULL);
+      }
+      drop(&dp2), drop(&dq2);
+    }
     grad_rounded = 0.0;
     free(xa.h), free(pa.h), free(ca.h), free(qa.h), free(dya.h), free(dxa.h), free(dpa.h), free(dqa.h), free(dca.h);
     free(dna.h);
@@ -1832,6 +1847,8 @@ static void lowrank_grad_cases(fusedk_scalar s) {
        .pad = 3, .shift = 1},
       {.s = s, .B = 1, .L = 0, .K = 64, .r = 8, .N = 40, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
       {.s = s, .B = 1, .L = 4000, .K = 520, .r = 8, .N = 456, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
+      {.s = s, .B = 1, .L = 129, .K = 1032, .r = 7, .N = 24, .act = FUSEDK_ACT_NONE, .scaling = -1.0f},
+      {.s = s, .B = 5, .L = 13, .K = 72, .r = 40, .N = 1096, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.75f},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i)
     for (int lora = 0; lora < 2; ++lora) {
@@ -1855,11 +1872,29 @@ static void lowrank_grad_cases(fusedk_scalar s) {
       {.s = s, .lora = 1, .B = 1, .L = 600, .K = 256, .r = 8, .N = 72, .A = 16, .ids = 1, .act = FUSEDK_ACT_NONE,
        .scaling = 1.0f},
       {.s = s, .lora = 1, .B = 1, .L = 20, .K = 0, .r = 8, .N = 24, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
+      {.s = s, .lora = 1, .B = 2, .L = 67, .K = 264, .r = 24, .N = 136, .A = 1, .codes = 1, .ids = 1,
+       .act = FUSEDK_ACT_GELU_TANH, .scaling = 0.5f},
   };
   for (size_t i = 0; i < sizeof stacks / sizeof stacks[0]; ++i) run_lowrank_grad(stacks[i]);
+  /* rows enough for the one-pass kernel (64-row blocks for 3/4 of the SMs: 8500 rows up to 177 SMs):
+     every rank tier, v's and w_cat's rows not a multiple of 8, codes, one adapter with ids, acts */
+  const grad_t tall[] = {
+      {.s = s, .B = 1, .L = 8500, .K = 264, .r = 8, .N = 136, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.5f},
+      {.s = s, .lora = 1, .B = 1, .L = 8500, .K = 264, .r = 16, .N = 136, .A = 1, .codes = 1, .ids = 1,
+       .act = FUSEDK_ACT_GELU_TANH, .scaling = 0.5f},
+      {.s = s, .B = 2, .L = 4300, .K = 200, .r = 7, .N = 136, .act = FUSEDK_ACT_NONE, .scaling = -1.5f},
+      {.s = s, .B = 1, .L = 8501, .K = 136, .r = 40, .N = 264, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 0.25f},
+      {.s = s, .B = 1, .L = 8500, .K = 128, .r = 128, .N = 72, .codes = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f},
+      {.s = s, .lora = 1, .B = 1, .L = 8500, .K = 200, .r = 64, .N = 136, .act = FUSEDK_ACT_NONE, .scaling = 2.0f},
+      {.s = s, .lora = 1, .B = 1, .L = 8500, .K = 136, .r = 5, .N = 72, .codes = 1, .act = FUSEDK_ACT_RELU,
+       .scaling = 1.0f},
+      {.s = s, .lora = 1, .B = 1, .L = 8500, .K = 72, .r = 128, .N = 64, .act = FUSEDK_ACT_NONE, .scaling = 0.5f},
+  };
+  for (size_t i = 0; i < (small ? 2 : sizeof tall / sizeof tall[0]); ++i) run_lowrank_grad(tall[i]);
   if (failures == n_before)
     printf("ok   %s lowrank_update_backward, linear_lowrank_backward (ranks 1-128, codes, odd K and N, 0 and 1 "
-           "rows, strided, misaligned, stacked adapters with and without ids, a's adapters apart, acts, K 0)\n",
+           "rows, strided, misaligned, stacked adapters with and without ids, a's adapters apart, acts, K 0, "
+           "the one-pass kernel's tall cases)\n",
            sname(s));
 }
 
