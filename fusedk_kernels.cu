@@ -3788,11 +3788,12 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // phase 2: a share of each column tile; WS = 2 doubles the warps an SM has to hide latency), and
 // one of `splits` column ranges of out (split only where the row blocks alone would
 // leave SMs idle: each split recomputes x v, its x rows from L2 after the first). Phase 1 streams
-// x's rows and v's through a ring of shared-memory stages in 64-wide k tiles (cp.async, a tile
+// x's rows and v's through a ring of shared-memory stages in W-wide k tiles (64; 128 for
+// lowrank_update at rank 16: fewer barriers and loads a byte; cp.async, a tile
 // landing while the stages before it are computed; one barrier a tile) into h = x v, the warp's
 // [16, RT] accumulators (RT: the rank rounded up to 16; v's columns past r load as zeros).
 // codes and scaling multiply h there, and h, rounded once to T, is phase 2's a operand (pack_a):
-// the [M, r] product never leaves the chip. Phase 2 streams u_t's 64-column tiles and y's through
+// the [M, r] product never leaves the chip. Phase 2 streams u_t's W-column tiles and y's through
 // a second ring over the same memory, adds beta y to h u_t, writes the sums into y's place in the
 // stage and stores them in 16-byte chunks (whole 32-byte sectors: the accumulators' 4-byte pairs
 // half-fill theirs, twice L2's write traffic). y is read once, out written once, x once a split;
@@ -3810,9 +3811,9 @@ template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
 
 // shared memory of the tensor-core kernel: phase 1's stages (x's and v's k tiles), then phase
 // 2's over the same bytes (u_t's and y's column tiles)
-template <int RT> struct LrSmem {
-  static constexpr int kX = kLrRows * kLrK * 2, kStage1 = kX + kLrK * RT * 2, kU = RT * kLrN * 2,
-                       kStage2 = kU + kLrRows * kLrN * 2, kBytes = kLrStages<RT> * std::max(kStage1, kStage2);
+template <int RT, int W = kLrK, int ST = kLrStages<RT>> struct LrSmem {
+  static constexpr int kX = kLrRows * W * 2, kStage1 = kX + W * RT * 2, kU = RT * W * 2,
+                       kStage2 = kU + kLrRows * W * 2, kBytes = ST * std::max(kStage1, kStage2);
 };
 
 // two 16-bit values (one 32-bit word) as floats
@@ -3947,10 +3948,11 @@ __device__ __forceinline__ void lr_share_sum(float (&h)[RT / 8][4], unsigned cha
   }
 }
 
-template <typename T, int RT, bool VV, int WS, int CAT> // CAT: 0 lowrank_update, 1 [x | h], 2 [x | h] split by k
+// CAT: 0 lowrank_update, 1 [x | h], 2 [x | h] split by k; W: the tiles' width, ST: the rings' stages
+template <typename T, int RT, bool VV, int WS, int CAT, int W = kLrK, int ST = kLrStages<RT>>
 __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_mma_kernel(const fusedk__lowrank_args a,
                                                                                           int splits, int per) {
-  using L = LrSmem<RT>;
+  using L = LrSmem<RT, W, ST>;
   constexpr int NT = 128 * WS;
   extern __shared__ __align__(128) unsigned char lr_smem[];
   const uint32_t base = smem_u32(lr_smem);
@@ -3965,40 +3967,40 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   float h[RT / 8][4];
 #pragma unroll
   for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
-  const int nk = (int)((a.K1 + kLrK - 1) / kLrK), kt0 = CAT == 2 ? (int)(blockIdx.x % splits) * per : 0;
-  lr_ring<kLrStages<RT>>(
+  const int nk = (int)((a.K1 + W - 1) / W), kt0 = CAT == 2 ? (int)(blockIdx.x % splits) * per : 0;
+  lr_ring<ST>(
       CAT == 2 ? max(0, min(per, nk - kt0)) : nk,
       [&](int kl, int st) {
         const int kt = kt0 + kl;
         const uint32_t xs = base + st * L::kStage1;
-        const int64_t k0 = (int64_t)kt * kLrK;
-        const int kv = (int)min((int64_t)kLrK, a.K1 - k0);
-        load_tile<T, kLrRows, kLrK / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
+        const int64_t k0 = (int64_t)kt * W;
+        const int kv = (int)min((int64_t)W, a.K1 - k0);
+        load_tile<T, kLrRows, W / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
         if constexpr (CAT != 0) { // a's [RT, k] tile: h column j is adapter j / rp's row j % rp (zeros past r)
           const int rp = (a.r + 7) / 8 * 8;
-          for (int i = threadIdx.x; i < RT * (kLrK / 8); i += NT) {
-            const int j = i / (kLrK / 8), c = i % (kLrK / 8), q = j / rp;
+          for (int i = threadIdx.x; i < RT * (W / 8); i += NT) {
+            const int j = i / (W / 8), c = i % (W / 8), q = j / rp;
             const bool in = q < a.slots && j % rp < a.r && c * 8 < kv;
-            cp_async16(xs + L::kX + swz<kLrK / 8>(j, c), in ? v + q * a.va + (j % rp) * a.v.ld + k0 + c * 8 : v, in ? 16 : 0);
+            cp_async16(xs + L::kX + swz<W / 8>(j, c), in ? v + q * a.va + (j % rp) * a.v.ld + k0 + c * 8 : v, in ? 16 : 0);
           }
         }
-        else load_tile<T, kLrK, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
+        else load_tile<T, W, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
       },
       [&](int kl, int st) {
         const uint32_t xs = base + st * L::kStage1;
         if constexpr (CAT != 0) { // x's tile on to out's first K1 columns, 16-byte chunks (K1 % 8 == 0)
-          const int64_t k0 = (int64_t)(kt0 + kl) * kLrK;
-          for (int q = threadIdx.x; q < kLrRows * kLrK / 8; q += NT) {
-            const int lr = q / (kLrK / 8), ch = q % (kLrK / 8);
+          const int64_t k0 = (int64_t)(kt0 + kl) * W;
+          for (int q = threadIdx.x; q < kLrRows * W / 8; q += NT) {
+            const int lr = q / (W / 8), ch = q % (W / 8);
             if (lr >= rows || k0 + 8 * ch >= a.K1) continue;
             uint32_t w[4];
             asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                          : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                         : "r"(xs + swz<kLrK / 8>(lr, ch)));
+                         : "r"(xs + swz<W / 8>(lr, ch)));
             *reinterpret_cast<uint4 *>((T *)a.out.p + (m0 + lr) * a.out.ld + k0 + 8 * ch) = make_uint4(w[0], w[1], w[2], w[3]);
           }
         }
-        lr_row_mma<T, RT, WS, CAT == 0>(h, xs, xs + L::kX, warp, s, lane);
+        lr_row_mma<T, RT, WS, CAT == 0, W>(h, xs, xs + L::kX, warp, s, lane);
       });
   lr_share_sum<RT, WS>(h, lr_smem);
 
@@ -4053,23 +4055,23 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   // phase 2: out = beta y + h u_t over the split's column tiles [nb, ne), the sums written into
   // y's place in the stage (a stage without y has the room)
   const T *y = (const T *)a.y.p;
-  const int nb = (int)(blockIdx.x % splits) * per, ne = min((int)((a.K2 + kLrN - 1) / kLrN), nb + per);
-  lr_ring<kLrStages<RT>>(
+  const int nb = (int)(blockIdx.x % splits) * per, ne = min((int)((a.K2 + W - 1) / W), nb + per);
+  lr_ring<ST>(
       ne - nb,
       [&](int i, int st) {
         const uint32_t us = base + st * L::kStage2;
-        const int64_t n0 = (int64_t)(nb + i) * kLrN;
-        const int nv = (int)min((int64_t)kLrN, a.K2 - n0);
-        load_tile<T, RT, kLrN / 8, NT, true>(us, u + n0, a.u_t.ld, a.r, nv);
-        if (y) load_tile<T, kLrRows, kLrN / 8, NT, true>(us + L::kU, y + m0 * a.y.ld + n0, a.y.ld, rows, nv);
+        const int64_t n0 = (int64_t)(nb + i) * W;
+        const int nv = (int)min((int64_t)W, a.K2 - n0);
+        load_tile<T, RT, W / 8, NT, true>(us, u + n0, a.u_t.ld, a.r, nv);
+        if (y) load_tile<T, kLrRows, W / 8, NT, true>(us + L::kU, y + m0 * a.y.ld + n0, a.y.ld, rows, nv);
       },
       [&](int i, int st) {
         const uint32_t us = base + st * L::kStage2;
-        float d[kLrN / 8 / WS][4];
-        lr_out_mma<T, RT, WS, true>(d, ha, us, s, lane);
-        const int64_t n0 = (int64_t)(nb + i) * kLrN;
-        if (y) lr_store_tile<T, WS, true>(d, us + L::kU, a.beta, (T *)a.out.p, a.out.ld, m0, n0, rows, a.K2, warp, s, lane);
-        else lr_store_tile<T, WS, false>(d, us + L::kU, 0.f, (T *)a.out.p, a.out.ld, m0, n0, rows, a.K2, warp, s, lane);
+        float d[W / 8 / WS][4];
+        lr_out_mma<T, RT, WS, true, W>(d, ha, us, s, lane);
+        const int64_t n0 = (int64_t)(nb + i) * W;
+        if (y) lr_store_tile<T, WS, true, W>(d, us + L::kU, a.beta, (T *)a.out.p, a.out.ld, m0, n0, rows, a.K2, warp, s, lane);
+        else lr_store_tile<T, WS, false, W>(d, us + L::kU, 0.f, (T *)a.out.p, a.out.ld, m0, n0, rows, a.K2, warp, s, lane);
       });
 }
 
@@ -4349,10 +4351,11 @@ template <typename T> __global__ void lowrank_cat_finish_kernel(const fusedk__lo
 // splits: enough blocks for one an SM where the row blocks are fewer, no more than out has
 // column tiles
 // CAT splits x's k tiles instead (as many as its caller gave part room for: lr_cat_splits)
-template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
+template <typename T, int RT, int W = kLrK, int ST = kLrStages<RT>>
+cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
   const bool cat = a.mode == FUSEDK__LR_CAT;
   const int64_t rows = (a.M + kLrRows - 1) / kLrRows,
-                tiles = cat ? std::max<int64_t>(1, (a.K1 + kLrK - 1) / kLrK) : (a.K2 + kLrN - 1) / kLrN;
+                tiles = cat ? std::max<int64_t>(1, (a.K1 + W - 1) / W) : (a.K2 + W - 1) / W;
   const int64_t ask = std::max<int64_t>(1, std::min(tiles, cat ? (a.part ? (int64_t)a.part_splits : 1)
                                                                 : (device_sms(dev) + rows - 1) / rows));
   const int64_t per = (tiles + ask - 1) / ask;
@@ -4360,23 +4363,24 @@ template <typename T, int RT> cudaError_t launch_lowrank_mma(const fusedk__lowra
   const unsigned grid = (unsigned)(rows * splits);
   constexpr int WS = kLrShares<RT>;
   auto go = [&](auto kernel) {
-    const cudaError_t e = smem_opt_in<decltype(kernel)::value>(LrSmem<RT>::kBytes, 0, dev);
+    using L = LrSmem<RT, W, ST>;
+    const cudaError_t e = smem_opt_in<decltype(kernel)::value>(L::kBytes, 0, dev);
     if (e != cudaSuccess) return e;
-    decltype(kernel)::value<<<grid, 128 * WS, LrSmem<RT>::kBytes, s>>>(a, splits, (int)per);
+    decltype(kernel)::value<<<grid, 128 * WS, L::kBytes, s>>>(a, splits, (int)per);
     return cudaGetLastError();
   };
   if (cat) {
     if (splits == 1)
-      return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 1>), lowrank_mma_kernel<T, RT, true, WS, 1>>{});
-    cudaError_t e = go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 2>), lowrank_mma_kernel<T, RT, true, WS, 2>>{});
+      return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 1, W, ST>), lowrank_mma_kernel<T, RT, true, WS, 1, W, ST>>{});
+    cudaError_t e = go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 2, W, ST>), lowrank_mma_kernel<T, RT, true, WS, 2, W, ST>>{});
     if (e != cudaSuccess) return e;
     const int64_t n = a.M * a.slots * ((a.r + 7) / 8 * 8);
     lowrank_cat_finish_kernel<T><<<(unsigned)std::min<int64_t>((n + 255) / 256, 8 * device_sms(dev)), 256, 0, s>>>(a, splits);
     return cudaGetLastError();
   }
   if (a.r % 8 == 0 && lr_vec(a.v))
-    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 0>), lowrank_mma_kernel<T, RT, true, WS, 0>>{});
-  return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS, 0>), lowrank_mma_kernel<T, RT, false, WS, 0>>{});
+    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 0, W, ST>), lowrank_mma_kernel<T, RT, true, WS, 0, W, ST>>{});
+  return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS, 0, W, ST>), lowrank_mma_kernel<T, RT, false, WS, 0, W, ST>>{});
 }
 
 // the backward's one-pass kernel: 128-wide tiles (64 at rank 128: registers), rings of six
@@ -4413,7 +4417,8 @@ template <typename T> cudaError_t launch_lowrank(const fusedk__lowrank_args &a, 
   if constexpr (sizeof(T) == 2) {
     if (a.K1 % 8 == 0 && (cat || a.K2 % 8 == 0) && lr_vec(a.x) && (cat ? lr_vec(a.v) && a.va % 8 == 0 : lr_vec(a.u_t)) &&
         lr_vec(a.out) && (!a.y.p || lr_vec(a.y))) {
-      if (width <= 16) return launch_lowrank_mma<T, 16>(a, s, dev);
+      // lowrank_update at rank 16: 128-wide tiles in four stages (half the barriers a byte)
+      if (width <= 16) return cat ? launch_lowrank_mma<T, 16>(a, s, dev) : launch_lowrank_mma<T, 16, 128, 4>(a, s, dev);
       if (width <= 32) return launch_lowrank_mma<T, 32>(a, s, dev);
       if (width <= 64) return launch_lowrank_mma<T, 64>(a, s, dev);
       return launch_lowrank_mma<T, 128>(a, s, dev);
