@@ -2957,12 +2957,13 @@ fusedk_status lowrank_grad(LtState &st, const fusedk__lowrank_grad_args &a, int 
       return cuda_fail(e, op, "memset");
     int ran = 0;
     fusedk_status f = fusedk__cuda_lowrank_grad_pass(&fa, sv, ld1, su, ld2, &ran, op, dev, s);
-    if (!f && !ran) f = fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: the one-pass kernel refused a call that fits it", op);
-    if (!f && a.lora && a.dx.p) // dx = dh a from the pass, then dz w added by the GEMM (beta 1)
-      f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, fa.dy.p, a.q.ld, fa.dy.ld, a.dx.p, a.dx.ld,
-                         CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, false, a.scalar, 0, true},
-                    dev, s, ar.ws, op, "dx", sizeof(T));
-    return f ? f : lowrank_grad_store<T>(a, sv, ld1, su, ld2, dev, s, op);
+    if (f || ran) {
+      if (!f && a.lora && a.dx.p) // dx = dh a from the pass, then dz w added by the GEMM (beta 1)
+        f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, fa.dy.p, a.q.ld, fa.dy.ld, a.dx.p, a.dx.ld,
+                           CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, false, a.scalar, 0, true},
+                      dev, s, ar.ws, op, "dx", sizeof(T));
+      return f ? f : lowrank_grad_store<T>(a, sv, ld1, su, ld2, dev, s, op);
+    } // else its shared memory is more than this GPU gives a block: the route below
   }
   size_t off[7], total = dp.dz_bytes + dp.part_bytes; // hf, gf, dh, g, s1, s2, dx32
   const size_t bytes[7] = {need_h ? (size_t)(M * ldh) * 4 : 0, need_g ? (size_t)(M * ldg) * 4 : 0,
@@ -3925,19 +3926,19 @@ __device__ __forceinline__ void lr_store_tile(const float (&d)[W / 8 / WS][4], u
   }
 }
 
-// The WS shares' partial sums of each row group, through shared memory (a ring's, free: every
-// share ends with the whole sum); the barriers leave the bytes free again
-template <int RT, int WS, int G = 4>
-__device__ __forceinline__ void lr_share_sum(float (&h)[RT / 8][4], unsigned char *smem) {
+// The WS shares' partial sums of each row group, through the shared memory at smem (free bytes: a
+// drained ring's, or a room of their own); every share ends with the whole sum, and the barriers
+// leave the bytes free again
+template <int RT, int WS> __device__ __forceinline__ void lr_share_sum(float (&h)[RT / 8][4], unsigned char *smem) {
   if constexpr (WS > 1) {
-    constexpr int NT = 32 * G * WS;
+    constexpr int NT = 128 * WS;
     float4 *part = reinterpret_cast<float4 *>(smem) + (size_t)threadIdx.x * (RT / 8);
 #pragma unroll
     for (int t = 0; t < RT / 8; ++t) part[t] = make_float4(h[t][0], h[t][1], h[t][2], h[t][3]);
     __syncthreads();
 #pragma unroll
     for (int o = 1; o < WS; ++o) {
-      const float4 *q = reinterpret_cast<const float4 *>(smem) + (size_t)((threadIdx.x + 32 * G * o) % NT) * (RT / 8);
+      const float4 *q = reinterpret_cast<const float4 *>(smem) + (size_t)((threadIdx.x + 128 * o) % NT) * (RT / 8);
 #pragma unroll
       for (int t = 0; t < RT / 8; ++t) {
         const float4 f = q[t];
@@ -4010,7 +4011,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
                        // not multiplied: an inf in x would make NaN); rounded into out's columns
                        // K1 .. K1 + A rp; one share stores. Split: this split's float32 sums to
                        // part, lowrank_cat_finish_kernel adds them in split order
-    const int rp = (a.r + 7) / 8 * 8, W = a.slots * rp;
+    const int rp = (a.r + 7) / 8 * 8, HW = a.slots * rp; // h's columns
     if constexpr (CAT == 2) {
 #pragma unroll
       for (int t = 0; t < RT / 8; ++t)
@@ -4018,8 +4019,8 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
         for (int hf = 0; hf < 2; ++hf) {
           const int64_t row = r0 + 8 * hf;
           const int j = 8 * t + c0;
-          if (s == 0 && row < a.M && j < W)
-            *reinterpret_cast<float2 *>(a.part + ((blockIdx.x % splits) * a.M + row) * W + j) =
+          if (s == 0 && row < a.M && j < HW)
+            *reinterpret_cast<float2 *>(a.part + ((blockIdx.x % splits) * a.M + row) * HW + j) =
                 make_float2(h[t][2 * hf], h[t][2 * hf + 1]);
         }
       return;
@@ -4165,12 +4166,10 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
   const T *x = (const T *)a.x.p + m0 * a.x.ld, *dy = (const T *)a.dy.p + m0 * a.dy.ld, *v = (const T *)a.p.p,
           *u = (const T *)a.q.p, *codes = (const T *)a.codes.p;
   const int nk = (int)((a.K + W - 1) / W), nn = (int)((a.N + W - 1) / W);
-  // codes[row, j] where the block has the row, its id takes the adapter and v the column (else
-  // 0: z's padding stays 0, a row without the adapter has no h and no dg)
-  auto code = [&](int row, int j) {
-    return row < rows && j < a.r && (!a.ids || a.ids[m0 + row] == 0)
-               ? (codes ? (float)codes[(m0 + row) * a.codes.ld + j] : 1.f) : 0.f;
-  };
+  // (row, j) counts where the block has the row, its id takes the adapter and P the column: else
+  // g, dh and dcodes are 0 there, selected (not multiplied: an inf in x would make NaN)
+  auto on = [&](int row, int j) { return row < rows && j < a.r && (!a.ids || a.ids[m0 + row] == 0); };
+  auto code = [&](int row, int j) { return codes ? (float)codes[(m0 + row) * a.codes.ld + j] : 1.f; };
   auto k_at = [&](int i) { return (int64_t)((i + blockIdx.x) % nk) * W; }; // the block's i-th k tile
   auto load_xv = [&](int i, int st, bool with_x) { // x's (with_x) and P's: v's [W, RT] or a's [RT, W]
     const uint32_t xs = base + st * L::kStage;
@@ -4181,7 +4180,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
     else load_tile<T, W, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.p.ld, a.p.ld, kv, a.r);
   };
 
-  // A: h = x v; g = scaling h codes into z
+  // A: h = x P (P: v, or a^T); g = scaling h codes into z
   float h[RT / 8][4];
 #pragma unroll
   for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
@@ -4191,7 +4190,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
       lr_row_mma<T, RT, WS, !LORA, W>(h, xs, xs + L::kX, warp, s, lane);
     });
     lr_share_sum<RT, WS>(h, sums);
-    lg_to_z<T, RT>(zs, h, warp, s, lane, [&](float e, int row, int j) { return a.scaling * e * code(row, j); });
+    lg_to_z<T, RT>(zs, h, warp, s, lane, [&](float e, int row, int j) { return on(row, j) ? a.scaling * e * code(row, j) : 0.f; });
   }
   __syncthreads(); // z written
 
@@ -4224,9 +4223,8 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
     for (int e = 0; e < 4; ++e) {
       const int row = 16 * warp + lane / 4 + 8 * (e / 2), j = 8 * t + 2 * (lane % 4) + e % 2;
       const float d = (LORA ? 1.f : a.scaling) * dg[t][e];
-      if (dcodes && s == 0 && row < rows && j < a.r)
-        dcodes[(m0 + row) * a.dcodes.ld + j] = from_f32<T>(!a.ids || a.ids[m0 + row] == 0 ? d * h[t][e] : 0.f);
-      h[t][e] = d * code(row, j);
+      if (dcodes && s == 0 && row < rows && j < a.r) dcodes[(m0 + row) * a.dcodes.ld + j] = from_f32<T>(on(row, j) ? d * h[t][e] : 0.f);
+      h[t][e] = on(row, j) ? d * code(row, j) : 0.f;
     }
   if (!sv && !a.dx.p) return;
   lg_to_z<T, RT>(zs, h, warp, s, lane, [](float e, int, int) { return e; });
@@ -4234,7 +4232,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
   pack_a<T, RT>(ha, h);
   __syncthreads(); // z written
 
-  // C: dx = dh v^T and dh^T x into sv, over x's and v's k tiles
+  // C: dx = dh P^T and dh^T x into sv, over x's and P's k tiles
   lr_ring<ST>(nk, [&](int i, int st) { load_xv(i, st, sv != nullptr); }, [&](int i, int st) {
     const uint32_t xs = base + st * L::kStage;
     if (a.dx.p) {
@@ -4369,14 +4367,16 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
     decltype(kernel)::value<<<grid, 128 * WS, L::kBytes, s>>>(a, splits, (int)per);
     return cudaGetLastError();
   };
-  if (cat) {
-    if (splits == 1)
-      return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 1, W, ST>), lowrank_mma_kernel<T, RT, true, WS, 1, W, ST>>{});
-    cudaError_t e = go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 2, W, ST>), lowrank_mma_kernel<T, RT, true, WS, 2, W, ST>>{});
-    if (e != cudaSuccess) return e;
-    const int64_t n = a.M * a.slots * ((a.r + 7) / 8 * 8);
-    lowrank_cat_finish_kernel<T><<<(unsigned)std::min<int64_t>((n + 255) / 256, 8 * device_sms(dev)), 256, 0, s>>>(a, splits);
-    return cudaGetLastError();
+  if constexpr (W == kLrK) { // the [x | h] pass: 64-wide tiles (its splits are counted in them)
+    if (cat) {
+      if (splits == 1)
+        return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 1>), lowrank_mma_kernel<T, RT, true, WS, 1>>{});
+      cudaError_t e = go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 2>), lowrank_mma_kernel<T, RT, true, WS, 2>>{});
+      if (e != cudaSuccess) return e;
+      const int64_t n = a.M * a.slots * ((a.r + 7) / 8 * 8);
+      lowrank_cat_finish_kernel<T><<<(unsigned)std::min<int64_t>((n + 255) / 256, 8 * device_sms(dev)), 256, 0, s>>>(a, splits);
+      return cudaGetLastError();
+    }
   }
   if (a.r % 8 == 0 && lr_vec(a.v))
     return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 0, W, ST>), lowrank_mma_kernel<T, RT, true, WS, 0, W, ST>>{});
@@ -4385,11 +4385,19 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
 
 // the backward's one-pass kernel: 128-wide tiles (64 at rank 128: registers), rings of six
 // stages at rank 16, else four
+template <int RT> struct LgPlan {
+  static constexpr int WS = kLrShares<RT>, W = RT <= 64 ? 128 : 64, ST = RT <= 16 ? 6 : 4;
+  using L = LgSmem<RT, WS, W, ST>;
+};
+inline int lg_smem(int r) {
+  return r <= 16 ? LgPlan<16>::L::kBytes : r <= 32 ? LgPlan<32>::L::kBytes : r <= 64 ? LgPlan<64>::L::kBytes
+                                                                                    : LgPlan<128>::L::kBytes;
+}
 template <typename T, int RT>
 cudaError_t launch_lowrank_grad(const fusedk__lowrank_grad_args &a, float *sv, int64_t ldv, float *su, int64_t ldu,
                                 cudaStream_t s, int dev) {
-  constexpr int WS = kLrShares<RT>, W = RT <= 64 ? 128 : 64, ST = RT <= 16 ? 6 : 4;
-  using L = LgSmem<RT, WS, W, ST>;
+  constexpr int WS = LgPlan<RT>::WS, W = LgPlan<RT>::W, ST = LgPlan<RT>::ST;
+  using L = typename LgPlan<RT>::L;
   auto go = [&](auto kernel) {
     const cudaError_t e = smem_opt_in<decltype(kernel)::value>(L::kBytes, 0, dev);
     if (e != cudaSuccess) return e;
@@ -4588,12 +4596,12 @@ fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op
   });
 }
 
-// the backward in one pass where the tensors fit the kernel (lowrank_grad_fits; *ran = 0
-// otherwise, nothing run); sv, su zeroed by the caller
+// the backward in one pass where the tensors fit the kernel (lowrank_grad_fits) and its shared
+// memory the device (*ran = 0 otherwise, nothing run); sv, su zeroed by the caller
 fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a, float *sv, int64_t ldv, float *su,
                                              int64_t ldu, int *ran, const char *op, int32_t device_id,
                                              struct CUstream_st *stream) {
-  *ran = lowrank_grad_fits(*a, device_id);
+  *ran = lowrank_grad_fits(*a, device_id) && (size_t)lg_smem(a->r) <= device_smem_optin(device_id);
   if (!*ran) return FUSEDK_OK;
   return on_device(device_id, op, [&] {
     return dispatch_scalar(a->scalar, [&](auto t) {

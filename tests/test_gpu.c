@@ -1830,6 +1830,50 @@ out:
   CK(cudaFree(idd));
 }
 
+/* An inf in x on a row whose id takes no adapter: that row has no h, g or dcodes (selected, not
+   multiplied), so db and dcodes stay finite and match the reference (da's column holds x * 0 =
+   NaN on both sides: not compared). Tall enough for the one-pass kernel, and short for the
+   composed route. */
+static void lowrank_grad_inf_case(fusedk_scalar s, int64_t L) {
+  const int64_t K = 136, r = 8, N = 72, rp = 8, xs[2] = {L, K}, ys[2] = {L, N}, cs[2] = {L, r};
+  const int64_t ps[3] = {1, r, K}, bs[3] = {1, N, r}, wcs[2] = {N, K + rp}, ids_shape[1] = {L};
+  char what[160];
+  snprintf(what, sizeof what, "linear_lowrank_backward %s [%lld,%lld] r=%lld N=%lld inf in x on a row without the "
+           "adapter", sname(s), (long long)L, (long long)K, (long long)r, (long long)N);
+  buf_t x = mk(s, 2, xs, 0, 0, 0, 1.0, 0.0), dy = mk(s, 2, ys, 0, 0, 0, 1.0, 0.0), cd = mk(s, 2, cs, 0, 0, 0, 1.0, 0.0);
+  buf_t p = mk(s, 3, ps, 0, 0, 0, 0.25, 0.0), q = mk(s, 2, wcs, 0, 0, 0, 0.1, 0.0);
+  buf_t dq = mk(s, 3, bs, 0, 0, 0, 0.0, 0.0), dc = mk(s, 2, cs, 0, 0, 0, 0.0, 0.0);
+  put(x.h, 0, INFINITY, s);
+  CK(cudaMemcpy(x.d, x.h, x.n_alloc * esize(s), cudaMemcpyHostToDevice));
+  poison(&dq), poison(&dc);
+  int32_t *idh = malloc((size_t)L * sizeof(int32_t)), *idd = NULL;
+  for (int64_t m = 0; m < L; ++m) idh[m] = m % 3 == 0 ? -1 : 0; /* row 0: no adapter */
+  CK(cudaMalloc((void **)&idd, (size_t)L * sizeof(int32_t)));
+  CK(cudaMemcpy(idd, idh, (size_t)L * sizeof(int32_t), cudaMemcpyHostToDevice));
+  fusedk_tensor ih = fusedk_tensor_cpu(idh, FUSEDK_I32, 1, ids_shape), idv = ih;
+  idv.data = idd, idv.device.device_type = FUSEDK_DEVICE_CUDA;
+  const fusedk_activation none = FUSEDK_ACT_NONE;
+  fusedk_status sc = fusedk_linear_lowrank_backward(NULL, NULL, &dq.th, &dc.th, NULL, &dy.th, &x.th, &q.th, &p.th, &cd.th,
+                                                    &ih, NULL, none, 1.0f, NULL);
+  fusedk_status sg = fusedk_linear_lowrank_backward(NULL, NULL, &dq.td, &dc.td, NULL, &dy.td, &x.td, &q.td, &p.td, &cd.td,
+                                                    &idv, NULL, none, 1.0f, NULL);
+  CK(cudaDeviceSynchronize());
+  if (!call_failed_counted(what, sc, sg)) {
+    buf_t xa = lin_abs(&x, 1.0), pa = lin_abs(&p, 1.0), ca = lin_abs(&cd, 1.0), qa = lin_abs(&q, 1.0);
+    buf_t dya = lin_abs(&dy, 1.0), dqa = lin_abs(&dq, 0.0), dca = lin_abs(&dc, 0.0);
+    fusedk_linear_lowrank_backward(NULL, NULL, &dqa.th, &dca.th, NULL, &dya.th, &xa.th, &qa.th, &pa.th, &ca.th, &ih,
+                                   NULL, none, 1.0f, NULL);
+    grad_rounded = 2.0 * eps_of(s) * (s == FUSEDK_F32 ? 0.0 : 1.0);
+    lin_compare(what, " db", &dq, dq.h, &dqa, 1.0, L, 0, 0, NULL);
+    lin_compare(what, " dcodes", &dc, dc.h, &dca, 1.0, N, 0, 0, NULL);
+    grad_rounded = 0.0;
+    free(xa.h), free(pa.h), free(ca.h), free(qa.h), free(dya.h), free(dqa.h), free(dca.h);
+  }
+  drop(&x), drop(&dy), drop(&cd), drop(&p), drop(&q), drop(&dq), drop(&dc);
+  free(idh);
+  CK(cudaFree(idd));
+}
+
 /* ranks 1-128 (7: unaligned rows of v, dv, codes), odd K and N, one row, no rows, strided and
    misaligned x and dx (dx's float32 route), codes; lora: stacked adapters with ids (-1 and A among
    them) and without, a's adapters a row apart (a GEMM an adapter), every act through aux_out */
@@ -1891,6 +1935,7 @@ static void lowrank_grad_cases(fusedk_scalar s) {
       {.s = s, .lora = 1, .B = 1, .L = 8500, .K = 72, .r = 128, .N = 64, .act = FUSEDK_ACT_NONE, .scaling = 0.5f},
   };
   for (size_t i = 0; i < (small ? 2 : sizeof tall / sizeof tall[0]); ++i) run_lowrank_grad(tall[i]);
+  lowrank_grad_inf_case(s, 8500), lowrank_grad_inf_case(s, 70);
   if (failures == n_before)
     printf("ok   %s lowrank_update_backward, linear_lowrank_backward (ranks 1-128, codes, odd K and N, 0 and 1 "
            "rows, strided, misaligned, stacked adapters with and without ids, a's adapters apart, acts, K 0, "
