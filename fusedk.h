@@ -897,12 +897,11 @@ fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fu
                                           const char *op, int32_t device_id, struct CUstream_st *stream);
 fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, const char *op, int32_t device_id,
                                         struct CUstream_st *stream);
-/* the low-rank backward's one-pass kernel (the lowrank part): dx (linear_lowrank: dh a, the
-   caller adds dz w) and dcodes; dv^T / da and du_t / db^T added into float32 sums sv [r, ldv],
-   su [r, ldu] that the caller zeroes (NULL: not asked for); *ran = 0 where the tensors don't fit
-   it (nothing run) */
+/* the low-rank backward's one-pass kernel (the lowrank part), for calls the kernels' file says it
+   fits: dx (linear_lowrank: dh a, the caller adds dz w) and dcodes; dv^T / da and du_t / db^T
+   added into float32 sums sv [r, ldv], su [r, ldu] that the caller zeroes (NULL: not asked for) */
 fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a, float *sv, int64_t ldv, float *su,
-                                             int64_t ldu, int *ran, const char *op, int32_t device_id,
+                                             int64_t ldu, const char *op, int32_t device_id,
                                              struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);

@@ -187,16 +187,42 @@ inline int lr_cat_splits(int64_t M, int64_t K1, int dev) {
   return (int)std::max<int64_t>(1, std::min((tiles + 3) / 4, 4 * rows <= 3 * sms ? (sms + rows - 1) / rows : 1));
 }
 
+// [lowrank] the tensor-core kernels' shapes (the linear part's backward asks whether its call fits)
+// rows a block, x's k tile, out's column tile; stages of each ring (rank 16: five tiles in flight;
+// wider ranks' v and u_t tiles would cost blocks an SM: three); warps a 16-row group (the
+// partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8 float4)
+constexpr int kLrRows = 64, kLrK = 64, kLrN = 64;
+template <int RT> constexpr int kLrStages = RT <= 16 ? 6 : 4;
+template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
+
+// a ring of ST [64, W] + [W, RT] stages, then z [64, RT], dx's room [64, W] and the share sums' floats
+template <int RT, int WS, int W, int ST> struct LgSmem {
+  static constexpr int kX = kLrRows * W * 2, kStage = kX + W * RT * 2, kZ = ST * kStage, kO = kZ + kLrRows * RT * 2,
+                       kSum = kO + kLrRows * W * 2, kBytes = kSum + (WS > 1 ? 4 * kLrRows * WS * RT : 0);
+};
+
+// the backward's one-pass kernel: 128-wide tiles (64 at rank 128: registers), rings of six
+// stages at rank 16, else four
+template <int RT> struct LgPlan {
+  static constexpr int WS = kLrShares<RT>, W = RT <= 64 ? 128 : 64, ST = RT <= 16 ? 6 : 4;
+  using L = LgSmem<RT, WS, W, ST>;
+};
+inline int lg_smem(int r) {
+  return r <= 16 ? LgPlan<16>::L::kBytes : r <= 32 ? LgPlan<32>::L::kBytes : r <= 64 ? LgPlan<64>::L::kBytes
+                                                                                    : LgPlan<128>::L::kBytes;
+}
+
 // 16-byte rows: the tensor-core low-rank kernels' copies
 inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.ld % 8 == 0; }
 
 // The backward's one-pass kernel takes the call: 16-bit, K and N multiples of 8, 16-byte rows of
-// x, dy (dz), u_t or w_cat and dx; for linear_lowrank one adapter and 16-byte rows of a; and 64-row
-// blocks for at least 3/4 of the SMs (fewer leave it slower than the GEMMs, which split k).
+// x, dy (dz), u_t or w_cat and dx; for linear_lowrank one adapter and 16-byte rows of a; 64-row
+// blocks for at least 3/4 of the SMs (fewer leave it slower than the GEMMs, which split k); and
+// its shared memory within what the device gives a block.
 inline bool lowrank_grad_fits(const fusedk__lowrank_grad_args &a, int dev) {
   return a.scalar != FUSEDK_F32 && a.M > 0 && a.K > 0 && a.N > 0 && a.K % 8 == 0 && a.N % 8 == 0 && lr_vec(a.x) &&
          lr_vec(a.dy) && lr_vec(a.q) && (!a.dx.p || lr_vec(a.dx)) && (!a.lora || (a.slots == 1 && lr_vec(a.p))) &&
-         4 * ((a.M + 63) / 64) >= 3 * (int64_t)device_sms(dev);
+         4 * ((a.M + 63) / 64) >= 3 * (int64_t)device_sms(dev) && (size_t)lg_smem(a.r) <= device_smem_optin(dev);
 }
 
 // The device's multiprocessor count, read once per device (grid sizes of grid-stride kernels).
@@ -2955,15 +2981,12 @@ fusedk_status lowrank_grad(LtState &st, const fusedk__lowrank_grad_args &a, int 
     if ((e = dz_run<T>(dp, fa.dy, a.dy, a.aux, a.act, a.dbias, part, M, N, s)) != cudaSuccess) return on_error(e, op);
     if (b1 + b2 && (e = cudaMemsetAsync(sv ? sv : su, 0, sv && su ? b1 + b2 : sv ? b1 : b2, s)) != cudaSuccess)
       return cuda_fail(e, op, "memset");
-    int ran = 0;
-    fusedk_status f = fusedk__cuda_lowrank_grad_pass(&fa, sv, ld1, su, ld2, &ran, op, dev, s);
-    if (f || ran) {
-      if (!f && a.lora && a.dx.p) // dx = dh a from the pass, then dz w added by the GEMM (beta 1)
-        f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, fa.dy.p, a.q.ld, fa.dy.ld, a.dx.p, a.dx.ld,
-                           CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, false, a.scalar, 0, true},
-                      dev, s, ar.ws, op, "dx", sizeof(T));
-      return f ? f : lowrank_grad_store<T>(a, sv, ld1, su, ld2, dev, s, op);
-    } // else its shared memory is more than this GPU gives a block: the route below
+    fusedk_status f = fusedk__cuda_lowrank_grad_pass(&fa, sv, ld1, su, ld2, op, dev, s);
+    if (!f && a.lora && a.dx.p) // dx = dh a from the pass, then dz w added by the GEMM (beta 1)
+      f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, fa.dy.p, a.q.ld, fa.dy.ld, a.dx.p, a.dx.ld,
+                         CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, false, a.scalar, 0, true},
+                    dev, s, ar.ws, op, "dx", sizeof(T));
+    return f ? f : lowrank_grad_store<T>(a, sv, ld1, su, ld2, dev, s, op);
   }
   size_t off[7], total = dp.dz_bytes + dp.part_bytes; // hf, gf, dh, g, s1, s2, dx32
   const size_t bytes[7] = {need_h ? (size_t)(M * ldh) * 4 : 0, need_g ? (size_t)(M * ldg) * 4 : 0,
@@ -3803,12 +3826,6 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // phases on CUDA cores, h in shared memory as float32.
 // ---------------------------------------------------------------------------------------------
 
-// rows a block, x's k tile, out's column tile; stages of each ring (rank 16: five tiles in flight;
-// wider ranks' v and u_t tiles would cost blocks an SM: three); warps a 16-row group (the
-// partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8 float4)
-constexpr int kLrRows = 64, kLrK = 64, kLrN = 64;
-template <int RT> constexpr int kLrStages = RT <= 16 ? 6 : 4;
-template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
 
 // shared memory of the tensor-core kernel: phase 1's stages (x's and v's k tiles), then phase
 // 2's over the same bytes (u_t's and y's column tiles)
@@ -4092,11 +4109,6 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
 // blocks' adds spread over the columns). The caller zeroes su and sv and rounds them into dv,
 // du_t afterwards.
 // ---------------------------------------------------------------------------------------------
-// a ring of ST [64, W] + [W, RT] stages, then z [64, RT], dx's room [64, W] and the share sums' floats
-template <int RT, int WS, int W, int ST> struct LgSmem {
-  static constexpr int kX = kLrRows * W * 2, kStage = kX + W * RT * 2, kZ = ST * kStage, kO = kZ + kLrRows * RT * 2,
-                       kSum = kO + kLrRows * W * 2, kBytes = kSum + (WS > 1 ? 4 * kLrRows * WS * RT : 0);
-};
 
 // p[0..3] += v in L2 (one 16-byte reduction on sm_90)
 __device__ __forceinline__ void red_add4(float *p, float4 v) {
@@ -4383,16 +4395,6 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
   return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS, 0, W, ST>), lowrank_mma_kernel<T, RT, false, WS, 0, W, ST>>{});
 }
 
-// the backward's one-pass kernel: 128-wide tiles (64 at rank 128: registers), rings of six
-// stages at rank 16, else four
-template <int RT> struct LgPlan {
-  static constexpr int WS = kLrShares<RT>, W = RT <= 64 ? 128 : 64, ST = RT <= 16 ? 6 : 4;
-  using L = LgSmem<RT, WS, W, ST>;
-};
-inline int lg_smem(int r) {
-  return r <= 16 ? LgPlan<16>::L::kBytes : r <= 32 ? LgPlan<32>::L::kBytes : r <= 64 ? LgPlan<64>::L::kBytes
-                                                                                    : LgPlan<128>::L::kBytes;
-}
 template <typename T, int RT>
 cudaError_t launch_lowrank_grad(const fusedk__lowrank_grad_args &a, float *sv, int64_t ldv, float *su, int64_t ldu,
                                 cudaStream_t s, int dev) {
@@ -4596,13 +4598,11 @@ fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op
   });
 }
 
-// the backward in one pass where the tensors fit the kernel (lowrank_grad_fits) and its shared
-// memory the device (*ran = 0 otherwise, nothing run); sv, su zeroed by the caller
+// the backward in one pass, for a call lowrank_grad_fits; sv, su zeroed by the caller
 fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a, float *sv, int64_t ldv, float *su,
-                                             int64_t ldu, int *ran, const char *op, int32_t device_id,
-                                             struct CUstream_st *stream) {
-  *ran = lowrank_grad_fits(*a, device_id) && (size_t)lg_smem(a->r) <= device_smem_optin(device_id);
-  if (!*ran) return FUSEDK_OK;
+                                             int64_t ldu, const char *op, int32_t device_id, struct CUstream_st *stream) {
+  if (!lowrank_grad_fits(*a, device_id))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: the one-pass kernel does not take this call", op);
   return on_device(device_id, op, [&] {
     return dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
@@ -4612,7 +4612,7 @@ fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a,
         if (a->r <= 64) return launch_lowrank_grad<T, 64>(*a, sv, ldv, su, ldu, stream, device_id);
         return launch_lowrank_grad<T, 128>(*a, sv, ldv, su, ldu, stream, device_id);
       }
-      return cudaErrorNotSupported; // *ran is 0 for float32
+      return cudaErrorNotSupported; // float32 does not fit
     });
   });
 }

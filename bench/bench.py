@@ -780,6 +780,17 @@ def plot(res, path):
     plt.close(fig)
 
 
+def save(out_dir, name, report, md):
+    """out_dir/name.json (the report) and out_dir/name.md, and the Markdown printed: what a
+    bench script leaves behind."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, name + ".json"), "w") as fh:
+        json.dump(report, fh, indent=1)
+    with open(os.path.join(out_dir, name + ".md"), "w") as fh:
+        fh.write(md)
+    print(md)
+
+
 def write_reports(res, out_dir, png=True):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:

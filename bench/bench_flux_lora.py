@@ -15,8 +15,6 @@ calls, median of --rounds rounds, the order rotated (bench_dit.py's). Goal (issu
 import argparse
 import copy
 import datetime
-import json
-import os
 
 import torch
 
@@ -121,13 +119,7 @@ def main():
                      f"{m['unpatched compile'] / m['patched compile']:.2f}x | {m.get('no LoRA, compile', float('nan')):.3f} | "
                      f"{', '.join(f'{v:.1e}' for v in r['rel_diff'])} |")
     md = "\n".join(lines + ["", "```"] + reports + ["```"]) + "\n"
-    os.makedirs(o.out, exist_ok=True)
-    name = "bench_flux_lora" + ("_step" if o.step else "")
-    with open(os.path.join(o.out, name + ".json"), "w") as fh:
-        json.dump({"meta": meta, "rows": rows, "reports": reports}, fh, indent=1)
-    with open(os.path.join(o.out, name + ".md"), "w") as fh:
-        fh.write(md)
-    print(md)
+    bench.save(o.out, "bench_flux_lora" + ("_step" if o.step else ""), {"meta": meta, "rows": rows, "reports": reports}, md)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ of each adapter gathered by precomputed indices). Writes DIR/bench_linear_lowran
 prints the table."""
 import argparse
 import datetime
-import json
-import os
 import statistics
 
 import torch
@@ -175,12 +173,7 @@ def main():
                      f"{r['eager_call_us']['many']:.1f} / {r['eager_call_us']['torch loop']:.1f} | "
                      f"{r['max_abs_err_vs_float64']['fusedk']:.2e} / {r['max_abs_err_vs_float64']['torch loop']:.2e} |")
     md = "\n".join(lines) + "\n"
-    os.makedirs(o.out, exist_ok=True)
-    with open(os.path.join(o.out, "bench_linear_lowrank.json"), "w") as fh:
-        json.dump({"meta": meta, "rows": rows, "adapters": arows}, fh, indent=1)
-    with open(os.path.join(o.out, "bench_linear_lowrank.md"), "w") as fh:
-        fh.write(md)
-    print(md)
+    bench.save(o.out, "bench_linear_lowrank", {"meta": meta, "rows": rows, "adapters": arows}, md)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ fusedk.linear(x, w) with w [K2, K1] (what an adapter's cost is measured against)
 DIR/bench_lowrank.json and .md and prints the table."""
 import argparse
 import datetime
-import json
 import os
 import statistics
 import subprocess
@@ -122,12 +121,7 @@ def main():
                      f"{cell('base linear')} | {f / u['base linear']:.2f}x | {r['eager_call_us']['fusedk']:.1f} / "
                      f"{r['eager_call_us']['eager']:.1f} | {r['max_abs_err_vs_float64']:.2e} |")
     md = "\n".join(lines) + "\n"
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "bench_lowrank.json"), "w") as fh:
-        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
-    with open(os.path.join(a.out, "bench_lowrank.md"), "w") as fh:
-        fh.write(md)
-    print(md)
+    bench.save(a.out, "bench_lowrank", {"meta": meta, "rows": rows}, md)
 
 
 if __name__ == "__main__":

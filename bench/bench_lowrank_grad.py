@@ -19,8 +19,6 @@ eager and compiled. Goal (issue 26): backward >= 1.3x PyTorch autograd of the un
 Writes DIR/bench_lowrank_grad.json and .md and prints the table."""
 import argparse
 import datetime
-import json
-import os
 import statistics
 
 import torch
@@ -197,12 +195,7 @@ def main():
                      f"{x(u, 'compile', 'fusedk')} | {st['fusedk']:.0f} / {st['eager']:.0f} / {st['compile']:.0f} | "
                      f"{', '.join(f'{v:.1e}' for v in e['fusedk'])} / {', '.join(f'{v:.1e}' for v in e['eager'])} |")
     md = "\n".join(lines) + "\n"
-    os.makedirs(o.out, exist_ok=True)
-    with open(os.path.join(o.out, "bench_lowrank_grad.json"), "w") as fh:
-        json.dump({"meta": meta, "lora": rows, "bem": brows}, fh, indent=1)
-    with open(os.path.join(o.out, "bench_lowrank_grad.md"), "w") as fh:
-        fh.write(md)
-    print(md)
+    bench.save(o.out, "bench_lowrank_grad", {"meta": meta, "lora": rows, "bem": brows}, md)
 
 
 if __name__ == "__main__":
