@@ -509,9 +509,11 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
    propagate, as BLAS and torch.addmm treat beta 0). out may be y itself (the same view:
    in place, each element read before it is written); otherwise no output overlaps an input. Rows
    by any stride (leading dims that flatten to one row stride), last dims contiguous. One dtype
-   for every tensor. CPU: every dtype, double accumulation, one rounding. GPU: one kernel, y read
-   once and x once (a call with few rows splits out's columns across blocks, each reading its x
-   rows again, from L2 after the first); f16/bf16 rows 16-byte aligned on tensor cores: h =
+   for every tensor. CPU: every dtype, double accumulation, one rounding. GPU: y read once and x
+   once, in one kernel, or in two where the rows are few (64-row blocks for at most 3/4 of the
+   SMs: x v's k splits as float32 [M, r] sums, then out's columns split across the SMs; otherwise
+   a call with fewer row blocks than SMs splits out's columns, each split reading its x rows
+   again, from L2 after the first); f16/bf16 rows 16-byte aligned on tensor cores: h =
    scaling (x v) codes accumulates in float32 and is rounded once to the dtype for the second
    product (float16: an h past 65504 becomes inf there); float32, and views the tensor cores'
    16-byte loads can't take, on CUDA cores with h in float32 (so an unaligned view of the same
@@ -858,7 +860,8 @@ typedef struct fusedk__lowrank_args {
   int64_t va;               /* CAT, PREPARE: v's adapter stride (elements) */
   fusedk__mat out, x, v, codes, u_t, y;
   const int32_t *ids;       /* CAT: adapter_ids [M] (contiguous) or NULL: every adapter on every row */
-  float *part;              /* CAT on the GPU: room for the k splits' float32 h [splits, M, A rp] */
+  float *part;              /* CAT on the GPU: room for the k splits' float32 h [splits, M, A rp]
+                               (lowrank_update's two passes: the kernels' own buffer) */
   int32_t part_splits;      /* the splits part has room for (the most the pass may use) */
 } fusedk__lowrank_args;
 

@@ -3821,7 +3821,10 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // a second ring over the same memory, adds beta y to h u_t, writes the sums into y's place in the
 // stage and stores them in 16-byte chunks (whole 32-byte sectors: the accumulators' 4-byte pairs
 // half-fill theirs, twice L2's write traffic). y is read once, out written once, x once a split;
-// v and u_t come from L2 to every block.
+// v and u_t come from L2 to every block. Where the row blocks fill at most 3/4 of the SMs (Flux's
+// 4608 rows), the phases are two launches (kLrH, kLrOut): phase 1 split by k writes float32
+// partial h ([splits, M, r]: L2-sized), and phase 2's blocks, split finely by out's columns, sum
+// them in split order instead of recomputing x v; out's stream then fills every SM.
 // lowrank_fma_kernel (float32, and 16-bit views the 16-byte loads can't take): the same two
 // phases on CUDA cores, h in shared memory as float32.
 // ---------------------------------------------------------------------------------------------
@@ -3933,7 +3936,10 @@ __device__ __forceinline__ void lr_store_tile(const float (&d)[W / 8 / WS][4], u
   __syncwarp();
 #pragma unroll
   for (int q = lane; q < 16 * CW; q += 32) {
-    const int lr = 16 * warp + q / CW, ch = s * CW + q % CW;
+    // a store's lanes: 8 rows' runs of CW chunks; CW 4: a quarter warp rows i and i + 4, whose
+    // runs the swizzle keeps apart (rows i, i + 1 would share banks)
+    const int lr = 16 * warp + (CW == 4 ? 8 * (q / 32) + (q % 32) / 8 + 4 * (q % 8 / 4) : q / CW),
+              ch = s * CW + q % CW;
     if (lr >= rows || n0 + 8 * ch >= cols) continue;
     uint32_t w[4];
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
@@ -3966,12 +3972,19 @@ template <int RT, int WS> __device__ __forceinline__ void lr_share_sum(float (&h
   }
 }
 
-// CAT: 0 lowrank_update, 1 [x | h], 2 [x | h] split by k; W: the tiles' width, ST: the rings' stages
-template <typename T, int RT, bool VV, int WS, int CAT, int W = kLrK, int ST = kLrStages<RT>>
+// lowrank_mma_kernel's passes: lowrank_update in one (kLrUpdate); linear_lowrank's [x | h] (kLrCat;
+// kLrCatSplit: split by k into float32 partial sums); lowrank_update in two where its row blocks
+// are fewer than the SMs: h's k splits' float32 sums (kLrH), then out from them (kLrOut, split by
+// columns: every block streams out without recomputing x v)
+enum LrPass { kLrUpdate, kLrCat, kLrCatSplit, kLrH, kLrOut };
+
+// P: the pass; W: the tiles' width, ST: the rings' stages
+template <typename T, int RT, bool VV, int WS, int P, int W = kLrK, int ST = kLrStages<RT>>
 __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_mma_kernel(const fusedk__lowrank_args a,
                                                                                           int splits, int per) {
   using L = LrSmem<RT, W, ST>;
   constexpr int NT = 128 * WS;
+  constexpr bool cat = P == kLrCat || P == kLrCatSplit, part = P == kLrCatSplit || P == kLrH;
   extern __shared__ __align__(128) unsigned char lr_smem[];
   const uint32_t base = smem_u32(lr_smem);
   // warp: the block's 16-row group, s: the warp's share of it
@@ -3979,69 +3992,79 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   const int64_t m0 = (int64_t)(blockIdx.x / splits) * kLrRows, r0 = m0 + 16 * warp + lane / 4; // rows r0, r0 + 8
   const int rows = (int)min((int64_t)kLrRows, a.M - m0);
   const T *x = (const T *)a.x.p + m0 * a.x.ld, *v = (const T *)a.v.p, *u = (const T *)a.u_t.p;
+  const int rp = (a.r + 7) / 8 * 8, HW = (cat ? a.slots : 1) * rp; // h's columns (partial sums, [x | h])
 
-  // phase 1: h = x v over k tiles of both (lanes as attention's Q and V fragments); CAT: this
-  // split's k tiles [kt0, kt0 + per)
+  // phase 1: h = x v over k tiles of both (lanes as attention's Q and V fragments); part: this
+  // split's k tiles [kt0, kt0 + per). kLrOut: h the k splits' sums in split order (the same bits
+  // run to run)
   float h[RT / 8][4];
 #pragma unroll
-  for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
-  const int nk = (int)((a.K1 + W - 1) / W), kt0 = CAT == 2 ? (int)(blockIdx.x % splits) * per : 0;
-  lr_ring<ST>(
-      CAT == 2 ? max(0, min(per, nk - kt0)) : nk,
-      [&](int kl, int st) {
-        const int kt = kt0 + kl;
-        const uint32_t xs = base + st * L::kStage1;
-        const int64_t k0 = (int64_t)kt * W;
-        const int kv = (int)min((int64_t)W, a.K1 - k0);
-        load_tile<T, kLrRows, W / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
-        if constexpr (CAT != 0) { // a's [RT, k] tile: h column j is adapter j / rp's row j % rp (zeros past r)
-          const int rp = (a.r + 7) / 8 * 8;
-          for (int i = threadIdx.x; i < RT * (W / 8); i += NT) {
-            const int j = i / (W / 8), c = i % (W / 8), q = j / rp;
-            const bool in = q < a.slots && j % rp < a.r && c * 8 < kv;
-            cp_async16(xs + L::kX + swz<W / 8>(j, c), in ? v + q * a.va + (j % rp) * a.v.ld + k0 + c * 8 : v, in ? 16 : 0);
+  for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = r0 + 8 * (e / 2);
+      const int j = 8 * t + c0 + e % 2;
+      h[t][e] = 0.f;
+      if constexpr (P == kLrOut)
+        for (int sp = 0; sp < a.part_splits && row < a.M && j < HW; ++sp) h[t][e] += a.part[(sp * a.M + row) * HW + j];
+    }
+  const int nk = (int)((a.K1 + W - 1) / W), kt0 = part ? (int)(blockIdx.x % splits) * per : 0;
+  if constexpr (P != kLrOut) {
+    lr_ring<ST>(
+        part ? max(0, min(per, nk - kt0)) : nk,
+        [&](int kl, int st) {
+          const int kt = kt0 + kl;
+          const uint32_t xs = base + st * L::kStage1;
+          const int64_t k0 = (int64_t)kt * W;
+          const int kv = (int)min((int64_t)W, a.K1 - k0);
+          load_tile<T, kLrRows, W / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
+          if constexpr (cat) { // a's [RT, k] tile: h column j is adapter j / rp's row j % rp (zeros past r)
+            for (int i = threadIdx.x; i < RT * (W / 8); i += NT) {
+              const int j = i / (W / 8), c = i % (W / 8), q = j / rp;
+              const bool in = q < a.slots && j % rp < a.r && c * 8 < kv;
+              cp_async16(xs + L::kX + swz<W / 8>(j, c), in ? v + q * a.va + (j % rp) * a.v.ld + k0 + c * 8 : v, in ? 16 : 0);
+            }
+          } else load_tile<T, W, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
+        },
+        [&](int kl, int st) {
+          const uint32_t xs = base + st * L::kStage1;
+          if constexpr (cat) { // x's tile on to out's first K1 columns, 16-byte chunks (K1 % 8 == 0)
+            const int64_t k0 = (int64_t)(kt0 + kl) * W;
+            for (int q = threadIdx.x; q < kLrRows * W / 8; q += NT) {
+              const int lr = q / (W / 8), ch = q % (W / 8);
+              if (lr >= rows || k0 + 8 * ch >= a.K1) continue;
+              uint32_t w[4];
+              asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                           : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                           : "r"(xs + swz<W / 8>(lr, ch)));
+              *reinterpret_cast<uint4 *>((T *)a.out.p + (m0 + lr) * a.out.ld + k0 + 8 * ch) = make_uint4(w[0], w[1], w[2], w[3]);
+            }
           }
-        }
-        else load_tile<T, W, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
-      },
-      [&](int kl, int st) {
-        const uint32_t xs = base + st * L::kStage1;
-        if constexpr (CAT != 0) { // x's tile on to out's first K1 columns, 16-byte chunks (K1 % 8 == 0)
-          const int64_t k0 = (int64_t)(kt0 + kl) * W;
-          for (int q = threadIdx.x; q < kLrRows * W / 8; q += NT) {
-            const int lr = q / (W / 8), ch = q % (W / 8);
-            if (lr >= rows || k0 + 8 * ch >= a.K1) continue;
-            uint32_t w[4];
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                         : "r"(xs + swz<W / 8>(lr, ch)));
-            *reinterpret_cast<uint4 *>((T *)a.out.p + (m0 + lr) * a.out.ld + k0 + 8 * ch) = make_uint4(w[0], w[1], w[2], w[3]);
-          }
-        }
-        lr_row_mma<T, RT, WS, CAT == 0, W>(h, xs, xs + L::kX, warp, s, lane);
-      });
-  lr_share_sum<RT, WS>(h, lr_smem);
+          lr_row_mma<T, RT, WS, !cat, W>(h, xs, xs + L::kX, warp, s, lane);
+        });
+    lr_share_sum<RT, WS>(h, lr_smem);
+  }
 
+  // part: this split's float32 sums to part (codes and ids follow once they are summed:
+  // lowrank_cat_finish_kernel, kLrOut); one share stores
+  if constexpr (part) {
+#pragma unroll
+    for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int64_t row = r0 + 8 * hf;
+        const int j = 8 * t + c0;
+        if (s == 0 && row < a.M && j < HW)
+          *reinterpret_cast<float2 *>(a.part + ((blockIdx.x % splits) * a.M + row) * HW + j) =
+              make_float2(h[t][2 * hf], h[t][2 * hf + 1]);
+      }
+    return;
+  }
   // codes and scaling on h, then h rounded to T as phase 2's a operand
   const T *codes = (const T *)a.codes.p;
-  if constexpr (CAT != 0) { // h (times codes) where the row's id selects the adapter, else 0 (selected,
+  if constexpr (cat) { // h (times codes) where the row's id selects the adapter, else 0 (selected,
                        // not multiplied: an inf in x would make NaN); rounded into out's columns
-                       // K1 .. K1 + A rp; one share stores. Split: this split's float32 sums to
-                       // part, lowrank_cat_finish_kernel adds them in split order
-    const int rp = (a.r + 7) / 8 * 8, HW = a.slots * rp; // h's columns
-    if constexpr (CAT == 2) {
-#pragma unroll
-      for (int t = 0; t < RT / 8; ++t)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int64_t row = r0 + 8 * hf;
-          const int j = 8 * t + c0;
-          if (s == 0 && row < a.M && j < HW)
-            *reinterpret_cast<float2 *>(a.part + ((blockIdx.x % splits) * a.M + row) * HW + j) =
-                make_float2(h[t][2 * hf], h[t][2 * hf + 1]);
-        }
-      return;
-    }
+                       // K1 .. K1 + A rp; one share stores
 #pragma unroll
     for (int t = 0; t < RT / 8; ++t)
 #pragma unroll
@@ -4358,41 +4381,61 @@ template <typename T> __global__ void lowrank_cat_finish_kernel(const fusedk__lo
 // the tensor-core kernel takes the call: 16-bit, and every row of x, u_t, y and out 16-byte
 // aligned (lr_vec; v's rows too, or loaded element by element: ranks not a multiple of 8)
 
-// splits: enough blocks for one an SM where the row blocks are fewer, no more than out has
-// column tiles
-// CAT splits x's k tiles instead (as many as its caller gave part room for: lr_cat_splits)
+// the two-pass lowrank_update's float32 partial h, a (device, stream)
+StreamBuffers &lr_buffers() {
+  static StreamBuffers *b = new StreamBuffers; // never destroyed: no teardown order at exit
+  return *b;
+}
+
+// Each pass's blocks: its row blocks times splits of its tiles (about `ask`, none left empty), a
+// split `per` tiles. lowrank_update: one pass, split by out's columns where the row blocks leave
+// SMs idle (each split recomputes x v); where they fill at most 3/4 of the SMs, two passes: h in
+// k splits (about two blocks an SM), then out in column splits (about four an SM: one wave) that
+// read h's [M, r] sums instead of x. CAT splits x's k tiles (as many as its caller gave part room
+// for: lr_cat_splits).
 template <typename T, int RT, int W = kLrK, int ST = kLrStages<RT>>
 cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
-  const bool cat = a.mode == FUSEDK__LR_CAT;
-  const int64_t rows = (a.M + kLrRows - 1) / kLrRows,
-                tiles = cat ? std::max<int64_t>(1, (a.K1 + W - 1) / W) : (a.K2 + W - 1) / W;
-  const int64_t ask = std::max<int64_t>(1, std::min(tiles, cat ? (a.part ? (int64_t)a.part_splits : 1)
-                                                                : (device_sms(dev) + rows - 1) / rows));
-  const int64_t per = (tiles + ask - 1) / ask;
-  const int splits = (int)std::max<int64_t>(1, (tiles + per - 1) / per); // none left empty
-  const unsigned grid = (unsigned)(rows * splits);
   constexpr int WS = kLrShares<RT>;
-  auto go = [&](auto kernel) {
-    using L = LrSmem<RT, W, ST>;
-    const cudaError_t e = smem_opt_in<decltype(kernel)::value>(L::kBytes, 0, dev);
+  const int64_t rows = (a.M + kLrRows - 1) / kLrRows, sms = device_sms(dev), nk = (a.K1 + W - 1) / W,
+                nn = (a.K2 + W - 1) / W;
+  int splits = 1;
+  auto go = [&](auto kernel, const fusedk__lowrank_args &c, int64_t tiles, int64_t ask) {
+    tiles = std::max<int64_t>(1, tiles), ask = std::clamp<int64_t>(ask, 1, tiles);
+    const int64_t per = (tiles + ask - 1) / ask;
+    splits = (int)std::max<int64_t>(1, (tiles + per - 1) / per);
+    const cudaError_t e = smem_opt_in<decltype(kernel)::value>(LrSmem<RT, W, ST>::kBytes, 0, dev);
     if (e != cudaSuccess) return e;
-    decltype(kernel)::value<<<grid, 128 * WS, L::kBytes, s>>>(a, splits, (int)per);
+    decltype(kernel)::value<<<(unsigned)(rows * splits), 128 * WS, LrSmem<RT, W, ST>::kBytes, s>>>(c, splits, (int)per);
     return cudaGetLastError();
   };
-  if constexpr (W == kLrK) { // the [x | h] pass: 64-wide tiles (its splits are counted in them)
-    if (cat) {
-      if (splits == 1)
-        return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 1>), lowrank_mma_kernel<T, RT, true, WS, 1>>{});
-      cudaError_t e = go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 2>), lowrank_mma_kernel<T, RT, true, WS, 2>>{});
+#define FUSEDK__LR_KERNEL(VV, P) std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>), lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>>{}
+  if constexpr (W == kLrK) { // the [x | h] pass: 64-wide tiles
+    if (a.mode == FUSEDK__LR_CAT) {
+      if (!a.part || a.part_splits < 2) return go(FUSEDK__LR_KERNEL(true, kLrCat), a, 1, 1);
+      cudaError_t e = go(FUSEDK__LR_KERNEL(true, kLrCatSplit), a, std::max<int64_t>(1, nk), a.part_splits);
       if (e != cudaSuccess) return e;
       const int64_t n = a.M * a.slots * ((a.r + 7) / 8 * 8);
-      lowrank_cat_finish_kernel<T><<<(unsigned)std::min<int64_t>((n + 255) / 256, 8 * device_sms(dev)), 256, 0, s>>>(a, splits);
+      lowrank_cat_finish_kernel<T><<<(unsigned)std::min<int64_t>((n + 255) / 256, 8 * sms), 256, 0, s>>>(a, splits);
       return cudaGetLastError();
     }
   }
-  if (a.r % 8 == 0 && lr_vec(a.v))
-    return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, true, WS, 0, W, ST>), lowrank_mma_kernel<T, RT, true, WS, 0, W, ST>>{});
-  return go(std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, false, WS, 0, W, ST>), lowrank_mma_kernel<T, RT, false, WS, 0, W, ST>>{});
+  const bool vv = a.r % 8 == 0 && lr_vec(a.v);
+  if (4 * rows <= 3 * sms) {
+    fusedk__lowrank_args c = a;
+    const int64_t ks = std::clamp<int64_t>(2 * sms / rows, 1, std::max<int64_t>(1, nk)),
+                  per = (std::max<int64_t>(1, nk) + ks - 1) / ks;
+    c.part_splits = (int)((std::max<int64_t>(1, nk) + per - 1) / per);
+    const cudaError_t e = lr_buffers().get(dev, s, (size_t)(c.part_splits * a.M * ((a.r + 7) / 8 * 8)) * sizeof(float), 0,
+                                           reinterpret_cast<void **>(&c.part));
+    if (e != cudaSuccess) return e;
+    const cudaError_t e1 = vv ? go(FUSEDK__LR_KERNEL(true, kLrH), c, nk, c.part_splits)
+                              : go(FUSEDK__LR_KERNEL(false, kLrH), c, nk, c.part_splits);
+    if (e1 != cudaSuccess) return e1;
+    return go(FUSEDK__LR_KERNEL(true, kLrOut), c, nn, 4 * sms / rows);
+  }
+  const int64_t ask = (sms + rows - 1) / rows;
+  return vv ? go(FUSEDK__LR_KERNEL(true, kLrUpdate), a, nn, ask) : go(FUSEDK__LR_KERNEL(false, kLrUpdate), a, nn, ask);
+#undef FUSEDK__LR_KERNEL
 }
 
 template <typename T, int RT>
@@ -4455,6 +4498,7 @@ extern "C" {
 // what fusedk__cuda_shutdown (the runtime part) releases, each in its family's part
 void fusedk__cuda_gemm_release(void);
 void fusedk__cuda_attention_release(void);
+void fusedk__cuda_lowrank_release(void);
 
 #if FUSEDK__PART_NORM
 #ifdef FUSEDK_TUNING
@@ -4616,6 +4660,8 @@ fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a,
     });
   });
 }
+
+void fusedk__cuda_lowrank_release(void) { lr_buffers().release(); }
 #endif // FUSEDK__PART_LOWRANK
 
 #if FUSEDK__PART_RUNTIME
@@ -4623,6 +4669,7 @@ fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a,
 void fusedk__cuda_shutdown(void) {
   fusedk__cuda_gemm_release();
   fusedk__cuda_attention_release();
+  fusedk__cuda_lowrank_release();
 }
 
 // Stream-ordered, from the device's default memory pool: no device-wide synchronization, and

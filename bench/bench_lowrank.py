@@ -12,7 +12,8 @@ into y (a LoRA's delta added to the base layer's output, in place; the chain: y 
 that outgrow L2, replays timed by events, median of --rounds rotated rounds). The eager call
 (no out=, no graph): a loop of calls to a sync, per call. Minimum bytes: x, v, codes, u_t and
 out once, y once when read; the copy ceiling: a 1 GiB device-to-device copy. The base linear:
-fusedk.linear(x, w) with w [K2, K1] (what an adapter's cost is measured against). Writes
+fusedk.linear(x, w) with w [K2, K1] (what an adapter's cost is measured against), in rounds of
+its own: a long GEMM leaves the SM clock lower for the calls right after it (bench/NOTES.md). Writes
 DIR/bench_lowrank.json and .md and prints the table."""
 import argparse
 import datetime
@@ -74,7 +75,7 @@ def row(name, M, K1, r, K2, dt, form, rounds, iters):
         nbytes = (M * K1 + K1 * r + M * r + r * K2 + M * K2) * es
         eager_f = lambda: fusedk.lowrank_update(sets[0][0], v, u_t, sets[0][1], scaling=s)  # noqa: E731
         eager_c = lambda: chain(sets[0][0], sets[0][1])  # noqa: E731
-    calls["base linear"] = lambda i: fusedk.linear(sets[i % n_sets][0], w, out=sets[i % n_sets][3])
+    base = {"base linear": lambda i: fusedk.linear(sets[i % n_sets][0], w, out=sets[i % n_sets][3])}
     # correctness of what is timed: fusedk against the chain in float64
     x0, c0, y0 = sets[0][0], sets[0][1], sets[0][2]
     want = (x0.double() @ v.double()) @ u_t.double() * s + y0.double() if lora else \
@@ -82,8 +83,10 @@ def row(name, M, K1, r, K2, dt, form, rounds, iters):
     got = fusedk.lowrank_update(x0, v, u_t, None if lora else c0, scaling=s, y=y0 if lora else None)
     err = (got.double() - want).abs().max().item()
     us, meth, errs = bench.time_rounds(calls, max(1, min(20, n_sets * 4)), iters, rounds)
-    med = {k: statistics.median(t) for k, t in us.items() if t}
     eager = {"fusedk": eager_us(eager_f), "eager": eager_us(eager_c)}
+    for d, b in zip((us, meth, errs), bench.time_rounds(base, max(1, min(20, n_sets * 4)), iters, rounds)):
+        d.update(b)
+    med = {k: statistics.median(t) for k, t in us.items() if t}
     return {"name": name, "form": form, "M": M, "K1": K1, "r": r, "K2": K2, "dtype": str(dt).replace("torch.", ""),
             "min_bytes": nbytes, "us": med, "rounds_us": us, "method": meth, "errors": errs, "eager_call_us": eager,
             "max_abs_err_vs_float64": err}

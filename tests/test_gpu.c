@@ -1545,14 +1545,20 @@ static void lowrank_cases(fusedk_scalar s) {
        .beta = -1.0f},
   };
   for (size_t i = 0; i < sizeof rings / sizeof rings[0]; ++i) run_lowrank(rings[i]);
-  if (!small) { /* BEM's shape (seed 001) and a rank-128 adapter over many blocks */
+  /* row blocks filling at most 3/4 of the SMs: the two passes, h's k splits and out's column
+     splits several each, the last row block partial */
+  run_lowrank((lowrank_t){.s = s, .B = 1, .L = 4601, .K1 = 520, .r = 32, .K2 = 1032, .codes = 1, .y = 1,
+                          .scaling = 0.5f, .beta = 1.0f});
+  if (!small) { /* BEM's shape (seed 001), a rank-128 adapter over many blocks, and row blocks
+                   between 3/4 of the SMs and all of them (one pass, split by out's columns) */
+    run_lowrank((lowrank_t){.s = s, .B = 1, .L = 7000, .K1 = 136, .r = 16, .K2 = 2056, .codes = 1, .scaling = 1.0f});
     run_lowrank((lowrank_t){.s = s, .B = 1, .L = 16384, .K1 = 768, .r = 8, .K2 = 768, .codes = 1, .y = 1,
                             .scaling = 2.0f, .beta = 1.0f});
     run_lowrank((lowrank_t){.s = s, .B = 3, .L = 1000, .K1 = 1024, .r = 128, .K2 = 1032, .y = 1, .scaling = 0.5f,
                             .beta = 1.0f});
   }
   if (failures == n_before)
-    printf("ok   %s lowrank_update (ranks 1-128, codes, y, in place, beta 0, K1 0, odd sizes, strided, misaligned)\n",
+    printf("ok   %s lowrank_update (ranks 1-128, codes, y, in place, beta 0, K1 0, odd sizes, strided, misaligned, one and two passes)\n",
            sname(s));
 }
 

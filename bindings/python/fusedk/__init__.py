@@ -279,7 +279,8 @@ def lowrank_update(x, v, u_t, codes=None, scaling=1.0, y=None, beta=1.0, out=Non
     with x [..., K1], v [K1, r] (rank 1..128), codes [..., r] (optional), u_t [r, K2] (U
     pre-transposed, as BEM keeps it; a LoRA's B.T), y [..., K2] (optional: without it, or with
     beta 0, out is the update alone and y is not read). In place: lowrank_update(x, v, u_t, y=y,
-    out=y). On the GPU one kernel: x read once, y once, the [M, r] product kept on chip."""
+    out=y). On the GPU x is read once and y once, the [M, r] product kept on chip (in
+    L2 as float32 sums where the rows are few: two kernels)."""
     return _call(_LOWRANK, x, (out, x, v, codes, u_t, y), (scaling, beta), stream)
 
 
