@@ -3999,14 +3999,23 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
   // run to run)
   float h[RT / 8][4];
 #pragma unroll
-  for (int t = 0; t < RT / 8; ++t)
+  for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
+  if constexpr (P == kLrOut)
+    for (int sp = 0; sp < a.part_splits; ++sp) { // a split's loads all in flight at once
+      float2 f[RT / 8][2];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t row = r0 + 8 * (e / 2);
-      const int j = 8 * t + c0 + e % 2;
-      h[t][e] = 0.f;
-      if constexpr (P == kLrOut)
-        for (int sp = 0; sp < a.part_splits && row < a.M && j < HW; ++sp) h[t][e] += a.part[(sp * a.M + row) * HW + j];
+      for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int64_t row = r0 + 8 * hf;
+          const int j = 8 * t + c0; // j, j + 1 < HW together (HW a multiple of 8)
+          f[t][hf] = row < a.M && j < HW ? *reinterpret_cast<const float2 *>(a.part + (sp * a.M + row) * HW + j)
+                                         : make_float2(0.f, 0.f);
+        }
+#pragma unroll
+      for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) h[t][2 * hf] += f[t][hf].x, h[t][2 * hf + 1] += f[t][hf].y;
     }
   const int nk = (int)((a.K1 + W - 1) / W), kt0 = part ? (int)(blockIdx.x % splits) * per : 0;
   if constexpr (P != kLrOut) {
@@ -4390,8 +4399,9 @@ StreamBuffers &lr_buffers() {
 // Each pass's blocks: its row blocks times splits of its tiles (about `ask`, none left empty), a
 // split `per` tiles. lowrank_update: one pass, split by out's columns where the row blocks leave
 // SMs idle (each split recomputes x v); where they fill at most 3/4 of the SMs, two passes: h in
-// k splits (about two blocks an SM), then out in column splits (about four an SM: one wave) that
-// read h's [M, r] sums instead of x. CAT splits x's k tiles (as many as its caller gave part room
+// k splits (about two blocks an SM, at least 8 k tiles a split: each split's sums are read again
+// by every column split), then out in column splits (about four an SM: one wave) that read h's
+// [M, r] sums instead of x. CAT splits x's k tiles (as many as its caller gave part room
 // for: lr_cat_splits).
 template <typename T, int RT, int W = kLrK, int ST = kLrStages<RT>>
 cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
@@ -4422,7 +4432,7 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
   const bool vv = a.r % 8 == 0 && lr_vec(a.v);
   if (4 * rows <= 3 * sms) {
     fusedk__lowrank_args c = a;
-    const int64_t ks = std::clamp<int64_t>(2 * sms / rows, 1, std::max<int64_t>(1, nk)),
+    const int64_t ks = std::clamp<int64_t>(2 * sms / rows, 1, std::max<int64_t>(1, nk / 8)),
                   per = (std::max<int64_t>(1, nk) + ks - 1) / ks;
     c.part_splits = (int)((std::max<int64_t>(1, nk) + per - 1) / per);
     const cudaError_t e = lr_buffers().get(dev, s, (size_t)(c.part_splits * a.M * ((a.r + 7) / 8 * 8)) * sizeof(float), 0,

@@ -1547,7 +1547,7 @@ static void lowrank_cases(fusedk_scalar s) {
   for (size_t i = 0; i < sizeof rings / sizeof rings[0]; ++i) run_lowrank(rings[i]);
   /* row blocks filling at most 3/4 of the SMs: the two passes, h's k splits and out's column
      splits several each, the last row block partial */
-  run_lowrank((lowrank_t){.s = s, .B = 1, .L = 4601, .K1 = 520, .r = 32, .K2 = 1032, .codes = 1, .y = 1,
+  run_lowrank((lowrank_t){.s = s, .B = 1, .L = 4601, .K1 = 1032, .r = 32, .K2 = 1032, .codes = 1, .y = 1,
                           .scaling = 0.5f, .beta = 1.0f});
   if (!small) { /* BEM's shape (seed 001), a rank-128 adapter over many blocks, and row blocks
                    between 3/4 of the SMs and all of them (one pass, split by out's columns) */
@@ -1842,7 +1842,8 @@ out:
    composed route. */
 static void lowrank_grad_inf_case(fusedk_scalar s, int64_t L) {
   const int64_t K = 136, r = 8, N = 72, rp = 8, xs[2] = {L, K}, ys[2] = {L, N}, cs[2] = {L, r};
-  const int64_t ps[3] = {1, r, K}, bs[3] = {1, N, r}, wcs[2] = {N, K + rp}, ids_shape[1] = {L};
+  const int64_t ps[3] = {1, r, K}, bs[3] = {1, N, r}, wcs[2] = {N, K + rp};
+  int64_t ids_shape[1] = {L};
   char what[160];
   snprintf(what, sizeof what, "linear_lowrank_backward %s [%lld,%lld] r=%lld N=%lld inf in x on a row without the "
            "adapter", sname(s), (long long)L, (long long)K, (long long)r, (long long)N);
