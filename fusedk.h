@@ -82,7 +82,8 @@
    STREAMS
      The last argument of every op: a cudaStream_t passed as struct CUstream_st* (NULL = legacy
      default stream). GPU ops are stream-ordered, allocation-free and CUDA-graph capturable (the
-     linear ops allocate their workspace and scratch on a stream's first calls: see [linear]).
+     linear ops allocate their workspace and scratch on a stream's first calls: see [linear];
+     attention and lowrank_update keep a buffer a stream for some shapes: see theirs).
 
    CONFIGURATION (define before including)
      FUSEDK_IMPLEMENTATION   in one translation unit: emit the implementation.
@@ -471,9 +472,9 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
                                                 const fusedk_tensor *aux, fusedk_activation act, int32_t tf32,
                                                 struct CUstream_st *stream);
 /* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch,
-   linear_lowrank's [x | h] buffers, attention's split buffers). Call it with no op in flight and
-   no captured CUDA graph of a linear, linear_lowrank or attention op left to replay (its buffers
-   are gone); later calls make them again. */
+   linear_lowrank's [x | h] buffers, attention's split buffers, lowrank_update's partial sums).
+   Call it with no op in flight and no captured CUDA graph of a linear, linear_lowrank, attention
+   or lowrank_update op left to replay (its buffers are gone); later calls make them again. */
 FUSEDK_DEF void fusedk_shutdown(void);
 
 /* ---- [attention] softmax attention in one pass over the keys (flash attention) ----
@@ -513,7 +514,11 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
    once, in one kernel, or in two where the rows are few (64-row blocks for at most 3/4 of the
    SMs: x v's k splits as float32 [M, r] sums, then out's columns split across the SMs; otherwise
    a call with fewer row blocks than SMs splits out's columns, each split reading its x rows
-   again, from L2 after the first); f16/bf16 rows 16-byte aligned on tensor cores: h =
+   again, from L2 after the first). The two passes' sums go through a buffer per (device, stream)
+   made on first use (splits x M x r float32: a few MB) and kept until fusedk_shutdown; at most
+   64 streams, past them (or without the memory) the one pass runs. A captured graph keeps the
+   buffer of the stream it was captured on: it must not run at the same time as lowrank_update
+   calls on that stream or other graphs captured there, as with attention's; f16/bf16 rows 16-byte aligned on tensor cores: h =
    scaling (x v) codes accumulates in float32 and is rounded once to the dtype for the second
    product (float16: an h past 65504 becomes inf there); float32, and views the tensor cores'
    16-byte loads can't take, on CUDA cores with h in float32 (so an unaligned view of the same

@@ -3823,7 +3823,7 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // half-fill theirs, twice L2's write traffic). y is read once, out written once, x once a split;
 // v and u_t come from L2 to every block. Where the row blocks fill at most 3/4 of the SMs (Flux's
 // 4608 rows), the phases are two launches (kLrH, kLrOut): phase 1 split by k writes float32
-// partial h ([splits, M, r]: L2-sized), and phase 2's blocks, split finely by out's columns, sum
+// partial h ([splits, M, r rounded up to 8]: L2-sized), and phase 2's blocks, split finely by out's columns, sum
 // them in split order instead of recomputing x v; out's stream then fills every SM.
 // lowrank_fma_kernel (float32, and 16-bit views the 16-byte loads can't take): the same two
 // phases on CUDA cores, h in shared memory as float32.
@@ -3936,8 +3936,8 @@ __device__ __forceinline__ void lr_store_tile(const float (&d)[W / 8 / WS][4], u
   __syncwarp();
 #pragma unroll
   for (int q = lane; q < 16 * CW; q += 32) {
-    // a store's lanes: 8 rows' runs of CW chunks; CW 4: a quarter warp rows i and i + 4, whose
-    // runs the swizzle keeps apart (rows i, i + 1 would share banks)
+    // a store's lanes: 32 / CW rows' runs of CW chunks; CW 4: a quarter warp rows i and i + 4,
+    // whose runs the swizzle keeps apart (rows i, i + 1 would share banks)
     const int lr = 16 * warp + (CW == 4 ? 8 * (q / 32) + (q % 32) / 8 + 4 * (q % 8 / 4) : q / CW),
               ch = s * CW + q % CW;
     if (lr >= rows || n0 + 8 * ch >= cols) continue;
@@ -3974,7 +3974,7 @@ template <int RT, int WS> __device__ __forceinline__ void lr_share_sum(float (&h
 
 // lowrank_mma_kernel's passes: lowrank_update in one (kLrUpdate); linear_lowrank's [x | h] (kLrCat;
 // kLrCatSplit: split by k into float32 partial sums); lowrank_update in two where its row blocks
-// are fewer than the SMs: h's k splits' float32 sums (kLrH), then out from them (kLrOut, split by
+// fill at most 3/4 of the SMs: h's k splits' float32 sums (kLrH), then out from them (kLrOut, split by
 // columns: every block streams out without recomputing x v)
 enum LrPass { kLrUpdate, kLrCat, kLrCatSplit, kLrH, kLrOut };
 
@@ -4390,10 +4390,15 @@ template <typename T> __global__ void lowrank_cat_finish_kernel(const fusedk__lo
 // the tensor-core kernel takes the call: 16-bit, and every row of x, u_t, y and out 16-byte
 // aligned (lr_vec; v's rows too, or loaded element by element: ranks not a multiple of 8)
 
-// the two-pass lowrank_update's float32 partial h, a (device, stream)
+// the two-pass lowrank_update's float32 partial h, a (device, stream), and the lock that keeps a
+// call's two launches together
 StreamBuffers &lr_buffers() {
   static StreamBuffers *b = new StreamBuffers; // never destroyed: no teardown order at exit
   return *b;
+}
+std::mutex &lr_buffers_order() {
+  static std::mutex *m = new std::mutex;
+  return *m;
 }
 
 // Each pass's blocks: its row blocks times splits of its tiles (about `ask`, none left empty), a
@@ -4435,13 +4440,15 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
     const int64_t ks = std::clamp<int64_t>(2 * sms / rows, 1, std::max<int64_t>(1, nk / 8)),
                   per = (std::max<int64_t>(1, nk) + ks - 1) / ks;
     c.part_splits = (int)((std::max<int64_t>(1, nk) + per - 1) / per);
-    const cudaError_t e = lr_buffers().get(dev, s, (size_t)(c.part_splits * a.M * ((a.r + 7) / 8 * 8)) * sizeof(float), 0,
-                                           reinterpret_cast<void **>(&c.part));
-    if (e != cudaSuccess) return e;
-    const cudaError_t e1 = vv ? go(FUSEDK__LR_KERNEL(true, kLrH), c, nk, c.part_splits)
-                              : go(FUSEDK__LR_KERNEL(false, kLrH), c, nk, c.part_splits);
-    if (e1 != cudaSuccess) return e1;
-    return go(FUSEDK__LR_KERNEL(true, kLrOut), c, nn, 4 * sms / rows);
+    // one call's two launches back to back on the stream: threads sharing a stream share its buffer
+    std::lock_guard<std::mutex> lock(lr_buffers_order());
+    if (lr_buffers().get(dev, s, (size_t)(c.part_splits * a.M * ((a.r + 7) / 8 * 8)) * sizeof(float), 0,
+                         reinterpret_cast<void **>(&c.part)) == cudaSuccess) {
+      const cudaError_t e = vv ? go(FUSEDK__LR_KERNEL(true, kLrH), c, nk, c.part_splits)
+                               : go(FUSEDK__LR_KERNEL(false, kLrH), c, nk, c.part_splits);
+      return e != cudaSuccess ? e : go(FUSEDK__LR_KERNEL(true, kLrOut), c, nn, 4 * sms / rows);
+    }
+    cudaGetLastError(); // no buffer (memory, or past 64 streams): the one pass below
   }
   const int64_t ask = (sms + rows - 1) / rows;
   return vv ? go(FUSEDK__LR_KERNEL(true, kLrUpdate), a, nn, ask) : go(FUSEDK__LR_KERNEL(false, kLrUpdate), a, nn, ask);
@@ -4675,7 +4682,7 @@ void fusedk__cuda_lowrank_release(void) { lr_buffers().release(); }
 #endif // FUSEDK__PART_LOWRANK
 
 #if FUSEDK__PART_RUNTIME
-// Frees every cached cuBLASLt object, workspace and attention buffer (no work in flight).
+// Frees every cached cuBLASLt object, workspace, attention and lowrank buffer (no work in flight).
 void fusedk__cuda_shutdown(void) {
   fusedk__cuda_gemm_release();
   fusedk__cuda_attention_release();
