@@ -518,9 +518,9 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
    made on first use (splits x M x r float32: a few MB) and kept until fusedk_shutdown; at most
    64 streams, past them (or without the memory) the one pass runs. A captured graph keeps the
    buffer of the stream it was captured on: it must not run at the same time as lowrank_update
-   calls on that stream or other graphs captured there, as with attention's; f16/bf16 rows 16-byte aligned on tensor cores: h =
-   scaling (x v) codes accumulates in float32 and is rounded once to the dtype for the second
-   product (float16: an h past 65504 becomes inf there); float32, and views the tensor cores'
+   calls on that stream or other graphs captured there, as with attention's. f16/bf16 rows
+   16-byte aligned on tensor cores: h = scaling (x v) codes accumulates in float32 and is rounded
+   once to the dtype for the second product (float16: an h past 65504 becomes inf there); float32, and views the tensor cores'
    16-byte loads can't take, on CUDA cores with h in float32 (so an unaligned view of the same
    data can differ in its last bits). */
 FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *v,

@@ -3823,8 +3823,9 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // half-fill theirs, twice L2's write traffic). y is read once, out written once, x once a split;
 // v and u_t come from L2 to every block. Where the row blocks fill at most 3/4 of the SMs (Flux's
 // 4608 rows), the phases are two launches (kLrH, kLrOut): phase 1 split by k writes float32
-// partial h ([splits, M, r rounded up to 8]: L2-sized), and phase 2's blocks, split finely by out's columns, sum
-// them in split order instead of recomputing x v; out's stream then fills every SM.
+// partial h ([splits, M, r rounded up to 8]: L2-sized), and phase 2's blocks, split finely by
+// out's columns, sum them in split order instead of recomputing x v; out's stream then fills
+// every SM.
 // lowrank_fma_kernel (float32, and 16-bit views the 16-byte loads can't take): the same two
 // phases on CUDA cores, h in shared memory as float32.
 // ---------------------------------------------------------------------------------------------
@@ -3972,10 +3973,10 @@ template <int RT, int WS> __device__ __forceinline__ void lr_share_sum(float (&h
   }
 }
 
-// lowrank_mma_kernel's passes: lowrank_update in one (kLrUpdate); linear_lowrank's [x | h] (kLrCat;
-// kLrCatSplit: split by k into float32 partial sums); lowrank_update in two where its row blocks
-// fill at most 3/4 of the SMs: h's k splits' float32 sums (kLrH), then out from them (kLrOut, split by
-// columns: every block streams out without recomputing x v)
+// lowrank_mma_kernel's passes: lowrank_update in one (kLrUpdate); linear_lowrank's [x | h]
+// (kLrCat; kLrCatSplit: split by k into float32 partial sums); lowrank_update in two where its row
+// blocks fill at most 3/4 of the SMs: h's k splits' float32 sums (kLrH), then out from them
+// (kLrOut, split by columns: every block streams out without recomputing x v)
 enum LrPass { kLrUpdate, kLrCat, kLrCatSplit, kLrH, kLrOut };
 
 // P: the pass; W: the tiles' width, ST: the rings' stages
@@ -4423,7 +4424,8 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
     decltype(kernel)::value<<<(unsigned)(rows * splits), 128 * WS, LrSmem<RT, W, ST>::kBytes, s>>>(c, splits, (int)per);
     return cudaGetLastError();
   };
-#define FUSEDK__LR_KERNEL(VV, P) std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>), lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>>{}
+#define FUSEDK__LR_KERNEL(VV, P)                                                                                   \
+  std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>), lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>>{}
   if constexpr (W == kLrK) { // the [x | h] pass: 64-wide tiles
     if (a.mode == FUSEDK__LR_CAT) {
       if (!a.part || a.part_splits < 2) return go(FUSEDK__LR_KERNEL(true, kLrCat), a, 1, 1);

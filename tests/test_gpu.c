@@ -1558,7 +1558,8 @@ static void lowrank_cases(fusedk_scalar s) {
                             .beta = 1.0f});
   }
   if (failures == n_before)
-    printf("ok   %s lowrank_update (ranks 1-128, codes, y, in place, beta 0, K1 0, odd sizes, strided, misaligned, one and two passes)\n",
+    printf("ok   %s lowrank_update (ranks 1-128, codes, y, in place, beta 0, K1 0, odd sizes, strided, misaligned, "
+           "one and two passes)\n",
            sname(s));
 }
 
