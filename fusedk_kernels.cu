@@ -4409,19 +4409,26 @@ std::mutex &lr_buffers_order() {
 // by every column split), then out in column splits (about four an SM: one wave) that read h's
 // [M, r] sums instead of x. CAT splits x's k tiles (as many as its caller gave part room
 // for: lr_cat_splits).
+struct LrSplit {
+  int64_t per;
+  int splits;
+};
+inline LrSplit lr_split(int64_t tiles, int64_t ask) {
+  tiles = std::max<int64_t>(1, tiles), ask = std::clamp<int64_t>(ask, 1, tiles);
+  const int64_t per = (tiles + ask - 1) / ask;
+  return {per, (int)((tiles + per - 1) / per)};
+}
+
 template <typename T, int RT, int W = kLrK, int ST = kLrStages<RT>>
 cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, int dev) {
   constexpr int WS = kLrShares<RT>;
   const int64_t rows = (a.M + kLrRows - 1) / kLrRows, sms = device_sms(dev), nk = (a.K1 + W - 1) / W,
                 nn = (a.K2 + W - 1) / W;
-  int splits = 1;
   auto go = [&](auto kernel, const fusedk__lowrank_args &c, int64_t tiles, int64_t ask) {
-    tiles = std::max<int64_t>(1, tiles), ask = std::clamp<int64_t>(ask, 1, tiles);
-    const int64_t per = (tiles + ask - 1) / ask;
-    splits = (int)std::max<int64_t>(1, (tiles + per - 1) / per);
+    const LrSplit sp = lr_split(tiles, ask);
     const cudaError_t e = smem_opt_in<decltype(kernel)::value>(LrSmem<RT, W, ST>::kBytes, 0, dev);
     if (e != cudaSuccess) return e;
-    decltype(kernel)::value<<<(unsigned)(rows * splits), 128 * WS, LrSmem<RT, W, ST>::kBytes, s>>>(c, splits, (int)per);
+    decltype(kernel)::value<<<(unsigned)(rows * sp.splits), 128 * WS, LrSmem<RT, W, ST>::kBytes, s>>>(c, sp.splits, (int)sp.per);
     return cudaGetLastError();
   };
 #define FUSEDK__LR_KERNEL(VV, P)                                                                                   \
@@ -4429,19 +4436,18 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
   if constexpr (W == kLrK) { // the [x | h] pass: 64-wide tiles
     if (a.mode == FUSEDK__LR_CAT) {
       if (!a.part || a.part_splits < 2) return go(FUSEDK__LR_KERNEL(true, kLrCat), a, 1, 1);
-      cudaError_t e = go(FUSEDK__LR_KERNEL(true, kLrCatSplit), a, std::max<int64_t>(1, nk), a.part_splits);
+      cudaError_t e = go(FUSEDK__LR_KERNEL(true, kLrCatSplit), a, nk, a.part_splits);
       if (e != cudaSuccess) return e;
       const int64_t n = a.M * a.slots * ((a.r + 7) / 8 * 8);
-      lowrank_cat_finish_kernel<T><<<(unsigned)std::min<int64_t>((n + 255) / 256, 8 * sms), 256, 0, s>>>(a, splits);
+      lowrank_cat_finish_kernel<T><<<(unsigned)std::min<int64_t>((n + 255) / 256, 8 * sms), 256, 0, s>>>(
+          a, lr_split(nk, a.part_splits).splits);
       return cudaGetLastError();
     }
   }
   const bool vv = a.r % 8 == 0 && lr_vec(a.v);
   if (4 * rows <= 3 * sms) {
     fusedk__lowrank_args c = a;
-    const int64_t ks = std::clamp<int64_t>(2 * sms / rows, 1, std::max<int64_t>(1, nk / 8)),
-                  per = (std::max<int64_t>(1, nk) + ks - 1) / ks;
-    c.part_splits = (int)((std::max<int64_t>(1, nk) + per - 1) / per);
+    c.part_splits = lr_split(nk, std::min(2 * sms / rows, nk / 8)).splits; // kLrH's, which kLrOut sums
     // one call's two launches back to back on the stream: threads sharing a stream share its buffer
     std::lock_guard<std::mutex> lock(lr_buffers_order());
     if (lr_buffers().get(dev, s, (size_t)(c.part_splits * a.M * ((a.r + 7) / 8 * 8)) * sizeof(float), 0,
