@@ -333,6 +333,24 @@ template <auto Kernel> cudaError_t smem_opt_in(size_t smem, size_t fixed, int de
   return e;
 }
 
+// Resident blocks a multiprocessor of Kernel at `threads` a block (a multiple of 32) and `smem`
+// dynamic bytes: the grid of a grid-stride kernel is one wave. Asked once per (kernel, device,
+// block size) and remembered with its smem; another smem asks again (and is remembered instead).
+template <auto Kernel> int resident_blocks(int device, int threads, size_t smem) {
+  static std::atomic<int64_t> cache[kMaxDevices][33]; // smem << 16 | blocks
+  const int slot = threads / 32;
+  const bool cached = device >= 0 && device < kMaxDevices && threads % 32 == 0 && slot <= 32;
+  const int64_t c = cached ? cache[device][slot].load(std::memory_order_relaxed) : 0;
+  if (c && (size_t)(c >> 16) == smem) return (int)(c & 0xffff);
+  int v = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kernel, threads, smem) != cudaSuccess || v < 1) {
+    cudaGetLastError();
+    v = 1;
+  }
+  if (cached) cache[device][slot].store((int64_t)smem << 16 | v, std::memory_order_relaxed);
+  return v;
+}
+
 // ---------------------------------------------------------------------------------------------
 // [dispatch] a compile-time variant from a runtime value
 // ---------------------------------------------------------------------------------------------
@@ -1932,24 +1950,6 @@ __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk
             qk_item_out<T, VEC, STYLE>(a, t, kind[u][m], x1[u][m], x2[u][m], norm, sq[u][m], inv_n, c, nrot, half, r0, b, s, h);
           }
       }
-}
-
-// Resident blocks a multiprocessor of Kernel at `threads` a block (a multiple of 32) and `smem`
-// dynamic bytes: the grid of a grid-stride kernel is one wave. Asked once per (kernel, device,
-// block size) and remembered with its smem; another smem asks again (and is remembered instead).
-template <auto Kernel> int resident_blocks(int device, int threads, size_t smem) {
-  static std::atomic<int64_t> cache[kMaxDevices][33]; // smem << 16 | blocks
-  const int slot = threads / 32;
-  const bool cached = device >= 0 && device < kMaxDevices && threads % 32 == 0 && slot <= 32;
-  const int64_t c = cached ? cache[device][slot].load(std::memory_order_relaxed) : 0;
-  if (c && (size_t)(c >> 16) == smem) return (int)(c & 0xffff);
-  int v = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kernel, threads, smem) != cudaSuccess || v < 1) {
-    cudaGetLastError();
-    v = 1;
-  }
-  if (cached) cache[device][slot].store((int64_t)smem << 16 | v, std::memory_order_relaxed);
-  return v;
 }
 
 // The Hopper form of both ops (launch_tma below picks it). A row is one tensor (q, k or v) of
@@ -4406,9 +4406,9 @@ std::mutex &lr_buffers_order() {
 // split `per` tiles. lowrank_update: one pass, split by out's columns where the row blocks leave
 // SMs idle (each split recomputes x v); where they fill at most 3/4 of the SMs, two passes: h in
 // k splits (about two blocks an SM, at least 8 k tiles a split: each split's sums are read again
-// by every column split), then out in column splits (about four an SM: one wave) that read h's
-// [M, r] sums instead of x. CAT splits x's k tiles (as many as its caller gave part room
-// for: lr_cat_splits).
+// by every column split), then out in column splits (as many blocks as the SMs hold at once: one
+// wave) that read h's [M, r] sums instead of x. CAT splits x's k tiles (as many as its caller gave
+// part room for: lr_cat_splits).
 struct LrSplit {
   int64_t per;
   int splits;
@@ -4424,10 +4424,12 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
   constexpr int WS = kLrShares<RT>;
   const int64_t rows = (a.M + kLrRows - 1) / kLrRows, sms = device_sms(dev), nk = (a.K1 + W - 1) / W,
                 nn = (a.K2 + W - 1) / W;
+  // ask < 0: the blocks that fit the SMs at once (kLrOut's column splits: one wave)
   auto go = [&](auto kernel, const fusedk__lowrank_args &c, int64_t tiles, int64_t ask) {
-    const LrSplit sp = lr_split(tiles, ask);
     const cudaError_t e = smem_opt_in<decltype(kernel)::value>(LrSmem<RT, W, ST>::kBytes, 0, dev);
     if (e != cudaSuccess) return e;
+    if (ask < 0) ask = resident_blocks<decltype(kernel)::value>(dev, 128 * WS, LrSmem<RT, W, ST>::kBytes) * sms / rows;
+    const LrSplit sp = lr_split(tiles, ask);
     decltype(kernel)::value<<<(unsigned)(rows * sp.splits), 128 * WS, LrSmem<RT, W, ST>::kBytes, s>>>(c, sp.splits, (int)sp.per);
     return cudaGetLastError();
   };
@@ -4454,7 +4456,7 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
                          reinterpret_cast<void **>(&c.part)) == cudaSuccess) {
       const cudaError_t e = vv ? go(FUSEDK__LR_KERNEL(true, kLrH), c, nk, c.part_splits)
                                : go(FUSEDK__LR_KERNEL(false, kLrH), c, nk, c.part_splits);
-      return e != cudaSuccess ? e : go(FUSEDK__LR_KERNEL(true, kLrOut), c, nn, 4 * sms / rows);
+      return e != cudaSuccess ? e : go(FUSEDK__LR_KERNEL(true, kLrOut), c, nn, -1);
     }
     cudaGetLastError(); // no buffer (memory, or past 64 streams): the one pass below
   }

@@ -1549,6 +1549,12 @@ static void lowrank_cases(fusedk_scalar s) {
      splits several each, the last row block partial */
   run_lowrank((lowrank_t){.s = s, .B = 1, .L = 4601, .K1 = 1032, .r = 32, .K2 = 1032, .codes = 1, .y = 1,
                           .scaling = 0.5f, .beta = 1.0f});
+  /* the same with more column tiles a split than out's ring has stages (refilled), in place over
+     padded rows, and at rank 128 without codes */
+  run_lowrank((lowrank_t){.s = s, .B = 1, .L = 1000, .K1 = 136, .r = 32, .K2 = 10568, .codes = 1, .y = 1, .inplace = 1,
+                          .scaling = 0.5f, .beta = 1.0f, .pad = 8});
+  run_lowrank((lowrank_t){.s = s, .B = 1, .L = 500, .K1 = 200, .r = 100, .K2 = 21128, .y = 1, .scaling = 0.5f,
+                          .beta = 0.5f});
   if (!small) { /* BEM's shape (seed 001), a rank-128 adapter over many blocks, and row blocks
                    between 3/4 of the SMs and all of them (one pass, split by out's columns) */
     run_lowrank((lowrank_t){.s = s, .B = 1, .L = 7000, .K1 = 136, .r = 16, .K2 = 2056, .codes = 1, .scaling = 1.0f});
