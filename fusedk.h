@@ -552,7 +552,11 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
    outgrown ones are kept, as linear's scratch, for graphs captured earlier (a stream whose M keeps
    growing holds up to about 3x the largest M (K + A rp) elements until fusedk_shutdown). Then
    linear's GEMM runs on it: the adapter costs the copy (2 M K elements) and A rp / K more flops.
-   y may not overlap an input.
+   x with room for h: x [..., K + A rp] with K a's last dim (its first K columns x, the last A rp
+   the call's to write: a producer wrote x into such a buffer): h goes into x's own rows and the
+   GEMM reads them in place, the copy gone (the pass reads x once and writes M A rp elements); x
+   may then not overlap w_cat, bias, a, codes or adapter_ids either. The backward takes x's first
+   K columns (the view). y may not overlap an input.
    The backward, for training adapters (the frozen w and b_0's w_cat not differentiated): with
    dz = dy (lowrank_update's dout) times act'(aux) rounded to the dtype as linear_backward's, per
    adapter q (lowrank_update: one, with P = v, Q = scaling u_t^T; linear_lowrank: P_q = a_q^T,
@@ -2679,7 +2683,7 @@ static int fusedk__lowrank_cat_cpu(const fusedk__lowrank_args *a) {
       }
     }
     void *o = fusedk__mat_row(&a->out, m, s);
-    for (int64_t k = 0; k < K1; ++k) fusedk__store(o, k, xr[k], s);
+    for (int64_t k = 0; a->out.p != a->x.p && k < K1; ++k) fusedk__store(o, k, xr[k], s); /* (x with room: there) */
     for (int64_t j = 0; j < A * rp; ++j) fusedk__store(o, K1 + j, j % rp < r ? h[j / rp * r + j % rp] : 0.0, s);
   }
   free(v);
@@ -2813,6 +2817,25 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, cons
                                      : FUSEDK_OK;
 }
 
+/* Whether x [..., K + A rp] has room for h beside a's K columns (a [r, K] or [A, r, K]): then xv
+   is x's view of its first K columns (its shape and strides in xs: 2 FUSEDK_MAX_DIMS), else xv
+   stays x */
+static int fusedk__lora_room(const fusedk_tensor *x, const fusedk_tensor *a, fusedk_tensor *xv, int64_t *xs) {
+  if (!a || !a->shape || (a->ndim != 2 && a->ndim != 3) || !x->shape || x->ndim < 1 || x->ndim > FUSEDK_MAX_DIMS)
+    return 0;
+  const int64_t K = a->shape[a->ndim - 1], r = a->shape[a->ndim - 2], A = a->ndim == 3 ? a->shape[0] : 1;
+  if (K < 0 || r < 1 || r > 128 || A < 1 || A > 128 || x->shape[x->ndim - 1] != K + A * ((r + 7) / 8 * 8)) return 0;
+  int64_t *shape = xs, *strides = xs + FUSEDK_MAX_DIMS, step = 1;
+  for (int i = x->ndim - 1; i >= 0; --i) { /* a compact x's strides, made explicit for the narrower view */
+    shape[i] = x->shape[i];
+    strides[i] = x->strides ? x->strides[i] : step;
+    step *= x->shape[i];
+  }
+  shape[x->ndim - 1] = K;
+  xv->shape = shape, xv->strides = strides;
+  return 1;
+}
+
 FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fusedk_tensor *aux_out,
                                                const fusedk_tensor *x, const fusedk_tensor *w_cat,
                                                const fusedk_tensor *bias, const fusedk_tensor *a,
@@ -2824,9 +2847,16 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fus
   fusedk__lowrank_args h;
   fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_LOWRANK], t, &s);
   if (st) return st;
+  /* x with room for h: [..., K + A rp] with K a's last dim; checked below as its first K columns */
+  int64_t xs[2 * FUSEDK_MAX_DIMS];
+  fusedk_tensor xv = *x;
+  const int room = fusedk__lora_room(x, a, &xv, xs);
+  x = &xv;
   const int64_t K = x->shape[x->ndim - 1];
   memset(&h, 0, sizeof h);
-  if ((st = fusedk__lora_factor(&s.c, a, "a", 0, K, "[r, K] with K (the last dim of x)", &h, &h.v))) return st;
+  if ((st = fusedk__lora_factor(&s.c, a, "a", 0, K, "[r, K] with K (the last dim of x, or of x [..., K + A rp]: x "
+                                "with room for h)", &h, &h.v)))
+    return st;
   const int64_t r = h.r, W = h.slots * ((r + 7) / 8 * 8);
   if ((st = fusedk__linear_common(&s.c, (int)act, 0, x, w_cat, W, &l))) return st;
   l.op = FUSEDK_OP_LINEAR;
@@ -2838,23 +2868,25 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fus
       (aux_out && (st = fusedk__linear_rows(&s.c, aux_out, "aux_out", x, "x", l.N, &l.aux))) ||
       (st = fusedk__check_ids(&s.c, adapter_ids, l.M)))
     return st;
-  const fusedk_tensor *ins[] = {x, w_cat, bias, a, codes, adapter_ids, aux_out};
+  const fusedk_tensor *ins[] = {t[2], w_cat, bias, a, codes, adapter_ids, aux_out}; /* x whole, room too */
   const char *names[] = {"x", "w_cat", "bias", "a", "codes", "adapter_ids", "aux_out"};
   for (int i = 0; i < 7; ++i)
     if ((st = fusedk__check_disjoint(&s.c, y, "y", ins[i], names[i])) ||
-        (i < 6 && (st = fusedk__check_disjoint(&s.c, aux_out, "aux_out", ins[i], names[i]))))
+        (i < 6 && (st = fusedk__check_disjoint(&s.c, aux_out, "aux_out", ins[i], names[i]))) ||
+        (room && i > 0 && i < 6 && (st = fusedk__check_disjoint(&s.c, t[2], "x (with room for h)", ins[i], names[i]))))
       return st;
   l.bias = fusedk__base(bias);
   h.ids = adapter_ids ? (const int32_t *)fusedk__base(adapter_ids) : NULL;
   if (l.M == 0 || l.N == 0) return FUSEDK_OK;
+  if (room) h.out = h.x; /* [x | h] is x's own rows */
   if (fusedk__is_gpu(s.c.dev.device_type))
     return fusedk__cuda_linear_lowrank(&l, &h, s.c.op, s.c.dev.device_id, stream);
-  /* [x | h] into a host buffer, then linear's reference on it */
+  /* [x | h] (into a host buffer unless x has the room), then linear's reference on it */
   const int64_t ld = K + W;
-  void *xc = malloc((size_t)(l.M * ld) * fusedk__scalar_size(s.c.scalar) + 1);
-  h.out.p = xc, h.out.ld = ld;
+  void *xc = room ? NULL : malloc((size_t)(l.M * ld) * fusedk__scalar_size(s.c.scalar) + 1);
+  if (!room) h.out.p = xc, h.out.ld = ld;
   l.x = h.out;
-  const int fail = !xc || fusedk__lowrank_cat_cpu(&h) || fusedk__linear_cpu(&l);
+  const int fail = (!room && !xc) || fusedk__lowrank_cat_cpu(&h) || fusedk__linear_cpu(&l);
   free(xc);
   return fail ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers", s.c.op)
               : FUSEDK_OK;

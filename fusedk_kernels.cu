@@ -4038,7 +4038,8 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
         },
         [&](int kl, int st) {
           const uint32_t xs = base + st * L::kStage1;
-          if constexpr (cat) { // x's tile on to out's first K1 columns, 16-byte chunks (K1 % 8 == 0)
+          if (cat && a.out.p != a.x.p) { // x's tile on to out's first K1 columns (16-byte chunks, K1 % 8
+                                         // == 0), unless out is x's own rows with room for h
             const int64_t k0 = (int64_t)(kt0 + kl) * W;
             for (int q = threadIdx.x; q < kLrRows * W / 8; q += NT) {
               const int lr = q / (W / 8), ch = q % (W / 8);
@@ -4306,7 +4307,7 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
       const int64_t row = m0 + i / kLfK, k = k0 + i % kLfK;
       const bool in = row < a.M && k < a.K1;
       const T e = in ? x[row * a.x.ld + k] : T(0.f);
-      if (cat && in) ((T *)a.out.p)[row * a.out.ld + k] = e;
+      if (cat && in && a.out.p != a.x.p) ((T *)a.out.p)[row * a.out.ld + k] = e; // (x with room: in place)
       xs[i / kLfK][i % kLfK] = (float)e;
     }
     for (int i = threadIdx.x; i < kLfK * 32 * RQ; i += 256) {
@@ -4611,14 +4612,20 @@ fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fu
   return gemm_locked(device_id, op, [&](LtState &st) {
     fusedk__lowrank_args hc = *h;
     fusedk__linear_args lc = *l;
-    hc.out.ld = (l->K + 7) / 8 * 8;
-    // [x | h], then the k splits' float32 h (lr_cat_splits of them) 256-byte aligned after it
-    const size_t xb = ((size_t)(l->M * hc.out.ld) * (l->scalar == FUSEDK_F32 ? 4 : 2) + 255) / 256 * 256;
+    const bool room = h->out.p != nullptr; // x's rows hold h's columns: no copy of x
+    if (!room) hc.out.ld = (l->K + 7) / 8 * 8;
+    // [x | h] (unless x has the room), then the k splits' float32 h (lr_cat_splits of them)
+    // 256-byte aligned after it
+    const size_t xb = room ? 0 : ((size_t)(l->M * hc.out.ld) * (l->scalar == FUSEDK_F32 ? 4 : 2) + 255) / 256 * 256;
     const int splits = l->scalar == FUSEDK_F32 ? 1 : lr_cat_splits(l->M, h->K1, device_id);
     const size_t pb = splits > 1 ? (size_t)(splits * l->M * (l->K - h->K1)) * sizeof(float) : 0;
-    const cudaError_t e = st.cat.get(device_id, stream, xb + pb, 0, &hc.out.p);
-    if (e != cudaSuccess) return arena_fail(e, op);
-    hc.part = pb ? reinterpret_cast<float *>(static_cast<char *>(hc.out.p) + xb) : nullptr;
+    void *buf = nullptr;
+    if (xb + pb) {
+      const cudaError_t e = st.cat.get(device_id, stream, xb + pb, 0, &buf);
+      if (e != cudaSuccess) return arena_fail(e, op);
+    }
+    if (!room) hc.out.p = buf;
+    hc.part = pb ? reinterpret_cast<float *>(static_cast<char *>(buf) + xb) : nullptr;
     hc.part_splits = pb ? splits : 1;
     fusedk_status f = fusedk__cuda_lowrank(&hc, op, device_id, stream);
     if (f) return f;

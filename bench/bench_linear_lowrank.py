@@ -15,8 +15,9 @@ call (no out=, no graph): a loop of calls to a sync, per call. Many adapters (is
 1.1x of the single-adapter call): A stacked rank-16 adapters with adapter_ids, in runs (A
 requests of M / A rows) or at random a row, against one rank-16 adapter and against torch's
 per-adapter loop (y = F.linear(x, w, bias), then y[rows_q] += s (x[rows_q] a_q^T) b_q^T, the rows
-of each adapter gathered by precomputed indices). Writes DIR/bench_linear_lowrank.json and .md and
-prints the table."""
+of each adapter gathered by precomputed indices). "x with room": the same call on x written into
+the first K columns of a [M, K + A rp] buffer, h going into its last ones (no copy of x).
+Writes DIR/bench_linear_lowrank.json and .md and prints the table."""
 import argparse
 import datetime
 import statistics
@@ -60,12 +61,15 @@ def row(name, M, K, r, N, dt, act, rounds, iters):
     w, a, b, bias, s = mk(N, K, scale=K ** -0.5), mk(r, K, scale=K ** -0.5), mk(N, r, scale=r ** -0.5), mk(N), 0.5
     sets = [(mk(M, K), torch.empty(M, N, device="cuda", dtype=dt)) for _ in range(n_sets)]
     lora = fusedk.LoRA(w, a, b, scaling=s, bias=bias, act=act)
+    rooms = [torch.zeros(M, lora.w_cat.shape[1], device="cuda", dtype=dt) for _ in range(n_sets)]
+    for (x, _), xr in zip(sets, rooms):
+        xr[:, :K] = x
     v, u_t = a.t().contiguous(), (b * s).t().contiguous()  # lowrank_update's layout of the same adapter
     chain = lambda x: ACT[act](F.linear(x, w, bias) + F.linear(F.linear(x, a), b) * s)  # noqa: E731
     cc = torch.compile(chain)
     X = lambda i: sets[i % n_sets][0]  # noqa: E731
     Y = lambda i: sets[i % n_sets][1]  # noqa: E731
-    calls = {"fusedk": lambda i: lora(X(i), out=Y(i)),
+    calls = {"fusedk": lambda i: lora(X(i), out=Y(i)), "x with room": lambda i: lora(rooms[i % n_sets], out=Y(i)),
              "base linear": lambda i: fusedk.linear(X(i), w, bias, act=act, out=Y(i)),
              "eager": lambda i: chain(X(i)), "compile": lambda i: cc(X(i))}
     if act == "none":
@@ -75,15 +79,18 @@ def row(name, M, K, r, N, dt, act, rounds, iters):
     x0 = sets[0][0].double()
     want = ACT[act](x0 @ w.double().T + bias.double() + (x0 @ a.double().T) @ b.double().T * s)
     err = {"fusedk": (lora(sets[0][0]).double() - want).abs().max().item(),
+           "x with room": (lora(rooms[0]).double() - want).abs().max().item(),
            "eager": (chain(sets[0][0]).double() - want).abs().max().item()}
     us, meth, errs = bench.time_rounds(calls, max(1, min(20, n_sets * 4)), iters, rounds)
     med = {k: statistics.median(t) for k, t in us.items() if t}
     pair = paired(calls["base linear"], calls["fusedk"], max(1, min(20, n_sets * 4)))
+    pair_room = paired(calls["base linear"], calls["x with room"], max(1, min(20, n_sets * 4)))
     eager = {"fusedk": eager_us(lambda: lora(sets[0][0])), "eager": eager_us(lambda: chain(sets[0][0])),
              "base linear": eager_us(lambda: fusedk.linear(sets[0][0], w, bias, act=act))}
     return {"name": name, "M": M, "K": K, "r": r, "N": N, "act": act, "dtype": str(dt).replace("torch.", ""),
             "tflops_base": 2 * M * N * K / 1e12, "us": med, "rounds_us": us, "method": meth, "errors": errs,
             "paired": {"ratio": pair[0], "base_us": pair[1], "fusedk_us": pair[2]},
+            "paired_room": {"ratio": pair_room[0], "base_us": pair_room[1], "room_us": pair_room[2]},
             "eager_call_us": eager, "max_abs_err_vs_float64": err}
 
 
@@ -146,19 +153,23 @@ def main():
              f"(bench/bench_linear_lowrank.py); commit {o.commit or '(not given)'}. Goal: fusedk / base linear <= 1.03.",
              " \"paired\": the ratio's median over 30 pairs of replays taken in turns (base, fusedk, base, ...): "
              "both at the same clock.", "",
-             "| shape | act | base linear µs | fusedk µs | fusedk / base | paired | two kernels µs | peft eager µs | "
-             "peft compile µs | eager call: fusedk / peft / base µs | max err vs f64: fusedk / peft |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| shape | act | base linear µs | fusedk µs | fusedk / base | paired | x with room µs | room / base | "
+             "paired | two kernels µs | peft eager µs | "
+             "peft compile µs | eager call: fusedk / peft / base µs | max err vs f64: fusedk / room / peft |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         u = r["us"]
         cell = lambda k: f"{u[k]:.1f}" if k in u else "-"  # noqa: E731
         ratio = f"{u['fusedk'] / u['base linear']:.3f}x" if "fusedk" in u and "base linear" in u else "-"
+        room = f"{u['x with room'] / u['base linear']:.3f}x" if "x with room" in u and "base linear" in u else "-"
         e = r["eager_call_us"]
         lines.append(f"| {r['name']} M{r['M']} K{r['K']} N{r['N']} r{r['r']} {r['dtype']} | {r['act']} | "
                      f"{cell('base linear')} | {cell('fusedk')} | {ratio} | {r['paired']['ratio']:.3f}x | "
+                     f"{cell('x with room')} | {room} | {r['paired_room']['ratio']:.3f}x | "
                      f"{cell('two kernels')} | {cell('eager')} | "
                      f"{cell('compile')} | {e['fusedk']:.1f} / {e['eager']:.1f} / {e['base linear']:.1f} | "
-                     f"{r['max_abs_err_vs_float64']['fusedk']:.2e} / {r['max_abs_err_vs_float64']['eager']:.2e} |")
+                     f"{r['max_abs_err_vs_float64']['fusedk']:.2e} / "
+                     f"{r['max_abs_err_vs_float64']['x with room']:.2e} / {r['max_abs_err_vs_float64']['eager']:.2e} |")
     lines += ["", "Many adapters (rank 16 each, bias, adapter_ids; goal: many / one <= 1.1):", "",
               "| shape | adapters | ids | base linear µs | one adapter µs | many µs | many / one | paired | "
               "torch loop µs | eager call: many / torch loop µs | max err vs f64: fusedk / torch loop |",

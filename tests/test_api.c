@@ -720,6 +720,32 @@ static void linear_lowrank_cases(void) {
       }
     EXPECT(ok, "linear_lowrank exact values, mode %d: %s", mode, fusedk_status_name(st));
   }
+  { /* x with room for h ([QM, QK + QRP], compact): the same y, x's columns kept, h = (x a^T) * codes
+       written after them (zeros past r); x overlapping codes refused, nothing written */
+    static float xr[QM * (QK + QRP)], yr[QM * QN];
+    int64_t xrs[2] = {QM, QK + QRP};
+    for (int i = 0; i < QM * (QK + QRP); ++i) {
+      const int m = i / (QK + QRP), k = i % (QK + QRP);
+      xr[i] = k < QK ? x[m * QK + k] : 99.0f;
+    }
+    fusedk_tensor txr = fusedk_tensor_cpu(xr, FUSEDK_F32, 2, xrs), tyr = fusedk_tensor_cpu(yr, FUSEDK_F32, 2, ys);
+    fusedk_status st = fusedk_linear_lowrank(&tyr, NULL, &txr, &twc, &tn, &ta, &tc, NULL, FUSEDK_ACT_RELU, NULL);
+    ok = st == FUSEDK_OK && memcmp(yr, y, sizeof y) == 0; /* y: mode 1's above */
+    for (int m = 0; m < QM; ++m)
+      for (int j = 0; j < QK + QRP; ++j) {
+        double h = 0.0;
+        for (int k = 0; k < QK && j >= QK && j - QK < QR; ++k) h += (double)x[m * QK + k] * a[(j - QK) * QK + k];
+        const double want = j < QK ? x[m * QK + j] : h * (j - QK < QR ? c[m * QR + j - QK] : 0.0);
+        ok = ok && xr[m * (QK + QRP) + j] == (float)want;
+      }
+    EXPECT(ok, "linear_lowrank exact values, x with room for h: %s", fusedk_status_name(st));
+    fusedk_tensor tcx = tc;
+    tcx.data = xr + QK; /* codes inside x's rows */
+    for (int i = 0; i < QM * QN; ++i) yr[i] = -7.0f;
+    st = fusedk_linear_lowrank(&tyr, NULL, &txr, &twc, NULL, &ta, &tcx, NULL, FUSEDK_ACT_NONE, NULL);
+    EXPECT(st == FUSEDK_ERR_LAYOUT && strstr(fusedk_failure_reason(), "x (with room for h)") && yr[0] == -7.0f,
+           "linear_lowrank, codes inside x with room: %s (%s)", fusedk_status_name(st), fusedk_failure_reason());
+  }
   /* two stacked adapters, scaling 2: w_cat's slots, then rows by ids {1, -1, 0} and, without ids,
      both adapters on every row */
   EXPECT(fusedk_lowrank_prepare(&twc2, &tw, &tb2, 2.0f, NULL) == FUSEDK_OK, "lowrank_prepare, 2 adapters: %s",

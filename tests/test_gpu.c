@@ -1584,6 +1584,7 @@ typedef struct {
   size_t shift; /* leading elements of x and y */
   int64_t A;    /* adapters stacked (0: one, 2-d a and b) */
   int ids;      /* adapter_ids: 0 none (every adapter on every row), 1 in runs of 5 rows, -1 and A among them */
+  int room;     /* x [B, L, K + A rp]: h written into its last columns, read there by the GEMM */
 } lora_t;
 
 /* every element of b to k * step, k an integer rounded from it / step and clamped to +-lim
@@ -1598,15 +1599,16 @@ static void few_bits(buf_t *b, double step, double lim, int pow2) {
 
 static void run_linear_lowrank(lora_t c) {
   const fusedk_scalar s = c.s;
-  const int64_t A = c.A ? c.A : 1, rp = (c.r + 7) / 8 * 8, M = c.B * c.L, xs[3] = {c.B, c.L, c.K},
+  const int64_t A = c.A ? c.A : 1, rp = (c.r + 7) / 8 * 8, M = c.B * c.L,
+                xs[3] = {c.B, c.L, c.K + (c.room ? A * rp : 0)},
                 as[3] = {A, c.r, c.K}, cs[3] = {c.B, c.L, c.r}, ws[2] = {c.N, c.K}, bs[3] = {A, c.N, c.r},
                 wcs[2] = {c.N, c.K + A * rp}, ns[1] = {c.N}, ys[3] = {c.B, c.L, c.N};
   const int fd = c.A ? 3 : 2; /* a's and b's ndim */
   char what[220], prep[200];
   snprintf(what, sizeof what, "linear_lowrank %s [%lld,%lld,%lld] r=%lld N=%lld act=%s%s%s scaling %g pad %lld shift %zu "
-           "A=%lld%s", sname(s), (long long)c.B, (long long)c.L, (long long)c.K, (long long)c.r, (long long)c.N,
+           "A=%lld%s%s", sname(s), (long long)c.B, (long long)c.L, (long long)c.K, (long long)c.r, (long long)c.N,
            act_name(c.act), c.codes ? " codes" : "", c.bias ? " bias" : "", (double)c.scaling, (long long)c.pad, c.shift,
-           (long long)A, c.ids ? " ids" : "");
+           (long long)A, c.ids ? " ids" : "", c.room ? " x with room" : "");
   snprintf(prep, sizeof prep, "lowrank_prepare %s N=%lld K=%lld r=%lld pad %lld", sname(s), (long long)c.N,
            (long long)c.K, (long long)c.r, (long long)c.pad);
   buf_t x = mk(s, 3, xs, c.pad, c.shift, 0, 1.0, 0.0), a = mk(s, fd, as + 3 - fd, c.pad, 0, 0, 0.25, 0.0);
@@ -1639,6 +1641,13 @@ static void run_linear_lowrank(lora_t c) {
   sg = fusedk_linear_lowrank(&y.td, NULL, &x.td, &wc.td, bg, &a.td, c.codes ? &cd.td : NULL, ig, (fusedk_activation)c.act, NULL);
   CK(cudaDeviceSynchronize());
   if (!call_failed_counted(what, sc, sg)) {
+    if (c.room) { /* x's columns as they were, h's the CPU's bits (few-bit inputs: h exact), nothing else written */
+      void *g = to_host(&x);
+      ++checks;
+      if (memcmp(g, x.h, x.n_alloc * esize(s)))
+        printf("FAIL %s: x's buffer differs from the CPU's\n", what), ++failures;
+      free(g);
+    }
     buf_t xa = lin_abs(&x, 1.0), aa = lin_abs(&a, 1.0), ca = lin_abs(&cd, 1.0), wa = lin_abs(&wc, 1.0);
     buf_t ba = lin_abs(&bias, 1.0), s1 = lin_abs(&y, 0.0);
     fusedk_linear_lowrank(&s1.th, NULL, &xa.th, &wa.th, c.bias ? &ba.th : NULL, &aa.th, c.codes ? &ca.th : NULL, ic,
@@ -1702,12 +1711,25 @@ static void linear_lowrank_cases(fusedk_scalar s) {
       {.s = s, .B = 1, .L = 20, .K = 0, .r = 8, .N = 24, .bias = 1, .act = FUSEDK_ACT_GELU_TANH, .scaling = 1.0f},
   };
   for (size_t i = 0; i < sizeof stacks / sizeof stacks[0]; ++i) run_linear_lowrank(stacks[i]);
+  /* x with room for h: tensor cores, k splits, padded rows, several adapters with ids, K not a
+     multiple of 8 (CUDA cores) */
+  const lora_t rooms[] = {
+      {.s = s, .B = 2, .L = 33, .K = 200, .r = 16, .N = 136, .codes = 1, .bias = 1, .act = FUSEDK_ACT_NONE,
+       .scaling = 0.5f, .room = 1},
+      {.s = s, .B = 1, .L = 8449, .K = 520, .r = 8, .N = 64, .bias = 1, .act = FUSEDK_ACT_GELU_TANH, .scaling = 1.0f,
+       .pad = 8, .room = 1},
+      {.s = s, .B = 1, .L = 100, .K = 1024, .r = 24, .N = 64, .codes = 1, .bias = 1, .act = FUSEDK_ACT_NONE,
+       .scaling = 1.0f, .A = 2, .ids = 1, .room = 1},
+      {.s = s, .B = 3, .L = 7, .K = 999, .r = 12, .N = 130, .codes = 1, .act = FUSEDK_ACT_RELU, .scaling = 0.25f,
+       .room = 1},
+  };
+  for (size_t i = 0; i < sizeof rooms / sizeof rooms[0]; ++i) run_linear_lowrank(rooms[i]);
   if (!small) /* a DiT projection's width */
     run_linear_lowrank((lora_t){.s = s, .B = 1, .L = 1024, .K = 1536, .r = 32, .N = 1024, .bias = 1,
                                 .act = FUSEDK_ACT_GELU_TANH, .scaling = 1.0f});
   if (failures == n_before)
     printf("ok   %s lowrank_prepare, linear_lowrank (ranks 1-128, codes, bias, acts, odd K and N, strided, misaligned, "
-           "stacked adapters with and without ids, k splits, K 0)\n",
+           "stacked adapters with and without ids, k splits, K 0, x with room for h)\n",
            sname(s));
 }
 

@@ -172,6 +172,55 @@ def test_bad_arguments():
         fusedk.linear_lowrank(x, w, a)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("A,r", [(1, 5), (2, 8)], ids=str)
+def test_x_with_room(A, r, dtype):
+    """x in the first K columns of a [..., K + A rp] buffer: the same y as x alone, x's columns
+    kept, h = (x a^T) * codes (zeros past r) in the last ones; a strided view of such a buffer too"""
+    x, w, a, b, bias, codes = operands(dtype, (3, 4), 24, r, 16)
+    a = rand((A, r, 24), dtype, 24 ** -0.5) if A > 1 else a
+    b = rand((A, 16, r), dtype, r ** -0.5) if A > 1 else b
+    w_cat = fusedk.lowrank_prepare(w, b, 0.5)
+    W = A * ((r + 7) // 8 * 8)
+    want = fusedk.linear_lowrank(x, w_cat, a, bias, codes, "relu")
+    for pad in (0, 5):
+        xr = np.full((3, 4, 24 + W + pad), 7, dtype)
+        xr[..., :24] = x
+        xr = xr[..., :24 + W]
+        got = fusedk.linear_lowrank(xr, w_cat, a, bias, codes, "relu")
+        assert np.array_equal(got, want) and np.array_equal(xr[..., :24], x)
+        h = np.einsum("mk,qjk->mqj", x.reshape(12, 24).astype(np.float64), a.reshape(A, r, 24).astype(np.float64))
+        h = (h * codes.reshape(12, 1, r).astype(np.float64)).astype(dtype).astype(np.float64)
+        tail = np.zeros((12, A, (r + 7) // 8 * 8))
+        tail[..., :r] = h
+        assert np.array_equal(xr[..., 24:].reshape(12, W).astype(np.float64), tail.reshape(12, W)), f"pad {pad}"
+        with pytest.raises(fusedk.Error, match="a has shape .* x with room for h"):  # neither K nor K + A rp
+            fusedk.linear_lowrank(np.zeros((3, 4, 24 + W + 1), dtype), w_cat, a)
+
+
+def test_x_with_room_refused_where_inputs_stay():
+    """autograd, torch.compile and JAX keep inputs unchanged: x with room is refused there, by name"""
+    torch = pytest.importorskip("torch")
+    import fusedk.torch as fkt
+    x, w, a, b, bias, codes = operands(np.float32, (2, 5), 16, 4, 12)
+    t = [torch.from_numpy(v) for v in (w, a, b)]
+    w_cat = fusedk.lowrank_prepare(t[0], t[2], 0.5)
+    xr = torch.zeros(2, 5, 24)
+    xr[..., :16] = torch.from_numpy(x)
+    with torch.no_grad():  # the plain call: taken
+        assert torch.equal(fusedk.linear_lowrank(xr, w_cat, t[1]), fusedk.linear_lowrank(xr[..., :16], w_cat, t[1]))
+    with pytest.raises(fusedk.Error, match="room for h"):
+        fkt.linear_lowrank(xr, w_cat, t[1])
+    with pytest.raises(fusedk.Error, match="room for h"):
+        fusedk.linear_lowrank(xr.requires_grad_(), w_cat, t[1].requires_grad_())
+    jax = pytest.importorskip("jax")
+    import fusedk.jax as _registers  # noqa: F401 - the custom calls
+    cpu = jax.devices("cpu")[0]
+    with pytest.raises(fusedk.Error, match="room for h"):
+        fusedk.linear_lowrank(jax.device_put(xr.detach().numpy(), cpu), jax.device_put(w_cat.numpy(), cpu),
+                              jax.device_put(t[1].detach().numpy(), cpu))
+
+
 def test_torch_cpu_eager_and_compile():
     """fusedk.torch's custom ops on CPU tensors: eager and torch.compile(fullgraph) give the NumPy
     path's bits, fusedk.LoRA included"""
@@ -224,6 +273,31 @@ def test_gpu_against_float64(M, K, r, N, act, dtype):
     check(lora(x, codes), n[0], n[1], n[2], n[3], 1.5, n[4], n[5], act, f"M{M} K{K} r{r} N{N} {act} {dtype}", gpu=True)
     got = fusedk.linear_lowrank(x, lora.w_cat, a, act=act)
     check(got, n[0], n[1], n[2], n[3], 1.5, None, None, act, f"M{M} K{K} r{r} N{N} {act} {dtype} plain", gpu=True)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("M,K,r,N", [(300, 768, 8, 768), (4100, 3072, 32, 256), (77, 1000, 12, 130)], ids=str)
+def test_gpu_x_with_room(M, K, r, N, dtype):
+    """x with room for h on the GPU: y against the float64 oracle as the plain call's (the GEMM's
+    lda differs, and with it cuBLASLt's choice: not the same bits), x's columns kept, h's columns
+    one rounding of a float32 sum, zeros past r"""
+    x, w, a, b, bias, codes = gpu_operands(getattr(torch, dtype), M, K, r, N)
+    n = [oracle.np_of(t) for t in (x, w, a, b, bias, codes)]
+    lora = fusedk.LoRA(w, a, b, scaling=1.5, bias=bias, act="gelu_tanh")
+    W = lora.w_cat.shape[1] - K
+    xr = torch.full((M, K + W + 8), 3.0, device="cuda", dtype=x.dtype)[:, :K + W]
+    xr[:, :K] = x
+    check(lora(xr, codes), n[0], n[1], n[2], n[3], 1.5, n[4], n[5], "gelu_tanh", f"M{M} K{K} r{r} N{N} {dtype}",
+          gpu=True)
+    assert torch.equal(xr[:, :K], x)
+    h = (x.double() @ a.double().T) * codes.double()
+    s_abs = (x.double().abs() @ a.double().abs().T) * codes.double().abs()
+    e = oracle.EPS[oracle.np_of(x[:1, :1]).dtype]
+    tiny = 2.0 ** -24 if dtype == "float16" else 0.0  # float16's subnormal spacing: h's rounding near 0
+    err = (xr[:, K:K + r].double() - h).abs() - (e * h.abs() + 2.0 ** -16 * s_abs + tiny)
+    assert (err <= 0).all(), f"h's columns off by up to {err.max().item():.3g} past the bound"
+    assert not xr[:, K + r:].any()
 
 
 @needs_gpu

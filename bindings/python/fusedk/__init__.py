@@ -300,7 +300,10 @@ def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", adapter_ids=N
     adapter_ids (int32 [M], x's rows flattened): row m takes adapter ids[m] alone (-1: none, the
     base linear's row); without ids every adapter acts on every row (their sum). On the GPU one
     pass writes [x | h] and one GEMM runs over it and w_cat. fusedk.LoRA keeps w_cat and a.
-    aux=True also returns the pre-activation, what linear_lowrank_backward needs: (y, aux)."""
+    aux=True also returns the pre-activation, what linear_lowrank_backward needs: (y, aux).
+    x may carry room for h: [..., K + A rp] (w_cat's width), x in its first K columns; the call then
+    writes h into the last ones and the GEMM reads x in place, without the copy (not under autograd,
+    torch.compile or JAX, which keep inputs unchanged)."""
     adapter_ids = _ids(adapter_ids, "linear_lowrank")
     want = 1 if aux or aux_out is not None else 0
     return _call(_LINEAR_LOWRANK, x, (out, aux_out, x, w_cat, bias, a, codes, adapter_ids),

@@ -326,10 +326,25 @@ def jax_path(op, args, attrs, stream):
         if args[i] is not None:
             raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.tensors[i][0]} (out=) is given, but the op "
                         "runs through JAX and JAX arrays are immutable: leave it unset to get a new one")
+    refuse_room(o, args, "through JAX (its arrays are immutable)")
     if stream is not None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: stream= is not taken with JAX arrays; "
                     "XLA runs the op on its own stream")
     return fjax.call(o, [args[i] for i in o.inputs], attrs)
+
+
+def refuse_room(o, args, where):
+    """linear_lowrank's x with room for h ([..., K + A rp]: the call writes h into its last
+    columns) mutates an input, which neither autograd and torch.compile's operators nor JAX's
+    immutable arrays allow: refused there with what to do instead."""
+    if o.id != lib.FUSEDK_OP_LINEAR_LOWRANK:
+        return
+    x, a = args[2], args[5]
+    kx, ka = getattr(x, "shape", (None,))[-1:], getattr(a, "shape", (None,))[-1:]
+    if kx and ka and kx != ka:
+        raise Error("FUSEDK_ERR_SHAPE", f"linear_lowrank: x has {kx[0]} columns and a {ka[0]}: x with room for h "
+                    f"(the call writes its last columns) is not taken {where}; pass x[..., :{ka[0]}], or call "
+                    "fusedk.linear_lowrank without autograd or compile (torch.no_grad(), NumPy, CuPy)")
 
 
 def rebind(fn, route):

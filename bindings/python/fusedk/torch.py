@@ -293,6 +293,8 @@ def _route(op, x, args, attrs, stream):
             return _route(op, x, args, attrs, None)
         with torch.cuda.stream(torch.cuda.ExternalStream(_core.stream_int(stream))):
             return _route(op, x, args, attrs, None)
+    _core.refuse_room(o, args, "under autograd or torch.compile (fusedk's operators leave their inputs as "
+                      "they are)")
     inputs = [args[i] for i in o.inputs]
     attrs = o.typed(attrs)  # every attribute: the schema's int and float arguments
     given = [args[i] for i, _, _ in o.outputs]

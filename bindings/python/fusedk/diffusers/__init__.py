@@ -488,12 +488,20 @@ class Pieces:
     def __setstate__(self, state):
         self.__init__(state["use"])
 
-    def adaln(self, x, scale, shift, eps, norm="layer"):
+    def adaln(self, x, scale, shift, eps, norm="layer", out=None):
         if "adaln" in self.use:
-            return self.fk.adaln(x, scale, shift, norm=norm, eps=eps)
+            return self.fk.adaln(x, scale, shift, norm=norm, eps=eps, out=out)
         n = (torch.nn.functional.layer_norm(x, x.shape[-1:], eps=eps) if norm == "layer"
              else torch.nn.functional.rms_norm(x, x.shape[-1:], eps=eps))
-        return n * (1 + scale[:, None]) + shift[:, None]
+        return _act_out(n * (1 + scale[:, None]) + shift[:, None], "none", out)
+
+    def room(self, P, like):
+        """Where Proj P has adapters and runs as linear_lowrank: a [*like's leading dims, K + A rp]
+        buffer for its input, whose producer writes x into the first K columns (out=); the GEMM
+        then reads x there, h beside it, without linear_lowrank copying x. Else None."""
+        if P.a is None or "linear" not in self.use:
+            return None
+        return like.new_empty(*like.shape[:-1], P.w_cat.shape[1])
 
     def linear(self, x, w, b=None, act="none", out=None):
         if "linear" in self.use:

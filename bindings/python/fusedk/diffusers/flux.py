@@ -17,7 +17,9 @@ input; linear(., [Wq; Wk; Wv]) ; qk_norm_rope ; attention into its first part; l
 gated_residual. Its (text, image) outputs are views of one joint tensor, which the next single
 block takes as it is (no torch.cat).
 peft LoRA layers on any of these projections fold into their GEMM (linear_lowrank over w_cat =
-[w | s b ...]; the q/k/v adapters of a stream together in its one GEMM)."""
+[w | s b ...]; the q/k/v adapters of a stream together in its one GEMM). The op that makes such a
+projection's input (adaln, fc1's GEMM, the single block's [attention, mlp]) writes it into a buffer
+with room for the adapters' h, so linear_lowrank reads it in place instead of copying it."""
 import torch
 
 from . import (Patcher, PerForward, State, attention_why_not, block_op, compiling, embedding_why_not, eps_of,
@@ -137,12 +139,20 @@ def _clip16(t):
     return t.clip(-65504, 65504) if t.dtype == torch.float16 else t
 
 
+def _normed(k, P, x, scale, shift, eps):
+    """adaln(x) as Proj P's input: into a buffer with room for P's h where P has adapters"""
+    buf = k.room(P, x)
+    n = k.adaln(x, scale, shift, eps, out=None if buf is None else buf[..., :x.shape[-1]])
+    return n if buf is None else buf
+
+
 def _stream_mlp(k, x, gate_msa, ax, gate_mlp, scale_mlp, shift_mlp, eps, p1, p2):
     """The rest of one stream of a double block after its attention output ax."""
     x = k.gated_residual(x, ax, gate_msa)
-    n = k.adaln(x, scale_mlp, shift_mlp, eps)
-    h = k.proj(n, p1, act="gelu_tanh")
-    return k.gated_residual(x, k.proj(h, p2), gate_mlp, out=x)
+    n = _normed(k, p1, x, scale_mlp, shift_mlp, eps)
+    hb = k.room(p2, x)  # fc1's output with room for fc2's adapters' h
+    h = k.proj(n, p1, act="gelu_tanh", out=None if hb is None else hb[..., :p1.w.shape[0]])
+    return k.gated_residual(x, k.proj(h if hb is None else hb, p2), gate_mlp, out=x)
 
 
 def _stock(self, x, c, temb, rope, kwargs):
@@ -170,8 +180,8 @@ def _double(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
     p = st.p
     mod = k.proj(torch.nn.functional.silu(temb), p["mod"])  # [B, 12 D]: both streams
     shift, scale, gate, shift2, scale2, gate2, c_shift, c_scale, c_gate, c_shift2, c_scale2, c_gate2 = mod.chunk(12, 1)
-    qkv_x = k.proj(k.adaln(x, scale, shift, st.eps1), p["qkv"])
-    qkv_c = k.proj(k.adaln(c, c_scale, c_shift, st.eps1c), p["aqkv"])
+    qkv_x = k.proj(_normed(k, p["qkv"], x, scale, shift, st.eps1), p["qkv"])
+    qkv_c = k.proj(_normed(k, p["aqkv"], c, c_scale, c_shift, st.eps1c), p["aqkv"])
     cos, sin = _half_tables(image_rotary_emb)
     q, kk, v = (x.new_empty(B, St + Si, H, Dh) for _ in range(3))
     a = self.attn
@@ -221,15 +231,18 @@ def _single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
     H, Dh = st.heads, st.dh
     p = st.p
     shift, scale, gate = k.proj(torch.nn.functional.silu(temb), p["mod"]).chunk(3, 1)
-    n = k.adaln(r, scale, shift, st.eps)
-    h = r.new_empty(B, S, D + p["mlp"].w.shape[0])  # proj_out's input: [attention, mlp]
+    nq = _normed(k, p["qkv"], r, scale, shift, st.eps)  # with room for the qkv adapters' h, if any
+    n = nq[..., :D]
+    E = D + p["mlp"].w.shape[0]
+    hb = k.room(p["out"], r)  # proj_out's input: [attention, mlp] (and room for its adapters' h)
+    h = r.new_empty(B, S, E) if hb is None else hb[..., :E]
     k.proj(n, p["mlp"], act="gelu_tanh", out=h[..., D:])
-    qkv = k.proj(n, p["qkv"]).view(B, S, 3, H, Dh)
+    qkv = k.proj(nq, p["qkv"]).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(image_rotary_emb)
     a = self.attn
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk)
     h[..., :D] = k.attention(a, q, kk, v).flatten(2, 3)
-    return _clip16(k.gated_residual(r, k.proj(h, p["out"]), gate))
+    return _clip16(k.gated_residual(r, k.proj(h if hb is None else hb, p["out"]), gate))
 
 
 def patchers():
