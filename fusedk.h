@@ -903,8 +903,8 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
                                      struct CUstream_st *stream);
 fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op, int32_t device_id,
                                    struct CUstream_st *stream);
-/* linear_lowrank: h's pass (lowrank's FUSEDK__LR_CAT, its out set here to the stream's buffer),
-   then l's GEMM with that buffer as x */
+/* linear_lowrank: h's pass (lowrank's FUSEDK__LR_CAT, its out set here to the stream's buffer, or
+   already x's own rows: x with room for h), then l's GEMM with that out as x */
 fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h,
                                           const char *op, int32_t device_id, struct CUstream_st *stream);
 fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, const char *op, int32_t device_id,
@@ -2862,7 +2862,8 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fus
   l.op = FUSEDK_OP_LINEAR;
   h.mode = FUSEDK__LR_CAT, h.scalar = s.c.scalar, h.scaling = 1.0f, h.M = l.M, h.K1 = K;
   if ((bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &l.N, "[N] (the first dim of w_cat)"))) ||
-      (st = fusedk__linear_rows(&s.c, x, "x", x, "x", K, &h.x)) ||
+      /* with room, x's rows as the whole K + W wide tensor: h is written and the GEMM reads there */
+      (st = fusedk__linear_rows(&s.c, room ? t[2] : x, "x", room ? t[2] : x, "x", room ? K + W : K, &h.x)) ||
       (codes && (st = fusedk__linear_rows(&s.c, codes, "codes", x, "x", r, &h.codes))) ||
       (st = fusedk__linear_rows(&s.c, y, "y", x, "x", l.N, &l.y)) ||
       (aux_out && (st = fusedk__linear_rows(&s.c, aux_out, "aux_out", x, "x", l.N, &l.aux))) ||

@@ -4299,8 +4299,8 @@ template <typename T, int RQ> __global__ void __launch_bounds__(256) lowrank_fma
   const int64_t m0 = (int64_t)blockIdx.x * kLfRows;
   const T *x = (const T *)a.x.p, *v = (const T *)a.v.p, *u = (const T *)a.u_t.p, *codes = (const T *)a.codes.p,
           *y = (const T *)a.y.p;
-  const bool cat = a.mode == FUSEDK__LR_CAT; // x copied on to out, v holds a [A, r, K1]: h column j is
-  const int rp = (a.r + 7) / 8 * 8;          // adapter j / rp's row j % rp
+  const bool cat = a.mode == FUSEDK__LR_CAT; // x copied on to out (unless out is x's own rows), v
+  const int rp = (a.r + 7) / 8 * 8;          // holds a [A, r, K1]: h column j is adapter j / rp's row j % rp
   float acc[kLfRows / 8][RQ] = {}; // rows warp + 8 i
   for (int64_t k0 = 0; k0 < a.K1; k0 += kLfK) {
     for (int i = threadIdx.x; i < kLfRows * kLfK; i += 256) {
@@ -4605,8 +4605,8 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
   });
 }
 
-// [x | h] by the lowrank part's pass into the stream's buffer (16-byte rows), then linear's GEMM on
-// it over K + A rp
+// [x | h] by the lowrank part's pass into the stream's buffer (16-byte rows), or h alone into x's
+// own rows (x with room for h), then linear's GEMM on it over K + A rp
 fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h, const char *op,
                                           int32_t device_id, struct CUstream_st *stream) {
   return gemm_locked(device_id, op, [&](LtState &st) {

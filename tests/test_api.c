@@ -745,6 +745,18 @@ static void linear_lowrank_cases(void) {
     st = fusedk_linear_lowrank(&tyr, NULL, &txr, &twc, NULL, &ta, &tcx, NULL, FUSEDK_ACT_NONE, NULL);
     EXPECT(st == FUSEDK_ERR_LAYOUT && strstr(fusedk_failure_reason(), "x (with room for h)") && yr[0] == -7.0f,
            "linear_lowrank, codes inside x with room: %s (%s)", fusedk_status_name(st), fusedk_failure_reason());
+    /* rows closer than K + A rp (h would land on the next row's x): refused; one row of x [K + A rp] */
+    int64_t close_strides[2] = {QK + 1, 1};
+    fusedk_tensor txc = txr;
+    txc.strides = close_strides;
+    st = fusedk_linear_lowrank(&tyr, NULL, &txc, &twc, NULL, &ta, NULL, NULL, FUSEDK_ACT_NONE, NULL);
+    EXPECT(st == FUSEDK_ERR_LAYOUT && strstr(fusedk_failure_reason(), "x has a row stride") && yr[0] == -7.0f,
+           "linear_lowrank, x with room on overlapping rows: %s (%s)", fusedk_status_name(st), fusedk_failure_reason());
+    int64_t one[1] = {QK + QRP}, y1s[1] = {QN};
+    fusedk_tensor tx1 = fusedk_tensor_cpu(xr, FUSEDK_F32, 1, one), ty1 = fusedk_tensor_cpu(yr, FUSEDK_F32, 1, y1s);
+    st = fusedk_linear_lowrank(&ty1, NULL, &tx1, &twc, &tn, &ta, NULL, NULL, FUSEDK_ACT_NONE, NULL);
+    EXPECT(st == FUSEDK_OK && yr[1] != -7.0f, "linear_lowrank, one row of x with room: %s (%s)", fusedk_status_name(st),
+           fusedk_failure_reason());
   }
   /* two stacked adapters, scaling 2: w_cat's slots, then rows by ids {1, -1, 0} and, without ids,
      both adapters on every row */

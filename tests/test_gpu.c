@@ -1722,6 +1722,7 @@ static void linear_lowrank_cases(fusedk_scalar s) {
        .scaling = 1.0f, .A = 2, .ids = 1, .room = 1},
       {.s = s, .B = 3, .L = 7, .K = 999, .r = 12, .N = 130, .codes = 1, .act = FUSEDK_ACT_RELU, .scaling = 0.25f,
        .room = 1},
+      {.s = s, .B = 1, .L = 1, .K = 64, .r = 8, .N = 64, .bias = 1, .act = FUSEDK_ACT_NONE, .scaling = 1.0f, .room = 1},
   };
   for (size_t i = 0; i < sizeof rooms / sizeof rooms[0]; ++i) run_linear_lowrank(rooms[i]);
   if (!small) /* a DiT projection's width */

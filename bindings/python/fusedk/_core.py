@@ -339,11 +339,13 @@ def refuse_room(o, args, where):
     immutable arrays allow: refused there with what to do instead."""
     if o.id != lib.FUSEDK_OP_LINEAR_LOWRANK:
         return
-    x, a = args[2], args[5]
-    kx, ka = getattr(x, "shape", (None,))[-1:], getattr(a, "shape", (None,))[-1:]
-    if kx and ka and kx != ka:
-        raise Error("FUSEDK_ERR_SHAPE", f"linear_lowrank: x has {kx[0]} columns and a {ka[0]}: x with room for h "
-                    f"(the call writes its last columns) is not taken {where}; pass x[..., :{ka[0]}], or call "
+    xs, as_ = tuple(getattr(args[2], "shape", ())), tuple(getattr(args[5], "shape", ()))
+    if not xs or len(as_) not in (2, 3):
+        return  # the C library names what is wrong
+    K, r, A = as_[-1], as_[-2], as_[0] if len(as_) == 3 else 1
+    if xs[-1] != K and xs[-1] == K + A * ((r + 7) // 8 * 8):
+        raise Error("FUSEDK_ERR_SHAPE", f"linear_lowrank: x has {xs[-1]} columns, a's K and room for h: x with room "
+                    f"(the call writes its last columns) is not taken {where}; pass x[..., :{K}], or call "
                     "fusedk.linear_lowrank without autograd or compile (torch.no_grad(), NumPy, CuPy)")
 
 
