@@ -520,9 +520,9 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
    buffer of the stream it was captured on: it must not run at the same time as lowrank_update
    calls on that stream or other graphs captured there, as with attention's. f16/bf16 rows
    16-byte aligned on tensor cores: h = scaling (x v) codes accumulates in float32 and is rounded
-   once to the dtype for the second product (float16: an h past 65504 becomes inf there); float32, and views the tensor cores'
-   16-byte loads can't take, on CUDA cores with h in float32 (so an unaligned view of the same
-   data can differ in its last bits). */
+   once to the dtype for the second product (float16: an h past 65504 becomes inf there);
+   float32, and views the tensor cores' 16-byte loads can't take, on CUDA cores with h in float32
+   (so an unaligned view of the same data can differ in its last bits). */
 FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *v,
                                                const fusedk_tensor *codes, const fusedk_tensor *u_t,
                                                const fusedk_tensor *y, float scaling, float beta,
@@ -2683,7 +2683,8 @@ static int fusedk__lowrank_cat_cpu(const fusedk__lowrank_args *a) {
       }
     }
     void *o = fusedk__mat_row(&a->out, m, s);
-    for (int64_t k = 0; a->out.p != a->x.p && k < K1; ++k) fusedk__store(o, k, xr[k], s); /* (x with room: there) */
+    for (int64_t k = 0; a->out.p != a->x.p && k < K1; ++k) /* (x with room for h: already there) */
+      fusedk__store(o, k, xr[k], s);
     for (int64_t j = 0; j < A * rp; ++j) fusedk__store(o, K1 + j, j % rp < r ? h[j / rp * r + j % rp] : 0.0, s);
   }
   free(v);
@@ -2825,12 +2826,9 @@ static int fusedk__lora_room(const fusedk_tensor *x, const fusedk_tensor *a, fus
     return 0;
   const int64_t K = a->shape[a->ndim - 1], r = a->shape[a->ndim - 2], A = a->ndim == 3 ? a->shape[0] : 1;
   if (K < 0 || r < 1 || r > 128 || A < 1 || A > 128 || x->shape[x->ndim - 1] != K + A * ((r + 7) / 8 * 8)) return 0;
-  int64_t *shape = xs, *strides = xs + FUSEDK_MAX_DIMS, step = 1;
-  for (int i = x->ndim - 1; i >= 0; --i) { /* a compact x's strides, made explicit for the narrower view */
-    shape[i] = x->shape[i];
-    strides[i] = x->strides ? x->strides[i] : step;
-    step *= x->shape[i];
-  }
+  int64_t *shape = xs, *strides = xs + FUSEDK_MAX_DIMS;
+  for (int i = 0; i < x->ndim; ++i) /* explicit strides: a compact x's are not the narrower view's */
+    shape[i] = x->shape[i], strides[i] = fusedk__stride(x, i);
   shape[x->ndim - 1] = K;
   xv->shape = shape, xv->strides = strides;
   return 1;
@@ -2874,7 +2872,8 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fus
   for (int i = 0; i < 7; ++i)
     if ((st = fusedk__check_disjoint(&s.c, y, "y", ins[i], names[i])) ||
         (i < 6 && (st = fusedk__check_disjoint(&s.c, aux_out, "aux_out", ins[i], names[i]))) ||
-        (room && i > 0 && i < 6 && (st = fusedk__check_disjoint(&s.c, t[2], "x (with room for h)", ins[i], names[i]))))
+        (room && i > 0 && i < 6 &&
+         (st = fusedk__check_disjoint(&s.c, t[2], "x (with room for h)", ins[i], names[i]))))
       return st;
   l.bias = fusedk__base(bias);
   h.ids = adapter_ids ? (const int32_t *)fusedk__base(adapter_ids) : NULL;

@@ -4032,7 +4032,8 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
             for (int i = threadIdx.x; i < RT * (W / 8); i += NT) {
               const int j = i / (W / 8), c = i % (W / 8), q = j / rp;
               const bool in = q < a.slots && j % rp < a.r && c * 8 < kv;
-              cp_async16(xs + L::kX + swz<W / 8>(j, c), in ? v + q * a.va + (j % rp) * a.v.ld + k0 + c * 8 : v, in ? 16 : 0);
+              cp_async16(xs + L::kX + swz<W / 8>(j, c), in ? v + q * a.va + (j % rp) * a.v.ld + k0 + c * 8 : v,
+                         in ? 16 : 0);
             }
           } else load_tile<T, W, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
         },
@@ -4048,7 +4049,8 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_
               asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                            : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
                            : "r"(xs + swz<W / 8>(lr, ch)));
-              *reinterpret_cast<uint4 *>((T *)a.out.p + (m0 + lr) * a.out.ld + k0 + 8 * ch) = make_uint4(w[0], w[1], w[2], w[3]);
+              *reinterpret_cast<uint4 *>((T *)a.out.p + (m0 + lr) * a.out.ld + k0 + 8 * ch) =
+                  make_uint4(w[0], w[1], w[2], w[3]);
             }
           }
           lr_row_mma<T, RT, WS, !cat, W>(h, xs, xs + L::kX, warp, s, lane);
@@ -4429,13 +4431,16 @@ cudaError_t launch_lowrank_mma(const fusedk__lowrank_args &a, cudaStream_t s, in
   auto go = [&](auto kernel, const fusedk__lowrank_args &c, int64_t tiles, int64_t ask) {
     const cudaError_t e = smem_opt_in<decltype(kernel)::value>(LrSmem<RT, W, ST>::kBytes, 0, dev);
     if (e != cudaSuccess) return e;
-    if (ask < 0) ask = resident_blocks<decltype(kernel)::value>(dev, 128 * WS, LrSmem<RT, W, ST>::kBytes) * sms / rows;
+    if (ask < 0)
+      ask = resident_blocks<decltype(kernel)::value>(dev, 128 * WS, LrSmem<RT, W, ST>::kBytes) * sms / rows;
     const LrSplit sp = lr_split(tiles, ask);
-    decltype(kernel)::value<<<(unsigned)(rows * sp.splits), 128 * WS, LrSmem<RT, W, ST>::kBytes, s>>>(c, sp.splits, (int)sp.per);
+    decltype(kernel)::value<<<(unsigned)(rows * sp.splits), 128 * WS, LrSmem<RT, W, ST>::kBytes, s>>>(c, sp.splits,
+                                                                                                  (int)sp.per);
     return cudaGetLastError();
   };
 #define FUSEDK__LR_KERNEL(VV, P)                                                                                   \
-  std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>), lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>>{}
+  std::integral_constant<decltype(&lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>),                                   \
+                         lowrank_mma_kernel<T, RT, VV, WS, P, W, ST>>{}
   if constexpr (W == kLrK) { // the [x | h] pass: 64-wide tiles
     if (a.mode == FUSEDK__LR_CAT) {
       if (!a.part || a.part_splits < 2) return go(FUSEDK__LR_KERNEL(true, kLrCat), a, 1, 1);

@@ -13,7 +13,7 @@ that outgrow L2, replays timed by events, median of --rounds rotated rounds). Th
 (no out=, no graph): a loop of calls to a sync, per call. Minimum bytes: x, v, codes, u_t and
 out once, y once when read; the copy ceiling: a 1 GiB device-to-device copy. The base linear:
 fusedk.linear(x, w) with w [K2, K1] (what an adapter's cost is measured against), timed after
-every other row: a long GEMM leaves the SM clock lower for the calls after it (bench/NOTES.md). Writes
+every other row: a long GEMM leaves the SM clock lower for the calls after it. Writes
 DIR/bench_lowrank.json and .md and prints the table."""
 import argparse
 import datetime

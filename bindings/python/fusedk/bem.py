@@ -16,8 +16,8 @@ __all__ = ["fused_generated_update", "validate_numerical_accuracy", "benchmark_k
 
 
 def fused_generated_update(X, V, codes, U, scaling=1.0, out=None):
-    """((X @ V) * codes) @ U * scaling, fused (fusedk.lowrank_update): X [..., K1], V [K1, r], codes [..., r] (or
-    None), U [r, K2] (BEM's pre-transposed U)."""
+    """((X @ V) * codes) @ U * scaling, fused (fusedk.lowrank_update): X [..., K1], V [K1, r], codes
+    [..., r] (or None), U [r, K2] (BEM's pre-transposed U)."""
     return fusedk.lowrank_update(X, V, U, codes, scaling=scaling, out=out)
 
 
