@@ -484,7 +484,9 @@ FUSEDK_DEF void fusedk_shutdown(void);
    q, k, v as views of one packed projection (qk_norm_rope's outputs in either layout). scale 0:
    1/sqrt(Dh). causal: query i sees the keys j <= i + Sk - Sq (aligned bottom-right, as
    FlashAttention). kv_len (int32 [B], optional): the keys j >= kv_len[b] are masked (padded text
-   tokens); values outside [0, Sk] clamp. lse (float32 [B, Hq, Sq], optional): the natural log of
+   tokens); a value outside [0, Sk] is refused where kv_len is in host memory (CPU, CUDAHost: read
+   as the call checks it) and clamps on a CUDA device (checking it there would cost a host sync).
+   lse (float32 [B, Hq, Sq], optional): the natural log of
    each row's sum of exp(scores), what sequence-parallel and ring attention merge partial results
    by. A row whose keys are all masked: out 0, lse -inf. CPU: every dtype, double accumulation,
    one rounding; GPU: f16/bf16. On Hopper, a launch without causal or kv_len whose last wave of
@@ -2605,6 +2607,10 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
     a.lse.p = (float *)fusedk__base(lse), a.lse.sb = fusedk__stride(lse, 0), a.lse.sh = fusedk__stride(lse, 1),
     a.lse.ss = fusedk__stride(lse, 2);
   if (kv_len) a.kv_len = (const int32_t *)fusedk__base(kv_len), a.kv_stride = fusedk__stride(kv_len, 0);
+  for (int64_t b = 0; kv_len && !fusedk__is_gpu(s.c.dev.device_type) && b < B; ++b)
+    if (a.kv_len[b * a.kv_stride] < 0 || a.kv_len[b * a.kv_stride] > a.Sk)
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: kv_len[%lld] is %d, expected 0 to %lld (k's Sk)", op,
+                          (long long)b, (int)a.kv_len[b * a.kv_stride], (long long)a.Sk);
   if (fusedk__is_gpu(s.c.dev.device_type)) {
     if (s.c.scalar == FUSEDK_F32)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q is float32 on a CUDA device; the GPU kernel takes float16 "

@@ -455,13 +455,14 @@ static void attention_cases(void) {
   static float q[AN], k[AN], v[AN], o[AN], lse[AB * AH * AS];
   int64_t qs[4] = {AB, AS, AH, AD}, ks1[4] = {AB, AS, 1, AD}, ls[3] = {AB, AH, AS}, bs[1] = {AB};
   int64_t bad_b[4] = {1, AS, AH, AD}, bad_h[4] = {AB, AS, 3, AD}, bad_l[3] = {AB, AS, AH};
-  int32_t kvl[AB] = {3, 0};
+  int32_t kvl[AB] = {3, 0}, kvl_neg[AB] = {-1, 2}, kvl_big[AB] = {2, AS + 1};
   float kvl_f[AB] = {3, 0};
   for (int i = 0; i < AN; ++i) q[i] = 0.0f, k[i] = (float)sin(i + 0.5), v[i] = (float)(i % 7) - 3.0f;
   fusedk_tensor tq = fusedk_tensor_cpu(q, FUSEDK_F32, 4, qs), tk = fusedk_tensor_cpu(k, FUSEDK_F32, 4, qs);
   fusedk_tensor tv = fusedk_tensor_cpu(v, FUSEDK_F32, 4, qs), to = fusedk_tensor_cpu(o, FUSEDK_F32, 4, qs);
   fusedk_tensor tl = fusedk_tensor_cpu(lse, FUSEDK_F32, 3, ls), tn = fusedk_tensor_cpu(kvl, FUSEDK_I32, 1, bs);
   fusedk_tensor tnf = fusedk_tensor_cpu(kvl_f, FUSEDK_F32, 1, bs), tk1 = fusedk_tensor_cpu(k, FUSEDK_F32, 4, ks1);
+  fusedk_tensor tnn = fusedk_tensor_cpu(kvl_neg, FUSEDK_I32, 1, bs), tnb = fusedk_tensor_cpu(kvl_big, FUSEDK_I32, 1, bs);
   fusedk_tensor tkb = fusedk_tensor_cpu(k, FUSEDK_F32, 4, bad_b), tkh = fusedk_tensor_cpu(k, FUSEDK_F32, 4, bad_h);
   fusedk_tensor tlb = fusedk_tensor_cpu(lse, FUSEDK_F32, 3, bad_l), tv16 = tv, tq3 = tq;
   tv16.dtype = fusedk_dtype_of(FUSEDK_F16), tq3.ndim = 3;
@@ -483,6 +484,8 @@ static void attention_cases(void) {
       {&to, &tl, &tq, &tk, &tv16, NULL, 0, 0, FUSEDK_ERR_DTYPE, "v has dtype float16, expected float32"},
       {&to, &tlb, &tq, &tk, &tv, NULL, 0, 0, FUSEDK_ERR_SHAPE, "lse has shape [2, 4, 2], expected [2, 2, 4]"},
       {&to, &tl, &tq, &tk, &tv, &tnf, 0, 0, FUSEDK_ERR_DTYPE, "kv_len has dtype float32, expected int32"},
+      {&to, &tl, &tq, &tk, &tv, &tnn, 0, 0, FUSEDK_ERR_INVALID_ARGUMENT, "kv_len[0] is -1, expected 0 to 4 (k's Sk)"},
+      {&to, &tl, &tq, &tk, &tv, &tnb, 0, 0, FUSEDK_ERR_INVALID_ARGUMENT, "kv_len[1] is 5, expected 0 to 4 (k's Sk)"},
       {&to, &tl, &tq, &tk, &tv, NULL, NAN, 0, FUSEDK_ERR_INVALID_ARGUMENT, "scale is nan, expected a finite"},
       {&to, &tl, &tq, &tk, &tv, NULL, 0, 2, FUSEDK_ERR_INVALID_ARGUMENT, "causal is 2, expected 0 or 1"},
       {&tq, &tl, &tq, &tk, &tv, NULL, 0, 0, FUSEDK_ERR_LAYOUT, "out overlaps q"},

@@ -824,7 +824,8 @@ static void run_linear_graph(void) {
 /* --- [attention] attention against the CPU reference ------------------------------------------
    q [B, Sq, Hq, Dh], k, v [B, Sk, Hq / G, Dh]. layout 0: [B, S, H, D] tensors (pad: row padding);
    1: [B, H, S, D] buffers seen through transposed views (out too); 2: q, k, v as views of one
-   packed [B, S, 3, H, Dh] projection (Sq = Sk, G = 1). kv: kv_len {0, 1, Sk / 2, Sk, Sk + 5}
+   packed [B, S, 3, H, Dh] projection (Sq = Sk, G = 1). kv: kv_len {0, 1, Sk / 2, Sk, Sk + 5, -3}
+   (the device clamps the last two; the reference, which refuses them, gets Sk and 0)
    cycled over B. special 1: q scaled 30x (scores far past exp's range unshifted); 2: key 5 of kv
    head 0 is NaN (the rows that see it are NaN, no other). shift: misaligned bases (the element
    path). Tolerance: out within eps_T (|cpu| + max|v|) (P rounds to T before P V, one rounding
@@ -894,10 +895,12 @@ static void run_attn(attn_t c) {
   int64_t kshape[1] = {B};
   if (c.kv) {
     kvh = malloc((size_t)B * 4);
-    const int64_t pick[5] = {0, 1, Sk / 2, Sk, Sk + 5};
-    for (int64_t b = 0; b < B; ++b) kvh[b] = (int32_t)pick[b % 5];
+    const int64_t pick[6] = {0, 1, Sk / 2, Sk, Sk + 5, -3};
+    for (int64_t b = 0; b < B; ++b) kvh[b] = (int32_t)pick[b % 6];
     CK(cudaMalloc((void **)&kvd, (size_t)B * 4));
     CK(cudaMemcpy(kvd, kvh, (size_t)B * 4, cudaMemcpyHostToDevice));
+    for (int64_t b = 0; b < B; ++b) /* the device clamps Sk + 5 and -3; the host refuses them: Sk and 0 there */
+      kvh[b] = kvh[b] < 0 ? 0 : kvh[b] > Sk ? (int32_t)Sk : kvh[b];
     kv_h = fusedk_tensor_cpu(kvh, FUSEDK_I32, 1, kshape), kv_d = kv_h;
     kv_d.data = kvd, kv_d.device.device_type = FUSEDK_DEVICE_CUDA;
   }

@@ -10,7 +10,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 fusedk_venv "${FUSEDK_BASE_PACKAGES[@]}"
 cd "$FUSEDK_ROOT"
-meson setup --reconfigure build
+meson setup --reconfigure build ${FUSEDK_CUDA:+-Dcuda=$FUSEDK_CUDA}  # FUSEDK_CUDA=disabled: CPU-only, no nvcc run
 meson compile -C build
 build/fusedk_demo
 build/fusedk_dit_block  # a Flux-style block in C: checked against the CPU block, and timed on a GPU

@@ -3,12 +3,15 @@
 # test suite (gpu, python interop, cpu, examples), then the bench. Logs and results land in
 # $OUT (default ./out); the last lines printed are the summary.
 #   bash tools/gpu_run.sh [--no-bench] [--quick-bench] [--bench-only] [--percall] [--no-percall] [--tune] [--ncu]
-#                         [--sanitize] [--dit]
+#                         [--sanitize] [--dit] [--diffusers-suite]
 # (--no-bench --percall: the suites and the per-call table, without the kernel bench;
 #  --no-percall: the kernel bench without the per-call table; BENCH_OPS=act,silu_fma limits it;
 #  --dit: the Python suite ($DIT_TESTS, default tests/python; fusedk.diffusers on real models
 #  included) and bench/bench_dit.py with $DIT_ARGS, nothing else (DIT_NO_TESTS=1, DIT_NO_BENCH=1
 #  leave one out);
+#  --diffusers-suite: diffusers' own model tests on stock and on patched models, nothing else
+#  (tools/diffusers_suite.sh over $DIFFUSERS_TESTS, default .diffusers-tests/tests: a diffusers
+#  checkout's tests/ folder copied there; $SUITE_MODELS, default all four);
 #  --sanitize: compute-sanitizer memcheck, racecheck, initcheck and synccheck over the GPU suite's
 #  small cases of every op (FUSEDK_TEST_SMALL=1), reports in $OUT/sanitize-<tool>.txt)
 set -uo pipefail
@@ -22,11 +25,11 @@ fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 bench=1 quick="" percall=0 no_percall=0
-tests=1 tune=0 ncu=0 sanitize=0 dit=0
+tests=1 tune=0 ncu=0 sanitize=0 dit=0 suite=0
 for a in "$@"; do
   case $a in --no-bench) bench=0 ;; --quick-bench) quick=--quick ;; --bench-only) tests=0 ;; --percall) percall=1 ;; --no-percall) no_percall=1 ;;
     --tune) tune=1 tests=0 bench=0 ;; --ncu) ncu=1 tests=0 bench=0 ;; --sanitize) sanitize=1 tests=0 bench=0 ;;
-    --dit) dit=1 tests=0 bench=0 ;; esac
+    --dit) dit=1 tests=0 bench=0 ;; --diffusers-suite) suite=1 tests=0 bench=0 ;; esac
 done
 summary=()
 t0=$(date +%s)
@@ -87,6 +90,12 @@ if [ $dit = 1 ] && [ -z "${DIT_NO_BENCH:-}" ]; then  # then the DiT bench
     python3 bench/bench_dit.py --out "$OUT/bench" ${DIT_ARGS:-} >"$OUT/bench-dit.log" 2>&1
   summary+=("bench_dit rc=$?")
   tail -30 "$OUT/bench-dit.log"
+fi
+if [ $suite = 1 ]; then  # diffusers' own model tests: a patched model passes every test its stock model passes
+  FUSEDK_LIBRARY=$PWD/build-gpu/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h PYTHONPATH=$PWD/bindings/python:${PYTHONPATH:-} \
+    OUT=$OUT bash tools/diffusers_suite.sh "${DIFFUSERS_TESTS:-.diffusers-tests/tests}" ${SUITE_MODELS:-} \
+    | tee "$OUT/diffusers-suite.txt"
+  summary+=("diffusers suite rc=${PIPESTATUS[0]}: $(grep -c ': patched passes every test' "$OUT/diffusers-suite.txt") models with patched >= stock")
 fi
 if [ $tune = 1 ]; then  # launch-shape sweep of the norm kernel (its hook is built with -Dtuning=true only)
   meson configure build-gpu -Dtuning=true >/dev/null && ninja -C build-gpu >/dev/null || exit 1

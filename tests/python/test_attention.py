@@ -43,7 +43,7 @@ def test_attention(B, Sq, Sk, Hq, Hkv, D, causal, dtype):
 def test_kv_len_and_rows_that_see_nothing(dtype):
     B, Sq, Sk, H, D = 5, 6, 9, 2, 16
     q, k, v = rand((B, Sq, H, D), dtype), rand((B, Sk, H, D), dtype), rand((B, Sk, H, D), dtype)
-    kv_len = np.array([0, 1, 4, 9, 50], np.int32)  # none, one, part, all, past Sk (clamps)
+    kv_len = np.array([0, 1, 4, 9, 7], np.int32)  # none, one, part, all, most
     for causal in (False, True):
         got, lse = check(dtype, f"kv_len causal {causal}", q, k, v, causal=causal, kv_len=kv_len)
         assert not got[0].any() and np.all(lse[0] == -np.inf)  # kv_len 0: zeros, lse -inf
@@ -97,6 +97,14 @@ def test_bad_arguments():
         (dict(q=rand((2, 4, 8), np.float32)), fusedk.ShapeError, "q has shape [2, 4, 8], expected [B, Sq, Hq, Dh]"),
         (dict(kv_len=np.array([1.0, 2.0], np.float32)), fusedk.DTypeError, "kv_len has dtype float32, expected int32"),
         (dict(kv_len=np.array([1, 2, 3], np.int32)), fusedk.ShapeError, "kv_len has shape"),
+        # host memory: a value outside [0, Sk] is refused, naming the sample (the GPU clamps)
+        (dict(kv_len=[-1, 6]), fusedk.InvalidArgumentError, "kv_len[0] is -1, expected 0 to 6 .k's Sk."),
+        (dict(kv_len=np.array([6, 7], np.int32)), fusedk.InvalidArgumentError, "kv_len[1] is 7, expected 0 to 6"),
+        (dict(kv_len=[2 ** 31 - 1, 0]), fusedk.InvalidArgumentError, "kv_len[0] is 2147483647, expected 0 to 6"),
+        (dict(kv_len=[2 ** 31, 0]), fusedk.InvalidArgumentError, "kv_len holds values outside int32"),
+        (dict(scale="0.1"), TypeError, "scale is '0.1' \\(a str\\), expected a number"),
+        (dict(causal="no"), TypeError, "causal is 'no' \\(a str\\), expected True or False"),
+        (dict(lse_out=np.zeros((2, 4, 4), np.float16)), fusedk.DTypeError, "lse_out has dtype float16"),
         (dict(scale=float("nan")), fusedk.InvalidArgumentError, "scale is nan"),
         (dict(scale=0.0), fusedk.InvalidArgumentError, "scale is 0.0"),
         (dict(out=np.zeros((2, 4, 4, 8), np.float16)), fusedk.DTypeError, "out has dtype float16"),
@@ -106,8 +114,9 @@ def test_bad_arguments():
         args = dict(q=q, k=k, v=k)
         args.update(over)
         out = args.get("out")
-        with pytest.raises(err, match=says.replace("[", r"\[")):
+        with pytest.raises(err, match=says.replace("[", r"\[")) as e:
             fusedk.attention(**args)
+        assert isinstance(e.value, fusedk.Error)
         if out is not None:
             assert not out.any()
     with pytest.raises(fusedk.LayoutError, match="out overlaps q"):

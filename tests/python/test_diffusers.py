@@ -159,12 +159,14 @@ def test_mochi_padded_text(device, attention):
 
 
 @pytest.mark.skipif("mochi" not in MODELS, reason="this diffusers lacks Mochi")
+@pytest.mark.parametrize("kernel", ["fusedk", "sdpa"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_mochi_fused_attention_packs_rows_as_stock(device):
-    """Mochi's attention through fusedk's kernel against the stock processor's per-sample path on
-    text masks with a padded tail and with holes: the valid text rows' outputs packed first, then
-    zeros (Sq = S), or the video rows only (the last block). float32 on the CPU (the reference
-    against SDPA: rounding only), bf16 on the GPU (the kernel: bf16's rounding)."""
+def test_mochi_masked_attention_packs_rows_as_stock(device, kernel):
+    """Mochi's attention in one batched call with no host sync (fusedk's kernel with kv_len, or
+    SDPA with a boolean mask, as torch.compile runs it) against the stock processor's per-sample
+    path on text masks with a padded tail and with holes: the valid text rows' outputs packed first,
+    then zeros (Sq = S), or the video rows only (the last block). float32 on the CPU (rounding
+    only), bf16 on the GPU (bf16's rounding)."""
     from fusedk.diffusers import mochi
     dt, bound = (torch.float32, 1e-5) if device == "cpu" else (torch.bfloat16, 1e-2)
     B, Si, St, H, Dh = 2, 24, 8, 2, 64
@@ -174,15 +176,73 @@ def test_mochi_fused_attention_packs_rows_as_stock(device):
     mask[0, 5:] = False
     mask[1, ::3] = False
     mask = mask.to(device)
-    pieces = fd.Pieces(fd.OPS | {"attention"})
+    pieces = fd.Pieces(fd.OPS | ({"attention"} if kernel == "fusedk" else set()))
     for Sq in (Si + St, Si):
         want = mochi._attend(q, k, v, Sq, mochi._validrows(mask, B, Si)).double()
-        got = mochi._attend_fused(pieces, None, q.clone(), k.clone(), v.clone(), Sq, mask).double()
+        got = mochi._attend_masked(pieces, None, q.clone(), k.clone(), v.clone(), Sq, mask).double()
         assert got.shape == want.shape
         for b in range(B):
             assert rel(got[b], want[b])[0] < bound, (Sq, b, rel(got[b], want[b]))
         if Sq > Si:  # the padded rows: zeros on both sides, exactly
             assert torch.equal(got[0, Si + 5:], want[0, Si + 5:]) and not got[0, Si + 5:].any()
+
+
+@pytest.mark.skipif("mochi" not in MODELS, reason="this diffusers lacks Mochi")
+@pytest.mark.parametrize("attention", [False, True])
+@pytest.mark.parametrize("device", DEVICES)
+def test_mochi_compiled_as_users_compile_it(device, attention):
+    """A user's torch.compile(model) (graph breaks allowed, as stock Mochi needs them) and
+    torch._dynamo.explain on a patched Mochi: masks full and padded, B = 1 and 2, every run as
+    close to float32 as the stock eager model"""
+    m, ref, low, x32, xl = pair("mochi", device)
+    fd.apply(low, attention=attention)
+    for B in (1, 2):
+        for padded in (False, True):
+            a = {k: (v[:B] if torch.is_tensor(v) else v) for k, v in x32.items()}
+            b = {k: (v[:B] if torch.is_tensor(v) else v) for k, v in xl.items()}
+            mask = torch.ones_like(b["encoder_attention_mask"])
+            if padded:
+                mask[0, 5:] = False
+                mask[-1, ::3] = False
+            a["encoder_attention_mask"] = b["encoder_attention_mask"] = mask
+            want = m.output(run(ref, a)).double()
+            fd.revert(low)
+            stock = m.output(run(low, b))
+            fd.apply(low, attention=attention)
+            torch._dynamo.reset()
+            got = m.output(run(torch.compile(low), b))
+            check_close(got, stock, want, f"mochi compiled B={B} padded={padded} attention={attention}")
+            torch._dynamo.reset()
+            with torch.no_grad():
+                explained = torch._dynamo.explain(low)(**b)
+            assert explained.graph_count >= 1
+    torch._dynamo.reset()
+    fd.revert(low)
+
+
+@pytest.mark.skipif(not _CUDA or "mochi" not in MODELS, reason="no CUDA device, or this diffusers lacks Mochi")
+@pytest.mark.parametrize("attention", [False, True])
+def test_mochi_real_width_compiled(attention):
+    """mochi-1's width, B = 1 and 256 text tokens of which 200 are valid, then diffusers' test
+    config's B = 2 with every token valid: the whole model under torch.compile, patched, as close to
+    float32 as the stock eager model"""
+    m, ref, low, x32, xl = pair("mochi", "cuda", big=True)
+    g = torch.Generator().manual_seed(2)
+    for B, St, valid in ((1, 256, 200), (2, 256, 256)):
+        a = dict(x32, hidden_states=torch.cat([x32["hidden_states"]] * B),
+                 encoder_hidden_states=torch.randn(B, St, ref.config.text_embed_dim, generator=g).cuda(),
+                 timestep=torch.cat([x32["timestep"]] * B),
+                 encoder_attention_mask=(torch.arange(St) < valid).expand(B, St).cuda())
+        b = {k: (v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() and k not in m.KEEP_F32 else v)
+             for k, v in a.items()}
+        want = m.output(run(ref, a)).double()
+        stock = m.output(run(low, b))
+        fd.apply(low, attention=attention)
+        torch._dynamo.reset()
+        got = m.output(run(torch.compile(low), b))
+        check_close(got, stock, want, f"mochi real width compiled B={B} valid={valid} attention={attention}")
+        torch._dynamo.reset()
+        fd.revert(low)
 
 
 def test_apply_attention_takes_a_bool():

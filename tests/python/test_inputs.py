@@ -78,7 +78,7 @@ def test_non_native_byte_order_is_refused_in_every_position(name):
         bad = list(args)
         out = i not in o.inputs
         bad[i] = swapped(a, 7.0) if out else swapped(a)
-        with pytest.raises(fusedk.DTypeError, match=rf"^{name}: {o.tensors[i][0]} has dtype >{bad[i].dtype.str[1:]} "
+        with pytest.raises(fusedk.DTypeError, match=rf"^{name}: {o.py_name(i)} has dtype >{bad[i].dtype.str[1:]} "
                            r"\(big-endian\), "
                            r"expected the machine's byte order"):
             _core.call(o.id, bad[o.inputs[0]], tuple(bad), attrs)
@@ -99,7 +99,7 @@ def test_non_native_byte_order_through_the_public_functions():
     with pytest.raises(TypeError, match="rmsnorm: weight has dtype >f4"):
         fusedk.rmsnorm(x, x[0, 0].astype(">f4"))
     out = np.full(x.shape, 3.0, ">f4")
-    with pytest.raises(TypeError, match=r"rmsnorm: y has dtype >f4 .*\.astype\('<f4'\)"):
+    with pytest.raises(TypeError, match=r"rmsnorm: out has dtype >f4 .*\.astype\('<f4'\)"):
         fusedk.rmsnorm(x, out=out)
     assert (out == 3.0).all()
     with pytest.raises(TypeError, match="act: x has dtype >f2"):
@@ -148,3 +148,61 @@ def test_error_picks_its_subclass_from_the_status():
     for status in ("FUSEDK_ERR_CUDA", "FUSEDK_ERR_CUBLAS", "FUSEDK_ERR_UNSUPPORTED", "FUSEDK_ERR_NO_CUDA"):
         e = fusedk.Error(status, "r")
         assert type(e) is fusedk.Error and not isinstance(e, (ValueError, TypeError))
+
+
+def _public_calls():
+    """A valid call of every public op function: (function, positional arguments)."""
+    x, g = f32(B, L, D), f32(B, D)
+    q = f32(1, S, H, DH)
+    cs = f32(S, DH // 2)
+    return [
+        (fusedk.rmsnorm, (x,)), (fusedk.layernorm, (x,)), (fusedk.adaln, (x, g, g)),
+        (fusedk.residual_tanh_gated_rmsnorm, (x, x, g)), (fusedk.act, (x,)), (fusedk.glu, (x,)),
+        (fusedk.glu_pair, (x, x)), (fusedk.silu_fma, (x, x, x)), (fusedk.gated_residual, (x, x, g)),
+        (fusedk.rope, (q, q, cs, cs)), (fusedk.rope_table_1d, (f32(S), DH)), (fusedk.rope_table_axes, (f32(S, 3),)),
+        (fusedk.rope_table_ltx, (f32(S, 3), 12)), (fusedk.rope_table_mixed, (f32(S, 3), f32(3, H, DH // 2))),
+        (fusedk.qk_norm_rope, ((q, q, q), cs, cs)), (fusedk.diffusion_step, (x, x)),
+        (fusedk.linear, (f32(3, D), f32(5, D))), (fusedk.linear_backward, (f32(3, 5), f32(3, D), f32(5, D))),
+        (fusedk.attention, (f32(B, S, H, DH), f32(B, L, 1, DH), f32(B, L, 1, DH))),
+        (fusedk.lowrank_update, (x, f32(D, 4), f32(4, 6))), (fusedk.lowrank_prepare, (f32(6, D), f32(6, 3))),
+        (fusedk.linear_lowrank, (x, f32(6, D + 8), f32(3, D))),
+        (fusedk.lowrank_update_backward, (f32(B, L, 6), x, f32(D, 4), f32(4, 6))),
+        (fusedk.linear_lowrank_backward, (f32(B, L, 6), x, f32(6, D + 8), f32(3, D))),
+    ]
+
+
+def test_every_public_op_has_a_call_here():
+    assert {f.__name__ for f, _ in _public_calls()} == {o.name for o in _core.OPS}
+
+
+@pytest.mark.parametrize("fn,args", _public_calls(), ids=lambda v: getattr(v, "__name__", ""))
+def test_scalar_arguments_that_are_not_numbers_raise_type_error(fn, args):
+    """Every numeric or yes/no keyword (eps, theta, exact, causal, tf32, scaling, ...) given a str or
+    None: a TypeError that is also a fusedk.Error, naming the argument; the valid call runs."""
+    import inspect
+    fn(*args)
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if isinstance(p.default, (bool, int, float)) and p.name != "stream"]
+    for p in params:
+        for bad in ("1", None) if not isinstance(p.default, bool) else ("False",):
+            with pytest.raises(TypeError, match=rf"^{fn.__name__}: {p.name} is {bad!r} \(a ") as e:
+                fn(*args, **{p.name: bad})
+            assert isinstance(e.value, fusedk.InvalidArgumentError)
+
+
+@pytest.mark.parametrize("fn,args", [c for c in _public_calls() if "out" in __import__("inspect").signature(c[0])
+                                     .parameters and c[0] is not fusedk.qk_norm_rope],  # its out: (q_out, ...)
+                         ids=lambda v: getattr(v, "__name__", ""))
+def test_out_errors_name_out(fn, args):
+    """A wrong out= (dtype, read-only) is named `out`, the keyword the caller passed, not the C
+    argument's name (rmsnorm's y, lowrank_prepare's w_cat); the array is left untouched."""
+    want = fn(*args)
+    want = want[0] if isinstance(want, tuple) else want
+    wrong = np.zeros(want.shape, np.float16)
+    with pytest.raises(fusedk.DTypeError, match=rf"^{fn.__name__}: out has dtype float16"):
+        fn(*args, out=wrong)
+    assert not wrong.any()
+    frozen = np.zeros_like(want)
+    frozen.flags.writeable = False
+    with pytest.raises(fusedk.InvalidArgumentError, match=rf"^{fn.__name__}: out is read-only"):
+        fn(*args, out=frozen)

@@ -98,7 +98,7 @@ def test_bad_arguments():
          "linear: w has dtype float16, expected float32"),
         (lambda: fusedk.linear(x, w, act="tanh"), "FUSEDK_ERR_INVALID_ARGUMENT", "linear: act is 'tanh', expected"),
         (lambda: fusedk.linear(x, w, out=np.empty((2, 3, 7), np.float32)), "FUSEDK_ERR_SHAPE",
-         r"linear: y has shape \[2, 3, 7\], expected \[2, 3, 8\]"),
+         r"linear: out has shape \[2, 3, 7\], expected \[2, 3, 8\]"),
         (lambda: fusedk.linear(x.astype(np.float64), w), "FUSEDK_ERR_DTYPE", "linear: x has dtype float64"),
         (lambda: fusedk.linear_backward(rand((2, 3, 8), np.float32), x, w, act="gelu"),
          "FUSEDK_ERR_INVALID_ARGUMENT", "linear_backward: aux is NULL, expected the forward's aux_out"),
@@ -115,7 +115,7 @@ def test_bad_arguments():
         assert e.value.status == status, (msg, e.value.status)
     buf = rand((2, 3, 16), np.float32)  # y over x: nothing written
     keep = buf.copy()
-    with pytest.raises(fusedk.Error, match="linear: output y overlaps x in memory"):
+    with pytest.raises(fusedk.Error, match="linear: output out overlaps x in memory"):
         fusedk.linear(buf, rand((16, 16), np.float32), out=buf)
     assert np.array_equal(buf, keep)
 

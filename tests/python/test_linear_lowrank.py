@@ -132,7 +132,7 @@ def test_bad_arguments():
         (dict(b=rand((5, 129), np.float32)), fusedk.ShapeError, "rank r of 1..128"),
         (dict(b=rand((5, 3), np.float16)), fusedk.DTypeError, "b has dtype float16, expected float32"),
         (dict(scaling=float("nan")), fusedk.InvalidArgumentError, "scaling is nan"),
-        (dict(out=np.zeros((5, 12), np.float32)), fusedk.ShapeError, "w_cat has shape [5, 12], expected [5, 16]"),
+        (dict(out=np.zeros((5, 12), np.float32)), fusedk.ShapeError, "out has shape [5, 12], expected [5, 16]"),
     ]
     for over, err, says in prep:
         args = dict(w=w, b=b)
@@ -148,7 +148,7 @@ def test_bad_arguments():
         (dict(act="tanh"), fusedk.InvalidArgumentError, "act is 'tanh', expected"),
         (dict(a=rand((3, 8), np.float16)), fusedk.DTypeError, "a has dtype float16, expected float32"),
         (dict(x=rand((4, 16), np.float32)[:, ::2]), fusedk.LayoutError, "x has stride 2 in its last dim"),
-        (dict(out=np.zeros((4, 6), np.float32)), fusedk.ShapeError, "y has shape"),
+        (dict(out=np.zeros((4, 6), np.float32)), fusedk.ShapeError, "out has shape"),
         (dict(adapter_ids=np.zeros(3, np.int32)), fusedk.ShapeError, "adapter_ids has shape [3], expected [4]"),
         (dict(adapter_ids=np.zeros(4, np.float32)), fusedk.DTypeError, "adapter_ids has dtype float32, expected int32"),
         (dict(adapter_ids=np.zeros(8, np.int32)[::2]), fusedk.LayoutError, "adapter_ids has stride 2"),
@@ -165,7 +165,7 @@ def test_bad_arguments():
             fusedk.linear_lowrank(**args)
         if out is not None:
             assert not out.any()
-    with pytest.raises(fusedk.LayoutError, match="y overlaps x"):
+    with pytest.raises(fusedk.LayoutError, match="out overlaps x"):
         fusedk.linear_lowrank(x[:, :5], fusedk.lowrank_prepare(rand((5, 5), np.float32), b), rand((3, 5), np.float32),
                               out=x[:, 3:8])
     with pytest.raises(ValueError):  # fusedk.Error is what NumPy users already catch

@@ -165,7 +165,7 @@ def test_errors_name_the_argument_and_leave_outputs_untouched():
         (lambda: fusedk.adaln(x, x, x), "FUSEDK_ERR_SHAPE", "x has ndim 2, expected 3"),
         (lambda: fusedk.adaln(x[None], x, x, norm="group"), "FUSEDK_ERR_INVALID_ARGUMENT", "norm is 'group'"),
         (lambda: fusedk.residual_tanh_gated_rmsnorm(x[None], x[None], x[:1, :7]), "FUSEDK_ERR_SHAPE", "gate has shape [1, 7]"),
-        (lambda: fusedk.rmsnorm(x, out=np.broadcast_to(out[:1], out.shape)), "FUSEDK_ERR_INVALID_ARGUMENT", "y is read-only"),
+        (lambda: fusedk.rmsnorm(x, out=np.broadcast_to(out[:1], out.shape)), "FUSEDK_ERR_INVALID_ARGUMENT", "out is read-only"),
     ]
     for fn, status, text in cases:
         with pytest.raises(fusedk.Error) as e:
@@ -227,7 +227,8 @@ def test_public_namespace():
     assert fusedk.Error.__module__ == "fusedk" and repr(fusedk.Error("S", "r")).startswith("Error(")
     assert str(fusedk.Error).startswith("<class 'fusedk.Error'>")
     public = [n for n in dir(fusedk) if not n.startswith("_")]
-    assert set(public) == {"Error", "ShapeError", "LayoutError", "InvalidArgumentError", "DTypeError", "DeviceError",
+    assert set(public) == {"Error", "ShapeError", "LayoutError", "InvalidArgumentError", "ArgumentTypeError",
+                           "DTypeError", "DeviceError",
                            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act",
                            "silu_fma", "gated_residual", "glu", "glu_pair", "kernel_info", "torch", "jax", "diffusers", "bem",
                            "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step",

@@ -11,10 +11,11 @@ fusedk.LoRA folds a LoRA into its base linear. The formulas are in fusedk.h."""
 import json as _json
 
 from . import _core
-from ._core import (DeviceError, DTypeError, Error, InvalidArgumentError, LayoutError, OutOfMemoryError,
-                    ShapeError)
+from ._core import (ArgumentTypeError, DeviceError, DTypeError, Error, InvalidArgumentError, LayoutError,
+                    OutOfMemoryError, ShapeError)
 
-__all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "DTypeError", "DeviceError",
+__all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "ArgumentTypeError", "DTypeError",
+           "DeviceError",
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "attention",
@@ -73,6 +74,14 @@ def rmsnorm(x, weight=None, eps=1e-6, residual=None, out=None, residual_out=None
     return _call(_RMSNORM, x, (out, residual_out, x, residual, weight), (eps,), stream)
 
 
+def _flag(op, name, value):
+    """A yes/no argument as 1 or 0: a bool or a number (not a str such as "False")."""
+    if not _core.is_number(value):
+        raise _core.ArgumentTypeError("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} is {value!r} (a "
+                                      f"{type(value).__name__}), expected True or False")
+    return 1 if value else 0
+
+
 def _choice(op, name, value, table):
     """table[value], or an Error naming the argument and the values it takes."""
     v = table.get(value)
@@ -98,7 +107,7 @@ def adaln(x, scale, shift, norm="layer", eps=1e-6, weight=None, bias=None, out=N
 def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, exact=True, out=None, stream=None):
     """Mochi: y = x + cast(x_res * rsqrt(mean(x_res^2) + eps) * tanh(gate)[:, None]).
     exact=True reproduces PyTorch's rounding points; exact=False rounds once."""
-    return _call(_MOCHI, x, (out, x, x_res, gate), (eps, 1 if exact else 0), stream)
+    return _call(_MOCHI, x, (out, x, x_res, gate), (eps, _flag("residual_tanh_gated_rmsnorm", "exact", exact)), stream)
 
 
 # --- [elementwise] -------------------------------------------------------------------------
@@ -141,7 +150,7 @@ def rope(q, k, cos, sin, style="interleaved", rotary_dim=None, inplace=False, q_
     "interleaved" rotates pairs (2i, 2i+1) (Flux, LTX-Video, Mochi, GPT-J), "half" pairs
     (i, i + R/2) (NeoX, Llama). Returns (q', k'), or q' when k is None; inplace=True writes q and k."""
     st = _choice("rope", "style", style, _STYLES)
-    if inplace:
+    if _flag("rope", "inplace", inplace):
         q_out, k_out = q, k
     return _call(_ROPE, q, (q_out, k_out, q, k, cos, sin), (st, rotary_dim or 0), stream)
 
@@ -225,7 +234,7 @@ def diffusion_step(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.
     sqrt(alpha_bar_prev) x0 + sqrt(1 - alpha_bar_prev) m; then blend * x' + (1 - blend) * prev
     when prev is given. out=x updates the latent in place."""
     smp = _choice("diffusion_step", "sampler", sampler, _SAMPLERS)
-    if clamp_x0 is not None and not clamp_x0 > 0:
+    if clamp_x0 is not None and _core.is_number(clamp_x0) and not clamp_x0 > 0:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"diffusion_step: clamp_x0 is {clamp_x0!r}, expected a value > 0 "
                     "(or None: no clamp)")
     return _call(_STEP, x, (out, x, cond, uncond, prev),
@@ -239,8 +248,8 @@ def linear(x, w, bias=None, act="none", aux=False, tf32=False, out=None, aux_out
     GEMM, then one fusedk pass). aux=True also returns the pre-activation x @ w.T + bias, what
     linear_backward needs: (y, aux). float32 inputs use TF32 tensor cores only with tf32=True."""
     a = _choice("linear", "act", act, _LINEAR_ACTS)
-    want = 1 if aux or aux_out is not None else 0
-    return _call(_LINEAR, x, (out, aux_out, x, w, bias), (a, 1 if tf32 else 0, want), stream)
+    want = 1 if _flag("linear", "aux", aux) or aux_out is not None else 0
+    return _call(_LINEAR, x, (out, aux_out, x, w, bias), (a, _flag("linear", "tf32", tf32), want), stream)
 
 
 def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, tf32=False, stream=None):
@@ -248,10 +257,11 @@ def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, t
     for "none"), dx = dz @ w, dw = dz.T @ x (over every leading dim of x), db = dz summed over
     the rows. Returns (dx, dw, db), None for each not asked for."""
     a = _choice("linear_backward", "act", act, _LINEAR_ACTS)
+    dx, dw, db = (_flag("linear_backward", n, f) for n, f in (("dx", dx), ("dw", dw), ("db", db)))
     if not (dx or dw or db):  # nothing asked for: nothing to run
         return None, None, None
-    r = _call(_LINEAR_BWD, dy, (None, None, None, dy, x, w, aux), (a, 1 if tf32 else 0, 1 if dx else 0,
-                                                                   1 if dw else 0, 1 if db else 0), stream)
+    r = _call(_LINEAR_BWD, dy, (None, None, None, dy, x, w, aux), (a, _flag("linear_backward", "tf32", tf32), dx, dw,
+                                                                   db), stream)
     return _core.spread(r, (dx, dw, db))
 
 
@@ -261,16 +271,18 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, 
     multiple of Hkv: GQA, MQA), any strides but a contiguous last dim ([B, H, S, D] tensors
     through .transpose(1, 2), views of one packed qkv); out [B, Sq, Hq, Dh]. scale: default
     1/sqrt(Dh). causal: query i sees keys j <= i + Sk - Sq (bottom-right, as FlashAttention).
-    kv_len: int32 [B], keys at or past kv_len[b] masked (padded text tokens). return_lse=True
+    kv_len: int32 [B], keys at or past kv_len[b] masked (padded text tokens); a value outside
+    [0, Sk] is refused in host memory (NumPy, a list, CPU tensors) and clamps on a CUDA device
+    (checking it there would cost a host sync). return_lse=True
     also returns lse, float32 [B, Hq, Sq], the log of each row's sum of exp(scores): (out, lse).
     A row whose keys are all masked gives 0 (lse -inf)."""
     if scale is not None and not scale:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"attention: scale is {scale!r}, expected a nonzero number (None: "
                     "1/sqrt(Dh))")
-    if isinstance(kv_len, (list, tuple)) or (isinstance(kv_len, _core.np.ndarray) and kv_len.dtype.kind in "iu"):
-        kv_len = _core.np.ascontiguousarray(kv_len, _core.np.int32)  # a few lengths: a copy costs nothing
-    want = 1 if return_lse or lse_out is not None else 0
-    return _call(_ATTENTION, q, (out, lse_out, q, k, v, kv_len), (scale or 0.0, 1 if causal else 0, want), stream)
+    kv_len = _ids(kv_len, "attention", "kv_len", "key counts (0 to Sk)")
+    want = 1 if _flag("attention", "return_lse", return_lse) or lse_out is not None else 0
+    return _call(_ATTENTION, q, (out, lse_out, q, k, v, kv_len), (scale or 0.0, _flag("attention", "causal", causal),
+                                                                   want), stream)
 
 
 # --- [lowrank] --------------------------------------------------------------------------------
@@ -305,32 +317,33 @@ def linear_lowrank(x, w_cat, a, bias=None, codes=None, act="none", adapter_ids=N
     writes h into the last ones and the GEMM reads x in place, without the copy (not under autograd,
     torch.compile or JAX, which keep inputs unchanged)."""
     adapter_ids = _ids(adapter_ids, "linear_lowrank")
-    want = 1 if aux or aux_out is not None else 0
+    want = 1 if _flag("linear_lowrank", "aux", aux) or aux_out is not None else 0
     return _call(_LINEAR_LOWRANK, x, (out, aux_out, x, w_cat, bias, a, codes, adapter_ids),
                  (_choice("linear_lowrank", "act", act, _LINEAR_ACTS), want), stream)
 
 
-def _ids(adapter_ids, op):
-    """adapter_ids given as a list or a NumPy array of another integer type: checked, then int32
-    (no wrap-around); any other array goes to the C library as it is (int32 is checked there)."""
-    if isinstance(adapter_ids, (list, tuple)) or (isinstance(adapter_ids, _core.np.ndarray) and
-                                                  adapter_ids.dtype.kind in "iu" and adapter_ids.dtype != "int32"):
-        ids = _core.np.asarray(adapter_ids)  # a few ids on the host: checked, then int32 (no wrap-around)
-        if ids.size and (ids.dtype.kind not in "iu" or ids.min() < -2 ** 31 or ids.max() >= 2 ** 31):
-            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: adapter_ids holds values outside int32 (or "
-                        "not integers), expected adapter indices (-1: none)")
-        adapter_ids = _core.np.ascontiguousarray(ids, _core.np.int32)
-    return adapter_ids
+def _ids(ids, op, name="adapter_ids", what="adapter indices (-1: none)"):
+    """An int32 index argument (adapter_ids, kv_len) given as a list or a NumPy array of another
+    integer type: checked, then int32 (no wrap-around); any other array goes to the C library as
+    it is (int32 is checked there)."""
+    if isinstance(ids, (list, tuple)) or (isinstance(ids, _core.np.ndarray) and ids.dtype.kind in "iu" and
+                                          ids.dtype != "int32"):
+        a = _core.np.asarray(ids)  # a few values on the host: checked, then int32
+        if a.size and (a.dtype.kind not in "iu" or a.min() < -2 ** 31 or a.max() >= 2 ** 31):
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} holds values outside int32 (or not "
+                        f"integers), expected {what}")
+        ids = _core.np.ascontiguousarray(a, _core.np.int32)
+    return ids
 
 
 def lowrank_update_backward(dout, x, v, u_t, codes=None, scaling=1.0, dx=True, dv=True, du_t=True, stream=None):
     """Gradients of out = beta * y + scaling * ((x @ v) * codes) @ u_t given dout (y's is beta *
     dout): dx, dv, du_t and dcodes (when codes is given). Returns (dx, dv, du_t, dcodes), None for
     each not asked for. fusedk.torch's lowrank_update differentiates through this."""
+    dx, dv, du_t = (_flag("lowrank_update_backward", n, f) for n, f in (("dx", dx), ("dv", dv), ("du_t", du_t)))
     if not (dx or dv or du_t or codes is not None):
         return None, None, None, None
-    r = _call(_LOWRANK_BWD, dout, (None, None, None, None, dout, x, v, codes, u_t),
-              (scaling, 1 if dx else 0, 1 if dv else 0, 1 if du_t else 0), stream)
+    r = _call(_LOWRANK_BWD, dout, (None, None, None, None, dout, x, v, codes, u_t), (scaling, dx, dv, du_t), stream)
     return _core.spread(r, (dx, dv, du_t, codes is not None))
 
 
@@ -341,12 +354,13 @@ def linear_lowrank_backward(dy, x, w_cat, a, codes=None, adapter_ids=None, aux=N
     [N, r] or [A, N, r]), dcodes (when codes is given), dbias (when asked). aux: the forward's
     pre-activation (aux=True there), needed for act != "none". Returns (dx, da, db, dcodes, dbias),
     None for each not asked for."""
+    dx, da, db, dbias = (_flag("linear_lowrank_backward", n, f) for n, f in (("dx", dx), ("da", da), ("db", db),
+                                                                             ("dbias", dbias)))
     if not (dx or da or db or dbias or codes is not None):
         return None, None, None, None, None
     adapter_ids = _ids(adapter_ids, "linear_lowrank_backward")
     r = _call(_LINEAR_LOWRANK_BWD, dy, (None, None, None, None, None, dy, x, w_cat, a, codes, adapter_ids, aux),
-              (_choice("linear_lowrank_backward", "act", act, _LINEAR_ACTS), scaling, 1 if dx else 0, 1 if da else 0,
-               1 if db else 0, 1 if dbias else 0), stream)
+              (_choice("linear_lowrank_backward", "act", act, _LINEAR_ACTS), scaling, dx, da, db, dbias), stream)
     return _core.spread(r, (dx, da, db, codes is not None, dbias))
 
 

@@ -15,6 +15,7 @@ Other types go through the Python paths, picked once per type and cached:
 A framework is only ever reached through sys.modules: fusedk never imports one itself."""
 import ctypes
 import math
+import re
 import struct
 import sys
 
@@ -67,6 +68,9 @@ InvalidArgumentError = _subclass("InvalidArgumentError", ValueError, "A missing 
                                  "attribute (also a ValueError).")
 DTypeError = _subclass("DTypeError", TypeError, "An unsupported dtype or byte order, or dtypes that differ (also a "
                        "TypeError).")
+ArgumentTypeError = type("ArgumentTypeError", (InvalidArgumentError, TypeError), {
+    "__doc__": "A scalar argument that is not a number (also a TypeError and an InvalidArgumentError).",
+    "__module__": "fusedk"})
 DeviceError = _subclass("DeviceError", ValueError, "Tensors on different or unknown devices (a RuntimeError, as "
                         "torch raises, and a ValueError).")
 OutOfMemoryError = _subclass("OutOfMemoryError", MemoryError, "An allocation failed (also a MemoryError).")
@@ -76,15 +80,28 @@ _BY_STATUS = {"FUSEDK_ERR_SHAPE": ShapeError, "FUSEDK_ERR_LAYOUT": LayoutError,
 Error.__module__ = "fusedk"
 
 
-def error(status, note=""):
-    """The Error of this thread's last failed C call, which returned `status`."""
-    return Error(ffi.string(lib.fusedk_status_name(status)).decode(),
-                 ffi.string(lib.fusedk_failure_reason()).decode() + note)
+def error(status, note="", op=None):
+    """The Error of this thread's last failed C call, which returned `status`; op (a registry index):
+    its outputs named as the Python function's keywords call them (`out`, not C's `y`)."""
+    reason = ffi.string(lib.fusedk_failure_reason()).decode()
+    if op is not None:
+        reason = OPS[op].py_reason(reason)
+    return Error(ffi.string(lib.fusedk_status_name(status)).decode(), reason + note)
 
 
 def check(status, note=""):
     if status != lib.FUSEDK_OK:
         raise error(status, note)
+
+
+# C's names of outputs that the Python functions take under another keyword
+_PY_OUT = {"y": "out", "lse": "lse_out", "w_cat": "out"}
+
+
+def is_number(v):
+    """Whether v is a scalar number (Python's, NumPy's, a 0-d tensor): not a str, None, a list."""
+    t = type(v)
+    return not isinstance(v, (str, bytes, bytearray)) and (hasattr(t, "__float__") or hasattr(t, "__index__"))
 
 
 class Op:
@@ -103,6 +120,19 @@ class Op:
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
         self.first = self.inputs[0]
+        self.renames = [(re.compile(rf"\b{n}\b"), _PY_OUT[n]) for n, kind, _, _ in self.tensors
+                        if kind >= _OUT and n in _PY_OUT]
+
+    def py_name(self, i):
+        """Tensor i's name as the Python function's keyword calls it."""
+        n, kind = self.tensors[i][:2]
+        return _PY_OUT.get(n, n) if kind >= _OUT else n
+
+    def py_reason(self, reason):
+        """A C failure reason with the outputs named as Python calls them."""
+        for rx, name in self.renames:
+            reason = rx.sub(name, reason)
+        return reason
 
     def exists(self, i, args, values):
         """Whether output i exists: always, when its optional input is given (args in registry
@@ -124,9 +154,12 @@ class Op:
         for k, (name, _, default) in enumerate(self.attrs):
             v = attrs[k] if k < len(attrs) else default
             try:
+                if not is_number(v):
+                    raise TypeError
                 out.append(float(v))
             except (TypeError, ValueError):
-                raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.name}: {name} is {v!r}, expected a number") from None
+                raise ArgumentTypeError("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.name}: {name} is {v!r} (a "
+                                        f"{type(v).__name__}), expected a number") from None
         return out
 
     def typed(self, attrs):
@@ -285,7 +318,7 @@ def c_failed(op, args, attrs, stream, st=None):
         return traced_call(op, None, args, attrs, stream)
     if st < 0:
         return generic(OPS[op], args, attrs, stream)
-    raise error(st)
+    raise error(st, op=op)
 
 
 _ATTRS = ctypes.c_double * lib.FUSEDK_OP_MAX_ATTRS
@@ -324,7 +357,7 @@ def jax_path(op, args, attrs, stream):
     o = OPS[op]
     for i, _, _ in o.outputs:
         if args[i] is not None:
-            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.tensors[i][0]} (out=) is given, but the op "
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.py_name(i)} (out=) is given, but the op "
                         "runs through JAX and JAX arrays are immutable: leave it unset to get a new one")
     refuse_room(o, args, "through JAX (its arrays are immutable)")
     if stream is not None:
@@ -635,7 +668,7 @@ def generic(o, args, attrs, stream):
         parts, outs, arr = [_ABSENT] * len(args), [], list(args)  # arr: lists turned into arrays
         for i in o.inputs:
             if args[i] is not None:
-                parts[i], arr[i] = g.desc(args[i], o.tensors[i][0])
+                parts[i], arr[i] = g.desc(args[i], o.py_name(i))
         shapes = [None if v is None else getattr(v, "shape", None) for v in arr]  # the inputs' (outputs unread)
         for i, like, when in o.outputs:
             a = args[i]
@@ -653,9 +686,9 @@ def generic(o, args, attrs, stream):
                     outs.append(a)
                     continue
             elif _framework(a) == "jax":
-                raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.tensors[i][0]} (out=) is a JAX array; "
+                raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.py_name(i)} (out=) is a JAX array; "
                             "JAX arrays are immutable, leave it unset to get a new one")
-            parts[i], a = g.desc(a, o.tensors[i][0], out=True)
+            parts[i], a = g.desc(a, o.py_name(i), out=True)
             outs.append(a)
         buf = b"".join(parts)
         s = g.stream if g.stream is not None else (stream_int(stream) if stream is not None else 0)
@@ -663,7 +696,7 @@ def generic(o, args, attrs, stream):
             s = _current_stream("cupy", g.device[1])
         st = lib.fusedk_op_call_packed(o.id, buf, len(buf), ffi.new("double[]", values or [0.0]), s)
         if st != lib.FUSEDK_OK:
-            raise error(st, g.note if st == lib.FUSEDK_ERR_DTYPE else "")
+            raise error(st, g.note if st == lib.FUSEDK_ERR_DTYPE else "", o.id)
     finally:
         g.release()
     return results([_to_caller(g.fw, a) if isinstance(a, DLPackBuffer) else a for a in outs])

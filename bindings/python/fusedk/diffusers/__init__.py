@@ -105,7 +105,7 @@ def apply(model, ops=None, attention=False):
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: attention is {attention!r}, "
                           "expected True or False")
     use = use | {"attention"} if attention else use
-    table, report = _patchers(), Report()
+    table, report, hooked = _patchers(), Report(), 0
     for root in _roots(model):
         for name, m in root.named_modules():
             patcher = table.get(type(m))
@@ -114,15 +114,72 @@ def apply(model, ops=None, attention=False):
             why = _common_why_not(m, root, lora=patcher.projections(m)) or patcher.why_not(m, root)
             if why:
                 report.skipped.append((name or type(m).__name__, type(m).__name__, why))
+                hooked += "hooks" in why
                 continue
             _patch(m, patcher, Pieces(use), root)
             report.patched.append((name or type(m).__name__, type(m).__name__))
+    if hooked:  # a cache, offloading or casting enabled before apply(): say so where users look
+        first = next(f"{n}: {why}" for n, _, why in report.skipped if "hooks" in why)
+        warnings.warn(f"fusedk.diffusers.apply: {hooked} blocks left alone (they run their stock forward) because of "
+                      f"hooks, e.g. {first}", RuntimeWarning, stacklevel=2)
     return report
+
+
+# diffusers hooks (HookRegistry names) and accelerate's that move or recast weights (group
+# offloading, layerwise casting, device maps): the fused weights apply() made would go stale, and
+# hold device memory the offloading is there to free
+_WEIGHT_HOOKS = frozenset({"group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading",
+                           "layerwise_casting", "peft_autocast_disable"})
+
+
+def _hook_names(mod):
+    """The diffusers hooks on module mod (their registry names), and "accelerate" for accelerate's."""
+    d = mod.__dict__
+    reg = d.get("_diffusers_hook")
+    names = list(getattr(reg, "_hook_order", ()) or ())
+    return names + ["accelerate"] * ("_hf_hook" in d)
+
+
+def _weight_hooks(mods):
+    """A reason when a module of mods has a hook that moves or recasts its weights, else None."""
+    bad = sorted({n for _, mod in mods for n in _hook_names(mod) if n in _WEIGHT_HOOKS or n == "accelerate"})
+    return f"{', '.join(bad)} hooks move or recast the weights apply() fused" if bad else None
+
+
+def _sub_hooks(subs):
+    """A reason when a module inside the block has hooks the fused forward would skip (it never
+    calls the block's submodules: a cache's or a layer skip's hook on its attention or
+    feed-forward, a torch hook), else None."""
+    for name, sub in subs:
+        d = sub.__dict__
+        names = _hook_names(sub)
+        replaced = "forward" in d and not _own_forward(sub, d["forward"])  # (a removed hook leaves its own)
+        if names or replaced or sub._forward_hooks or sub._forward_pre_hooks:
+            what = ", ".join(names) + " hooks" if names else "hooks"
+            return f"{name} has {what} (the fused forward does not call it)"
+    return None
+
+
+def _inner(m):
+    """(holder, attribute) of the reference through which diffusers' hooks on block m call its own
+    forward (the innermost hook's), or None when no diffusers hook wraps it."""
+    refs = getattr(m.__dict__.get("_diffusers_hook"), "_fn_refs", None)
+    if not refs:
+        return None
+    ref = refs[0]
+    return ref, "original_forward" if ref.original_forward is not None else "forward"
+
+
+def _own_forward(m, f):
+    """Whether f is block m's own forward bound to it (the class's, or apply()'s)."""
+    return getattr(f, "__self__", None) is m and getattr(f, "__func__", None) in (type(m).forward, _checked_forward)
 
 
 def _patch(m, patcher, pieces, root):
     st = patcher.prepare(m, pieces)
     st.patcher, st.root, st.links = patcher, weakref.ref(root), _links(m, st.views + st.kept)
+    st.subs = [(n, s) for n, s in m.named_modules() if s is not m]
+    st.chain = _chain(root, m)
     if patcher.opaque:  # block_op's handle: a tensor, so that blocks of a class share one compiled graph
         st.handle = torch.tensor(id(m))
         _BLOCKS[id(m)] = weakref.ref(m)
@@ -132,8 +189,22 @@ def _patch(m, patcher, pieces, root):
     parent = {c: (p, n) for p in m.modules() for n, c in p.named_children()}
     st.mods = [(*parent[lin], lin, lora_signature(lin)) for lin in st.projected]
     m._fusedk = st
-    if "forward" not in vars(m):
+    inner = _inner(m)
+    if inner is not None:  # diffusers hooks on the block (a block cache, a layer skip): they call the fused forward
+        setattr(*inner, types.MethodType(_checked_forward, m))
+    elif "forward" not in vars(m) or _own_forward(m, vars(m)["forward"]):
         m.forward = types.MethodType(_checked_forward, m)
+
+
+def _chain(root, m):
+    """(name, module) of root, the modules between it and block m, and m: whose hooks _weight_hooks reads."""
+    path = next((n for n, x in root.named_modules() if x is m), "")
+    parts = path.split(".") if path else []
+    out, mod = [("", root)], root
+    for i, part in enumerate(parts):
+        mod = mod._modules[part]
+        out.append((".".join(parts[:i + 1]), mod))
+    return out
 
 
 def _links(m, views):
@@ -158,21 +229,40 @@ def _fresh(st):
 
 def _checked_forward(self, *args, **kwargs):
     """A patched block's forward: the fused one while apply()'s fused weights are still the
-    model's (checked eagerly); after a change, the block is prepared again, or runs its stock
-    forward from then on where it no longer can be patched (a warning says why)."""
-    st = self._fusedk
-    if not compiling() and not _fresh(st):
-        root = st.root() or self
-        why = (_common_why_not(self, root, patched=True, lora=st.patcher.projections(self))
-               or st.patcher.why_not(self, root))
+    model's and no hook sits inside the block (both checked eagerly). After a change to the
+    weights, the block is prepared again, or runs its stock forward from then on where it no
+    longer can be patched (offloading or casting hooks: its fused weights are released); while a
+    hook sits on one of its modules (a cache's, a layer skip's), it runs its stock forward, which
+    calls them. A warning says why, once."""
+    st = self.__dict__.get("_fusedk")
+    if st is None:  # reverted while a diffusers hook still held this forward
+        return type(self).forward(self, *args, **kwargs)
+    if not compiling():
+        moved = _weight_hooks(st.chain + st.subs)
+        if moved or not _fresh(st):
+            root = st.root() or self
+            why = moved or (_common_why_not(self, root, patched=True, lora=st.patcher.projections(self))
+                            or st.patcher.why_not(self, root))
+            if why:
+                _warn_once(f"fusedk.diffusers: {type(self).__name__} changed after apply() and runs its stock forward "
+                           f"from now on: {why}")
+                _unpatch(self)
+                return type(self).forward(self, *args, **kwargs)
+            _patch(self, st.patcher, st.k, root)  # new storage (.to(), a new state dict): fused again
+            st = self._fusedk
+        why = _sub_hooks(st.subs)
         if why:
-            warnings.warn(f"fusedk.diffusers: {type(self).__name__} changed after apply() and runs its stock "
-                          f"forward from now on: {why}", RuntimeWarning, stacklevel=2)
-            _unpatch(self)
+            _warn_once(f"fusedk.diffusers: {type(self).__name__} runs its stock forward while {why}; remove the hook "
+                       "(e.g. disable_cache()) to run fused again")
             return type(self).forward(self, *args, **kwargs)
-        _patch(self, st.patcher, st.k, root)  # new storage (.to(), a new state dict): fused again
-        st = self._fusedk
     return st.patcher.forward(self, *args, **kwargs)
+
+
+def _warn_once(text):
+    """A warning once a process (every block of a class says the same)."""
+    if text not in _warned:
+        _warned.add(text)
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 def revert(model):
@@ -195,26 +285,26 @@ def revert(model):
 
 
 def _unpatch(m):
-    f = vars(m).get("forward")
-    if getattr(f, "__func__", None) is _checked_forward:
+    inner = _inner(m)
+    if inner is not None and getattr(getattr(*inner), "__func__", None) is _checked_forward:
+        setattr(*inner, types.MethodType(type(m).forward, m))  # the hooks call the class's forward again
+    if getattr(vars(m).get("forward"), "__func__", None) is _checked_forward:
         del m.forward  # the class's forward again
-    elif f is not None:  # something replaced it after apply() (a diffusers hook): left in place
-        warnings.warn(f"fusedk.diffusers.revert: {type(m).__name__}'s forward was replaced after apply() (a hook?); "
-                      "left as it is", RuntimeWarning, stacklevel=3)
     del m._fusedk
 
 
 def _common_why_not(m, root, patched=False, lora=()):
     """Why block m of model root cannot be patched whatever its model: a reason, or None. lora:
     the projections the model's fused forward takes (peft LoRA layers among them fold in)."""
-    if "forward" in vars(m) and not patched:
-        return "its forward is already replaced (a diffusers hook, e.g. a cache or offload hook)"
-    if hasattr(root, "_hf_hook") or hasattr(root, "_diffusers_hook"):
-        return "the model has offload or cache hooks (they move or skip what the fused weights copy)"
-    for name, sub in m.named_modules():
-        if sub is not m and (sub._forward_hooks or sub._forward_pre_hooks or hasattr(sub, "_hf_hook")
-                             or hasattr(sub, "_diffusers_hook") or "forward" in vars(sub)):
-            return f"{name} has hooks (the fused forward would skip them)"
+    inner = _inner(m)
+    f = getattr(*inner) if inner is not None else vars(m).get("forward")
+    if "forward" in vars(m) and not patched and not _own_forward(m, f):
+        return "its forward is replaced by something other than diffusers' hooks"
+    subs = [(n, s) for n, s in m.named_modules() if s is not m]
+    why = _weight_hooks(_chain(root, m) + subs) or _sub_hooks(subs)
+    if why:
+        return why
+    for name, sub in subs:
         if (hasattr(sub, "lora_A") or hasattr(sub, "base_layer")) and not any(sub is x for x in lora):
             return f"{name} is a LoRA/adapter layer (peft) the fused forward does not take: it would drop it"
     # one dtype, but for the float32 parameters the model keeps so (its _keep_in_fp32_modules, as

@@ -12,8 +12,10 @@ Per block (video stream x, text stream c; temb -> one GEMM for both streams' mod
   attention                                 SDPA as MochiAttnProcessor2_0 calls it: one batched
                                             call when every text token is valid, else per sample
                                             over the video rows and the valid text rows, the rest
-                                            zeros (the stock processor's padding); with
-                                            apply(attention=True) fusedk's kernel, one call,
+                                            zeros (the stock processor's padding); under
+                                            torch.compile one batched call with no host sync,
+                                            the padded text keys masked (SDPA's boolean mask);
+                                            with apply(attention=True) fusedk's kernel, one call,
                                             the padded text keys masked through kv_len
   linear(o, Wo) ; residual_tanh_gated_rmsnorm  x + (rms(o Wo^T + bo) * tanh(gate_msa)).type_as(x)
   adaln(x, scale_mlp, 0, norm="rms") ; linear(., W1) ; glu(., silu, gate = second half) ;
@@ -131,17 +133,17 @@ _masks = [None, None, None, None]
 
 
 def _validrows(mask, B, Si):
-    """None when every text token is valid, else per sample the joint rows the stock processor
-    keeps: the video rows, then the valid text rows in order."""
-    keep = not compiling() and not mask.is_inference()
+    """Eager: None when every text token is valid, else per sample the joint rows the stock
+    processor keeps: the video rows, then the valid text rows in order (a host sync)."""
+    keep = not mask.is_inference()
     if keep and _masks[0] is mask and _masks[1] == mask._version and _masks[2] == Si:
         return _masks[3]
     m = mask.reshape(B, -1)
-    # eager: every text token valid takes one batched call; in a graph (no host sync) every
-    # sample goes alone, as stock
-    full = not compiling() and bool(m.all())
-    rows = None if full else [torch.cat([torch.arange(Si, device=m.device), Si + torch.nonzero(r).flatten()])
-                              for r in m]
+    rows = None
+    if not bool(m.all()):
+        rows = []
+        for r in m:
+            rows.append(torch.cat([torch.arange(Si, device=m.device), Si + torch.nonzero(r).flatten()]))
     if keep:
         _masks[:] = [mask, mask._version, Si, rows]
     return rows
@@ -164,11 +166,12 @@ def _attend(q, k, v, Sq, rows):
     return torch.cat(outs)
 
 
-def _attend_fused(k, a, q, kk, v, Sq, mask):
-    """_attend through fusedk's kernel in one batched call, with no host sync: each sample's valid
-    text rows moved ahead of its padded ones (a stable sort) in k and v, which kv_len then masks
-    (softmax does not depend on the keys' order), and in q, so that the valid rows' outputs come
-    first and the rest are zeros, as the stock processor packs and pads them."""
+def _attend_masked(k, a, q, kk, v, Sq, mask):
+    """_attend in one batched call with no host sync (fusedk's kernel, and torch.compile's graphs,
+    which a data-dependent row count would break): each sample's valid text rows moved ahead of its
+    padded ones (a stable sort) in k and v, the keys past them masked (kv_len for fusedk's kernel,
+    a boolean mask for SDPA: softmax does not depend on the keys' order), and in q, so that the
+    valid rows' outputs come first and the rest are zeros, as the stock processor packs and pads."""
     B, S = q.shape[:2]
     m = mask.reshape(B, -1) != 0
     Si, n = S - m.shape[1], m.sum(1)
@@ -177,7 +180,12 @@ def _attend_fused(k, a, q, kk, v, Sq, mask):
     kk[:, Si:], v[:, Si:] = kk[:, Si:].gather(1, idx), v[:, Si:].gather(1, idx)
     if Sq > Si:
         q[:, Si:] = q[:, Si:].gather(1, idx)
-    o = k.attention(a, q[:, :Sq], kk, v, kv_len=(Si + n).to(torch.int32))
+    if k.fused_attention(q):
+        o = k.attention(a, q[:, :Sq], kk, v, kv_len=(Si + n).to(torch.int32))
+    else:
+        seen = torch.arange(S, device=m.device)[None] < (Si + n)[:, None]  # [B, S]: every row sees Si >= 1 keys
+        o = F.scaled_dot_product_attention(q[:, :Sq].transpose(1, 2), kk.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=seen[:, None, None]).transpose(1, 2)
     if Sq > Si:
         pad = torch.arange(S - Si, device=m.device)[None] >= n[:, None]
         o[:, Si:].masked_fill_(pad[:, :, None, None], 0)
@@ -223,8 +231,8 @@ def forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_
     k.qk_norm_rope(qkv_c.view(B, St, 3, H, Dh), one, zero, a.norm_added_q.weight, a.norm_added_k.weight,
                    st.eps_aqk, out=(q[:, Si:], kk[:, Si:], v[:, Si:]))  # no RoPE on the text rows
     Sq = Si if last else Si + St
-    if k.fused_attention(q):
-        o = _attend_fused(k, a, q, kk, v, Sq, encoder_attention_mask)
+    if k.fused_attention(q) or compiling():
+        o = _attend_masked(k, a, q, kk, v, Sq, encoder_attention_mask)
     else:
         o = _attend(q, kk, v, Sq, _validrows(encoder_attention_mask, B, Si))
     o = o.flatten(2, 3).to(x.dtype)
