@@ -245,6 +245,37 @@ def test_mochi_real_width_compiled(attention):
         fd.revert(low)
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_moved_after_apply_then_compiled_and_exported(name):
+    """apply() on a freshly built model, then .to() (as diffusers' tests and users do: build,
+    patch, move): the fused weights are made again by the move itself, so a torch.compile'd first
+    call (fullgraph, no recompile) and torch.export (no_grad: fusedk's operators in the graph) run
+    fused and give the eager patched model's result"""
+    import copy
+    m, ref, model, x32, _ = pair(name, "cpu", torch.float32)
+    stock = copy.deepcopy(model).to(torch.bfloat16)
+    fd.apply(model)
+    model = model.to(torch.bfloat16)
+    block = m.blocks(model)[0]
+    assert all(v.dtype == torch.bfloat16 for v in block._fusedk.views)  # prepared again at the move
+    x = {k: (v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() and k not in m.KEEP_F32 else v)
+         for k, v in x32.items()}
+    want = m.output(run(ref, x32)).double()
+    with torch.no_grad():
+        eager = m.output(model(**x)).float()
+        base = m.output(stock(**x))
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            c = torch.compile(model, fullgraph=True)
+            for _ in range(2):
+                check_close(m.output(c(**x)), base, want, f"{name} moved after apply, compiled")
+        torch._dynamo.reset()
+        x.pop("return_dict", None)
+        ep = torch.export.export(model, args=(), kwargs=x)
+        assert any(str(n.target).startswith(("fusedk.", "fusedk_diffusers.")) for n in ep.graph.nodes)
+        assert torch.equal(m.output(ep.module()(**x)).float(), eager)
+
+
 def test_apply_attention_takes_a_bool():
     m, ref, low, x32, xl = pair(sorted(MODELS)[0], "cpu")
     with pytest.raises(fusedk.Error, match="attention is 'yes', expected True or False"):

@@ -401,7 +401,10 @@ def path_of(t):
     if p is None:
         root = t.__module__.split(".")[0]
         api = exchange_api(t) if hasattr(t, "__dlpack__") else 0
-        if api:  # torch's autograd (torch.Tensor and its subclasses): a call it records goes to
+        if api and t.__module__.startswith(("torch._subclasses", "torch._functorch")):  # fake and functional
+            p = lambda op, args, attrs, stream: traced_call(op, None, args, attrs, stream)  # noqa: E731
+            # tensors (torch.export's tracing): no data to run on, fusedk.torch's custom operators
+        elif api:  # torch's autograd (torch.Tensor and its subclasses): a call it records goes to
             torch = sys.modules.get("torch")  # fusedk.torch (c_failed)
             is_tensor = torch is not None and isinstance(t, type) and issubclass(t, torch.Tensor)
             grad = torch.is_grad_enabled if is_tensor else None

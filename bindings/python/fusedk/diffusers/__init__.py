@@ -146,6 +146,15 @@ def _weight_hooks(mods):
     return f"{', '.join(bad)} hooks move or recast the weights apply() fused" if bad else None
 
 
+def _traced_weight_hooks(mods):
+    """_weight_hooks as torch.compile traces it (attribute reads it guards on)."""
+    for _, mod in mods:
+        reg = getattr(mod, "_diffusers_hook", None)
+        if reg is not None and any(n in _WEIGHT_HOOKS for n in reg.hooks) or hasattr(mod, "_hf_hook"):
+            return True
+    return False
+
+
 def _sub_hooks(subs):
     """A reason when a module inside the block has hooks the fused forward would skip (it never
     calls the block's submodules: a cache's or a layer skip's hook on its attention or
@@ -194,6 +203,37 @@ def _patch(m, patcher, pieces, root):
         setattr(*inner, types.MethodType(_checked_forward, m))
     elif "forward" not in vars(m) or _own_forward(m, vars(m)["forward"]):
         m.forward = types.MethodType(_checked_forward, m)
+    m._apply = types.MethodType(_apply_then_fuse, m)
+
+
+def _apply_then_fuse(self, fn, recurse=True):
+    """A patched block's nn.Module._apply (what .to(), .cuda(), .half() run): the move, then the
+    fused weights made again from the moved parameters at once, so that a model moved after
+    apply() is ready for a torch.compile'd first call (which cannot prepare anything)."""
+    type(self)._apply(self, fn, recurse)
+    if self.__dict__.get("_fusedk") is not None:
+        _refresh(self)
+    return self
+
+
+def _refresh(block):
+    """After a change to a patched block's weights or hooks (checked eagerly): the fused weights
+    made again, or the stock forward from now on where it can no longer be patched (a warning
+    says why). Whether it is still patched."""
+    st = block._fusedk
+    moved = _weight_hooks(st.chain + st.subs)
+    if not moved and _fresh(st):
+        return True
+    root = st.root() or block
+    why = moved or (_common_why_not(block, root, patched=True, lora=st.patcher.projections(block))
+                    or st.patcher.why_not(block, root))
+    if why:
+        _warn_once(f"fusedk.diffusers: {type(block).__name__} changed after apply() and runs its stock forward from "
+                   f"now on: {why}")
+        _unpatch(block)
+        return False
+    _patch(block, st.patcher, st.k, root)  # new storage (.to(), a new state dict): fused again
+    return True
 
 
 def _chain(root, m):
@@ -237,19 +277,13 @@ def _checked_forward(self, *args, **kwargs):
     st = self.__dict__.get("_fusedk")
     if st is None:  # reverted while a diffusers hook still held this forward
         return type(self).forward(self, *args, **kwargs)
-    if not compiling():
-        moved = _weight_hooks(st.chain + st.subs)
-        if moved or not _fresh(st):
-            root = st.root() or self
-            why = moved or (_common_why_not(self, root, patched=True, lora=st.patcher.projections(self))
-                            or st.patcher.why_not(self, root))
-            if why:
-                _warn_once(f"fusedk.diffusers: {type(self).__name__} changed after apply() and runs its stock forward "
-                           f"from now on: {why}")
-                _unpatch(self)
-                return type(self).forward(self, *args, **kwargs)
-            _patch(self, st.patcher, st.k, root)  # new storage (.to(), a new state dict): fused again
-            st = self._fusedk
+    if compiling():  # what a trace can read: offloading or casting hooks added since (no data pointers)
+        if _traced_weight_hooks(st.chain + st.subs):
+            return type(self).forward(self, *args, **kwargs)
+    else:
+        if not _refresh(self):
+            return type(self).forward(self, *args, **kwargs)
+        st = self._fusedk
         why = _sub_hooks(st.subs)
         if why:
             _warn_once(f"fusedk.diffusers: {type(self).__name__} runs its stock forward while {why}; remove the hook "
@@ -290,6 +324,8 @@ def _unpatch(m):
         setattr(*inner, types.MethodType(type(m).forward, m))  # the hooks call the class's forward again
     if getattr(vars(m).get("forward"), "__func__", None) is _checked_forward:
         del m.forward  # the class's forward again
+    if getattr(vars(m).get("_apply"), "__func__", None) is _apply_then_fuse:
+        del m._apply
     del m._fusedk
 
 
@@ -719,7 +755,8 @@ def records_grad(m, *inputs):
 
 
 def compiling():
-    return torch.compiler.is_compiling()
+    """Whether torch.compile or torch.export traces this call (no host syncs, no data pointers)."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
 # Under torch.compile a model may run each patched block as one operator, fusedk_diffusers::block:
