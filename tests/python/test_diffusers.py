@@ -249,8 +249,8 @@ def test_mochi_real_width_compiled(attention):
 def test_moved_after_apply_then_compiled_and_exported(name):
     """apply() on a freshly built model, then .to() (as diffusers' tests and users do: build,
     patch, move): the fused weights are made again by the move itself, so a torch.compile'd first
-    call (fullgraph, no recompile) and torch.export (no_grad: fusedk's operators in the graph) run
-    fused and give the eager patched model's result"""
+    call (fullgraph, no recompile) runs fused, as close to float32 as the stock model; torch.export
+    traces the stock forwards (AOTInductor cannot package fusedk's Python operators): stock bits"""
     import copy
     m, ref, model, x32, _ = pair(name, "cpu", torch.float32)
     stock = copy.deepcopy(model).to(torch.bfloat16)
@@ -262,7 +262,6 @@ def test_moved_after_apply_then_compiled_and_exported(name):
          for k, v in x32.items()}
     want = m.output(run(ref, x32)).double()
     with torch.no_grad():
-        eager = m.output(model(**x)).float()
         base = m.output(stock(**x))
         torch._dynamo.reset()
         with torch._dynamo.config.patch(error_on_recompile=True):
@@ -271,9 +270,9 @@ def test_moved_after_apply_then_compiled_and_exported(name):
                 check_close(m.output(c(**x)), base, want, f"{name} moved after apply, compiled")
         torch._dynamo.reset()
         x.pop("return_dict", None)
-        ep = torch.export.export(model, args=(), kwargs=x)
-        assert any(str(n.target).startswith(("fusedk.", "fusedk_diffusers.")) for n in ep.graph.nodes)
-        assert torch.equal(m.output(ep.module()(**x)).float(), eager)
+        ep = torch.export.export(model, args=(), kwargs=x)  # the stock forwards: AOTInductor packages it
+        assert not any(str(n.target).startswith(("fusedk.", "fusedk_diffusers.")) for n in ep.graph.nodes)
+        assert torch.equal(m.output(ep.module()(**x)), base)
 
 
 def test_apply_attention_takes_a_bool():

@@ -34,7 +34,16 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
   views into them (same Parameter objects, same values, no extra memory). `revert` gives each
   its own storage again.
 - Works eager, under torch.compile (fusedk's calls become `torch.ops.fusedk` custom operators),
-  in CUDA graphs, and on CPU tensors (fusedk's C references).
+  in CUDA graphs, and on CPU tensors (fusedk's C references). torch.export traces the stock
+  forwards: AOTInductor's packages cannot call fusedk's operators (Python custom ops).
+- diffusers' hooks: those on whole blocks (FirstBlockCache, MagCache, SeaCache, a layer skip of
+  whole blocks) call the fused forward or skip it, enabled before or after apply. Where a hook sits
+  inside a block (FasterCache, Pyramid Attention Broadcast, TaylorSeer, a layer skip of attention
+  or feed-forward, any torch hook) the block runs its stock forward while the hook is there; hooks
+  that move or recast weights (group offloading, layerwise casting, accelerate's device maps) make
+  blocks stock for good (their fused weights are released). Each says so in one warning.
+- A patched block moved after apply (.to(), .cuda(), .half()) fuses its weights again at once, so
+  the first call of a compiled model built, patched and then moved runs fused.
 
 diffusers (and torch) are imported by this module only."""
 import types
@@ -275,7 +284,9 @@ def _checked_forward(self, *args, **kwargs):
     hook sits on one of its modules (a cache's, a layer skip's), it runs its stock forward, which
     calls them. A warning says why, once."""
     st = self.__dict__.get("_fusedk")
-    if st is None:  # reverted while a diffusers hook still held this forward
+    if st is None or torch.compiler.is_exporting():  # reverted while a diffusers hook still held this
+        # forward; or torch.export, whose programs AOTInductor packages: fusedk's operators are
+        # Python custom ops such a package cannot call
         return type(self).forward(self, *args, **kwargs)
     if compiling():  # what a trace can read: offloading or casting hooks added since (no data pointers)
         if _traced_weight_hooks(st.chain + st.subs):
@@ -755,8 +766,8 @@ def records_grad(m, *inputs):
 
 
 def compiling():
-    """Whether torch.compile or torch.export traces this call (no host syncs, no data pointers)."""
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    """Whether torch.compile traces this call (no host syncs, no data pointers)."""
+    return torch.compiler.is_compiling()
 
 
 # Under torch.compile a model may run each patched block as one operator, fusedk_diffusers::block:
