@@ -5,27 +5,17 @@ skipped computation honoured). A hook on whole blocks keeps them fused; a hook i
 that moves the weights makes those blocks run their stock forward, with one warning; a block whose
 cache is disabled runs fused again."""
 import copy
-import importlib
 import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("diffusers")
-if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
-    pytest.skip("this torch has no DLPack C exchange API (torch >= 2.11)", allow_module_level=True)
-import fusedk  # noqa: E402
 import fusedk.diffusers as fd  # noqa: E402
+import torch  # noqa: E402
 from dit_hooks import HOOKS, Steps  # noqa: E402
+from test_diffusers import DEVICES, MODELS  # noqa: E402  (its module-level skips apply here too)
 
-MODELS = {}
-for _name in ("flux", "ltx", "mochi", "wan"):
-    try:
-        MODELS[_name] = importlib.import_module(f"dit_{_name}")
-    except ImportError:  # this diffusers lacks the model
-        continue
-_CUDA = torch.cuda.is_available() and bool(fusedk.kernel_info()["cuda"].get("devices"))
-DEVICES = ["cpu"] + (["cuda"] if _CUDA else [])
 STEPS = (1000, 500, 400)
 
 

@@ -284,7 +284,7 @@ def _checked_forward(self, *args, **kwargs):
     hook sits on one of its modules (a cache's, a layer skip's), it runs its stock forward, which
     calls them. A warning says why, once."""
     st = self.__dict__.get("_fusedk")
-    if st is None or torch.compiler.is_exporting():  # reverted while a diffusers hook still held this
+    if st is None or _exporting():  # reverted while a diffusers hook still held this
         # forward; or torch.export, whose programs AOTInductor packages: fusedk's operators are
         # Python custom ops such a package cannot call
         return type(self).forward(self, *args, **kwargs)
@@ -768,6 +768,12 @@ def records_grad(m, *inputs):
 def compiling():
     """Whether torch.compile traces this call (no host syncs, no data pointers)."""
     return torch.compiler.is_compiling()
+
+
+def _exporting():
+    """Whether torch.export (non-strict, its default) runs this call: is_exporting() alone is true
+    under torch.compile's tracing too."""
+    return torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
 
 
 # Under torch.compile a model may run each patched block as one operator, fusedk_diffusers::block:
