@@ -197,6 +197,7 @@ def _patch(m, patcher, pieces, root):
     st = patcher.prepare(m, pieces)
     st.patcher, st.root, st.links = patcher, weakref.ref(root), _links(m, st.views + st.kept)
     st.subs = [(n, s) for n, s in m.named_modules() if s is not m]
+    st.sub_ids = {id(s) for _, s in st.subs}
     st.chain = _chain(root, m)
     if patcher.opaque:  # block_op's handle: a tensor, so that blocks of a class share one compiled graph
         st.handle = torch.tensor(id(m))
@@ -225,12 +226,19 @@ def _apply_then_fuse(self, fn, recurse=True):
     return self
 
 
-def _refresh(block):
+def _marked(mods):
+    """The (name, module) of mods that carry anything a hook leaves (a diffusers or accelerate
+    registry, an instance forward, torch hooks): one pass of dict reads, what each eager call pays."""
+    return [(n, m) for n, m in mods if "_diffusers_hook" in m.__dict__ or "_hf_hook" in m.__dict__
+            or "forward" in m.__dict__ or m._forward_hooks or m._forward_pre_hooks]
+
+
+def _refresh(block, marked=None):
     """After a change to a patched block's weights or hooks (checked eagerly): the fused weights
     made again, or the stock forward from now on where it can no longer be patched (a warning
-    says why). Whether it is still patched."""
+    says why). Whether it is still patched. marked: _marked(st.chain + st.subs), if known."""
     st = block._fusedk
-    moved = _weight_hooks(st.chain + st.subs)
+    moved = _weight_hooks(_marked(st.chain + st.subs) if marked is None else marked)
     if not moved and _fresh(st):
         return True
     root = st.root() or block
@@ -292,10 +300,11 @@ def _checked_forward(self, *args, **kwargs):
         if _traced_weight_hooks(st.chain + st.subs):
             return type(self).forward(self, *args, **kwargs)
     else:
-        if not _refresh(self):
+        marked = _marked(st.chain + st.subs)
+        if not _refresh(self, marked):
             return type(self).forward(self, *args, **kwargs)
         st = self._fusedk
-        why = _sub_hooks(st.subs)
+        why = _sub_hooks([x for x in marked if id(x[1]) in st.sub_ids])
         if why:
             _warn_once(f"fusedk.diffusers: {type(self).__name__} runs its stock forward while {why}; remove the hook "
                        "(e.g. disable_cache()) to run fused again")
