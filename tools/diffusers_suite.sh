@@ -7,7 +7,8 @@
 # TESTS: the tests/ folder of a diffusers checkout whose models/testing_utils match the installed
 # diffusers (tests/models/transformers/test_models_transformer_<model>.py, tests/testing_utils.py).
 # fusedk must be importable (PYTHONPATH, FUSEDK_LIBRARY). Logs: $OUT (default ./out)/diffusers-*.txt.
-# SUITE_TIMEOUT (s, default 900) bounds each run; SUITE_ARGS adds pytest arguments (e.g. -k "not compile").
+# SUITE_TIMEOUT (s, default 900) bounds each run; pytest's own PYTEST_ADDOPTS adds arguments to both
+# runs (PYTEST_ADDOPTS='-k "not compile"').
 set -uo pipefail
 tests=${1:?usage: tools/diffusers_suite.sh DIFFUSERS_TESTS [MODEL...]}
 shift
@@ -24,7 +25,7 @@ for m in "${models[@]}"; do
     plugin=()
     [ $kind = patched ] && plugin=(-p diffusers_apply)
     (cd "$root" && PYTHONPATH=$tools:${PYTHONPATH:-} timeout "${SUITE_TIMEOUT:-900}" python3 -m pytest -q -rA \
-      -p no:cacheprovider "${plugin[@]}" ${SUITE_ARGS:-} "$f") >"$OUT/diffusers-$m-$kind.txt" 2>&1
+      -p no:cacheprovider ${plugin[@]+"${plugin[@]}"} "$f") >"$OUT/diffusers-$m-$kind.txt" 2>&1
     echo "$m $kind: $(grep -E '^(=+ )?[0-9]+ (passed|failed)|(passed|failed|error).* in [0-9.]+s' "$OUT/diffusers-$m-$kind.txt" | tail -1) $(grep -h "^fusedk.diffusers.apply:" "$OUT/diffusers-$m-$kind.txt")"
   done
   grep -E '^PASSED ' "$OUT/diffusers-$m-stock.txt" | sed 's/^PASSED //' | sort >"$OUT/.stock"

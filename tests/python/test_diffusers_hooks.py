@@ -109,3 +109,28 @@ def test_hooks_change_what_the_model_computes():
             continue
         got = denoise(mod, model, xs, steps)
         assert any(a.shape != b.shape or not torch.allclose(a, b, atol=1e-5) for a, b in zip(got, plain)), hook
+
+
+@pytest.mark.parametrize("hook", ["pyramid_attention_broadcast", "first_block_cache", "faster_cache"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_hook_is_honoured_under_compile(device, hook):
+    """torch.compile(model) of a patched model with a hook inside its blocks (PAB, FasterCache: the
+    traced forward reads the hooks and runs stock) or on whole blocks (FirstBlockCache: fused), over
+    three steps, against the stock model with the same hook run eagerly"""
+    name = "flux" if "flux" in MODELS else sorted(MODELS)[0]
+    enable, mod = HOOKS[hook][0], MODELS[name]
+    torch.manual_seed(0)
+    base = mod.build().to(device).eval()
+    x = mod.inputs(base, device)
+    xs = [x] + [dict(x, hidden_states=x["hidden_states"] + 0.05 * k) for k in (1, 2)]
+    stock, patched = copy.deepcopy(base), copy.deepcopy(base)
+    ss, ps = Steps(), Steps()
+    enable(stock, ss)
+    fd.apply(patched)
+    enable(patched, ps)
+    want = denoise(mod, stock, xs, ss)
+    torch._dynamo.reset()
+    got = denoise(mod, torch.compile(patched), xs, ps)
+    torch._dynamo.reset()
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert ((a - b).norm() / b.norm()).item() < 1e-4, (hook, k)

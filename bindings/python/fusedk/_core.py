@@ -157,7 +157,7 @@ class Op:
                 if not is_number(v):
                     raise TypeError
                 out.append(float(v))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RuntimeError):  # (RuntimeError: a tensor of several elements)
                 raise ArgumentTypeError("FUSEDK_ERR_INVALID_ARGUMENT", f"{self.name}: {name} is {v!r} (a "
                                         f"{type(v).__name__}), expected a number") from None
         return out

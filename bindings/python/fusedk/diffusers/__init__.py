@@ -17,8 +17,9 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
     fusedk.diffusers.apply(pipe, attention=True)
 
 - Exactness: a block is patched only when every part of it is one the fused forward reproduces;
-  anything else (another attention processor, hooks on its submodules, an unknown norm or
-  activation) leaves it unpatched, and the report says why.
+  anything else (another attention processor, an unknown norm or activation, weights under
+  offloading or casting hooks) leaves it unpatched, and the report says why. A hook on one of its
+  modules runs it stock while the hook is there (below).
 - LoRA (Flux): peft's LoRA layers on the block's projections (loaded with load_lora_weights or
   added with add_adapter; several active adapters with their set_adapters weights) fold into the
   projection's GEMM: w_cat = [w | s_1 b_1 | s_2 b_2 ...] made by apply (the base weight becomes
@@ -164,6 +165,16 @@ def _traced_weight_hooks(mods):
     return False
 
 
+def _traced_sub_hooks(subs):
+    """_sub_hooks as torch.compile traces it: a diffusers or accelerate hook, or a torch hook, on a
+    module inside the block."""
+    for _, mod in subs:
+        reg = getattr(mod, "_diffusers_hook", None)
+        if reg is not None and reg.hooks or hasattr(mod, "_hf_hook") or mod._forward_hooks or mod._forward_pre_hooks:
+            return True
+    return False
+
+
 def _sub_hooks(subs):
     """A reason when a module inside the block has hooks the fused forward would skip (it never
     calls the block's submodules: a cache's or a layer skip's hook on its attention or
@@ -195,7 +206,7 @@ def _own_forward(m, f):
 
 def _patch(m, patcher, pieces, root):
     st = patcher.prepare(m, pieces)
-    st.patcher, st.root, st.links = patcher, weakref.ref(root), _links(m, st.views + st.kept)
+    st.patcher, st.links = patcher, _links(m, st.views + st.kept)
     st.subs = [(n, s) for n, s in m.named_modules() if s is not m]
     st.sub_ids = {id(s) for _, s in st.subs}
     st.chain = _chain(root, m)
@@ -241,7 +252,7 @@ def _refresh(block, marked=None):
     moved = _weight_hooks(_marked(st.chain + st.subs) if marked is None else marked)
     if not moved and _fresh(st):
         return True
-    root = st.root() or block
+    root = st.chain[0][1]  # (not a weak reference: a deep copy's blocks find the copy's root)
     why = moved or (_common_why_not(block, root, patched=True, lora=st.patcher.projections(block))
                     or st.patcher.why_not(block, root))
     if why:
@@ -275,12 +286,11 @@ def _links(m, views):
 
 def _fresh(st):
     """Whether the fused weights are still the model's: no Linear replaced (a LoRA layer added
-    after apply), no parameter given new storage (.to(), load_state_dict(assign=True)), no hook
-    added on a fused Linear since apply(). Every block's eager call runs it: the modules' dicts are
-    read directly (nn.Module.__getattr__ is the slow path for every attribute)."""
+    after apply), no parameter given new storage (.to(), load_state_dict(assign=True)); hooks are
+    _marked's. Every block's eager call runs it: the modules' dicts are read directly
+    (nn.Module.__getattr__ is the slow path for every attribute)."""
     return all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and lin._parameters.get(attr) is p
-               and p.data_ptr() == ptr and not lin._forward_hooks and not lin._forward_pre_hooks
-               for parent, name, lin, attr, p, ptr in st.links) and all(
+               and p.data_ptr() == ptr for parent, name, lin, attr, p, ptr in st.links) and all(
         parent._modules.get(name) is lin and lora_signature(lin) == sig for parent, name, lin, sig in st.mods)
 
 
@@ -296,8 +306,8 @@ def _checked_forward(self, *args, **kwargs):
         # forward; or torch.export, whose programs AOTInductor packages: fusedk's operators are
         # Python custom ops such a package cannot call
         return type(self).forward(self, *args, **kwargs)
-    if compiling():  # what a trace can read: offloading or casting hooks added since (no data pointers)
-        if _traced_weight_hooks(st.chain + st.subs):
+    if compiling():  # what a trace can read (attributes it guards on; no data pointers): hooks
+        if _traced_weight_hooks(st.chain + st.subs) or _traced_sub_hooks(st.subs):
             return type(self).forward(self, *args, **kwargs)
     else:
         marked = _marked(st.chain + st.subs)
@@ -357,7 +367,7 @@ def _common_why_not(m, root, patched=False, lora=()):
     if "forward" in vars(m) and not patched and not _own_forward(m, f):
         return "its forward is replaced by something other than diffusers' hooks"
     subs = [(n, s) for n, s in m.named_modules() if s is not m]
-    why = _weight_hooks(_chain(root, m) + subs) or _sub_hooks(subs)
+    why = _weight_hooks(_chain(root, m) + subs)  # (hooks inside the block: stock while they are there)
     if why:
         return why
     for name, sub in subs:
