@@ -441,6 +441,25 @@ def test_flux_lora_folds_into_the_gemms(device):
     assert torch.equal(m.output(run(low, xl)), stock)
 
 
+def test_flux_compiled_sees_adapters_swapped_in_place():
+    """a compiled patched Flux (each block one fusedk_diffusers::block operator, which runs eagerly)
+    after its LoRA weights are swapped in place (as peft's hotswap does) or its adapter weights set:
+    the next compiled call folds the new weights in: the bits of the model compiled afresh"""
+    m, ref, low, x32, xl = lora_pair("cpu")
+    fd.apply(low)
+    torch._dynamo.reset()
+    c = torch.compile(low, fullgraph=True)
+    run(c, xl)
+    with torch.no_grad():
+        for mod in low.modules():
+            if hasattr(mod, "lora_B") and "one" in mod.lora_B:
+                mod.lora_B["one"].weight.mul_(-3)  # in place: same tensors, new values
+    got = m.output(run(c, xl))
+    torch._dynamo.reset()
+    assert torch.equal(got, m.output(run(torch.compile(low, fullgraph=True), xl)))  # compiled afresh
+    torch._dynamo.reset()
+
+
 def test_flux_lora_changed_after_apply_and_too_wide():
     """set_adapters after apply (no re-apply): the next eager call folds the new weights in; adapters
     wider than one GEMM takes (3 x 48 columns for q, k, v) leave the block unpatched, reported"""

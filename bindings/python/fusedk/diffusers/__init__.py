@@ -477,8 +477,9 @@ class Patcher:
     """How one block class is patched: why_not(block, model) -> a reason or None, prepare(block,
     pieces) -> its State, forward(block, ...) the fused forward; projections(block): the modules
     the fused forward runs as projections (where peft LoRA layers may fold in; none by default);
-    opaque: (run(block, tensors) -> [tensors], shapes(tensors) -> [empty tensors]), the fused
-    forward as one operator under torch.compile (block_op), or None."""
+    opaque: (run(block, tensors) -> [tensors], shapes(tensors) -> [empty tensors], stock(block,
+    tensors) -> run's outputs by the stock forward), the fused forward as one operator under
+    torch.compile (block_op), or None."""
 
     def __init__(self, why_not, prepare, forward, projections=None, opaque=None):
         self.why_not, self.prepare, self.forward = why_not, prepare, forward
@@ -816,6 +817,10 @@ def _block_op():
         @torch.library.custom_op("fusedk_diffusers::block", mutates_args=())
         def block(kind: int, handle: torch.Tensor, xs: list[torch.Tensor]) -> list[torch.Tensor]:
             m = _BLOCKS[int(handle)]()
+            # the operator runs eagerly: what the trace could not check (new weights, adapters
+            # swapped in place, hooks) is checked here, as an eager call does
+            if m.__dict__.get("_fusedk") is None or not _refresh(m) or _sub_hooks(_marked(m._fusedk.subs)):
+                return _KINDS[kind].opaque[2](m, xs)  # the block's stock forward
             return m._fusedk.patcher.opaque[0](m, xs)
 
         @block.register_fake

@@ -247,10 +247,13 @@ def _single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
 
 def patchers():
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock, FluxTransformerBlock
+    stock = lambda m, xs: type(m).forward(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))  # noqa: E731  (c, x)
     double = (lambda m, xs: list(_double(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))),
-              lambda xs: [torch.empty_like(xs[1]), torch.empty_like(xs[0])])
+              lambda xs: [torch.empty_like(xs[1]), torch.empty_like(xs[0])],
+              lambda m, xs: [t.clone() for t in stock(m, xs)])
     single = (lambda m, xs: [_single(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))],
-              lambda xs: [xs[0].new_empty(xs[0].shape[0], xs[1].shape[1] + xs[0].shape[1], xs[0].shape[2])])
+              lambda xs: [xs[0].new_empty(xs[0].shape[0], xs[1].shape[1] + xs[0].shape[1], xs[0].shape[2])],
+              lambda m, xs: [torch.cat(stock(m, xs), 1)])
     return {FluxTransformerBlock: Patcher(_why_not_double, _prepare_double, forward_double,
                                           _projections(_groups_double), double),
             FluxSingleTransformerBlock: Patcher(_why_not_single, _prepare_single, forward_single,
