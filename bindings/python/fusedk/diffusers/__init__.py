@@ -121,12 +121,13 @@ def apply(model, ops=None, attention=False):
             patcher = table.get(type(m))
             if patcher is None or getattr(m, "_fusedk", None) is not None:
                 continue
-            why = _common_why_not(m, root, lora=patcher.projections(m)) or patcher.why_not(m, root)
+            chain = _chain(root, name)
+            why = _common_why_not(m, chain, lora=patcher.projections(m)) or patcher.why_not(m, root)
             if why:
                 report.skipped.append((name or type(m).__name__, type(m).__name__, why))
                 hooked += "hooks" in why
                 continue
-            _patch(m, patcher, Pieces(use), root)
+            _patch(m, patcher, Pieces(use), chain)
             report.patched.append((name or type(m).__name__, type(m).__name__))
     if hooked:  # a cache, offloading or casting enabled before apply(): say so where users look
         first = next(f"{n}: {why}" for n, _, why in report.skipped if "hooks" in why)
@@ -156,19 +157,14 @@ def _weight_hooks(mods):
     return f"{', '.join(bad)} hooks move or recast the weights apply() fused" if bad else None
 
 
-def _traced_weight_hooks(mods):
-    """_weight_hooks as torch.compile traces it (attribute reads it guards on)."""
-    for _, mod in mods:
+def _traced_hooked(st):
+    """What _ready finds, as torch.compile traces it (attribute reads it guards on; no data
+    pointers): a hook that moves or recasts weights on the block or above it, or any hook inside it."""
+    for _, mod in st.chain:
         reg = getattr(mod, "_diffusers_hook", None)
         if reg is not None and any(n in _WEIGHT_HOOKS for n in reg.hooks) or hasattr(mod, "_hf_hook"):
             return True
-    return False
-
-
-def _traced_sub_hooks(subs):
-    """_sub_hooks as torch.compile traces it: a diffusers or accelerate hook, or a torch hook, on a
-    module inside the block."""
-    for _, mod in subs:
+    for _, mod in st.subs:
         reg = getattr(mod, "_diffusers_hook", None)
         if reg is not None and reg.hooks or hasattr(mod, "_hf_hook") or mod._forward_hooks or mod._forward_pre_hooks:
             return True
@@ -204,12 +200,13 @@ def _own_forward(m, f):
     return getattr(f, "__self__", None) is m and getattr(f, "__func__", None) in (type(m).forward, _checked_forward)
 
 
-def _patch(m, patcher, pieces, root):
+def _patch(m, patcher, pieces, chain):
+    """Block m fused: its State (weights, the modules inside it, chain: _chain's from its model's
+    root to it) and its forward and _apply swapped in."""
     st = patcher.prepare(m, pieces)
     st.patcher, st.links = patcher, _links(m, st.views + st.kept)
     st.subs = [(n, s) for n, s in m.named_modules() if s is not m]
-    st.sub_ids = {id(s) for _, s in st.subs}
-    st.chain = _chain(root, m)
+    st.chain = chain
     if patcher.opaque:  # block_op's handle: a tensor, so that blocks of a class share one compiled graph
         st.handle = torch.tensor(id(m))
         _BLOCKS[id(m)] = weakref.ref(m)
@@ -253,20 +250,39 @@ def _refresh(block, marked=None):
     if not moved and _fresh(st):
         return True
     root = st.chain[0][1]  # (not a weak reference: a deep copy's blocks find the copy's root)
-    why = moved or (_common_why_not(block, root, patched=True, lora=st.patcher.projections(block))
+    why = moved or (_common_why_not(block, st.chain, patched=True, lora=st.patcher.projections(block))
                     or st.patcher.why_not(block, root))
     if why:
         _warn_once(f"fusedk.diffusers: {type(block).__name__} changed after apply() and runs its stock forward from "
                    f"now on: {why}")
         _unpatch(block)
         return False
-    _patch(block, st.patcher, st.k, root)  # new storage (.to(), a new state dict): fused again
+    _patch(block, st.patcher, st.k, st.chain)  # new storage (.to(), a new state dict): fused again
     return True
 
 
-def _chain(root, m):
-    """(name, module) of root, the modules between it and block m, and m: whose hooks _weight_hooks reads."""
-    path = next((n for n, x in root.named_modules() if x is m), "")
+def _ready(block):
+    """The eager checks before a patched block runs fused (its eager calls, and the
+    fusedk_diffusers::block operator, which runs eagerly): its fused weights still the model's
+    (else made again, or the block unpatched: _refresh) and no hook inside it (else its stock
+    forward while the hook is there); a warning says why, once. Whether the fused forward may run."""
+    st = block.__dict__.get("_fusedk")
+    if st is None:
+        return False
+    inside = _marked(st.subs)
+    if not _refresh(block, _marked(st.chain) + inside):
+        return False
+    why = _sub_hooks(inside)
+    if why:
+        _warn_once(f"fusedk.diffusers: {type(block).__name__} runs its stock forward while {why}; remove the hook "
+                   "(e.g. disable_cache()) to run fused again")
+        return False
+    return True
+
+
+def _chain(root, path):
+    """(name, module) of root, the modules between it and the block at path (its name in root),
+    and the block: whose hooks _weight_hooks reads."""
     parts = path.split(".") if path else []
     out, mod = [("", root)], root
     for i, part in enumerate(parts):
@@ -306,20 +322,9 @@ def _checked_forward(self, *args, **kwargs):
         # forward; or torch.export, whose programs AOTInductor packages: fusedk's operators are
         # Python custom ops such a package cannot call
         return type(self).forward(self, *args, **kwargs)
-    if compiling():  # what a trace can read (attributes it guards on; no data pointers): hooks
-        if _traced_weight_hooks(st.chain + st.subs) or _traced_sub_hooks(st.subs):
-            return type(self).forward(self, *args, **kwargs)
-    else:
-        marked = _marked(st.chain + st.subs)
-        if not _refresh(self, marked):
-            return type(self).forward(self, *args, **kwargs)
-        st = self._fusedk
-        why = _sub_hooks([x for x in marked if id(x[1]) in st.sub_ids])
-        if why:
-            _warn_once(f"fusedk.diffusers: {type(self).__name__} runs its stock forward while {why}; remove the hook "
-                       "(e.g. disable_cache()) to run fused again")
-            return type(self).forward(self, *args, **kwargs)
-    return st.patcher.forward(self, *args, **kwargs)
+    if _traced_hooked(st) if compiling() else not _ready(self):
+        return type(self).forward(self, *args, **kwargs)
+    return self._fusedk.patcher.forward(self, *args, **kwargs)
 
 
 def _warn_once(text):
@@ -359,15 +364,16 @@ def _unpatch(m):
     del m._fusedk
 
 
-def _common_why_not(m, root, patched=False, lora=()):
-    """Why block m of model root cannot be patched whatever its model: a reason, or None. lora:
-    the projections the model's fused forward takes (peft LoRA layers among them fold in)."""
+def _common_why_not(m, chain, patched=False, lora=()):
+    """Why block m (chain: _chain's from its model's root) cannot be patched whatever its model: a
+    reason, or None. lora: the projections the model's fused forward takes (peft LoRA layers among
+    them fold in)."""
     inner = _inner(m)
     f = getattr(*inner) if inner is not None else vars(m).get("forward")
     if "forward" in vars(m) and not patched and not _own_forward(m, f):
         return "its forward is replaced by something other than diffusers' hooks"
     subs = [(n, s) for n, s in m.named_modules() if s is not m]
-    why = _weight_hooks(_chain(root, m) + subs)  # (hooks inside the block: stock while they are there)
+    why = _weight_hooks(chain + subs)  # (hooks inside the block: stock while they are there)
     if why:
         return why
     for name, sub in subs:
@@ -376,7 +382,7 @@ def _common_why_not(m, root, patched=False, lora=()):
     # one dtype, but for the float32 parameters the model keeps so (its _keep_in_fp32_modules, as
     # from_pretrained(torch_dtype=...) loads them): the model's forward handles those; and an
     # adapter's own (cast to the block's once)
-    keep = getattr(root, "_keep_in_fp32_modules", None) or ()
+    keep = getattr(chain[0][1], "_keep_in_fp32_modules", None) or ()
     dts = {p.dtype for n, p in m.named_parameters() if not (p.dtype == torch.float32 and any(k in n for k in keep))
            and ".lora_" not in f".{n}"}
     if not dts <= {torch.float32, torch.float16, torch.bfloat16} or len(dts) > 1:
@@ -819,7 +825,7 @@ def _block_op():
             m = _BLOCKS[int(handle)]()
             # the operator runs eagerly: what the trace could not check (new weights, adapters
             # swapped in place, hooks) is checked here, as an eager call does
-            if m.__dict__.get("_fusedk") is None or not _refresh(m) or _sub_hooks(_marked(m._fusedk.subs)):
+            if not _ready(m):
                 return _KINDS[kind].opaque[2](m, xs)  # the block's stock forward
             return m._fusedk.patcher.opaque[0](m, xs)
 

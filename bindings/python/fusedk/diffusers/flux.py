@@ -250,7 +250,7 @@ def patchers():
     stock = lambda m, xs: type(m).forward(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))  # noqa: E731  (c, x)
     double = (lambda m, xs: list(_double(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))),
               lambda xs: [torch.empty_like(xs[1]), torch.empty_like(xs[0])],
-              lambda m, xs: [t.clone() for t in stock(m, xs)])
+              lambda m, xs: [t.clone() for t in stock(m, xs)])  # (an operator's outputs alias no input)
     single = (lambda m, xs: [_single(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))],
               lambda xs: [xs[0].new_empty(xs[0].shape[0], xs[1].shape[1] + xs[0].shape[1], xs[0].shape[2])],
               lambda m, xs: [torch.cat(stock(m, xs), 1)])
