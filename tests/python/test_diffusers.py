@@ -460,6 +460,31 @@ def test_flux_compiled_sees_adapters_swapped_in_place():
     torch._dynamo.reset()
 
 
+def test_flux_hotswap_compiled_without_recompiles():
+    """peft's hotswap as diffusers' own test does it: apply() first, the adapter loaded after it,
+    the model compiled, the adapter's weights swapped in place under inference_mode: no
+    recompile (error_on_recompile), and each compiled call gives the bits of a model compiled afresh"""
+    peft = pytest.importorskip("peft")
+    m, ref, low, x32, xl = pair("flux", "cpu")
+    fd.apply(low)
+    torch.manual_seed(5)
+    low.add_adapter(peft.LoraConfig(r=8, lora_alpha=8, target_modules=FLUX_LORA, init_lora_weights=False))
+    torch._dynamo.reset()
+    c = torch.compile(low, fullgraph=True)
+    with torch._dynamo.config.patch(error_on_recompile=True), torch.inference_mode():
+        first = m.output(run(c, xl))
+        for mod in low.modules():
+            if hasattr(mod, "lora_B") and "default" in mod.lora_B:
+                mod.lora_B["default"].weight.mul_(-3)  # in place: same tensors, new values
+        got = m.output(run(c, xl))
+    assert not torch.equal(first, got)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        assert torch.equal(got, m.output(run(torch.compile(low, fullgraph=True), xl)))  # compiled afresh
+    assert all(b._fusedk.p["qkv"].a is not None for b in m.blocks(low))  # the adapters folded in, not stock
+    torch._dynamo.reset()
+
+
 def test_flux_lora_changed_after_apply_and_too_wide():
     """set_adapters after apply (no re-apply): the next eager call folds the new weights in; adapters
     wider than one GEMM takes (3 x 48 columns for q, k, v) leave the block unpatched, reported"""
@@ -500,21 +525,50 @@ def test_flux_replaced_parameters_and_merged_disabled_lora():
 
 def test_flux_regional_compile_one_operator_a_block():
     """under diffusers' compile_repeated_blocks each patched Flux block is one fusedk_diffusers::block
-    operator: the blocks of a class share one graph (no recompile a block), and the compiled model
-    gives the eager patched model's bits"""
-    m, ref, low, x32, xl = pair("flux", "cpu")
-    fd.apply(low)
-    eager = m.output(run(low, xl))
-    torch._dynamo.reset()
+    operator: no more graphs than the stock model compiles (one a block class, and the single
+    blocks' strided-input variant), each block class's forward a code object of its own (torch
+    counts recompiles a code object), and the compiled model gives the eager patched model's bits"""
     import torch._dynamo.utils as du
-    du.counters.clear()
-    low.compile_repeated_blocks(fullgraph=True)
     from torch.profiler import ProfilerActivity, profile
-    run(low, xl)
-    with profile(activities=[ProfilerActivity.CPU]) as p:
-        got = m.output(run(low, xl))
+    m, ref, low, x32, xl = pair("flux", "cpu")
+    graphs = []
+    for patched in (False, True):
+        if patched:
+            fd.apply(low)
+            eager = m.output(run(low, xl))
+        torch._dynamo.reset()
+        du.counters.clear()
+        low.compile_repeated_blocks(fullgraph=True)
+        run(low, xl)
+        with profile(activities=[ProfilerActivity.CPU]) as p:
+            got = m.output(run(low, xl))
+        graphs.append(du.counters["stats"]["unique_graphs"])
+        for b in m.blocks(low):
+            b._compiled_call_impl = None  # (compile_repeated_blocks again, on the patched blocks)
     assert torch.equal(got, eager)
     names = {e.key for e in p.key_averages()}
     assert "fusedk_diffusers::block" in names and not any(n.startswith("fusedk::") for n in names), names
-    assert du.counters["stats"]["unique_graphs"] <= 3, dict(du.counters["stats"])  # a class, and a joint-input variant
+    assert graphs[1] <= graphs[0], graphs
+    codes = {type(b): b.forward.__func__.__code__ for b in m.blocks(low)}
+    assert len(set(map(id, codes.values()))) == len(codes) == 2, codes  # (equal, not the same)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", [n for n in ("ltx", "mochi", "wan") if n in MODELS])
+def test_lora_added_after_apply_then_compiled(name):
+    """a LoRA adapter loaded after apply() on a model whose blocks take no adapters, then
+    torch.compile before any eager call: the trace sees the replaced Linears (no stale fused
+    weights) and runs those blocks stock: the stock compiled model's bits"""
+    import copy
+    peft = pytest.importorskip("peft")
+    m, ref, low, x32, xl = pair(name, "cpu")
+    stock = copy.deepcopy(low)
+    fd.apply(low)
+    outs = []
+    for model in (stock, low):
+        torch.manual_seed(5)
+        model.add_adapter(peft.LoraConfig(r=4, lora_alpha=8, target_modules=["to_q", "to_v"], init_lora_weights=False))
+        torch._dynamo.reset()
+        outs.append(m.output(run(torch.compile(model, fullgraph=True), xl)))
+    assert torch.equal(outs[0], outs[1])
     torch._dynamo.reset()

@@ -27,7 +27,10 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
   base are cast to it once; DoRA and other variants, LoRA biases, dropout in training mode and more
   than 128 adapter columns a GEMM (A times r rounded up to 8, the q/k/v adapters together) leave
   the block unpatched. A change to the adapters after apply (set_adapters, another LoRA, fuse_lora,
-  disable) is seen at the next eager call and the block prepared again.
+  disable) is seen at the next eager call and the block prepared again; under torch.compile, at
+  the next call of the compiled model (each Flux block is one operator that checks, no recompile:
+  peft's hotswap works on a compiled patched model). Blocks without LoRA support (LTX-Video,
+  Mochi, Wan) that get a LoRA layer after apply run their stock forward, eager or compiled.
 - Training: fusedk's fused forwards have no backward. A patched block that autograd would
   record (grad mode on and a parameter or input that requires grad) runs its stock forward,
   and a warning says so once.
@@ -158,12 +161,21 @@ def _weight_hooks(mods):
 
 
 def _traced_hooked(st):
-    """What _ready finds, as torch.compile traces it (attribute reads it guards on; no data
-    pointers): a hook that moves or recasts weights on the block or above it, or any hook inside it."""
+    """What _ready finds, as torch.compile traces it (attribute reads and identities it guards on;
+    no data pointers), whether the block runs its stock forward: a hook that moves or recasts
+    weights on the block or above it. A block run as fusedk_diffusers::block reads the rest when
+    the operator runs (_ready): the trace reads nothing a LoRA adapter loaded or swapped in place
+    changes, and so recompiles nothing (peft's hotswap). Other blocks: a hook inside, or a Linear
+    replaced (a LoRA layer) or given new parameters since apply()."""
     for _, mod in st.chain:
         reg = getattr(mod, "_diffusers_hook", None)
         if reg is not None and any(n in _WEIGHT_HOOKS for n in reg.hooks) or hasattr(mod, "_hf_hook"):
             return True
+    if st.patcher.opaque:
+        return False
+    if not all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and lin._parameters.get(attr) is p
+               for parent, name, lin, attr, p, _ in st.links):
+        return True
     for _, mod in st.subs:
         reg = getattr(mod, "_diffusers_hook", None)
         if reg is not None and reg.hooks or hasattr(mod, "_hf_hook") or mod._forward_hooks or mod._forward_pre_hooks:
@@ -197,7 +209,7 @@ def _inner(m):
 
 def _own_forward(m, f):
     """Whether f is block m's own forward bound to it (the class's, or apply()'s)."""
-    return getattr(f, "__self__", None) is m and getattr(f, "__func__", None) in (type(m).forward, _checked_forward)
+    return getattr(f, "__self__", None) is m and getattr(f, "__func__", None) in (type(m).forward, _forward_of(type(m)))
 
 
 def _patch(m, patcher, pieces, chain):
@@ -207,8 +219,14 @@ def _patch(m, patcher, pieces, chain):
     st.patcher, st.links = patcher, _links(m, st.views + st.kept)
     st.subs = [(n, s) for n, s in m.named_modules() if s is not m]
     st.chain = chain
-    if patcher.opaque:  # block_op's handle: a tensor, so that blocks of a class share one compiled graph
-        st.handle = torch.tensor(id(m))
+    if patcher.opaque:  # block_op's handle: a tensor, so that blocks of a class share one compiled graph;
+        # the same one when the block is prepared again (inside the operator, under inference_mode
+        # perhaps): a compiled graph guards on its dispatch keys
+        old = m.__dict__.get("_fusedk")
+        st.handle = getattr(old, "handle", None)
+        if st.handle is None:
+            with torch.inference_mode(False):
+                st.handle = torch.tensor(id(m))
         _BLOCKS[id(m)] = weakref.ref(m)
         if patcher not in _KINDS:
             _KINDS.append(patcher)
@@ -218,9 +236,9 @@ def _patch(m, patcher, pieces, chain):
     m._fusedk = st
     inner = _inner(m)
     if inner is not None:  # diffusers hooks on the block (a block cache, a layer skip): they call the fused forward
-        setattr(*inner, types.MethodType(_checked_forward, m))
+        setattr(*inner, types.MethodType(_forward_of(type(m)), m))
     elif "forward" not in vars(m) or _own_forward(m, vars(m)["forward"]):
-        m.forward = types.MethodType(_checked_forward, m)
+        m.forward = types.MethodType(_forward_of(type(m)), m)
     m._apply = types.MethodType(_apply_then_fuse, m)
 
 
@@ -327,6 +345,22 @@ def _checked_forward(self, *args, **kwargs):
     return self._fusedk.patcher.forward(self, *args, **kwargs)
 
 
+_FORWARDS = {}  # block class -> its blocks' _checked_forward
+
+
+def _forward_of(cls):
+    """_checked_forward with a code object of its own for block class cls: torch.compile counts
+    recompiles a code object, and diffusers' compile_repeated_blocks allows one graph a class."""
+    f = _FORWARDS.get(cls)
+    if f is None:
+        code = _checked_forward.__code__
+        code = code.replace(**{"co_qualname" if hasattr(code, "co_qualname") else "co_name":
+                               f"{cls.__name__}.forward (fusedk)"})
+        f = _FORWARDS[cls] = types.FunctionType(code, _checked_forward.__globals__, "forward")
+        f.__doc__, f.__module__ = _checked_forward.__doc__, _checked_forward.__module__
+    return f
+
+
 def _warn_once(text):
     """A warning once a process (every block of a class says the same)."""
     if text not in _warned:
@@ -355,9 +389,9 @@ def revert(model):
 
 def _unpatch(m):
     inner = _inner(m)
-    if inner is not None and getattr(getattr(*inner), "__func__", None) is _checked_forward:
+    if inner is not None and getattr(getattr(*inner), "__func__", None) is _forward_of(type(m)):
         setattr(*inner, types.MethodType(type(m).forward, m))  # the hooks call the class's forward again
-    if getattr(vars(m).get("forward"), "__func__", None) is _checked_forward:
+    if getattr(vars(m).get("forward"), "__func__", None) is _forward_of(type(m)):
         del m.forward  # the class's forward again
     if getattr(vars(m).get("_apply"), "__func__", None) is _apply_then_fuse:
         del m._apply
