@@ -11,7 +11,8 @@
 #  leave one out);
 #  --diffusers-suite: diffusers' own model tests on stock and on patched models, nothing else
 #  (tools/diffusers_suite.sh over $DIFFUSERS_TESTS, default .diffusers-tests/tests: a diffusers
-#  checkout's tests/ folder copied there; $SUITE_MODELS, default all four);
+#  checkout's tests/ folder copied there; $SUITE_MODELS, default all four; SUITE_PARALLEL=1
+#  SUITE_SHARDS=3 runs Flux, LTX and Wan stock and patched at once in about 380 s on one H200);
 #  --sanitize: compute-sanitizer memcheck, racecheck, initcheck and synccheck over the GPU suite's
 #  small cases of every op (FUSEDK_TEST_SMALL=1), reports in $OUT/sanitize-<tool>.txt)
 set -uo pipefail

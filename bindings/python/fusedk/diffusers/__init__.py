@@ -29,7 +29,8 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
   the block unpatched. A change to the adapters after apply (set_adapters, another LoRA, fuse_lora,
   disable) is seen at the next eager call and the block prepared again; under torch.compile, at
   the next call of the compiled model (each Flux block is one operator that checks, no recompile:
-  peft's hotswap works on a compiled patched model). Blocks without LoRA support (LTX-Video,
+  peft's hotswap on a compiled patched model; Inductor's CUDA graphs run around that operator).
+  Blocks without LoRA support (LTX-Video,
   Mochi, Wan) that get a LoRA layer after apply run their stock forward, eager or compiled.
 - Training: fusedk's fused forwards have no backward. A patched block that autograd would
   record (grad mode on and a parameter or input that requires grad) runs its stock forward,
@@ -854,7 +855,13 @@ def block_op(st, xs):
 
 def _block_op():
     if not _BLOCK_OP:
-        @torch.library.custom_op("fusedk_diffusers::block", mutates_args=())
+        # cudagraph_unsafe: Inductor's CUDA graphs (mode="reduce-overhead") run around the operator,
+        # not through it: a replay would skip its checks (adapters swapped in place since the
+        # capture) and a block prepared again inside a capture would take its weights from the
+        # graph's private pool
+        tags = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+        @torch.library.custom_op("fusedk_diffusers::block", mutates_args=(), tags=tags)
         def block(kind: int, handle: torch.Tensor, xs: list[torch.Tensor]) -> list[torch.Tensor]:
             m = _BLOCKS[int(handle)]()
             # the operator runs eagerly: what the trace could not check (new weights, adapters
