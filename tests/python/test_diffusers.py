@@ -572,3 +572,28 @@ def test_lora_added_after_apply_then_compiled(name):
         outs.append(m.output(run(torch.compile(model, fullgraph=True), xl)))
     assert torch.equal(outs[0], outs[1])
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", [n for n in ("ltx", "wan") if n in MODELS])
+def test_regional_compile_no_more_graphs_than_stock(name):
+    """compile_repeated_blocks on a patched model with several blocks: the trace's checks (hooks,
+    the fused Linears still in place) specialise on no block, so no more graphs than stock"""
+    import torch._dynamo.utils as du
+    m, ref, low, x32, xl = pair(name, "cpu")
+    assert len(m.blocks(low)) > 1
+    graphs, outs = [], []
+    for patched in (False, True):
+        if patched:
+            fd.apply(low)
+            for b in m.blocks(low):
+                b._compiled_call_impl = None
+        torch._dynamo.reset()
+        du.counters.clear()
+        low.compile_repeated_blocks(fullgraph=True)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            run(low, xl)
+            outs.append(m.output(run(low, xl)))
+        graphs.append(du.counters["stats"]["unique_graphs"])
+    assert graphs[1] <= graphs[0], graphs
+    check_close(outs[1], outs[0], m.output(run(ref, x32)).double(), f"{name} regionally compiled")
+    torch._dynamo.reset()
