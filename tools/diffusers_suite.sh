@@ -7,7 +7,7 @@
 # TESTS: the tests/ folder of a diffusers checkout whose models/testing_utils match the installed
 # diffusers (tests/models/transformers/test_models_transformer_<model>.py, tests/testing_utils.py).
 # fusedk must be importable (PYTHONPATH, FUSEDK_LIBRARY). Logs: $OUT (default ./out)/diffusers-*.txt.
-# SUITE_TIMEOUT (s, default 900) bounds each run; pytest's own PYTEST_ADDOPTS adds arguments to both
+# SUITE_TIMEOUT (s, default 900) bounds each pytest process (a run resumed after a crash starts another); pytest's own PYTEST_ADDOPTS adds arguments to both
 # runs (PYTEST_ADDOPTS='-k "not compile"'). SUITE_PARALLEL=1 starts every run at
 # once, each split over SUITE_SHARDS processes (default 1).
 set -uo pipefail
@@ -32,11 +32,11 @@ run() {  # run MODEL KIND [SHARD]: the model's tests (SHARD of $SUITE_SHARDS), l
       timeout "${SUITE_TIMEOUT:-900}" python3 -m pytest -v -rA --rootdir "$root" --durations=8 -p no:cacheprovider \
       -p suite_resume ${plugin[@]+"${plugin[@]}"} "tests/models/transformers/test_models_transformer_$1.py") >>"$log" 2>&1
     rc=$?
-    [ $rc = 124 ] && echo "TIMEOUT after ${SUITE_TIMEOUT:-900} s" >>"$log"
-    [ $rc -gt 128 ] || break
+    [ $rc = 124 ] && printf '\nTIMEOUT after %s s\n' "${SUITE_TIMEOUT:-900}" >>"$log"  # (after -v's unfinished line)
+    case $rc in 134 | 135 | 136 | 139) ;; *) break ;; esac  # SIGABRT, SIGBUS, SIGFPE, SIGSEGV: a crash
     id=$(grep -oE '^tests/[^ ]+::[^ ]+' "$log" | tail -1)  # -v names a test before it runs
     [ -n "$id" ] && ! grep -qxF "$id" "$log.done" || break  # (no test named, or the same one again)
-    echo "CRASHED $id (signal $((rc - 128)))" >>"$log"
+    printf '\nCRASHED %s (signal %d)\n' "$id" $((rc - 128)) >>"$log"
     grep -oE '^tests/[^ ]+::[^ ]+' "$log" | sort -u >"$log.done"
   done
   rm -f "$log.done"
@@ -60,7 +60,7 @@ for m in "${models[@]}"; do
   for kind in stock patched; do
     [ -n "${SUITE_PARALLEL:-}" ] || run "$m" "$kind"
     f=$OUT/diffusers-$m-$kind.txt
-    echo "$m $kind: $(n "$f" PASSED) passed, $(n "$f" FAILED) failed, $(n "$f" ERROR) errors, $(n "$f" SKIPPED) skipped, $(grep -c '^CRASHED ' "$f") crashed$(grep -q 'Terminated\|^Timeout' "$f" && echo ', timed out') $(grep -h "^fusedk.diffusers.apply:" "$f" | tail -1)"
+    echo "$m $kind: $(n "$f" PASSED) passed, $(n "$f" FAILED) failed, $(n "$f" ERROR) errors, $(n "$f" SKIPPED) skipped, $(grep -c '^CRASHED ' "$f") crashed$(grep -q '^TIMEOUT ' "$f" && echo ', timed out') $(grep -h "^fusedk.diffusers.apply:" "$f" | tail -1)"
   done
   passed "$OUT/diffusers-$m-stock.txt" >"$OUT/.stock"
   passed "$OUT/diffusers-$m-patched.txt" >"$OUT/.patched"

@@ -597,3 +597,30 @@ def test_regional_compile_no_more_graphs_than_stock(name):
     assert graphs[1] <= graphs[0], graphs
     check_close(outs[1], outs[0], m.output(run(ref, x32)).double(), f"{name} regionally compiled")
     torch._dynamo.reset()
+
+
+def test_flux_copy_compiled_runs_its_own_blocks():
+    """a deep copy of a patched Flux with its own weights, compiled before any eager call and after
+    the original is gone: each fusedk_diffusers::block runs the copy's block; the operator is
+    tagged cudagraph_unsafe (Inductor's CUDA graphs run around it)"""
+    import copy
+    import gc
+    m, ref, low, x32, xl = pair("flux", "cpu")
+    fd.apply(low)
+    assert torch.Tag.cudagraph_unsafe in torch.ops.fusedk_diffusers.block.default.tags
+    before = m.output(run(low, xl))
+    twin = copy.deepcopy(low)
+    with torch.no_grad():
+        for b in m.blocks(twin):
+            b.attn.to_v.weight.mul_(4)  # a view into the copy's fused q/k/v weight
+    fresh = pair("flux", "cpu")[2]
+    fresh.load_state_dict(twin.state_dict())
+    fd.apply(fresh)
+    del low
+    gc.collect()
+    torch._dynamo.reset()
+    got = m.output(run(torch.compile(twin, fullgraph=True), xl))
+    torch._dynamo.reset()
+    assert torch.equal(got, m.output(run(torch.compile(fresh, fullgraph=True), xl)))  # the same weights, patched afresh
+    torch._dynamo.reset()
+    assert (got.float() - before.float()).abs().max() > 0.08  # not the original's weights (0.16 here)

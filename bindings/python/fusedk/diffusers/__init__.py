@@ -51,6 +51,7 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
   the first call of a compiled model built, patched and then moved runs fused.
 
 diffusers (and torch) are imported by this module only."""
+import copy
 import types
 import warnings
 import weakref
@@ -210,7 +211,8 @@ def _inner(m):
 
 def _own_forward(m, f):
     """Whether f is block m's own forward bound to it (the class's, or apply()'s)."""
-    return getattr(f, "__self__", None) is m and getattr(f, "__func__", None) in (type(m).forward, _forward_of(type(m)))
+    fn = getattr(f, "__func__", None)
+    return getattr(f, "__self__", None) is m and fn is not None and fn in (type(m).forward, _FORWARDS.get(type(m)))
 
 
 def _patch(m, patcher, pieces, chain):
@@ -223,12 +225,8 @@ def _patch(m, patcher, pieces, chain):
     if patcher.opaque:  # block_op's handle: a tensor, so that blocks of a class share one compiled graph;
         # the same one when the block is prepared again (inside the operator, under inference_mode
         # perhaps): a compiled graph guards on its dispatch keys
-        old = m.__dict__.get("_fusedk")
-        st.handle = getattr(old, "handle", None)
-        if st.handle is None:
-            with torch.inference_mode(False):
-                st.handle = torch.tensor(id(m))
-        _BLOCKS[id(m)] = weakref.ref(m)
+        old = getattr(m.__dict__.get("_fusedk"), "handle", None)
+        st.handle = old if old is not None and int(old) == id(m) else _new_handle(m)
         if patcher not in _KINDS:
             _KINDS.append(patcher)
         _block_op()  # defined before any trace meets it
@@ -241,6 +239,13 @@ def _patch(m, patcher, pieces, chain):
     elif "forward" not in vars(m) or _own_forward(m, vars(m)["forward"]):
         m.forward = types.MethodType(_forward_of(type(m)), m)
     m._apply = types.MethodType(_apply_then_fuse, m)
+
+
+def _new_handle(m):
+    """Block m's handle for block_op (its id in a CPU tensor), m registered under it."""
+    _BLOCKS[id(m)] = weakref.ref(m)
+    with torch.inference_mode(False):
+        return torch.tensor(id(m))
 
 
 def _apply_then_fuse(self, fn, recurse=True):
@@ -390,9 +395,9 @@ def revert(model):
 
 def _unpatch(m):
     inner = _inner(m)
-    if inner is not None and getattr(getattr(*inner), "__func__", None) is _forward_of(type(m)):
+    if inner is not None and getattr(getattr(*inner), "__func__", None) is _FORWARDS.get(type(m)):
         setattr(*inner, types.MethodType(type(m).forward, m))  # the hooks call the class's forward again
-    if getattr(vars(m).get("forward"), "__func__", None) is _forward_of(type(m)):
+    if getattr(vars(m).get("forward"), "__func__", None) is _FORWARDS.get(type(m)):
         del m.forward  # the class's forward again
     if getattr(vars(m).get("_apply"), "__func__", None) is _apply_then_fuse:
         del m._apply
@@ -537,6 +542,16 @@ class State:
     def __init__(self, pieces):
         self.k, self.views, self.projected, self.p = pieces, [], [], {}
         self.kept = []  # parameters a Proj holds as they are (no view made): checked as the views are
+
+    def __deepcopy__(self, memo):
+        """A deep copy of the model: its blocks' States, the patcher shared (block_op's kind is its
+        place in _KINDS), the handle naming the copied block (chain's last module)."""
+        new = memo[id(self)] = type(self).__new__(type(self))
+        for name, value in self.__dict__.items():
+            setattr(new, name, value if name == "patcher" else copy.deepcopy(value, memo))
+        if "handle" in new.__dict__:
+            new.handle = _new_handle(new.chain[-1][1])
+        return new
 
     def fuse(self, name, lins):
         """One GEMM's weight and bias for the nn.Linear modules lins: w_<name>, b_<name>."""
