@@ -30,8 +30,8 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
   disable) is seen at the next eager call and the block prepared again; under torch.compile, at
   the next call of the compiled model (each Flux block is one operator that checks, no recompile:
   peft's hotswap on a compiled patched model; Inductor's CUDA graphs run around that operator).
-  Blocks without LoRA support (LTX-Video,
-  Mochi, Wan) that get a LoRA layer after apply run their stock forward, eager or compiled.
+  Blocks without LoRA support (LTX-Video, Mochi, Wan) that get a LoRA layer after apply run their
+  stock forward, eager or compiled.
 - Training: fusedk's fused forwards have no backward. A patched block that autograd would
   record (grad mode on and a parameter or input that requires grad) runs its stock forward,
   and a warning says so once.
@@ -212,7 +212,8 @@ def _inner(m):
 def _own_forward(m, f):
     """Whether f is block m's own forward bound to it (the class's, or apply()'s)."""
     fn = getattr(f, "__func__", None)
-    return getattr(f, "__self__", None) is m and fn is not None and fn in (type(m).forward, _FORWARDS.get(type(m)))
+    return getattr(f, "__self__", None) is m and fn is not None and (fn is type(m).forward
+                                                                     or fn is _FORWARDS.get(type(m)))
 
 
 def _patch(m, patcher, pieces, chain):
