@@ -441,45 +441,35 @@ def test_flux_lora_folds_into_the_gemms(device):
     assert torch.equal(m.output(run(low, xl)), stock)
 
 
-def test_flux_compiled_sees_adapters_swapped_in_place():
+@pytest.mark.parametrize("after_apply", [False, True])
+def test_flux_compiled_sees_adapters_swapped_in_place(after_apply):
     """a compiled patched Flux (each block one fusedk_diffusers::block operator, which runs eagerly)
-    after its LoRA weights are swapped in place (as peft's hotswap does) or its adapter weights set:
-    the next compiled call folds the new weights in: the bits of the model compiled afresh"""
-    m, ref, low, x32, xl = lora_pair("cpu")
-    fd.apply(low)
-    torch._dynamo.reset()
-    c = torch.compile(low, fullgraph=True)
-    run(c, xl)
-    with torch.no_grad():
-        for mod in low.modules():
-            if hasattr(mod, "lora_B") and "one" in mod.lora_B:
-                mod.lora_B["one"].weight.mul_(-3)  # in place: same tensors, new values
-    got = m.output(run(c, xl))
-    torch._dynamo.reset()
-    assert torch.equal(got, m.output(run(torch.compile(low, fullgraph=True), xl)))  # compiled afresh
-    torch._dynamo.reset()
-
-
-def test_flux_hotswap_compiled_without_recompiles():
-    """peft's hotswap as diffusers' own test does it: apply() first, the adapter loaded after it,
-    the model compiled, the adapter's weights swapped in place under inference_mode: no
-    recompile (error_on_recompile), and each compiled call gives the bits of a model compiled afresh"""
+    after its LoRA weights are swapped in place, as peft's hotswap does: no recompile
+    (error_on_recompile), and the next compiled call gives the bits of the model compiled afresh.
+    The adapters added before apply(), or after it and run under inference_mode, as diffusers' own
+    hotswap test does (else under no_grad)"""
     peft = pytest.importorskip("peft")
-    m, ref, low, x32, xl = pair("flux", "cpu")
-    fd.apply(low)
-    torch.manual_seed(5)
-    low.add_adapter(peft.LoraConfig(r=8, lora_alpha=8, target_modules=FLUX_LORA, init_lora_weights=False))
+    if after_apply:
+        m, ref, low, x32, xl = pair("flux", "cpu")
+        fd.apply(low)
+        torch.manual_seed(5)
+        low.add_adapter(peft.LoraConfig(r=8, lora_alpha=8, target_modules=FLUX_LORA, init_lora_weights=False))
+        adapter, mode = "default", torch.inference_mode
+    else:
+        m, ref, low, x32, xl = lora_pair("cpu")
+        fd.apply(low)
+        adapter, mode = "one", torch.no_grad
     torch._dynamo.reset()
     c = torch.compile(low, fullgraph=True)
-    with torch._dynamo.config.patch(error_on_recompile=True), torch.inference_mode():
+    with torch._dynamo.config.patch(error_on_recompile=True), mode():
         first = m.output(run(c, xl))
         for mod in low.modules():
-            if hasattr(mod, "lora_B") and "default" in mod.lora_B:
-                mod.lora_B["default"].weight.mul_(-3)  # in place: same tensors, new values
+            if hasattr(mod, "lora_B") and adapter in mod.lora_B:
+                mod.lora_B[adapter].weight.mul_(-3)  # in place: same tensors, new values
         got = m.output(run(c, xl))
     assert not torch.equal(first, got)
     torch._dynamo.reset()
-    with torch.inference_mode():
+    with mode():
         assert torch.equal(got, m.output(run(torch.compile(low, fullgraph=True), xl)))  # compiled afresh
     assert all(b._fusedk.p["qkv"].a is not None for b in m.blocks(low))  # the adapters folded in, not stock
     torch._dynamo.reset()
@@ -523,35 +513,57 @@ def test_flux_replaced_parameters_and_merged_disabled_lora():
     assert not report.patched and all("merged LoRA is disabled" in why for _, _, why in report.skipped), report
 
 
+def regional_compile(m, low, xl, recompile_limit=8):
+    """diffusers' compile_repeated_blocks on model low, stock and then patched: (the graphs each
+    compiled, each one's output of a second call, the profile of the patched one's)."""
+    import torch._dynamo.utils as du
+    from torch.profiler import ProfilerActivity, profile
+    graphs, outs = [], []
+    for patched in (False, True):
+        if patched:
+            fd.apply(low)
+            for b in m.blocks(low):
+                b._compiled_call_impl = None  # (compile_repeated_blocks again, on the patched blocks)
+        torch._dynamo.reset()
+        du.counters.clear()
+        low.compile_repeated_blocks(fullgraph=True)
+        with torch._dynamo.config.patch(recompile_limit=recompile_limit):
+            run(low, xl)
+            with profile(activities=[ProfilerActivity.CPU]) as p:
+                outs.append(m.output(run(low, xl)))
+        graphs.append(du.counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    return graphs, outs, p
+
+
 def test_flux_regional_compile_one_operator_a_block():
     """under diffusers' compile_repeated_blocks each patched Flux block is one fusedk_diffusers::block
     operator: no more graphs than the stock model compiles (one a block class, and the single
     blocks' strided-input variant), each block class's forward a code object of its own (torch
     counts recompiles a code object), and the compiled model gives the eager patched model's bits"""
-    import torch._dynamo.utils as du
-    from torch.profiler import ProfilerActivity, profile
     m, ref, low, x32, xl = pair("flux", "cpu")
-    graphs = []
-    for patched in (False, True):
-        if patched:
-            fd.apply(low)
-            eager = m.output(run(low, xl))
-        torch._dynamo.reset()
-        du.counters.clear()
-        low.compile_repeated_blocks(fullgraph=True)
-        run(low, xl)
-        with profile(activities=[ProfilerActivity.CPU]) as p:
-            got = m.output(run(low, xl))
-        graphs.append(du.counters["stats"]["unique_graphs"])
-        for b in m.blocks(low):
-            b._compiled_call_impl = None  # (compile_repeated_blocks again, on the patched blocks)
-    assert torch.equal(got, eager)
+    eager = pair("flux", "cpu")[2]
+    fd.apply(eager)
+    eager = m.output(run(eager, xl))
+    graphs, outs, p = regional_compile(m, low, xl)
+    assert torch.equal(outs[1], eager)
     names = {e.key for e in p.key_averages()}
     assert "fusedk_diffusers::block" in names and not any(n.startswith("fusedk::") for n in names), names
     assert graphs[1] <= graphs[0], graphs
     codes = {type(b): b.forward.__func__.__code__ for b in m.blocks(low)}
     assert len(set(map(id, codes.values()))) == len(codes) == 2, codes  # (equal, not the same)
-    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", [n for n in ("ltx", "wan") if n in MODELS])
+def test_regional_compile_no_more_graphs_than_stock(name):
+    """compile_repeated_blocks on a patched model with several blocks (recompile_limit=1): the
+    trace's checks (hooks, the fused Linears still in place) specialise on no block, so no more
+    graphs than stock, as close to float32 as the stock compiled model"""
+    m, ref, low, x32, xl = pair(name, "cpu")
+    assert len(m.blocks(low)) > 1
+    graphs, outs, _ = regional_compile(m, low, xl, recompile_limit=1)
+    assert graphs[1] <= graphs[0], graphs
+    check_close(outs[1], outs[0], m.output(run(ref, x32)).double(), f"{name} regionally compiled")
 
 
 @pytest.mark.parametrize("name", [n for n in ("ltx", "mochi", "wan") if n in MODELS])
@@ -571,31 +583,6 @@ def test_lora_added_after_apply_then_compiled(name):
         torch._dynamo.reset()
         outs.append(m.output(run(torch.compile(model, fullgraph=True), xl)))
     assert torch.equal(outs[0], outs[1])
-    torch._dynamo.reset()
-
-
-@pytest.mark.parametrize("name", [n for n in ("ltx", "wan") if n in MODELS])
-def test_regional_compile_no_more_graphs_than_stock(name):
-    """compile_repeated_blocks on a patched model with several blocks: the trace's checks (hooks,
-    the fused Linears still in place) specialise on no block, so no more graphs than stock"""
-    import torch._dynamo.utils as du
-    m, ref, low, x32, xl = pair(name, "cpu")
-    assert len(m.blocks(low)) > 1
-    graphs, outs = [], []
-    for patched in (False, True):
-        if patched:
-            fd.apply(low)
-            for b in m.blocks(low):
-                b._compiled_call_impl = None
-        torch._dynamo.reset()
-        du.counters.clear()
-        low.compile_repeated_blocks(fullgraph=True)
-        with torch._dynamo.config.patch(recompile_limit=1):
-            run(low, xl)
-            outs.append(m.output(run(low, xl)))
-        graphs.append(du.counters["stats"]["unique_graphs"])
-    assert graphs[1] <= graphs[0], graphs
-    check_close(outs[1], outs[0], m.output(run(ref, x32)).double(), f"{name} regionally compiled")
     torch._dynamo.reset()
 
 

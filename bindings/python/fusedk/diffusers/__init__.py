@@ -175,8 +175,7 @@ def _traced_hooked(st):
             return True
     if st.patcher.opaque:
         return False
-    if not all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and lin._parameters.get(attr) is p
-               for parent, name, lin, attr, p, _ in st.links):
+    if not _fresh(st, traced=True):
         return True
     for _, mod in st.subs:
         reg = getattr(mod, "_diffusers_hook", None)
@@ -297,6 +296,8 @@ def _ready(block):
     inside = _marked(st.subs)
     if not _refresh(block, _marked(st.chain) + inside):
         return False
+    if block._fusedk is not st:  # prepared again: its modules now (a LoRA layer's among them)
+        inside = _marked(block._fusedk.subs)
     why = _sub_hooks(inside)
     if why:
         _warn_once(f"fusedk.diffusers: {type(block).__name__} runs its stock forward while {why}; remove the hook "
@@ -325,14 +326,16 @@ def _links(m, views):
             for name, p in sub.named_parameters(recurse=False) if id(p) in ids]
 
 
-def _fresh(st):
+def _fresh(st, traced=False):
     """Whether the fused weights are still the model's: no Linear replaced (a LoRA layer added
     after apply), no parameter given new storage (.to(), load_state_dict(assign=True)); hooks are
     _marked's. Every block's eager call runs it: the modules' dicts are read directly
-    (nn.Module.__getattr__ is the slow path for every attribute)."""
+    (nn.Module.__getattr__ is the slow path for every attribute). traced: what torch.compile can
+    trace of it (identities: no data pointers, no adapter signatures)."""
     return all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and lin._parameters.get(attr) is p
-               and p.data_ptr() == ptr for parent, name, lin, attr, p, ptr in st.links) and all(
-        parent._modules.get(name) is lin and lora_signature(lin) == sig for parent, name, lin, sig in st.mods)
+               and (traced or p.data_ptr() == ptr) for parent, name, lin, attr, p, ptr in st.links) and (
+        traced or all(parent._modules.get(name) is lin and lora_signature(lin) == sig
+                      for parent, name, lin, sig in st.mods))
 
 
 def _checked_forward(self, *args, **kwargs):
