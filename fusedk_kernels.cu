@@ -13,9 +13,11 @@
 // FUSEDK_ONLY_RUNTIME (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info, _shutdown) for
 // each object. Such an object holds the shared helpers ([runtime] to [tile]) and the named families
 // with their [entry] functions; the seven parts together define every fusedk__cuda_* function once
-// (meson.build links them into libfusedk). The linear part's act pass calls
-// fusedk__cuda_elementwise, so it links with the elementwise part. With none of them defined the
-// file compiles whole: a drop-in build needs none.
+// (meson.build links them into libfusedk). The linear part calls into two others: its act pass
+// into fusedk__cuda_elementwise, linear_lowrank into fusedk__cuda_lowrank and the low-rank
+// backward into fusedk__cuda_lowrank_grad_pass (the lowrank part's one-pass kernel; its GEMM path
+// runs on [gemm], in the linear part). With none of them defined the file compiles whole: a
+// drop-in build needs none.
 //
 // CONTENTS (each section opens with its tag; fusedk.h, tests/ and bench/ use the same tags)
 //   [runtime]   errors, device guard, per-device attributes, the >48 KB shared-memory opt-in
@@ -24,9 +26,12 @@
 //   [memory]    16-byte vectors; loads and stores named by cache policy; per-thread row walks;
 //               Hopper bulk copies (cp.async.bulk) counted by mbarriers
 //   [reduce]    warp and row-group sums
-//   [tile]      the tensor-core layer: swizzled 16-bit tiles in shared memory, cp.async tile
-//               loads, ldmatrix, mma.sync m16n8k16; Hopper: TMA tensor maps (tmap_bshd), TMA
-//               loads, wgmma (wgmma_ss, wgmma_rs), setmaxnreg, named barriers
+//   [tile]      the tensor-core layer: swizzled tiles in shared memory, cp.async tile loads
+//               (load_tile) and their stage ring (StageRing); the warp-level MMA layer: the
+//               instruction by element type (MmaOp), each operand's lane addressing
+//               (WarpOperand: A or B, K- or N-major), a warp tile += A B (warp_mma); Hopper: TMA
+//               tensor maps (tmap_bshd) and their swizzle (swz128), TMA loads, wgmma (wgmma_ss,
+//               wgmma_rs), setmaxnreg, named barriers
 //   [norm]      rmsnorm, layernorm, adaln, residual_tanh_gated_rmsnorm: norm_rows (entry points
 //               norm_rows_kernel, norm_rows_reg_kernel) and fusedk__cuda_norm (launcher); the
 //               tuning hook (FUSEDK_TUNING builds only)
@@ -39,13 +44,17 @@
 //               (LtState), gemm_locked (a family's entry: device, lock), lt_arena, lt_matmul
 //   [linear]    linear, linear_backward on [gemm]: the act and bias passes, linear_dz_kernel and
 //               linear_db_kernel
-//   [attention] flash attention forward: attn_kernel (sm_80+: mma.sync, cp.async, online
-//               softmax) and attn_tma_kernel (sm_90a: TMA producer, wgmma consumers taking turns)
-//   [lowrank]   lowrank_update: lowrank_mma_kernel (f16/bf16: x v and h u_t on mma.sync, h in
-//               registers) and lowrank_fma_kernel (float32 and unaligned views: CUDA cores); the
-//               backward's one-pass lowrank_grad_kernel
+//   [attention] flash attention forward: attn_kernel (sm_80+: warp_mma, a stage ring, online
+//               softmax) and attn_tma_kernel (sm_90a: producer attn_tma_produce, the consumers'
+//               mainloop attn_tma_mainloop taking turns on wgmma, the epilogue's stores)
+//   [lowrank]   lowrank_update: lowrank_mma_kernel (f16/bf16: x v (lr_h_mainloop) and h u_t
+//               (lr_out_mainloop) on warp_mma, h in registers) and lowrank_fma_kernel (float32
+//               and unaligned views: CUDA cores); the backward's one-pass lowrank_grad_kernel.
+//               One section over two build parts: the shapes (both), the routing and the
+//               GEMM-path backward (the linear part: [gemm]), the kernels (the lowrank part)
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
-//               fusedk__cuda_linear, fusedk__cuda_shutdown, fusedk__cuda_attention, fusedk__cuda_lowrank,
+//               fusedk__cuda_linear, fusedk__cuda_linear_lowrank, fusedk__cuda_lowrank_grad,
+//               fusedk__cuda_shutdown, fusedk__cuda_attention, fusedk__cuda_lowrank,
 //               fusedk__cuda_lowrank_grad_pass,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
@@ -177,53 +186,6 @@ size_t device_smem_optin(int device_id) {
 }
 
 int device_sms(int device_id);
-
-// linear_lowrank's [x | h] pass on tensor cores: where its 64-row blocks fill at most 3/4 of the
-// SMs, k splits of them (each a share of x's 64-wide k tiles, at least 4) to give every SM a block;
-// past that the splits' second pass and partial sums cost more than the SMs they fill. Its linear
-// part sizes the partial sums' buffer by the same count.
-inline int lr_cat_splits(int64_t M, int64_t K1, int dev) {
-  const int64_t rows = (M + 63) / 64, tiles = (K1 + 63) / 64, sms = device_sms(dev);
-  return (int)std::max<int64_t>(1, std::min((tiles + 3) / 4, 4 * rows <= 3 * sms ? (sms + rows - 1) / rows : 1));
-}
-
-// [lowrank] the tensor-core kernels' shapes (the linear part's backward asks whether its call fits)
-// rows a block, x's k tile, out's column tile; stages of each ring (rank 16: five tiles in flight;
-// wider ranks' v and u_t tiles would cost blocks an SM: three); warps a 16-row group (the
-// partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8 float4)
-constexpr int kLrRows = 64, kLrK = 64, kLrN = 64;
-template <int RT> constexpr int kLrStages = RT <= 16 ? 6 : 4;
-template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
-
-// a ring of ST [64, W] + [W, RT] stages, then z [64, RT], dx's room [64, W] and the share sums' floats
-template <int RT, int WS, int W, int ST> struct LgSmem {
-  static constexpr int kX = kLrRows * W * 2, kStage = kX + W * RT * 2, kZ = ST * kStage, kO = kZ + kLrRows * RT * 2,
-                       kSum = kO + kLrRows * W * 2, kBytes = kSum + (WS > 1 ? 4 * kLrRows * WS * RT : 0);
-};
-
-// the backward's one-pass kernel: 128-wide tiles (64 at rank 128: registers), rings of six
-// stages at rank 16, else four
-template <int RT> struct LgPlan {
-  static constexpr int WS = kLrShares<RT>, W = RT <= 64 ? 128 : 64, ST = RT <= 16 ? 6 : 4;
-  using L = LgSmem<RT, WS, W, ST>;
-};
-inline int lg_smem(int r) {
-  return r <= 16 ? LgPlan<16>::L::kBytes : r <= 32 ? LgPlan<32>::L::kBytes : r <= 64 ? LgPlan<64>::L::kBytes
-                                                                                    : LgPlan<128>::L::kBytes;
-}
-
-// 16-byte rows: the tensor-core low-rank kernels' copies
-inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.ld % 8 == 0; }
-
-// The backward's one-pass kernel takes the call: 16-bit, K and N multiples of 8, 16-byte rows of
-// x, dy (dz), u_t or w_cat and dx; for linear_lowrank one adapter and 16-byte rows of a; 64-row
-// blocks for at least 3/4 of the SMs (fewer leave it slower than the GEMMs, which split k); and
-// its shared memory within what the device gives a block.
-inline bool lowrank_grad_fits(const fusedk__lowrank_grad_args &a, int dev) {
-  return a.scalar != FUSEDK_F32 && a.M > 0 && a.K > 0 && a.N > 0 && a.K % 8 == 0 && a.N % 8 == 0 && lr_vec(a.x) &&
-         lr_vec(a.dy) && lr_vec(a.q) && (!a.dx.p || lr_vec(a.dx)) && (!a.lora || (a.slots == 1 && lr_vec(a.p))) &&
-         4 * ((a.M + 63) / 64) >= 3 * (int64_t)device_sms(dev) && (size_t)lg_smem(a.r) <= device_smem_optin(dev);
-}
 
 // The device's multiprocessor count, read once per device (grid sizes of grid-stride kernels).
 int device_sms(int device_id) {
@@ -395,8 +357,8 @@ template <typename T> __device__ __forceinline__ float round_to(float v) { retur
 // The activations of act, glu and silu_fma ([elementwise]) and of linear's epilogue passes ([linear]).
 // The sigmoid forms, x * rcp(1 + e^-2z): 0.5 (1 + tanh(z)) = 1 / (1 + e^-2z) has no cancellation
 // where tanh(z) nears -1 (a few float32 ulps everywhere), and costs an expf and a correctly
-// rounded reciprocal instead of tanhf and a full divide, which made act compute-bound at ~50
-// instructions an element (0.82x PyTorch's eager GELU on the H100). 1 + e^-2z = inf gives
+// rounded reciprocal instead of tanhf and a full divide, which make act compute-bound (~50
+// instructions an element). 1 + e^-2z = inf gives
 // x * 0 = -0 (the limit); x = +inf gives inf and x = -inf NaN, as the formula does in float64.
 __device__ __forceinline__ float act_f32(float v, int kind) {
   switch (kind) {
@@ -613,7 +575,7 @@ __device__ __forceinline__ float lanes_sum(float v, int width) {
 // shared-memory slot per warp and sum (smem[k]), one barrier for all N, then each warp sums the
 // slots by a whole-warp butterfly, lanes past the slots adding zeros (exact: the same bits as a
 // butterfly over the slots alone; no test a step, fewer instructions than a butterfly of the
-// slots' width: H100, rows of one wave 3-5 % faster, rows of 96 threads 2 % slower). Every lane
+// slots' width). Every lane
 // gets bitwise the same sums (a butterfly of commutative adds), so what a row decides from them
 // is uniform over its group.
 template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G, float (*smem)[32]) {
@@ -630,8 +592,8 @@ template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G
 }
 
 // ---------------------------------------------------------------------------------------------
-// [tile] the tensor-core layer: tiles of 16-bit matrices in shared memory and the warp-level
-// matrix instructions over them (sm_80+: cp.async, ldmatrix, mma.sync m16n8k16).
+// [tile] the tensor-core layer: tiles of matrices in shared memory and the warp-level matrix
+// instructions over them (sm_80+: cp.async, ldmatrix, mma.sync).
 //
 // A tile row is a run of 16-byte chunks (8 elements). Chunk c of row r lives at chunk
 // c ^ (r & 7): ldmatrix reads 8 rows of one chunk column at once, and with rows 128 bytes or
@@ -648,19 +610,6 @@ template <int CH> __device__ __forceinline__ uint32_t swz(int r, int c) {
   if constexpr (CH >= 8) return (uint32_t)(r * CH + (c ^ (r & 7))) * 16u;
   else return (uint32_t)(r * CH + (c ^ ((r * CH / 8) & (CH - 1)))) * 16u;
 }
-
-// One lane's ldmatrix addresses in a swizzled tile: rows r + 16 i, chunks 2 k + b (a lane reads
-// rows r, chunk parity b; i, k unrolled). r & 7 is the same for every i, so the chunk lands at
-// 8 (k / 4) + ((2 (k % 4) + b) ^ (r & 7)): four per-lane offsets and immediates, where naive
-// addresses would hold a register per (i, k) across the key loop.
-template <int CH> struct SwzLane {
-  uint32_t row, x[4];
-  __device__ __forceinline__ SwzLane(uint32_t base, int r, int b) : row(base + (uint32_t)r * CH * 16) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) x[q] = (uint32_t)((2 * q + b) ^ (r & 7)) * 16u;
-  }
-  __device__ __forceinline__ uint32_t at(int i, int k) const { return row + (i * 16 * CH + (k / 4) * 8) * 16 + x[k % 4]; }
-};
 
 // 16 bytes global -> shared without a register stop; `bytes` 0 fills zeros (rows past a
 // tensor's end) and reads nothing. .cg: the data streams past L1 (each tile is read once a block).
@@ -687,24 +636,138 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-// c[16x8] += a[16x16] b[16x8], 16-bit inputs, float32 accumulators. Lane l holds c at rows
-// l / 4 (c0, c1) and l / 4 + 8 (c2, c3), columns 2 (l % 4) and + 1; a as four 8x8 blocks (rows
-// 0-7 / 8-15 by columns 0-7 / 8-15: a0 a1 a2 a3 = top-left, bottom-left, top-right,
-// bottom-right); b as two (k 0-7, 8-15). The accumulator of two n8 tiles is, packed to 16 bits,
-// the a operand of the next product (flash attention's P never leaves registers).
-template <typename T> __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                                uint32_t b1) {
-  static_assert(sizeof(T) == 2, "mma.sync takes 16-bit inputs here");
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
+// ---- the warp-level MMA layer: a warp's tile += A B from swizzled shared-memory tiles ----
+// One k step of a warp's product is 32 bytes of k (16 16-bit elements; 32 8-bit ones), so the
+// fragments' lane addressing below is the same for every element type: a type adds an MmaOp.
+
+// MmaOp<T>: c[16x8] += a[16 x kK] b[kK x 8] for element type T, float32 accumulators. Lane l
+// holds c at rows l / 4 (c0, c1) and l / 4 + 8 (c2, c3), columns 2 (l % 4) and + 1; a as four
+// 8x8 blocks of 32-bit words (rows 0-7 / 8-15 by the k step's halves: a0 a1 a2 a3 = top-left,
+// bottom-left, top-right, bottom-right); b as two (the k step's halves). The accumulator of two
+// n8 tiles is, packed to T, the a operand of the next product (flash attention's P, a low-rank
+// update's h never leave registers: pack_a). 8-bit types (e4m3: m16n8k32 .e4m3, s8: .s8 with
+// int32 accumulators) take the same fragments; they have no transposing ldmatrix (kAt, kBt).
+template <typename T> struct MmaOp {
+  static_assert(sizeof(T) == 0, "MmaOp: no tensor-core instruction for this element type");
+};
+template <> struct MmaOp<__half> {
+  static constexpr int kK = 16;
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%0, %1, %2, %3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct MmaOp<__nv_bfloat16> {
+  static constexpr int kK = 16;
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// How an operand tile sits in shared memory, and so which ldmatrix gives its fragments:
+//   kA  A [m, k] (rows m)                      kAt A stored [k, m] (ldmatrix .trans)
+//   kB  B stored [n, k] (K-major: K, a's rows)  kBt B stored [k, n] (N-major: V, u_t; .trans)
+// A fragment is one ldmatrix.x4: for A a 16-row tile's k step, for B two n8 tiles' (16 n).
+enum MmaRole { kA, kAt, kB, kBt };
+
+// One lane's ldmatrix addresses in a swizzled tile of CH chunks a row: fragment (i, k) = row tile
+// or n pair i, k step k. The lane's row within a 16-row step and its chunk parity follow the
+// role; a fragment's row is lane_row + 16 (k for the transposed roles, i otherwise), its chunk
+// 2 (i or k) + parity. The swizzle's XOR depends on the row's low bits only, which 16-row steps
+// keep, so four per-lane offsets and immediates address every fragment (naive addresses hold a
+// register per (i, k) across a loop). Indexes known only at run time (a warp's rows, a share's
+// k steps) go into the operand once, through i_from and k_from; fragments index from there.
+template <int CH, int ROLE> struct WarpOperand {
+  static constexpr bool kTrans = ROLE == kAt || ROLE == kBt;
+  static constexpr int kX = CH >= 8 ? 4 : CH / 2; // chunk pairs with their own offset
+  uint32_t row, x[kX];
+  int b, flip; // the lane's chunk parity; swz<CH>'s XOR for its rows
+  __device__ __forceinline__ WarpOperand(uint32_t base, int lane) {
+    const int r = ROLE == kA    ? (lane & 15)
+                  : ROLE == kBt ? (lane & 7) + ((lane >> 3) & 1) * 8
+                                : (lane & 7) + (lane >> 4) * 8;
+    b = ROLE == kA || ROLE == kBt ? lane >> 4 : (lane >> 3) & 1;
+    flip = CH >= 8 ? (r & 7) : ((r * CH / 8) & (CH - 1));
+    row = base + (uint32_t)r * CH * 16;
+    pairs(0);
+  }
+  // chunk pairs counted from p0: x[q] the offset of pair p0 + q (pairs 4 on: 8 chunks further)
+  __device__ __forceinline__ void pairs(int p0) {
+#pragma unroll
+    for (int q = 0; q < kX; ++q) x[q] = (uint32_t)((2 * (p0 + q) + b) ^ flip) * 16u;
+  }
+  __device__ __forceinline__ WarpOperand from(int steps, int pair0) const {
+    WarpOperand o = *this;
+    o.row += (uint32_t)steps * 16 * CH * 16;
+    o.pairs(pair0);
+    return o;
+  }
+  // the operand with fragment index i (k) counted from i0 (k0)
+  __device__ __forceinline__ WarpOperand i_from(int i0) const { return kTrans ? from(0, i0) : from(i0, 0); }
+  __device__ __forceinline__ WarpOperand k_from(int k0) const { return kTrans ? from(k0, 0) : from(0, k0); }
+  __device__ __forceinline__ uint32_t at(int i, int k) const {
+    const int step = kTrans ? k : i, pair = kTrans ? i : k;
+    return row + (step * 16 * CH + (pair / 4) * 8) * 16 + x[pair % kX];
+  }
+  __device__ __forceinline__ void frag(uint32_t (&r)[4], int i, int k) const {
+    if constexpr (kTrans) ldmatrix_x4_trans(r, at(i, k));
+    else ldmatrix_x4(r, at(i, k));
+  }
+};
+
+// An A operand already in registers (pack_a's output): fragment (i, k) = a[i][k], or a[k] for
+// a warp's single row tile
+template <typename Arr> struct RegOperand {
+  const Arr &a;
+  __device__ __forceinline__ void frag(uint32_t (&r)[4], int i, int k) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (std::rank<Arr>::value == 3) r[e] = a[i][k][e];
+      else r[e] = a[k][e];
+    }
+  }
+};
+template <typename Arr> __device__ __forceinline__ RegOperand<Arr> in_regs(const Arr &a) { return {a}; }
+
+// The warp's MT 16-row tiles x 2 NP n8 tiles (acc(i, t): float[4]) += A B over KS k steps
+// 0, KSTRIDE, ... (KSTRIDE: warps sharing a tile's k steps; their first: k_from). Each B
+// fragment serves all MT row tiles (shared-memory reads a flop fall as 1 / MT). PF: step q + 1's
+// fragments load before step q's products (two sets of registers: the products don't wait on
+// the loads); else A's at each step's start and each B fragment just before its products.
+template <typename T, int MT, int NP, int KS, int KSTRIDE = 1, bool PF = false, typename Acc, typename A,
+          typename B>
+__device__ __forceinline__ void warp_mma(Acc &&acc, const A &a, const B &b) {
+  constexpr int NB = PF ? 2 : 1; // fragment sets
+  uint32_t fa[NB][MT][4], fb[NB][NP][4];
+  auto load = [&](int q) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) a.frag(fa[q % NB][i], i, q * KSTRIDE);
+#pragma unroll
+    for (int n = 0; n < NP; ++n) b.frag(fb[q % NB][n], n, q * KSTRIDE);
+  };
+  if (PF) load(0);
+#pragma unroll
+  for (int q = 0; q < KS; ++q) {
+    if (PF && q + 1 < KS) load(q + 1);
+    if (!PF)
+#pragma unroll
+      for (int i = 0; i < MT; ++i) a.frag(fa[0][i], i, q * KSTRIDE);
+#pragma unroll
+    for (int n = 0; n < NP; ++n) {
+      if (!PF) b.frag(fb[0][n], n, q * KSTRIDE);
+      const uint32_t(&f)[4] = fb[q % NB][n];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        MmaOp<T>::run(acc(i, 2 * n), fa[q % NB][i], f[0], f[1]);
+        MmaOp<T>::run(acc(i, 2 * n + 1), fa[q % NB][i], f[2], f[3]);
+      }
+    }
+  }
 }
 
 // An accumulator of N columns as the next product's a operand (attention's P, a low-rank
@@ -746,11 +809,58 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T *src, int64_t st
   }
 }
 
+// A ring of ST shared-memory stages over tiles [0, n), filled by cp.async: load(t, stage) issues
+// tile t's copies; step(t) computes tile t (compute(t, stage)) once it has landed, with the ST - 1
+// tiles after it in flight. One barrier a step: it makes tile t visible and frees tile t - 1's
+// stage, which the load issued right after it refills. A loop over tiles of one kind calls run;
+// tiles of kinds that alternate (attention's K and V) call step themselves, each with the loader
+// of the tile it puts in flight (no test of the kind in the loop).
+template <int ST, typename Load> struct StageRing {
+  int n;
+  Load load;
+  __device__ __forceinline__ void start() { // tiles [0, ST - 1) in flight
+    for (int t = 0; t < ST - 1; ++t) {
+      if (t < n) load(t, t);
+      cp_async_commit();
+    }
+  }
+  // next: the load of tile t + ST - 1 (load, or the caller's loader of that tile's kind)
+  template <typename Compute, typename Next> __device__ __forceinline__ void step(int t, Compute &&compute, Next &&next) {
+    cp_async_wait<ST - 2>(); // tile t landed (this thread's copies)
+    __syncthreads();         // everyone's, and everyone is done with tile t - 1
+    if (t + ST - 1 < n) next(t + ST - 1, (t + ST - 1) % ST);
+    cp_async_commit();
+    compute(t, t % ST);
+  }
+  template <typename Compute> __device__ __forceinline__ void step(int t, Compute &&compute) { step(t, compute, load); }
+  __device__ __forceinline__ void finish() {
+    cp_async_wait<0>();
+    __syncthreads(); // the stages are free for whatever comes next
+  }
+  template <typename Compute> __device__ __forceinline__ void run(Compute &&compute) {
+    start();
+    for (int t = 0; t < n; ++t) step(t, compute);
+    finish();
+  }
+};
+template <int ST, typename Load> __device__ __forceinline__ StageRing<ST, Load> stage_ring(int n, Load &&load) {
+  return {n, static_cast<Load &&>(load)};
+}
+template <int ST, typename Load, typename Compute>
+__device__ __forceinline__ void ring_run(int n, Load &&load, Compute &&compute) {
+  stage_ring<ST>(n, static_cast<Load &&>(load)).run(compute);
+}
+
 // ---- [tile], Hopper (sm_90a): TMA tensor maps, wgmma, warpgroup register reallocation ----
 // A 16-bit operand tile lives in shared memory as column blocks of 64 elements (128 bytes, the
 // 128-byte swizzle's span): block c holds columns [64 c, 64 c + 64) of every row, row r at
 // r * 128 bytes, 16-byte chunk k of the row at k ^ (r & 7) (the hardware's Swizzle<3,4,3>,
 // which TMA writes and wgmma reads). Blocks start 1024-byte aligned (8 rows: one swizzle atom).
+
+// byte offset of chunk c of row r in such a tile of `rows` rows (the swizzle TMA writes)
+__device__ __forceinline__ uint32_t swz128(int rows, int r, int c) {
+  return (uint32_t)(c / 8) * rows * 128 + swz<8>(r, c % 8);
+}
 
 // The driver's cuTensorMapEncodeTiled through cudart, looked up once: nothing links libcuda.
 PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder() {
@@ -1043,6 +1153,123 @@ template <typename T, int VEC, int NV, int NS, int CM> struct RowCache {
   }
 };
 
+// A row's statistics, by the G threads of its group (row_val(k, j, v): the row's vector j, the
+// thread's k-th): LayerNorm's mean = K + dm (K = 0 unless the second pass ran), rstd
+struct NormStats {
+  float K, dm, rstd;
+};
+template <int VEC, bool LN, int EPI, int NV, typename RowVal>
+__device__ __forceinline__ NormStats norm_stats(RowVal &&row_val, const fusedk__norm_args &a, int64_t nvec, int G,
+                                                float inv_d, float (*red)[32]) {
+  // LayerNorm's sums of e = v - M and e^2 over this thread's share of the row (pass 1: M = 0)
+  auto centred_sums = [&](float M, float(&t)[2]) {
+    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+      float v[VEC];
+      row_val(k, j, v);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float e = v[i] - M;
+        t[0] += e, t[1] = fmaf(e, e, t[1]);
+      }
+    });
+  };
+
+  // pass 1: RMSNorm sums v^2; LayerNorm sums v and v^2 in one reduction (one barrier)
+  float s[LN ? 2 : 1] = {};
+  if constexpr (LN)
+    centred_sums(0.f, s);
+  else
+    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+      float v[VEC];
+      row_val(k, j, v);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s[0] += v[i] * v[i];
+    });
+  group_sums(s, G, red);
+  float K = 0.f, dm = 0.f, var;
+  if constexpr (LN) {
+    dm = s[0] * inv_d;
+    // var = E[v^2] - mean^2 loses about (1 + mean^2 / var) ulps to the subtraction: at most ~9
+    // while the mean is within sqrt(8) standard deviations of zero (the common row: one pass, one
+    // barrier; a shift by x[0] for every row costs more than the rare second pass). A row whose
+    // mean is further out (values close together far from zero) takes a second pass from the
+    // float M = mean: mean(v - M) fixes the mean (its error is first order in the output),
+    // mean((v - M)^2) the variance, and the epilogue is centred on M (v alone would round at M's
+    // scale). A row group decides for itself (its results do not depend on its neighbours); the
+    // whole warp or block joins the shuffles and barriers.
+    var = fmaf(s[1], inv_d, -dm * dm);
+    // NaN included; var = Inf: v^2 overflowed, v - M may not (rows far from zero, |v| > ~1e19).
+    // (Rows of |v| beyond FLT_MAX / D overflow the sum of v itself and come out NaN.)
+    const bool again = !(dm * dm <= 8.f * var) || var == INFINITY;
+    const bool any = G > 32 ? (blockDim.y > 1 ? __syncthreads_or(again) : again) : __any_sync(0xffffffffu, again);
+    if (any) {
+      const float M = dm; // the mean (K is still 0)
+      float t[2] = {0.f, 0.f};
+      if (again) centred_sums(M, t);
+      group_sums(t, G, red + 2); // a slower warp may still read red[0], red[1]
+      if (again) { // mean = M + de: e was measured from M itself
+        const float de = t[0] * inv_d;
+        var = fmaxf(fmaf(t[1], inv_d, -de * de), 0.f);
+        K = M, dm = de;
+      }
+    }
+  } else {
+    var = EPI == kGated && a.exact ? s[0] / (float)a.D : s[0] * inv_d; // exact: PyTorch's mean
+  }
+  return {K, dm, rsqrtf(var + a.eps)};
+}
+
+// One vector's epilogue after the normalization n: adaln's optional affine inside the norm (rare:
+// not cached), then the modulation n (1 + scale) + shift; the gated form's base + n tanh(gate)
+// (PyTorch's roundings when exact); else weight and bias where given. col0, col1: the vector's
+// per-column operands (cached or loaded); base: the gated form's base
+template <typename T, int VEC, int EPI, bool C1, typename Col0, typename Col1, typename Base>
+__device__ __forceinline__ void norm_epilogue(float (&n)[VEC], const fusedk__norm_args &a, int64_t d, bool has_c0,
+                                            bool has_c1, Col0 &&col0, Col1 &&col1, Base &&base) {
+  float q[VEC];
+  if constexpr (is_adaln(EPI)) {
+    if (a.weight) {
+      load<T, VEC, true>(static_cast<const T *>(a.weight) + d, q);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) n[i] *= q[i];
+    }
+    if (a.bias) {
+      load<T, VEC, true>(static_cast<const T *>(a.bias) + d, q);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) n[i] += q[i];
+    }
+    col0(q);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) n[i] *= 1.f + q[i];
+    col1(q);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) n[i] += q[i];
+  } else if constexpr (EPI == kGated) {
+    float t[VEC];
+    col0(t);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) t[i] = tanhf(t[i]);
+    if (a.exact) round_all<T>(t);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) n[i] *= t[i];
+    if (a.exact) round_all<T>(n);
+    base(q);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) n[i] += q[i];
+  } else {
+    if (has_c0) {
+      col0(q);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) n[i] *= q[i];
+    }
+    if (C1 && has_c1) {
+      col1(q);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) n[i] += q[i];
+    }
+  }
+}
+
 // The kernel body; norm_rows_kernel and norm_rows_reg_kernel below are its entry points.
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM>
 __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t rows, float inv_d) {
@@ -1106,117 +1333,23 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 
   cache.wait();
 
-  // LayerNorm's sums of e = v - M and e^2 over this thread's share of the row (pass 1: M = 0)
-  auto centred_sums = [&](float M, float(&t)[2]) {
-    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-      float v[VEC];
-      row_val(k, j, v);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float e = v[i] - M;
-        t[0] += e, t[1] = fmaf(e, e, t[1]);
-      }
-    });
-  };
-
-  // pass 1: RMSNorm sums v^2; LayerNorm sums v and v^2 in one reduction (one barrier)
-  float s[LN ? 2 : 1] = {};
-  if constexpr (LN)
-    centred_sums(0.f, s);
-  else
-    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-      float v[VEC];
-      row_val(k, j, v);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) s[0] += v[i] * v[i];
-    });
-  group_sums(s, G, red);
-  float K = 0.f, dm = 0.f, var; // LayerNorm: mean = K + dm, K = 0 unless the second pass ran
-  if constexpr (LN) {
-    dm = s[0] * inv_d;
-    // var = E[v^2] - mean^2 loses about (1 + mean^2 / var) ulps to the subtraction: at most ~9
-    // while the mean is within sqrt(8) standard deviations of zero (the common row: one pass, one
-    // barrier; a shift by x[0], which every thread loaded before its sums, made layernorm and
-    // adaln 2-6 % slower: bench/NOTES.md, session 13). A row whose mean is further out (values
-    // close together far from zero) takes a second pass from the float M = mean: mean(v - M)
-    // fixes the mean (its error is first order in the output), mean((v - M)^2) the variance, and
-    // the epilogue is centred on M (v alone would round at M's scale). A row group decides for
-    // itself (its results do not depend on its neighbours); the whole warp or block joins the
-    // shuffles and barriers.
-    var = fmaf(s[1], inv_d, -dm * dm);
-    // NaN included; var = Inf: v^2 overflowed, v - M may not (rows far from zero, |v| > ~1e19).
-    // (Rows of |v| beyond FLT_MAX / D overflow the sum of v itself and come out NaN.)
-    const bool again = !(dm * dm <= 8.f * var) || var == INFINITY;
-    const bool any = G > 32 ? (blockDim.y > 1 ? __syncthreads_or(again) : again) : __any_sync(0xffffffffu, again);
-    if (any) {
-      const float M = dm; // the mean (K is still 0)
-      float t[2] = {0.f, 0.f};
-      if (again) centred_sums(M, t);
-      group_sums(t, G, red + 2); // a slower warp may still read red[0], red[1]
-      if (again) { // mean = M + de: e was measured from M itself
-        const float de = t[0] * inv_d;
-        var = fmaxf(fmaf(t[1], inv_d, -de * de), 0.f);
-        K = M, dm = de;
-      }
-    }
-  } else {
-    var = EPI == kGated && a.exact ? s[0] / (float)a.D : s[0] * inv_d; // exact: PyTorch's mean
-  }
-  const float rstd = rsqrtf(var + a.eps);
+  const NormStats st = norm_stats<VEC, LN, EPI, NV>(row_val, a, nvec, G, inv_d, red);
+  const float K = st.K, dm = st.dm, rstd = st.rstd;
 
   // final pass: epilogue and stores
   T *y = at<T>(a.y, b, l);
   T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
-  const bool exact = EPI == kGated && a.exact;
   const float c = -dm * rstd; // LayerNorm: (v - K - dm) * rstd as one FMA; v - K is exact near K = M
   for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-    float v[VEC], n[VEC], q[VEC];
+    float v[VEC], n[VEC];
     row_val(k, j, v);
     const int64_t d = j * VEC;
     if (RES && ro) store_cs<T, VEC>(ro + d, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) n[i] = LN ? fmaf(v[i] - K, rstd, c) : v[i] * rstd;
-    if constexpr (is_adaln(EPI)) { // optional affine inside the norm (rare: not cached), then the modulation
-      if (a.weight) {
-        load<T, VEC, true>(static_cast<const T *>(a.weight) + d, q);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) n[i] *= q[i];
-      }
-      if (a.bias) {
-        load<T, VEC, true>(static_cast<const T *>(a.bias) + d, q);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) n[i] += q[i];
-      }
-      col(kC0, k, c0, j, q);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] *= 1.f + q[i];
-      col(kC1, k, c1, j, q);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] += q[i];
-    } else if constexpr (EPI == kGated) { // y = base + n * tanh(gate), PyTorch's roundings when exact
-      float t[VEC];
-      col(kC0, k, c0, j, t);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) t[i] = tanhf(t[i]);
-      if (exact) round_all<T>(t);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] *= t[i];
-      if (exact) round_all<T>(n);
-      cache.template get<false>(kS, k, s2, j, q);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) n[i] += q[i];
-    } else {
-      if (c0) {
-        col(kC0, k, c0, j, q);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) n[i] *= q[i];
-      }
-      if (C1 && c1) {
-        col(kC1, k, c1, j, q);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) n[i] += q[i];
-      }
-    }
+    norm_epilogue<T, VEC, EPI, C1>(n, a, d, c0 != nullptr, c1 != nullptr, [&](auto &q) { col(kC0, k, c0, j, q); },
+                                   [&](auto &q) { col(kC1, k, c1, j, q); },
+                                   [&](auto &q) { cache.template get<false>(kS, k, s2, j, q); });
     store_cs<T, VEC>(y + d, n);
   });
 }
@@ -1225,9 +1358,8 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 // column operands (kRegs: adaln's) run under a register cap that keeps more blocks an SM
 // resident (ptxas -v, sm_90a): four vectors (48 registers of row, scale and shift) take 75 a
 // thread left alone, 24 warps an SM; at 72, 28 (9 blocks of 96 threads at D = 3072), with at
-// most 16 bytes of spill (bf16, session 13: 8 bytes stored, not reloaded on the common path).
-// Two vectors take 50; at 48, 14 blocks of 96 threads (D = 1152), not 12. H100, bf16: adaln 4-5 %
-// faster at 4x4096x3072 and 2x4096x1152 (bench/NOTES.md, session 12).
+// most 16 bytes of spill, not reloaded on the common path. Two vectors take 50; at 48, 14 blocks
+// of 96 threads (D = 1152), not 12.
 constexpr int reg_cap(int nv) { return nv == 4 ? 72 : nv == 2 ? 48 : 0; } // 0: no cap (norm_rows_kernel)
 template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM>
 __global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), CM, cached_streams(LN, RES, EPI, CM)))
@@ -1250,9 +1382,9 @@ struct NormPlan {
 
 // Rows under 32 vectors: a sub-warp per row. Longer rows: the smallest cache depth that needs at
 // most g_max threads per row and whose cache fits (shared memory up to smem_max, registers);
-// blocks of >= 128 threads. The H100 sweep (bench/results/) put every shape that caches the row
-// within ~1% of the best; g_max 128 (256 past 512 vectors, for rows of one wave and layernorm's
-// past 256: see launch_norm_vec) picks one of the best on each.
+// blocks of >= 128 threads. Every shape that caches the row runs close to the best plan, so
+// g_max 128 (256 past 512 vectors, for rows of one wave and layernorm's past 256: see
+// launch_norm_vec) needs no per-shape table.
 NormPlan plan_norm(int64_t nvec, int vb, int cm, int streams, int g_max, size_t smem_max) {
   NormPlan p{1, 1, 1};
   if (nvec < 32) { // a sub-warp group per row, 256 threads per block
@@ -1299,8 +1431,8 @@ struct NormLaunch {
 
 template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
   constexpr int vb = VEC * (int)sizeof(T);
-  // LayerNorm statistics are issue-bound: the H100 sweep measured layernorm and adaln 1-9 %
-  // faster with a register cache, rmsnorm up to 8 % slower. A row too long for registers is
+  // LayerNorm statistics are issue-bound, so a register cache pays for layernorm and adaln and
+  // not for rmsnorm, whose rows stream. A row too long for registers is
   // staged where it fits in shared memory (adaln's cached rows), else re-read from L2 (kRowRegs
   // rows hold up to 8192 vectors: past that no stage fits). The scalar path caches in registers.
   constexpr bool can_reg = LN && vb == 16;
@@ -1310,19 +1442,17 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   // rows all resident at once at one vector a thread (one wave): no other rows hide a row's latency
   const bool one_wave = L.rows * nvec <= (int64_t)device_sms(L.device) * 2048;
   // One wave: one vector a thread, up to 256 threads a row, shortens each thread's chain where
-  // no other rows hide it (H100: rmsnorm 1x1024x2048 2-3 % faster, Mochi 5-6 %: its tanh an
-  // element, layernorm 2 %; not adaln, 2-12 % slower, nor rows of several waves: rmsnorm
-  // 2x4096x1152 4 % slower). The test counts vectors, not threads rounded to warps:
+  // no other rows hide it (not adaln, whose scale and shift then leave the cache, nor rows of
+  // several waves, which hide each other). The test counts vectors, not threads rounded to warps:
   // approximate. A row's launch shape, so its reduction order and last bits, then depends on
   // the row count (one call's results are still the same run to run).
   const bool spread = (!LN || layernorm) && nvec <= 256 && one_wave;
-  // LayerNorm's registers (H100, bf16; bench/NOTES.md, session 13): layernorm leaves weight and
-  // bias to L1 (kRowRegs: 45 registers, not 72, at four vectors a thread; 10 blocks of 128
-  // threads an SM, not 7): 1-7 % faster at every bench shape. adaln does so for one wave of rows
-  // (1x1024x2048 2 % faster); with more rows, uncached scale and shift are 2-3.5 % slower.
+  // LayerNorm's registers: layernorm leaves weight and bias to L1 (kRowRegs: 45 registers, not
+  // 72, at four vectors a thread; 10 blocks of 128 threads an SM, not 7). adaln does so for one
+  // wave of rows; with more rows its per-sample scale and shift are worth their registers.
   int cm = !can_reg ? kStaged : layernorm || one_wave ? kRowRegs : kRegs;
-  // layernorm's rows of 257-512 vectors: up to 256 threads a row, two vectors a thread
-  // (1x2048x3072 10 % faster, 2x4096x3072 1 %; adaln's cached rows 11-13 % slower)
+  // layernorm's rows of 257-512 vectors: up to 256 threads a row, two vectors a thread (not
+  // adaln's cached rows, whose operands then take twice the registers a thread)
   int g_max = nvec > 512 || spread || (layernorm && nvec > 256) ? 256 : 128;
 #ifdef FUSEDK_TUNING
   if (g_tune_plan.nv == -2) g_max = g_tune_plan.g;
@@ -1492,10 +1622,9 @@ __global__ void __launch_bounds__(256) elementwise_rows_kernel(const fusedk__ew_
 
 // Vectors a thread (U) and the most threads a row (g_max, 128): one block moves a chunk of U * G
 // vectors of a row and exits; the block scheduler balances the SMs (a capped grid-stride grid
-// ended unevenly and, at four vectors a thread, held 64 registers: 44 % occupancy, ncu). The
-// H100 sweep (bench/tune_ew.py): act, one input, wants two vectors a thread (36 registers), the
-// ops of two or more inputs one. 128 threads were level with 256 or up to 1.7 % ahead (act), and
-// 4-5 % ahead of 64 for act.
+// ends unevenly, and four vectors a thread hold registers that cost occupancy). act, one input,
+// takes two vectors a thread (36 registers), the ops of two or more inputs one (bench/tune_ew.py
+// sweeps them).
 struct EwPlan {
   int g, rows_per_block;
   int64_t cpr; // chunks a row
@@ -1654,7 +1783,7 @@ __device__ __forceinline__ void rotate(float (&x1)[E], float (&x2)[E2], const fl
 }
 
 #ifndef FUSEDK__ROPE_U
-#define FUSEDK__ROPE_U 2 // tokens a step (4: 112 registers, 24 % occupancy, 7 % slower on the H100)
+#define FUSEDK__ROPE_U 2 // tokens a step (4 takes registers that cost more occupancy than they hide)
 #endif
 template <typename T, int VEC, int STYLE>
 __global__ void __launch_bounds__(256) rope_kernel(const fusedk__rope_args a) {
@@ -1852,9 +1981,8 @@ __device__ __forceinline__ void qk_item_out(const fusedk__rope_args &a, const Ro
 // (FULL) or an odd head sums through shared-memory atomics and one barrier (a triple buffer, so
 // zeroing the next buffer needs no second barrier). Then the weight, the rotation and streaming
 // stores through the output strides (the layout). Reads and writes each element once.
-// (Measured on the H100, bench/NOTES.md: holding the 16-bit items packed and reading a
-// head-less table once a token raised registers to 106-124 and ran slower; staging the items
-// through shared memory with cp.async, three steps ahead, slower still.)
+// Items stay float32 in registers and the tables are read per head: packed 16-bit items and a
+// head-less table read once a token take more registers than they save.
 template <typename T, int VEC, int STYLE, int U, int M>
 __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk__rope_args a) {
   constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
@@ -1961,7 +2089,7 @@ __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk
 // once; a row costs shared-memory reads, the sums of squares (HEAD: over a head's lanes; FULL:
 // the row, one barrier), the scaling, the rotation and 16-byte streaming stores into the output
 // layout. Short blocks, not one persistent block an SM's share, so the hardware keeps every SM
-// busy to the end (measured on the H100: rows a block 4 best of 2, 4, 8, 16 and persistent).
+// busy to the end.
 constexpr int kTmaRows = 4;
 struct TmaPlan {
   int ny, stage_bytes;               // tensors, bytes a stage (a row and its tables)
@@ -2346,8 +2474,8 @@ cublasStatus_t lt_heuristic(LtPlan &p, cublasLtHandle_t h, cublasLtMatmulPrefere
 
 // Tuning levels 2 and 3: the heuristic offers few of the algorithms cuBLASLt has for an epilogue
 // (Hopper: 8 of ~4400 tile x custom option x cluster configurations it accepts), and its picks
-// with an epilogue ran 1-21 % behind the plain GEMM, the best of all of them 9 % behind to 3 %
-// ahead (H100, bf16, bench/lt_search.cu). Level 2: every (algorithm, tile, stages) the heuristic
+// with an epilogue fall behind the plain GEMM where other configurations do not
+// (bench/lt_search.cu). Level 2: every (algorithm, tile, stages) the heuristic
 // proposes for this GEMM, with its epilogue and without; level 3: each such (algorithm, stages)
 // with every tile. Each in every custom option and five cluster shapes (auto, 1x1, 2x1, 1x2, 2x2)
 // that cublasLtMatmulAlgoCheck accepts within the workspace; CTA swizzle, inner shape and split-K
@@ -2485,9 +2613,8 @@ fusedk_status lt_fail(cublasStatus_t s, const char *op, const char *what) {
 // The fastest of a large plan's candidates, timed on this call's own buffers (the output is
 // written; the call then writes it again), once per plan: each candidate once untimed (its first
 // launch loads its module: lazy loading) and once between events; then the best 16, and of those
-// the best 3, again in three rotated rounds, as a single timing drifts with the clock (H100 under
-// GEMM load: +-5 % over a second). The heuristic's first choice was not the fastest everywhere
-// (H100: the plain GEMM at 4096x3072x12288 447 us untimed, 435 timed). Not while the stream is
+// the best 3, again in three rotated rounds, as a single timing drifts with the clock under GEMM
+// load. The heuristic's first choice is not the fastest everywhere. Not while the stream is
 // being captured (events cannot be waited on): the plan keeps its first candidate until an
 // uncaptured call.
 void lt_tune(LtPlan &p, cublasLtHandle_t h, const LtGemm &g, void *ws, cudaStream_t s) {
@@ -2746,8 +2873,8 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
   bool ran = false;
   // The fused route: one GEMM writing y with bias (and RELU, GELU_TANH) in cuBLASLt's epilogue;
   // GELU_TANH's aux from it too; GELU, SILU and RELU with aux: z into aux (else y), then the act
-  // pass; NONE with aux: y copied. Needs 16-byte rows of every matrix and an aligned bias (with
-  // rows of x and w at K = 4095, cuBLASLt's bf16 output was several ulps off on the H100).
+  // pass; NONE with aux: y copied. Needs 16-byte rows of every matrix and an aligned bias
+  // (cuBLASLt's bf16 output from unaligned rows of x and w is several ulps off).
   const bool aligned = rows16<T>(a.y.p, a.y.ld) && rows16<T>(a.x.p, a.x.ld) && rows16<T>(a.w.p, a.w.ld) &&
                        (!a.bias || aligned16(a.bias)) && (!a.aux.p || rows16<T>(a.aux.p, a.aux.ld));
   if (a.K > 0 && aligned) {
@@ -2870,187 +2997,6 @@ fusedk_status linear_backward(LtState &st, const fusedk__linear_args &a, int dev
   return FUSEDK_OK;
 }
 
-// ---------------------------------------------------------------------------------------------
-// [lowrank] lowrank_update_backward and linear_lowrank_backward: where lowrank_grad_fits, the
-// lowrank part's one-pass kernel (after linear_backward's dz pass; linear_lowrank's dz w added
-// onto its dx by a GEMM). Else on linear's GEMM layer: h = x P and dg = dz Q as float32 GEMMs
-// [M, A r] (narrow: each reads x or dz once), one pass makes dh = dg * codes and g = scaling h *
-// codes in the dtype (and dcodes), then GEMMs make dx (for linear_lowrank dz w accumulated onto dh
-// a in the same output), dP^T = dh^T x and dQ^T = g^T dz as float32 [A r, *]. Either way a last
-// pass writes the factors' gradients through the outputs' strides.
-
-// Per (m, j), adapter q: h = hf[m, q r + j], dg = gf[m, q rp + j] (lowrank: scaling gf[m, j]);
-// a row whose id is not q has dh = g = 0 there.
-template <typename T>
-__global__ void lowrank_grad_mid_kernel(const fusedk__lowrank_grad_args a, const float *hf, int64_t ldh,
-                                        const float *gf, int64_t ldg, T *dh, T *g, int64_t ldo) {
-  const int64_t r = a.r, rp = (r + 7) / 8 * 8;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.M * r; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t m = i / r, j = i % r;
-    const float c = a.codes.p ? to_f32(static_cast<const T *>(a.codes.p)[m * a.codes.ld + j]) : 1.f;
-    float dc = 0.f;
-    for (int q = 0; q < a.slots; ++q) {
-      const bool on = !a.ids || a.ids[m] == q;
-      const float h = on && hf ? hf[m * ldh + q * r + j] : 0.f;
-      const float d = on && gf ? (a.lora ? gf[m * ldg + q * rp + j] : a.scaling * gf[m * ldg + j]) : 0.f;
-      dc += d * h;
-      dh[m * ldo + q * r + j] = from_f32<T>(d * c);
-      g[m * ldo + q * r + j] = from_f32<T>(a.scaling * h * c);
-    }
-    if (a.dcodes.p) static_cast<T *>(a.dcodes.p)[m * a.dcodes.ld + j] = from_f32<T>(dc);
-  }
-}
-
-// A factor's gradient through its strides: out[q oq + j oj + c oc] = s[(q r + j) lds + c] (dv
-// [K, r], da [A, r, K], du_t [r, N], db [A, N, r] from the float32 [A r, cols] products)
-template <typename T> struct GradOut {
-  T *out;
-  int64_t oq, oj, oc, lds, cols; // cols 0: not asked for
-  const float *s;
-};
-
-// both factors' gradients rounded once, in one launch
-template <typename T>
-__global__ void lowrank_grad_store_kernel(GradOut<T> o0, GradOut<T> o1, int64_t rows, int r) {
-  const int64_t n0 = rows * o0.cols, n = n0 + rows * o1.cols;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const GradOut<T> &o = i < n0 ? o0 : o1;
-    const int64_t e = i < n0 ? i : i - n0, row = e / o.cols, c = e % o.cols;
-    o.out[row / r * o.oq + row % r * o.oj + c * o.oc] = from_f32<T>(o.s[row * o.lds + c]);
-  }
-}
-
-// dv[k, j] / da_q[j, k] from s1 [A r, ld1]; du_t[j, n] / db_q[n, j] from s2 [A r, ld2]
-template <typename T>
-fusedk_status lowrank_grad_store(const fusedk__lowrank_grad_args &a, const float *s1, int64_t ld1, const float *s2,
-                                 int64_t ld2, int dev, cudaStream_t s, const char *op) {
-  const int64_t R = a.slots * (int64_t)a.r;
-  const GradOut<T> o0{static_cast<T *>(a.dp.p), a.lora ? a.dpa : 0, a.lora ? a.dp.ld : 1, a.lora ? 1 : a.dp.ld,
-                      ld1, a.dp.p ? a.K : 0, s1},
-                   o1{static_cast<T *>(a.dq.p), a.lora ? a.dqa : 0, a.lora ? 1 : a.dq.ld, a.lora ? a.dq.ld : 1,
-                      ld2, a.dq.p ? a.N : 0, s2};
-  const int64_t n = R * (o0.cols + o1.cols);
-  if (n == 0) return FUSEDK_OK;
-  const int64_t grid = std::min<int64_t>((n + 255) / 256, (int64_t)device_sms(dev) * 8);
-  lowrank_grad_store_kernel<T><<<(unsigned)grid, 256, 0, s>>>(o0, o1, R, a.r);
-  return on_error(cudaGetLastError(), op);
-}
-
-// g's product into g.d; with k = 0 zeros there (or nothing, accumulating); nothing for no output
-fusedk_status grad_gemm(LtState &st, const LtGemm &g, int dev, cudaStream_t s, void *ws, const char *op,
-                        const char *which, size_t es) {
-  if (g.m == 0 || g.n == 0 || (g.k == 0 && g.acc)) return FUSEDK_OK;
-  if (g.k == 0) {
-    const cudaError_t e = cudaMemset2DAsync(g.d, (size_t)g.ldd * es, 0, (size_t)g.m * es, (size_t)g.n, s);
-    return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "memset");
-  }
-  bool ran;
-  const fusedk_status f = lt_matmul(st, g, dev, s, ws, op, &ran);
-  if (f || ran) return f;
-  return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: cuBLASLt has no algorithm for the %s GEMM (m=%lld n=%lld k=%lld, "
-                      "leading dims %lld, %lld) with these pointer alignments; pass compact, 16-byte aligned tensors",
-                      op, which, (long long)g.m, (long long)g.n, (long long)g.k, (long long)g.lda, (long long)g.ldb);
-}
-
-template <typename T>
-fusedk_status lowrank_grad(LtState &st, const fusedk__lowrank_grad_args &a, int dev, cudaStream_t s, const char *op) {
-  const int64_t M = a.M, K = a.K, N = a.N, r = a.r, R = a.slots * r, rp = (r + 7) / 8 * 8;
-  const int64_t Gc = a.lora ? a.slots * rp : r;           // dg's columns: w_cat's h columns, or r
-  const bool lowr = a.dx.p || a.dp.p || a.dq.p || a.dcodes.p; // anything but dbias
-  const bool need_h = a.dq.p || a.dcodes.p, need_g = a.dx.p || a.dp.p || a.dcodes.p;
-  // one [A r, K] matrix for all of a's adapters, or one GEMM an adapter
-  const bool one = !a.lora || a.slots == 1 || a.pa == r * a.p.ld;
-  const int groups = one ? 1 : a.slots;
-  const int64_t Rg = one ? R : r;
-  const bool dx32 = a.dx.p && !rows16<T>(a.dx.p, a.dx.ld);
-  auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
-  const int64_t ldh = r4(R), ldg = r4(Gc), ldo = (R + 7) / 8 * 8, ld1 = r4(K), ld2 = r4(N);
-  const DzPass dp = dz_plan<T>(M, N, a.act, lowr, a.dbias != nullptr, dev);
-  fusedk__lowrank_grad_args fa = a; // what the one-pass kernel reads: dz for dy (scratch: 16-byte rows)
-  if (dp.dz_bytes) fa.dy = fusedk__mat{nullptr, dp.dz_ld};
-  if (lowr && lowrank_grad_fits(fa, dev)) { // the one-pass kernel (lowrank part); the factors' float32 sums in scratch
-    LtArena ar;
-    const size_t b1 = pad256(a.dp.p ? (size_t)(R * ld1) * 4 : 0), b2 = a.dq.p ? (size_t)(R * ld2) * 4 : 0;
-    cudaError_t e = lt_arena(st, dev, s, dp.dz_bytes + dp.part_bytes + b1 + b2, &ar);
-    if (e != cudaSuccess) return arena_fail(e, op);
-    char *base = static_cast<char *>(ar.scratch);
-    if (dp.dz_bytes) fa.dy.p = base;
-    float *part = a.dbias && dp.chunks ? reinterpret_cast<float *>(base + dp.dz_bytes) : nullptr;
-    float *sv = a.dp.p ? reinterpret_cast<float *>(base + dp.dz_bytes + dp.part_bytes) : nullptr;
-    float *su = a.dq.p ? reinterpret_cast<float *>(base + dp.dz_bytes + dp.part_bytes + b1) : nullptr;
-    if ((e = dz_run<T>(dp, fa.dy, a.dy, a.aux, a.act, a.dbias, part, M, N, s)) != cudaSuccess) return on_error(e, op);
-    if (b1 + b2 && (e = cudaMemsetAsync(sv ? sv : su, 0, sv && su ? b1 + b2 : sv ? b1 : b2, s)) != cudaSuccess)
-      return cuda_fail(e, op, "memset");
-    fusedk_status f = fusedk__cuda_lowrank_grad_pass(&fa, sv, ld1, su, ld2, op, dev, s);
-    if (!f && a.lora && a.dx.p) // dx = dh a from the pass, then dz w added by the GEMM (beta 1)
-      f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, fa.dy.p, a.q.ld, fa.dy.ld, a.dx.p, a.dx.ld,
-                         CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, false, a.scalar, 0, true},
-                    dev, s, ar.ws, op, "dx", sizeof(T));
-    return f ? f : lowrank_grad_store<T>(a, sv, ld1, su, ld2, dev, s, op);
-  }
-  size_t off[7], total = dp.dz_bytes + dp.part_bytes; // hf, gf, dh, g, s1, s2, dx32
-  const size_t bytes[7] = {need_h ? (size_t)(M * ldh) * 4 : 0, need_g ? (size_t)(M * ldg) * 4 : 0,
-                           lowr ? (size_t)(M * ldo) * sizeof(T) : 0, lowr ? (size_t)(M * ldo) * sizeof(T) : 0,
-                           a.dp.p ? (size_t)(R * ld1) * 4 : 0, a.dq.p ? (size_t)(R * ld2) * 4 : 0,
-                           dx32 ? (size_t)(M * ld1) * 4 : 0};
-  for (int i = 0; i < 7; ++i) off[i] = total, total += pad256(bytes[i]);
-  LtArena ar;
-  cudaError_t e = lt_arena(st, dev, s, total, &ar);
-  if (e != cudaSuccess) return arena_fail(e, op);
-  char *base = static_cast<char *>(ar.scratch);
-  auto at = [&](int i) { return bytes[i] ? static_cast<void *>(base + off[i]) : nullptr; };
-  float *hf = static_cast<float *>(at(0)), *gf = static_cast<float *>(at(1)), *s1 = static_cast<float *>(at(4));
-  float *s2 = static_cast<float *>(at(5)), *x32 = static_cast<float *>(at(6));
-  T *dh = static_cast<T *>(at(2)), *g = static_cast<T *>(at(3));
-  const fusedk__mat dz = dp.dz_bytes ? fusedk__mat{ar.scratch, dp.dz_ld} : a.dy;
-  float *part = a.dbias && dp.chunks ? reinterpret_cast<float *>(base + dp.dz_bytes) : nullptr;
-  if ((e = dz_run<T>(dp, dz, a.dy, a.aux, a.act, a.dbias, part, M, N, s)) != cudaSuccess) return on_error(e, op);
-  for (int i = 0; i < 2 && M == 0; ++i) // no rows: the factors' gradients are sums of nothing (zeros stored below)
-    if (bytes[4 + i] && (e = cudaMemsetAsync(at(4 + i), 0, bytes[4 + i], s)) != cudaSuccess) return cuda_fail(e, op, "memset");
-  const size_t es = sizeof(T);
-  const char *pp = static_cast<const char *>(a.p.p);
-  auto pg = [&](int q) { return static_cast<const void *>(pp + (size_t)(q * a.pa) * es); }; // adapter q's P
-  const cublasOperation_t tp = a.lora ? CUBLAS_OP_T : CUBLAS_OP_N, tpt = a.lora ? CUBLAS_OP_N : CUBLAS_OP_T;
-  const cublasLtEpilogue_t dflt = CUBLASLT_EPILOGUE_DEFAULT;
-  fusedk_status f = FUSEDK_OK;
-  if (lowr && M > 0) {
-    // h^T [R, M] = P^T x^T: v [K, r] is column-major v^T; a_q [r, K] is column-major a_q^T (so op T)
-    for (int q = 0; need_h && q < groups && !f; ++q)
-      f = grad_gemm(st, {tp, CUBLAS_OP_N, Rg, M, K, pg(q), a.x.p, a.p.ld, a.x.ld, hf + q * r, ldh, dflt, nullptr,
-                         nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "h", 4);
-    // dg^T [Gc, M] = Q^T dz^T: u_t [r, N] (op T); w_cat's h columns, column-major [Gc, N] (op N)
-    const void *qp = a.lora ? static_cast<const char *>(a.q.p) + (size_t)K * es : a.q.p;
-    if (!f && need_g)
-      f = grad_gemm(st, {a.lora ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, Gc, M, N, qp, dz.p, a.q.ld, dz.ld, gf, ldg,
-                         dflt, nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dg", 4);
-    if (f) return f;
-    const int64_t grid = std::min<int64_t>((M * r + 255) / 256, (int64_t)device_sms(dev) * 8);
-    lowrank_grad_mid_kernel<T><<<(unsigned)grid, 256, 0, s>>>(a, hf, ldh, gf, ldg, dh, g, ldo);
-    if ((e = cudaGetLastError()) != cudaSuccess) return on_error(e, op);
-  }
-  if (a.dx.p && K > 0) { // dx^T [K, M] = P dh^T (+ w^T dz^T): into dx, or float32 then converted
-    void *d = dx32 ? static_cast<void *>(x32) : a.dx.p;
-    const int64_t ldd = dx32 ? ld1 : a.dx.ld;
-    for (int q = 0; q < groups && !f && M > 0; ++q)
-      f = grad_gemm(st, {tpt, CUBLAS_OP_N, K, M, Rg, pg(q), dh + q * r, a.p.ld, ldo, d, ldd, dflt, nullptr, nullptr, 0,
-                         dx32, a.scalar, 0, q > 0}, dev, s, ar.ws, op, "dx", dx32 ? 4 : es);
-    if (!f && a.lora)
-      f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, dz.p, a.q.ld, dz.ld, d, ldd, dflt, nullptr, nullptr,
-                         0, dx32, a.scalar, 0, true}, dev, s, ar.ws, op, "dx", dx32 ? 4 : es);
-    if (f) return f;
-    if (dx32 && M > 0 && (e = launch_bias_act<T>(a.dx, fusedk__mat{nullptr, 0}, fusedk__mat{x32, ld1}, true, nullptr,
-                                                 FUSEDK_ACT_NONE, M, K, s, dev)) != cudaSuccess)
-      return on_error(e, op);
-  }
-  // dP^T: s1 [R, K] = dh^T x (column-major s1^T [K, R] = x^T dh); dQ^T: s2 [R, N] = g^T dz
-  if (a.dp.p && M > 0 && (f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_T, K, R, M, a.x.p, dh, a.x.ld, ldo, s1, ld1, dflt,
-                                             nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dP", 4)))
-    return f;
-  if (a.dq.p && M > 0 && (f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_T, N, R, M, dz.p, g, dz.ld, ldo, s2, ld2, dflt,
-                                             nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dQ", 4)))
-    return f;
-  return lowrank_grad_store<T>(a, s1, ld1, s2, ld2, dev, s, op);
-}
 #endif // FUSEDK__PART_LINEAR
 
 #if FUSEDK__PART_ATTENTION
@@ -3105,50 +3051,16 @@ __device__ __forceinline__ float quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// S = Q K^T for the warp's MT row tiles, by 16-column k steps: Q's fragments (one ldmatrix a row
-// tile) and K's by pairs of n8 tiles, each K fragment used by every row tile. PF: step kk + 1's
-// fragments load before step kk's products (two sets of registers: the products don't wait on
-// the loads); else each step's just before them. (Q's lanes: rows lane % 16, chunk parity
-// lane / 16; K's: keys 0-7 / 8-15 and the parity, so that one ldmatrix gives both k halves of
-// two n8 tiles.)
+// S = Q K^T for the warp's MT row tiles: Q (kA, re-read from shared memory: the registers stay
+// O's) and K ([key, d]: kB), each K fragment used by every row tile
 template <typename T, int D, int MT, int BC, bool PF>
-__device__ __forceinline__ void attn_scores(float (&s)[MT][BC / 8][4], const SwzLane<D / 8> &lq,
-                                            const SwzLane<D / 8> &lk) {
+__device__ __forceinline__ void attn_scores(float (&s)[MT][BC / 8][4], const WarpOperand<D / 8, kA> &lq,
+                                            const WarpOperand<D / 8, kB> &lk) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int t = 0; t < BC / 8; ++t) s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.f;
-  constexpr int NB = PF ? 2 : 1; // fragment sets
-  uint32_t qa[NB][MT][4], kb[NB][BC / 16][4];
-  auto load_q = [&](int kk) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[kk % NB][mt], lq.at(mt, kk));
-  };
-  auto load_k = [&](int kk, int n) { ldmatrix_x4(kb[kk % NB][n], lk.at(n, kk)); };
-  if (PF) {
-    load_q(0);
-#pragma unroll
-    for (int n = 0; n < BC / 16; ++n) load_k(0, n);
-  }
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    if (PF && kk + 1 < D / 16) {
-      load_q(kk + 1);
-#pragma unroll
-      for (int n = 0; n < BC / 16; ++n) load_k(kk + 1, n);
-    }
-    if (!PF) load_q(kk);
-    const uint32_t(&q)[MT][4] = qa[kk % NB];
-#pragma unroll
-    for (int n = 0; n < BC / 16; ++n) {
-      if (!PF) load_k(kk, n);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<T>(s[mt][2 * n], q[mt], kb[kk % NB][n][0], kb[kk % NB][n][1]);
-        mma_16816<T>(s[mt][2 * n + 1], q[mt], kb[kk % NB][n][2], kb[kk % NB][n][3]);
-      }
-    }
-  }
+  warp_mma<T, MT, BC / 16, D / 16, 1, PF>([&](int i, int t) -> float(&)[4] { return s[i][t]; }, lq, lk);
 }
 
 // Online softmax over one tile of raw scores s for the thread's two rows (hf 0: c0 c1, hf 1:
@@ -3188,26 +3100,14 @@ template <int D> __device__ __forceinline__ void attn_rescale(float (&o)[D / 8][
   for (int t = 0; t < D / 8; ++t) o[t][0] *= alpha[0], o[t][1] *= alpha[0], o[t][2] *= alpha[1], o[t][3] *= alpha[1];
 }
 
-// O += P V: P's accumulator pairs are the a operand (pack_a); V (row-major [key, d]) by
-// ldmatrix.trans
+// O += P V: P's accumulator pairs are the a operand (pack_a); V ([key, d]: kBt)
 template <typename T, int D, int MT, int BC>
 __device__ __forceinline__ void attn_pv(float (&o)[MT][D / 8][4], const float (&s)[MT][BC / 8][4],
-                                        const SwzLane<D / 8> &lv) {
+                                        const WarpOperand<D / 8, kBt> &lv) {
   uint32_t pa[MT][BC / 16][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) pack_a<T, BC>(pa[mt], s[mt]);
-#pragma unroll
-  for (int kk = 0; kk < BC / 16; ++kk)
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      uint32_t vb[4]; // keys kk*16 + 0-7 / 8-15 by columns n*16 + 0-7 / 8-15
-      ldmatrix_x4_trans(vb, lv.at(kk, n));
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<T>(o[mt][2 * n], pa[mt][kk], vb[0], vb[1]);
-        mma_16816<T>(o[mt][2 * n + 1], pa[mt][kk], vb[2], vb[3]);
-      }
-    }
+  warp_mma<T, MT, D / 16, BC / 16>([&](int i, int t) -> float(&)[4] { return o[i][t]; }, in_regs(pa), lv);
 }
 
 // O / l of one warp's 16-row tile (block rows row0 + [0, 16)): each lane's two accumulator rows
@@ -3303,9 +3203,7 @@ __global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
   const T *k = (const T *)a.k.p + b * a.k.sb + blk.hk * a.k.sh, *v = (const T *)a.v.p + b * a.v.sb + blk.hk * a.v.sh;
 
   load_tile<T, BR, CH, NT, VEC>(sq, (const T *)a.q.p + b * a.q.sb + i0 * a.q.ss + h * a.q.sh, a.q.ss, (int)blk.rows,
-                                dh);
-  if (n_tiles) load_tile<T, BC, CH, NT, VEC>(sk, k, a.k.ss, (int)min((int64_t)BC, n_hi), dh);
-  cp_async_commit();
+                                dh); // committed with K[0]'s copies (the ring's start)
 
   float o[MT][D / 8][4], m[MT][2], l[MT][2];
   int64_t lim[MT][2]; // the keys each of the thread's rows sees
@@ -3318,32 +3216,33 @@ __global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
     for (int hf = 0; hf < 2; ++hf)
       m[mt][hf] = -INFINITY, l[mt][hf] = 0.f, lim[mt][hf] = attn_keys(a, blk.kv, i0 + row0 + 16 * mt + lane / 4 + 8 * hf);
   }
-  const SwzLane<CH> lq(sq, row0 + (lane & 15), lane >> 4), lk(sk, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1),
-      lv(sv, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+  const WarpOperand<CH, kA> lq = WarpOperand<CH, kA>(sq, lane).i_from(warp * MT);
+  const WarpOperand<CH, kB> lk(sk, lane);
+  const WarpOperand<CH, kBt> lv(sv, lane);
+  // a ring of two stages over K[0], V[0], K[1], ...: V[j]'s copy runs under S's product and
+  // softmax, K[j+1]'s under P V
+  auto load_k = [&](int64_t j0) { load_tile<T, BC, CH, NT, VEC>(sk, k + j0 * a.k.ss, a.k.ss, (int)min((int64_t)BC, n_hi - j0), dh); };
+  auto ring = stage_ring<2>(2 * n_tiles, [&](int, int) { load_k(0); });
+  ring.start(); // K[0], with Q's copies in its group
   for (int j = 0; j < n_tiles; ++j) {
     const int64_t j0 = (int64_t)j * BC;
-    cp_async_wait<0>(); // K[j] (and Q) landed; after the barrier every warp is done with V[j-1]
-    __syncthreads();
-    load_tile<T, BC, CH, NT, VEC>(sv, v + j0 * a.v.ss, a.v.ss, (int)min((int64_t)BC, n_hi - j0), dh);
-    cp_async_commit();
     float s[MT][BC / 8][4];
-    attn_scores<T, D, MT, BC, P::kPf>(s, lq, lk);
+    auto load_v = [&](int, int) {
+      load_tile<T, BC, CH, NT, VEC>(sv, v + j0 * a.v.ss, a.v.ss, (int)min((int64_t)BC, n_hi - j0), dh);
+    };
+    ring.step(2 * j, [&](int, int) {
+      attn_scores<T, D, MT, BC, P::kPf>(s, lq, lk);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      attn_mask<BC>(s[mt], scale_log2, lim[mt], j0, j0 + BC > blk.n_lo, c0);
-      float alpha[2];
-      attn_softmax<BC>(s[mt], scale_log2, m[mt], l[mt], alpha);
-      attn_rescale<D>(o[mt], alpha);
-    }
-    cp_async_wait<0>(); // V[j] landed; after the barrier every warp is done with K[j]
-    __syncthreads();
-    if (j + 1 < n_tiles)
-      load_tile<T, BC, CH, NT, VEC>(sk, k + (j0 + BC) * a.k.ss, a.k.ss, (int)min((int64_t)BC, n_hi - j0 - BC), dh);
-    cp_async_commit();
-    attn_pv<T, D, MT, BC>(o, s, lv);
+      for (int mt = 0; mt < MT; ++mt) {
+        attn_mask<BC>(s[mt], scale_log2, lim[mt], j0, j0 + BC > blk.n_lo, c0);
+        float alpha[2];
+        attn_softmax<BC>(s[mt], scale_log2, m[mt], l[mt], alpha);
+        attn_rescale<D>(o[mt], alpha);
+      }
+    }, load_v);
+    ring.step(2 * j + 1, [&](int, int) { attn_pv<T, D, MT, BC>(o, s, lv); }, [&](int, int) { load_k(j0 + BC); });
   }
-  cp_async_wait<0>(); // Q landed even when no key tile ran
-  __syncthreads();
+  ring.finish(); // Q landed even when no key tile ran
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) attn_store<T, D, VEC>(a, o[mt], m[mt], l[mt], sq, row0 + 16 * mt, b, h, i0, lane);
 }
@@ -3531,6 +3430,185 @@ template <int D> struct AttnTmaSmem {
                             kBytes = kItem + sizeof(AttnItem) + 1024;
 };
 
+#if FUSEDK__SM90A // the kernel's parts, device code of sm_90a builds alone
+// The kernel's shared memory: tiles (Q, the K and V stages) and the barriers between producer
+// and consumers: Q landed, Q released; per stage K landed, V landed, K released, V released
+// (released: each consumer thread arrives); the producer's pick of the next item
+struct AttnTmaRing {
+  uint32_t sq, sk, sv;
+  uint64_t *q_full, *q_free, *k_full, *v_full, *k_free, *v_free;
+  AttnItem *item;
+};
+template <int D> __device__ __forceinline__ AttnTmaRing attn_tma_ring(unsigned char *smem) {
+  using L = AttnTmaSmem<D>;
+  constexpr int ST = L::kStages;
+  const uint32_t raw = smem_u32(smem), base = (raw + 1023) & ~1023u;
+  uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (base - raw) + L::kBars);
+  AttnTmaRing R{base + L::kQ, base + L::kK, base + L::kV, bars, bars + 1, bars + 2, bars + 2 + ST, bars + 2 + 2 * ST,
+                bars + 2 + 3 * ST, reinterpret_cast<AttnItem *>(smem + (base - raw) + L::kItem)};
+  if (threadIdx.x == 0) {
+    mbar_init(R.q_full, 1), mbar_init(R.q_free, 128 * L::kWgs);
+    for (int s = 0; s < ST; ++s)
+      mbar_init(&R.k_full[s], 1), mbar_init(&R.v_full[s], 1), mbar_init(&R.k_free[s], 128 * L::kWgs),
+          mbar_init(&R.v_free[s], 128 * L::kWgs);
+    fence_mbar_init();
+  }
+  return R;
+}
+
+// The producer (one thread): picks the items (attn_next) and hands each to the consumers with
+// Q's barrier; loads tile it's K into stage it % ST once tile it - ST's K is released, then its
+// V. The K/V ring runs on across items (tile counter it), so the next item's first tiles load
+// while the consumers finish this one; Q is reloaded once every consumer has issued the item's
+// last S product.
+template <typename T, int D>
+__device__ __forceinline__ void attn_tma_produce(const AttnTmaRing &R, const CUtensorMap &tq, const CUtensorMap &tk,
+                                                 const CUtensorMap &tv, const fusedk__attn_args &a, int n_mb,
+                                                 const AttnSplit &sp) {
+  using L = AttnTmaSmem<D>;
+  constexpr int BC = L::kBc, ST = L::kStages, CB = D / 64, BR = L::kRows;
+  uint32_t it = 0; // a block's tiles stay below 2^32 (32 bits: one register of the producer's 24)
+  for (int k = 0;; ++k) {
+    const AttnItem wk = attn_next(sp, k);
+    if (k) mbar_wait(R.q_free, (uint32_t)(k - 1) & 1);
+    *R.item = wk; // the consumers read it once q_full completes: with Q, or past the last item without
+    if (wk.u < 0) {
+      mbar_arrive(R.q_full);
+      return;
+    }
+    const AttnBlock blk(a, n_mb, BR, wk.u);
+    const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk;
+    const int je = wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je;
+    mbar_expect(R.q_full, BR * D * 2);
+    for (int c = 0; c < CB; ++c) tma_load_4d(R.sq + c * BR * 128, &tq, 64 * c, (int)blk.i0, h, b, R.q_full);
+    for (int j = wk.jb; j < je; ++j, ++it) {
+      const int s = (int)(it % ST);
+      const uint32_t ph = (uint32_t)(it / ST - 1) & 1;
+      if (it >= ST) mbar_wait(&R.k_free[s], ph);
+      mbar_expect(&R.k_full[s], L::kTile);
+      for (int c = 0; c < CB; ++c) tma_load_4d(R.sk + s * L::kTile + c * BC * 128, &tk, 64 * c, j * BC, hk, b, &R.k_full[s]);
+      if (it >= ST) mbar_wait(&R.v_free[s], ph);
+      mbar_expect(&R.v_full[s], L::kTile);
+      for (int c = 0; c < CB; ++c) tma_load_4d(R.sv + s * L::kTile + c * BC * 128, &tv, 64 * c, j * BC, hk, b, &R.v_full[s]);
+    }
+  }
+}
+
+// A consumer warpgroup's mainloop over one item's n_tiles key tiles (ring tiles it, it + 1, ...,
+// the item's from jb): O, m, l of its 64 rows. Iteration j issues S_j = Q K_j^T and
+// O += P_{j-1} V_{j-1} together, then runs tile j's softmax while the second product is still in
+// the tensor cores (FA3's intra-warpgroup overlap); O takes tile j's rescale and P_j its
+// registers only after that product is done (P_j packed any earlier, into registers of its own,
+// makes ptxas serialize the products). turn / pass: the consumers' ping-pong around their issues.
+template <typename T, int D, typename Turn, typename Pass>
+__device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fusedk__attn_args &a,
+                                                  const AttnBlock &blk, int jb, int n_tiles, int64_t it, int w,
+                                                  int tid, float scale_log2, float (&o)[D / 8][4], float (&m)[2],
+                                                  float (&l)[2], Turn &&turn, Pass &&pass) {
+  using L = AttnTmaSmem<D>;
+  constexpr int BC = L::kBc, ST = L::kStages, CH = D / 8, BR = L::kRows;
+  const int lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
+  const int64_t r0 = blk.i0 + 64 * w; // the warpgroup's first row
+  const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
+  float alpha[2];
+  uint32_t pa[BC / 16][4];
+  auto scores = [&](float (&sc)[BC / 8][4], int64_t t) { // issue S of ring tile t (k steps of 16 columns: 32 bytes)
+    const uint32_t kt = R.sk + (int)(t % ST) * L::kTile;
+    auto qd = [&](int kk) { return wgmma_desc(R.sq + (kk / 4) * BR * 128 + w * 64 * 128 + (kk % 4) * 32, 16, 1024); };
+    auto kd = [&](int kk) { return wgmma_desc(kt + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024); };
+    wgmma_ss0<T, BC>(sc, qd(0), kd(0));
+#pragma unroll
+    for (int kk = 1; kk < D / 16; ++kk) wgmma_ss<T, BC>(sc, qd(kk), kd(kk), 1);
+    wgmma_commit();
+  };
+  auto values_ready = [&](int j, int64_t t) { // V of ring tile t (the unit's j) landed, keys past the block's last zeroed
+    const uint32_t vt = R.sv + (int)(t % ST) * L::kTile;
+    const int64_t j0 = (int64_t)j * BC;
+    mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1);
+    // keys no row of the block sees: zeros, not whatever the tensor holds (past Sk TMA has zero-filled)
+    if (j0 + BC > blk.n_hi && blk.n_hi < a.Sk) {
+      const int from = (int)(blk.n_hi - j0);
+      for (int i = tid; i < (BC - from) * CH; i += 128)
+        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(vt + swz128(BC, from + i / CH, i % CH)), "r"(0)
+                     : "memory");
+      fence_async_smem();
+      bar_sync(1 + w, 128);
+    }
+  };
+  auto values = [&](int64_t t) { // issue O += P V of ring tile t (k steps of 16 keys: 16 rows of V)
+    const uint32_t vt = R.sv + (int)(t % ST) * L::kTile;
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], wgmma_desc(vt + kk * 16 * 128, BC * 128, 1024), 1);
+    wgmma_commit();
+  };
+  auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights; alpha for O
+    const int64_t j0 = (int64_t)j * BC;
+    attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
+    attn_softmax<BC>(sc, scale_log2, m, l, alpha);
+  };
+  if (n_tiles == 0) mbar_arrive(R.q_free);
+  if (n_tiles) {
+    float sc[BC / 8][4];
+    mbar_wait(&R.k_full[it % ST], (uint32_t)(it / ST) & 1);
+    turn();
+    wgmma_fence();
+    scores(sc, it);
+    pass();
+    wgmma_wait<0>();
+    wgmma_hold(sc);
+    mbar_arrive(&R.k_free[it % ST]);
+    if (n_tiles == 1) mbar_arrive(R.q_free); // the unit's last S product is done
+    softmax(sc, jb);
+    pack_a<T, BC>(pa, sc);
+  }
+  for (int j = 1; j < n_tiles; ++j) {
+    const int64_t t = it + j;
+    float sc[BC / 8][4];
+    values_ready(jb + j - 1, t - 1);
+    mbar_wait(&R.k_full[t % ST], (uint32_t)(t / ST) & 1);
+    wgmma_hold(o); // O's rescale and P_{j-1} are in their registers before the products start
+    wgmma_hold(pa);
+    turn();
+    wgmma_fence();
+    scores(sc, t);
+    values(t - 1);
+    pass();
+    wgmma_wait<1>(); // S_j is done, P_{j-1} V_{j-1} may still run
+    wgmma_hold(sc);
+    mbar_arrive(&R.k_free[t % ST]);
+    if (j == n_tiles - 1) mbar_arrive(R.q_free);
+    softmax(sc, jb + j);
+    wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's rescale
+    wgmma_hold(o);
+    mbar_arrive(&R.v_free[(t - 1) % ST]);
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // mostly no new max
+    pack_a<T, BC>(pa, sc);
+  }
+  if (n_tiles) {
+    const int64_t t = it + n_tiles - 1;
+    values_ready(jb + n_tiles - 1, t);
+    wgmma_hold(o);
+    wgmma_hold(pa);
+    turn();
+    wgmma_fence();
+    values(t);
+    pass();
+    wgmma_wait<0>();
+    wgmma_hold(o);
+    mbar_arrive(&R.v_free[t % ST]);
+  }
+}
+
+#endif // FUSEDK__SM90A
+
+// Persistent: a block takes the items (units of 64 NC query rows of one (b, h), or pieces of
+// them) its producer warpgroup picks; NC consumer warpgroups run the mainloop on them and store
+// (the epilogue: whole units from registers, pieces through the split's buffer). Ping-pong: the
+// consumers take turns, in order, to issue their products (named barriers NC + 1 + w, one per
+// consumer, each passed by the one before it after its issue), so that one's softmax runs while
+// another's products keep the tensor cores busy. Consumer 0 goes first: the last passes once
+// before its first turn, and consumer 0 takes one turn more at the end to balance that.
+// (Barriers 1..NC: each consumer's own, around V's zeroing.)
 template <typename T, int D>
 __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
     attn_tma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -3539,178 +3617,36 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
                     float scale_log2) {
 #if FUSEDK__SM90A
   using L = AttnTmaSmem<D>;
-  constexpr int BC = L::kBc, ST = L::kStages, CB = D / 64, CH = D / 8, NC = L::kWgs, BR = L::kRows;
+  constexpr int BC = L::kBc, NC = L::kWgs, BR = L::kRows;
   extern __shared__ __align__(1024) unsigned char attn_tma_smem[];
-  const uint32_t raw = smem_u32(attn_tma_smem), base = (raw + 1023) & ~1023u;
-  uint64_t *bars = reinterpret_cast<uint64_t *>(attn_tma_smem + (base - raw) + L::kBars);
-  // Q landed, Q released; per stage: K landed, V landed, K released, V released (released: each
-  // consumer thread arrives)
-  uint64_t *q_full = bars, *q_free = bars + 1, *k_full = bars + 2, *v_full = k_full + ST, *k_free = v_full + ST,
-           *v_free = k_free + ST;
-  const uint32_t sq = base + L::kQ, sk = base + L::kK, sv = base + L::kV;
-  AttnItem *item = reinterpret_cast<AttnItem *>(attn_tma_smem + (base - raw) + L::kItem); // the producer's pick
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    mbar_init(q_full, 1), mbar_init(q_free, 128 * NC);
-    for (int s = 0; s < ST; ++s)
-      mbar_init(&k_full[s], 1), mbar_init(&v_full[s], 1), mbar_init(&k_free[s], 128 * NC), mbar_init(&v_free[s], 128 * NC);
-    fence_mbar_init();
-  }
+  const AttnTmaRing R = attn_tma_ring<D>(attn_tma_smem);
   __syncthreads();
-  // Persistent: the block takes the items (units of 64 NC query rows of one (b, h), or pieces of
-  // them) the producer picks (attn_next) and hands the consumers through shared memory with Q's
-  // barrier. The K/V ring runs on across items (tile counter it: stage it % ST), so the producer
-  // loads the next item's first tiles while the consumers finish this one; Q is reloaded once
-  // every consumer has issued the item's last S product.
-  if (wg == 0) { // the producer: tile it's K into stage it % ST once tile it - ST's K is released, then its V
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (wg == 0) {
     regs_lower<L::kProdRegs>();
-    if (tid == 0) {
-      uint32_t it = 0; // a block's tiles stay below 2^32 (32 bits: one register of the producer's 24)
-      for (int k = 0;; ++k) {
-        const AttnItem wk = attn_next(sp, k);
-        if (k) mbar_wait(q_free, (uint32_t)(k - 1) & 1);
-        *item = wk; // the consumers read it once q_full completes: with Q, or past the last item without
-        if (wk.u < 0) {
-          mbar_arrive(q_full);
-          break;
-        }
-        const AttnBlock blk(a, n_mb, BR, wk.u);
-        const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk;
-        const int je = wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je;
-        mbar_expect(q_full, BR * D * 2);
-        for (int c = 0; c < CB; ++c) tma_load_4d(sq + c * BR * 128, &tq, 64 * c, (int)blk.i0, h, b, q_full);
-        for (int j = wk.jb; j < je; ++j, ++it) {
-          const int s = (int)(it % ST);
-          const uint32_t ph = (uint32_t)(it / ST - 1) & 1;
-          if (it >= ST) mbar_wait(&k_free[s], ph);
-          mbar_expect(&k_full[s], L::kTile);
-          for (int c = 0; c < CB; ++c) tma_load_4d(sk + s * L::kTile + c * BC * 128, &tk, 64 * c, j * BC, hk, b, &k_full[s]);
-          if (it >= ST) mbar_wait(&v_free[s], ph);
-          mbar_expect(&v_full[s], L::kTile);
-          for (int c = 0; c < CB; ++c) tma_load_4d(sv + s * L::kTile + c * BC * 128, &tv, 64 * c, j * BC, hk, b, &v_full[s]);
-        }
-      }
-    }
+    if (tid == 0) attn_tma_produce<T, D>(R, tq, tk, tv, a, n_mb, sp);
     return;
   }
-  // The consumers. Iteration j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then runs
-  // tile j's softmax while the second product is still in the tensor cores (FA3's intra-warpgroup
-  // overlap); O takes tile j's rescale and P_j its registers only after that product is done (P_j
-  // packed any earlier, into registers of its own, makes ptxas serialize the products).
-  // Ping-pong: the consumers take turns, in order, to issue their products (named barriers
-  // NC + 1 + w, one per consumer, each passed by the one before it after its issue), so that one's
-  // softmax runs while another's products keep the tensor cores busy. Consumer 0 goes first: the
-  // last passes once before its first turn, and consumer 0 takes one turn more at the end to
-  // balance that. (Barriers 1..NC: each consumer's own, around V's zeroing.)
   regs_raise<L::kRegs>();
-  const int w = wg - 1, warp = tid / 32, lane = tid % 32, frag = 16 * warp + lane / 4, c0 = 2 * (lane % 4);
+  const int w = wg - 1, frag = 16 * (tid / 32) + tid % 32 / 4;
   auto turn = [&] { bar_sync(1 + NC + w, 256); };
   auto pass = [&] { bar_arrive(1 + NC + (w + 1) % NC, 256); };
   if (w == NC - 1) bar_arrive(1 + NC, 256);
   int64_t it = 0; // the K/V tile counter, as the producer's
   for (int k = 0;; ++k) {
-    mbar_wait(q_full, (uint32_t)k & 1); // the item's Q landed, and the producer's pick with it
-    const AttnItem wk = *item;
+    mbar_wait(R.q_full, (uint32_t)k & 1); // the item's Q landed, and the producer's pick with it
+    const AttnItem wk = *R.item;
     if (wk.u < 0) break;
     const AttnBlock blk(a, n_mb, BR, wk.u);
-    const int jb = wk.jb, n_tiles = (wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je) - jb; // from key tile jb
-    const int64_t r0 = blk.i0 + 64 * w; // the warpgroup's first row
-    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
-    const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
+    const int n_tiles = (wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je) - wk.jb; // from key tile jb
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
-    uint32_t pa[BC / 16][4];
-    auto scores = [&](float (&sc)[BC / 8][4], int64_t t) { // issue S of ring tile t (k steps of 16 columns: 32 bytes)
-      const uint32_t kt = sk + (int)(t % ST) * L::kTile;
-      auto qd = [&](int kk) { return wgmma_desc(sq + (kk / 4) * BR * 128 + w * 64 * 128 + (kk % 4) * 32, 16, 1024); };
-      auto kd = [&](int kk) { return wgmma_desc(kt + (kk / 4) * BC * 128 + (kk % 4) * 32, 16, 1024); };
-      wgmma_ss0<T, BC>(sc, qd(0), kd(0));
-#pragma unroll
-      for (int kk = 1; kk < D / 16; ++kk) wgmma_ss<T, BC>(sc, qd(kk), kd(kk), 1);
-      wgmma_commit();
-    };
-    auto values_ready = [&](int j, int64_t t) { // V of ring tile t (the unit's j) landed, keys past the block's last zeroed
-      const uint32_t vt = sv + (int)(t % ST) * L::kTile;
-      const int64_t j0 = (int64_t)j * BC;
-      mbar_wait(&v_full[t % ST], (uint32_t)(t / ST) & 1);
-      // keys no row of the block sees: zeros, not whatever the tensor holds (past Sk TMA has zero-filled)
-      if (j0 + BC > blk.n_hi && blk.n_hi < a.Sk) {
-        const int from = (int)(blk.n_hi - j0);
-        for (int i = tid; i < (BC - from) * CH; i += 128) {
-          const int r = from + i / CH, c = i % CH;
-          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(vt + (c / 8) * BC * 128 + r * 128 +
-                                                                        (((c % 8) ^ (r & 7)) * 16)), "r"(0)
-                       : "memory");
-        }
-        fence_async_smem();
-        bar_sync(1 + w, 128);
-      }
-    };
-    auto values = [&](int64_t t) { // issue O += P V of ring tile t (k steps of 16 keys: 16 rows of V)
-      const uint32_t vt = sv + (int)(t % ST) * L::kTile;
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], wgmma_desc(vt + kk * 16 * 128, BC * 128, 1024), 1);
-      wgmma_commit();
-    };
-    auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights; alpha for O
-      const int64_t j0 = (int64_t)j * BC;
-      attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
-      attn_softmax<BC>(sc, scale_log2, m, l, alpha);
-    };
-    if (n_tiles == 0) mbar_arrive(q_free);
-    if (n_tiles) {
-      float sc[BC / 8][4];
-      mbar_wait(&k_full[it % ST], (uint32_t)(it / ST) & 1);
-      turn();
-      wgmma_fence();
-      scores(sc, it);
-      pass();
-      wgmma_wait<0>();
-      wgmma_hold(sc);
-      mbar_arrive(&k_free[it % ST]);
-      if (n_tiles == 1) mbar_arrive(q_free); // the unit's last S product is done
-      softmax(sc, jb);
-      pack_a<T, BC>(pa, sc);
-    }
-    for (int j = 1; j < n_tiles; ++j) {
-      const int64_t t = it + j;
-      float sc[BC / 8][4];
-      values_ready(jb + j - 1, t - 1);
-      mbar_wait(&k_full[t % ST], (uint32_t)(t / ST) & 1);
-      wgmma_hold(o); // O's rescale and P_{j-1} are in their registers before the products start
-      wgmma_hold(pa);
-      turn();
-      wgmma_fence();
-      scores(sc, t);
-      values(t - 1);
-      pass();
-      wgmma_wait<1>(); // S_j is done, P_{j-1} V_{j-1} may still run
-      wgmma_hold(sc);
-      mbar_arrive(&k_free[t % ST]);
-      if (j == n_tiles - 1) mbar_arrive(q_free);
-      softmax(sc, jb + j);
-      wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's rescale
-      wgmma_hold(o);
-      mbar_arrive(&v_free[(t - 1) % ST]);
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // mostly no new max
-      pack_a<T, BC>(pa, sc);
-    }
-    if (n_tiles) {
-      const int64_t t = it + n_tiles - 1;
-      values_ready(jb + n_tiles - 1, t);
-      wgmma_hold(o);
-      wgmma_hold(pa);
-      turn();
-      wgmma_fence();
-      values(t);
-      pass();
-      wgmma_wait<0>();
-      wgmma_hold(o);
-      mbar_arrive(&v_free[t % ST]);
-    }
+    attn_tma_mainloop<T, D>(R, a, blk, wk.jb, n_tiles, it, w, tid, scale_log2, o, m, l, turn, pass);
     it += n_tiles;
-    if (wk.slot < 0) attn_store_regs<T, D>(a, o, m, l, r0 + frag, blk.b, blk.h, lane);
-    else attn_piece_store<T, D, NC>(a, sp, wk, o, m, l, w, tid, r0 + frag, blk.b, blk.h);
+    const int64_t row = blk.i0 + 64 * w + frag;
+    if (wk.slot < 0) attn_store_regs<T, D>(a, o, m, l, row, blk.b, blk.h, tid % 32);
+    else attn_piece_store<T, D, NC>(a, sp, wk, o, m, l, w, tid, row, blk.b, blk.h);
   }
   if (w == 0) turn(); // the last consumer's last pass
 #endif
@@ -3803,9 +3739,247 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 }
 #endif // FUSEDK__PART_ATTENTION
 
+#if FUSEDK__PART_LINEAR || FUSEDK__PART_LOWRANK
+// ---------------------------------------------------------------------------------------------
+// [lowrank] lowrank_update, linear_lowrank's [x | h] and their backward, over two build parts:
+// the linear part routes (linear_lowrank's splits, the backward's GEMM path or the one-pass
+// kernel), the lowrank part runs the kernels; the shapes below are both parts'.
+// ---------------------------------------------------------------------------------------------
+
+// linear_lowrank's [x | h] pass on tensor cores: where its 64-row blocks fill at most 3/4 of the
+// SMs, k splits of them (each a share of x's 64-wide k tiles, at least 4) to give every SM a block;
+// past that the splits' second pass and partial sums cost more than the SMs they fill. Its linear
+// part sizes the partial sums' buffer by the same count.
+inline int lr_cat_splits(int64_t M, int64_t K1, int dev) {
+  const int64_t rows = (M + 63) / 64, tiles = (K1 + 63) / 64, sms = device_sms(dev);
+  return (int)std::max<int64_t>(1, std::min((tiles + 3) / 4, 4 * rows <= 3 * sms ? (sms + rows - 1) / rows : 1));
+}
+
+// The tensor-core kernels' shapes: rows a block, x's k tile, out's column tile; stages of each ring (rank 16: five tiles in flight;
+// wider ranks' v and u_t tiles would cost blocks an SM: three); warps a 16-row group (the
+// partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8 float4)
+constexpr int kLrRows = 64, kLrK = 64, kLrN = 64;
+template <int RT> constexpr int kLrStages = RT <= 16 ? 6 : 4;
+template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
+
+// a ring of ST [64, W] + [W, RT] stages, then z [64, RT], dx's room [64, W] and the share sums' floats
+template <int RT, int WS, int W, int ST> struct LgSmem {
+  static constexpr int kX = kLrRows * W * 2, kStage = kX + W * RT * 2, kZ = ST * kStage, kO = kZ + kLrRows * RT * 2,
+                       kSum = kO + kLrRows * W * 2, kBytes = kSum + (WS > 1 ? 4 * kLrRows * WS * RT : 0);
+};
+
+// the backward's one-pass kernel: 128-wide tiles (64 at rank 128: registers), rings of six
+// stages at rank 16, else four
+template <int RT> struct LgPlan {
+  static constexpr int WS = kLrShares<RT>, W = RT <= 64 ? 128 : 64, ST = RT <= 16 ? 6 : 4;
+  using L = LgSmem<RT, WS, W, ST>;
+};
+inline int lg_smem(int r) {
+  return r <= 16 ? LgPlan<16>::L::kBytes : r <= 32 ? LgPlan<32>::L::kBytes : r <= 64 ? LgPlan<64>::L::kBytes
+                                                                                    : LgPlan<128>::L::kBytes;
+}
+
+// 16-byte rows: the tensor-core low-rank kernels' copies
+inline bool lr_vec(const fusedk__mat &m) { return (uintptr_t)m.p % 16 == 0 && m.ld % 8 == 0; }
+
+// The backward's one-pass kernel takes the call: 16-bit, K and N multiples of 8, 16-byte rows of
+// x, dy (dz), u_t or w_cat and dx; for linear_lowrank one adapter and 16-byte rows of a; 64-row
+// blocks for at least 3/4 of the SMs (fewer leave it slower than the GEMMs, which split k); and
+// its shared memory within what the device gives a block.
+inline bool lowrank_grad_fits(const fusedk__lowrank_grad_args &a, int dev) {
+  return a.scalar != FUSEDK_F32 && a.M > 0 && a.K > 0 && a.N > 0 && a.K % 8 == 0 && a.N % 8 == 0 && lr_vec(a.x) &&
+         lr_vec(a.dy) && lr_vec(a.q) && (!a.dx.p || lr_vec(a.dx)) && (!a.lora || (a.slots == 1 && lr_vec(a.p))) &&
+         4 * ((a.M + 63) / 64) >= 3 * (int64_t)device_sms(dev) && (size_t)lg_smem(a.r) <= device_smem_optin(dev);
+}
+#endif // FUSEDK__PART_LINEAR || FUSEDK__PART_LOWRANK
+
+#if FUSEDK__PART_LINEAR
+// ---------------------------------------------------------------------------------------------
+// lowrank_update_backward and linear_lowrank_backward (the linear part: its GEMMs run on [gemm]): where lowrank_grad_fits, the
+// lowrank part's one-pass kernel (after linear_backward's dz pass; linear_lowrank's dz w added
+// onto its dx by a GEMM). Else on linear's GEMM layer: h = x P and dg = dz Q as float32 GEMMs
+// [M, A r] (narrow: each reads x or dz once), one pass makes dh = dg * codes and g = scaling h *
+// codes in the dtype (and dcodes), then GEMMs make dx (for linear_lowrank dz w accumulated onto dh
+// a in the same output), dP^T = dh^T x and dQ^T = g^T dz as float32 [A r, *]. Either way a last
+// pass writes the factors' gradients through the outputs' strides.
+
+// Per (m, j), adapter q: h = hf[m, q r + j], dg = gf[m, q rp + j] (lowrank: scaling gf[m, j]);
+// a row whose id is not q has dh = g = 0 there.
+template <typename T>
+__global__ void lowrank_grad_mid_kernel(const fusedk__lowrank_grad_args a, const float *hf, int64_t ldh,
+                                        const float *gf, int64_t ldg, T *dh, T *g, int64_t ldo) {
+  const int64_t r = a.r, rp = (r + 7) / 8 * 8;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < a.M * r; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t m = i / r, j = i % r;
+    const float c = a.codes.p ? to_f32(static_cast<const T *>(a.codes.p)[m * a.codes.ld + j]) : 1.f;
+    float dc = 0.f;
+    for (int q = 0; q < a.slots; ++q) {
+      const bool on = !a.ids || a.ids[m] == q;
+      const float h = on && hf ? hf[m * ldh + q * r + j] : 0.f;
+      const float d = on && gf ? (a.lora ? gf[m * ldg + q * rp + j] : a.scaling * gf[m * ldg + j]) : 0.f;
+      dc += d * h;
+      dh[m * ldo + q * r + j] = from_f32<T>(d * c);
+      g[m * ldo + q * r + j] = from_f32<T>(a.scaling * h * c);
+    }
+    if (a.dcodes.p) static_cast<T *>(a.dcodes.p)[m * a.dcodes.ld + j] = from_f32<T>(dc);
+  }
+}
+
+// A factor's gradient through its strides: out[q oq + j oj + c oc] = s[(q r + j) lds + c] (dv
+// [K, r], da [A, r, K], du_t [r, N], db [A, N, r] from the float32 [A r, cols] products)
+template <typename T> struct GradOut {
+  T *out;
+  int64_t oq, oj, oc, lds, cols; // cols 0: not asked for
+  const float *s;
+};
+
+// both factors' gradients rounded once, in one launch
+template <typename T>
+__global__ void lowrank_grad_store_kernel(GradOut<T> o0, GradOut<T> o1, int64_t rows, int r) {
+  const int64_t n0 = rows * o0.cols, n = n0 + rows * o1.cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const GradOut<T> &o = i < n0 ? o0 : o1;
+    const int64_t e = i < n0 ? i : i - n0, row = e / o.cols, c = e % o.cols;
+    o.out[row / r * o.oq + row % r * o.oj + c * o.oc] = from_f32<T>(o.s[row * o.lds + c]);
+  }
+}
+
+// dv[k, j] / da_q[j, k] from s1 [A r, ld1]; du_t[j, n] / db_q[n, j] from s2 [A r, ld2]
+template <typename T>
+fusedk_status lowrank_grad_store(const fusedk__lowrank_grad_args &a, const float *s1, int64_t ld1, const float *s2,
+                                 int64_t ld2, int dev, cudaStream_t s, const char *op) {
+  const int64_t R = a.slots * (int64_t)a.r;
+  const GradOut<T> o0{static_cast<T *>(a.dp.p), a.lora ? a.dpa : 0, a.lora ? a.dp.ld : 1, a.lora ? 1 : a.dp.ld,
+                      ld1, a.dp.p ? a.K : 0, s1},
+                   o1{static_cast<T *>(a.dq.p), a.lora ? a.dqa : 0, a.lora ? 1 : a.dq.ld, a.lora ? a.dq.ld : 1,
+                      ld2, a.dq.p ? a.N : 0, s2};
+  const int64_t n = R * (o0.cols + o1.cols);
+  if (n == 0) return FUSEDK_OK;
+  const int64_t grid = std::min<int64_t>((n + 255) / 256, (int64_t)device_sms(dev) * 8);
+  lowrank_grad_store_kernel<T><<<(unsigned)grid, 256, 0, s>>>(o0, o1, R, a.r);
+  return on_error(cudaGetLastError(), op);
+}
+
+// g's product into g.d; with k = 0 zeros there (or nothing, accumulating); nothing for no output
+fusedk_status grad_gemm(LtState &st, const LtGemm &g, int dev, cudaStream_t s, void *ws, const char *op,
+                        const char *which, size_t es) {
+  if (g.m == 0 || g.n == 0 || (g.k == 0 && g.acc)) return FUSEDK_OK;
+  if (g.k == 0) {
+    const cudaError_t e = cudaMemset2DAsync(g.d, (size_t)g.ldd * es, 0, (size_t)g.m * es, (size_t)g.n, s);
+    return e == cudaSuccess ? FUSEDK_OK : cuda_fail(e, op, "memset");
+  }
+  bool ran;
+  const fusedk_status f = lt_matmul(st, g, dev, s, ws, op, &ran);
+  if (f || ran) return f;
+  return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: cuBLASLt has no algorithm for the %s GEMM (m=%lld n=%lld k=%lld, "
+                      "leading dims %lld, %lld) with these pointer alignments; pass compact, 16-byte aligned tensors",
+                      op, which, (long long)g.m, (long long)g.n, (long long)g.k, (long long)g.lda, (long long)g.ldb);
+}
+
+template <typename T>
+fusedk_status lowrank_grad(LtState &st, const fusedk__lowrank_grad_args &a, int dev, cudaStream_t s, const char *op) {
+  const int64_t M = a.M, K = a.K, N = a.N, r = a.r, R = a.slots * r, rp = (r + 7) / 8 * 8;
+  const int64_t Gc = a.lora ? a.slots * rp : r;           // dg's columns: w_cat's h columns, or r
+  const bool lowr = a.dx.p || a.dp.p || a.dq.p || a.dcodes.p; // anything but dbias
+  const bool need_h = a.dq.p || a.dcodes.p, need_g = a.dx.p || a.dp.p || a.dcodes.p;
+  // one [A r, K] matrix for all of a's adapters, or one GEMM an adapter
+  const bool one = !a.lora || a.slots == 1 || a.pa == r * a.p.ld;
+  const int groups = one ? 1 : a.slots;
+  const int64_t Rg = one ? R : r;
+  const bool dx32 = a.dx.p && !rows16<T>(a.dx.p, a.dx.ld);
+  auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+  const int64_t ldh = r4(R), ldg = r4(Gc), ldo = (R + 7) / 8 * 8, ld1 = r4(K), ld2 = r4(N);
+  const DzPass dp = dz_plan<T>(M, N, a.act, lowr, a.dbias != nullptr, dev);
+  fusedk__lowrank_grad_args fa = a; // what the one-pass kernel reads: dz for dy (scratch: 16-byte rows)
+  if (dp.dz_bytes) fa.dy = fusedk__mat{nullptr, dp.dz_ld};
+  if (lowr && lowrank_grad_fits(fa, dev)) { // the one-pass kernel (lowrank part); the factors' float32 sums in scratch
+    LtArena ar;
+    const size_t b1 = pad256(a.dp.p ? (size_t)(R * ld1) * 4 : 0), b2 = a.dq.p ? (size_t)(R * ld2) * 4 : 0;
+    cudaError_t e = lt_arena(st, dev, s, dp.dz_bytes + dp.part_bytes + b1 + b2, &ar);
+    if (e != cudaSuccess) return arena_fail(e, op);
+    char *base = static_cast<char *>(ar.scratch);
+    if (dp.dz_bytes) fa.dy.p = base;
+    float *part = a.dbias && dp.chunks ? reinterpret_cast<float *>(base + dp.dz_bytes) : nullptr;
+    float *sv = a.dp.p ? reinterpret_cast<float *>(base + dp.dz_bytes + dp.part_bytes) : nullptr;
+    float *su = a.dq.p ? reinterpret_cast<float *>(base + dp.dz_bytes + dp.part_bytes + b1) : nullptr;
+    if ((e = dz_run<T>(dp, fa.dy, a.dy, a.aux, a.act, a.dbias, part, M, N, s)) != cudaSuccess) return on_error(e, op);
+    if (b1 + b2 && (e = cudaMemsetAsync(sv ? sv : su, 0, sv && su ? b1 + b2 : sv ? b1 : b2, s)) != cudaSuccess)
+      return cuda_fail(e, op, "memset");
+    fusedk_status f = fusedk__cuda_lowrank_grad_pass(&fa, sv, ld1, su, ld2, op, dev, s);
+    if (!f && a.lora && a.dx.p) // dx = dh a from the pass, then dz w added by the GEMM (beta 1)
+      f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, fa.dy.p, a.q.ld, fa.dy.ld, a.dx.p, a.dx.ld,
+                         CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, false, a.scalar, 0, true},
+                    dev, s, ar.ws, op, "dx", sizeof(T));
+    return f ? f : lowrank_grad_store<T>(a, sv, ld1, su, ld2, dev, s, op);
+  }
+  size_t off[7], total = dp.dz_bytes + dp.part_bytes; // hf, gf, dh, g, s1, s2, dx32
+  const size_t bytes[7] = {need_h ? (size_t)(M * ldh) * 4 : 0, need_g ? (size_t)(M * ldg) * 4 : 0,
+                           lowr ? (size_t)(M * ldo) * sizeof(T) : 0, lowr ? (size_t)(M * ldo) * sizeof(T) : 0,
+                           a.dp.p ? (size_t)(R * ld1) * 4 : 0, a.dq.p ? (size_t)(R * ld2) * 4 : 0,
+                           dx32 ? (size_t)(M * ld1) * 4 : 0};
+  for (int i = 0; i < 7; ++i) off[i] = total, total += pad256(bytes[i]);
+  LtArena ar;
+  cudaError_t e = lt_arena(st, dev, s, total, &ar);
+  if (e != cudaSuccess) return arena_fail(e, op);
+  char *base = static_cast<char *>(ar.scratch);
+  auto at = [&](int i) { return bytes[i] ? static_cast<void *>(base + off[i]) : nullptr; };
+  float *hf = static_cast<float *>(at(0)), *gf = static_cast<float *>(at(1)), *s1 = static_cast<float *>(at(4));
+  float *s2 = static_cast<float *>(at(5)), *x32 = static_cast<float *>(at(6));
+  T *dh = static_cast<T *>(at(2)), *g = static_cast<T *>(at(3));
+  const fusedk__mat dz = dp.dz_bytes ? fusedk__mat{ar.scratch, dp.dz_ld} : a.dy;
+  float *part = a.dbias && dp.chunks ? reinterpret_cast<float *>(base + dp.dz_bytes) : nullptr;
+  if ((e = dz_run<T>(dp, dz, a.dy, a.aux, a.act, a.dbias, part, M, N, s)) != cudaSuccess) return on_error(e, op);
+  for (int i = 0; i < 2 && M == 0; ++i) // no rows: the factors' gradients are sums of nothing (zeros stored below)
+    if (bytes[4 + i] && (e = cudaMemsetAsync(at(4 + i), 0, bytes[4 + i], s)) != cudaSuccess) return cuda_fail(e, op, "memset");
+  const size_t es = sizeof(T);
+  const char *pp = static_cast<const char *>(a.p.p);
+  auto pg = [&](int q) { return static_cast<const void *>(pp + (size_t)(q * a.pa) * es); }; // adapter q's P
+  const cublasOperation_t tp = a.lora ? CUBLAS_OP_T : CUBLAS_OP_N, tpt = a.lora ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasLtEpilogue_t dflt = CUBLASLT_EPILOGUE_DEFAULT;
+  fusedk_status f = FUSEDK_OK;
+  if (lowr && M > 0) {
+    // h^T [R, M] = P^T x^T: v [K, r] is column-major v^T; a_q [r, K] is column-major a_q^T (so op T)
+    for (int q = 0; need_h && q < groups && !f; ++q)
+      f = grad_gemm(st, {tp, CUBLAS_OP_N, Rg, M, K, pg(q), a.x.p, a.p.ld, a.x.ld, hf + q * r, ldh, dflt, nullptr,
+                         nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "h", 4);
+    // dg^T [Gc, M] = Q^T dz^T: u_t [r, N] (op T); w_cat's h columns, column-major [Gc, N] (op N)
+    const void *qp = a.lora ? static_cast<const char *>(a.q.p) + (size_t)K * es : a.q.p;
+    if (!f && need_g)
+      f = grad_gemm(st, {a.lora ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, Gc, M, N, qp, dz.p, a.q.ld, dz.ld, gf, ldg,
+                         dflt, nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dg", 4);
+    if (f) return f;
+    const int64_t grid = std::min<int64_t>((M * r + 255) / 256, (int64_t)device_sms(dev) * 8);
+    lowrank_grad_mid_kernel<T><<<(unsigned)grid, 256, 0, s>>>(a, hf, ldh, gf, ldg, dh, g, ldo);
+    if ((e = cudaGetLastError()) != cudaSuccess) return on_error(e, op);
+  }
+  if (a.dx.p && K > 0) { // dx^T [K, M] = P dh^T (+ w^T dz^T): into dx, or float32 then converted
+    void *d = dx32 ? static_cast<void *>(x32) : a.dx.p;
+    const int64_t ldd = dx32 ? ld1 : a.dx.ld;
+    for (int q = 0; q < groups && !f && M > 0; ++q)
+      f = grad_gemm(st, {tpt, CUBLAS_OP_N, K, M, Rg, pg(q), dh + q * r, a.p.ld, ldo, d, ldd, dflt, nullptr, nullptr, 0,
+                         dx32, a.scalar, 0, q > 0}, dev, s, ar.ws, op, "dx", dx32 ? 4 : es);
+    if (!f && a.lora)
+      f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, a.q.p, dz.p, a.q.ld, dz.ld, d, ldd, dflt, nullptr, nullptr,
+                         0, dx32, a.scalar, 0, true}, dev, s, ar.ws, op, "dx", dx32 ? 4 : es);
+    if (f) return f;
+    if (dx32 && M > 0 && (e = launch_bias_act<T>(a.dx, fusedk__mat{nullptr, 0}, fusedk__mat{x32, ld1}, true, nullptr,
+                                                 FUSEDK_ACT_NONE, M, K, s, dev)) != cudaSuccess)
+      return on_error(e, op);
+  }
+  // dP^T: s1 [R, K] = dh^T x (column-major s1^T [K, R] = x^T dh); dQ^T: s2 [R, N] = g^T dz
+  if (a.dp.p && M > 0 && (f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_T, K, R, M, a.x.p, dh, a.x.ld, ldo, s1, ld1, dflt,
+                                             nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dP", 4)))
+    return f;
+  if (a.dq.p && M > 0 && (f = grad_gemm(st, {CUBLAS_OP_N, CUBLAS_OP_T, N, R, M, dz.p, g, dz.ld, ldo, s2, ld2, dflt,
+                                             nullptr, nullptr, 0, true, a.scalar, 0, false}, dev, s, ar.ws, op, "dQ", 4)))
+    return f;
+  return lowrank_grad_store<T>(a, s1, ld1, s2, ld2, dev, s, op);
+}
+#endif // FUSEDK__PART_LINEAR
+
 #if FUSEDK__PART_LOWRANK
 // ---------------------------------------------------------------------------------------------
-// [lowrank] lowrank_update: out = beta y + scaling ((x v) * codes) u_t
+// lowrank_update: out = beta y + scaling ((x v) * codes) u_t
 //
 // lowrank_mma_kernel (f16/bf16, rows 16-byte aligned): a block of 4 WS warps owns 64 rows, WS
 // warps a 16-row group (phase 1: k steps by turns, the partial h summed through shared memory;
@@ -3845,67 +4019,29 @@ template <typename T> __device__ __forceinline__ void unpack2(uint32_t w, float 
   to_floats<T, 2>(r, f);
 }
 
-// A ring of ST shared-memory stages over tiles [0, n): load(t, stage) issues tile t's copies;
-// tile t is computed (compute(t, stage)) once it has landed, ST - 1 tiles ahead of it in flight.
-// One barrier a tile: it makes tile t visible and frees tile t - 1's stage, which the load
-// issued right after it refills.
-template <int ST, typename Load, typename Compute>
-__device__ __forceinline__ void lr_ring(int n, Load &&load, Compute &&compute) {
-  for (int t = 0; t < ST - 1; ++t) {
-    if (t < n) load(t, t);
-    cp_async_commit();
-  }
-  for (int t = 0; t < n; ++t) {
-    cp_async_wait<ST - 2>(); // tile t landed (this thread's copies)
-    __syncthreads();         // everyone's, and everyone is done with tile t - 1
-    if (t + ST - 1 < n) load(t + ST - 1, (t + ST - 1) % ST);
-    cp_async_commit();
-    compute(t, t % ST);
-  }
-  cp_async_wait<0>();
-  __syncthreads(); // the stages are free for whatever comes next
-}
-
-// acc[the warp's 16 rows, RT] += A B over a stage's 64-wide k tile: A the [64 rows, 64 k] tile at
-// as, B at bs either [64 k, RT] (KN: v's tiles; ldmatrix transposes) or [RT, 64 k] (a's or
-// u_t's rows: the b fragments without a transpose); share s takes the k steps s, s + WS, ...
+// acc[the warp's 16 rows, RT] += A B over a stage's W-wide k tile: A the [64 rows, W k] tile at
+// as (kA), B at bs either [W k, RT] (KN: v's tiles, kBt) or [RT, W k] (a's or u_t's rows, kB);
+// share s takes the k steps s, s + WS, ...
 template <typename T, int RT, int WS, bool KN, int W = kLrK>
 __device__ __forceinline__ void lr_row_mma(float (&acc)[RT / 8][4], uint32_t as, uint32_t bs, int warp, int s, int lane) {
-#pragma unroll
-  for (int q = 0; q < W / 16 / WS; ++q) {
-    const int kk = q * WS + s;
-    uint32_t xa[4];
-    ldmatrix_x4(xa, as + swz<W / 8>(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-    for (int n = 0; n < RT / 16; ++n) {
-      uint32_t b[4];
-      if constexpr (KN) ldmatrix_x4_trans(b, bs + swz<RT / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
-      else ldmatrix_x4(b, bs + swz<W / 8>(16 * n + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
-      mma_16816<T>(acc[2 * n], xa, b[0], b[1]);
-      mma_16816<T>(acc[2 * n + 1], xa, b[2], b[3]);
-    }
-  }
+  const auto A = WarpOperand<W / 8, kA>(as, lane).from(warp, s);
+  auto c = [&](int, int t) -> float(&)[4] { return acc[t]; };
+  if constexpr (KN) warp_mma<T, 1, RT / 16, W / 16 / WS, WS>(c, A, WarpOperand<RT / 8, kBt>(bs, lane).k_from(s));
+  else warp_mma<T, 1, RT / 16, W / 16 / WS, WS>(c, A, WarpOperand<W / 8, kB>(bs, lane).k_from(s));
 }
 
-// d[the warp's 16 rows, share s's 64 / WS columns of a 64-column tile] = ha B: ha the warp's
-// [16, RT] as a operands, B at bs either [RT, 64 n] (KN: u_t's tiles; ldmatrix transposes) or
-// [64 n, RT] (v's tiles, for dh v^T)
+// d[the warp's 16 rows, share s's W / WS columns of a W-column tile] = ha B: ha the warp's
+// [16, RT] as a operands, B at bs either [RT, W n] (KN: u_t's tiles, kBt) or [W n, RT] (v's
+// tiles, for dh v^T: kB)
 template <typename T, int RT, int WS, bool KN, int W = kLrN>
 __device__ __forceinline__ void lr_out_mma(float (&d)[W / 8 / WS][4], const uint32_t (&ha)[RT / 16][4], uint32_t bs,
                                            int s, int lane) {
   constexpr int NP = W / 16 / WS; // the share's pairs of n8 tiles: s NP .. + NP
 #pragma unroll
   for (int t = 0; t < 2 * NP; ++t) d[t][0] = d[t][1] = d[t][2] = d[t][3] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < RT / 16; ++kk)
-#pragma unroll
-    for (int n = 0; n < NP; ++n) {
-      uint32_t b[4];
-      if constexpr (KN) ldmatrix_x4_trans(b, bs + swz<W / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * (s * NP + n) + (lane >> 4)));
-      else ldmatrix_x4(b, bs + swz<RT / 8>(16 * (s * NP + n) + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
-      mma_16816<T>(d[2 * n], ha[kk], b[0], b[1]);
-      mma_16816<T>(d[2 * n + 1], ha[kk], b[2], b[3]);
-    }
+  auto c = [&](int, int t) -> float(&)[4] { return d[t]; };
+  if constexpr (KN) warp_mma<T, 1, NP, RT / 16>(c, in_regs(ha), WarpOperand<W / 8, kBt>(bs, lane).i_from(s * NP));
+  else warp_mma<T, 1, NP, RT / 16>(c, in_regs(ha), WarpOperand<RT / 8, kB>(bs, lane).i_from(s * NP));
 }
 
 // out's tile [64 rows, 64 columns] at (m0, n0), the warp's part (its rows, share s's columns):
@@ -3973,160 +4109,194 @@ template <int RT, int WS> __device__ __forceinline__ void lr_share_sum(float (&h
   }
 }
 
-// lowrank_mma_kernel's passes: lowrank_update in one (kLrUpdate); linear_lowrank's [x | h]
-// (kLrCat; kLrCatSplit: split by k into float32 partial sums); lowrank_update in two where its row
-// blocks fill at most 3/4 of the SMs: h's k splits' float32 sums (kLrH), then out from them
-// (kLrOut, split by columns: every block streams out without recomputing x v)
-enum LrPass { kLrUpdate, kLrCat, kLrCatSplit, kLrH, kLrOut };
+// A block's place in lowrank_mma_kernel: its 64 rows from m0 (rows of them in the tensor), the
+// lane's rows r0 and r0 + 8 and columns c0, c0 + 1 of each n8 tile; warp: the 16-row group,
+// s: the warp's share of it; hw: h's columns (rp, the rank rounded up to 8, an adapter slot)
+struct LrBlock {
+  int lane, warp, s, c0, rows, rp, hw;
+  int64_t m0, r0;
+};
 
-// P: the pass; W: the tiles' width, ST: the rings' stages
-template <typename T, int RT, bool VV, int WS, int P, int W = kLrK, int ST = kLrStages<RT>>
-__global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_mma_kernel(const fusedk__lowrank_args a,
-                                                                                          int splits, int per) {
+// kLrOut's h: the k splits' float32 sums, added in split order (the same bits run to run); a
+// split's loads all in flight at once
+template <int RT> __device__ __forceinline__ void lr_sum_parts(float (&h)[RT / 8][4], const fusedk__lowrank_args &a,
+                                                               const LrBlock &q) {
+  for (int sp = 0; sp < a.part_splits; ++sp) {
+    float2 f[RT / 8][2];
+#pragma unroll
+    for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int64_t row = q.r0 + 8 * hf;
+        const int j = 8 * t + q.c0; // j, j + 1 < hw together (hw a multiple of 8)
+        f[t][hf] = row < a.M && j < q.hw ? *reinterpret_cast<const float2 *>(a.part + (sp * a.M + row) * q.hw + j)
+                                         : make_float2(0.f, 0.f);
+      }
+#pragma unroll
+    for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) h[t][2 * hf] += f[t][hf].x, h[t][2 * hf + 1] += f[t][hf].y;
+  }
+}
+
+// Phase 1: h += x v (CAT: x a^T, a's rows the adapters' r rows a slot of rp) over k tiles
+// [kt0, kt0 + n) of both through the ring; CAT also copies x's tiles on to out's first K1 columns
+// (16-byte chunks, K1 % 8 == 0), unless out is x's own rows with room for h. The WS shares' sums
+// are added at the end: every share has the row group's h.
+template <typename T, int RT, bool VV, int WS, bool CAT, int W, int ST>
+__device__ __forceinline__ void lr_h_mainloop(float (&h)[RT / 8][4], const fusedk__lowrank_args &a, const LrBlock &q,
+                                              unsigned char *smem, int kt0, int n) {
   using L = LrSmem<RT, W, ST>;
   constexpr int NT = 128 * WS;
-  constexpr bool cat = P == kLrCat || P == kLrCatSplit, part = P == kLrCatSplit || P == kLrH;
-  extern __shared__ __align__(128) unsigned char lr_smem[];
-  const uint32_t base = smem_u32(lr_smem);
-  // warp: the block's 16-row group, s: the warp's share of it
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4, s = threadIdx.x / 128, c0 = 2 * (lane % 4);
-  const int64_t m0 = (int64_t)(blockIdx.x / splits) * kLrRows, r0 = m0 + 16 * warp + lane / 4; // rows r0, r0 + 8
-  const int rows = (int)min((int64_t)kLrRows, a.M - m0);
-  const T *x = (const T *)a.x.p + m0 * a.x.ld, *v = (const T *)a.v.p, *u = (const T *)a.u_t.p;
-  const int rp = (a.r + 7) / 8 * 8, HW = (cat ? a.slots : 1) * rp; // h's columns (partial sums, [x | h])
-
-  // phase 1: h = x v over k tiles of both (lanes as attention's Q and V fragments); part: this
-  // split's k tiles [kt0, kt0 + per). kLrOut: h the k splits' sums in split order (the same bits
-  // run to run)
-  float h[RT / 8][4];
-#pragma unroll
-  for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
-  if constexpr (P == kLrOut)
-    for (int sp = 0; sp < a.part_splits; ++sp) { // a split's loads all in flight at once
-      float2 f[RT / 8][2];
-#pragma unroll
-      for (int t = 0; t < RT / 8; ++t)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int64_t row = r0 + 8 * hf;
-          const int j = 8 * t + c0; // j, j + 1 < HW together (HW a multiple of 8)
-          f[t][hf] = row < a.M && j < HW ? *reinterpret_cast<const float2 *>(a.part + (sp * a.M + row) * HW + j)
-                                         : make_float2(0.f, 0.f);
-        }
-#pragma unroll
-      for (int t = 0; t < RT / 8; ++t)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) h[t][2 * hf] += f[t][hf].x, h[t][2 * hf + 1] += f[t][hf].y;
-    }
-  const int nk = (int)((a.K1 + W - 1) / W), kt0 = part ? (int)(blockIdx.x % splits) * per : 0;
-  if constexpr (P != kLrOut) {
-    lr_ring<ST>(
-        part ? max(0, min(per, nk - kt0)) : nk,
-        [&](int kl, int st) {
-          const int kt = kt0 + kl;
-          const uint32_t xs = base + st * L::kStage1;
-          const int64_t k0 = (int64_t)kt * W;
-          const int kv = (int)min((int64_t)W, a.K1 - k0);
-          load_tile<T, kLrRows, W / 8, NT, true>(xs, x + k0, a.x.ld, rows, kv);
-          if constexpr (cat) { // a's [RT, k] tile: h column j is adapter j / rp's row j % rp (zeros past r)
-            for (int i = threadIdx.x; i < RT * (W / 8); i += NT) {
-              const int j = i / (W / 8), c = i % (W / 8), q = j / rp;
-              const bool in = q < a.slots && j % rp < a.r && c * 8 < kv;
-              cp_async16(xs + L::kX + swz<W / 8>(j, c), in ? v + q * a.va + (j % rp) * a.v.ld + k0 + c * 8 : v,
-                         in ? 16 : 0);
-            }
-          } else load_tile<T, W, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
-        },
-        [&](int kl, int st) {
-          const uint32_t xs = base + st * L::kStage1;
-          if (cat && a.out.p != a.x.p) { // x's tile on to out's first K1 columns (16-byte chunks, K1 % 8
-                                         // == 0), unless out is x's own rows with room for h
-            const int64_t k0 = (int64_t)(kt0 + kl) * W;
-            for (int q = threadIdx.x; q < kLrRows * W / 8; q += NT) {
-              const int lr = q / (W / 8), ch = q % (W / 8);
-              if (lr >= rows || k0 + 8 * ch >= a.K1) continue;
-              uint32_t w[4];
-              asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                           : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                           : "r"(xs + swz<W / 8>(lr, ch)));
-              *reinterpret_cast<uint4 *>((T *)a.out.p + (m0 + lr) * a.out.ld + k0 + 8 * ch) =
-                  make_uint4(w[0], w[1], w[2], w[3]);
-            }
+  const uint32_t base = smem_u32(smem);
+  const T *x = (const T *)a.x.p + q.m0 * a.x.ld, *v = (const T *)a.v.p;
+  ring_run<ST>(
+      n,
+      [&](int kl, int st) {
+        const uint32_t xs = base + st * L::kStage1;
+        const int64_t k0 = (int64_t)(kt0 + kl) * W;
+        const int kv = (int)min((int64_t)W, a.K1 - k0);
+        load_tile<T, kLrRows, W / 8, NT, true>(xs, x + k0, a.x.ld, q.rows, kv);
+        if constexpr (CAT) { // a's [RT, k] tile: h column j is adapter j / rp's row j % rp (zeros past r)
+          for (int i = threadIdx.x; i < RT * (W / 8); i += NT) {
+            const int j = i / (W / 8), c = i % (W / 8), ad = j / q.rp;
+            const bool in = ad < a.slots && j % q.rp < a.r && c * 8 < kv;
+            cp_async16(xs + L::kX + swz<W / 8>(j, c), in ? v + ad * a.va + (j % q.rp) * a.v.ld + k0 + c * 8 : v,
+                       in ? 16 : 0);
           }
-          lr_row_mma<T, RT, WS, !cat, W>(h, xs, xs + L::kX, warp, s, lane);
-        });
-    lr_share_sum<RT, WS>(h, lr_smem);
-  }
+        } else load_tile<T, W, RT / 8, NT, VV>(xs + L::kX, v + k0 * a.v.ld, a.v.ld, kv, a.r);
+      },
+      [&](int kl, int st) {
+        const uint32_t xs = base + st * L::kStage1;
+        if (CAT && a.out.p != a.x.p) {
+          const int64_t k0 = (int64_t)(kt0 + kl) * W;
+          for (int i = threadIdx.x; i < kLrRows * W / 8; i += NT) {
+            const int lr = i / (W / 8), ch = i % (W / 8);
+            if (lr >= q.rows || k0 + 8 * ch >= a.K1) continue;
+            uint32_t w[4];
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                         : "r"(xs + swz<W / 8>(lr, ch)));
+            *reinterpret_cast<uint4 *>((T *)a.out.p + (q.m0 + lr) * a.out.ld + k0 + 8 * ch) =
+                make_uint4(w[0], w[1], w[2], w[3]);
+          }
+        }
+        lr_row_mma<T, RT, WS, !CAT, W>(h, xs, xs + L::kX, q.warp, q.s, q.lane);
+      });
+  lr_share_sum<RT, WS>(h, smem);
+}
 
-  // part: this split's float32 sums to part (codes and ids follow once they are summed:
-  // lowrank_cat_finish_kernel, kLrOut); one share stores
-  if constexpr (part) {
+// A k split's float32 sums of h into part[split] (codes and ids follow once they are summed:
+// lowrank_cat_finish_kernel, kLrOut); one share stores
+template <int RT> __device__ __forceinline__ void lr_store_part(const float (&h)[RT / 8][4], const fusedk__lowrank_args &a,
+                                                                const LrBlock &q, int split) {
 #pragma unroll
-    for (int t = 0; t < RT / 8; ++t)
+  for (int t = 0; t < RT / 8; ++t)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int64_t row = r0 + 8 * hf;
-        const int j = 8 * t + c0;
-        if (s == 0 && row < a.M && j < HW)
-          *reinterpret_cast<float2 *>(a.part + ((blockIdx.x % splits) * a.M + row) * HW + j) =
-              make_float2(h[t][2 * hf], h[t][2 * hf + 1]);
-      }
-    return;
-  }
-  // codes and scaling on h, then h rounded to T as phase 2's a operand
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t row = q.r0 + 8 * hf;
+      const int j = 8 * t + q.c0;
+      if (q.s == 0 && row < a.M && j < q.hw)
+        *reinterpret_cast<float2 *>(a.part + (split * a.M + row) * q.hw + j) = make_float2(h[t][2 * hf], h[t][2 * hf + 1]);
+    }
+}
+
+// [x | h]'s h: h (times codes) where the row's id selects the adapter, else 0 (selected, not
+// multiplied: an inf in x would make NaN), rounded into out's columns K1 .. K1 + A rp; one share
+// stores
+template <typename T, int RT> __device__ __forceinline__ void lr_store_cat(const float (&h)[RT / 8][4],
+                                                                          const fusedk__lowrank_args &a, const LrBlock &q) {
   const T *codes = (const T *)a.codes.p;
-  if constexpr (cat) { // h (times codes) where the row's id selects the adapter, else 0 (selected,
-                       // not multiplied: an inf in x would make NaN); rounded into out's columns
-                       // K1 .. K1 + A rp; one share stores
 #pragma unroll
-    for (int t = 0; t < RT / 8; ++t)
+  for (int t = 0; t < RT / 8; ++t)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int64_t row = r0 + 8 * hf;
-        const int j = 8 * t + c0, q = j / rp, jj = j % rp; // j even, rp a multiple of 8: j + 1 in the same slot
-        if (s != 0 || row >= a.M || q >= a.slots) continue;
-        const bool on = !a.ids || a.ids[row] == q;
-        float o[2];
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t row = q.r0 + 8 * hf;
+      const int j = 8 * t + q.c0, ad = j / q.rp, jj = j % q.rp; // j even, rp a multiple of 8: j + 1 in the same slot
+      if (q.s != 0 || row >= a.M || ad >= a.slots) continue;
+      const bool on = !a.ids || a.ids[row] == ad;
+      float o[2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          o[e] = on && jj + e < a.r ? h[t][2 * hf + e] * (codes ? (float)codes[row * a.codes.ld + jj + e] : 1.f) : 0.f;
-        *reinterpret_cast<uint32_t *>((T *)a.out.p + row * a.out.ld + a.K1 + j) = pack2<T>(o[0], o[1]);
-      }
-    return;
-  } else {
-#pragma unroll
-    for (int t = 0; t < RT / 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t row = r0 + 8 * (e / 2);
-        const int j = 8 * t + c0 + e % 2;
-        h[t][e] *= codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling;
-      }
-  }
-  uint32_t ha[RT / 16][4];
-  pack_a<T, RT>(ha, h);
+      for (int e = 0; e < 2; ++e)
+        o[e] = on && jj + e < a.r ? h[t][2 * hf + e] * (codes ? (float)codes[row * a.codes.ld + jj + e] : 1.f) : 0.f;
+      *reinterpret_cast<uint32_t *>((T *)a.out.p + row * a.out.ld + a.K1 + j) = pack2<T>(o[0], o[1]);
+    }
+}
 
-  // phase 2: out = beta y + h u_t over the split's column tiles [nb, ne), the sums written into
-  // y's place in the stage (a stage without y has the room)
-  const T *y = (const T *)a.y.p;
-  const int nb = (int)(blockIdx.x % splits) * per, ne = min((int)((a.K2 + W - 1) / W), nb + per);
-  lr_ring<ST>(
+// Phase 2: out = beta y + h u_t over column tiles [nb, ne) (ha: h with codes and scaling, as a
+// operands), the sums written into y's place in the stage (a stage without y has the room)
+template <typename T, int RT, int WS, int W, int ST>
+__device__ __forceinline__ void lr_out_mainloop(const uint32_t (&ha)[RT / 16][4], const fusedk__lowrank_args &a,
+                                                const LrBlock &q, uint32_t base, int nb, int ne) {
+  using L = LrSmem<RT, W, ST>;
+  constexpr int NT = 128 * WS;
+  const T *y = (const T *)a.y.p, *u = (const T *)a.u_t.p;
+  ring_run<ST>(
       ne - nb,
       [&](int i, int st) {
         const uint32_t us = base + st * L::kStage2;
         const int64_t n0 = (int64_t)(nb + i) * W;
         const int nv = (int)min((int64_t)W, a.K2 - n0);
         load_tile<T, RT, W / 8, NT, true>(us, u + n0, a.u_t.ld, a.r, nv);
-        if (y) load_tile<T, kLrRows, W / 8, NT, true>(us + L::kU, y + m0 * a.y.ld + n0, a.y.ld, rows, nv);
+        if (y) load_tile<T, kLrRows, W / 8, NT, true>(us + L::kU, y + q.m0 * a.y.ld + n0, a.y.ld, q.rows, nv);
       },
       [&](int i, int st) {
         const uint32_t us = base + st * L::kStage2;
         float d[W / 8 / WS][4];
-        lr_out_mma<T, RT, WS, true, W>(d, ha, us, s, lane);
+        lr_out_mma<T, RT, WS, true, W>(d, ha, us, q.s, q.lane);
         const int64_t n0 = (int64_t)(nb + i) * W;
-        if (y) lr_store_tile<T, WS, true, W>(d, us + L::kU, a.beta, (T *)a.out.p, a.out.ld, m0, n0, rows, a.K2, warp, s, lane);
-        else lr_store_tile<T, WS, false, W>(d, us + L::kU, 0.f, (T *)a.out.p, a.out.ld, m0, n0, rows, a.K2, warp, s, lane);
+        if (y)
+          lr_store_tile<T, WS, true, W>(d, us + L::kU, a.beta, (T *)a.out.p, a.out.ld, q.m0, n0, q.rows, a.K2, q.warp,
+                                        q.s, q.lane);
+        else
+          lr_store_tile<T, WS, false, W>(d, us + L::kU, 0.f, (T *)a.out.p, a.out.ld, q.m0, n0, q.rows, a.K2, q.warp,
+                                         q.s, q.lane);
       });
+}
+
+// lowrank_mma_kernel's passes: lowrank_update in one (kLrUpdate); linear_lowrank's [x | h]
+// (kLrCat; kLrCatSplit: split by k into float32 partial sums); lowrank_update in two where its row
+// blocks fill at most 3/4 of the SMs: h's k splits' float32 sums (kLrH), then out from them
+// (kLrOut, split by columns: every block streams out without recomputing x v)
+enum LrPass { kLrUpdate, kLrCat, kLrCatSplit, kLrH, kLrOut };
+
+// P: the pass; W: the tiles' width, ST: the rings' stages. Block b: row block b / splits, split
+// b % splits of the pass's k tiles (part) or of out's column tiles (per a split)
+template <typename T, int RT, bool VV, int WS, int P, int W = kLrK, int ST = kLrStages<RT>>
+__global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS) lowrank_mma_kernel(const fusedk__lowrank_args a,
+                                                                                          int splits, int per) {
+  constexpr bool cat = P == kLrCat || P == kLrCatSplit, part = P == kLrCatSplit || P == kLrH;
+  extern __shared__ __align__(128) unsigned char lr_smem[];
+  LrBlock q;
+  q.lane = threadIdx.x % 32, q.warp = threadIdx.x / 32 % 4, q.s = threadIdx.x / 128, q.c0 = 2 * (q.lane % 4);
+  q.m0 = (int64_t)(blockIdx.x / splits) * kLrRows, q.r0 = q.m0 + 16 * q.warp + q.lane / 4;
+  q.rows = (int)min((int64_t)kLrRows, a.M - q.m0), q.rp = (a.r + 7) / 8 * 8, q.hw = (cat ? a.slots : 1) * q.rp;
+  const int split = (int)(blockIdx.x % splits);
+
+  float h[RT / 8][4];
+#pragma unroll
+  for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
+  if constexpr (P == kLrOut) lr_sum_parts<RT>(h, a, q);
+  else {
+    const int nk = (int)((a.K1 + W - 1) / W), kt0 = part ? split * per : 0;
+    lr_h_mainloop<T, RT, VV, WS, cat, W, ST>(h, a, q, lr_smem, kt0, part ? max(0, min(per, nk - kt0)) : nk);
+  }
+  if constexpr (part) return lr_store_part<RT>(h, a, q, split);
+  if constexpr (cat) return lr_store_cat<T, RT>(h, a, q);
+  // codes and scaling on h, then h rounded to T as phase 2's a operand
+  const T *codes = (const T *)a.codes.p;
+#pragma unroll
+  for (int t = 0; t < RT / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = q.r0 + 8 * (e / 2);
+      const int j = 8 * t + q.c0 + e % 2;
+      h[t][e] *= codes ? (row < a.M && j < a.r ? a.scaling * (float)codes[row * a.codes.ld + j] : 0.f) : a.scaling;
+    }
+  uint32_t ha[RT / 16][4];
+  pack_a<T, RT>(ha, h);
+  const int nb = split * per;
+  lr_out_mainloop<T, RT, WS, W, ST>(ha, a, q, smem_u32(lr_smem), nb, min((int)((a.K2 + W - 1) / W), nb + per));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -4160,17 +4330,12 @@ __device__ __forceinline__ void red_add4(float *p, float4 v) {
 template <typename T, int RT, int NT, int W>
 __device__ __forceinline__ void lg_rows_sum(uint32_t zs, uint32_t ts, float *sum, int64_t ld, int r, int64_t c0,
                                             int64_t cols, int lane) {
+  const WarpOperand<RT / 8, kAt> Z(zs, lane); // Z^T's a fragments: Z's rows are the product's k
+  const WarpOperand<W / 8, kBt> Tt(ts, lane);
   for (int u = (int)threadIdx.x / 32; u < RT / 16 * (W / 16); u += NT / 32) {
     const int m = u / (W / 16), n = u % (W / 16);
     float d[2][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kLrRows / 16; ++kk) {
-      uint32_t za[4], tb[4]; // Z^T's a fragments: Z's rows are the product's k
-      ldmatrix_x4_trans(za, zs + swz<RT / 8>(16 * kk + (lane & 7) + (lane >> 4) * 8, 2 * m + ((lane >> 3) & 1)));
-      ldmatrix_x4_trans(tb, ts + swz<W / 8>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * n + (lane >> 4)));
-      mma_16816<T>(d[0], za, tb[0], tb[1]);
-      mma_16816<T>(d[1], za, tb[2], tb[3]);
-    }
+    warp_mma<T, 1, 1, kLrRows / 16>([&](int, int t) -> float(&)[4] { return d[t]; }, Z.i_from(m), Tt.i_from(n));
     // lanes 2i, 2i + 1 (columns c, c + 2 of rows j, j + 8) trade pairs: the even lane adds row
     // j's four columns from c, the odd one row j + 8's (c a multiple of 4, cols of 8: all in)
     const bool odd = lane & 1;
@@ -4233,7 +4398,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
 #pragma unroll
   for (int t = 0; t < RT / 8; ++t) h[t][0] = h[t][1] = h[t][2] = h[t][3] = 0.f;
   if (su || a.dcodes.p) {
-    lr_ring<ST>(nk, [&](int i, int st) { load_xv(i, st, true); }, [&](int, int st) {
+    ring_run<ST>(nk, [&](int i, int st) { load_xv(i, st, true); }, [&](int, int st) {
       const uint32_t xs = base + st * L::kStage;
       lr_row_mma<T, RT, WS, !LORA, W>(h, xs, xs + L::kX, warp, s, lane);
     });
@@ -4247,7 +4412,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
 #pragma unroll
   for (int t = 0; t < RT / 8; ++t) dg[t][0] = dg[t][1] = dg[t][2] = dg[t][3] = 0.f;
   auto n_at = [&](int i) { return (int64_t)((i + blockIdx.x) % nn) * W; };
-  lr_ring<ST>(
+  ring_run<ST>(
       nn,
       [&](int i, int st) {
         const uint32_t ds = base + st * L::kStage;
@@ -4281,7 +4446,7 @@ __global__ void __launch_bounds__(128 * WS, RT <= 32 ? 4 / WS : 2 / WS)
   __syncthreads(); // z written
 
   // C: dx = dh P^T and dh^T x into sv, over x's and P's k tiles
-  lr_ring<ST>(nk, [&](int i, int st) { load_xv(i, st, sv != nullptr); }, [&](int i, int st) {
+  ring_run<ST>(nk, [&](int i, int st) { load_xv(i, st, sv != nullptr); }, [&](int i, int st) {
     const uint32_t xs = base + st * L::kStage;
     if (a.dx.p) {
       float d[W / 8 / WS][4];
