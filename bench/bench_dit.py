@@ -221,8 +221,8 @@ class FloorPieces(fd.Pieces):
     an empty output) instead of running: the floor the patched block can reach before fusedk's own
     attention and GEMM epilogues."""
 
-    def adaln(self, x, scale, shift, eps, norm="layer"):
-        return x
+    def adaln(self, x, scale, shift, eps, norm="layer", out=None):
+        return x if out is None else out
 
     def gated_residual(self, x, y, gate, out=None):
         return x if out is None else out

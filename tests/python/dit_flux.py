@@ -6,6 +6,10 @@ from diffusers import FluxTransformer2DModel
 from dit_common import randomized
 
 KEEP_F32 = ("img_ids", "txt_ids")  # inputs that stay float32 in a bf16 run (position ids)
+# peft target_modules for a LoRA on every projection of both block kinds
+LORA = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "ff.net.0.proj",
+        "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "norm1.linear", "norm1_context.linear", "proj_mlp",
+        "proj_out", "norm.linear"]
 
 
 def build(big=False):

@@ -6,6 +6,8 @@ from diffusers import LTXVideoTransformer3DModel
 from dit_common import randomized
 
 KEEP_F32 = ("timestep",)  # the pipeline's timesteps are float32 in a bf16 run too
+# peft target_modules for a LoRA on every projection of its blocks (attn2's too, which runs as stock)
+LORA = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
 
 
 def build(big=False):

@@ -6,6 +6,11 @@ from diffusers import MochiTransformer3DModel
 from dit_common import randomized
 
 KEEP_F32 = ("timestep",)  # inputs that stay float32 in a bf16 run (timesteps up to 1000)
+# peft target_modules for a LoRA on every projection of its blocks (the modulations', the last
+# block's text one included; "to_q" also meets the time embedding's attention pool, outside them)
+LORA = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "ff.net.0.proj",
+        "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "norm1.linear", "norm1_context.linear",
+        "norm1_context.linear_1"]
 
 
 def build(big=False):

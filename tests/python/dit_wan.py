@@ -6,6 +6,8 @@ from diffusers import WanTransformer3DModel
 from dit_common import randomized
 
 KEEP_F32 = ("timestep",)  # the pipelines pass the scheduler's float32 timesteps
+# peft target_modules for a LoRA on every projection of its blocks (self- and cross-attention, FFN)
+LORA = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
 
 
 def build(big=False):

@@ -38,6 +38,16 @@ def run(model, inputs):
         return model(**inputs)
 
 
+def in_dtype(model, dtype):
+    """model in dtype, as from_pretrained(torch_dtype=dtype) loads it (Wan's norms stay float32)."""
+    model = model.to(dtype)
+    keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    for n, p in model.named_parameters():
+        if any(k in n for k in keep):
+            p.data = p.data.float()
+    return model
+
+
 def pair(name, device, dtype=torch.bfloat16, big=False):
     """(float32 model, model in dtype with the same weights, float32 inputs, dtype inputs)."""
     m = MODELS[name]
@@ -45,11 +55,7 @@ def pair(name, device, dtype=torch.bfloat16, big=False):
     ref = m.build(big).to(device).eval()
     low = m.build(big).to(device).eval()
     low.load_state_dict(ref.state_dict())
-    low = low.to(dtype)
-    keep = getattr(low, "_keep_in_fp32_modules", None) or ()
-    for n, p in low.named_parameters():  # as from_pretrained(torch_dtype=dtype) loads them (Wan's norms)
-        if any(k in n for k in keep):
-            p.data = p.data.float()
+    low = in_dtype(low, dtype)
     x32 = m.inputs(ref, device, big)
     xl = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() and k not in m.KEEP_F32 else v)
           for k, v in x32.items()}
@@ -61,14 +67,14 @@ def check_close(got, stock, ref, what):
     assert g[0] <= 1.5 * s[0] and g[1] <= 1.5 * s[1], f"{what}: patched error {g} vs stock {s}"
 
 
-def counting_attention(monkeypatch):
-    """fusedk.attention wrapped to count its eager calls: [count]."""
-    calls, real = [0], fusedk.attention
+def counting(monkeypatch, op="attention"):
+    """fusedk.<op> wrapped to count its eager calls (the block operator's included): [count]."""
+    calls, real = [0], getattr(fusedk, op)
 
     def counted(*a, **kw):
         calls[0] += 1
         return real(*a, **kw)
-    monkeypatch.setattr(fusedk, "attention", counted)
+    monkeypatch.setattr(fusedk, op, counted)
     return calls
 
 
@@ -79,7 +85,7 @@ def test_patched_matches_float32_as_well_as_stock(name, device, attention, monke
     m, ref, low, x32, xl = pair(name, device)
     want = m.output(run(ref, x32)).double()
     stock = m.output(run(low, xl))
-    calls = counting_attention(monkeypatch)
+    calls = counting(monkeypatch)
     report = fd.apply(low, attention=attention)
     assert len(report.patched) == len(m.blocks(low)) and not report.skipped, report
     got = m.output(run(low, xl))
@@ -390,43 +396,67 @@ def test_another_attention_processor_is_reported(name):
     fd.revert(low)
 
 
-FLUX_LORA = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
-             "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2", "norm1.linear",
-             "norm1_context.linear", "proj_mlp", "proj_out", "norm.linear"]
-
-
-def lora_pair(device, ranks=(4, 8), dtype=torch.bfloat16):
-    """Flux with peft LoRA adapters on every projection (random B: not a no-op), "one" and "two"
-    active with weights 1.0 and 0.5: (module, float32 model, the same in dtype, inputs)"""
-    import copy
+def add_lora(models, targets, ranks=(4, 8), weights=(1.0, 0.5)):
+    """peft LoRA adapters "one", "two", ... of these ranks on targets (random B: not a no-op), added
+    to each model, the first model's LoRA weights copied into the others (in their dtypes), all
+    active with these set_adapters weights."""
     peft = pytest.importorskip("peft")
-    m, ref, low, x32, xl = pair("flux", device)
-    for name, r, seed in zip(("one", "two"), ranks, (5, 6)):
-        torch.manual_seed(seed)
-        ref.add_adapter(peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=FLUX_LORA, init_lora_weights=False),
-                        adapter_name=name)
-    ref.set_adapters(["one", "two"], [1.0, 0.5])
-    low = copy.deepcopy(ref).to(dtype)
-    return m, ref, low, x32, xl
+    names = ["one", "two", "three"][:len(ranks)]
+    for model in models:
+        for name, r, seed in zip(names, ranks, (5, 6, 7)):
+            torch.manual_seed(seed)
+            model.add_adapter(peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, init_lora_weights=False),
+                              adapter_name=name)
+        model.set_adapters(names, list(weights))
+    first = dict(models[0].named_parameters())
+    with torch.no_grad():
+        for model in models[1:]:
+            for n, p in model.named_parameters():
+                if ".lora_" in n:
+                    p.copy_(first[n])
+
+
+def lora_pair(name, device, ranks=(4, 8), dtype=torch.bfloat16):
+    """The model with peft LoRA adapters on every projection of its blocks (dit_<model>.LORA),
+    "one" and "two" active with weights 1.0 and 0.5: (module, float32 model, the same in dtype,
+    float32 inputs, dtype inputs)"""
+    import copy
+    m, ref, low, x32, xl = pair(name, device)
+    add_lora([ref], m.LORA, ranks)
+    return m, ref, in_dtype(copy.deepcopy(ref), dtype), x32, xl
+
+
+def folded(m, model):
+    """Whether every block of model is patched with LoRA adapters folded into its q/k/v GEMM."""
+    return all(b.__dict__.get("_fusedk") is not None and b._fusedk.p["qkv"].a is not None for b in m.blocks(model))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_flux_lora_folds_into_the_gemms(device):
-    """peft LoRA layers on every projection of Flux's blocks (two adapters with set_adapters
-    weights): every block patched, as close to float32 as the stock LoRA'd model; changing the
-    adapters (weights, one disabled, all disabled) after apply is seen; revert gives the stock
-    forwards back bit for bit; compiled (fullgraph) too"""
-    m, ref, low, x32, xl = lora_pair(device)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_lora_folds_into_the_gemms(name, device, monkeypatch):
+    """peft LoRA layers on every projection of a model's blocks (two adapters of ranks 4 and 8 with
+    set_adapters weights): every block patched and run fused with the adapters in its GEMMs
+    (linear_lowrank), as close to float32 as the stock LoRA'd model; changing the adapters
+    (weights, one disabled, all disabled) after apply is seen; revert gives the stock forwards back
+    bit for bit; compiled (fullgraph: each block one fusedk_diffusers::block operator) too"""
+    m, ref, low, x32, xl = lora_pair(name, device)
     want = m.output(run(ref, x32)).double()
     stock = m.output(run(low, xl))
-    base = m.output(run(pair("flux", device)[2], xl))
+    base = m.output(run(pair(name, device)[2], xl))
     assert not torch.allclose(stock.float(), base.float(), atol=1e-2)  # the adapters change the output
     report = fd.apply(low)
     assert len(report.patched) == len(m.blocks(low)) and not report.skipped, report
-    assert any(P.a is not None for b in m.blocks(low) for P in b._fusedk.p.values())
-    check_close(m.output(run(low, xl)), stock, want, "flux LoRA eager")
-    f = torch.compile(low, fullgraph=True)
-    check_close(m.output(run(f, xl)), stock, want, "flux LoRA compiled")
+    assert folded(m, low)
+    calls = counting(monkeypatch, "linear_lowrank")
+    check_close(m.output(run(low, xl)), stock, want, f"{name} LoRA eager")
+    assert calls[0] >= len(m.blocks(low)) and folded(m, low), calls  # run fused, not stock
+    from torch.profiler import ProfilerActivity, profile
+    calls[0] = 0
+    torch._dynamo.reset()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        check_close(m.output(run(torch.compile(low, fullgraph=True), xl)), stock, want, f"{name} LoRA compiled")
+    assert "fusedk_diffusers::block" in {e.key for e in prof.key_averages()}
+    assert calls[0] >= len(m.blocks(low)) and folded(m, low), calls
     torch._dynamo.reset()
     for change in (lambda t: t.set_adapters(["one"], [0.7]), lambda t: t.disable_adapters()):
         change(ref), change(low)
@@ -434,29 +464,52 @@ def test_flux_lora_folds_into_the_gemms(device):
         fd.revert(low)
         stock = m.output(run(low, xl))
         fd.apply(low)
-        check_close(m.output(run(low, xl)), stock, want, "flux LoRA after a change (applied again)")
+        check_close(m.output(run(low, xl)), stock, want, f"{name} LoRA after a change (applied again)")
         change(low)  # and the same change seen by an already patched model
-        check_close(m.output(run(low, xl)), stock, want, "flux LoRA after a change")
+        check_close(m.output(run(low, xl)), stock, want, f"{name} LoRA after a change")
     assert fd.revert(low) == len(m.blocks(low))
     assert torch.equal(m.output(run(low, xl)), stock)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_lora_added_after_apply(name, compiled, device):
+    """peft LoRA adapters (ranks 3 and 16: padded to 8 and not) added to a patched model, then its
+    first call, eager or torch.compile'd (fullgraph): the blocks prepared again with the adapters
+    folded in, as close to float32 as the stock model with the same adapters"""
+    import copy
+    m, ref, low, x32, xl = pair(name, device)
+    stock = copy.deepcopy(low)
+    fd.apply(low)
+    add_lora([ref, low, stock], m.LORA, ranks=(3, 16))
+    want = m.output(run(ref, x32)).double()
+    f = (lambda model: torch.compile(model, fullgraph=True)) if compiled else (lambda model: model)
+    torch._dynamo.reset()
+    base = m.output(run(f(stock), xl))
+    torch._dynamo.reset()
+    check_close(m.output(run(f(low), xl)), base, want, f"{name} LoRA added after apply, compiled={compiled}")
+    assert folded(m, low)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("after_apply", [False, True])
-def test_flux_compiled_sees_adapters_swapped_in_place(after_apply):
-    """a compiled patched Flux (each block one fusedk_diffusers::block operator, which runs eagerly)
-    after its LoRA weights are swapped in place, as peft's hotswap does: no recompile
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_compiled_sees_adapters_swapped_in_place(name, after_apply):
+    """a compiled patched model (each LoRA'd block one fusedk_diffusers::block operator, which runs
+    eagerly) after its LoRA weights are swapped in place, as peft's hotswap does: no recompile
     (error_on_recompile), and the next compiled call gives the bits of the model compiled afresh.
     The adapters added before apply(), or after it and run under inference_mode, as diffusers' own
     hotswap test does (else under no_grad)"""
     peft = pytest.importorskip("peft")
     if after_apply:
-        m, ref, low, x32, xl = pair("flux", "cpu")
+        m, ref, low, x32, xl = pair(name, "cpu")
         fd.apply(low)
         torch.manual_seed(5)
-        low.add_adapter(peft.LoraConfig(r=8, lora_alpha=8, target_modules=FLUX_LORA, init_lora_weights=False))
+        low.add_adapter(peft.LoraConfig(r=8, lora_alpha=8, target_modules=m.LORA, init_lora_weights=False))
         adapter, mode = "default", torch.inference_mode
     else:
-        m, ref, low, x32, xl = lora_pair("cpu")
+        m, ref, low, x32, xl = lora_pair(name, "cpu")
         fd.apply(low)
         adapter, mode = "one", torch.no_grad
     torch._dynamo.reset()
@@ -471,14 +524,14 @@ def test_flux_compiled_sees_adapters_swapped_in_place(after_apply):
     torch._dynamo.reset()
     with mode():
         assert torch.equal(got, m.output(run(torch.compile(low, fullgraph=True), xl)))  # compiled afresh
-    assert all(b._fusedk.p["qkv"].a is not None for b in m.blocks(low))  # the adapters folded in, not stock
+    assert folded(m, low)  # the adapters folded in, not stock
     torch._dynamo.reset()
 
 
 def test_flux_lora_changed_after_apply_and_too_wide():
     """set_adapters after apply (no re-apply): the next eager call folds the new weights in; adapters
     wider than one GEMM takes (3 x 48 columns for q, k, v) leave the block unpatched, reported"""
-    m, ref, low, x32, xl = lora_pair("cpu")
+    m, ref, low, x32, xl = lora_pair("flux", "cpu")
     fd.apply(low)
     ref.set_adapters(["one", "two"], [0.25, 1.5])
     low.set_adapters(["one", "two"], [0.25, 1.5])
@@ -486,7 +539,7 @@ def test_flux_lora_changed_after_apply_and_too_wide():
     got = m.output(run(low, xl))
     fd.revert(low)
     check_close(got, m.output(run(low, xl)), want, "flux LoRA weights changed after apply")
-    m, ref, low, x32, xl = lora_pair("cpu", ranks=(48, 4))
+    m, ref, low, x32, xl = lora_pair("flux", "cpu", ranks=(48, 4))
     report = fd.apply(low)
     assert not report.patched and all("expected at most 128" in why for _, _, why in report.skipped), report
 
@@ -504,7 +557,7 @@ def test_flux_replaced_parameters_and_merged_disabled_lora():
     fd.apply(low)  # prepared afresh from the new parameter: the same bits
     assert torch.equal(got, m.output(run(low, xl)))
     fd.revert(low)
-    m, ref, low, x32, xl = lora_pair("cpu")
+    m, ref, low, x32, xl = lora_pair("flux", "cpu")
     for mod in low.modules():
         if hasattr(mod, "merge") and hasattr(mod, "lora_A"):
             mod.merge()
@@ -564,26 +617,6 @@ def test_regional_compile_no_more_graphs_than_stock(name):
     graphs, outs, _ = regional_compile(m, low, xl, recompile_limit=1)
     assert graphs[1] <= graphs[0], graphs
     check_close(outs[1], outs[0], m.output(run(ref, x32)).double(), f"{name} regionally compiled")
-
-
-@pytest.mark.parametrize("name", [n for n in ("ltx", "mochi", "wan") if n in MODELS])
-def test_lora_added_after_apply_then_compiled(name):
-    """a LoRA adapter loaded after apply() on a model whose blocks take no adapters, then
-    torch.compile before any eager call: the trace sees the replaced Linears (no stale fused
-    weights) and runs those blocks stock: the stock compiled model's bits"""
-    import copy
-    peft = pytest.importorskip("peft")
-    m, ref, low, x32, xl = pair(name, "cpu")
-    stock = copy.deepcopy(low)
-    fd.apply(low)
-    outs = []
-    for model in (stock, low):
-        torch.manual_seed(5)
-        model.add_adapter(peft.LoraConfig(r=4, lora_alpha=8, target_modules=["to_q", "to_v"], init_lora_weights=False))
-        torch._dynamo.reset()
-        outs.append(m.output(run(torch.compile(model, fullgraph=True), xl)))
-    assert torch.equal(outs[0], outs[1])
-    torch._dynamo.reset()
 
 
 def test_flux_copy_compiled_runs_its_own_blocks():

@@ -55,6 +55,24 @@ def __dir__():
     return sorted(__all__ + ["bem", "diffusers", "jax", "torch"])
 
 
+# fusedk.torch and fusedk.jax register their routes with _core when imported; until then these
+# stand-ins take a call that needs one (torch.compile's trace or autograd, JAX arrays): each
+# imports its adapter (an import statement: torch.compile's tracer runs one where it meets it,
+# which it does not do for importlib) and passes the call on
+def _torch_route(op, x, args, attrs, stream):
+    from . import torch as adapter
+    return adapter._route(op, x, args, attrs, stream)
+
+
+def _jax_route(op, x, args, attrs, stream):
+    from . import jax as adapter  # imports jax, which the caller has imported already
+    return adapter._route(op, x, args, attrs, stream)
+
+
+_core.register_adapter("torch", _torch_route)
+_core.register_adapter("jax", _jax_route)
+
+
 def kernel_info():
     """Version, build (CUDA on/off, archs, cuBLASLt), devices, and each op with its dtypes."""
     ffi, lib = _core.ffi, _core.lib

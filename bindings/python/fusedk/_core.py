@@ -351,19 +351,16 @@ def cupy_route(t):
                                  sys.modules["cupy"].cuda.get_current_stream, None)
 
 
-# --- JAX: the XLA FFI custom calls -------------------------------------------------------------
-def jax_path(op, args, attrs, stream):
-    from . import jax as fjax  # imports jax, which the caller has imported already
-    o = OPS[op]
-    for i, _, _ in o.outputs:
-        if args[i] is not None:
-            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.py_name(i)} (out=) is given, but the op "
-                        "runs through JAX and JAX arrays are immutable: leave it unset to get a new one")
-    refuse_room(o, args, "through JAX (its arrays are immutable)")
-    if stream is not None:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: stream= is not taken with JAX arrays; "
-                    "XLA runs the op on its own stream")
-    return fjax.call(o, [args[i] for i in o.inputs], attrs)
+# --- framework adapters: fusedk.torch and fusedk.jax ------------------------------------------
+# Each registers its route here when it is imported; this module never imports them (they build
+# on it). The package registers a stand-in for each that imports the adapter at its first call.
+_ADAPTERS = {}
+
+
+def register_adapter(name, route):
+    """Calls that need adapter `name` ("torch": autograd and torch.compile, through fusedk.torch's
+    custom operators; "jax": XLA's custom calls) go to route(op, x, args, attrs, stream)."""
+    _ADAPTERS[name] = route
 
 
 def refuse_room(o, args, where):
@@ -411,8 +408,8 @@ def path_of(t):
             p = routed_path(pylib.fusedk_py_route(t, api, None, None, None, None, grad))
         elif root == "cupy" and t.__name__ == "ndarray":
             p = routed_path(cupy_route(t))
-        elif root in ("jax", "jaxlib"):
-            p = jax_path
+        elif root in ("jax", "jaxlib"):  # arrays and tracers: fusedk.jax
+            p = lambda op, args, attrs, stream: _ADAPTERS["jax"](op, None, args, attrs, stream)  # noqa: E731
         else:
             p = lambda op, args, attrs, stream: generic(OPS[op], args, attrs, stream)  # noqa: E731
         _PATHS[t] = p
@@ -441,8 +438,7 @@ call = pylib.fusedk_py_fast(slow_call, c_failed)
 def traced_call(op, x, args, attrs=(), stream=None):
     """`call` as torch.compile traces it (and as autograd needs it): through the `fusedk::` custom
     operators of fusedk.torch, so fusedk.rmsnorm(t) in a compiled function is the custom op."""
-    from . import torch as fkt  # torch is imported: the caller has its tensors
-    return fkt._route(op, x, args, attrs, stream)
+    return _ADAPTERS["torch"](op, x, args, attrs, stream)
 
 
 def _substitute_for_dynamo():

@@ -31,6 +31,7 @@ import warnings
 import jax
 import numpy as np
 
+from . import _core
 from ._core import MAX_DIMS, OPS, Error
 from ._ffi import lib, pylib
 
@@ -316,12 +317,21 @@ def _call_for(op, mask, attrs):
 
 # --- the ops: fusedk's own functions, every input routed here (NumPy arrays too) --------------
 def _route(op, x, args, attrs, stream):
-    from ._core import jax_path
-    return jax_path(op, args, attrs, stream)  # refuses out= and stream=
+    """fusedk's call through XLA's custom call: JAX arrays are immutable (no out=) and XLA picks
+    the stream."""
+    o = OPS[op]
+    for i, _, _ in o.outputs:
+        if args[i] is not None:
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: {o.py_name(i)} (out=) is given, but the op "
+                        "runs through JAX and JAX arrays are immutable: leave it unset to get a new one")
+    _core.refuse_room(o, args, "through JAX (its arrays are immutable)")
+    if stream is not None:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{o.name}: stream= is not taken with JAX arrays; "
+                    "XLA runs the op on its own stream")
+    return call(o, [args[i] for i in o.inputs], attrs)
 
-
-from ._core import rebind  # noqa: E402
 
 for _o in OPS:
-    globals()[_o.name] = rebind(getattr(sys.modules[__package__], _o.name), _route)
+    globals()[_o.name] = _core.rebind(getattr(sys.modules[__package__], _o.name), _route)
 del _o
+_core.register_adapter("jax", _route)  # fusedk's own functions send JAX arrays and tracers here

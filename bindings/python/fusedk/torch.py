@@ -334,3 +334,4 @@ for _o in OPS:
     _register(_o)
     globals()[_o.name] = _core.rebind(getattr(_pkg, _o.name), _route)  # fusedk's function through the operators
 del _o
+_core.register_adapter("torch", _route)  # torch.compile's traces and autograd's eager calls come here

@@ -22,8 +22,10 @@ projection's input (adaln, fc1's GEMM, the single block's [attention, mlp]) writ
 with room for the adapters' h, so linear_lowrank reads it in place instead of copying it."""
 import torch
 
-from . import (Patcher, PerForward, State, attention_why_not, block_op, compiling, embedding_why_not, eps_of,
-               gelu_ff_why_not, linears_why_not, lora_width, records_grad, rows)
+from ._block_op import block_op, compiling
+from ._common import PerForward, attention_why_not, embedding_why_not, gelu_ff_why_not, records_grad, rows
+from ._lifecycle import Patcher
+from ._lora import feed_forward, normed
 
 
 def _attn_why_not(attn, added):
@@ -52,7 +54,7 @@ def _ada_why_not(norm, n_chunks):
 
 
 def _groups_double(m):
-    """The double block's GEMMs: {name: the projections it runs}"""
+    """The double block's GEMMs: {name: the projections it runs} ("mod": one GEMM, both streams)"""
     a = m.attn
     return {"qkv": [a.to_q, a.to_k, a.to_v], "aqkv": [a.add_q_proj, a.add_k_proj, a.add_v_proj],
             "mod": [m.norm1.linear, m.norm1_context.linear], "o": [a.to_out[0]], "add_o": [a.to_add_out],
@@ -65,25 +67,7 @@ def _groups_single(m):
             "out": [m.proj_out]}
 
 
-def _projections(groups):
-    return lambda m: [x for lins in groups(m).values() for x in lins]
-
-
-def _lins_why_not(groups):
-    why = linears_why_not([x for lins in groups.values() for x in lins], lora=True)
-    if why:
-        return why
-    for name, lins in groups.items():
-        if lora_width(lins) > 128:
-            return f"the LoRA adapters of its {name} GEMM take {lora_width(lins)} columns (A times r rounded up to 8), " \
-                   "expected at most 128"
-    return None
-
-
 def _why_not_double(m, root):
-    why = _lins_why_not(_groups_double(m))
-    if why:
-        return why
     for n in (m.norm2, m.norm2_context):
         if type(n) is not torch.nn.LayerNorm or n.elementwise_affine:
             return "norm2 is not a LayerNorm without affine"
@@ -92,9 +76,6 @@ def _why_not_double(m, root):
 
 
 def _why_not_single(m, root):
-    why = _lins_why_not(_groups_single(m))
-    if why:
-        return why
     if type(m.act_mlp) is not torch.nn.GELU or m.act_mlp.approximate != "tanh":
         return f"MLP activation {m.act_mlp!r}, expected GELU(approximate='tanh')"
     return _attn_why_not(m.attn, False) or _ada_why_not(m.norm, 3) or _pos_why_not(root)
@@ -105,26 +86,15 @@ def _pos_why_not(root):
     return embedding_why_not(root, "pos_embed", FluxPosEmbed, "repeat-interleaved tables")
 
 
-def _prepare(st, groups, a):
-    for name, lins in groups.items():  # "mod": the double block's one GEMM for both streams
-        st.proj(name, lins)
-    st.heads, st.dh = a.heads, a.head_dim
-    st.eps_qk = eps_of(a.norm_q, st.p["qkv"].w.dtype)
-
-
-def _prepare_double(m, pieces):
-    st = State(pieces)
-    _prepare(st, _groups_double(m), m.attn)
+def _prepare_double(m, st):
+    st.attention(m.attn, m.attn.head_dim)
     st.eps1, st.eps1c = m.norm1.norm.eps, m.norm1_context.norm.eps
     st.eps2, st.eps2c = m.norm2.eps, m.norm2_context.eps
-    return st
 
 
-def _prepare_single(m, pieces):
-    st = State(pieces)
-    _prepare(st, _groups_single(m), m.attn)
+def _prepare_single(m, st):
+    st.attention(m.attn, m.attn.head_dim)
     st.eps = m.norm.norm.eps
-    return st
 
 
 _tables = PerForward()
@@ -139,20 +109,11 @@ def _clip16(t):
     return t.clip(-65504, 65504) if t.dtype == torch.float16 else t
 
 
-def _normed(k, P, x, scale, shift, eps):
-    """adaln(x) as Proj P's input: into a buffer with room for P's h where P has adapters"""
-    buf = k.room(P, x)
-    n = k.adaln(x, scale, shift, eps, out=None if buf is None else buf[..., :x.shape[-1]])
-    return n if buf is None else buf
-
-
 def _stream_mlp(k, x, gate_msa, ax, gate_mlp, scale_mlp, shift_mlp, eps, p1, p2):
     """The rest of one stream of a double block after its attention output ax."""
     x = k.gated_residual(x, ax, gate_msa)
-    n = _normed(k, p1, x, scale_mlp, shift_mlp, eps)
-    hb = k.room(p2, x)  # fc1's output with room for fc2's adapters' h
-    h = k.proj(n, p1, act="gelu_tanh", out=None if hb is None else hb[..., :p1.w.shape[0]])
-    return k.gated_residual(x, k.proj(h if hb is None else hb, p2), gate_mlp, out=x)
+    h = feed_forward(k, normed(k, p1, x, scale_mlp, shift_mlp, eps), p1, p2)
+    return k.gated_residual(x, h, gate_mlp, out=x)
 
 
 def _stock(self, x, c, temb, rope, kwargs):
@@ -180,8 +141,8 @@ def _double(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
     p = st.p
     mod = k.proj(torch.nn.functional.silu(temb), p["mod"])  # [B, 12 D]: both streams
     shift, scale, gate, shift2, scale2, gate2, c_shift, c_scale, c_gate, c_shift2, c_scale2, c_gate2 = mod.chunk(12, 1)
-    qkv_x = k.proj(_normed(k, p["qkv"], x, scale, shift, st.eps1), p["qkv"])
-    qkv_c = k.proj(_normed(k, p["aqkv"], c, c_scale, c_shift, st.eps1c), p["aqkv"])
+    qkv_x = k.proj(normed(k, p["qkv"], x, scale, shift, st.eps1), p["qkv"])
+    qkv_c = k.proj(normed(k, p["aqkv"], c, c_scale, c_shift, st.eps1c), p["aqkv"])
     cos, sin = _half_tables(image_rotary_emb)
     q, kk, v = (x.new_empty(B, St + Si, H, Dh) for _ in range(3))
     a = self.attn
@@ -231,7 +192,7 @@ def _single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
     H, Dh = st.heads, st.dh
     p = st.p
     shift, scale, gate = k.proj(torch.nn.functional.silu(temb), p["mod"]).chunk(3, 1)
-    nq = _normed(k, p["qkv"], r, scale, shift, st.eps)  # with room for the qkv adapters' h, if any
+    nq = normed(k, p["qkv"], r, scale, shift, st.eps)  # with room for the qkv adapters' h, if any
     n = nq[..., :D]
     E = D + p["mlp"].w.shape[0]
     hb = k.room(p["out"], r)  # proj_out's input: [attention, mlp] (and room for its adapters' h)
@@ -254,7 +215,9 @@ def patchers():
     single = (lambda m, xs: [_single(m, xs[0], xs[1], xs[2], (xs[3], xs[4]))],
               lambda xs: [xs[0].new_empty(xs[0].shape[0], xs[1].shape[1] + xs[0].shape[1], xs[0].shape[2])],
               lambda m, xs: [torch.cat(stock(m, xs), 1)])
-    return {FluxTransformerBlock: Patcher(_why_not_double, _prepare_double, forward_double,
-                                          _projections(_groups_double), double),
-            FluxSingleTransformerBlock: Patcher(_why_not_single, _prepare_single, forward_single,
-                                                _projections(_groups_single), single)}
+    # every block one operator under torch.compile, LoRA or not: fewer dispatches and copies than its
+    # fusedk calls traced one by one
+    return {FluxTransformerBlock: Patcher(_groups_double, _why_not_double, _prepare_double, forward_double,
+                                          double, op_always=True),
+            FluxSingleTransformerBlock: Patcher(_groups_single, _why_not_single, _prepare_single, forward_single,
+                                                single, op_always=True)}

@@ -21,19 +21,28 @@ scale_shift_table + temb, as stock):
 With per-token timesteps (T = S) the modulations are [B, S, D], which adaln and gated_residual
 (per-sample [B, D] vectors) do not take: the norms, modulations and gated residuals then run the
 stock torch expressions (diffusers' RMSNorm rounding included); the GEMMs, qk_norm_rope and the
-attention stay fused."""
+attention stay fused.
+peft LoRA layers on attn1's and the feed-forward's projections fold into their GEMMs (_lora.py);
+those on attn2's run there, as stock."""
 import torch
 
-from . import (Patcher, PerForward, State, attention_why_not, embedding_why_not,
-               gelu_ff_why_not, linear_parts, linears_why_not, records_grad)
+from ._block_op import block_op, compiling
+from ._common import PerForward, attention_why_not, embedding_why_not, gelu_ff_why_not, records_grad
+from ._lifecycle import Patcher, as_op
+from ._lora import feed_forward, normed
+
+
+def _groups(m):
+    """The block's GEMMs: {name: the projections it runs}"""
+    a = m.attn1
+    return {"qkv": [a.to_q, a.to_k, a.to_v], "o": [a.to_out[0]], "ff1": [m.ff.net[0].proj], "ff2": [m.ff.net[2]]}
 
 
 def _why_not(m, root):
     from diffusers.models.normalization import RMSNorm
     from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
     a = m.attn1
-    why = (linears_why_not([a.to_q, a.to_k, a.to_v, a.to_out[0], m.ff.net[0].proj, m.ff.net[2]])
-           or attention_why_not(a, LTXVideoAttnProcessor))
+    why = attention_why_not(a, LTXVideoAttnProcessor)
     if why:
         return why
     if any(type(n) is not torch.nn.RMSNorm for n in (a.norm_q, a.norm_k)) or a.norm_q.eps != a.norm_k.eps:
@@ -56,12 +65,9 @@ def _rope_why_not(root):
     return embedding_why_not(root, "rope", LTXVideoRotaryPosEmbed, "repeat-interleaved tables")
 
 
-def _prepare(m, pieces):
-    st = State(pieces)
-    a = m.attn1
-    st.self_attention(a, a.head_dim)
+def _prepare(m, st):
+    st.attention(m.attn1, m.attn1.head_dim)
     st.eps1, st.eps2 = m.norm1.eps, m.norm2.eps
-    return st
 
 
 _tables = PerForward()
@@ -78,10 +84,11 @@ def _rmsnorm(x, eps):
     return (x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _adaln(k, x, scale, shift, eps):
-    """norm(x) * (1 + scale) + shift; scale, shift [B, T, D]: fused for T = 1, else stock."""
+def _adaln(k, P, x, scale, shift, eps):
+    """norm(x) * (1 + scale) + shift as Proj P's input; scale, shift [B, T, D]: fused for T = 1,
+    else stock."""
     if scale.shape[1] == 1:
-        return k.adaln(x, scale[:, 0], shift[:, 0], eps, norm="rms")
+        return normed(k, P, x, scale[:, 0], shift[:, 0], eps, norm="rms")
     return _rmsnorm(x, eps) * (1 + scale) + shift
 
 
@@ -96,26 +103,35 @@ def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=N
     if image_rotary_emb is None or records_grad(self, hidden_states, encoder_hidden_states, temb):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                   encoder_attention_mask)
+    if compiling() and as_op(self):  # one operator a block (block_op)
+        mask = [] if encoder_attention_mask is None else [encoder_attention_mask]
+        return block_op(self._fusedk, [hidden_states, encoder_hidden_states, temb, *image_rotary_emb, *mask])[0]
+    return _block(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, encoder_attention_mask)
+
+
+def _block(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, encoder_attention_mask):
     st = self._fusedk
-    k, x = st.k, hidden_states
+    k, x, p = st.k, hidden_states, st.p
     B, S, _ = x.shape
     H, Dh = st.heads, st.dh
     ada = self.scale_shift_table[None, None].to(temb.device) + temb.reshape(B, temb.size(1), 6, -1)
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada.unbind(dim=2)  # [B, T, D] each
     a = self.attn1
-    qkv = k.linear(_adaln(k, x, scale_msa, shift_msa, st.eps1), st.w_qkv, st.b_qkv).view(B, S, 3, H, Dh)
+    qkv = k.proj(_adaln(k, p["qkv"], x, scale_msa, shift_msa, st.eps1), p["qkv"]).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(image_rotary_emb, H)
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
-    wo, bo = linear_parts(a.to_out[0])
-    x = _gated(k, x, k.linear(k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype), wo, bo), gate_msa)
+    x = _gated(k, x, k.proj(k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype), p["o"]), gate_msa)
     x = x + self.attn2(x, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                        attention_mask=encoder_attention_mask)
-    w1, b1 = linear_parts(self.ff.net[0].proj)
-    w2, b2 = linear_parts(self.ff.net[2])
-    h = k.linear(_adaln(k, x, scale_mlp, shift_mlp, st.eps2), w1, b1, act="gelu_tanh")
-    return _gated(k, x, k.linear(h, w2, b2), gate_mlp, out=x)  # x is this forward's own tensor here
+    h = feed_forward(k, _adaln(k, p["ff1"], x, scale_mlp, shift_mlp, st.eps2), p["ff1"], p["ff2"])
+    return _gated(k, x, h, gate_mlp, out=x)  # x is this forward's own tensor here
 
 
 def patchers():
     from diffusers.models.transformers.transformer_ltx import LTXVideoTransformerBlock
-    return {LTXVideoTransformerBlock: Patcher(_why_not, _prepare, forward)}
+
+    def args(xs):  # block_op's tensors: x, c, temb, the rope tables, the caption mask if any
+        return xs[0], xs[1], xs[2], (xs[3], xs[4]), xs[5] if len(xs) > 5 else None
+    op = (lambda m, xs: [_block(m, *args(xs))], lambda xs: [torch.empty_like(xs[0])],
+          lambda m, xs: [type(m).forward(m, *args(xs)).clone()])  # (an operator's outputs alias no input)
+    return {LTXVideoTransformerBlock: Patcher(_groups, _why_not, _prepare, forward, op, calls=lambda m: [m.attn2])}

@@ -12,7 +12,7 @@ Per block (video stream x, text stream c; temb -> one GEMM for both streams' mod
   attention                                 SDPA as MochiAttnProcessor2_0 calls it: one batched
                                             call when every text token is valid, else per sample
                                             over the video rows and the valid text rows, the rest
-                                            zeros (the stock processor's padding); under
+                                            zeros (the stock processor's padding); traced by
                                             torch.compile one batched call with no host sync,
                                             the padded text keys masked (SDPA's boolean mask);
                                             with apply(attention=True) fusedk's kernel, one call,
@@ -21,12 +21,29 @@ Per block (video stream x, text stream c; temb -> one GEMM for both streams' mod
   adaln(x, scale_mlp, 0, norm="rms") ; linear(., W1) ; glu(., silu, gate = second half) ;
   linear(., W2) ; residual_tanh_gated_rmsnorm
 The last block (context_pre_only) queries with the video rows only (the stock block drops the
-text rows' attention output) and returns the text stream as it came."""
+text rows' attention output) and returns the text stream as it came.
+peft LoRA layers on any of these projections fold into their GEMMs (_lora.py); under torch.compile
+such a block runs as one operator (block_op), eagerly inside it."""
 import torch
 import torch.nn.functional as F
 
-from . import (Patcher, State, attention_why_not, compiling, embedding_why_not, linear_parts, linears_why_not,
-               records_grad, rows)
+from ._block_op import block_op, compiling
+from ._common import attention_why_not, embedding_why_not, records_grad, rows
+from ._lifecycle import Patcher, as_op
+from ._lora import feed_forward, normed
+
+
+def _groups(m):
+    """The block's GEMMs: {name: the projections it runs} ("mod": one GEMM, both streams; the last
+    block's text stream has no projections after its q, k, v)"""
+    a, last = m.attn1, m.context_pre_only
+    ctx = m.norm1_context.linear_1 if last else m.norm1_context.linear
+    groups = {"mod": [m.norm1.linear, ctx], "qkv": [a.to_q, a.to_k, a.to_v],
+              "aqkv": [a.add_q_proj, a.add_k_proj, a.add_v_proj], "o": [a.to_out[0]], "ff1": [m.ff.net[0].proj],
+              "ff2": [m.ff.net[2]]}
+    if not last:
+        groups.update(add_o=[a.to_add_out], cff1=[m.ff_context.net[0].proj], cff2=[m.ff_context.net[2]])
+    return groups
 
 
 def _rms_why_not(norm, name):
@@ -78,21 +95,12 @@ def _why_not(m, root):
     from diffusers.models.transformers.transformer_mochi import (MochiLayerNormContinuous, MochiRMSNormZero,
                                                                  MochiRoPE)
     a, last = m.attn1, m.context_pre_only
-    lins = [a.to_q, a.to_k, a.to_v, a.add_q_proj, a.add_k_proj, a.add_v_proj, a.to_out[0], m.ff.net[0].proj,
-            m.ff.net[2], m.norm1.linear]
-    lins += [m.norm1_context.linear_1] if last else [a.to_add_out, m.ff_context.net[0].proj, m.ff_context.net[2],
-                                                    m.norm1_context.linear]
-    why = linears_why_not(lins)
-    if why:
-        return why
     if a.context_pre_only != last or hasattr(a, "to_add_out") == last:
         return "the block's and its attention's context_pre_only differ"
     ctx = MochiLayerNormContinuous if last else MochiRMSNormZero
     for n, cls in ((m.norm1, MochiRMSNormZero), (m.norm1_context, ctx)):
         if type(n) is not cls or type(n.silu) is not torch.nn.SiLU:
             return f"modulation {type(n).__name__}, expected {cls.__name__} with SiLU"
-    if (m.norm1.linear.bias is None) != (lins[-1].bias is None):
-        return "one modulation Linear has a bias and the other not"
     why = (_rms_why_not(m.norm1.norm, "norm1.norm")
            or (_modulated_why_not(m.norm1_context, ["norm"]) if last else _rms_why_not(m.norm1_context.norm,
                                                                                      "norm1_context.norm"))
@@ -104,20 +112,15 @@ def _why_not(m, root):
     return embedding_why_not(root, "rope", MochiRoPE, "tables [S, H, Dh/2]")
 
 
-def _prepare(m, pieces):
-    st = State(pieces)
+def _prepare(m, st):
     a, last = m.attn1, m.context_pre_only
-    st.self_attention(a, a.norm_q.dim[0])
-    st.fuse("aqkv", [a.add_q_proj, a.add_k_proj, a.add_v_proj])
-    ctx = m.norm1_context.linear_1 if last else m.norm1_context.linear
-    st.fuse("mod", [m.norm1.linear, ctx])  # one GEMM, both streams
+    st.attention(a, a.norm_q.dim[0])
     st.eps_aqk = a.norm_added_q.eps
     st.eps1 = m.norm1.norm.eps
     st.eps1c = m.norm1_context.norm.norm.eps if last else m.norm1_context.norm.eps
     st.eps = [m.norm2.norm.eps, m.norm3.norm.eps, m.norm4.norm.eps]
     if not last:
         st.epsc = [m.norm2_context.norm.eps, m.norm3_context.norm.eps, m.norm4_context.norm.eps]
-    return st
 
 
 def _sdpa(q, k, v):
@@ -196,32 +199,39 @@ def _zeros(t, B, D):
     return t.new_zeros(1, D).expand(B, D)  # adaln's shift: MochiRMSNormZero has none
 
 
-def _stream(k, x, o, wo, bo, gate_msa, scale_mlp, gate_mlp, eps, ff):
-    """One stream after its attention output o: the gated-norm residual, the modulated norm, the
-    SwiGLU feed-forward and its gated-norm residual."""
-    x = k.residual_tanh_gated_rmsnorm(x, k.linear(rows(o), wo, bo), gate_msa, eps[0])
-    n = k.adaln(x, scale_mlp, _zeros(x, x.shape[0], x.shape[2]), eps[1], norm="rms")
-    w1, b1 = linear_parts(ff.net[0].proj)
-    w2, b2 = linear_parts(ff.net[2])
-    g = k.glu(k.linear(n, w1, b1), "silu", "second")  # diffusers' SwiGLU gates the second half
-    return k.residual_tanh_gated_rmsnorm(x, k.linear(g, w2, b2), gate_mlp, eps[2])
+def _stream(k, x, o, po, gate_msa, scale_mlp, gate_mlp, eps, p1, p2):
+    """One stream after its attention output o (Projs: po its output projection, p1 and p2 the
+    feed-forward's): the gated-norm residual, the modulated norm, the SwiGLU feed-forward and its
+    gated-norm residual."""
+    x = k.residual_tanh_gated_rmsnorm(x, k.proj(rows(o), po), gate_msa, eps[0])
+    n = normed(k, p1, x, scale_mlp, _zeros(x, x.shape[0], x.shape[2]), eps[1], norm="rms")
+    h = feed_forward(k, n, p1, p2, act="silu", glu_half="second")  # diffusers' SwiGLU gates the second half
+    return k.residual_tanh_gated_rmsnorm(x, h, gate_mlp, eps[2])
 
 
 def forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb=None):
-    st = self._fusedk
-    B, Si, D = hidden_states.shape
-    St, Dc = encoder_hidden_states.shape[1:]
+    st, B, St = self._fusedk, hidden_states.shape[0], encoder_hidden_states.shape[1]
     if (image_rotary_emb is None or encoder_attention_mask is None or encoder_attention_mask.numel() != B * St
             or records_grad(self, hidden_states, encoder_hidden_states, temb)):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_mask,
                                   image_rotary_emb)
-    k, x, c, last = st.k, hidden_states, encoder_hidden_states, self.context_pre_only
+    if compiling() and as_op(self):  # one operator a block (block_op)
+        x, c = block_op(st, [hidden_states, encoder_hidden_states, temb, encoder_attention_mask, *image_rotary_emb])
+        return x, encoder_hidden_states if self.context_pre_only else c
+    return _block(self, hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb)
+
+
+def _block(self, hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb):
+    st = self._fusedk
+    B, Si, D = hidden_states.shape
+    St, Dc = encoder_hidden_states.shape[1:]
+    k, x, c, last, p = st.k, hidden_states, encoder_hidden_states, self.context_pre_only, st.p
     H, Dh = st.heads, st.dh
-    mod = k.linear(F.silu(temb), st.w_mod, st.b_mod)  # [B, 4 D + (Dc if last else 4 Dc)]
+    mod = k.proj(F.silu(temb), p["mod"])  # [B, 4 D + (Dc if last else 4 Dc)]
     scale, gate, scale2, gate2 = mod[:, :4 * D].chunk(4, 1)
-    qkv_x = k.linear(k.adaln(x, scale, _zeros(x, B, D), st.eps1, norm="rms"), st.w_qkv, st.b_qkv)
+    qkv_x = k.proj(normed(k, p["qkv"], x, scale, _zeros(x, B, D), st.eps1, norm="rms"), p["qkv"])
     c_scale = mod[:, 4 * D:4 * D + Dc]  # the last block's MochiLayerNormContinuous: its scale only
-    qkv_c = k.linear(k.adaln(c, c_scale, _zeros(c, B, Dc), st.eps1c, norm="rms"), st.w_aqkv, st.b_aqkv)
+    qkv_c = k.proj(normed(k, p["aqkv"], c, c_scale, _zeros(c, B, Dc), st.eps1c, norm="rms"), p["aqkv"])
     q, kk, v = (x.new_empty(B, Si + St, H, Dh) for _ in range(3))
     a = self.attn1
     cos, sin = (t.float().contiguous() for t in image_rotary_emb)
@@ -236,15 +246,22 @@ def forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_
     else:
         o = _attend(q, kk, v, Sq, _validrows(encoder_attention_mask, B, Si))
     o = o.flatten(2, 3).to(x.dtype)
-    wo, bo = linear_parts(a.to_out[0])
-    x = _stream(k, x, o[:, :Si], wo, bo, gate, scale2, gate2, st.eps, self.ff)
+    x = _stream(k, x, o[:, :Si], p["o"], gate, scale2, gate2, st.eps, p["ff1"], p["ff2"])
     if last:
         return x, encoder_hidden_states
     c_gate, c_scale2, c_gate2 = mod[:, 4 * D + Dc:].chunk(3, 1)
-    wc, bc = linear_parts(a.to_add_out)
-    return x, _stream(k, c, o[:, Si:], wc, bc, c_gate, c_scale2, c_gate2, st.epsc, self.ff_context)
+    return x, _stream(k, c, o[:, Si:], p["add_o"], c_gate, c_scale2, c_gate2, st.epsc, p["cff1"], p["cff2"])
 
 
 def patchers():
     from diffusers.models.transformers.transformer_mochi import MochiTransformerBlock
-    return {MochiTransformerBlock: Patcher(_why_not, _prepare, forward)}
+
+    def args(xs):  # block_op's tensors: x, c, temb, the text mask, the rope tables
+        return xs[0], xs[1], xs[2], xs[3], (xs[4], xs[5])
+
+    def run(m, xs):  # (the last block's text stream is its input: a copy, an operator's outputs alias no input)
+        x, c = _block(m, *args(xs))
+        return [x, c.clone() if c is xs[1] else c]
+    op = (run, lambda xs: [torch.empty_like(xs[0]), torch.empty_like(xs[1])],
+          lambda m, xs: [t.clone() for t in type(m).forward(m, *args(xs))])
+    return {MochiTransformerBlock: Patcher(_groups, _why_not, _prepare, forward, op)}

@@ -16,18 +16,30 @@ Per block (video tokens x, text c; mod = scale_shift_table + temb in float32, as
 Wan keeps its modulation in float32 (scale_shift_table + temb.float()): fusedk's adaln and
 gated_residual read it as float32 beside the model's 16-bit rows, as the stock expressions
 compute (float32 math, one rounding). Wan 2.2 TI2V's per-token temb [B, L, 6, D] runs the
-stock expressions for those two."""
+stock expressions for those two.
+peft LoRA layers on any of these projections fold into their GEMMs (_lora.py)."""
 import torch
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
-from . import (Patcher, PerForward, State, attention_why_not, gelu_ff_why_not, linear_parts,
-               linears_why_not, records_grad, rows)
+from ._block_op import block_op, compiling
+from ._common import PerForward, attention_why_not, gelu_ff_why_not, records_grad, rows
+from ._lifecycle import Patcher, as_op
+from ._lora import feed_forward, normed
+
+
+def _groups(m):
+    """The block's GEMMs: {name: the projections it runs} ("kv2": the cross-attention's k and v)"""
+    a, a2 = m.attn1, m.attn2
+    groups = {"qkv": [a.to_q, a.to_k, a.to_v], "o": [a.to_out[0]], "q2": [a2.to_q], "kv2": [a2.to_k, a2.to_v],
+              "o2": [a2.to_out[0]], "ff1": [m.ffn.net[0].proj], "ff2": [m.ffn.net[2]]}
+    if a2.add_k_proj is not None:  # I2V: the image context's k, v
+        groups["akv2"] = [a2.add_k_proj, a2.add_v_proj]
+    return groups
 
 
 def _attn_why_not(a):
-    lins = [a.to_q, a.to_k, a.to_v, a.to_out[0]] + ([a.add_k_proj, a.add_v_proj] if a.add_k_proj is not None else [])
-    why = attention_why_not(a, WanAttnProcessor) or linears_why_not(lins)
+    why = attention_why_not(a, WanAttnProcessor)
     if why:
         return why
     if not a.heads * (a.inner_dim // a.heads) == a.inner_dim == a.to_q.out_features == a.to_k.out_features:
@@ -40,9 +52,6 @@ def _why_not(m, root):
     why = _attn_why_not(a) or _attn_why_not(m.attn2) or gelu_ff_why_not(m.ffn)
     if why:
         return why
-    why = linears_why_not([m.ffn.net[0].proj, m.ffn.net[2]])
-    if why:
-        return why
     for n in (m.norm1, m.norm3):
         if type(n) is not FP32LayerNorm or n.elementwise_affine:
             return f"modulated norm {type(n).__name__}, expected FP32LayerNorm without affine"
@@ -53,15 +62,9 @@ def _why_not(m, root):
     return None
 
 
-def _prepare(m, pieces):
-    st = State(pieces)
-    a, a2 = m.attn1, m.attn2
-    st.self_attention(a, a.inner_dim // a.heads)
-    st.fuse("kv", [a2.to_k, a2.to_v])
-    if a2.add_k_proj is not None:  # I2V: the image context's k, v
-        st.fuse("akv", [a2.add_k_proj, a2.add_v_proj])
+def _prepare(m, st):
+    st.attention(m.attn1, m.attn1.inner_dim // m.attn1.heads)
     st.eps1, st.eps3 = m.norm1.eps, m.norm3.eps
-    return st
 
 
 _tables = PerForward()
@@ -86,11 +89,11 @@ def _tokens(v):
     return v[:, None] if v.dim() == 2 else v
 
 
-def _norm_mod(k, x, scale, shift, eps):
-    """(FP32LayerNorm(x) * (1 + scale) + shift).type_as(x): fusedk's adaln where it reproduces it,
-    else the stock expression."""
+def _norm_mod(k, P, x, scale, shift, eps):
+    """(FP32LayerNorm(x) * (1 + scale) + shift).type_as(x) as Proj P's input: fusedk's adaln where
+    it reproduces it, else the stock expression."""
     if _fused(k, "adaln", x, scale):
-        return k.adaln(x, scale, shift, eps)
+        return normed(k, P, x, scale, shift, eps)
     n = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], eps=eps)
     return (n * (1 + _tokens(scale)) + _tokens(shift)).type_as(x)
 
@@ -108,46 +111,56 @@ def _heads(t, h):
 
 def _cross(self, k, x, c):
     """attn2: the stock processor's math with its GEMMs through fusedk."""
-    st, a = self._fusedk, self.attn2
+    p, a = self._fusedk.p, self.attn2
     H, D = a.heads, a.inner_dim
     n = self.norm2(x.float()).type_as(x)  # FP32LayerNorm with affine (or Identity), as stock
     c_img = None
     if a.add_k_proj is not None:  # as WanAttnProcessor: the text context is the last 512 tokens
         icl = c.shape[1] - 512
         c_img, c = c[:, :icl], c[:, icl:]
-    q = _heads(a.norm_q(k.linear(n, *linear_parts(a.to_q))), H)
-    kv = k.linear(rows(c), st.w_kv, st.b_kv)
+    q = _heads(a.norm_q(k.proj(n, p["q2"])), H)
+    kv = k.proj(rows(c), p["kv2"])
     o = k.attention(a, q, _heads(a.norm_k(kv[..., :D]), H), _heads(kv[..., D:], H)).flatten(2, 3).type_as(q)
     if c_img is not None:
-        kv = k.linear(rows(c_img), st.w_akv, st.b_akv)
+        kv = k.proj(rows(c_img), p["akv2"])
         oi = k.attention(a, q, _heads(a.norm_added_k(kv[..., :D]), H), _heads(kv[..., D:], H))
         o = o + oi.flatten(2, 3).type_as(q)
-    return k.linear(o, *linear_parts(a.to_out[0]))
+    return k.proj(o, p["o2"])
 
 
 def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+    st, S = self._fusedk, hidden_states.shape[1]
+    # tables other than WanRotaryPosEmbed's [1, S, 1, Dh] (none, or a per-sample form): the stock forward
+    if (rotary_emb is None or any(tuple(t.shape) != (1, S, 1, st.dh) for t in rotary_emb)
+            or records_grad(self, hidden_states, encoder_hidden_states, temb)):
+        return type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
+    if compiling() and as_op(self):  # one operator a block (block_op)
+        return block_op(st, [hidden_states, encoder_hidden_states, temb, *rotary_emb])[0]
+    return _block(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
+
+
+def _block(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
     st = self._fusedk
-    x = hidden_states
+    k, x, p = st.k, hidden_states, st.p
     B, S, D = x.shape
     H, Dh = st.heads, st.dh
-    # tables other than WanRotaryPosEmbed's [1, S, 1, Dh] (none, or a per-sample form): the stock forward
-    if (rotary_emb is None or any(tuple(t.shape) != (1, S, 1, Dh) for t in rotary_emb)
-            or records_grad(self, x, encoder_hidden_states, temb)):
-        return type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
-    k = st.k
     mod = self.scale_shift_table + temb.float()  # float32, as stock
     # [B, 6, D] -> [B, D] chunks; Wan 2.2 TI2V's per-token [B, L, 6, D] -> [B, L, D]
     shift, scale, gate, c_shift, c_scale, c_gate = mod.unbind(2 if temb.ndim == 4 else 1)
     a = self.attn1
-    qkv = k.linear(_norm_mod(k, x, scale, shift, st.eps1), st.w_qkv, st.b_qkv).view(B, S, 3, H, Dh)
+    qkv = k.proj(_norm_mod(k, p["qkv"], x, scale, shift, st.eps1), p["qkv"]).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(rotary_emb)
     q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
     o = k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
-    x = _gated(k, x, k.linear(o, *linear_parts(a.to_out[0])), gate)
+    x = _gated(k, x, k.proj(o, p["o"]), gate)
     x = x.add_(_cross(self, k, x, encoder_hidden_states))  # stock: a plain add in x's dtype (x is ours)
-    h = k.linear(_norm_mod(k, x, c_scale, c_shift, st.eps3), *linear_parts(self.ffn.net[0].proj), act="gelu_tanh")
-    return _gated(k, x, k.linear(h, *linear_parts(self.ffn.net[2])), c_gate, out=x)
+    h = feed_forward(k, _norm_mod(k, p["ff1"], x, c_scale, c_shift, st.eps3), p["ff1"], p["ff2"])
+    return _gated(k, x, h, c_gate, out=x)
 
 
 def patchers():
-    return {WanTransformerBlock: Patcher(_why_not, _prepare, forward)}
+    def args(xs):  # block_op's tensors: x, c, temb, the rope tables
+        return xs[0], xs[1], xs[2], (xs[3], xs[4])
+    op = (lambda m, xs: [_block(m, *args(xs))], lambda xs: [torch.empty_like(xs[0])],
+          lambda m, xs: [type(m).forward(m, *args(xs)).clone()])  # (an operator's outputs alias no input)
+    return {WanTransformerBlock: Patcher(_groups, _why_not, _prepare, forward, op)}
