@@ -96,13 +96,16 @@
               tests/ and bench/)
      declarations     [api] types, statuses, tensors   [dlpack] memory and streams
                       [norm] the normalization ops     [elementwise] activations, fused residuals
-                      [position] rope, its tables, qk_norm_rope   [sampler] diffusion_step
+                      [sampler] diffusion_step         [position] rope, its tables, qk_norm_rope
                       [linear] linear, linear_backward (cuBLASLt)   [attention] attention
                       [lowrank] lowrank_update, linear_lowrank, their backward
                       [registry] every op's arguments as data, output shapes
-     implementation   [errors] [tensors] [registry] [validate] [numerics] [norm] [elementwise]
-                      [sampler] [position] [linear] [attention] [lowrank] (CPU references and
-                      entry points)
+     internal         the argument structs the entry points hand fusedk_kernels.cu, family by
+                      family, and its fusedk__cuda_* functions
+     implementation   [errors] [tensors] [registry] (each op's entry and output shape rule, lookup,
+                      fusedk_op_call) [validate] [numerics]
+                      [norm] [elementwise] [sampler] [position] [linear] [attention] [lowrank]
+                      (CPU references and entry points)
                       [dlpack] [info]
      GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [tile]
                       [norm] [elementwise] (with [sampler]) [position] [gemm] [linear] [attention]
@@ -110,8 +113,9 @@
 
    ADDING AN OP
      An fusedk_op_id at the end of the enum, its registry entry (arguments in C order with kind
-     and role, attributes with defaults), its entry point (fusedk__validate, then the op's own
-     checks), its CPU reference and its kernel in its family's section; fusedk_op_call's switch.
+     and role, attributes with defaults, and the shape rule of its outputs of role OWN, written
+     just above the table), its entry point (fusedk__validate, then the op's own checks), its
+     CPU reference and its kernel in its family's section; fusedk_op_call's switch.
      kernel_info, the Python functions' registry order, the torch ops and the XLA handlers follow
      the registry.
 
@@ -349,6 +353,28 @@ FUSEDK_DEF fusedk_status fusedk_glu_pair(const fusedk_tensor *y, const fusedk_te
                                          const fusedk_tensor *gate, fusedk_activation act,
                                          struct CUstream_st *stream);
 
+/* ---- [sampler] one diffusion sampler step over the latent, one read of each input ----
+   m  = uncond + guidance * (cond - uncond)   (classifier-free guidance; m = cond without uncond)
+   EULER (flow matching; Mochi, LTX-Video, Flux):  x' = x + (sigma_next - sigma) * m
+   DDIM (eta = 0, epsilon prediction):  x0 = (x - sqrt(1 - alpha_bar) m) / sqrt(alpha_bar),
+        clamped to [-clamp_x0, clamp_x0] when clamp_x0 > 0,
+        x' = sqrt(alpha_bar_prev) x0 + sqrt(1 - alpha_bar_prev) m
+   then x' = blend x' + (1 - blend) prev when prev is given (a temporal blend).
+   x, cond, uncond, prev, out: one shape (inputs may broadcast); out = x updates in place. */
+typedef enum fusedk_sampler { FUSEDK_SAMPLER_EULER = 0, FUSEDK_SAMPLER_DDIM = 1 } fusedk_sampler;
+typedef struct fusedk_step {
+  int32_t sampler;              /* fusedk_sampler */
+  float guidance;               /* used with uncond */
+  float sigma, sigma_next;      /* EULER */
+  float alpha_bar, alpha_bar_prev; /* DDIM: cumulative alpha products, (0, 1] and [0, 1] */
+  float clamp_x0;               /* DDIM: > 0 clamps x0, 0 does not */
+  float blend;                  /* used with prev */
+} fusedk_step;
+FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const fusedk_tensor *x,
+                                               const fusedk_tensor *cond, const fusedk_tensor *uncond,
+                                               const fusedk_tensor *prev, const fusedk_step *step,
+                                               struct CUstream_st *stream);
+
 /* ---- [position] rotary position embeddings (RoPE) and their tables ----
    rope: q [B, S, Hq, Dh] and k [B, S, Hk, Dh] (any strides but a contiguous last dim) rotated
    in one launch: the first rotary_dim (R) channels of each head turn by the angles of the
@@ -407,28 +433,6 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
                                              float eps, fusedk_qk_norm norm, fusedk_rope_style style,
                                              fusedk_layout layout, int32_t rotary_dim, struct CUstream_st *stream);
 
-/* ---- [sampler] one diffusion sampler step over the latent, one read of each input ----
-   m  = uncond + guidance * (cond - uncond)   (classifier-free guidance; m = cond without uncond)
-   EULER (flow matching; Mochi, LTX-Video, Flux):  x' = x + (sigma_next - sigma) * m
-   DDIM (eta = 0, epsilon prediction):  x0 = (x - sqrt(1 - alpha_bar) m) / sqrt(alpha_bar),
-        clamped to [-clamp_x0, clamp_x0] when clamp_x0 > 0,
-        x' = sqrt(alpha_bar_prev) x0 + sqrt(1 - alpha_bar_prev) m
-   then x' = blend x' + (1 - blend) prev when prev is given (a temporal blend).
-   x, cond, uncond, prev, out: one shape (inputs may broadcast); out = x updates in place. */
-typedef enum fusedk_sampler { FUSEDK_SAMPLER_EULER = 0, FUSEDK_SAMPLER_DDIM = 1 } fusedk_sampler;
-typedef struct fusedk_step {
-  int32_t sampler;              /* fusedk_sampler */
-  float guidance;               /* used with uncond */
-  float sigma, sigma_next;      /* EULER */
-  float alpha_bar, alpha_bar_prev; /* DDIM: cumulative alpha products, (0, 1] and [0, 1] */
-  float clamp_x0;               /* DDIM: > 0 clamps x0, 0 does not */
-  float blend;                  /* used with prev */
-} fusedk_step;
-FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const fusedk_tensor *x,
-                                               const fusedk_tensor *cond, const fusedk_tensor *uncond,
-                                               const fusedk_tensor *prev, const fusedk_step *step,
-                                               struct CUstream_st *stream);
-
 /* ---- [linear] the matrix family: cuBLASLt GEMMs with fused epilogues ----
    linear:  z = x[..., K] . w[N, K]^T + bias[N],  y[..., N] = act(z)
      x's leading dims are the M rows (they must flatten to one row stride); w and bias as
@@ -440,14 +444,15 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
      SILU y = act(z rounded to the dtype), as the unfused chain computes it. Matrices whose
      rows are not 16-byte aligned (odd N or K, offset views), an unaligned bias, K = 0: the GEMM
      in float32 into scratch, then one fusedk pass adds the bias, applies act and rounds once
-     (cuBLASLt's 16-bit outputs for unaligned rows were several ulps off). A large GEMM's
+     (cuBLASLt's 16-bit outputs for unaligned rows come out several ulps off). A large GEMM's
      (2 M N K >= 1e10) first uncaptured call times cuBLASLt algorithms and keeps the fastest, as
      the environment variable FUSEDK_LINEAR_TUNE, read when a plan is made, says: 1 (default)
      the heuristic's first 8; 2 also each tile of those (and of the plain GEMM's) in every custom
-     option and cluster shape (auto, 1x1, 2x1, 1x2, 2x2) cuBLASLt accepts (~100, 0.05-1 s once
-     a plan on an H100); 3 every tile so (~4400, 3-40 s once a plan; fusedk's cuBLASLt state has
-     one lock, so other threads' linear calls, on any device, wait meanwhile); 0 none (the
-     heuristic's first). bench/lt_search.cu measures what each level finds.
+     option and cluster shape (auto, 1x1, 2x1, 1x2, 2x2) cuBLASLt accepts (~100 candidates,
+     each timed once a plan); 3 every tile so (~4400: a plan's search takes seconds, and fusedk's
+     cuBLASLt state has one lock, so other threads' linear calls, on any device, wait meanwhile);
+     0 none (the heuristic's first). bench/lt_search.cu measures what each level finds, and
+     bench/NOTES.md's [linear] sections what each costs.
      aux_out = z rounded to the dtype (the pre-activation): what linear_backward needs for
      act != NONE (for RELU, y itself serves as well: relu'(z) = [y > 0]).
    linear_backward: with dz = dy * act'(aux) rounded to the dtype (dz = dy for NONE),
@@ -726,6 +731,14 @@ FUSEDK_DEF int32_t fusedk_op_out_exists(int32_t i, int32_t out, const fusedk_ten
 extern "C" {
 #endif
 
+/* Sets the calling thread's failure reason (fusedk_failure_reason) and returns s: both halves
+   report through it. */
+fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* A [B, L, ...] operand: element (b, l, d) is at p + b*sb + l*sl + d (elements). Per-sample
    vectors use sl = 0. p == NULL: operand absent. */
 typedef struct fusedk__rows {
@@ -797,23 +810,6 @@ typedef struct fusedk__table_args {
   double theta;
 } fusedk__table_args;
 
-/* linear and linear_backward: row-major matrices as pointer + row stride (elements); p == NULL:
-   absent. Forward: y[M, N] = act(x[M, K] w[N, K]^T + bias), aux = the pre-activation.
-   Backward: dx[M, K], dw[N, K], db[N] from dy[M, N], x, w and aux (act != NONE). */
-typedef struct fusedk__mat {
-  void *p;
-  int64_t ld;
-} fusedk__mat;
-typedef struct fusedk__linear_args {
-  int32_t op;       /* FUSEDK_OP_LINEAR or FUSEDK_OP_LINEAR_BACKWARD */
-  int32_t scalar;   /* fusedk_scalar */
-  int32_t act;      /* fusedk_activation */
-  int32_t tf32;     /* float32: 1 = TF32 tensor cores */
-  int64_t M, N, K;
-  fusedk__mat y, aux, x, w, dx, dw, dy;
-  void *bias, *db;  /* [N] contiguous */
-} fusedk__linear_args;
-
 /* The angle of table entry (s, h, f), in double: the table builders' one formula, for the CPU
    reference and the kernel alike. */
 #if defined(__CUDACC__)
@@ -840,11 +836,23 @@ static inline FUSEDK__HD double fusedk__table_angle(const fusedk__table_args *a,
   return (double)in[k * a->ia] * pow(a->theta, -2.0 * (double)f / (double)a->dims[k]);
 }
 
-fusedk_status fusedk__fail(fusedk_status s, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
+/* linear and linear_backward: row-major matrices as pointer + row stride (elements); p == NULL:
+   absent. Forward: y[M, N] = act(x[M, K] w[N, K]^T + bias), aux = the pre-activation.
+   Backward: dx[M, K], dw[N, K], db[N] from dy[M, N], x, w and aux (act != NONE). */
+typedef struct fusedk__mat {
+  void *p;
+  int64_t ld;
+} fusedk__mat;
+typedef struct fusedk__linear_args {
+  int32_t op;       /* FUSEDK_OP_LINEAR or FUSEDK_OP_LINEAR_BACKWARD */
+  int32_t scalar;   /* fusedk_scalar */
+  int32_t act;      /* fusedk_activation */
+  int32_t tf32;     /* float32: 1 = TF32 tensor cores */
+  int64_t M, N, K;
+  fusedk__mat y, aux, x, w, dx, dw, dy;
+  void *bias, *db;  /* [N] contiguous */
+} fusedk__linear_args;
+
 /* attention: q [B, Sq, Hq, Dh], k, v [B, Sk, Hkv, Dh], out like q, as element strides over
    (b, s, h); lse [B, Hq, Sq] float32 (p == NULL: not asked for); kv_len int32 [B] or NULL. */
 typedef struct fusedk__attn_args {
@@ -1264,7 +1272,189 @@ static void *fusedk__base(const fusedk_tensor *t) {
   return t ? (void *)((uintptr_t)t->data + t->byte_offset) : NULL; /* integer math: data may be NULL (empty) */
 }
 
-/* --- [registry] each op's arguments once (C order, kind, role); [validate] one routine --- */
+/* --- [registry] each op once: arguments, attributes, output shapes; lookup and the generic call --- */
+
+/* The shape rule of an op whose outputs include one of role OWN: output `out`'s shape from the
+   inputs t (registry order) and attributes a, shape holding its like input's shape on entry;
+   returns the ndim, or a negative status with the failure reason set. */
+typedef int (*fusedk__shape_rule)(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                  const fusedk_tensor *const *t, const double *a, int64_t *shape);
+
+/* [position]: the table builders' attribute checks (their entry points' too), then the rules */
+
+static fusedk_status fusedk__check_dim(const char *op, const char *name, int64_t dim) {
+  if (dim < 2 || dim % 2 || dim > (1 << 24))
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %lld, expected an even size >= 2", op, name,
+                        (long long)dim);
+  return FUSEDK_OK;
+}
+
+/* Flux's axes_dim[0..n) (as the attributes hold them): each an even size >= 2; *F (F may be NULL) =
+   their columns, sum(axes_dim) / 2. */
+static fusedk_status fusedk__check_axes(const char *op, const double *dims, int n, int64_t *F) {
+  int64_t f = 0;
+  for (int k = 0; k < n; ++k) {
+    char name[24];
+    snprintf(name, sizeof name, "axes_dim[%d]", k);
+    fusedk_status st = fusedk__check_dim(op, name, (int64_t)dims[k]);
+    if (st) return st;
+    f += (int64_t)dims[k] / 2;
+  }
+  if (F) *F = f;
+  return FUSEDK_OK;
+}
+
+/* rope_table_1d, rope_table_ltx: cos, sin [S, dim/2] */
+static int fusedk__shape_table_dim(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                   const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)like, (void)t;
+  if (fusedk__check_dim(o->name, "dim", (int64_t)a[0])) return -FUSEDK_ERR_INVALID_ARGUMENT;
+  shape[1] = (int64_t)a[0] / 2;
+  return 2;
+}
+
+/* rope_table_axes: cos, sin [S, sum(axes_dim) / 2], axes_dim 0-terminated in the attributes */
+static int fusedk__shape_table_axes(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                    const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)like, (void)t;
+  int n = 0;
+  int64_t F = 0;
+  while (n < 4 && a[1 + n] != 0.0) ++n;
+  if (fusedk__check_axes(o->name, a + 1, n, &F)) return -FUSEDK_ERR_INVALID_ARGUMENT;
+  shape[1] = F;
+  return 2;
+}
+
+/* rope_table_mixed: cos, sin [S, H, F], freqs [3, H, F] */
+static int fusedk__shape_table_mixed(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                     const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)like, (void)a;
+  const fusedk_tensor *f = t[3];
+  if (!f || f->ndim != 3 || !f->shape)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: freqs is missing or not [3, H, F]", o->name);
+  shape[1] = f->shape[1], shape[2] = f->shape[2];
+  return 3;
+}
+
+/* qk_norm_rope: each output its input's [B, S, H, Dh], or [B, H, S, Dh] for layout BHSD */
+static int fusedk__shape_qk_norm_rope(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                      const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)t;
+  char shp[160];
+  if (like->ndim != 4)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [B, S, H, Dh]", o->name,
+                         o->tensors[o->tensors[out].like].name, fusedk__shape_str(like, shp, sizeof shp));
+  if (a[3] != FUSEDK_LAYOUT_BHSD && a[3] != FUSEDK_LAYOUT_BSHD)
+    return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: layout is %g, expected FUSEDK_LAYOUT_BHSD (0) or "
+                         "FUSEDK_LAYOUT_BSHD (1)", o->name, a[3]);
+  if (a[3] == FUSEDK_LAYOUT_BHSD) shape[1] = like->shape[2], shape[2] = like->shape[1];
+  return 4;
+}
+
+/* [linear] */
+
+/* y and aux_out: x's rows (nd - 1 leading dims of `shape`) of N, the rows of w (named wn);
+   nd = 1: db [N] */
+static int fusedk__shape_rows_of_n(const fusedk_op *o, const fusedk_tensor *w, const char *wn, int nd,
+                                   int64_t *shape) {
+  char shp[160];
+  if (!w || !w->shape || w->ndim < 1 || w->ndim > FUSEDK_MAX_DIMS)
+    return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is missing, expected [N, K]", o->name, wn);
+  if (w->ndim != 2)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [N, K]", o->name, wn,
+                         fusedk__shape_str(w, shp, sizeof shp));
+  shape[nd - 1] = w->shape[0];
+  return nd;
+}
+
+/* linear: y, aux_out [..., N] */
+static int fusedk__shape_linear(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)a;
+  return fusedk__shape_rows_of_n(o, t[3], "w", like->ndim, shape);
+}
+
+/* linear_backward: db [N] (dx and dw take x's and w's shapes) */
+static int fusedk__shape_linear_backward(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                         const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)like, (void)a;
+  return fusedk__shape_rows_of_n(o, t[5], "w", 1, shape);
+}
+
+/* [attention] */
+
+/* attention: out q's shape, lse [B, Hq, Sq] */
+static int fusedk__shape_attention(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                   const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)t, (void)a;
+  char shp[160];
+  if (like->ndim != 4)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q has shape %s, expected [B, Sq, Hq, Dh]", o->name,
+                         fusedk__shape_str(like, shp, sizeof shp));
+  if (out != 1) return 4;
+  shape[0] = like->shape[0], shape[1] = like->shape[2], shape[2] = like->shape[1];
+  return 3;
+}
+
+/* [lowrank] */
+
+/* lowrank_update: out, x's rows of K2 (u_t's columns) */
+static int fusedk__shape_lowrank_update(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                        const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)a;
+  const fusedk_tensor *u = t[4];
+  char shp[160];
+  if (!u || !u->shape || u->ndim < 1 || u->ndim > FUSEDK_MAX_DIMS)
+    return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: u_t is missing, expected [r, K2]", o->name);
+  if (u->ndim != 2)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: u_t has shape %s, expected [r, K2]", o->name,
+                         fusedk__shape_str(u, shp, sizeof shp));
+  shape[like->ndim - 1] = u->shape[1];
+  return like->ndim;
+}
+
+/* lowrank_prepare: w_cat [N, K + A rp], rp = b's rank r rounded up to 8 */
+static int fusedk__shape_lowrank_prepare(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                         const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)a;
+  const fusedk_tensor *b = t[2];
+  char shp[160];
+  if (like->ndim != 2)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, K]", o->name,
+                         fusedk__shape_str(like, shp, sizeof shp));
+  if (!b || !b->shape || b->ndim < 1 || b->ndim > FUSEDK_MAX_DIMS)
+    return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: b is missing, expected [N, r]", o->name);
+  const int64_t A = b->ndim == 3 ? b->shape[0] : 1, r = b->shape[b->ndim - 1];
+  if ((b->ndim != 2 && b->ndim != 3) || r < 1 || r > 128 || A < 1 || A > 128 || A * ((r + 7) / 8 * 8) > 128)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: b has shape %s, expected [N, r] or [A, N, r] with a rank r of "
+                         "1..128 and A r (r rounded up to 8) at most 128", o->name, fusedk__shape_str(b, shp, sizeof shp));
+  shape[1] = like->shape[1] + A * ((r + 7) / 8 * 8);
+  return 2;
+}
+
+/* linear_lowrank: y, aux_out [..., N], N w_cat's rows */
+static int fusedk__shape_linear_lowrank(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                        const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)a;
+  return fusedk__shape_rows_of_n(o, t[3], "w_cat", like->ndim, shape);
+}
+
+/* linear_lowrank_backward: db like b, [A,] N, r from a's [A,] r, K and w_cat's N; dbias [N] */
+static int fusedk__shape_linear_lowrank_backward(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                                 const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)a;
+  const fusedk_tensor *w = t[7];
+  const int nd = like->ndim;
+  char shp[160];
+  if (!w || !w->shape || w->ndim != 2)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w_cat is missing or not [N, K + A rp]", o->name);
+  if (out == 4) return shape[0] = w->shape[0], 1;
+  if (nd != 2 && nd != 3)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: a has shape %s, expected [r, K] or [A, r, K]", o->name,
+                         fusedk__shape_str(like, shp, sizeof shp));
+  shape[nd - 1] = like->shape[nd - 2], shape[nd - 2] = w->shape[0];
+  return nd;
+}
 
 #define FUSEDK__IN(n, role) {n, FUSEDK_ARG_IN, -1, -1, role, -1}
 #define FUSEDK__OPT(n, role) {n, FUSEDK_ARG_IN_OPT, -1, -1, role, -1}
@@ -1280,109 +1470,119 @@ static void *fusedk__base(const fusedk_tensor *t) {
 #define FUSEDK__ROW FUSEDK_ROLE_ROW
 #define FUSEDK__COL FUSEDK_ROLE_COLUMN
 #define FUSEDK__SMP FUSEDK_ROLE_SAMPLE
-static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
-    {"rmsnorm", 5, 1, 0,
-     {FUSEDK__OUT("y", 2), {"residual_out", FUSEDK_ARG_OUT_OPT, 2, 3, FUSEDK__ROW, -1}, FUSEDK__IN("x", FUSEDK__ROW),
-      FUSEDK__OPT("residual", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL)},
-     {FUSEDK__EPS(1e-6)}},
-    {"layernorm", 4, 1, 0,
-     {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL),
-      FUSEDK__OPT("bias", FUSEDK__COL)},
-     {FUSEDK__EPS(1e-5)}},
-    {"adaln", 6, 2, 3,
-     {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__MOD_IN("scale"), FUSEDK__MOD_IN("shift"),
-      FUSEDK__OPT("weight", FUSEDK__COL), FUSEDK__OPT("bias", FUSEDK__COL)},
-     {{"norm", FUSEDK_ATTR_I32, FUSEDK_NORM_LAYER}, FUSEDK__EPS(1e-6)}},
-    {"residual_tanh_gated_rmsnorm", 4, 2, 3,
-     {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("x_res", FUSEDK__ROW),
-      FUSEDK__IN("gate", FUSEDK__SMP)},
-     {FUSEDK__EPS(1e-6), {"exact", FUSEDK_ATTR_I32, 1}}},
-    {"act", 2, 1, 0, {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW)}, {{"kind", FUSEDK_ATTR_I32, FUSEDK_ACT_GELU}}},
-    {"silu_fma", 4, 0, 0,
-     {FUSEDK__OUT("y", 1), FUSEDK__IN("a", FUSEDK__ROW), FUSEDK__IN("b", FUSEDK__ROW), FUSEDK__IN("c", FUSEDK__ROW)},
-     {FUSEDK__NO_ATTR}},
-    {"gated_residual", 4, 0, 3,
-     {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("y", FUSEDK__ROW), FUSEDK__MOD_IN("gate")},
-     {FUSEDK__NO_ATTR}},
-    {"glu", 2, 2, 0, {{"y", FUSEDK_ARG_OUT, 1, -1, FUSEDK_ROLE_ROW_HALF, -1}, FUSEDK__IN("x", FUSEDK__ROW)},
-     {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}, {"act_half", FUSEDK_ATTR_I32, FUSEDK_GLU_FIRST}}},
-    {"glu_pair", 3, 1, 0, {FUSEDK__OUT("y", 1), FUSEDK__IN("value", FUSEDK__ROW), FUSEDK__IN("gate", FUSEDK__ROW)},
-     {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}}},
-    {"rope", 6, 2, 4,
-     {FUSEDK__OUT("q_out", 2), {"k_out", FUSEDK_ARG_OUT_OPT, 3, 3, FUSEDK__ROW, -1}, FUSEDK__IN("q", FUSEDK__ROW),
-      FUSEDK__OPT("k", FUSEDK_ROLE_OWN), FUSEDK__F32_IN("cos"), FUSEDK__F32_IN("sin")},
-     {FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED), FUSEDK__I32("rotary_dim", 0)}},
-    {"rope_table_1d", 3, 2, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("positions")},
-     {FUSEDK__I32("dim", 0), FUSEDK__FLT("theta", 10000.0)}},
-    {"rope_table_axes", 3, 5, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("ids")},
-     {FUSEDK__FLT("theta", 10000.0), FUSEDK__I32("axes_dim0", 16), FUSEDK__I32("axes_dim1", 56),
-      FUSEDK__I32("axes_dim2", 56), FUSEDK__I32("axes_dim3", 0)}},
-    {"rope_table_ltx", 3, 2, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("coords")},
-     {FUSEDK__I32("dim", 0), FUSEDK__FLT("theta", 10000.0)}},
-    {"rope_table_mixed", 4, 0, -1,
-     {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("pos"), FUSEDK__F32_IN("freqs")},
-     {FUSEDK__NO_ATTR}},
-    {"diffusion_step", 5, 8, 0,
-     {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("cond", FUSEDK__ROW),
-      FUSEDK__OPT("uncond", FUSEDK__ROW), FUSEDK__OPT("prev", FUSEDK__ROW)},
-     {FUSEDK__FLT("guidance", 1.0), FUSEDK__I32("sampler", FUSEDK_SAMPLER_EULER), FUSEDK__FLT("sigma", 0.0),
-      FUSEDK__FLT("sigma_next", 0.0), FUSEDK__FLT("alpha_bar", 1.0), FUSEDK__FLT("alpha_bar_prev", 1.0),
-      FUSEDK__FLT("clamp_x0", 0.0), FUSEDK__FLT("blend", 1.0)}},
-    {"qk_norm_rope", 10, 5, 4,
-     {FUSEDK__OWN_OUT("q_out", 3, -1), FUSEDK__OWN_OUT("k_out", 4, -1), FUSEDK__OWN_OUT("v_out", 5, 5),
-      FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__OPT("v", FUSEDK_ROLE_OWN),
-      FUSEDK__F32_IN("cos"), FUSEDK__F32_IN("sin"), FUSEDK__OPT("q_weight", FUSEDK_ROLE_OWN),
-      FUSEDK__OPT("k_weight", FUSEDK_ROLE_OWN)},
-     {FUSEDK__EPS(1e-6), FUSEDK__I32("norm", FUSEDK_QK_NORM_HEAD), FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED),
-      FUSEDK__I32("layout", FUSEDK_LAYOUT_BHSD), FUSEDK__I32("rotary_dim", 0)}},
+
+/* Each op: its public description and the shape rule of its outputs of role OWN (NULL where it
+   has none), one entry an op in fusedk_op_id order. */
+typedef struct fusedk__entry {
+  fusedk_op op;
+  fusedk__shape_rule out_shape;
+} fusedk__entry;
+static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
+    {{"rmsnorm", 5, 1, 0,
+      {FUSEDK__OUT("y", 2), {"residual_out", FUSEDK_ARG_OUT_OPT, 2, 3, FUSEDK__ROW, -1}, FUSEDK__IN("x", FUSEDK__ROW),
+       FUSEDK__OPT("residual", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL)},
+      {FUSEDK__EPS(1e-6)}}, NULL},
+    {{"layernorm", 4, 1, 0,
+      {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL),
+       FUSEDK__OPT("bias", FUSEDK__COL)},
+      {FUSEDK__EPS(1e-5)}}, NULL},
+    {{"adaln", 6, 2, 3,
+      {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__MOD_IN("scale"), FUSEDK__MOD_IN("shift"),
+       FUSEDK__OPT("weight", FUSEDK__COL), FUSEDK__OPT("bias", FUSEDK__COL)},
+      {{"norm", FUSEDK_ATTR_I32, FUSEDK_NORM_LAYER}, FUSEDK__EPS(1e-6)}}, NULL},
+    {{"residual_tanh_gated_rmsnorm", 4, 2, 3,
+      {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("x_res", FUSEDK__ROW),
+       FUSEDK__IN("gate", FUSEDK__SMP)},
+      {FUSEDK__EPS(1e-6), {"exact", FUSEDK_ATTR_I32, 1}}}, NULL},
+    {{"act", 2, 1, 0, {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW)}, {{"kind", FUSEDK_ATTR_I32, FUSEDK_ACT_GELU}}},
+     NULL},
+    {{"silu_fma", 4, 0, 0,
+      {FUSEDK__OUT("y", 1), FUSEDK__IN("a", FUSEDK__ROW), FUSEDK__IN("b", FUSEDK__ROW), FUSEDK__IN("c", FUSEDK__ROW)},
+      {FUSEDK__NO_ATTR}}, NULL},
+    {{"gated_residual", 4, 0, 3,
+      {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("y", FUSEDK__ROW), FUSEDK__MOD_IN("gate")},
+      {FUSEDK__NO_ATTR}}, NULL},
+    {{"glu", 2, 2, 0, {{"y", FUSEDK_ARG_OUT, 1, -1, FUSEDK_ROLE_ROW_HALF, -1}, FUSEDK__IN("x", FUSEDK__ROW)},
+      {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}, {"act_half", FUSEDK_ATTR_I32, FUSEDK_GLU_FIRST}}}, NULL},
+    {{"glu_pair", 3, 1, 0, {FUSEDK__OUT("y", 1), FUSEDK__IN("value", FUSEDK__ROW), FUSEDK__IN("gate", FUSEDK__ROW)},
+      {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}}}, NULL},
+    {{"rope", 6, 2, 4,
+      {FUSEDK__OUT("q_out", 2), {"k_out", FUSEDK_ARG_OUT_OPT, 3, 3, FUSEDK__ROW, -1}, FUSEDK__IN("q", FUSEDK__ROW),
+       FUSEDK__OPT("k", FUSEDK_ROLE_OWN), FUSEDK__F32_IN("cos"), FUSEDK__F32_IN("sin")},
+      {FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED), FUSEDK__I32("rotary_dim", 0)}}, NULL},
+    {{"rope_table_1d", 3, 2, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("positions")},
+      {FUSEDK__I32("dim", 0), FUSEDK__FLT("theta", 10000.0)}}, fusedk__shape_table_dim},
+    {{"rope_table_axes", 3, 5, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("ids")},
+      {FUSEDK__FLT("theta", 10000.0), FUSEDK__I32("axes_dim0", 16), FUSEDK__I32("axes_dim1", 56),
+       FUSEDK__I32("axes_dim2", 56), FUSEDK__I32("axes_dim3", 0)}}, fusedk__shape_table_axes},
+    {{"rope_table_ltx", 3, 2, -1, {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("coords")},
+      {FUSEDK__I32("dim", 0), FUSEDK__FLT("theta", 10000.0)}}, fusedk__shape_table_dim},
+    {{"rope_table_mixed", 4, 0, -1,
+      {FUSEDK__TABLE("cos", 2), FUSEDK__TABLE("sin", 2), FUSEDK__F32_IN("pos"), FUSEDK__F32_IN("freqs")},
+      {FUSEDK__NO_ATTR}}, fusedk__shape_table_mixed},
+    {{"diffusion_step", 5, 8, 0,
+      {FUSEDK__OUT("out", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__IN("cond", FUSEDK__ROW),
+       FUSEDK__OPT("uncond", FUSEDK__ROW), FUSEDK__OPT("prev", FUSEDK__ROW)},
+      {FUSEDK__FLT("guidance", 1.0), FUSEDK__I32("sampler", FUSEDK_SAMPLER_EULER), FUSEDK__FLT("sigma", 0.0),
+       FUSEDK__FLT("sigma_next", 0.0), FUSEDK__FLT("alpha_bar", 1.0), FUSEDK__FLT("alpha_bar_prev", 1.0),
+       FUSEDK__FLT("clamp_x0", 0.0), FUSEDK__FLT("blend", 1.0)}}, NULL},
+    {{"qk_norm_rope", 10, 5, 4,
+      {FUSEDK__OWN_OUT("q_out", 3, -1), FUSEDK__OWN_OUT("k_out", 4, -1), FUSEDK__OWN_OUT("v_out", 5, 5),
+       FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__OPT("v", FUSEDK_ROLE_OWN),
+       FUSEDK__F32_IN("cos"), FUSEDK__F32_IN("sin"), FUSEDK__OPT("q_weight", FUSEDK_ROLE_OWN),
+       FUSEDK__OPT("k_weight", FUSEDK_ROLE_OWN)},
+      {FUSEDK__EPS(1e-6), FUSEDK__I32("norm", FUSEDK_QK_NORM_HEAD), FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED),
+       FUSEDK__I32("layout", FUSEDK_LAYOUT_BHSD), FUSEDK__I32("rotary_dim", 0)}}, fusedk__shape_qk_norm_rope},
     /* [linear]: the optional outputs exist when their attribute asks (when = -2 - attribute) */
-    {"linear", 5, 3, -1,
-     {FUSEDK__OWN_OUT("y", 2, -1), FUSEDK__OWN_OUT("aux_out", 2, -2 - 2), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
-      FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("bias", FUSEDK_ROLE_OWN)},
-     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("want_aux", 0)}},
-    {"linear_backward", 7, 5, -1,
-     {{"dx", FUSEDK_ARG_OUT_OPT, 4, -2 - 2, FUSEDK__ROW, -1}, {"dw", FUSEDK_ARG_OUT_OPT, 5, -2 - 3, FUSEDK__ROW, -1},
-      FUSEDK__OWN_OUT("db", 5, -2 - 4), FUSEDK__IN("dy", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
-      FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("aux", FUSEDK_ROLE_OWN)},
-     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("want_dx", 1),
-      FUSEDK__I32("want_dw", 1), FUSEDK__I32("want_db", 1)}},
+    {{"linear", 5, 3, -1,
+      {FUSEDK__OWN_OUT("y", 2, -1), FUSEDK__OWN_OUT("aux_out", 2, -2 - 2), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+       FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("bias", FUSEDK_ROLE_OWN)},
+      {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("want_aux", 0)}}, fusedk__shape_linear},
+    {{"linear_backward", 7, 5, -1,
+      {{"dx", FUSEDK_ARG_OUT_OPT, 4, -2 - 2, FUSEDK__ROW, -1}, {"dw", FUSEDK_ARG_OUT_OPT, 5, -2 - 3, FUSEDK__ROW, -1},
+       FUSEDK__OWN_OUT("db", 5, -2 - 4), FUSEDK__IN("dy", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+       FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__OPT("aux", FUSEDK_ROLE_OWN)},
+      {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("tf32", 0), FUSEDK__I32("want_dx", 1),
+       FUSEDK__I32("want_dw", 1), FUSEDK__I32("want_db", 1)}}, fusedk__shape_linear_backward},
     /* [attention]: lse exists when want_lse asks */
-    {"attention", 6, 3, 4,
-     {FUSEDK__OWN_OUT("out", 2, -1), {"lse", FUSEDK_ARG_OUT_OPT, 2, -2 - 2, FUSEDK_ROLE_OWN, FUSEDK_F32},
-      FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
-      {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
-     {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}},
+    {{"attention", 6, 3, 4,
+      {FUSEDK__OWN_OUT("out", 2, -1), {"lse", FUSEDK_ARG_OUT_OPT, 2, -2 - 2, FUSEDK_ROLE_OWN, FUSEDK_F32},
+       FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
+       {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
+      {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}}, fusedk__shape_attention},
     /* [lowrank]: out takes x's leading dims and u_t's columns; y, when given, is what it adds to */
-    {"lowrank_update", 6, 2, -1,
-     {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
-      FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), FUSEDK__IN("u_t", FUSEDK_ROLE_OWN), FUSEDK__OPT("y", FUSEDK_ROLE_OWN)},
-     {FUSEDK__FLT("scaling", 1.0), FUSEDK__FLT("beta", 1.0)}},
+    {{"lowrank_update", 6, 2, -1,
+      {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
+       FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), FUSEDK__IN("u_t", FUSEDK_ROLE_OWN), FUSEDK__OPT("y", FUSEDK_ROLE_OWN)},
+      {FUSEDK__FLT("scaling", 1.0), FUSEDK__FLT("beta", 1.0)}}, fusedk__shape_lowrank_update},
     /* w_cat: [N, K + A rp] (w's rows, each adapter's b columns rounded up to 8 after them) */
-    {"lowrank_prepare", 3, 1, -1,
-     {FUSEDK__OWN_OUT("w_cat", 1, -1), FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__IN("b", FUSEDK_ROLE_OWN)},
-     {FUSEDK__FLT("scaling", 1.0)}},
+    {{"lowrank_prepare", 3, 1, -1,
+      {FUSEDK__OWN_OUT("w_cat", 1, -1), FUSEDK__IN("w", FUSEDK_ROLE_OWN), FUSEDK__IN("b", FUSEDK_ROLE_OWN)},
+      {FUSEDK__FLT("scaling", 1.0)}}, fusedk__shape_lowrank_prepare},
     /* y, aux_out: x's rows of N (w_cat's rows); aux_out exists when want_aux asks */
-    {"linear_lowrank", 8, 2, -1,
-     {FUSEDK__OWN_OUT("y", 2, -1), FUSEDK__OWN_OUT("aux_out", 2, -2 - 1), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
-      FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN), FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN),
-      FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), {"adapter_ids", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
-     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("want_aux", 0)}},
+    {{"linear_lowrank", 8, 2, -1,
+      {FUSEDK__OWN_OUT("y", 2, -1), FUSEDK__OWN_OUT("aux_out", 2, -2 - 1), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+       FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN), FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN),
+       FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), {"adapter_ids", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
+      {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("want_aux", 0)}}, fusedk__shape_linear_lowrank},
     /* the gradients: each like its input, when its want_ attribute asks; dcodes when codes is given */
-    {"lowrank_update_backward", 9, 4, -1,
-     {{"dx", FUSEDK_ARG_OUT_OPT, 5, -2 - 1, FUSEDK__ROW, -1}, {"dv", FUSEDK_ARG_OUT_OPT, 6, -2 - 2, FUSEDK__ROW, -1},
-      {"du_t", FUSEDK_ARG_OUT_OPT, 8, -2 - 3, FUSEDK__ROW, -1}, {"dcodes", FUSEDK_ARG_OUT_OPT, 7, 7, FUSEDK__ROW, -1},
-      FUSEDK__IN("dout", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
-      FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), FUSEDK__IN("u_t", FUSEDK_ROLE_OWN)},
-     {FUSEDK__FLT("scaling", 1.0), FUSEDK__I32("want_dx", 1), FUSEDK__I32("want_dv", 1), FUSEDK__I32("want_du_t", 1)}},
+    {{"lowrank_update_backward", 9, 4, -1,
+      {{"dx", FUSEDK_ARG_OUT_OPT, 5, -2 - 1, FUSEDK__ROW, -1}, {"dv", FUSEDK_ARG_OUT_OPT, 6, -2 - 2, FUSEDK__ROW, -1},
+       {"du_t", FUSEDK_ARG_OUT_OPT, 8, -2 - 3, FUSEDK__ROW, -1}, {"dcodes", FUSEDK_ARG_OUT_OPT, 7, 7, FUSEDK__ROW, -1},
+       FUSEDK__IN("dout", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
+       FUSEDK__OPT("codes", FUSEDK_ROLE_OWN), FUSEDK__IN("u_t", FUSEDK_ROLE_OWN)},
+      {FUSEDK__FLT("scaling", 1.0), FUSEDK__I32("want_dx", 1), FUSEDK__I32("want_dv", 1), FUSEDK__I32("want_du_t", 1)}},
+     NULL},
     /* db: b's shape ([A,] N, r: a's with w_cat's N), dbias: [N] */
-    {"linear_lowrank_backward", 12, 6, -1,
-     {{"dx", FUSEDK_ARG_OUT_OPT, 6, -2 - 2, FUSEDK__ROW, -1}, {"da", FUSEDK_ARG_OUT_OPT, 8, -2 - 3, FUSEDK__ROW, -1},
-      FUSEDK__OWN_OUT("db", 8, -2 - 4), {"dcodes", FUSEDK_ARG_OUT_OPT, 9, 9, FUSEDK__ROW, -1},
-      FUSEDK__OWN_OUT("dbias", 7, -2 - 5), FUSEDK__IN("dy", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
-      FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN), FUSEDK__OPT("codes", FUSEDK_ROLE_OWN),
-      {"adapter_ids", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}, FUSEDK__OPT("aux", FUSEDK_ROLE_OWN)},
-     {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__FLT("scaling", 1.0), FUSEDK__I32("want_dx", 1),
-      FUSEDK__I32("want_da", 1), FUSEDK__I32("want_db", 1), FUSEDK__I32("want_dbias", 0)}},
+    {{"linear_lowrank_backward", 12, 6, -1,
+      {{"dx", FUSEDK_ARG_OUT_OPT, 6, -2 - 2, FUSEDK__ROW, -1}, {"da", FUSEDK_ARG_OUT_OPT, 8, -2 - 3, FUSEDK__ROW, -1},
+       FUSEDK__OWN_OUT("db", 8, -2 - 4), {"dcodes", FUSEDK_ARG_OUT_OPT, 9, 9, FUSEDK__ROW, -1},
+       FUSEDK__OWN_OUT("dbias", 7, -2 - 5), FUSEDK__IN("dy", FUSEDK_ROLE_OWN), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+       FUSEDK__IN("w_cat", FUSEDK_ROLE_OWN), FUSEDK__IN("a", FUSEDK_ROLE_OWN), FUSEDK__OPT("codes", FUSEDK_ROLE_OWN),
+       {"adapter_ids", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}, FUSEDK__OPT("aux", FUSEDK_ROLE_OWN)},
+      {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__FLT("scaling", 1.0), FUSEDK__I32("want_dx", 1),
+       FUSEDK__I32("want_da", 1), FUSEDK__I32("want_db", 1), FUSEDK__I32("want_dbias", 0)}},
+     fusedk__shape_linear_lowrank_backward},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -1397,6 +1597,126 @@ static const fusedk_op fusedk__ops[FUSEDK_OP_COUNT] = {
 #undef FUSEDK__ROW
 #undef FUSEDK__COL
 #undef FUSEDK__SMP
+
+/* Op i's public description (i a valid fusedk_op_id). */
+static const fusedk_op *fusedk__op(int32_t i) { return &fusedk__registry[i].op; }
+
+/* The integer attributes of a registry call: cast to int only what is one. */
+static fusedk_status fusedk__check_int_attrs(const fusedk_op *o, const double *a) {
+  for (int k = 0; k < o->n_attrs; ++k)
+    if (o->attrs[k].type == FUSEDK_ATTR_I32 && !(a[k] >= -2147483648.0 && a[k] <= 2147483647.0 && a[k] == floor(a[k])))
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: attribute %s is %g, expected an integer", o->name,
+                          o->attrs[k].name, a[k]);
+  return FUSEDK_OK;
+}
+
+/* Output i's shape: its like input's (half its last dim for ROW_HALF), else (role OWN) the op's
+   rule; the ndim, or a negative status. */
+static int fusedk__out_shape(int32_t id, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  const fusedk_op *o = fusedk__op(id);
+  const fusedk_status ast = fusedk__check_int_attrs(o, a);
+  if (ast) return -(int)ast;
+  const fusedk_op_tensor *r = &o->tensors[i];
+  const fusedk_tensor *like = r->like >= 0 ? t[r->like] : NULL;
+  if (!like || like->ndim < 1 || like->ndim > FUSEDK_MAX_DIMS || !like->shape)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s takes its shape from %s, expected a tensor of ndim "
+                        "1..%d there", o->name, r->name, r->like >= 0 ? o->tensors[r->like].name : "an input",
+                        FUSEDK_MAX_DIMS), -FUSEDK_ERR_INVALID_ARGUMENT;
+  const int nd = like->ndim;
+  memcpy(shape, like->shape, (size_t)nd * sizeof *shape);
+  if (r->role == FUSEDK_ROLE_ROW_HALF) shape[nd - 1] /= 2;
+  if (r->role != FUSEDK_ROLE_OWN) return nd;
+  if (!fusedk__registry[id].out_shape)
+    return -fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: %s has no shape rule in the registry", o->name, r->name);
+  return fusedk__registry[id].out_shape(o, i, like, t, a, shape);
+}
+
+FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tensor *const *t, const double *a,
+                                       int64_t *shape) {
+  if (i < 0 || i >= FUSEDK_OP_COUNT || !t || !a || !shape || out < 0 || out >= fusedk__op(i)->n_tensors ||
+      fusedk__op(i)->tensors[out].kind < FUSEDK_ARG_OUT)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_out_shape: op %d, tensor %d is not an output", (int)i,
+                        (int)out), -FUSEDK_ERR_INVALID_ARGUMENT;
+  return fusedk__out_shape(i, out, t, a, shape);
+}
+
+FUSEDK_DEF int32_t fusedk_op_out_exists(int32_t i, int32_t out, const fusedk_tensor *const *t, const double *a) {
+  if (i < 0 || i >= FUSEDK_OP_COUNT || out < 0 || out >= fusedk__op(i)->n_tensors) return 0;
+  const fusedk_op_tensor *r = &fusedk__op(i)->tensors[out];
+  if (r->kind == FUSEDK_ARG_OUT) return 1;
+  if (r->kind != FUSEDK_ARG_OUT_OPT) return 0;
+  if (r->when >= 0) return t && t[r->when] != NULL;
+  return a && a[-2 - r->when] != 0.0;
+}
+
+FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i) {
+  return i >= 0 && i < FUSEDK_OP_COUNT ? fusedk__op(i) : NULL;
+}
+
+FUSEDK_DEF int32_t fusedk_op_find(const char *name) {
+  for (int32_t i = 0; name && i < FUSEDK_OP_COUNT; ++i)
+    if (!strcmp(fusedk__op(i)->name, name)) return i;
+  return -1;
+}
+
+FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t, const double *a,
+                                        struct CUstream_st *s) {
+  if (i < 0 || i >= FUSEDK_OP_COUNT)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: op %d, expected 0..%d", (int)i, FUSEDK_OP_COUNT - 1);
+  if (!t || !a) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: %s: tensors or attrs is NULL", fusedk__op(i)->name);
+  const fusedk_status ast = fusedk__check_int_attrs(fusedk__op(i), a);
+  if (ast) return ast;
+  switch ((fusedk_op_id)i) {
+    case FUSEDK_OP_RMSNORM: return fusedk_rmsnorm(t[0], t[1], t[2], t[3], t[4], (float)a[0], s);
+    case FUSEDK_OP_LAYERNORM: return fusedk_layernorm(t[0], t[1], t[2], t[3], (float)a[0], s);
+    case FUSEDK_OP_ADALN: return fusedk_adaln(t[0], t[1], t[2], t[3], (fusedk_norm)(int)a[0], t[4], t[5], (float)a[1], s);
+    case FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM:
+      return fusedk_residual_tanh_gated_rmsnorm(t[0], t[1], t[2], t[3], (float)a[0], (int)a[1], s);
+    case FUSEDK_OP_ACT: return fusedk_act(t[0], t[1], (fusedk_activation)(int)a[0], s);
+    case FUSEDK_OP_SILU_FMA: return fusedk_silu_fma(t[0], t[1], t[2], t[3], s);
+    case FUSEDK_OP_GATED_RESIDUAL: return fusedk_gated_residual(t[0], t[1], t[2], t[3], s);
+    case FUSEDK_OP_GLU: return fusedk_glu(t[0], t[1], (fusedk_activation)(int)a[0], (fusedk_glu_half)(int)a[1], s);
+    case FUSEDK_OP_GLU_PAIR: return fusedk_glu_pair(t[0], t[1], t[2], (fusedk_activation)(int)a[0], s);
+    case FUSEDK_OP_ROPE:
+      return fusedk_rope(t[0], t[1], t[2], t[3], t[4], t[5], (fusedk_rope_style)(int)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_ROPE_TABLE_1D: return fusedk_rope_table_1d(t[0], t[1], t[2], (int32_t)a[0], (float)a[1], s);
+    case FUSEDK_OP_ROPE_TABLE_AXES: {
+      int32_t dims[4], n = 0;
+      while (n < 4 && a[1 + n] != 0.0) dims[n] = (int32_t)a[1 + n], ++n;
+      return fusedk_rope_table_axes(t[0], t[1], t[2], dims, n, (float)a[0], s);
+    }
+    case FUSEDK_OP_ROPE_TABLE_LTX: return fusedk_rope_table_ltx(t[0], t[1], t[2], (int32_t)a[0], (float)a[1], s);
+    case FUSEDK_OP_ROPE_TABLE_MIXED: return fusedk_rope_table_mixed(t[0], t[1], t[2], t[3], s);
+    case FUSEDK_OP_QK_NORM_ROPE:
+      return fusedk_qk_norm_rope(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], (float)a[0],
+                                 (fusedk_qk_norm)(int)a[1], (fusedk_rope_style)(int)a[2], (fusedk_layout)(int)a[3],
+                                 (int32_t)a[4], s);
+    case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_ATTENTION:
+      return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_LOWRANK_UPDATE: return fusedk_lowrank_update(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (float)a[1], s);
+    case FUSEDK_OP_LOWRANK_PREPARE: return fusedk_lowrank_prepare(t[0], t[1], t[2], (float)a[0], s);
+    case FUSEDK_OP_LINEAR_LOWRANK:
+      return fusedk_linear_lowrank(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], (fusedk_activation)(int)a[0], s);
+    case FUSEDK_OP_LOWRANK_UPDATE_BACKWARD:
+      return fusedk_lowrank_update_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], (float)a[0], s);
+    case FUSEDK_OP_LINEAR_LOWRANK_BACKWARD:
+      return fusedk_linear_lowrank_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11],
+                                            (fusedk_activation)(int)a[0], (float)a[1], s);
+    case FUSEDK_OP_LINEAR_BACKWARD:
+      return fusedk_linear_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0],
+                                    (int32_t)a[1], s);
+    case FUSEDK_OP_DIFFUSION_STEP: {
+      fusedk_step p;
+      p.guidance = (float)a[0], p.sampler = (int32_t)a[1], p.sigma = (float)a[2], p.sigma_next = (float)a[3];
+      p.alpha_bar = (float)a[4], p.alpha_bar_prev = (float)a[5], p.clamp_x0 = (float)a[6], p.blend = (float)a[7];
+      return fusedk_diffusion_step(t[0], t[1], t[2], t[3], t[4], &p, s);
+    }
+  }
+  return FUSEDK_ERR_INVALID_ARGUMENT;
+}
+
+/* --- [validate] every argument against its op's registry entry, in one routine ----------------- */
 
 /* Merges the leading dims of the row tensors (all of shape `ref`) jointly: adjacent dims merge
    where every tensor's strides allow it. Returns the number of levels, outermost first. */
@@ -1666,7 +1986,7 @@ FUSEDK_DEF fusedk_status fusedk_rmsnorm(const fusedk_tensor *y, const fusedk_ten
                                         const fusedk_tensor *weight, float eps, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {y, residual_out, x, residual, weight};
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_RMSNORM], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_RMSNORM), t, &s);
   if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
   fusedk__norm_args a = fusedk__norm_of(&s, FUSEDK_OP_RMSNORM, eps);
   a.y = s.r[0], a.res_out = s.r[1], a.x = s.r[2], a.res = s.r[3], a.weight = s.r[4].p;
@@ -1679,7 +1999,7 @@ FUSEDK_DEF fusedk_status fusedk_layernorm(const fusedk_tensor *y, const fusedk_t
                                           struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {y, x, weight, bias};
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LAYERNORM], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LAYERNORM), t, &s);
   if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
   fusedk__norm_args a = fusedk__norm_of(&s, FUSEDK_OP_LAYERNORM, eps);
   a.y = s.r[0], a.x = s.r[1], a.weight = s.r[2].p, a.bias = s.r[3].p;
@@ -1691,7 +2011,7 @@ FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tenso
                                       const fusedk_tensor *bias, float eps, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {y, x, scale, shift, weight, bias};
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_ADALN], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_ADALN), t, &s);
   if (st) return st;
   if (norm != FUSEDK_NORM_LAYER && norm != FUSEDK_NORM_RMS)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: norm is %d, expected FUSEDK_NORM_LAYER (0) or "
@@ -1716,7 +2036,7 @@ FUSEDK_DEF fusedk_status fusedk_residual_tanh_gated_rmsnorm(const fusedk_tensor 
                                                             float eps, int exact, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {y, x, x_res, gate};
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM), t, &s);
   if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
   if (exact != 0 && exact != 1)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "residual_tanh_gated_rmsnorm: exact is %d, expected 0 or 1",
@@ -1780,7 +2100,7 @@ static void fusedk__elementwise_cpu(const fusedk__ew_args *a) {
    kop: y = the output, in[k] = the k-th input. */
 static fusedk_status fusedk__ew_args_of(int op, const fusedk_tensor *const *t, int kop, int kind, fusedk__ew_args *a,
                                         fusedk__rowset *s) {
-  const fusedk_op *o = &fusedk__ops[op];
+  const fusedk_op *o = fusedk__op(op);
   fusedk_status st = fusedk__validate(o, t, s);
   if (st) return st;
   memset(a, 0, sizeof *a);
@@ -1816,7 +2136,7 @@ static fusedk_status fusedk__check_act(const char *op, const char *name, int kin
 /* glu (x split in halves) and glu_pair (value, gate): y = act(a) * b as one FUSEDK_OP_GLU run. */
 static fusedk_status fusedk__glu(int op, const fusedk_tensor *const *t, int act, int act_half,
                                  struct CUstream_st *stream) {
-  const fusedk_op *o = &fusedk__ops[op];
+  const fusedk_op *o = fusedk__op(op);
   fusedk_status st = fusedk__check_act(o->name, "act", act);
   if (st) return st;
   if (act_half != FUSEDK_GLU_FIRST && act_half != FUSEDK_GLU_SECOND)
@@ -1935,7 +2255,6 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
 /* rope and qk_norm_rope: per token and tensor, the rstd (one of the row, or of each head), then
    each head normalized and rotated (pass-through channels normalized) in double, one rounding. */
 static double fusedk__sq(double v) { return v * v; }
-static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape);
 static void fusedk__rope_cpu(const fusedk__rope_args *a) {
   const int s = a->scalar;
   const int64_t es = (int64_t)fusedk__scalar_size(s), Dh = a->Dh;
@@ -2072,7 +2391,7 @@ FUSEDK_DEF fusedk_status fusedk_rope(const fusedk_tensor *q_out, const fusedk_te
   const fusedk_tensor *out[3] = {q_out, k_out, NULL}, *in[3] = {q, k, NULL};
   fusedk__rowset s;
   fusedk__rope_args a;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_ROPE], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_ROPE), t, &s);
   if (st || (st = fusedk__rope_setup(&s.c, out, in, cos, sin, (int)style, rotary_dim, 0, &a))) return st;
   return fusedk__rope_run(&a, &s.c, stream);
 }
@@ -2084,7 +2403,7 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
                                              const fusedk_tensor *q_weight, const fusedk_tensor *k_weight,
                                              float eps, fusedk_qk_norm norm, fusedk_rope_style style,
                                              fusedk_layout layout, int32_t rotary_dim, struct CUstream_st *stream) {
-  const fusedk_op *o = &fusedk__ops[FUSEDK_OP_QK_NORM_ROPE];
+  const fusedk_op *o = fusedk__op(FUSEDK_OP_QK_NORM_ROPE);
   const fusedk_tensor *t[] = {q_out, k_out, v_out, q, k, v, cos, sin, q_weight, k_weight};
   const fusedk_tensor *w[2] = {q_weight, k_weight};
   fusedk__rowset s;
@@ -2100,7 +2419,7 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
     int64_t shape[FUSEDK_MAX_DIMS];
     if (!t[j]) continue;
     if (t[3 + j]->ndim != 4) break; /* k, v: setup names the shape */
-    const int nd = fusedk__out_shape(o, j, t, attrs, shape);
+    const int nd = fusedk__out_shape(FUSEDK_OP_QK_NORM_ROPE, j, t, attrs, shape);
     if (nd < 0) return (fusedk_status)-nd;
     if ((st = fusedk__check_shape(&s.c, t[j], o->tensors[j].name, nd, shape,
                                   layout == FUSEDK_LAYOUT_BHSD ? "[B, H, S, Dh] of its input" : "its input's")))
@@ -2132,7 +2451,7 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
    (dims, theta) are filled in by the caller before. */
 static fusedk_status fusedk__rope_table_run(int op, const fusedk_tensor *const *t, const double *attrs,
                                             fusedk__table_args *a, struct CUstream_st *stream) {
-  const fusedk_op *o = &fusedk__ops[op];
+  const fusedk_op *o = fusedk__op(op);
   fusedk__rowset s;
   fusedk_status st = fusedk__validate(o, t, &s);
   if (st || (st = fusedk__check_finite(o->name, "theta", a->theta, 1e-30, 3.4e38, "a finite value > 0"))) return st;
@@ -2154,7 +2473,7 @@ static fusedk_status fusedk__rope_table_run(int op, const fusedk_tensor *const *
     a->fa = fusedk__stride(f, 0), a->fh = fusedk__stride(f, 1);
   }
   int64_t shape[FUSEDK_MAX_DIMS];
-  const int nd = fusedk__out_shape(o, 0, t, attrs, shape);
+  const int nd = fusedk__out_shape(op, 0, t, attrs, shape);
   if (nd < 0) return (fusedk_status)-nd;
   for (int j = 0; j < 2; ++j)
     if ((st = fusedk__check_shape(&s.c, t[j], o->tensors[j].name, nd, shape, "the table of the inputs"))) return st;
@@ -2178,28 +2497,6 @@ static fusedk_status fusedk__rope_table_run(int op, const fusedk_tensor *const *
   return FUSEDK_OK;
 }
 
-static fusedk_status fusedk__check_dim(const char *op, const char *name, int64_t dim) {
-  if (dim < 2 || dim % 2 || dim > (1 << 24))
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %lld, expected an even size >= 2", op, name,
-                        (long long)dim);
-  return FUSEDK_OK;
-}
-
-/* Flux's axes_dim[0..n) (as the attributes hold them): each an even size >= 2; *F (F may be NULL) =
-   their columns, sum(axes_dim) / 2. */
-static fusedk_status fusedk__check_axes(const char *op, const double *dims, int n, int64_t *F) {
-  int64_t f = 0;
-  for (int k = 0; k < n; ++k) {
-    char name[24];
-    snprintf(name, sizeof name, "axes_dim[%d]", k);
-    fusedk_status st = fusedk__check_dim(op, name, (int64_t)dims[k]);
-    if (st) return st;
-    f += (int64_t)dims[k] / 2;
-  }
-  if (F) *F = f;
-  return FUSEDK_OK;
-}
-
 /* The tables of one dim (1d, ltx): attributes (dim, theta). */
 static fusedk_status fusedk__rope_table_of_dim(int op, const fusedk_tensor *const *t, int32_t dim, float theta,
                                                struct CUstream_st *stream) {
@@ -2207,7 +2504,7 @@ static fusedk_status fusedk__rope_table_of_dim(int op, const fusedk_tensor *cons
   fusedk__table_args a;
   memset(&a, 0, sizeof a);
   a.dims[0] = dim, a.n_axes = op == FUSEDK_OP_ROPE_TABLE_1D ? 1 : 3, a.theta = theta;
-  fusedk_status st = fusedk__check_dim(fusedk__ops[op].name, "dim", dim);
+  fusedk_status st = fusedk__check_dim(fusedk__op(op)->name, "dim", dim);
   return st ? st : fusedk__rope_table_run(op, t, attrs, &a, stream);
 }
 
@@ -2458,7 +2755,7 @@ FUSEDK_DEF fusedk_status fusedk_linear(const fusedk_tensor *y, const fusedk_tens
   const fusedk_tensor *t[] = {y, aux_out, x, w, bias};
   fusedk__rowset s;
   fusedk__linear_args a;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LINEAR), t, &s);
   if (st || (st = fusedk__linear_common(&s.c, (int)act, tf32, x, w, 0, &a))) return st;
   a.op = FUSEDK_OP_LINEAR;
   if (bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &a.N, "[N] (the first dim of w)"))) return st;
@@ -2485,7 +2782,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
   const fusedk_tensor *t[] = {dx, dw, db, dy, x, w, aux};
   fusedk__rowset s;
   fusedk__linear_args a;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_BACKWARD], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LINEAR_BACKWARD), t, &s);
   if (st || (st = fusedk__linear_common(&s.c, (int)act, tf32, x, w, 0, &a))) return st;
   a.op = FUSEDK_OP_LINEAR_BACKWARD;
   if (act != FUSEDK_ACT_NONE && !aux)
@@ -2569,7 +2866,7 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
   const char *op = "attention";
   char shp[160];
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_ATTENTION], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_ATTENTION), t, &s);
   if (st) return st;
   if (causal != 0 && causal != 1)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: causal is %d, expected 0 or 1", op, (int)causal);
@@ -2713,7 +3010,7 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update(const fusedk_tensor *out, const f
   const char *op = "lowrank_update";
   char shp[160];
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LOWRANK_UPDATE], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LOWRANK_UPDATE), t, &s);
   if (st) return st;
   const float num[2] = {scaling, beta};
   for (int i = 0; i < 2; ++i)
@@ -2797,7 +3094,7 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_prepare(const fusedk_tensor *w_cat, cons
   const fusedk_tensor *t[] = {w_cat, w, b};
   char shp[160];
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LOWRANK_PREPARE], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LOWRANK_PREPARE), t, &s);
   if (st) return st;
   if (!(scaling > -HUGE_VALF && scaling < HUGE_VALF))
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: scaling is %g, expected a finite number", s.c.op,
@@ -2849,7 +3146,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank(const fusedk_tensor *y, const fus
   fusedk__rowset s;
   fusedk__linear_args l;
   fusedk__lowrank_args h;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_LOWRANK], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LINEAR_LOWRANK), t, &s);
   if (st) return st;
   /* x with room for h: [..., K + A rp] with K a's last dim; checked below as its first K columns */
   int64_t xs[2 * FUSEDK_MAX_DIMS];
@@ -2993,7 +3290,7 @@ FUSEDK_DEF fusedk_status fusedk_lowrank_update_backward(const fusedk_tensor *dx,
   const char *names[] = {"dx", "dv", "du_t", "dcodes", "dout", "x", "v", "codes", "u_t"};
   char shp[160];
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LOWRANK_UPDATE_BACKWARD], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LOWRANK_UPDATE_BACKWARD), t, &s);
   if (st) return st;
   if (!(scaling > -HUGE_VALF && scaling < HUGE_VALF))
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: scaling is %g, expected a finite number", s.c.op,
@@ -3038,7 +3335,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
   fusedk__linear_args l;
   fusedk__lowrank_args f, fd;
   fusedk__lowrank_grad_args g;
-  fusedk_status st = fusedk__validate(&fusedk__ops[FUSEDK_OP_LINEAR_LOWRANK_BACKWARD], t, &s);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LINEAR_LOWRANK_BACKWARD), t, &s);
   if (st) return st;
   if (!(scaling > -HUGE_VALF && scaling < HUGE_VALF))
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: scaling is %g, expected a finite number", s.c.op,
@@ -3082,208 +3379,6 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
   g.dbias = fusedk__base(dbias);
   if (!dx && !da && !db && !dcodes && !dbias) return FUSEDK_OK;
   return fusedk__grad_run(&g, &s.c, stream);
-}
-
-/* --- [registry] lookup, output shapes and the generic call ------------------------------- */
-
-/* The integer attributes of a registry call: cast to int only what is one. */
-static fusedk_status fusedk__check_int_attrs(const fusedk_op *o, const double *a) {
-  for (int k = 0; k < o->n_attrs; ++k)
-    if (o->attrs[k].type == FUSEDK_ATTR_I32 && !(a[k] >= -2147483648.0 && a[k] <= 2147483647.0 && a[k] == floor(a[k])))
-      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: attribute %s is %g, expected an integer", o->name,
-                          o->attrs[k].name, a[k]);
-  return FUSEDK_OK;
-}
-
-static int fusedk__out_shape(const fusedk_op *o, int i, const fusedk_tensor *const *t, const double *a, int64_t *shape) {
-  const fusedk_status ast = fusedk__check_int_attrs(o, a);
-  if (ast) return -(int)ast;
-  const fusedk_op_tensor *r = &o->tensors[i];
-  const fusedk_tensor *like = r->like >= 0 ? t[r->like] : NULL;
-  if (!like || like->ndim < 1 || like->ndim > FUSEDK_MAX_DIMS || !like->shape)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s takes its shape from %s, expected a tensor of ndim "
-                        "1..%d there", o->name, r->name, r->like >= 0 ? o->tensors[r->like].name : "an input",
-                        FUSEDK_MAX_DIMS), -FUSEDK_ERR_INVALID_ARGUMENT;
-  int nd = like->ndim;
-  memcpy(shape, like->shape, (size_t)nd * sizeof *shape);
-  if (r->role == FUSEDK_ROLE_ROW_HALF) shape[nd - 1] /= 2;
-  if (r->role != FUSEDK_ROLE_OWN) return nd;
-  const int32_t id = (int32_t)(o - fusedk__ops);
-  if (id == FUSEDK_OP_QK_NORM_ROPE) { /* the input's [B, S, H, Dh], or [B, H, S, Dh] for BHSD */
-    char shp[160];
-    if (nd != 4)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [B, S, H, Dh]", o->name,
-                           o->tensors[r->like].name, fusedk__shape_str(like, shp, sizeof shp));
-    if (a[3] != FUSEDK_LAYOUT_BHSD && a[3] != FUSEDK_LAYOUT_BSHD)
-      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: layout is %g, expected FUSEDK_LAYOUT_BHSD (0) or "
-                           "FUSEDK_LAYOUT_BSHD (1)", o->name, a[3]);
-    if (a[3] == FUSEDK_LAYOUT_BHSD) shape[1] = like->shape[2], shape[2] = like->shape[1];
-    return 4;
-  }
-  if (id == FUSEDK_OP_ATTENTION) { /* out: q's shape; lse: [B, Hq, Sq] */
-    char shp[160];
-    if (nd != 4)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q has shape %s, expected [B, Sq, Hq, Dh]", o->name,
-                           fusedk__shape_str(like, shp, sizeof shp));
-    if (i == 1) shape[0] = like->shape[0], shape[1] = like->shape[2], shape[2] = like->shape[1], nd = 3;
-    return nd;
-  }
-  if (id == FUSEDK_OP_LOWRANK_UPDATE) { /* out: x's rows of K2 (u_t's columns) */
-    const fusedk_tensor *u = t[4];
-    char shp[160];
-    if (!u || !u->shape || u->ndim < 1 || u->ndim > FUSEDK_MAX_DIMS)
-      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: u_t is missing, expected [r, K2]", o->name);
-    if (u->ndim != 2)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: u_t has shape %s, expected [r, K2]", o->name,
-                           fusedk__shape_str(u, shp, sizeof shp));
-    shape[nd - 1] = u->shape[1];
-    return nd;
-  }
-  if (id == FUSEDK_OP_LOWRANK_PREPARE) { /* w_cat: [N, K + A rp] */
-    const fusedk_tensor *b = t[2];
-    char shp[160];
-    if (nd != 2)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [N, K]", o->name,
-                           fusedk__shape_str(like, shp, sizeof shp));
-    if (!b || !b->shape || b->ndim < 1 || b->ndim > FUSEDK_MAX_DIMS)
-      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: b is missing, expected [N, r]", o->name);
-    const int64_t A = b->ndim == 3 ? b->shape[0] : 1, r = b->shape[b->ndim - 1];
-    if ((b->ndim != 2 && b->ndim != 3) || r < 1 || r > 128 || A < 1 || A > 128 || A * ((r + 7) / 8 * 8) > 128)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: b has shape %s, expected [N, r] or [A, N, r] with a rank r of "
-                           "1..128 and A r (r rounded up to 8) at most 128", o->name, fusedk__shape_str(b, shp, sizeof shp));
-    shape[1] = like->shape[1] + A * ((r + 7) / 8 * 8);
-    return 2;
-  }
-  if (id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_BACKWARD || id == FUSEDK_OP_LINEAR_LOWRANK) {
-    /* y, aux_out: x's rows of N (w's or w_cat's rows); db: [N] */
-    const fusedk_tensor *w = t[id == FUSEDK_OP_LINEAR || id == FUSEDK_OP_LINEAR_LOWRANK ? 3 : 5];
-    const char *wn = id == FUSEDK_OP_LINEAR_LOWRANK ? "w_cat" : "w";
-    char shp[160];
-    if (!w || !w->shape || w->ndim < 1 || w->ndim > FUSEDK_MAX_DIMS)
-      return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is missing, expected [N, K]", o->name, wn);
-    if (w->ndim != 2)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [N, K]", o->name, wn,
-                           fusedk__shape_str(w, shp, sizeof shp));
-    if (id == FUSEDK_OP_LINEAR_BACKWARD) nd = 1;
-    shape[nd - 1] = w->shape[0];
-    return nd;
-  }
-  if (id == FUSEDK_OP_LINEAR_LOWRANK_BACKWARD) { /* db: a's [A,] r, K as b's [A,] N, r; dbias: [N] */
-    const fusedk_tensor *w = t[7];
-    char shp[160];
-    if (!w || !w->shape || w->ndim != 2)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w_cat is missing or not [N, K + A rp]", o->name);
-    if (i == 4) return shape[0] = w->shape[0], 1;
-    if (nd != 2 && nd != 3)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: a has shape %s, expected [r, K] or [A, r, K]", o->name,
-                           fusedk__shape_str(like, shp, sizeof shp));
-    shape[nd - 1] = like->shape[nd - 2], shape[nd - 2] = w->shape[0];
-    return nd;
-  }
-  int64_t F = 0;
-  if (id == FUSEDK_OP_ROPE_TABLE_MIXED) {
-    const fusedk_tensor *f = t[3];
-    if (!f || f->ndim != 3 || !f->shape)
-      return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: freqs is missing or not [3, H, F]", o->name);
-    shape[1] = f->shape[1], shape[2] = f->shape[2];
-    return 3;
-  }
-  if (id == FUSEDK_OP_ROPE_TABLE_AXES) { /* 0-terminated */
-    int n = 0;
-    while (n < 4 && a[1 + n] != 0.0) ++n;
-    if (fusedk__check_axes(o->name, a + 1, n, &F)) return -FUSEDK_ERR_INVALID_ARGUMENT;
-  } else {
-    if (fusedk__check_dim(o->name, "dim", (int64_t)a[0])) return -FUSEDK_ERR_INVALID_ARGUMENT;
-    F = (int64_t)a[0] / 2;
-  }
-  shape[1] = F;
-  return 2;
-}
-
-FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tensor *const *t, const double *a,
-                                       int64_t *shape) {
-  if (i < 0 || i >= FUSEDK_OP_COUNT || !t || !a || !shape || out < 0 || out >= fusedk__ops[i].n_tensors ||
-      fusedk__ops[i].tensors[out].kind < FUSEDK_ARG_OUT)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_out_shape: op %d, tensor %d is not an output", (int)i,
-                        (int)out), -FUSEDK_ERR_INVALID_ARGUMENT;
-  return fusedk__out_shape(&fusedk__ops[i], out, t, a, shape);
-}
-
-
-FUSEDK_DEF int32_t fusedk_op_out_exists(int32_t i, int32_t out, const fusedk_tensor *const *t, const double *a) {
-  if (i < 0 || i >= FUSEDK_OP_COUNT || out < 0 || out >= fusedk__ops[i].n_tensors) return 0;
-  const fusedk_op_tensor *r = &fusedk__ops[i].tensors[out];
-  if (r->kind == FUSEDK_ARG_OUT) return 1;
-  if (r->kind != FUSEDK_ARG_OUT_OPT) return 0;
-  if (r->when >= 0) return t && t[r->when] != NULL;
-  return a && a[-2 - r->when] != 0.0;
-}
-
-FUSEDK_DEF const fusedk_op *fusedk_op_get(int32_t i) {
-  return i >= 0 && i < FUSEDK_OP_COUNT ? &fusedk__ops[i] : NULL;
-}
-
-FUSEDK_DEF int32_t fusedk_op_find(const char *name) {
-  for (int32_t i = 0; name && i < FUSEDK_OP_COUNT; ++i)
-    if (!strcmp(fusedk__ops[i].name, name)) return i;
-  return -1;
-}
-
-FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t, const double *a,
-                                        struct CUstream_st *s) {
-  if (i < 0 || i >= FUSEDK_OP_COUNT)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: op %d, expected 0..%d", (int)i, FUSEDK_OP_COUNT - 1);
-  if (!t || !a) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: %s: tensors or attrs is NULL", fusedk__ops[i].name);
-  const fusedk_status ast = fusedk__check_int_attrs(&fusedk__ops[i], a);
-  if (ast) return ast;
-  switch ((fusedk_op_id)i) {
-    case FUSEDK_OP_RMSNORM: return fusedk_rmsnorm(t[0], t[1], t[2], t[3], t[4], (float)a[0], s);
-    case FUSEDK_OP_LAYERNORM: return fusedk_layernorm(t[0], t[1], t[2], t[3], (float)a[0], s);
-    case FUSEDK_OP_ADALN: return fusedk_adaln(t[0], t[1], t[2], t[3], (fusedk_norm)(int)a[0], t[4], t[5], (float)a[1], s);
-    case FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM:
-      return fusedk_residual_tanh_gated_rmsnorm(t[0], t[1], t[2], t[3], (float)a[0], (int)a[1], s);
-    case FUSEDK_OP_ACT: return fusedk_act(t[0], t[1], (fusedk_activation)(int)a[0], s);
-    case FUSEDK_OP_SILU_FMA: return fusedk_silu_fma(t[0], t[1], t[2], t[3], s);
-    case FUSEDK_OP_GATED_RESIDUAL: return fusedk_gated_residual(t[0], t[1], t[2], t[3], s);
-    case FUSEDK_OP_GLU: return fusedk_glu(t[0], t[1], (fusedk_activation)(int)a[0], (fusedk_glu_half)(int)a[1], s);
-    case FUSEDK_OP_GLU_PAIR: return fusedk_glu_pair(t[0], t[1], t[2], (fusedk_activation)(int)a[0], s);
-    case FUSEDK_OP_ROPE:
-      return fusedk_rope(t[0], t[1], t[2], t[3], t[4], t[5], (fusedk_rope_style)(int)a[0], (int32_t)a[1], s);
-    case FUSEDK_OP_ROPE_TABLE_1D: return fusedk_rope_table_1d(t[0], t[1], t[2], (int32_t)a[0], (float)a[1], s);
-    case FUSEDK_OP_ROPE_TABLE_AXES: {
-      int32_t dims[4], n = 0;
-      while (n < 4 && a[1 + n] != 0.0) dims[n] = (int32_t)a[1 + n], ++n;
-      return fusedk_rope_table_axes(t[0], t[1], t[2], dims, n, (float)a[0], s);
-    }
-    case FUSEDK_OP_ROPE_TABLE_LTX: return fusedk_rope_table_ltx(t[0], t[1], t[2], (int32_t)a[0], (float)a[1], s);
-    case FUSEDK_OP_ROPE_TABLE_MIXED: return fusedk_rope_table_mixed(t[0], t[1], t[2], t[3], s);
-    case FUSEDK_OP_QK_NORM_ROPE:
-      return fusedk_qk_norm_rope(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], (float)a[0],
-                                 (fusedk_qk_norm)(int)a[1], (fusedk_rope_style)(int)a[2], (fusedk_layout)(int)a[3],
-                                 (int32_t)a[4], s);
-    case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
-    case FUSEDK_OP_ATTENTION:
-      return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
-    case FUSEDK_OP_LOWRANK_UPDATE: return fusedk_lowrank_update(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (float)a[1], s);
-    case FUSEDK_OP_LOWRANK_PREPARE: return fusedk_lowrank_prepare(t[0], t[1], t[2], (float)a[0], s);
-    case FUSEDK_OP_LINEAR_LOWRANK:
-      return fusedk_linear_lowrank(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], (fusedk_activation)(int)a[0], s);
-    case FUSEDK_OP_LOWRANK_UPDATE_BACKWARD:
-      return fusedk_lowrank_update_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], (float)a[0], s);
-    case FUSEDK_OP_LINEAR_LOWRANK_BACKWARD:
-      return fusedk_linear_lowrank_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11],
-                                            (fusedk_activation)(int)a[0], (float)a[1], s);
-    case FUSEDK_OP_LINEAR_BACKWARD:
-      return fusedk_linear_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], (fusedk_activation)(int)a[0],
-                                    (int32_t)a[1], s);
-    case FUSEDK_OP_DIFFUSION_STEP: {
-      fusedk_step p;
-      p.guidance = (float)a[0], p.sampler = (int32_t)a[1], p.sigma = (float)a[2], p.sigma_next = (float)a[3];
-      p.alpha_bar = (float)a[4], p.alpha_bar_prev = (float)a[5], p.clamp_x0 = (float)a[6], p.blend = (float)a[7];
-      return fusedk_diffusion_step(t[0], t[1], t[2], t[3], t[4], &p, s);
-    }
-  }
-  return FUSEDK_ERR_INVALID_ARGUMENT;
 }
 
 /* --- [dlpack] allocations and streams ---------------------------------------------------- */
@@ -3369,7 +3464,7 @@ FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size) {
   size_t k = (size_t)snprintf(tmp, sizeof tmp, "{\"version\": \"%s\", ", fusedk_version());
   k += fusedk__cuda_info(tmp + k, sizeof tmp - k);
   for (int i = 0; i < FUSEDK_OP_COUNT && k < sizeof tmp; ++i) {
-    const fusedk_op *o = &fusedk__ops[i]; /* its reference input's dtypes: the table builders' float32 alone */
+    const fusedk_op *o = fusedk__op(i); /* its reference input's dtypes: the table builders' float32 alone */
     k += (size_t)snprintf(tmp + k, sizeof tmp - k, "%s\"%s\": [\"float32\"%s]", i ? ", " : ", \"ops\": {", o->name,
                           o->tensors[fusedk__ref(o)].scalar < 0 ? ", \"float16\", \"bfloat16\"" : "");
   }

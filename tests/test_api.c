@@ -1,5 +1,6 @@
 /* Bad input for every argument of every op: the status, a reason naming the argument, and
-   outputs left untouched. Plus the library basics (version, status names, kernel_info). */
+   outputs left untouched. Plus the library basics (version, status names, kernel_info) and the
+   shape of every op's every output (fusedk_op_out_shape). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -938,6 +939,115 @@ static void lowrank_backward_cases(void) {
   EXPECT(st != FUSEDK_OK && dv[0] == SENTINEL, "lowrank_update_backward: dx as dout: %s", fusedk_failure_reason());
 }
 
+/* fusedk_op_out_shape for every output of every op, against shapes written out by hand: what
+   every binding allocates. A case names its inputs' shapes, the attributes that differ from
+   the registry's defaults and the outputs' shapes it expects, each by its registry name. */
+typedef struct {
+  int32_t op;
+  const char *inputs, *attrs, *outputs; /* "name=2,3,16 name=5" ("name=7,3" for an attribute) */
+} shape_case;
+
+static const shape_case shape_cases[] = {
+    {FUSEDK_OP_RMSNORM, "x=2,3,16 residual=2,3,16 weight=16", "", "y=2,3,16 residual_out=2,3,16"},
+    {FUSEDK_OP_LAYERNORM, "x=2,3,16", "", "y=2,3,16"},
+    {FUSEDK_OP_ADALN, "x=2,3,16 scale=2,16 shift=2,16", "", "y=2,3,16"},
+    {FUSEDK_OP_RESIDUAL_TANH_GATED_RMSNORM, "x=2,3,16 x_res=2,3,16 gate=2,16", "", "y=2,3,16"},
+    {FUSEDK_OP_ACT, "x=4,10", "", "y=4,10"},
+    {FUSEDK_OP_SILU_FMA, "a=2,3,8 b=2,3,8 c=2,3,8", "", "y=2,3,8"},
+    {FUSEDK_OP_GATED_RESIDUAL, "x=2,3,8 y=2,3,8 gate=2,8", "", "out=2,3,8"},
+    {FUSEDK_OP_GLU, "x=2,3,16", "", "y=2,3,8"},
+    {FUSEDK_OP_GLU_PAIR, "value=5,7 gate=5,7", "", "y=5,7"},
+    {FUSEDK_OP_ROPE, "q=2,5,6,8 k=2,5,3,8 cos=5,4 sin=5,4", "", "q_out=2,5,6,8 k_out=2,5,3,8"},
+    {FUSEDK_OP_ROPE_TABLE_1D, "positions=7", "dim=64", "cos=7,32 sin=7,32"},
+    {FUSEDK_OP_ROPE_TABLE_AXES, "ids=7,3", "", "cos=7,64 sin=7,64"},
+    {FUSEDK_OP_ROPE_TABLE_AXES, "ids=7,2", "axes_dim0=8 axes_dim1=12 axes_dim2=0", "cos=7,10 sin=7,10"},
+    {FUSEDK_OP_ROPE_TABLE_LTX, "coords=7,3", "dim=48", "cos=7,24 sin=7,24"},
+    {FUSEDK_OP_ROPE_TABLE_MIXED, "pos=7,3 freqs=3,4,10", "", "cos=7,4,10 sin=7,4,10"},
+    {FUSEDK_OP_DIFFUSION_STEP, "x=2,4,8 cond=2,4,8 uncond=2,4,8", "", "out=2,4,8"},
+    {FUSEDK_OP_QK_NORM_ROPE, "q=2,5,6,8 k=2,5,3,8 v=2,5,3,8 cos=5,4 sin=5,4", "",
+     "q_out=2,6,5,8 k_out=2,3,5,8 v_out=2,3,5,8"},
+    {FUSEDK_OP_QK_NORM_ROPE, "q=2,5,6,8 k=2,5,3,8 v=2,5,3,8 cos=5,4 sin=5,4", "layout=1",
+     "q_out=2,5,6,8 k_out=2,5,3,8 v_out=2,5,3,8"},
+    {FUSEDK_OP_LINEAR, "x=2,3,16 w=5,16 bias=5", "want_aux=1", "y=2,3,5 aux_out=2,3,5"},
+    {FUSEDK_OP_LINEAR_BACKWARD, "dy=2,3,5 x=2,3,16 w=5,16", "", "dx=2,3,16 dw=5,16 db=5"},
+    {FUSEDK_OP_ATTENTION, "q=2,9,6,64 k=2,11,3,64 v=2,11,3,64", "want_lse=1", "out=2,9,6,64 lse=2,6,9"},
+    {FUSEDK_OP_LOWRANK_UPDATE, "x=4,7,16 v=16,8 u_t=8,24 y=4,7,24", "", "out=4,7,24"},
+    {FUSEDK_OP_LOWRANK_PREPARE, "w=9,16 b=9,6", "", "w_cat=9,24"},
+    {FUSEDK_OP_LOWRANK_PREPARE, "w=9,16 b=3,9,6", "", "w_cat=9,40"},
+    {FUSEDK_OP_LINEAR_LOWRANK, "x=2,3,16 w_cat=9,24 a=6,16", "want_aux=1", "y=2,3,9 aux_out=2,3,9"},
+    {FUSEDK_OP_LOWRANK_UPDATE_BACKWARD, "dout=4,24 x=4,16 v=16,8 codes=4,8 u_t=8,24", "",
+     "dx=4,16 dv=16,8 du_t=8,24 dcodes=4,8"},
+    {FUSEDK_OP_LINEAR_LOWRANK_BACKWARD, "dy=2,3,9 x=2,3,16 w_cat=9,24 a=6,16", "want_dbias=1",
+     "dx=2,3,16 da=6,16 db=9,6 dbias=9"},
+    {FUSEDK_OP_LINEAR_LOWRANK_BACKWARD, "dy=2,3,9 x=2,3,16 w_cat=9,40 a=3,6,16 codes=2,3,6", "",
+     "dx=2,3,16 da=3,6,16 db=3,9,6 dcodes=2,3,6"},
+};
+
+/* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */
+static int next_item(const char **spec, char *name, double *v, int *n) {
+  int len = 0;
+  while (**spec == ' ') ++*spec;
+  if (!**spec || sscanf(*spec, "%31[a-z_0-9]=%n", name, &len) != 1 || !len) return 0;
+  *spec += len;
+  *n = 0;
+  while (*n < FUSEDK_MAX_DIMS && sscanf(*spec, "%lf%n", &v[*n], &len) == 1) {
+    ++*n, *spec += len;
+    if (**spec != ',') break;
+    ++*spec;
+  }
+  return 1;
+}
+
+static int tensor_index(const fusedk_op *o, const char *name) {
+  for (int k = 0; k < o->n_tensors; ++k)
+    if (!strcmp(o->tensors[k].name, name)) return k;
+  return -1;
+}
+
+static void out_shape_cases(void) {
+  int covered[FUSEDK_OP_COUNT][FUSEDK_OP_MAX_TENSORS] = {{0}};
+  for (size_t c = 0; c < sizeof shape_cases / sizeof *shape_cases; ++c) {
+    const shape_case *sc = &shape_cases[c];
+    const fusedk_op *o = fusedk_op_get(sc->op);
+    int64_t shapes[FUSEDK_OP_MAX_TENSORS][FUSEDK_MAX_DIMS];
+    fusedk_tensor ts[FUSEDK_OP_MAX_TENSORS];
+    const fusedk_tensor *t[FUSEDK_OP_MAX_TENSORS] = {0};
+    double attrs[FUSEDK_OP_MAX_ATTRS], v[FUSEDK_MAX_DIMS];
+    char name[32];
+    int n;
+    for (int k = 0; k < o->n_attrs; ++k) attrs[k] = o->attrs[k].value;
+    for (const char *s = sc->attrs; next_item(&s, name, v, &n);) {
+      int k = 0;
+      while (k < o->n_attrs && strcmp(o->attrs[k].name, name)) ++k;
+      EXPECT(k < o->n_attrs && n == 1, "shape case %d: %s has no attribute %s", (int)c, o->name, name);
+      if (k < o->n_attrs) attrs[k] = v[0];
+    }
+    for (const char *s = sc->inputs; next_item(&s, name, v, &n);) {
+      const int k = tensor_index(o, name);
+      EXPECT(k >= 0 && o->tensors[k].kind <= FUSEDK_ARG_IN_OPT, "shape case %d: %s has no input %s", (int)c,
+             o->name, name);
+      if (k < 0) continue;
+      for (int i = 0; i < n; ++i) shapes[k][i] = (int64_t)v[i];
+      ts[k] = fusedk_tensor_cpu(NULL, FUSEDK_F32, n, shapes[k]);
+      t[k] = &ts[k];
+    }
+    for (const char *s = sc->outputs; next_item(&s, name, v, &n);) {
+      const int k = tensor_index(o, name);
+      int64_t got[FUSEDK_MAX_DIMS];
+      const int nd = k >= 0 ? fusedk_op_out_shape(sc->op, k, t, attrs, got) : -1;
+      int same = nd == n;
+      for (int i = 0; same && i < n; ++i) same = got[i] == (int64_t)v[i];
+      EXPECT(same && fusedk_op_out_exists(sc->op, k, t, attrs), "shape case %d: %s's %s: ndim %d (%s)", (int)c,
+             o->name, name, nd, nd < 0 ? fusedk_failure_reason() : "other sizes than expected");
+      if (k >= 0) covered[sc->op][k] = 1;
+    }
+  }
+  for (int i = 0; i < FUSEDK_OP_COUNT; ++i) /* every output of every op has a case */
+    for (int k = 0; k < fusedk_op_get(i)->n_tensors; ++k)
+      EXPECT(covered[i][k] || fusedk_op_get(i)->tensors[k].kind < FUSEDK_ARG_OUT, "no shape case for %s's %s",
+             fusedk_op_get(i)->name, fusedk_op_get(i)->tensors[k].name);
+}
+
 int main(void) {
   for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
   for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
@@ -954,6 +1064,7 @@ int main(void) {
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
   registry_cases();
+  out_shape_cases();
   attention_cases();
   lowrank_cases();
   linear_lowrank_cases();
