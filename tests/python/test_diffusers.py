@@ -493,6 +493,71 @@ def test_lora_added_after_apply(name, compiled, device):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_compiled_after_lora_unloaded_runs_fused(name, monkeypatch):
+    """a patched LoRA'd model, compiled (fullgraph), then its adapters unloaded (unload_lora):
+    the compiled model runs fused without them (the operator prepares the blocks again: their
+    GEMMs hold no adapters, linear_lowrank is not called), as close to float32 as the stock model
+    without LoRA"""
+    m, ref, low, x32, xl = lora_pair(name, "cpu")
+    fd.apply(low)
+    torch._dynamo.reset()
+    c = torch.compile(low, fullgraph=True)
+    with torch.no_grad():
+        run(c, xl)
+        assert folded(m, low)
+        ref.unload_lora(), low.unload_lora()
+        calls = counting(monkeypatch, "linear_lowrank")
+        want = m.output(run(ref, x32)).double()
+        stock = m.output(run(pair(name, "cpu")[2], xl))
+        check_close(m.output(run(c, xl)), stock, want, f"{name} compiled after unload_lora")
+    assert calls[0] == 0, calls
+    assert all(b.__dict__.get("_fusedk") is not None and b._fusedk.p["qkv"].a is None for b in m.blocks(low))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_lora_training_step_keeps_the_block_patched(name):
+    """a patched model with LoRA dropout, trained a step (model.train(), autograd recording: the
+    blocks run stock, the adapters' weights change), then back in eval under no_grad: the blocks
+    run fused again with the stepped adapters folded in, as close to float32 as the stock model"""
+    import copy
+    peft = pytest.importorskip("peft")
+    m, ref, low, x32, xl = pair(name, "cpu")
+    for model in (ref, low):
+        torch.manual_seed(5)
+        model.add_adapter(peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=m.LORA,
+                                          init_lora_weights=False))
+        model.eval()  # peft's dropout layers start in training mode
+    fd.apply(low)
+    with torch.no_grad():
+        run(low, xl)
+    assert folded(m, low)
+    low.train()
+    fd._warned.clear()
+    for n, p in low.named_parameters():
+        p.requires_grad_(".lora_" in n)
+    loras = [p for p in low.parameters() if p.requires_grad]
+    with pytest.warns(RuntimeWarning, match="runs its stock forward while autograd records"):
+        m.output(low(**xl)).float().square().mean().backward()
+    with torch.no_grad():
+        for p in loras:
+            p.add_(1e-2 * p.grad)
+    low.eval()
+    with torch.no_grad():
+        first = dict(low.named_parameters())
+        for n, p in ref.named_parameters():
+            if ".lora_" in n:
+                p.copy_(first[n])
+        want = m.output(run(ref, x32)).double()
+        got = m.output(run(low, xl))
+    assert folded(m, low)  # patched again, not unpatched for good
+    stock = copy.deepcopy(low)
+    fd.revert(stock)
+    with torch.no_grad():
+        check_close(got, m.output(run(stock, xl)), want, f"{name} LoRA after a training step")
+
+
 @pytest.mark.parametrize("after_apply", [False, True])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_compiled_sees_adapters_swapped_in_place(name, after_apply):

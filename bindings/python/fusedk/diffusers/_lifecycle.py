@@ -12,7 +12,7 @@ import torch
 
 from .. import _core
 from ._block_op import compiling, exporting, new_handle, register
-from ._common import PerForward, eps_of, warn_once
+from ._common import PerForward, eps_of, records_grad, warn_once
 from ._lora import fuse_projections, groups_why_not, lora_signature
 from ._pieces import OPS, Pieces
 
@@ -293,7 +293,10 @@ def _checked_forward(self, *args, **kwargs):
         # forward; or torch.export, whose programs AOTInductor packages: fusedk's operators are
         # Python custom ops such a package cannot call
         return type(self).forward(self, *args, **kwargs)
-    if _traced_hooked(st) if compiling() else not _ready(self):
+    # a call autograd records runs stock before anything is prepared again: a training step
+    # (LoRA dropout on, adapter weights just stepped) neither unpatches the block nor re-fuses it
+    if _traced_hooked(st) if compiling() else (
+            records_grad(self, *(a for a in (*args, *kwargs.values()) if torch.is_tensor(a))) or not _ready(self)):
         return type(self).forward(self, *args, **kwargs)
     return self._fusedk.patcher.forward(self, *args, **kwargs)
 
@@ -377,9 +380,12 @@ def as_op(block):
     """Under torch.compile, whether patched block `block` runs as one fusedk_diffusers::block
     operator (block_op): always where its patcher says so (Flux), else while a projection is a
     peft LoRA layer: the operator checks the adapters each time it runs (an in-place hotswap, a
-    set_adapters), which a traced forward cannot. Its other calls trace the fused forward."""
-    patcher = block._fusedk.patcher
-    return patcher.op_always or any(type(x) is not torch.nn.Linear for x in patcher.projections(block))
+    set_adapters), which a traced forward cannot, or while its GEMMs hold adapters a projection
+    had when the block was prepared (unloaded since: the operator prepares the block again). Its
+    other calls trace the fused forward."""
+    st = block._fusedk
+    return st.patcher.op_always or any(type(x) is not torch.nn.Linear for x in st.patcher.projections(block)) or any(
+        type(lin) is not torch.nn.Linear for _, _, lin, _ in st.mods)
 
 
 class Patcher:
