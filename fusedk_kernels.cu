@@ -812,9 +812,9 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T *src, int64_t st
 // A ring of ST shared-memory stages over tiles [0, n), filled by cp.async: load(t, stage) issues
 // tile t's copies; step(t) computes tile t (compute(t, stage)) once it has landed, with the ST - 1
 // tiles after it in flight. One barrier a step: it makes tile t visible and frees tile t - 1's
-// stage, which the load issued right after it refills. A loop over tiles of one kind calls run;
-// tiles of kinds that alternate (attention's K and V) call step themselves, each with the loader
-// of the tile it puts in flight (no test of the kind in the loop).
+// stage, which the load issued right after it refills. (The portable attention's K and V tiles,
+// which alternate, keep their own two-buffer schedule: run through the ring, its loop's tile
+// offsets leave the uniform datapath for every thread's registers, bench/NOTES.md.)
 template <int ST, typename Load> struct StageRing {
   int n;
   Load load;
@@ -824,15 +824,13 @@ template <int ST, typename Load> struct StageRing {
       cp_async_commit();
     }
   }
-  // next: the load of tile t + ST - 1 (load, or the caller's loader of that tile's kind)
-  template <typename Compute, typename Next> __device__ __forceinline__ void step(int t, Compute &&compute, Next &&next) {
+  template <typename Compute> __device__ __forceinline__ void step(int t, Compute &&compute) {
     cp_async_wait<ST - 2>(); // tile t landed (this thread's copies)
     __syncthreads();         // everyone's, and everyone is done with tile t - 1
-    if (t + ST - 1 < n) next(t + ST - 1, (t + ST - 1) % ST);
+    if (t + ST - 1 < n) load(t + ST - 1, (t + ST - 1) % ST);
     cp_async_commit();
     compute(t, t % ST);
   }
-  template <typename Compute> __device__ __forceinline__ void step(int t, Compute &&compute) { step(t, compute, load); }
   __device__ __forceinline__ void finish() {
     cp_async_wait<0>();
     __syncthreads(); // the stages are free for whatever comes next
@@ -3203,7 +3201,7 @@ __global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
   const T *k = (const T *)a.k.p + b * a.k.sb + blk.hk * a.k.sh, *v = (const T *)a.v.p + b * a.v.sb + blk.hk * a.v.sh;
 
   load_tile<T, BR, CH, NT, VEC>(sq, (const T *)a.q.p + b * a.q.sb + i0 * a.q.ss + h * a.q.sh, a.q.ss, (int)blk.rows,
-                                dh); // committed with K[0]'s copies (the ring's start)
+                                dh);
 
   float o[MT][D / 8][4], m[MT][2], l[MT][2];
   int64_t lim[MT][2]; // the keys each of the thread's rows sees
@@ -3219,30 +3217,34 @@ __global__ void __launch_bounds__(P::kWarps * 32, P::kMinBlocks)
   const WarpOperand<CH, kA> lq = WarpOperand<CH, kA>(sq, lane).i_from(warp * MT);
   const WarpOperand<CH, kB> lk(sk, lane);
   const WarpOperand<CH, kBt> lv(sv, lane);
-  // a ring of two stages over K[0], V[0], K[1], ...: V[j]'s copy runs under S's product and
-  // softmax, K[j+1]'s under P V
-  auto load_k = [&](int64_t j0) { load_tile<T, BC, CH, NT, VEC>(sk, k + j0 * a.k.ss, a.k.ss, (int)min((int64_t)BC, n_hi - j0), dh); };
-  auto ring = stage_ring<2>(2 * n_tiles, [&](int, int) { load_k(0); });
-  ring.start(); // K[0], with Q's copies in its group
+  // V[j]'s copy runs under S's product and softmax, K[j+1]'s under P V (FlashAttention-2's
+  // schedule): one barrier before each product frees the buffer the next copy fills
+  if (n_tiles) load_tile<T, BC, CH, NT, VEC>(sk, k, a.k.ss, (int)min((int64_t)BC, n_hi), dh);
+  cp_async_commit(); // with Q's copies
   for (int j = 0; j < n_tiles; ++j) {
     const int64_t j0 = (int64_t)j * BC;
+    cp_async_wait<0>(); // K[j] (and Q) landed; after the barrier every warp is done with V[j-1]
+    __syncthreads();
+    load_tile<T, BC, CH, NT, VEC>(sv, v + j0 * a.v.ss, a.v.ss, (int)min((int64_t)BC, n_hi - j0), dh);
+    cp_async_commit();
     float s[MT][BC / 8][4];
-    auto load_v = [&](int, int) {
-      load_tile<T, BC, CH, NT, VEC>(sv, v + j0 * a.v.ss, a.v.ss, (int)min((int64_t)BC, n_hi - j0), dh);
-    };
-    ring.step(2 * j, [&](int, int) {
-      attn_scores<T, D, MT, BC, P::kPf>(s, lq, lk);
+    attn_scores<T, D, MT, BC, P::kPf>(s, lq, lk);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        attn_mask<BC>(s[mt], scale_log2, lim[mt], j0, j0 + BC > blk.n_lo, c0);
-        float alpha[2];
-        attn_softmax<BC>(s[mt], scale_log2, m[mt], l[mt], alpha);
-        attn_rescale<D>(o[mt], alpha);
-      }
-    }, load_v);
-    ring.step(2 * j + 1, [&](int, int) { attn_pv<T, D, MT, BC>(o, s, lv); }, [&](int, int) { load_k(j0 + BC); });
+    for (int mt = 0; mt < MT; ++mt) {
+      attn_mask<BC>(s[mt], scale_log2, lim[mt], j0, j0 + BC > blk.n_lo, c0);
+      float alpha[2];
+      attn_softmax<BC>(s[mt], scale_log2, m[mt], l[mt], alpha);
+      attn_rescale<D>(o[mt], alpha);
+    }
+    cp_async_wait<0>(); // V[j] landed; after the barrier every warp is done with K[j]
+    __syncthreads();
+    if (j + 1 < n_tiles)
+      load_tile<T, BC, CH, NT, VEC>(sk, k + (j0 + BC) * a.k.ss, a.k.ss, (int)min((int64_t)BC, n_hi - j0 - BC), dh);
+    cp_async_commit();
+    attn_pv<T, D, MT, BC>(o, s, lv);
   }
-  ring.finish(); // Q landed even when no key tile ran
+  cp_async_wait<0>(); // Q landed even when no key tile ran
+  __syncthreads();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) attn_store<T, D, VEC>(a, o[mt], m[mt], l[mt], sq, row0 + 16 * mt, b, h, i0, lane);
 }
