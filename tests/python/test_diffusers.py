@@ -709,3 +709,19 @@ def test_flux_copy_compiled_runs_its_own_blocks():
     assert torch.equal(got, m.output(run(torch.compile(fresh, fullgraph=True), xl)))  # the same weights, patched afresh
     torch._dynamo.reset()
     assert (got.float() - before.float()).abs().max() > 0.08  # not the original's weights (0.16 here)
+
+
+def test_lora_factor_on_another_device_is_refused():
+    """a LoRA factor (A or B) on another device than its base layer: the projection is refused
+    with a reason naming the adapter, not copied across devices at every call"""
+    peft = pytest.importorskip("peft")
+    from fusedk.diffusers._lora import lora_of
+    for factor in ("lora_A", "lora_B"):
+        model = torch.nn.Sequential(torch.nn.Linear(16, 16))
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["0"]))
+        lin = model.base_model.model[0]
+        assert isinstance(lora_of(lin), tuple)
+        f = getattr(lin, factor)["default"]
+        f.weight = torch.nn.Parameter(torch.empty(f.weight.shape, device="meta"))
+        why = lora_of(lin)
+        assert isinstance(why, str) and "'default'" in why and "meta" in why, why

@@ -56,8 +56,9 @@ def lora_of(lin):
             return f"LoRA adapter {ad!r} has a bias or non-Linear factors"
         if not (type(drop) is torch.nn.Identity or (type(drop) is torch.nn.Dropout and (drop.p == 0 or not drop.training))):
             return f"LoRA adapter {ad!r} has dropout in training mode"
-        if not A.weight.is_floating_point() or A.weight.device != base.weight.device:
-            return f"LoRA adapter {ad!r} is on {A.weight.device} in {A.weight.dtype}, the base on {base.weight.device}"
+        for f in (A, B):
+            if not f.weight.is_floating_point() or f.weight.device != base.weight.device:
+                return f"LoRA adapter {ad!r} is on {f.weight.device} in {f.weight.dtype}, the base on {base.weight.device}"
         out.append((A.weight, B.weight, float(lin.scaling[ad])))
     return base, out
 
