@@ -3757,10 +3757,17 @@ inline int lr_cat_splits(int64_t M, int64_t K1, int dev) {
   return (int)std::max<int64_t>(1, std::min((tiles + 3) / 4, 4 * rows <= 3 * sms ? (sms + rows - 1) / rows : 1));
 }
 
-// The tensor-core kernels' shapes: rows a block, x's k tile, out's column tile; stages of each ring (rank 16: five tiles in flight;
-// wider ranks' v and u_t tiles would cost blocks an SM: three); warps a 16-row group (the
-// partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8 float4)
+// The tensor-core kernels' shapes: rows a block, x's k tile, out's column tile; stages of each
+// ring (rank 16: five tiles in flight; wider ranks' v and u_t tiles would cost blocks an SM:
+// three); warps a 16-row group (the partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8
+// float4). The linear part reads some of them only (177 off there, as for the shared helpers).
+#if !FUSEDK__PART_ALL
+#pragma nv_diag_suppress 177
+#endif
 constexpr int kLrRows = 64, kLrK = 64, kLrN = 64;
+#if !FUSEDK__PART_ALL
+#pragma nv_diag_default 177
+#endif
 template <int RT> constexpr int kLrStages = RT <= 16 ? 6 : 4;
 template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
 
