@@ -725,3 +725,17 @@ def test_lora_factor_on_another_device_is_refused():
         f.weight = torch.nn.Parameter(torch.empty(f.weight.shape, device="meta"))
         why = lora_of(lin)
         assert isinstance(why, str) and "'default'" in why and "meta" in why, why
+
+
+def test_apply_again_registers_no_new_kinds():
+    """apply and revert over and over: the block operator's kinds (one a block class) stay as the
+    first apply made them"""
+    from fusedk.diffusers import _block_op
+    m, ref, low, x32, xl = pair("ltx", "cpu")
+    fd.apply(low)
+    kinds = list(_block_op._KINDS)
+    for _ in range(3):
+        fd.revert(low)
+        fd.apply(low)
+    assert _block_op._KINDS == kinds
+    fd.revert(low)

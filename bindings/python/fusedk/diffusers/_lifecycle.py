@@ -33,15 +33,19 @@ class Report:
         return "\n".join(lines)
 
 
+_PATCHERS = {}
+
+
 def _patchers():
-    """{diffusers block class: its Patcher}, for the models this diffusers has."""
-    table = {}
-    for name in ("flux", "ltx", "mochi", "wan"):
-        try:
-            table.update(importlib.import_module(f".{name}", __package__).patchers())
-        except ImportError:  # this diffusers lacks the model
-            continue
-    return table
+    """{diffusers block class: its Patcher}, for the models this diffusers has; made once, so that
+    every apply() registers the same kinds with the block operator (its list does not grow)."""
+    if not _PATCHERS:
+        for name in ("flux", "ltx", "mochi", "wan"):
+            try:
+                _PATCHERS.update(importlib.import_module(f".{name}", __package__).patchers())
+            except ImportError:  # this diffusers lacks the model
+                continue
+    return _PATCHERS
 
 
 def _roots(model):
