@@ -451,8 +451,7 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
      option and cluster shape (auto, 1x1, 2x1, 1x2, 2x2) cuBLASLt accepts (~100 candidates,
      each timed once a plan); 3 every tile so (~4400: a plan's search takes seconds, and fusedk's
      cuBLASLt state has one lock, so other threads' linear calls, on any device, wait meanwhile);
-     0 none (the heuristic's first). bench/lt_search.cu measures what each level finds, and
-     bench/NOTES.md's [linear] sections what each costs.
+     0 none (the heuristic's first). bench/lt_search.cu measures what each level finds.
      aux_out = z rounded to the dtype (the pre-activation): what linear_backward needs for
      act != NONE (for RELU, y itself serves as well: relu'(z) = [y > 0]).
    linear_backward: with dz = dy * act'(aux) rounded to the dtype (dz = dy for NONE),

@@ -27,7 +27,7 @@
 //               Hopper bulk copies (cp.async.bulk) counted by mbarriers
 //   [reduce]    warp and row-group sums
 //   [tile]      the tensor-core layer: swizzled tiles in shared memory, cp.async tile loads
-//               (load_tile) and their stage ring (StageRing); the warp-level MMA layer: the
+//               (load_tile) and their stage ring (ring_run); the warp-level MMA layer: the
 //               instruction by element type (MmaOp), each operand's lane addressing
 //               (WarpOperand: A or B, K- or N-major), a warp tile += A B (warp_mma); Hopper: TMA
 //               tensor maps (tmap_bshd) and their swizzle (swz128), TMA loads, wgmma (wgmma_ss,
@@ -645,8 +645,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 // 8x8 blocks of 32-bit words (rows 0-7 / 8-15 by the k step's halves: a0 a1 a2 a3 = top-left,
 // bottom-left, top-right, bottom-right); b as two (the k step's halves). The accumulator of two
 // n8 tiles is, packed to T, the a operand of the next product (flash attention's P, a low-rank
-// update's h never leave registers: pack_a). 8-bit types (e4m3: m16n8k32 .e4m3, s8: .s8 with
-// int32 accumulators) take the same fragments; they have no transposing ldmatrix (kAt, kBt).
+// update's h never leave registers: pack_a). f16 and bf16 only: an 8-bit type's m16n8k32 reads
+// the same fragments, but has no transposing ldmatrix (kAt, kBt take a transposed copy first).
 template <typename T> struct MmaOp {
   static_assert(sizeof(T) == 0, "MmaOp: no tensor-core instruction for this element type");
 };
@@ -810,43 +810,26 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T *src, int64_t st
 }
 
 // A ring of ST shared-memory stages over tiles [0, n), filled by cp.async: load(t, stage) issues
-// tile t's copies; step(t) computes tile t (compute(t, stage)) once it has landed, with the ST - 1
-// tiles after it in flight. One barrier a step: it makes tile t visible and frees tile t - 1's
+// tile t's copies; tile t is computed (compute(t, stage)) once it has landed, with the ST - 1
+// tiles after it in flight. One barrier a tile: it makes tile t visible and frees tile t - 1's
 // stage, which the load issued right after it refills. (The portable attention's K and V tiles,
-// which alternate, keep their own two-buffer schedule: run through the ring, its loop's tile
-// offsets leave the uniform datapath for every thread's registers, bench/NOTES.md.)
-template <int ST, typename Load> struct StageRing {
-  int n;
-  Load load;
-  __device__ __forceinline__ void start() { // tiles [0, ST - 1) in flight
-    for (int t = 0; t < ST - 1; ++t) {
-      if (t < n) load(t, t);
-      cp_async_commit();
-    }
+// which alternate, keep their own two-buffer schedule: written as a ring of tiles of two kinds,
+// its loop's tile offsets leave the uniform datapath for every thread's registers.)
+template <int ST, typename Load, typename Compute>
+__device__ __forceinline__ void ring_run(int n, Load &&load, Compute &&compute) {
+  for (int t = 0; t < ST - 1; ++t) {
+    if (t < n) load(t, t);
+    cp_async_commit();
   }
-  template <typename Compute> __device__ __forceinline__ void step(int t, Compute &&compute) {
+  for (int t = 0; t < n; ++t) {
     cp_async_wait<ST - 2>(); // tile t landed (this thread's copies)
     __syncthreads();         // everyone's, and everyone is done with tile t - 1
     if (t + ST - 1 < n) load(t + ST - 1, (t + ST - 1) % ST);
     cp_async_commit();
     compute(t, t % ST);
   }
-  __device__ __forceinline__ void finish() {
-    cp_async_wait<0>();
-    __syncthreads(); // the stages are free for whatever comes next
-  }
-  template <typename Compute> __device__ __forceinline__ void run(Compute &&compute) {
-    start();
-    for (int t = 0; t < n; ++t) step(t, compute);
-    finish();
-  }
-};
-template <int ST, typename Load> __device__ __forceinline__ StageRing<ST, Load> stage_ring(int n, Load &&load) {
-  return {n, static_cast<Load &&>(load)};
-}
-template <int ST, typename Load, typename Compute>
-__device__ __forceinline__ void ring_run(int n, Load &&load, Compute &&compute) {
-  stage_ring<ST>(n, static_cast<Load &&>(load)).run(compute);
+  cp_async_wait<0>();
+  __syncthreads(); // the stages are free for whatever comes next
 }
 
 // ---- [tile], Hopper (sm_90a): TMA tensor maps, wgmma, warpgroup register reallocation ----

@@ -18,8 +18,8 @@ the same way: K calls captured in one CUDA graph, cycling through R input/output
 set is reused only after more than 2x the L2 of other data has been touched; each replay is timed
 with CUDA events and per-call time = median replay / K. Every implementation is timed --rounds times
 (default 3), the order rotated each round, and the median is reported: fusedk's first timing in
-a row runs a few % slow on the large norm and position rows (bench/NOTES.md, "bench.py in
-rounds"), and a single pass, fusedk first, would report that round as fusedk's time. JAX is
+a row can run slow on the large norm and position rows, and a single pass, fusedk first, would
+report that round as fusedk's time. JAX is
 timed by wall clock over back-to-back jitted calls. Bandwidth = (bytes read once + bytes written
 once) / time, compared with a 1 GiB device-to-device copy measured in the same run.
 """
@@ -481,8 +481,8 @@ def time_torch(call, K, iters):
 
 def time_rounds(calls, K, iters, rounds, timer=None):
     """Times every call(i) of calls {name: call} `rounds` times, round after round, the order
-    rotated each round (each leads one round in turn: fusedk's first timing in a row runs a few %
-    slow, bench/NOTES.md "bench.py in rounds"). timer(call, K, iters) -> (µs, method),
+    rotated each round (each leads one round in turn: a first timing in a row can run slow).
+    timer(call, K, iters) -> (µs, method),
     time_torch by default. Returns {name: [µs a round]}, {name: method}, {name: error}: a call that
     raises is recorded and not timed again."""
     timer = timer or time_torch

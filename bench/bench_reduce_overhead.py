@@ -11,7 +11,6 @@ graph, stock eager, timed in the same rounds (bench_dit's timing: CUDA events ar
     PYTHONPATH=bindings/python python3 bench/bench_reduce_overhead.py [--layers 4] [--out DIR]"""
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -19,6 +18,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
 import bench_dit as bd  # noqa: E402
 import fusedk.diffusers as fd  # noqa: E402
 
@@ -46,7 +46,7 @@ def bench_shape(layers, si, iters, n_rounds):
     x = bd.flux_inputs(stock, Si=si, St=512)
     variants, first_s = {}, {}
     with torch.no_grad():
-            for who, m in (("stock", stock), ("patched", pat)):
+        for who, m in (("stock", stock), ("patched", pat)):
             for mode in ("default", "reduce-overhead"):
                 variants[f"{who} compile {mode}"], first_s[f"{who} compile {mode}"] = step(m, x, mode)
         variants["stock eager"], _ = step(stock, x)
@@ -85,14 +85,9 @@ def main():
     rows = [bench_shape(a.layers, int(s), a.iters, a.rounds) for s in a.tokens.split(",")]
     meta = dict(gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), torch=torch.__version__,
                 layers=a.layers, iters=a.iters, rounds=a.rounds, unit="ms per step (the transformer's forward)")
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "bench_reduce_overhead.json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
     md = (f"# Flux, {a.layers}+{a.layers} blocks, whole-model torch.compile modes\n\n{meta['gpu']}, {meta['date']}, "
           f"torch {meta['torch']}; ms per step, median of {a.rounds} rounds of {a.iters} calls.\n\n{table(rows)}\n")
-    with open(os.path.join(a.out, "bench_reduce_overhead.md"), "w") as f:
-        f.write(md)
-    print(md)
+    bench.save(a.out, "bench_reduce_overhead", dict(meta=meta, rows=rows), md)
 
 
 if __name__ == "__main__":

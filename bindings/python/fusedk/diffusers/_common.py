@@ -11,11 +11,12 @@ _warned = set()
 
 
 def records_grad(m, *inputs):
-    """Whether autograd would record block m's forward on these inputs (the fused forward then
-    gives way to the stock one, with a warning once per block class)."""
+    """Whether autograd would record block m's forward on these arguments (tensors among them; the
+    fused forward then gives way to the stock one, with a warning once per block class)."""
     if not torch.is_grad_enabled():
         return False
-    if not any(t is not None and t.requires_grad for t in inputs) and not any(p.requires_grad for p in m.parameters()):
+    if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs) and not any(
+            p.requires_grad for p in m.parameters()):
         return False
     cls = type(m).__name__
     if cls not in _warned:

@@ -299,8 +299,7 @@ def _checked_forward(self, *args, **kwargs):
         return type(self).forward(self, *args, **kwargs)
     # a call autograd records runs stock before anything is prepared again: a training step
     # (LoRA dropout on, adapter weights just stepped) neither unpatches the block nor re-fuses it
-    if _traced_hooked(st) if compiling() else (
-            records_grad(self, *(a for a in (*args, *kwargs.values()) if torch.is_tensor(a))) or not _ready(self)):
+    if records_grad(self, *args, *kwargs.values()) or (_traced_hooked(st) if compiling() else not _ready(self)):
         return type(self).forward(self, *args, **kwargs)
     return self._fusedk.patcher.forward(self, *args, **kwargs)
 

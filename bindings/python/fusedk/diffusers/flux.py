@@ -23,7 +23,7 @@ with room for the adapters' h, so linear_lowrank reads it in place instead of co
 import torch
 
 from ._block_op import block_op, compiling
-from ._common import PerForward, attention_why_not, embedding_why_not, gelu_ff_why_not, records_grad, rows
+from ._common import PerForward, attention_why_not, embedding_why_not, gelu_ff_why_not, rows
 from ._lifecycle import Patcher
 from ._lora import feed_forward, normed
 
@@ -116,15 +116,15 @@ def _stream_mlp(k, x, gate_msa, ax, gate_mlp, scale_mlp, shift_mlp, eps, p1, p2)
     return k.gated_residual(x, h, gate_mlp, out=x)
 
 
-def _stock(self, x, c, temb, rope, kwargs):
-    """Whether a Flux block runs its stock forward: attention kwargs (IP-adapter states, ...),
-    no rope tables, or autograd recording."""
-    return bool(kwargs) or rope is None or records_grad(self, x, c, temb)
+def _stock(rope, kwargs):
+    """Whether a Flux block runs its stock forward: attention kwargs (IP-adapter states, ...), or
+    no rope tables (autograd recording: _checked_forward)."""
+    return bool(kwargs) or rope is None
 
 
 def forward_double(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                    joint_attention_kwargs=None):
-    if _stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
+    if _stock(image_rotary_emb, joint_attention_kwargs):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                   joint_attention_kwargs)
     if compiling():  # one operator a block (block_op)
@@ -172,7 +172,7 @@ def _joint(c, x):
 
 def forward_single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                    joint_attention_kwargs=None):
-    if _stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
+    if _stock(image_rotary_emb, joint_attention_kwargs):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                   joint_attention_kwargs)
     St = encoder_hidden_states.shape[1]

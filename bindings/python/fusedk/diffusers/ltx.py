@@ -27,7 +27,7 @@ those on attn2's run there, as stock."""
 import torch
 
 from ._block_op import block_op, compiling
-from ._common import PerForward, attention_why_not, embedding_why_not, gelu_ff_why_not, records_grad
+from ._common import PerForward, attention_why_not, embedding_why_not, gelu_ff_why_not
 from ._lifecycle import Patcher, as_op
 from ._lora import feed_forward, normed
 
@@ -100,7 +100,7 @@ def _gated(k, x, y, gate, out=None):
 
 
 def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
-    if image_rotary_emb is None or records_grad(self, hidden_states, encoder_hidden_states, temb):
+    if image_rotary_emb is None:
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                   encoder_attention_mask)
     if compiling() and as_op(self):  # one operator a block (block_op)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ._block_op import block_op, compiling
-from ._common import attention_why_not, embedding_why_not, records_grad, rows
+from ._common import attention_why_not, embedding_why_not, rows
 from ._lifecycle import Patcher, as_op
 from ._lora import feed_forward, normed
 
@@ -211,8 +211,7 @@ def _stream(k, x, o, po, gate_msa, scale_mlp, gate_mlp, eps, p1, p2):
 
 def forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb=None):
     st, B, St = self._fusedk, hidden_states.shape[0], encoder_hidden_states.shape[1]
-    if (image_rotary_emb is None or encoder_attention_mask is None or encoder_attention_mask.numel() != B * St
-            or records_grad(self, hidden_states, encoder_hidden_states, temb)):
+    if image_rotary_emb is None or encoder_attention_mask is None or encoder_attention_mask.numel() != B * St:
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, encoder_attention_mask,
                                   image_rotary_emb)
     if compiling() and as_op(self):  # one operator a block (block_op)

@@ -23,7 +23,7 @@ from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
 from ._block_op import block_op, compiling
-from ._common import PerForward, attention_why_not, gelu_ff_why_not, records_grad, rows
+from ._common import PerForward, attention_why_not, gelu_ff_why_not, rows
 from ._lifecycle import Patcher, as_op
 from ._lora import feed_forward, normed
 
@@ -131,8 +131,7 @@ def _cross(self, k, x, c):
 def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
     st, S = self._fusedk, hidden_states.shape[1]
     # tables other than WanRotaryPosEmbed's [1, S, 1, Dh] (none, or a per-sample form): the stock forward
-    if (rotary_emb is None or any(tuple(t.shape) != (1, S, 1, st.dh) for t in rotary_emb)
-            or records_grad(self, hidden_states, encoder_hidden_states, temb)):
+    if rotary_emb is None or any(tuple(t.shape) != (1, S, 1, st.dh) for t in rotary_emb):
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     if compiling() and as_op(self):  # one operator a block (block_op)
         return block_op(st, [hidden_states, encoder_hidden_states, temb, *rotary_emb])[0]
