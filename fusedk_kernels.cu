@@ -3728,8 +3728,12 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // ---------------------------------------------------------------------------------------------
 // [lowrank] lowrank_update, linear_lowrank's [x | h] and their backward, over two build parts:
 // the linear part routes (linear_lowrank's splits, the backward's GEMM path or the one-pass
-// kernel), the lowrank part runs the kernels; the shapes below are both parts'.
+// kernel), the lowrank part runs the kernels; the shapes below are both parts' (each part reads
+// some of them only: 177 off here, as for the shared helpers).
 // ---------------------------------------------------------------------------------------------
+#if !FUSEDK__PART_ALL
+#pragma nv_diag_suppress 177
+#endif
 
 // linear_lowrank's [x | h] pass on tensor cores: where its 64-row blocks fill at most 3/4 of the
 // SMs, k splits of them (each a share of x's 64-wide k tiles, at least 4) to give every SM a block;
@@ -3743,14 +3747,8 @@ inline int lr_cat_splits(int64_t M, int64_t K1, int dev) {
 // The tensor-core kernels' shapes: rows a block, x's k tile, out's column tile; stages of each
 // ring (rank 16: five tiles in flight; wider ranks' v and u_t tiles would cost blocks an SM:
 // three); warps a 16-row group (the partial h of WS warps fit the ring's bytes: 4 WS 32 RT / 8
-// float4). The linear part reads some of them only (177 off there, as for the shared helpers).
-#if !FUSEDK__PART_ALL
-#pragma nv_diag_suppress 177
-#endif
+// float4)
 constexpr int kLrRows = 64, kLrK = 64, kLrN = 64;
-#if !FUSEDK__PART_ALL
-#pragma nv_diag_default 177
-#endif
 template <int RT> constexpr int kLrStages = RT <= 16 ? 6 : 4;
 template <int RT> constexpr int kLrShares = RT <= 64 ? 2 : 1;
 
@@ -3783,6 +3781,9 @@ inline bool lowrank_grad_fits(const fusedk__lowrank_grad_args &a, int dev) {
          lr_vec(a.dy) && lr_vec(a.q) && (!a.dx.p || lr_vec(a.dx)) && (!a.lora || (a.slots == 1 && lr_vec(a.p))) &&
          4 * ((a.M + 63) / 64) >= 3 * (int64_t)device_sms(dev) && (size_t)lg_smem(a.r) <= device_smem_optin(dev);
 }
+#if !FUSEDK__PART_ALL
+#pragma nv_diag_default 177
+#endif
 #endif // FUSEDK__PART_LINEAR || FUSEDK__PART_LOWRANK
 
 #if FUSEDK__PART_LINEAR
