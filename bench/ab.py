@@ -13,7 +13,9 @@ goes through this tree's Python package and fusedk.h: the builds compared must s
                         [--rounds 3] [--iters 100] [--peers eager,liger] [--out FILE.json]
 
 Prints, per row, the median over rounds of each build (and peer) in µs and each build's speedup
-over the first (the first's time / the build's); writes every round's numbers to --out. Build
+over the first (the first's time / the build's); writes every round's numbers to --out. Rows
+besides bench.py's ops: attention:BxHxSxDh[c], lowrank:MxK1xrxK2[y], lora:MxKxrxN[xA] and
+lrgrad:MxK1xrxK2[c] (lowrank_update_backward), each described by its ab_ function. Build
 variants: meson setup DIR -Dtests=false "-Dcuda_args=['-DFLAG']" (bench/NOTES.md names the flags
 each A/B used)."""
 import argparse
@@ -89,6 +91,9 @@ def main():
         if op == "lora":
             report["rows"].append(ab_lora(mods, names, shape_s, dtype, args))
             continue
+        if op == "lrgrad":
+            report["rows"].append(ab_lrgrad(mods, names, shape_s, dtype, args, l2))
+            continue
         shape = tuple(int(v) for v in shape_s.split("x"))
         bench.fusedk = mods[names[0]]
         c = bench.Case(op, shape, dtype, cargs)
@@ -163,6 +168,29 @@ def ab_lowrank(mods, names, shape_s, dtype, args, l2):
     err = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item() for n in names}
     calls = {n: (lambda i, m=mods[n]: call(m, i)) for n in names}
     return timed_row("lowrank", shape_s, dtype, names, calls, 2 * R, err, args)
+
+
+def ab_lrgrad(mods, names, shape_s, dtype, args, l2):
+    """A row lrgrad:MxK1xrxK2[c]:bf16 — lowrank_update_backward's dx, dv, du_t (and dcodes, with
+    c); input sets cycled past L2; each build's max difference from the first's (all gradients)."""
+    import torch
+    codes = shape_s.endswith("c")
+    M, K1, r, K2 = (int(v) for v in shape_s.rstrip("c").split("x"))
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dt, generator=g)  # noqa: E731
+    R = max(2, -(-3 * l2 // ((2 * M * K1 + M * K2) * 2)))
+    v, u = mk(K1, r) * K1 ** -0.5, mk(r, K2) * r ** -0.5
+    sets = [(mk(M, K2), mk(M, K1), mk(M, r) if codes else None) for _ in range(R)]
+
+    def call(m, i):
+        dout, x, c = sets[i % R]
+        return m.lowrank_update_backward(dout, x, v, u, c, scaling=0.5)
+    outs = {n: [t for t in call(mods[n], 0) if t is not None] for n in names}
+    err = {n: max((a.float() - b.float()).abs().max().item() for a, b in zip(outs[n], outs[names[0]]))
+           for n in names}
+    calls = {n: (lambda i, m=mods[n]: call(m, i)) for n in names}
+    return timed_row("lrgrad", shape_s, dtype, names, calls, 2 * R, err, args)
 
 
 def ab_lora(mods, names, shape_s, dtype, args):

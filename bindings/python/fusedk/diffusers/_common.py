@@ -76,7 +76,9 @@ def rows(t):
 class PerForward:
     """What a patched forward derives from an object every block of one model forward gets (the
     rope tables' tuple): made by the first block, kept with that object (and `extra`) until
-    another comes, so once a forward. Eager only: under torch.compile each trace makes its own."""
+    another comes, so once a forward. Eager only: under torch.compile each trace makes its own, and
+    block_op's blocks (new tuples) make theirs each: keyed by the tensors instead, it could serve
+    stale tables, as CUDA-graph trees hand back the same tensor objects, refilled, each replay."""
 
     every = []
 
