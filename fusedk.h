@@ -57,6 +57,8 @@
 
      fusedk_attention    softmax(q k^T * scale) v over [B,S,H,Dh] views: GQA, causal (bottom-right),
                          per-sample kv_len, lse; flash attention on the GPU (Hopper: TMA + wgmma)
+     fusedk_attention_int8   the same with q, k, v quantized to int8 (k smoothed by its mean, v per
+                         channel) and both products on integer tensor cores
 
      fusedk_lowrank_update   out = beta y + scaling ((x v) * codes) u_t: BEM's generated update, a
                          LoRA's delta; one pass over x and one over y (the [M, r] product stays on chip)
@@ -506,6 +508,24 @@ FUSEDK_DEF void fusedk_shutdown(void);
 FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
                                           float scale, int32_t causal, struct CUstream_st *stream);
+/* attention_int8: fusedk_attention (the same arguments and rules) with q, k and v quantized to
+   int8 and both products on integer tensor cores (int32 sums, exact). The quantization, in
+   float32 as the GPU computes it (round to nearest, ties to even; amax the largest magnitude):
+     q  per (b, token, head) row: q8 = round(q * (127 / amax)), its scale amax / 127;
+     k  the mean over the keys of (b, head) that some row sees (below kv_len[b]) taken off first
+        (softmax does not change; lse adds scale * q . mean back), then per row as q;
+     v  per (b, head, channel) over those keys; keys past them count as 0;
+     p  the softmax weights of a tile of keys, against the row's running max: uint8, round(p *
+        255 / top), top the row's largest weight in the tile (8 bits of the tile's own range).
+   The CPU reference quantizes q, k and v the same way and runs fusedk_attention's reference
+   (double) on their dequantized values, p unquantized. Errors against float64 attention of the
+   unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100, H200), f16 and bf16 inputs,
+   Dh 128; the 8-bit copies go through a per-stream buffer (grown to the largest call and kept
+   until fusedk_shutdown, as attention's split buffer: the same capture rule). */
+FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const fusedk_tensor *lse,
+                                               const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
+                                               const fusedk_tensor *kv_len, float scale, int32_t causal,
+                                               struct CUstream_st *stream);
 
 /* ---- [lowrank] low-rank updates: BEM's generated update, a LoRA's delta ----
    out = beta * y + scaling * ((x v) * codes) u_t, per row m of x:
@@ -640,9 +660,10 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_LOWRANK_PREPARE = 20,
   FUSEDK_OP_LINEAR_LOWRANK = 21,
   FUSEDK_OP_LOWRANK_UPDATE_BACKWARD = 22,
-  FUSEDK_OP_LINEAR_LOWRANK_BACKWARD = 23
+  FUSEDK_OP_LINEAR_LOWRANK_BACKWARD = 23,
+  FUSEDK_OP_ATTENTION_INT8 = 24
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 24
+#define FUSEDK_OP_COUNT 25
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -855,7 +876,7 @@ typedef struct fusedk__linear_args {
 /* attention: q [B, Sq, Hq, Dh], k, v [B, Sk, Hkv, Dh], out like q, as element strides over
    (b, s, h); lse [B, Hq, Sq] float32 (p == NULL: not asked for); kv_len int32 [B] or NULL. */
 typedef struct fusedk__attn_args {
-  int32_t scalar, causal;
+  int32_t scalar, causal, int8; /* int8: attention_int8 (q, k, v quantized, fusedk_attention_int8) */
   float scale;
   int64_t B, Sq, Sk, Hq, Hkv, Dh;
   struct { const void *p; int64_t sb, ss, sh; } q, k, v;
@@ -1582,6 +1603,12 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
       {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__FLT("scaling", 1.0), FUSEDK__I32("want_dx", 1),
        FUSEDK__I32("want_da", 1), FUSEDK__I32("want_db", 1), FUSEDK__I32("want_dbias", 0)}},
      fusedk__shape_linear_lowrank_backward},
+    /* [attention] (an id of its own, after the ops before it): attention's arguments */
+    {{"attention_int8", 6, 3, 4,
+      {FUSEDK__OWN_OUT("out", 2, -1), {"lse", FUSEDK_ARG_OUT_OPT, 2, -2 - 2, FUSEDK_ROLE_OWN, FUSEDK_F32},
+       FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
+       {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
+      {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}}, fusedk__shape_attention},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -1693,6 +1720,8 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_ATTENTION_INT8:
+      return fusedk_attention_int8(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_LOWRANK_UPDATE: return fusedk_lowrank_update(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (float)a[1], s);
     case FUSEDK_OP_LOWRANK_PREPARE: return fusedk_lowrank_prepare(t[0], t[1], t[2], (float)a[0], s);
     case FUSEDK_OP_LINEAR_LOWRANK:
@@ -2822,8 +2851,9 @@ static int64_t fusedk__attn_keys(const fusedk__attn_args *a, int64_t b, int64_t 
 }
 
 /* Per (b, h, i): the row's scores in double, their max, the sum of their exps and the weighted
-   sum of v, then one rounding. NaN scores propagate (the max skips them; their exps do not). */
-static int fusedk__attention_cpu(const fusedk__attn_args *a) {
+   sum of v, then one rounding. NaN scores propagate (the max skips them; their exps do not).
+   x8 (attention_int8): q, k, v's dequantized values, compact [B, S, H, Dh] each, read instead. */
+static int fusedk__attention_core(const fusedk__attn_args *a, const double *const *x8) {
   const int64_t G = a->Hq / a->Hkv, D = a->Dh;
   double *s = (double *)malloc((size_t)(a->Sk ? a->Sk : 1) * sizeof *s);
   double *qi = (double *)malloc((size_t)(2 * D) * sizeof *qi), *acc = qi ? qi + D : NULL;
@@ -2834,19 +2864,22 @@ static int fusedk__attention_cpu(const fusedk__attn_args *a) {
         const int64_t n = fusedk__attn_keys(a, b, i), hk = h / G;
         const int64_t qo = b * a->q.sb + i * a->q.ss + h * a->q.sh, oo = b * a->out.sb + i * a->out.ss + h * a->out.sh;
         double m = -HUGE_VAL, l = 0.0;
-        for (int64_t d = 0; d < D; ++d) qi[d] = fusedk__load(a->q.p, qo + d, a->scalar), acc[d] = 0.0;
+        const double *q8 = x8 ? x8[0] + ((b * a->Sq + i) * a->Hq + h) * D : NULL;
+        for (int64_t d = 0; d < D; ++d) qi[d] = q8 ? q8[d] : fusedk__load(a->q.p, qo + d, a->scalar), acc[d] = 0.0;
         for (int64_t j = 0; j < n; ++j) {
           const int64_t ko = b * a->k.sb + j * a->k.ss + hk * a->k.sh;
+          const double *k8 = x8 ? x8[1] + ((b * a->Sk + j) * a->Hkv + hk) * D : NULL;
           double dot = 0.0;
-          for (int64_t d = 0; d < D; ++d) dot += qi[d] * fusedk__load(a->k.p, ko + d, a->scalar);
+          for (int64_t d = 0; d < D; ++d) dot += qi[d] * (k8 ? k8[d] : fusedk__load(a->k.p, ko + d, a->scalar));
           s[j] = (double)a->scale * dot;
           if (s[j] > m) m = s[j];
         }
         for (int64_t j = 0; j < n; ++j) {
           const int64_t vo = b * a->v.sb + j * a->v.ss + hk * a->v.sh;
+          const double *v8 = x8 ? x8[2] + ((b * a->Sk + j) * a->Hkv + hk) * D : NULL;
           const double p = exp(s[j] - m);
           l += p;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * fusedk__load(a->v.p, vo + d, a->scalar);
+          for (int64_t d = 0; d < D; ++d) acc[d] += p * (v8 ? v8[d] : fusedk__load(a->v.p, vo + d, a->scalar));
         }
         for (int64_t d = 0; d < D; ++d) fusedk__store(a->out.p, oo + d, n ? acc[d] / l : 0.0, a->scalar);
         if (a->lse.p) a->lse.p[b * a->lse.sb + h * a->lse.sh + i * a->lse.ss] = n ? (float)(m + log(l)) : -HUGE_VALF;
@@ -2855,17 +2888,86 @@ static int fusedk__attention_cpu(const fusedk__attn_args *a) {
   return 0;
 }
 
+/* attention_int8's quantization, in float32 as the GPU's: the largest magnitude (a NaN wins),
+   x * (127 / amax) rounded to nearest, ties to even; amax 0 or not finite: every value 0, and the
+   scale amax / 127 makes them 0 (or NaN, as the float path would) again */
+static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
+static float fusedk__i8_inv(float amax) { return amax > 0.0f && amax < HUGE_VALF ? 127.0f / amax : 0.0f; }
+static double fusedk__i8(float x, float inv) {
+  const float r = rintf(x * inv);
+  return r != r ? 0.0 : r > 127.0f ? 127.0 : r < -127.0f ? -127.0 : (double)r;
+}
+
+/* q's or k's rows (b, token, head) quantized and dequantized into out (compact, double); mean:
+   per (b, head) Dh floats taken off before (k) and added back after, or NULL (q) */
+static void fusedk__i8_rows(const fusedk__attn_args *a, const void *p, int64_t sb, int64_t ss, int64_t sh, int64_t S,
+                            int64_t H, const float *mean, float *x, double *out) {
+  const int64_t D = a->Dh;
+  for (int64_t b = 0; b < a->B; ++b)
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const float *mu = mean ? mean + (b * H + h) * D : NULL;
+        float amax = 0.0f;
+        for (int64_t d = 0; d < D; ++d)
+          x[d] = (float)fusedk__load(p, b * sb + i * ss + h * sh + d, a->scalar) - (mu ? mu[d] : 0.0f),
+          amax = fusedk__amax(amax, x[d]);
+        const float inv = fusedk__i8_inv(amax), scale = amax / 127.0f;
+        double *o = out + ((b * S + i) * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = fusedk__i8(x[d], inv) * (double)scale + (mu ? mu[d] : 0.0f);
+      }
+}
+
+/* attention_int8's reference: q, k and v quantized as the GPU quantizes them, dequantized into
+   double (k with its mean added back: scores shifted by a row's constant, lse as the GPU's), then
+   the double reference on them */
+static int fusedk__attention_int8_cpu(const fusedk__attn_args *a) {
+  const int64_t D = a->Dh, nq = a->B * a->Sq * a->Hq * D, nk = a->B * a->Sk * a->Hkv * D;
+  double *q = (double *)malloc((size_t)(nq + 2 * nk + 1) * sizeof *q), *k = q ? q + nq : NULL, *v = k ? k + nk : NULL;
+  float *mean = (float *)malloc((size_t)(a->B * a->Hkv * D + 2 * D + 1) * sizeof *mean),
+        *vmax = mean ? mean + a->B * a->Hkv * D : NULL, *x = vmax ? vmax + D : NULL;
+  if (!q || !mean) return free(q), free(mean), 1;
+  for (int64_t b = 0; b < a->B; ++b)
+    for (int64_t h = 0; h < a->Hkv; ++h) { /* k's mean and v's channel maxima over the keys the last row sees (all
+                                              that any row sees) */
+      const int64_t n = fusedk__attn_keys(a, b, a->Sq - 1), ko = b * a->k.sb + h * a->k.sh,
+                    vo = b * a->v.sb + h * a->v.sh;
+      float *mu = mean + (b * a->Hkv + h) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        double sum = 0.0;
+        float vm = 0.0f;
+        for (int64_t j = 0; j < n; ++j)
+          sum += fusedk__load(a->k.p, ko + j * a->k.ss + d, a->scalar),
+              vm = fusedk__amax(vm, (float)fusedk__load(a->v.p, vo + j * a->v.ss + d, a->scalar));
+        mu[d] = n ? (float)(sum / (double)n) : 0.0f, vmax[d] = vm;
+      }
+      for (int64_t j = 0; j < a->Sk; ++j)
+        for (int64_t d = 0; d < D; ++d)
+          v[((b * a->Sk + j) * a->Hkv + h) * D + d] =
+              j < n ? fusedk__i8((float)fusedk__load(a->v.p, vo + j * a->v.ss + d, a->scalar), fusedk__i8_inv(vmax[d])) *
+                          (double)(vmax[d] / 127.0f)
+                    : 0.0;
+    }
+  fusedk__i8_rows(a, a->q.p, a->q.sb, a->q.ss, a->q.sh, a->Sq, a->Hq, NULL, x, q);
+  fusedk__i8_rows(a, a->k.p, a->k.sb, a->k.ss, a->k.sh, a->Sk, a->Hkv, mean, x, k);
+  const double *x8[3] = {q, k, v};
+  const int r = fusedk__attention_core(a, x8);
+  free(q), free(mean);
+  return r;
+}
+
 /* a [B, S, H, D] argument's strides over (b, s, h) */
 #define FUSEDK__BSH(dst, t) ((dst).sb = fusedk__stride(t, 0), (dst).ss = fusedk__stride(t, 1), (dst).sh = fusedk__stride(t, 2))
 
-FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
-                                          const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
-                                          float scale, int32_t causal, struct CUstream_st *stream) {
+/* attention and attention_int8 (int8 1): checks, then the reference or the kernel */
+static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
+                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
+                                           float scale, int32_t causal, int int8, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out, lse, q, k, v, kv_len};
-  const char *op = "attention";
+  const fusedk_op *o = fusedk__op(int8 ? FUSEDK_OP_ATTENTION_INT8 : FUSEDK_OP_ATTENTION);
+  const char *op = o->name;
   char shp[160];
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_ATTENTION), t, &s);
+  fusedk_status st = fusedk__validate(o, t, &s);
   if (st) return st;
   if (causal != 0 && causal != 1)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: causal is %d, expected 0 or 1", op, (int)causal);
@@ -2894,7 +2996,7 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
   if ((st = fusedk__check_disjoint(&s.c, out, "out", lse, "lse"))) return st;
   fusedk__attn_args a;
   memset(&a, 0, sizeof a);
-  a.scalar = s.c.scalar, a.causal = causal;
+  a.scalar = s.c.scalar, a.causal = causal, a.int8 = int8;
   a.scale = scale != 0.0f ? scale : (float)(1.0 / sqrt((double)Dh)); /* the float32 both paths use */
   a.B = B, a.Sq = Sq, a.Sk = k->shape[1], a.Hq = Hq, a.Hkv = k->shape[2], a.Dh = Dh;
   a.q.p = fusedk__base(q), a.k.p = fusedk__base(k), a.v.p = fusedk__base(v), a.out.p = fusedk__base(out);
@@ -2914,15 +3016,31 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
     if (Dh > 256)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the GPU kernel takes "
                           "up to 256", op, (long long)Dh);
+    if (int8 && Dh != 128)
+      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the int8 kernel takes "
+                          "128 (attention takes every size up to 256)", op, (long long)Dh);
     if (B * Hq * ((Sq + 127) / 128) > 2147483647)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 128) is %lld, past the GPU grid's "
                           "2^31 - 1 blocks", op, (long long)(B * Hq * ((Sq + 127) / 128)));
   }
   if (B * Sq * Hq == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_attention(&a, op, s.c.dev.device_id, stream);
-  return fusedk__attention_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's "
-                                                  "buffers", op)
-                                   : FUSEDK_OK;
+  return (int8 ? fusedk__attention_int8_cpu(&a) : fusedk__attention_core(&a, NULL))
+             ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers", op)
+             : FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
+                                          const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
+                                          float scale, int32_t causal, struct CUstream_st *stream) {
+  return fusedk__attention_run(out, lse, q, k, v, kv_len, scale, causal, 0, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const fusedk_tensor *lse,
+                                               const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
+                                               const fusedk_tensor *kv_len, float scale, int32_t causal,
+                                               struct CUstream_st *stream) {
+  return fusedk__attention_run(out, lse, q, k, v, kv_len, scale, causal, 1, stream);
 }
 #undef FUSEDK__BSH
 

@@ -46,7 +46,9 @@
 //               linear_db_kernel
 //   [attention] flash attention forward: attn_kernel (sm_80+: warp_mma, a stage ring, online
 //               softmax) and attn_tma_kernel (sm_90a: producer attn_tma_produce, the consumers'
-//               mainloop attn_tma_mainloop taking turns on wgmma, the epilogue's stores)
+//               mainloop attn_tma_mainloop taking turns on wgmma, the epilogue's stores; the
+//               producer's ring and the consumers' pipeline shared with attention_int8's
+//               attn_i8_kernel, its quantization passes attn_i8_stats, attn_i8_rows, attn_i8_v)
 //   [lowrank]   lowrank_update: lowrank_mma_kernel (f16/bf16: x v (lr_h_mainloop) and h u_t
 //               (lr_out_mainloop) on warp_mma, h in registers) and lowrank_fma_kernel (float32
 //               and unaligned views: CUDA cores); the backward's one-pass lowrank_grad_kernel.
@@ -926,6 +928,12 @@ template <int R> __device__ __forceinline__ void wgmma_hold(uint32_t (&d)[R][4])
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(d[i][j])::"memory");
 }
+template <int R> __device__ __forceinline__ void wgmma_hold(int (&d)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(d[i][j])::"memory");
+}
 // The descriptor of a 128-byte-swizzled operand at shared address `addr`. K-major (rows of K,
 // Q and K tiles): sbo = 1024, the step between 8-row groups; lbo unused. MN-major (V as B,
 // transposed): lbo = the step between 64-column blocks, sbo = 1024 between 8-row (k) groups.
@@ -1018,6 +1026,32 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_RS, 64, "{%32, %33, %34, %35}", 36, 37) }
   else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_RS, 128, "{%64, %65, %66, %67}", 68, 69) }
   else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_RS, 256, "{%128, %129, %130, %131}", 132, 133) }
+}
+// The integer forms (attention_int8): d[64 x N] (+)= a[64 x 32] b[32 x N] in int32, exact. SS: a
+// (s8) and b (s8) K-major in shared memory; RS: a (u8) in registers, 4 bytes a register along k
+// (mma.sync's m16n8k32 a-fragment per warp of the group), b (s8) K-major (8-bit b is never
+// transposed by the instruction: V comes as V^T). The accumulator's layout is the float forms'.
+#define FUSEDK__WGMMA_I8_SS(N, IA, IB, SCALE, K)                                                          \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 " FUSEDK__WG_D(N) ", %" #IA ", %" #IB \
+               ", " #SCALE ";"                                                                             \
+               : FUSEDK__WG_C##N(K)                                                                        \
+               : "l"(a), "l"(b))
+#define FUSEDK__WGMMA_I8_RS(N, IA, IB, SCALE, K)                                                           \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.u8.s8 " FUSEDK__WG_D(N) ", " IA ", %" #IB     \
+               ", " #SCALE ";"                                                                              \
+               : FUSEDK__WG_C##N(K)                                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+// acc 0: d = a b (the accumulator written, not read)
+template <int N> __device__ __forceinline__ void wgmma_i8_ss(int (&d)[N / 8][4], uint64_t a, uint64_t b, bool acc) {
+  static_assert(N == 128, "score tiles of 128 keys");
+  if (acc) FUSEDK__WGMMA_I8_SS(128, 64, 65, 1, "+r");
+  else FUSEDK__WGMMA_I8_SS(128, 64, 65, 0, "=r");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_i8_rs(int (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, bool acc) {
+  static_assert(N == 128, "output tiles of 128 columns");
+  if (acc) FUSEDK__WGMMA_I8_RS(128, "{%64, %65, %66, %67}", 68, 1, "+r");
+  else FUSEDK__WGMMA_I8_RS(128, "{%64, %65, %66, %67}", 68, 0, "=r");
 }
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -3051,9 +3085,10 @@ __device__ __forceinline__ void attn_scores(float (&s)[MT][BC / 8][4], const War
 // The row's extreme raw score is its max when c > 0 and its min when c < 0 (a uniform branch);
 // masked scores are -inf or +inf to match (attn_mask), so that s c is -inf. A row that has
 // seen only masked keys keeps m = -inf and contributes zeros (its shift is 0: no inf - inf).
+// top (attention_int8): each row's largest weight of the tile, 0 where the tile is all masked.
 template <int BC>
 __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2]) {
+                                             float (&alpha)[2], float *top = nullptr) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float x = s[0][2 * hf];
@@ -3068,6 +3103,7 @@ __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, flo
     }
     const float mx = fmaxf(m[hf], x * c), shift = mx == -INFINITY ? 0.f : mx;
     alpha[hf] = exp2_ftz(m[hf] - shift), m[hf] = mx, l[hf] *= alpha[hf];
+    if (top) top[hf] = exp2_ftz(fmaf(x, c, -shift));
 #pragma unroll
     for (int t = 0; t < BC / 8; ++t) {
       s[t][2 * hf] = exp2_ftz(fmaf(s[t][2 * hf], c, -shift));
@@ -3244,10 +3280,12 @@ cudaError_t launch_attn(const fusedk__attn_args &a, cudaStream_t s, int dev) {
 }
 
 // O / l and lse of the thread's two accumulator rows i, i + 8 straight from registers (a 4-byte
-// store a thread an n8 tile: the Hopper kernel's shared memory is the next unit's by then).
+// store a thread an n8 tile: the Hopper kernel's shared memory is the next unit's by then; two
+// 2-byte ones where out's rows are not 4-byte aligned: pairs false).
 template <typename T, int D>
 __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, float (&o)[D / 8][4], const float (&m)[2],
-                                                float (&l)[2], int64_t i, int64_t b, int64_t h, int lane) {
+                                                float (&l)[2], int64_t i, int64_t b, int64_t h, int lane,
+                                                bool pairs = true) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     l[hf] = lanes_sum(l[hf], 4);
@@ -3257,7 +3295,9 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
     T *out = (T *)a.out.p + b * a.out.sb + r * a.out.ss + h * a.out.sh + 2 * (lane % 4);
 #pragma unroll
     for (int t = 0; t < D / 8; ++t)
-      if (t * 8 < a.Dh) *reinterpret_cast<uint32_t *>(out + 8 * t) = pack2<T>(o[t][2 * hf] * inv, o[t][2 * hf + 1] * inv);
+      if (t * 8 >= a.Dh) continue;
+      else if (pairs) *reinterpret_cast<uint32_t *>(out + 8 * t) = pack2<T>(o[t][2 * hf] * inv, o[t][2 * hf + 1] * inv);
+      else out[8 * t] = from_f32<T>(o[t][2 * hf] * inv), out[8 * t + 1] = from_f32<T>(o[t][2 * hf + 1] * inv);
     if (a.lse.p && lane % 4 == 0)
       a.lse.p[b * a.lse.sb + h * a.lse.sh + r * a.lse.ss] =
           l[hf] == 0.f ? -INFINITY : (m[hf] + __log2f(l[hf])) * 0.6931471805599453f;
@@ -3424,8 +3464,7 @@ struct AttnTmaRing {
   uint64_t *q_full, *q_free, *k_full, *v_full, *k_free, *v_free;
   AttnItem *item;
 };
-template <int D> __device__ __forceinline__ AttnTmaRing attn_tma_ring(unsigned char *smem) {
-  using L = AttnTmaSmem<D>;
+template <typename L> __device__ __forceinline__ AttnTmaRing attn_tma_ring(unsigned char *smem) {
   constexpr int ST = L::kStages;
   const uint32_t raw = smem_u32(smem), base = (raw + 1023) & ~1023u;
   uint64_t *bars = reinterpret_cast<uint64_t *>(smem + (base - raw) + L::kBars);
@@ -3442,16 +3481,15 @@ template <int D> __device__ __forceinline__ AttnTmaRing attn_tma_ring(unsigned c
 }
 
 // The producer (one thread): picks the items (attn_next) and hands each to the consumers with
-// Q's barrier; loads tile it's K into stage it % ST once tile it - ST's K is released, then its
-// V. The K/V ring runs on across items (tile counter it), so the next item's first tiles load
-// while the consumers finish this one; Q is reloaded once every consumer has issued the item's
-// last S product.
-template <typename T, int D>
-__device__ __forceinline__ void attn_tma_produce(const AttnTmaRing &R, const CUtensorMap &tq, const CUtensorMap &tk,
-                                                 const CUtensorMap &tv, const fusedk__attn_args &a, int n_mb,
-                                                 const AttnSplit &sp) {
-  using L = AttnTmaSmem<D>;
-  constexpr int BC = L::kBc, ST = L::kStages, CB = D / 64, BR = L::kRows;
+// Q's barrier (load_q(blk) issues Q's loads); loads tile it's K into stage it % ST once tile it -
+// ST's K is released (load_k(blk, j, s)), then its V (load_v). The K/V ring runs on across items
+// (tile counter it), so the next item's first tiles load while the consumers finish this one; Q
+// is reloaded once every consumer has issued the item's last S product. L: the layout (its
+// rows, tile and stages).
+template <typename L, typename LoadQ, typename LoadK, typename LoadV>
+__device__ __forceinline__ void attn_ring_produce(const AttnTmaRing &R, const fusedk__attn_args &a, int n_mb,
+                                                  const AttnSplit &sp, LoadQ &&load_q, LoadK &&load_k, LoadV &&load_v) {
+  constexpr int BC = L::kBc, ST = L::kStages, BR = L::kRows;
   uint32_t it = 0; // a block's tiles stay below 2^32 (32 bits: one register of the producer's 24)
   for (int k = 0;; ++k) {
     const AttnItem wk = attn_next(sp, k);
@@ -3462,29 +3500,118 @@ __device__ __forceinline__ void attn_tma_produce(const AttnTmaRing &R, const CUt
       return;
     }
     const AttnBlock blk(a, n_mb, BR, wk.u);
-    const int b = (int)blk.b, h = (int)blk.h, hk = (int)blk.hk;
     const int je = wk.je < 0 ? (int)((blk.n_hi + BC - 1) / BC) : wk.je;
-    mbar_expect(R.q_full, BR * D * 2);
-    for (int c = 0; c < CB; ++c) tma_load_4d(R.sq + c * BR * 128, &tq, 64 * c, (int)blk.i0, h, b, R.q_full);
+    load_q(blk);
     for (int j = wk.jb; j < je; ++j, ++it) {
       const int s = (int)(it % ST);
       const uint32_t ph = (uint32_t)(it / ST - 1) & 1;
       if (it >= ST) mbar_wait(&R.k_free[s], ph);
-      mbar_expect(&R.k_full[s], L::kTile);
-      for (int c = 0; c < CB; ++c) tma_load_4d(R.sk + s * L::kTile + c * BC * 128, &tk, 64 * c, j * BC, hk, b, &R.k_full[s]);
+      load_k(blk, j, s);
       if (it >= ST) mbar_wait(&R.v_free[s], ph);
-      mbar_expect(&R.v_full[s], L::kTile);
-      for (int c = 0; c < CB; ++c) tma_load_4d(R.sv + s * L::kTile + c * BC * 128, &tv, 64 * c, j * BC, hk, b, &R.v_full[s]);
+      load_v(blk, j, s);
     }
   }
 }
 
+// The bf16 / f16 kernel's loads: Q, K and V in boxes of 64 columns (128 bytes)
+template <typename T, int D>
+__device__ __forceinline__ void attn_tma_produce(const AttnTmaRing &R, const CUtensorMap &tq, const CUtensorMap &tk,
+                                                 const CUtensorMap &tv, const fusedk__attn_args &a, int n_mb,
+                                                 const AttnSplit &sp) {
+  using L = AttnTmaSmem<D>;
+  constexpr int BC = L::kBc, CB = D / 64, BR = L::kRows;
+  attn_ring_produce<L>(
+      R, a, n_mb, sp,
+      [&](const AttnBlock &blk) {
+        mbar_expect(R.q_full, BR * D * 2);
+        for (int c = 0; c < CB; ++c)
+          tma_load_4d(R.sq + c * BR * 128, &tq, 64 * c, (int)blk.i0, (int)blk.h, (int)blk.b, R.q_full);
+      },
+      [&](const AttnBlock &blk, int j, int s) {
+        mbar_expect(&R.k_full[s], L::kTile);
+        for (int c = 0; c < CB; ++c)
+          tma_load_4d(R.sk + s * L::kTile + c * BC * 128, &tk, 64 * c, j * BC, (int)blk.hk, (int)blk.b, &R.k_full[s]);
+      },
+      [&](const AttnBlock &blk, int j, int s) {
+        mbar_expect(&R.v_full[s], L::kTile);
+        for (int c = 0; c < CB; ++c)
+          tma_load_4d(R.sv + s * L::kTile + c * BC * 128, &tv, 64 * c, j * BC, (int)blk.hk, (int)blk.b, &R.v_full[s]);
+      });
+}
+
+// A consumer's pipeline over one item's n_tiles key tiles (ring tiles it, it + 1, ...): iteration
+// j issues S_j (scores) and O += P_{j-1} V_{j-1} (values) together, then runs tile j's softmax
+// while the second product is still in the tensor cores (FA3's intra-warpgroup overlap); O's
+// update (settle: rescale or add) and P_j's registers (pack) come only after that product is done
+// (P_j packed any earlier, into registers of its own, makes ptxas serialize the products).
+// turn / pass: the consumers' ping-pong around their issues. The steps, by the kernel: S's
+// register type SR; scored(sc, t): S of ring tile t is done (before K's stage is released);
+// v_ready(j, t): V of tile t (the item's j) landed and usable; hold(in): pins O's registers, and
+// P's going in, around the products (wgmma_hold).
+template <typename SR, int BC, int ST, typename Turn, typename Pass, typename Scores, typename Values, typename Scored,
+          typename Softmax, typename VReady, typename Hold, typename Settle, typename Pack>
+__device__ __forceinline__ void attn_pipeline(const AttnTmaRing &R, int jb, int n_tiles, int64_t it, Turn &&turn,
+                                              Pass &&pass, Scores &&scores, Values &&values, Scored &&scored,
+                                              Softmax &&softmax, VReady &&v_ready, Hold &&hold, Settle &&settle,
+                                              Pack &&pack) {
+  if (n_tiles == 0) mbar_arrive(R.q_free);
+  if (n_tiles) {
+    SR sc[BC / 8][4];
+    mbar_wait(&R.k_full[it % ST], (uint32_t)(it / ST) & 1);
+    turn();
+    wgmma_fence();
+    scores(sc, it);
+    pass();
+    wgmma_wait<0>();
+    wgmma_hold(sc);
+    auto &sf = scored(sc, it);
+    mbar_arrive(&R.k_free[it % ST]);
+    if (n_tiles == 1) mbar_arrive(R.q_free); // the unit's last S product is done
+    softmax(sf, jb);
+    pack(sf);
+  }
+  for (int j = 1; j < n_tiles; ++j) {
+    const int64_t t = it + j;
+    SR sc[BC / 8][4];
+    v_ready(jb + j - 1, t - 1);
+    mbar_wait(&R.k_full[t % ST], (uint32_t)(t / ST) & 1);
+    hold(true); // O's update and P_{j-1} are in their registers before the products start
+    turn();
+    wgmma_fence();
+    scores(sc, t);
+    values(t - 1);
+    pass();
+    wgmma_wait<1>(); // S_j is done, P_{j-1} V_{j-1} may still run
+    wgmma_hold(sc);
+    auto &sf = scored(sc, t);
+    mbar_arrive(&R.k_free[t % ST]);
+    if (j == n_tiles - 1) mbar_arrive(R.q_free);
+    softmax(sf, jb + j);
+    wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's update
+    hold(false);
+    mbar_arrive(&R.v_free[(t - 1) % ST]);
+    settle();
+    pack(sf);
+  }
+  if (n_tiles) {
+    const int64_t t = it + n_tiles - 1;
+    v_ready(jb + n_tiles - 1, t);
+    hold(true);
+    turn();
+    wgmma_fence();
+    values(t);
+    pass();
+    wgmma_wait<0>();
+    hold(false);
+    mbar_arrive(&R.v_free[t % ST]);
+  }
+}
+
 // A consumer warpgroup's mainloop over one item's n_tiles key tiles (ring tiles it, it + 1, ...,
-// the item's from jb): O, m, l of its 64 rows. Iteration j issues S_j = Q K_j^T and
-// O += P_{j-1} V_{j-1} together, then runs tile j's softmax while the second product is still in
-// the tensor cores (FA3's intra-warpgroup overlap); O takes tile j's rescale and P_j its
-// registers only after that product is done (P_j packed any earlier, into registers of its own,
-// makes ptxas serialize the products). turn / pass: the consumers' ping-pong around their issues.
+// the item's from jb): O, m, l of its 64 rows, on attn_pipeline: S = Q K^T (both from shared
+// memory), the mask and online softmax, O's rescale where a row's max moved, P packed to T as
+// the a operand of O += P V (V transposed from shared memory, its keys past the block's last
+// zeroed).
 template <typename T, int D, typename Turn, typename Pass>
 __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fusedk__attn_args &a,
                                                   const AttnBlock &blk, int jb, int n_tiles, int64_t it, int w,
@@ -3531,57 +3658,17 @@ __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fu
     attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
     attn_softmax<BC>(sc, scale_log2, m, l, alpha);
   };
-  if (n_tiles == 0) mbar_arrive(R.q_free);
-  if (n_tiles) {
-    float sc[BC / 8][4];
-    mbar_wait(&R.k_full[it % ST], (uint32_t)(it / ST) & 1);
-    turn();
-    wgmma_fence();
-    scores(sc, it);
-    pass();
-    wgmma_wait<0>();
-    wgmma_hold(sc);
-    mbar_arrive(&R.k_free[it % ST]);
-    if (n_tiles == 1) mbar_arrive(R.q_free); // the unit's last S product is done
-    softmax(sc, jb);
-    pack_a<T, BC>(pa, sc);
-  }
-  for (int j = 1; j < n_tiles; ++j) {
-    const int64_t t = it + j;
-    float sc[BC / 8][4];
-    values_ready(jb + j - 1, t - 1);
-    mbar_wait(&R.k_full[t % ST], (uint32_t)(t / ST) & 1);
-    wgmma_hold(o); // O's rescale and P_{j-1} are in their registers before the products start
-    wgmma_hold(pa);
-    turn();
-    wgmma_fence();
-    scores(sc, t);
-    values(t - 1);
-    pass();
-    wgmma_wait<1>(); // S_j is done, P_{j-1} V_{j-1} may still run
-    wgmma_hold(sc);
-    mbar_arrive(&R.k_free[t % ST]);
-    if (j == n_tiles - 1) mbar_arrive(R.q_free);
-    softmax(sc, jb + j);
-    wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's rescale
-    wgmma_hold(o);
-    mbar_arrive(&R.v_free[(t - 1) % ST]);
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // mostly no new max
-    pack_a<T, BC>(pa, sc);
-  }
-  if (n_tiles) {
-    const int64_t t = it + n_tiles - 1;
-    values_ready(jb + n_tiles - 1, t);
-    wgmma_hold(o);
-    wgmma_hold(pa);
-    turn();
-    wgmma_fence();
-    values(t);
-    pass();
-    wgmma_wait<0>();
-    wgmma_hold(o);
-    mbar_arrive(&R.v_free[t % ST]);
-  }
+  attn_pipeline<float, BC, ST>(
+      R, jb, n_tiles, it, turn, pass, scores, values,
+      [](float (&sc)[BC / 8][4], int64_t) -> float(&)[BC / 8][4] { return sc; }, softmax, values_ready,
+      [&](bool in) {
+        wgmma_hold(o);
+        if (in) wgmma_hold(pa);
+      },
+      [&] {
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // mostly no new max
+      },
+      [&](float (&sc)[BC / 8][4]) { pack_a<T, BC>(pa, sc); });
 }
 
 #endif // FUSEDK__SM90A
@@ -3604,7 +3691,7 @@ __global__ void __launch_bounds__(AttnTmaSmem<D>::kThreads, 1)
   using L = AttnTmaSmem<D>;
   constexpr int BC = L::kBc, NC = L::kWgs, BR = L::kRows;
   extern __shared__ __align__(1024) unsigned char attn_tma_smem[];
-  const AttnTmaRing R = attn_tma_ring<D>(attn_tma_smem);
+  const AttnTmaRing R = attn_tma_ring<AttnTmaSmem<D>>(attn_tma_smem);
   __syncthreads();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 0) {
@@ -3721,6 +3808,395 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
                         : a.Dh <= 128 ? launch_attn_tma<T, 128>(a, s, dev, &used)
                                       : launch_attn_tma<T, 256>(a, s, dev, &used);
   return used || e != cudaSuccess ? e : by_width(std::true_type{});
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention_int8: q, k and v quantized (fusedk.h's rules) into a per-stream buffer by three
+// passes, then the Hopper kernel's schedule on integer tensor cores. The passes: statistics
+// (k's sums and v's largest magnitudes a channel, per chunk of keys, summed later in a fixed
+// order: the same bits run to run), rows (q and k, a warp a row: int8 and a float scale; q's
+// row also gets scale * q . mean(k), lse's part), and v (int8 per channel, written as V^T,
+// each run of 32 keys in the order the a fragment of P holds them: attn_i8_pos). The kernel:
+// S = Q K^T as s8 x s8 -> s32, scaled to float by k's and q's scales; the online softmax; P as
+// u8, p * 255 / (the row's largest weight of the tile: 8 bits of the tile's own range, which a
+// fixed scale against the running max loses over tens of thousands of keys); O += P V^T as u8 x
+// s8 -> s32 a tile, added into the float O times the tile's scale.
+// ---------------------------------------------------------------------------------------------
+constexpr int kI8Bc = 128;        // keys a tile: 128 bytes of V^T's rows, one swizzle atom
+constexpr int kI8StatRows = 256;  // keys a statistics block
+
+// The buffer: q8 [B, Hq, Sq, D], k8 [B, Hk, Sk, D], v8 [B, Hk, D, Skp] (int8), qs and qm [B, Hq,
+// Sq], ks [B, Hk, Skp], vs [B, Hk, D] (float), the statistics' partial sums [B Hk, TS, 2 D]
+struct AttnI8Buf {
+  int64_t Skp, TS;
+  size_t q8, k8, v8, qs, qm, ks, vs, part, bytes;
+  explicit AttnI8Buf(const fusedk__attn_args &a) {
+    const int64_t D = a.Dh, bh = a.B * a.Hkv, bq = a.B * a.Hq;
+    Skp = (a.Sk + kI8Bc - 1) / kI8Bc * kI8Bc, TS = (a.Sk + kI8StatRows - 1) / kI8StatRows;
+    size_t at = 0;
+    auto take = [&](int64_t n) { const size_t p = at; at += ((size_t)n + 255) / 256 * 256; return p; };
+    q8 = take(bq * a.Sq * D), k8 = take(bh * a.Sk * D), v8 = take(bh * D * Skp), qs = take(bq * a.Sq * 4),
+    qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 4), vs = take(bh * D * 4), part = take(bh * TS * 2 * D * 4);
+    bytes = at;
+  }
+};
+
+StreamBuffers &attn_i8_buffers() {
+  static StreamBuffers *b = new StreamBuffers; // never destroyed: no teardown order at exit
+  return *b;
+}
+
+// the largest magnitude, a NaN winning (fusedk.h's fusedk__amax)
+__device__ __forceinline__ float amax_nan(float m, float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
+  return r;
+}
+__device__ __forceinline__ float i8_inv(float amax) { return amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f; }
+__device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
+// the keys of batch b any row sees (kv_len clamped)
+__device__ __forceinline__ int64_t attn_i8_keys(const fusedk__attn_args &a, int64_t b) {
+  return a.kv_len ? max((int64_t)0, min(a.Sk, (int64_t)a.kv_len[b * a.kv_stride])) : a.Sk;
+}
+// where key r of a run of 32 sits in V^T's run: P's a fragment holds, a thread, the accumulator's
+// columns 2q, 2q + 1, 8 + 2q, 9 + 2q (then 16 + the same) as k = 4q .. 4q + 3 (16 + the same)
+__host__ __device__ __forceinline__ int attn_i8_pos(int r) {
+  return (r & 16) | ((r >> 1) & 3) << 2 | ((r >> 3) & 1) << 1 | (r & 1);
+}
+
+// Statistics: block (chunk, b hk), thread d: k's sum and v's largest magnitude over the chunk's
+// keys below the batch's count
+template <typename T>
+__global__ void attn_i8_stats(const fusedk__attn_args a, float *part, int64_t TS) {
+  const int64_t bh = blockIdx.y, b = bh / a.Hkv, hk = bh % a.Hkv, j0 = (int64_t)blockIdx.x * kI8StatRows;
+  const int64_t n = min(attn_i8_keys(a, b) - j0, (int64_t)kI8StatRows);
+  const T *k = (const T *)a.k.p + b * a.k.sb + hk * a.k.sh + j0 * a.k.ss, *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + j0 * a.v.ss;
+  for (int d = threadIdx.x; d < a.Dh; d += blockDim.x) {
+    float sum = 0.f, vm = 0.f;
+    for (int64_t j = 0; j < n; ++j) sum += to_f32<T>(k[j * a.k.ss + d]), vm = amax_nan(vm, to_f32<T>(v[j * a.v.ss + d]));
+    float *p = part + (bh * TS + blockIdx.x) * 2 * a.Dh;
+    p[d] = sum, p[a.Dh + d] = vm;
+  }
+}
+
+// the mean of k (or v's largest magnitudes, col D) of (b, hk) from the partials, in chunk order
+__device__ __forceinline__ float attn_i8_stat(const fusedk__attn_args &a, const float *part, int64_t TS, int64_t b,
+                                              int64_t hk, int col) {
+  const float *p = part + (b * a.Hkv + hk) * TS * 2 * a.Dh + col;
+  const int64_t n = attn_i8_keys(a, b), chunks = (n + kI8StatRows - 1) / kI8StatRows;
+  float r = 0.f;
+  for (int64_t t = 0; t < chunks; ++t) r = col < a.Dh ? r + p[t * 2 * a.Dh] : amax_nan(r, p[t * 2 * a.Dh]);
+  return col < a.Dh && n ? r / (float)n : r;
+}
+
+// Rows of q (K false) or k (K true): block (32 rows, b h), a warp 4 rows, a lane 4 channels (Dh
+// 128). k: its mean off, rows past the batch's count scale 0; q: qm = scale * sum q8 qs mean
+template <typename T, bool K>
+__global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
+  constexpr int D = 128;
+  __shared__ float mean[D];
+  const int64_t H = K ? a.Hkv : a.Hq, S = K ? a.Sk : a.Sq, bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t hk = K ? h : h / (a.Hq / a.Hkv), n = attn_i8_keys(a, b);
+  const float *part = (const float *)(buf + L.part);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) mean[d] = attn_i8_stat(a, part, L.TS, b, hk, d);
+  __syncthreads();
+  const int lane = threadIdx.x % 32, d0 = 4 * lane;
+  const auto &src = K ? a.k : a.q;
+  for (int r = 0; r < 4; ++r) {
+    const int64_t i = (int64_t)blockIdx.x * 32 + threadIdx.x / 32 * 4 + r;
+    if (i >= S) break;
+    float x[4], m = 0.f;
+    const T *p = (const T *)src.p + b * src.sb + i * src.ss + h * src.sh + d0;
+    for (int e = 0; e < 4; ++e) x[e] = to_f32<T>(p[e]) - (K ? mean[d0 + e] : 0.f), m = amax_nan(m, x[e]);
+    for (int o = 16; o; o >>= 1) m = amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float inv = i8_inv(m), scale = m / 127.f;
+    int q[4];
+    float dot = 0.f;
+    for (int e = 0; e < 4; ++e) q[e] = i8_of(x[e], inv), dot += (float)q[e] * mean[d0 + e];
+    const int64_t row = bh * S + i;
+    *(uint32_t *)(buf + (K ? L.k8 : L.q8) + row * D + d0) =
+        (uint32_t)(q[0] & 255) | (uint32_t)(q[1] & 255) << 8 | (uint32_t)(q[2] & 255) << 16 | (uint32_t)q[3] << 24;
+    if (K) {
+      if (lane == 0) ((float *)(buf + L.ks))[bh * L.Skp + i] = i < n ? scale : 0.f;
+    } else {
+      for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (lane == 0) ((float *)(buf + L.qs))[row] = scale, ((float *)(buf + L.qm))[row] = a.scale * scale * dot;
+    }
+  }
+}
+
+// v: block (64 keys, b hk): int8 by channel into a [D, 64] tile (keys at attn_i8_pos in each run
+// of 32), then its rows out to V^T; keys past the batch's count (and Sk) 0. Block 0 of each (b,
+// hk) writes the channel scales; blocks past Sk zero ks's padding.
+template <typename T>
+__global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
+  constexpr int D = 128, R = 64;
+  __shared__ float inv[D];
+  __shared__ __align__(16) unsigned char tile[D][R];
+  const int64_t bh = blockIdx.y, b = bh / a.Hkv, hk = bh % a.Hkv, j0 = (int64_t)blockIdx.x * R;
+  const int64_t n = attn_i8_keys(a, b);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float vm = attn_i8_stat(a, (const float *)(buf + L.part), L.TS, b, hk, D + d);
+    inv[d] = i8_inv(vm);
+    if (blockIdx.x == 0) ((float *)(buf + L.vs))[bh * D + d] = vm / 127.f;
+  }
+  for (int64_t j = j0 + threadIdx.x; j < j0 + R; j += blockDim.x)
+    if (j >= a.Sk) ((float *)(buf + L.ks))[bh * L.Skp + j] = 0.f;
+  __syncthreads();
+  const T *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh;
+  for (int e = threadIdx.x; e < R * D; e += blockDim.x) {
+    const int r = e / D, d = e % D;
+    const int64_t j = j0 + r;
+    const int q = j < n ? i8_of(to_f32<T>(v[j * a.v.ss + d]), inv[d]) : 0;
+    tile[d][(r & ~31) | attn_i8_pos(r & 31)] = (unsigned char)q;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < D * (R / 16); e += blockDim.x) {
+    const int d = e / (R / 16), c = e % (R / 16);
+    *(uint4 *)(buf + L.v8 + (bh * D + d) * L.Skp + j0 + 16 * c) = *(const uint4 *)&tile[d][16 * c];
+  }
+}
+
+// The int8 kernel's shared memory (bytes from a 1024-aligned base): Q (64 NC rows of 128 bytes),
+// the K stages (kI8Bc rows of 128 bytes), the V^T stages (128 rows of kI8Bc bytes), k's scales
+// a stage (kI8Bc floats), then the barriers and the item as AttnTmaSmem's. Three stages: a tile
+// takes half the bf16 kernel's time, so one more is in flight.
+struct AttnI8Smem {
+  static constexpr int kBc = kI8Bc, kStages = 3, kWgs = 2, kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1),
+                       kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 24,
+                       kRegs = std::min(256, (kLaunchRegs * (kWgs + 1) - kProdRegs) / kWgs / 8 * 8);
+  static constexpr uint32_t kTile = kBc * 128, kQ = 0, kK = kQ + kRows * 128, kV = kK + kStages * kTile,
+                            kS = kV + kStages * kTile, kBars = kS + kStages * kBc * 4, kItem = kBars + (2 + 4 * kStages) * 8,
+                            kBytes = kItem + sizeof(AttnItem) + 1024;
+};
+// the int8 kernel's scales, from the buffer; whether out's rows take 4-byte stores
+struct AttnI8Scales {
+  const float *qs, *qm, *ks, *vs;
+  int64_t Skp;
+  bool pairs;
+};
+
+#if FUSEDK__SM90A
+__device__ __forceinline__ float2 lds_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
+// four weights as the bytes of round(p f) (p f in [0, 255]): the float's low bits after adding 1.5 2^23
+__device__ __forceinline__ uint32_t u8x4(float a, float b, float c, float d, float f) {
+  const uint32_t fa = __float_as_uint(fmaf(a, f, 12582912.f)), fb = __float_as_uint(fmaf(b, f, 12582912.f)),
+                 fc = __float_as_uint(fmaf(c, f, 12582912.f)), fd = __float_as_uint(fmaf(d, f, 12582912.f));
+  return __byte_perm(__byte_perm(fa, fb, 0x0040), __byte_perm(fc, fd, 0x0040), 0x5410);
+}
+// P's accumulator as the u8 a operand of O += P V^T, row hf's weights times f[hf]: k step kk
+// takes n8 tiles 4 kk .. 4 kk + 3, a thread's pairs of each in order (the keys' order V^T's runs
+// are written in: attn_i8_pos)
+template <int BC>
+__device__ __forceinline__ void pack_u8(uint32_t (&a)[BC / 32][4], const float (&p)[BC / 8][4], const float (&f)[2]) {
+#pragma unroll
+  for (int k = 0; k < BC / 32; ++k) {
+    const float(&x)[4] = p[4 * k], (&y)[4] = p[4 * k + 1], (&z)[4] = p[4 * k + 2], (&u)[4] = p[4 * k + 3];
+    a[k][0] = u8x4(x[0], x[1], y[0], y[1], f[0]), a[k][1] = u8x4(x[2], x[3], y[2], y[3], f[1]);
+    a[k][2] = u8x4(z[0], z[1], u[0], u[1], f[0]), a[k][3] = u8x4(z[2], z[3], u[2], u[3], f[1]);
+  }
+}
+
+// The int8 kernel's loads (attn_ring_produce): Q, K with k's scales (one bulk copy on K's
+// barrier) and V^T from the buffer, boxes of 128 bytes
+__device__ __forceinline__ void attn_i8_produce(const AttnTmaRing &R, unsigned char *sbase, const CUtensorMap &tq,
+                                                const CUtensorMap &tk, const CUtensorMap &tv, const AttnI8Scales &sc,
+                                                const fusedk__attn_args &a, int n_mb, const AttnSplit &sp) {
+  using L = AttnI8Smem;
+  constexpr int BC = L::kBc, BR = L::kRows;
+  attn_ring_produce<L>(
+      R, a, n_mb, sp,
+      [&](const AttnBlock &blk) {
+        mbar_expect(R.q_full, BR * 128);
+        tma_load_4d(R.sq, &tq, 0, (int)blk.i0, (int)blk.h, (int)blk.b, R.q_full);
+      },
+      [&](const AttnBlock &blk, int j, int s) {
+        mbar_expect(&R.k_full[s], L::kTile + BC * 4);
+        tma_load_4d(R.sk + s * L::kTile, &tk, 0, j * BC, (int)blk.hk, (int)blk.b, &R.k_full[s]);
+        bulk_copy(sbase + L::kS + s * BC * 4, sc.ks + (blk.b * a.Hkv + blk.hk) * sc.Skp + (int64_t)j * BC, BC * 4,
+                  &R.k_full[s]);
+      },
+      [&](const AttnBlock &blk, int j, int s) {
+        mbar_expect(&R.v_full[s], L::kTile);
+        tma_load_4d(R.sv + s * L::kTile, &tv, j * BC, 0, (int)blk.hk, (int)blk.b, &R.v_full[s]);
+      });
+}
+
+// A consumer's mainloop over one item, on attn_pipeline (attn_tma_mainloop's schedule).
+// S's int32 sums become scores (times k's scale a column, q's a row) before K's stage is
+// released; each tile's P V^T (int32, P in its own 8-bit range) is added into the float O (o)
+// times its scale pw, then o takes the next tile's rescale.
+template <typename Turn, typename Pass>
+__device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t sks, const fusedk__attn_args &a,
+                                                 const AttnBlock &blk, int jb, int n_tiles, int64_t it, int w, int tid,
+                                                 const float (&qs)[2], float scale_log2, float (&o)[16][4],
+                                                 float (&m)[2], float (&l)[2], Turn &&turn, Pass &&pass) {
+  using L = AttnI8Smem;
+  constexpr int BC = L::kBc, ST = L::kStages;
+  const int lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
+  const int64_t r0 = blk.i0 + 64 * w;
+  const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
+  float alpha[2] = {1.f, 1.f}, f[2], pw[2]; // P's factor (255 / the tile's top weight) and its inverse
+  int oi[16][4];
+  uint32_t pa[BC / 32][4];
+  auto scores = [&](int (&si)[BC / 8][4], int64_t t) { // S of ring tile t: k steps of 32 bytes
+    const uint32_t kt = R.sk + (int)(t % ST) * L::kTile;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_i8_ss<BC>(si, wgmma_desc(R.sq + w * 64 * 128 + kk * 32, 16, 1024), wgmma_desc(kt + kk * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+  };
+  auto values = [&](int64_t t) { // O += P V^T of ring tile t: k steps of 32 keys
+    const uint32_t vt = R.sv + (int)(t % ST) * L::kTile;
+#pragma unroll
+    for (int kk = 0; kk < BC / 32; ++kk) wgmma_i8_rs<128>(oi, pa[kk], wgmma_desc(vt + kk * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+  };
+  // S's sums as scores, in place (before K's stage, holding k's scales, is released)
+  auto to_scores = [&](int (&si)[BC / 8][4], int64_t t) -> float(&)[BC / 8][4] {
+    const uint32_t kst = sks + (int)(t % ST) * BC * 4;
+#pragma unroll
+    for (int u = 0; u < BC / 8; ++u) {
+      const float2 kv = lds_f2(kst + (8 * u + c0) * 4);
+      si[u][0] = __float_as_int((float)si[u][0] * (kv.x * qs[0])), si[u][1] = __float_as_int((float)si[u][1] * (kv.y * qs[0]));
+      si[u][2] = __float_as_int((float)si[u][2] * (kv.x * qs[1])), si[u][3] = __float_as_int((float)si[u][3] * (kv.y * qs[1]));
+    }
+    return reinterpret_cast<float(&)[BC / 8][4]>(si);
+  };
+  auto softmax = [&](float (&sf)[BC / 8][4], int j) { // tile j's weights, alpha, P's factor f
+    const int64_t j0 = (int64_t)j * BC;
+    float top[2];
+    attn_mask<BC>(sf, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
+    attn_softmax<BC>(sf, scale_log2, m, l, alpha, top);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) f[hf] = top[hf] > 0x1p-100f ? 255.f / top[hf] : 0.f; // below: weights of 0
+  };
+  auto add_pv = [&](const float (&a)[2]) { // o = (o + P V^T pw) a: the finished tile's sums, then a's rescale
+#pragma unroll
+    for (int t = 0; t < 16; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[t][e] = fmaf((float)oi[t][e], pw[e >> 1], o[t][e]) * a[e >> 1];
+  };
+  auto pack = [&](float (&sf)[BC / 8][4]) {
+    pack_u8<BC>(pa, sf, f);
+    pw[0] = f[0] > 0.f ? 1.f / f[0] : 0.f, pw[1] = f[1] > 0.f ? 1.f / f[1] : 0.f;
+  };
+  attn_pipeline<int, BC, ST>(
+      R, jb, n_tiles, it, turn, pass, scores, values, to_scores, softmax,
+      [&](int, int64_t t) { mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1); },
+      [&](bool in) {
+        wgmma_hold(oi);
+        if (in) wgmma_hold(pa);
+      },
+      [&] { add_pv(alpha); }, pack);
+  if (n_tiles) add_pv({1.f, 1.f});
+}
+#endif // FUSEDK__SM90A
+
+// Persistent, as attn_tma_kernel (its items, ping-pong and producer), on the int8 buffer; the
+// epilogue takes v's channel scales into O and adds scale * q . mean(k) to lse.
+template <typename T>
+__global__ void __launch_bounds__(AttnI8Smem::kThreads, 1)
+    attn_i8_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                   const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, const AttnI8Scales sc, int n_mb,
+                   const __grid_constant__ AttnSplit sp, float scale_log2) {
+#if FUSEDK__SM90A
+  using L = AttnI8Smem;
+  constexpr int NC = L::kWgs, BR = L::kRows;
+  extern __shared__ __align__(1024) unsigned char attn_i8_smem[];
+  const AttnTmaRing R = attn_tma_ring<L>(attn_i8_smem);
+  const uint32_t raw = smem_u32(attn_i8_smem), base = (raw + 1023) & ~1023u;
+  __syncthreads();
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (wg == 0) {
+    regs_lower<L::kProdRegs>();
+    if (tid == 0) attn_i8_produce(R, attn_i8_smem + (base - raw), tq, tk, tv, sc, a, n_mb, sp);
+    return;
+  }
+  regs_raise<L::kRegs>();
+  const int w = wg - 1, lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
+  auto turn = [&] { bar_sync(1 + NC + w, 256); };
+  auto pass = [&] { bar_arrive(1 + NC + (w + 1) % NC, 256); };
+  if (w == NC - 1) bar_arrive(1 + NC, 256);
+  int64_t it = 0;
+  for (int k = 0;; ++k) {
+    mbar_wait(R.q_full, (uint32_t)k & 1);
+    const AttnItem wk = *R.item;
+    if (wk.u < 0) break;
+    const AttnBlock blk(a, n_mb, BR, wk.u);
+    const int n_tiles = (wk.je < 0 ? (int)((blk.n_hi + L::kBc - 1) / L::kBc) : wk.je) - wk.jb;
+    const int64_t row = blk.i0 + 64 * w + frag, qrow = (blk.b * a.Hq + blk.h) * a.Sq + row;
+    const float qs[2] = {row < a.Sq ? sc.qs[qrow] : 0.f, row + 8 < a.Sq ? sc.qs[qrow + 8] : 0.f};
+    float o[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+    attn_i8_mainloop(R, base + L::kS, a, blk, wk.jb, n_tiles, it, w, tid, qs, scale_log2, o, m, l, turn, pass);
+    it += n_tiles;
+    const float *vs = sc.vs + (blk.b * a.Hkv + blk.hk) * 128 + c0;
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const float2 v = *reinterpret_cast<const float2 *>(vs + 8 * t);
+      o[t][0] *= v.x, o[t][1] *= v.y, o[t][2] *= v.x, o[t][3] *= v.y;
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      if (row + 8 * hf < a.Sq) m[hf] += sc.qm[qrow + 8 * hf] * 1.4426950408889634f; // lse's q . mean(k), log2 units
+    attn_store_regs<T, 128>(a, o, m, l, row, blk.b, blk.h, lane, sc.pairs);
+  }
+  if (w == 0) turn();
+#endif
+}
+
+// A tensor map over a 4-dim uint8 array (dims innermost first, byte strides of dims 1..3) loading
+// boxes in the 128-byte swizzle
+bool tmap_u8(CUtensorMap *m, const void *p, const int64_t (&dim)[4], const int64_t (&stride)[3], int box0, int box1) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
+  if (!encode || !aligned16(p)) return false;
+  cuuint64_t dims[4], strides[3];
+  for (int i = 0; i < 4; ++i) dims[i] = (cuuint64_t)dim[i];
+  for (int i = 0; i < 3; ++i) strides[i] = (cuuint64_t)stride[i];
+  const cuuint32_t box[4] = {(cuuint32_t)box0, (cuuint32_t)box1, 1, 1}, one[4] = {1, 1, 1, 1};
+  return encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void *>(p), dims, strides, box, one,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// attention_int8 on the GPU: the buffer, the three passes, the kernel (Dh 128, sm_90a: fusedk.h
+// and fusedk__cuda_attention check)
+template <typename T> cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
+  using L = AttnI8Smem;
+  const AttnI8Buf B(a);
+  void *ws = nullptr;
+  cudaError_t e = attn_i8_buffers().get(dev, s, B.bytes, 0, &ws);
+  if (e != cudaSuccess) return e;
+  unsigned char *buf = (unsigned char *)ws;
+  const int64_t bh = a.B * a.Hkv, D = 128;
+  attn_i8_stats<T><<<dim3((unsigned)B.TS, (unsigned)bh), 128, 0, s>>>(a, (float *)(buf + B.part), B.TS);
+  attn_i8_rows<T, false><<<dim3((unsigned)((a.Sq + 31) / 32), (unsigned)(a.B * a.Hq)), 256, 0, s>>>(a, B, buf);
+  attn_i8_rows<T, true><<<dim3((unsigned)((a.Sk + 31) / 32), (unsigned)bh), 256, 0, s>>>(a, B, buf);
+  attn_i8_v<T><<<dim3((unsigned)(B.Skp / 64), (unsigned)bh), 256, 0, s>>>(a, B, buf);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  CUtensorMap tq, tk, tv;
+  const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, sq[3] = {D, a.Sq * D, a.Hq * a.Sq * D};
+  const int64_t dk[4] = {D, a.Sk, a.Hkv, a.B}, sk[3] = {D, a.Sk * D, a.Hkv * a.Sk * D};
+  const int64_t dv[4] = {B.Skp, D, a.Hkv, a.B}, sv[3] = {B.Skp, D * B.Skp, a.Hkv * D * B.Skp};
+  if (!tmap_u8(&tq, buf + B.q8, dq, sq, 128, L::kRows) || !tmap_u8(&tk, buf + B.k8, dk, sk, 128, L::kBc) ||
+      !tmap_u8(&tv, buf + B.v8, dv, sv, L::kBc, 128))
+    return cudaErrorInvalidValue;
+  if ((e = smem_opt_in<attn_i8_kernel<T>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
+  const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq;
+  const AttnSplit sp{units, 0, 0, 0, nullptr, nullptr, nullptr};
+  const bool pairs = ((uintptr_t)a.out.p & 3) == 0 && a.out.sb % 2 == 0 && a.out.ss % 2 == 0 && a.out.sh % 2 == 0;
+  const AttnI8Scales sc{(const float *)(buf + B.qs), (const float *)(buf + B.qm), (const float *)(buf + B.ks),
+                        (const float *)(buf + B.vs), B.Skp, pairs};
+  attn_i8_kernel<T><<<(unsigned)std::min(units, (int64_t)device_sms(dev)), L::kThreads, L::kBytes, s>>>(
+      tq, tk, tv, a, sc, (int)n_mb, sp, a.scale * 1.4426950408889634f);
+  return cudaGetLastError();
 }
 #endif // FUSEDK__PART_ATTENTION
 
@@ -4819,16 +5295,25 @@ void fusedk__cuda_gemm_release(void) { gemm_shutdown(); }
 #if FUSEDK__PART_ATTENTION
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
                                      struct CUstream_st *stream) {
-  return on_device(device_id, op, [&] {
-    return dispatch_scalar(a->scalar, [&](auto t) {
+  return on_device(device_id, op, [&]() -> fusedk_status {
+    if (a->int8 && (tma_disabled() || !tma_code<attn_i8_kernel<__nv_bfloat16>>(device_id))) {
+      int major = 0, minor = 0;
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id);
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id);
+      cudaGetLastError();
+      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: device %d is sm_%d%d%s; the int8 kernel needs sm_90a (H100, "
+                          "H200) code", op, (int)device_id, major, minor, tma_disabled() ? " with FUSEDK_NO_TMA set" : "");
+    }
+    return on_error(dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
-      if constexpr (sizeof(T) == 2) return launch_attention<T>(*a, stream, device_id);
+      if constexpr (sizeof(T) == 2) return a->int8 ? launch_attention_i8<T>(*a, stream, device_id)
+                                                   : launch_attention<T>(*a, stream, device_id);
       else return cudaErrorNotSupported; // fusedk.h refuses float32 tensors first
-    });
+    }), op);
   });
 }
 
-void fusedk__cuda_attention_release(void) { attn_buffers().release(); }
+void fusedk__cuda_attention_release(void) { attn_buffers().release(), attn_i8_buffers().release(); }
 #endif // FUSEDK__PART_ATTENTION
 
 #if FUSEDK__PART_LOWRANK

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """[attention] fusedk.attention against torch SDPA's flash (FlashAttention-2), cuDNN and
-memory-efficient backends and JAX's dot_product_attention (cudnn, xla), bf16 forward, one run.
+memory-efficient backends and JAX's dot_product_attention (cudnn, xla), bf16 forward, one run;
+fusedk's int8 attention (precision="int8", its quantization passes counted) and sageattention
+(pip's, where installed) beside them at Dh 128.
 
     PYTHONPATH=bindings/python python3 bench/bench_attention.py [--out DIR] [--rounds 3] [--quick]
 
@@ -61,6 +63,10 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import fusedk
+    try:
+        from sageattention import sageattn
+    except Exception:  # noqa: BLE001 - an optional peer
+        sageattn = None
     bench.torch = torch
     jax = jnp = None
     if not args.no_jax:
@@ -92,11 +98,15 @@ def main():
         calls = {"fusedk": lambda i: fusedk.attention(q, k, v, causal=causal),
                  "sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                  "sdpa efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+        if Dh == 128:
+            calls["fusedk int8"] = lambda i: fusedk.attention(q, k, v, causal=causal, precision="int8")
+            if sageattn is not None:
+                calls["sageattention"] = lambda i: sageattn(qt, kt, vt, tensor_layout="HND", is_causal=causal)
         err = {}
         for name, c in calls.items():
             try:
                 out = c(0)
-                err[name] = reference_err(torch, out, q, k, v, causal, bhsd=name != "fusedk")
+                err[name] = reference_err(torch, out, q, k, v, causal, bhsd=not name.startswith("fusedk"))
             except Exception as e:  # noqa: BLE001
                 err[name] = f"error: {bench.err_str(e)[:160]}"
         us, meth, errs = bench.time_rounds({n: c for n, c in calls.items() if not isinstance(err[n], str)},
@@ -124,7 +134,7 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     err[name] = f"error: {bench.err_str(e)[:160]}"
             del jq, jk, jv
-        peers = {n: u for n, u in t.items() if n != "fusedk"}
+        peers = {n: u for n, u in t.items() if n not in ("fusedk", "fusedk int8", "sageattention")}  # bf16 peers
         best = min(peers, key=peers.get) if peers else None
         row = dict(B=B, H=H, S=S, Dh=Dh, causal=causal, us=t, rounds_us=us, errors=errs, max_err=err,
                    tflops={n: flop / u / 1e6 for n, u in t.items()}, fastest_peer=best,
@@ -160,7 +170,8 @@ def main():
 
 def markdown(res):
     m = res["meta"]
-    names = ["fusedk", "sdpa flash", "sdpa cudnn", "sdpa efficient", "jax cudnn", "jax xla"]
+    names = ["fusedk", "sdpa flash", "sdpa cudnn", "sdpa efficient", "jax cudnn", "jax xla", "fusedk int8",
+             "sageattention"]
     L = [f"# fusedk attention — {m['gpu']} — {m['date'][:16]} UTC", "",
          f"bf16 forward, TFLOP/s (4 B H Sq Sk Dh / time, halved when causal); torch {m['torch']}, jax {m['jax']}; "
          f"CUDA-graph replays (JAX: jitted loop), median of {m['rounds']} rotated rounds "

@@ -250,7 +250,7 @@ static void registry_cases(void) {
                                         "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step",
                                         "qk_norm_rope", "linear", "linear_backward", "attention",
                                         "lowrank_update", "lowrank_prepare", "linear_lowrank",
-                                        "lowrank_update_backward", "linear_lowrank_backward"};
+                                        "lowrank_update_backward", "linear_lowrank_backward", "attention_int8"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -971,6 +971,7 @@ static const shape_case shape_cases[] = {
     {FUSEDK_OP_LINEAR, "x=2,3,16 w=5,16 bias=5", "want_aux=1", "y=2,3,5 aux_out=2,3,5"},
     {FUSEDK_OP_LINEAR_BACKWARD, "dy=2,3,5 x=2,3,16 w=5,16", "", "dx=2,3,16 dw=5,16 db=5"},
     {FUSEDK_OP_ATTENTION, "q=2,9,6,64 k=2,11,3,64 v=2,11,3,64", "want_lse=1", "out=2,9,6,64 lse=2,6,9"},
+    {FUSEDK_OP_ATTENTION_INT8, "q=2,9,6,64 k=2,11,3,64 v=2,11,3,64", "want_lse=1", "out=2,9,6,64 lse=2,6,9"},
     {FUSEDK_OP_LOWRANK_UPDATE, "x=4,7,16 v=16,8 u_t=8,24 y=4,7,24", "", "out=4,7,24"},
     {FUSEDK_OP_LOWRANK_PREPARE, "w=9,16 b=9,6", "", "w_cat=9,24"},
     {FUSEDK_OP_LOWRANK_PREPARE, "w=9,16 b=3,9,6", "", "w_cat=9,40"},

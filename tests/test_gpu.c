@@ -268,6 +268,24 @@ static int compare(const char *what, buf_t *o, const buf_t *aux, int aux_ref, do
   return bad;
 }
 
+/* The relative L2 distance of the GPU's o from the reference over o's view, at most tol (a
+   lossy op's statistical bound, beside compare()'s per-element one): 0, else printed, 1. */
+static int rel_l2_over(const char *what, const buf_t *o, double tol) {
+  void *g = to_host(o);
+  unsigned char *inview = view_mask(o);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < o->n_alloc; ++i)
+    if (inview[i]) {
+      const double a = get(g, i, o->s), b = get(o->h, i, o->s);
+      num += (a - b) * (a - b), den += b * b;
+    }
+  free(g), free(inview);
+  const double r = den > 0 ? sqrt(num / den) : sqrt(num);
+  if (r <= tol) return 0;
+  printf("  %s: relative L2 distance %.4g > %.4g\n", what, r, tol);
+  return 1;
+}
+
 /* A failed call or launch: printed, 1; else 0. */
 static int call_failed(const char *what, fusedk_status sc, fusedk_status sg) {
   cudaError_t ce = cudaDeviceSynchronize();
@@ -827,22 +845,27 @@ static void run_linear_graph(void) {
    packed [B, S, 3, H, Dh] projection (Sq = Sk, G = 1). kv: kv_len {0, 1, Sk / 2, Sk, Sk + 5, -3}
    (the device clamps the last two; the reference, which refuses them, gets Sk and 0)
    cycled over B. special 1: q scaled 30x (scores far past exp's range unshifted); 2: key 5 of kv
-   head 0 is NaN (the rows that see it are NaN, no other). shift: misaligned bases (the element
-   path). Tolerance: out within eps_T (|cpu| + max|v|) (P rounds to T before P V, one rounding
-   of each weight), lse within 2^-20 (|cpu| + the largest |score| possible) (float32 scores). */
+   head 0 is NaN (the rows that see it are NaN, no other); 3: k's elements offset by 3 (k's
+   mean, which attention_int8 takes off). shift: misaligned bases (the element path). Tolerance: out within eps_T (|cpu| + max|v|) (P rounds to T before P V, one rounding
+   of each weight), lse within 2^-20 (|cpu| + the largest |score| possible) (float32 scores).
+   int8 (attention_int8): the reference quantizes q, k, v as the GPU and keeps P exact, the GPU
+   rounds P to 8 bits (each weight within 1/510 of the row's running max): out within 2^-4
+   (|cpu| + max|v|) and, over the whole output, a relative L2 distance of at most 2^-6; lse
+   within 2^-18 (|cpu| + the largest score) (scores from int32 sums times float32 scales, q .
+   mean(k) summed in float32). */
 typedef struct {
   fusedk_scalar s;
   int64_t B, Sq, Sk, Hq, G, Dh;
-  int causal, layout, kv, special;
+  int causal, layout, kv, special, int8;
   int64_t pad;
   size_t shift;
   float scale;
 } attn_t;
 
 /* a [B, S, H, D] tensor: compact (+pad) or, layout 1, a [B, H, S, D] buffer's transposed view */
-static buf_t mk_bshd(const attn_t *c, int64_t S, int64_t H, double scale) {
+static buf_t mk_bshd(const attn_t *c, int64_t S, int64_t H, double scale, double mean) {
   const int64_t shp[4] = {c->B, c->layout == 1 ? H : S, c->layout == 1 ? S : H, c->Dh};
-  buf_t b = mk(c->s, 4, shp, c->pad, c->shift, 0, scale, 0.0);
+  buf_t b = mk(c->s, 4, shp, c->pad, c->shift, 0, scale, mean);
   if (c->layout == 1) {
     int64_t t = b.shape[1];
     b.shape[1] = b.shape[2], b.shape[2] = t, t = b.strides[1], b.strides[1] = b.strides[2], b.strides[2] = t;
@@ -878,7 +901,8 @@ static void run_attn(attn_t c) {
       in_h[j].byte_offset = in_d[j].byte_offset = qkv.th.byte_offset + (uint64_t)(j * Hq * pstr[2]) * esize(s);
     }
   } else {
-    q = mk_bshd(&c, Sq, Hq, c.special == 1 ? 30.0 : 1.0), k = mk_bshd(&c, Sk, Hkv, 1.0), v = mk_bshd(&c, Sk, Hkv, 1.0);
+    q = mk_bshd(&c, Sq, Hq, c.special == 1 ? 30.0 : 1.0, 0.0), k = mk_bshd(&c, Sk, Hkv, 1.0, c.special == 3 ? 3.0 : 0.0);
+    v = mk_bshd(&c, Sk, Hkv, 1.0, 0.0);
     if (c.special == 2 && Sk > 5) { /* key 5 of batch 0, kv head 0: NaN on both sides */
       const size_t at = k.off + (size_t)(5 * k.strides[1]);
       put(k.h, at, NAN, s);
@@ -886,7 +910,7 @@ static void run_attn(attn_t c) {
     }
     in_h[0] = q.th, in_h[1] = k.th, in_h[2] = v.th, in_d[0] = q.td, in_d[1] = k.td, in_d[2] = v.td;
   }
-  buf_t out = mk_bshd(&c, Sq, Hq, 0.0);
+  buf_t out = mk_bshd(&c, Sq, Hq, 0.0, 0.0);
   const int64_t lshape[3] = {B, Hq, Sq};
   buf_t lse = mk(FUSEDK_F32, 3, lshape, 0, 0, 0, 0.0, 0.0);
   poison(&out), poison(&lse);
@@ -905,24 +929,29 @@ static void run_attn(attn_t c) {
     kv_d.data = kvd, kv_d.device.device_type = FUSEDK_DEVICE_CUDA;
   }
   char what[240];
-  snprintf(what, sizeof what, "attention %s B%lld Sq%lld Sk%lld Hq%lld G%lld Dh%lld%s layout %d%s%s%s pad %lld "
-           "shift %zu scale %g", sname(s), (long long)B, (long long)Sq, (long long)Sk, (long long)Hq, (long long)c.G,
+  snprintf(what, sizeof what, "attention%s %s B%lld Sq%lld Sk%lld Hq%lld G%lld Dh%lld%s layout %d%s%s%s pad %lld "
+           "shift %zu scale %g", c.int8 ? "_int8" : "", sname(s), (long long)B, (long long)Sq, (long long)Sk, (long long)Hq, (long long)c.G,
            (long long)Dh, c.causal ? " causal" : "", c.layout, c.kv ? " kv_len" : "",
-           c.special == 1 ? " huge" : c.special == 2 ? " nan-key" : "", "", (long long)c.pad, c.shift, (double)c.scale);
+           c.special == 1 ? " huge" : c.special == 2 ? " nan-key" : c.special == 3 ? " k+3" : "", "", (long long)c.pad, c.shift, (double)c.scale);
   ++checks;
-  fusedk_status sc = fusedk_attention(&out.th, &lse.th, &in_h[0], &in_h[1], &in_h[2], c.kv ? &kv_h : NULL, c.scale,
-                                      c.causal, NULL);
-  fusedk_status sg = fusedk_attention(&out.td, &lse.td, &in_d[0], &in_d[1], &in_d[2], c.kv ? &kv_d : NULL, c.scale,
-                                      c.causal, NULL);
-  int bad = call_failed(what, sc, sg);
-  if (!bad) {
+  fusedk_status (*f)(const fusedk_tensor *, const fusedk_tensor *, const fusedk_tensor *, const fusedk_tensor *,
+                     const fusedk_tensor *, const fusedk_tensor *, float, int32_t, struct CUstream_st *) =
+      c.int8 ? fusedk_attention_int8 : fusedk_attention;
+  fusedk_status sc = f(&out.th, &lse.th, &in_h[0], &in_h[1], &in_h[2], c.kv ? &kv_h : NULL, c.scale, c.causal, NULL);
+  fusedk_status sg = f(&out.td, &lse.td, &in_d[0], &in_d[1], &in_d[2], c.kv ? &kv_d : NULL, c.scale, c.causal, NULL);
+  /* the int8 kernel's refusal without sm_90a code (or with FUSEDK_NO_TMA): skipped, not counted */
+  const int skip = c.int8 && sg == FUSEDK_ERR_UNSUPPORTED && strstr(fusedk_failure_reason(), "sm_90a");
+  if (skip) printf("SKIPPED %s: %s\n", what, fusedk_failure_reason()), --checks;
+  int bad = skip ? 0 : call_failed(what, sc, sg);
+  if (!bad && !skip) {
     const buf_t *vb = c.layout == 2 ? &qkv : &v, *qb = c.layout == 2 ? &qkv : &q, *kb = c.layout == 2 ? &qkv : &k;
     const double vmax = max_abs(vb), scale = c.scale != 0.0f ? fabs(c.scale) : 1.0 / sqrt((double)Dh);
     double smax = scale * (double)Dh * max_abs(qb) * max_abs(kb);
     if (isnan(smax)) smax = 0; /* the NaN key: its rows are NaN on both sides */
     buf_t ao = mk_const(&out, vmax), al = mk_const(&lse, smax);
-    bad += compare(what, &out, &ao, 0, eps_of(s), c.special != 2);
-    bad += compare(what, &lse, &al, 0, 0x1p-20, c.special != 2);
+    bad += compare(what, &out, &ao, 0, c.int8 ? 0x1p-4 : eps_of(s), c.special != 2);
+    bad += compare(what, &lse, &al, 0, c.int8 ? 0x1p-18 : 0x1p-20, c.special != 2);
+    if (c.int8) bad += rel_l2_over(what, &out, 0x1p-6);
     drop(&ao), drop(&al);
     if (bad) printf("FAIL %s\n", what);
   }
@@ -1454,6 +1483,32 @@ static void attn_big(fusedk_scalar s) {
   for (int causal = 0; causal < 2; ++causal)
     run_attn((attn_t){.s = s, .B = 1, .Sq = 4097, .Sk = 4097, .Hq = 2, .G = 2, .Dh = 128, .causal = causal});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 1000, .Hq = 2, .G = 1, .Dh = 256, .causal = 1});
+}
+
+/* attention_int8 (Dh 128 on the GPU): odd lengths, one key and one query, GQA, causal, kv_len
+   (0 and past Sk among them), transposed and packed layouts, misaligned bases, huge scores, a
+   K offset per channel (what k's mean takes off), more units than SMs, more key tiles than the
+   int32 sums' flush period needs */
+static void attn_i8_cases(fusedk_scalar s) {
+  for (int causal = 0; causal < 2; ++causal) {
+    run_attn((attn_t){.s = s, .B = 2, .Sq = 127, .Sk = 127, .Hq = 4, .G = 1, .Dh = 128, .causal = causal, .int8 = 1});
+    run_attn((attn_t){.s = s, .B = 1, .Sq = 17, .Sk = small ? 300 : 1000, .Hq = 8, .G = 4, .Dh = 128, .causal = causal,
+                      .layout = 1, .int8 = 1});
+    run_attn((attn_t){.s = s, .B = 3, .Sq = 1, .Sk = 1, .Hq = 2, .G = 1, .Dh = 128, .causal = causal, .int8 = 1});
+    run_attn((attn_t){.s = s, .B = 6, .Sq = 33, .Sk = 200, .Hq = 4, .G = 2, .Dh = 128, .causal = causal, .kv = 1,
+                      .int8 = 1});
+    run_attn((attn_t){.s = s, .B = 2, .Sq = 129, .Sk = 129, .Hq = 3, .G = 1, .Dh = 128, .causal = causal, .layout = 2,
+                      .pad = 8, .int8 = 1});
+  }
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 65, .Sk = 80, .Hq = 2, .G = 2, .Dh = 128, .shift = 1, .kv = 1, .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 64, .Hq = 2, .G = 1, .Dh = 128, .scale = 1.0f, .special = 1,
+                    .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 300, .Hq = 2, .G = 1, .Dh = 128, .scale = -0.3f, .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 200, .Sk = 300, .Hq = 2, .G = 1, .Dh = 128, .special = 3, .int8 = 1});
+  if (small) return;
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 130, .Sk = 300, .Hq = 70, .G = 7, .Dh = 128, .causal = 1, .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 128, .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 100, .Sk = 33000, .Hq = 1, .G = 1, .Dh = 128, .int8 = 1});
 }
 
 /* --- [lowrank] lowrank_update against the CPU reference ----------------------------------------
@@ -2024,6 +2079,7 @@ static const unit_t units[] = {
     FOR_16BIT("attention", "attention", attn_cases), /* the GPU kernels take f16 and bf16 */
     FOR_16BIT("attention", "attention edges", attn_edges),
     FOR_16BIT("attention", "attention big", attn_big),
+    FOR_16BIT("attention", "attention int8", attn_i8_cases),
     FOR_DTYPES("lowrank", "lowrank", lowrank_cases),
     FOR_DTYPES("lowrank", "linear_lowrank", linear_lowrank_cases),
     FOR_DTYPES("lowrank", "lowrank_grad", lowrank_grad_cases),

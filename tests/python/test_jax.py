@@ -138,7 +138,7 @@ def test_fusedk_functions_route_jax_arrays_here():
                           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
                               "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
                           "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
-                          "lowrank_update_backward", "linear_lowrank_backward"]
+                          "lowrank_update_backward", "linear_lowrank_backward", "attention_int8"]
 
 
 def test_every_registry_op_has_a_target():
@@ -175,7 +175,7 @@ def test_every_registry_op_has_a_target():
             want = (2, 3, 5)
         elif o.name == "linear_backward":  # dx, dw and db by default
             ins = dict(dy=np.ones((2, 3, 5), np.float32), x=ins["x"], w=np.ones((5, D), np.float32))
-        elif o.name == "attention":  # q [2, 3, 4, D], k and v [2, 5, 2, D], kv_len int32
+        elif o.name in ("attention", "attention_int8"):  # q [2, 3, 4, D], k and v [2, 5, 2, D], kv_len int32
             ins = dict(q=np.ones((2, 3, 4, D), np.float32), k=np.ones((2, 5, 2, D), np.float32),
                        v=np.ones((2, 5, 2, D), np.float32), kv_len=np.array([5, 2], np.int32))
             want = (2, 3, 4, D)

@@ -181,7 +181,7 @@ def test_kernel_info():
     assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                                 "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear",
                                 "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
-                                "lowrank_update_backward", "linear_lowrank_backward"}
+                                "lowrank_update_backward", "linear_lowrank_backward", "attention_int8"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert isinstance(info["cuda"]["built"], bool)
 
@@ -233,7 +233,7 @@ def test_public_namespace():
                            "silu_fma", "gated_residual", "glu", "glu_pair", "kernel_info", "torch", "jax", "diffusers", "bem",
                            "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step",
                            "linear", "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
-                           "LoRA", "lowrank_update_backward", "linear_lowrank_backward"}
+                           "LoRA", "lowrank_update_backward", "linear_lowrank_backward", "attention_int8"}
     for internal in ("json", "ffi", "lib", "check", "Call"):
         assert not hasattr(fusedk, internal), internal
 
@@ -244,7 +244,7 @@ def test_every_registry_op_is_a_python_function():
     assert names == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                      "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
                      "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
-                     "lowrank_update_backward", "linear_lowrank_backward"]
+                     "lowrank_update_backward", "linear_lowrank_backward", "attention_int8"]
     assert set(names) <= set(fusedk.__all__) and set(names) == set(fusedk.kernel_info()["ops"])
 
 

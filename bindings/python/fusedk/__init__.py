@@ -19,6 +19,7 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "Argume
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "attention",
+           "attention_int8",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
            "linear_lowrank_backward", "kernel_info",
            "__version__"]
@@ -35,7 +36,8 @@ _ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.li
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_MIXED, _core.lib.FUSEDK_OP_DIFFUSION_STEP)
 _QKNR = _core.lib.FUSEDK_OP_QK_NORM_ROPE
 _LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BACKWARD
-_ATTENTION = _core.lib.FUSEDK_OP_ATTENTION
+_ATTENTION, _ATTENTION_INT8 = _core.lib.FUSEDK_OP_ATTENTION, _core.lib.FUSEDK_OP_ATTENTION_INT8
+_PRECISIONS = {None: _ATTENTION, "int8": _ATTENTION_INT8}
 _LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_UPDATE
 _LR_PREPARE, _LINEAR_LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_PREPARE, _core.lib.FUSEDK_OP_LINEAR_LOWRANK
 _LOWRANK_BWD, _LINEAR_LOWRANK_BWD = (_core.lib.FUSEDK_OP_LOWRANK_UPDATE_BACKWARD,
@@ -284,7 +286,8 @@ def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, t
 
 
 # --- [attention] ------------------------------------------------------------------------------
-def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, out=None, lse_out=None, stream=None):
+def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, out=None, lse_out=None,
+              precision=None, stream=None):
     """softmax(q @ k.T * scale) @ v per head: q [B, Sq, Hq, Dh], k and v [B, Sk, Hkv, Dh] (Hq a
     multiple of Hkv: GQA, MQA), any strides but a contiguous last dim ([B, H, S, D] tensors
     through .transpose(1, 2), views of one packed qkv); out [B, Sq, Hq, Dh]. scale: default
@@ -293,14 +296,32 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, 
     [0, Sk] is refused in host memory (NumPy, a list, CPU tensors) and clamps on a CUDA device
     (checking it there would cost a host sync). return_lse=True
     also returns lse, float32 [B, Hq, Sq], the log of each row's sum of exp(scores): (out, lse).
-    A row whose keys are all masked gives 0 (lse -inf)."""
+    A row whose keys are all masked gives 0 (lse -inf). precision: None (q's dtype) or "int8"
+    (attention_int8: q, k, v quantized to int8, both products on integer tensor cores)."""
+    op = _PRECISIONS.get(precision) if isinstance(precision, (str, type(None))) else None
+    if op is None:
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"attention: precision is {precision!r}, expected None (q's "
+                    "dtype) or 'int8'")
+    return _call(op, q, *_attention_args(op, q, k, v, scale, causal, kv_len, return_lse, out, lse_out), stream)
+
+
+def attention_int8(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, out=None, lse_out=None,
+                   stream=None):
+    """attention(..., precision="int8"): q and k quantized to int8 per token and head (k less its
+    mean over the keys), v per channel, the softmax weights as uint8; int32 sums. Errors against
+    float64: README, "8-bit attention"."""
+    return _call(_ATTENTION_INT8, q, *_attention_args(_ATTENTION_INT8, q, k, v, scale, causal, kv_len, return_lse,
+                                                      out, lse_out), stream)
+
+
+def _attention_args(op, q, k, v, scale, causal, kv_len, return_lse, out, lse_out):
+    name = _core.OPS[op].name
     if scale is not None and not scale:
-        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"attention: scale is {scale!r}, expected a nonzero number (None: "
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{name}: scale is {scale!r}, expected a nonzero number (None: "
                     "1/sqrt(Dh))")
-    kv_len = _ids(kv_len, "attention", "kv_len", "key counts (0 to Sk)")
-    want = 1 if _flag("attention", "return_lse", return_lse) or lse_out is not None else 0
-    return _call(_ATTENTION, q, (out, lse_out, q, k, v, kv_len), (scale or 0.0, _flag("attention", "causal", causal),
-                                                                   want), stream)
+    kv_len = _ids(kv_len, name, "kv_len", "key counts (0 to Sk)")
+    want = 1 if _flag(name, "return_lse", return_lse) or lse_out is not None else 0
+    return (out, lse_out, q, k, v, kv_len), (scale or 0.0, _flag(name, "causal", causal), want)
 
 
 # --- [lowrank] --------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ class Op:
             return (like[0], like[1] + (b[0] if len(b) == 3 else 1) * ((b[-1] + 7) // 8 * 8))
         if n == "lowrank_update":  # x's rows of K2 (u_t's columns)
             return like[:-1] + (shapes[4][1],)
-        if n == "attention":  # out: q's [B, Sq, Hq, Dh]; lse: [B, Hq, Sq]
+        if n in ("attention", "attention_int8"):  # out: q's [B, Sq, Hq, Dh]; lse: [B, Hq, Sq]
             return like if self.tensors[i][0] == "out" else (like[0], like[2], like[1])
         if n == "linear_backward":
             return (shapes[5][0],)
