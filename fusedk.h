@@ -517,7 +517,9 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
      v  per (b, head, channel) over those keys; keys past them count as 0;
      p  the softmax weights of a tile of keys, against the row's running max: uint8, round(p *
         255 / top), top the row's largest weight in the tile (8 bits of the tile's own range).
-   The CPU reference quantizes q, k and v the same way and runs fusedk_attention's reference
+   A NaN or Inf among the keys some row sees spreads further than in fusedk_attention: in k, its
+   mean makes every row of (b, head) NaN; in v, the channel's scale does for every row that sees
+   a key. The CPU reference quantizes q, k and v the same way and runs fusedk_attention's reference
    (double) on their dequantized values, p unquantized. Errors against float64 attention of the
    unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100, H200), f16 and bf16 inputs,
    Dh 128; the 8-bit copies go through a per-stream buffer (grown to the largest call and kept
@@ -2889,10 +2891,14 @@ static int fusedk__attention_core(const fusedk__attn_args *a, const double *cons
 }
 
 /* attention_int8's quantization, in float32 as the GPU's: the largest magnitude (a NaN wins),
-   x * (127 / amax) rounded to nearest, ties to even; amax 0 or not finite: every value 0, and the
-   scale amax / 127 makes them 0 (or NaN, as the float path would) again */
+   x * (127 / amax) rounded to nearest, ties to even; where 127 / amax is not finite (amax 0, or
+   below 127 / FLT_MAX) every value is 0; amax Inf or NaN: every value 0 and the scale non-finite,
+   so the row (of q, k) or channel (of v) dequantizes to NaN */
 static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
-static float fusedk__i8_inv(float amax) { return amax > 0.0f && amax < HUGE_VALF ? 127.0f / amax : 0.0f; }
+static float fusedk__i8_inv(float amax) {
+  const float r = 127.0f / amax;
+  return amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
+}
 static double fusedk__i8(float x, float inv) {
   const float r = rintf(x * inv);
   return r != r ? 0.0 : r > 127.0f ? 127.0 : r < -127.0f ? -127.0 : (double)r;
@@ -3016,6 +3022,9 @@ static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fused
     if (Dh > 256)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the GPU kernel takes "
                           "up to 256", op, (long long)Dh);
+    if (int8 && (B * Hq * ((Sq + 31) / 32) > 2147483647 || B * k->shape[2] * ((k->shape[1] + 31) / 32 + 2) > 2147483647))
+      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 32) or B * Hkv * (ceil(Sk / 32) + 2) past the "
+                          "GPU grid's 2^31 - 1 blocks (the quantization passes)", op);
     if (int8 && Dh != 128)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the int8 kernel takes "
                           "128 (attention takes every size up to 256)", op, (long long)Dh);

@@ -3852,7 +3852,10 @@ __device__ __forceinline__ float amax_nan(float m, float x) {
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
   return r;
 }
-__device__ __forceinline__ float i8_inv(float amax) { return amax > 0.f && amax < INFINITY ? 127.f / amax : 0.f; }
+__device__ __forceinline__ float i8_inv(float amax) { // 0 where 127 / amax is not finite (and amax not > 0)
+  const float r = 127.f / amax;
+  return amax > 0.f && r < INFINITY ? r : 0.f;
+}
 __device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
 // the keys of batch b any row sees (kv_len clamped)
 __device__ __forceinline__ int64_t attn_i8_keys(const fusedk__attn_args &a, int64_t b) {
@@ -3864,17 +3867,24 @@ __host__ __device__ __forceinline__ int attn_i8_pos(int r) {
   return (r & 16) | ((r >> 1) & 3) << 2 | ((r >> 3) & 1) << 1 | (r & 1);
 }
 
+// The passes' grids are 1-D (blocks past 65535 (b, h) pairs): block x is chunk x % n of pair x / n
+__device__ __forceinline__ void attn_i8_block(int64_t n, int64_t &bh, int64_t &chunk) {
+  bh = blockIdx.x / n, chunk = blockIdx.x % n;
+}
+
 // Statistics: block (chunk, b hk), thread d: k's sum and v's largest magnitude over the chunk's
 // keys below the batch's count
 template <typename T>
 __global__ void attn_i8_stats(const fusedk__attn_args a, float *part, int64_t TS) {
-  const int64_t bh = blockIdx.y, b = bh / a.Hkv, hk = bh % a.Hkv, j0 = (int64_t)blockIdx.x * kI8StatRows;
+  int64_t bh, ts;
+  attn_i8_block(TS, bh, ts);
+  const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = ts * kI8StatRows;
   const int64_t n = min(attn_i8_keys(a, b) - j0, (int64_t)kI8StatRows);
   const T *k = (const T *)a.k.p + b * a.k.sb + hk * a.k.sh + j0 * a.k.ss, *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + j0 * a.v.ss;
   for (int d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float sum = 0.f, vm = 0.f;
     for (int64_t j = 0; j < n; ++j) sum += to_f32<T>(k[j * a.k.ss + d]), vm = amax_nan(vm, to_f32<T>(v[j * a.v.ss + d]));
-    float *p = part + (bh * TS + blockIdx.x) * 2 * a.Dh;
+    float *p = part + (bh * TS + ts) * 2 * a.Dh;
     p[d] = sum, p[a.Dh + d] = vm;
   }
 }
@@ -3895,7 +3905,10 @@ template <typename T, bool K>
 __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
   constexpr int D = 128;
   __shared__ float mean[D];
-  const int64_t H = K ? a.Hkv : a.Hq, S = K ? a.Sk : a.Sq, bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t H = K ? a.Hkv : a.Hq, S = K ? a.Sk : a.Sq;
+  int64_t bh, chunk;
+  attn_i8_block((S + 31) / 32, bh, chunk);
+  const int64_t b = bh / H, h = bh % H;
   const int64_t hk = K ? h : h / (a.Hq / a.Hkv), n = attn_i8_keys(a, b);
   const float *part = (const float *)(buf + L.part);
   for (int d = threadIdx.x; d < D; d += blockDim.x) mean[d] = attn_i8_stat(a, part, L.TS, b, hk, d);
@@ -3903,7 +3916,7 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   const int lane = threadIdx.x % 32, d0 = 4 * lane;
   const auto &src = K ? a.k : a.q;
   for (int r = 0; r < 4; ++r) {
-    const int64_t i = (int64_t)blockIdx.x * 32 + threadIdx.x / 32 * 4 + r;
+    const int64_t i = chunk * 32 + threadIdx.x / 32 * 4 + r;
     if (i >= S) break;
     float x[4], m = 0.f;
     const T *p = (const T *)src.p + b * src.sb + i * src.ss + h * src.sh + d0;
@@ -3933,12 +3946,14 @@ __global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, cons
   constexpr int D = 128, R = 64;
   __shared__ float inv[D];
   __shared__ __align__(16) unsigned char tile[D][R];
-  const int64_t bh = blockIdx.y, b = bh / a.Hkv, hk = bh % a.Hkv, j0 = (int64_t)blockIdx.x * R;
+  int64_t bh, chunk;
+  attn_i8_block(L.Skp / R, bh, chunk);
+  const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = chunk * R;
   const int64_t n = attn_i8_keys(a, b);
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     const float vm = attn_i8_stat(a, (const float *)(buf + L.part), L.TS, b, hk, D + d);
     inv[d] = i8_inv(vm);
-    if (blockIdx.x == 0) ((float *)(buf + L.vs))[bh * D + d] = vm / 127.f;
+    if (chunk == 0) ((float *)(buf + L.vs))[bh * D + d] = vm / 127.f;
   }
   for (int64_t j = j0 + threadIdx.x; j < j0 + R; j += blockDim.x)
     if (j >= a.Sk) ((float *)(buf + L.ks))[bh * L.Skp + j] = 0.f;
@@ -4138,10 +4153,12 @@ __global__ void __launch_bounds__(AttnI8Smem::kThreads, 1)
     attn_i8_mainloop(R, base + L::kS, a, blk, wk.jb, n_tiles, it, w, tid, qs, scale_log2, o, m, l, turn, pass);
     it += n_tiles;
     const float *vs = sc.vs + (blk.b * a.Hkv + blk.hk) * 128 + c0;
+    const bool seen[2] = {lanes_sum(l[0], 4) != 0.f, lanes_sum(l[1], 4) != 0.f}; // else 0 (attn_store_regs)
 #pragma unroll
     for (int t = 0; t < 16; ++t) {
       const float2 v = *reinterpret_cast<const float2 *>(vs + 8 * t);
-      o[t][0] *= v.x, o[t][1] *= v.y, o[t][2] *= v.x, o[t][3] *= v.y;
+      if (seen[0]) o[t][0] *= v.x, o[t][1] *= v.y;
+      if (seen[1]) o[t][2] *= v.x, o[t][3] *= v.y;
     }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
@@ -4170,16 +4187,17 @@ bool tmap_u8(CUtensorMap *m, const void *p, const int64_t (&dim)[4], const int64
 // and fusedk__cuda_attention check)
 template <typename T> cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
   using L = AttnI8Smem;
+  if (a.Sk == 0) return launch_attention<T>(a, s, dev); // no key: 0 and lse -inf whatever the precision
   const AttnI8Buf B(a);
   void *ws = nullptr;
   cudaError_t e = attn_i8_buffers().get(dev, s, B.bytes, 0, &ws);
   if (e != cudaSuccess) return e;
   unsigned char *buf = (unsigned char *)ws;
   const int64_t bh = a.B * a.Hkv, D = 128;
-  attn_i8_stats<T><<<dim3((unsigned)B.TS, (unsigned)bh), 128, 0, s>>>(a, (float *)(buf + B.part), B.TS);
-  attn_i8_rows<T, false><<<dim3((unsigned)((a.Sq + 31) / 32), (unsigned)(a.B * a.Hq)), 256, 0, s>>>(a, B, buf);
-  attn_i8_rows<T, true><<<dim3((unsigned)((a.Sk + 31) / 32), (unsigned)bh), 256, 0, s>>>(a, B, buf);
-  attn_i8_v<T><<<dim3((unsigned)(B.Skp / 64), (unsigned)bh), 256, 0, s>>>(a, B, buf);
+  attn_i8_stats<T><<<(unsigned)(B.TS * bh), 128, 0, s>>>(a, (float *)(buf + B.part), B.TS);
+  attn_i8_rows<T, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
+  attn_i8_rows<T, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);
+  attn_i8_v<T><<<(unsigned)(B.Skp / 64 * bh), 256, 0, s>>>(a, B, buf);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   CUtensorMap tq, tk, tv;
   const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, sq[3] = {D, a.Sq * D, a.Hq * a.Sq * D};

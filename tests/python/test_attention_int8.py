@@ -30,8 +30,8 @@ def quantized(x, mean=None):
     x = x.astype(F32) - (mean if mean is not None else F32(0))
     amax = np.abs(x).max(-1, keepdims=True)
     amax = np.where(np.isnan(x).any(-1, keepdims=True), F32(np.nan), amax)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where((amax > 0) & np.isfinite(amax), F32(127) / amax, F32(0)).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where((amax > 0) & np.isfinite(F32(127) / amax), F32(127) / amax, F32(0)).astype(F32)
         r = np.rint(x * inv)
     q8 = np.clip(np.nan_to_num(r, nan=0.0), -127, 127)
     out = q8 * (amax / F32(127)).astype(np.float64)
@@ -89,6 +89,20 @@ def test_kv_len_rows_that_see_nothing_and_nan():
         ok = np.array([b != 3 for b in range(B)])  # batch 3 sees the NaN keys
         assert_close(got[ok], want[ok], F32, what="kv_len out", atol=1e-6, nan_ok=False)
         assert np.isnan(got[3]).all()  # k's mean is NaN there: every row of the batch
+
+
+def test_tiny_values_no_keys_and_non_finite_v():
+    """q below 127 / FLT_MAX quantizes to 0 (its 127 / amax is not finite); no key: 0 and lse -inf;
+    an Inf in v: every row that sees a key is NaN (the channel's scale), a row that sees none 0"""
+    q, k, v = rand((1, 6, 2, 16), F32), rand((1, 3, 2, 16), F32), rand((1, 3, 2, 16), F32)
+    tiny = np.full_like(q, 1e-38)
+    assert_close(fusedk.attention_int8(tiny, k, v), int8_oracle(tiny, k, v)[0], F32, what="tiny q", atol=1e-6,
+                 nan_ok=False)
+    out, lse = fusedk.attention_int8(q, k[:, :0], v[:, :0], return_lse=True)
+    assert not out.any() and np.all(lse == -np.inf)
+    v[0, 1, 0, 3] = np.inf
+    out = fusedk.attention_int8(q, k, v, causal=True)  # rows 0-2 see no key (Sq 6 > Sk 3)
+    assert not out[:, :3].any() and np.isnan(out[:, 3:, 0, 3]).all()
 
 
 def test_precision_argument():
@@ -200,6 +214,22 @@ def test_gpu_error_contract(name, S):
                     tensor_layout="HND").transpose(1, 2)[:, :R].double().cpu()
     print(f"  sageattention rel. L2 {rel_l2(sage, want):.4f}")
     assert e <= 2 * rel_l2(sage, want)
+
+
+@needs_sm90
+def test_gpu_edges():
+    """no key; rows that see no key beside an Inf in v; a misaligned, padded out= view"""
+    q, k, v = (torch.randn(1, n, 2, 128, dtype=torch.bfloat16) for n in (6, 3, 3))
+    out, lse = fusedk.attention_int8(q.cuda(), k[:, :0].cuda(), v[:, :0].cuda(), return_lse=True)
+    assert not out.any() and (lse == -float("inf")).all()
+    v[0, 1, 0, 3] = float("inf")
+    got = fusedk.attention_int8(q.cuda(), k.cuda(), v.cuda(), causal=True).cpu()
+    want = fusedk.attention_int8(q, k, v, causal=True)
+    assert not got[:, :3].any() and got[:, 3:, 0, 3].isnan().all() and want[:, 3:, 0, 3].isnan().all()
+    buf = torch.zeros(1, 6, 2, 130, dtype=torch.bfloat16, device="cuda")
+    o = buf[..., 1:129]  # 2-byte aligned rows
+    fusedk.attention_int8(q.cuda(), k.cuda(), k.cuda(), out=o)
+    assert rel_l2(o.float().cpu(), fusedk.attention_int8(q, k, k).float()) <= 2 ** -6
 
 
 @needs_sm90
