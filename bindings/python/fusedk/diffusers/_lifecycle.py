@@ -18,13 +18,15 @@ from ._pieces import OPS, Pieces
 
 
 class Report:
-    """What apply() did: patched (module name, class) and skipped (module name, class, why)."""
+    """What apply() did: patched (module name, class), skipped (module name, class, why), and what
+    runs the patched blocks' attention."""
 
     def __init__(self):
-        self.patched, self.skipped = [], []
+        self.patched, self.skipped, self.attention = [], [], "diffusers' dispatch"
 
     def __repr__(self):
-        lines = [f"fusedk.diffusers: {len(self.patched)} blocks patched, {len(self.skipped)} left alone"]
+        lines = [f"fusedk.diffusers: {len(self.patched)} blocks patched, {len(self.skipped)} left alone; attention: "
+                 f"{self.attention}"]
         counts = {}
         for _, cls in self.patched:
             counts[cls] = counts.get(cls, 0) + 1
@@ -63,17 +65,22 @@ def apply(model, ops=None, attention=False):
     """Swaps fusedk's fused forwards into every supported block of `model` (a diffusers
     transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
     use (a subset of fusedk.diffusers.OPS; None: all). attention=True: fusedk's attention kernel
-    in the patched blocks' attention instead of diffusers' dispatch. Returns a Report: what was
-    patched and what was left alone, and why. Applying twice patches nothing new."""
+    in the patched blocks' attention instead of diffusers' dispatch; "int8": fusedk's
+    attention_int8 (on the CPU, and Dh 128 on sm_90a: other GPUs refuse it by name), fusedk's at
+    the inputs' precision for other head sizes. Returns a Report: what was patched and what was left alone, and why, and
+    what runs the attention. Applying twice patches nothing new."""
     use = OPS if ops is None else frozenset(ops)
     if not use <= OPS:
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "
                           f"expected names from {sorted(OPS)}")
-    if attention not in (True, False):
+    if not any(attention is a for a in (True, False)) and attention != "int8":
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: attention is {attention!r}, "
-                          "expected True or False")
+                          "expected True, False or 'int8'")
     use = use | {"attention"} if attention else use
+    use = use | {"attention_int8"} if attention == "int8" else use
     table, report, hooked = _patchers(), Report(), 0
+    report.attention = {True: "fusedk", "int8": "fusedk int8 (on the CPU, and Dh 128 on sm_90a; fusedk's at the "
+                        "inputs' precision for other head sizes)"}.get(attention, "diffusers' dispatch")
     for root in _roots(model):
         for name, m in root.named_modules():
             patcher = table.get(type(m))

@@ -67,6 +67,12 @@ class Pieces:
         F = torch.nn.functional
         return _act_out(F.linear(x, P.w, P.b) + F.linear(F.linear(x, P.a.flatten(0, 1)), sb), act, out)
 
+    def int8_attention(self, q):
+        """Whether fusedk's attention runs as attention_int8: apply(attention="int8") and a head size
+        its kernel takes (any on the CPU, 128 on a CUDA device; one without sm_90a refuses it by
+        name)."""
+        return "attention_int8" in self.use and (q.device.type == "cpu" or q.shape[-1] == 128)
+
     def fused_attention(self, q):
         """Whether attention(q, ...) runs fusedk's kernel: apply(attention=True), and a call it
         takes (any CPU tensor; f16/bf16 and Dh <= 256 on the GPU)."""
@@ -78,7 +84,7 @@ class Pieces:
         fused_attention(q), else diffusers' dispatch with the processor's backend. kv_len (int32
         [B]: keys at or past it masked) only where fused_attention(q)."""
         if self.fused_attention(q):
-            return self.fk.attention(q, k, v, kv_len=kv_len)
+            return self.fk.attention(q, k, v, kv_len=kv_len, precision="int8" if self.int8_attention(q) else None)
         if kv_len is not None:
             raise ValueError("kv_len needs fusedk's attention")
         return dispatch_attention(attn, q, k, v)
