@@ -48,7 +48,8 @@
 //               softmax) and attn_tma_kernel (sm_90a: producer attn_tma_produce, the consumers'
 //               mainloop attn_tma_mainloop taking turns on wgmma, the epilogue's stores; the
 //               producer's ring and the consumers' pipeline shared with attention_int8's
-//               attn_i8_kernel, its quantization passes attn_i8_stats, attn_i8_rows, attn_i8_v)
+//               attn_i8_kernel; its quantization passes attn_i8_stats (and attn_i8_stat_sums),
+//               attn_i8_rows, attn_i8_v)
 //   [lowrank]   lowrank_update: lowrank_mma_kernel (f16/bf16: x v (lr_h_mainloop) and h u_t
 //               (lr_out_mainloop) on warp_mma, h in registers) and lowrank_fma_kernel (float32
 //               and unaligned views: CUDA cores); the backward's one-pass lowrank_grad_kernel.
@@ -861,14 +862,13 @@ PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder() {
   return fn;
 }
 
-// A tensor map over a [B, S, H, D] tensor of 16-bit elements (element strides sb, ss, sh; D
-// contiguous) that loads boxes of `rows` x 64 elements at (d, s, h, b) in the 128-byte swizzle;
+// A tensor map over a 4-dim tensor of `type` (dims innermost first, the inner one contiguous;
+// byte strides of dims 1..3) that loads boxes of box0 x box1 elements in the 128-byte swizzle;
 // elements past the tensor's ends load as zeros. False when TMA cannot describe it (base not
 // 16-byte aligned, a stride not a multiple of 16 bytes).
-bool tmap_bshd(CUtensorMap *m, const void *p, bool bf16, int64_t B, int64_t S, int64_t H, int64_t D, int64_t sb,
-               int64_t ss, int64_t sh, int rows) {
+bool tmap_4d(CUtensorMap *m, const void *p, CUtensorMapDataType type, const int64_t (&dm)[4], const int64_t (&st)[3],
+             int box0, int box1) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
-  const int64_t st[3] = {ss, sh, sb}, dm[4] = {D, S, H, B};
   if (!encode || !aligned16(p)) return false;
   cuuint64_t dims[4], strides[3];
   for (int i = 0; i < 4; ++i) {
@@ -876,14 +876,22 @@ bool tmap_bshd(CUtensorMap *m, const void *p, bool bf16, int64_t B, int64_t S, i
     dims[i] = (cuuint64_t)dm[i];
   }
   for (int i = 0; i < 3; ++i) { // a dim of one is never stepped: any valid stride describes it
-    const int64_t b = dm[i + 1] == 1 ? 16 : st[i] * 2;
+    const int64_t b = dm[i + 1] == 1 ? 16 : st[i];
     if (b <= 0 || b % 16 || b >= ((int64_t)1 << 40)) return false;
     strides[i] = (cuuint64_t)b;
   }
-  const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, one[4] = {1, 1, 1, 1};
-  return encode(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<void *>(p),
-                dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const cuuint32_t box[4] = {(cuuint32_t)box0, (cuuint32_t)box1, 1, 1}, one[4] = {1, 1, 1, 1};
+  return encode(m, type, 4, const_cast<void *>(p), dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// tmap_4d over a [B, S, H, D] tensor of 16-bit elements (element strides sb, ss, sh), boxes of
+// `rows` x 64 elements at (d, s, h, b)
+bool tmap_bshd(CUtensorMap *m, const void *p, bool bf16, int64_t B, int64_t S, int64_t H, int64_t D, int64_t sb,
+               int64_t ss, int64_t sh, int rows) {
+  const int64_t dm[4] = {D, S, H, B}, st[3] = {ss * 2, sh * 2, sb * 2};
+  return tmap_4d(m, p, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, dm, st, 64, rows);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -3051,6 +3059,10 @@ template <> struct AttnPlan<256> { using type = AttnShape<8, 1, 32, 1>; };
 __device__ __forceinline__ int64_t attn_keys(const fusedk__attn_args &a, int64_t kv, int64_t i) {
   return a.causal ? max((int64_t)0, min(kv, i + a.Sk - a.Sq + 1)) : kv;
 }
+// the keys of batch b that any row sees: kv_len[b] clamped to [0, Sk]
+__device__ __forceinline__ int64_t attn_kv(const fusedk__attn_args &a, int64_t b) {
+  return a.kv_len ? max((int64_t)0, min(a.Sk, (int64_t)a.kv_len[b * a.kv_stride])) : a.Sk;
+}
 
 // 2^x in one MUFU op (flush-to-zero: weights below 2^-126 of the row's max are 0); exp2f adds a
 // denormal range fix-up around it, 3 more instructions an element
@@ -3185,7 +3197,7 @@ struct AttnBlock {
     const int64_t bh = unit / n_mb;
     const int mb = n_mb - 1 - (int)(unit % n_mb);
     b = bh / a.Hq, h = bh % a.Hq, hk = h / (a.Hq / a.Hkv), i0 = (int64_t)mb * br, rows = min((int64_t)br, a.Sq - i0);
-    kv = a.kv_len ? max((int64_t)0, min(a.Sk, (int64_t)a.kv_len[b * a.kv_stride])) : a.Sk;
+    kv = attn_kv(a, b);
     n_hi = attn_keys(a, kv, i0 + rows - 1), n_lo = attn_keys(a, kv, i0);
   }
 };
@@ -3813,8 +3825,8 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // ---------------------------------------------------------------------------------------------
 // attention_int8: q, k and v quantized (fusedk.h's rules) into a per-stream buffer by three
 // passes, then the Hopper kernel's schedule on integer tensor cores. The passes: statistics
-// (k's sums and v's largest magnitudes a channel, per chunk of keys, summed later in a fixed
-// order: the same bits run to run), rows (q and k, a warp a row: int8 and a float scale; q's
+// (k's sums and v's largest magnitudes a channel, per chunk of keys, then summed once a (b,
+// head) in chunk order: the same bits run to run), rows (q and k, a warp a row: int8 and a float scale; q's
 // row also gets scale * q . mean(k), lse's part), and v (int8 per channel, written as V^T,
 // each run of 32 keys in the order the a fragment of P holds them: attn_i8_pos). The kernel:
 // S = Q K^T as s8 x s8 -> s32, scaled to float by k's and q's scales; the online softmax; P as
@@ -3826,17 +3838,19 @@ constexpr int kI8Bc = 128;        // keys a tile: 128 bytes of V^T's rows, one s
 constexpr int kI8StatRows = 256;  // keys a statistics block
 
 // The buffer: q8 [B, Hq, Sq, D], k8 [B, Hk, Sk, D], v8 [B, Hk, D, Skp] (int8), qs and qm [B, Hq,
-// Sq], ks [B, Hk, Skp], vs [B, Hk, D] (float), the statistics' partial sums [B Hk, TS, 2 D]
+// Sq], ks [B, Hk, Skp], vs [B, Hk, D] (float), the statistics' partial sums [B Hk, TS, 2 D] and
+// their totals [B Hk, 2 D] (k's mean, v's largest magnitudes)
 struct AttnI8Buf {
   int64_t Skp, TS;
-  size_t q8, k8, v8, qs, qm, ks, vs, part, bytes;
+  size_t q8, k8, v8, qs, qm, ks, vs, part, stat, bytes;
   explicit AttnI8Buf(const fusedk__attn_args &a) {
     const int64_t D = a.Dh, bh = a.B * a.Hkv, bq = a.B * a.Hq;
     Skp = (a.Sk + kI8Bc - 1) / kI8Bc * kI8Bc, TS = (a.Sk + kI8StatRows - 1) / kI8StatRows;
     size_t at = 0;
     auto take = [&](int64_t n) { const size_t p = at; at += ((size_t)n + 255) / 256 * 256; return p; };
     q8 = take(bq * a.Sq * D), k8 = take(bh * a.Sk * D), v8 = take(bh * D * Skp), qs = take(bq * a.Sq * 4),
-    qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 4), vs = take(bh * D * 4), part = take(bh * TS * 2 * D * 4);
+    qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 4), vs = take(bh * D * 4), part = take(bh * TS * 2 * D * 4),
+    stat = take(bh * 2 * D * 4);
     bytes = at;
   }
 };
@@ -3857,10 +3871,6 @@ __device__ __forceinline__ float i8_inv(float amax) { // 0 where 127 / amax is n
   return amax > 0.f && r < INFINITY ? r : 0.f;
 }
 __device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
-// the keys of batch b any row sees (kv_len clamped)
-__device__ __forceinline__ int64_t attn_i8_keys(const fusedk__attn_args &a, int64_t b) {
-  return a.kv_len ? max((int64_t)0, min(a.Sk, (int64_t)a.kv_len[b * a.kv_stride])) : a.Sk;
-}
 // where key r of a run of 32 sits in V^T's run: P's a fragment holds, a thread, the accumulator's
 // columns 2q, 2q + 1, 8 + 2q, 9 + 2q (then 16 + the same) as k = 4q .. 4q + 3 (16 + the same)
 __host__ __device__ __forceinline__ int attn_i8_pos(int r) {
@@ -3879,7 +3889,7 @@ __global__ void attn_i8_stats(const fusedk__attn_args a, float *part, int64_t TS
   int64_t bh, ts;
   attn_i8_block(TS, bh, ts);
   const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = ts * kI8StatRows;
-  const int64_t n = min(attn_i8_keys(a, b) - j0, (int64_t)kI8StatRows);
+  const int64_t n = min(attn_kv(a, b) - j0, (int64_t)kI8StatRows);
   const T *k = (const T *)a.k.p + b * a.k.sb + hk * a.k.sh + j0 * a.k.ss, *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + j0 * a.v.ss;
   for (int d = threadIdx.x; d < a.Dh; d += blockDim.x) {
     float sum = 0.f, vm = 0.f;
@@ -3889,14 +3899,17 @@ __global__ void attn_i8_stats(const fusedk__attn_args a, float *part, int64_t TS
   }
 }
 
-// the mean of k (or v's largest magnitudes, col D) of (b, hk) from the partials, in chunk order
-__device__ __forceinline__ float attn_i8_stat(const fusedk__attn_args &a, const float *part, int64_t TS, int64_t b,
-                                              int64_t hk, int col) {
-  const float *p = part + (b * a.Hkv + hk) * TS * 2 * a.Dh + col;
-  const int64_t n = attn_i8_keys(a, b), chunks = (n + kI8StatRows - 1) / kI8StatRows;
-  float r = 0.f;
-  for (int64_t t = 0; t < chunks; ++t) r = col < a.Dh ? r + p[t * 2 * a.Dh] : amax_nan(r, p[t * 2 * a.Dh]);
-  return col < a.Dh && n ? r / (float)n : r;
+// The statistics' totals: block b hk, thread col: k's mean (col < D) or v's largest magnitude
+// (col - D) over the chunks in order, into stat; v's channel scales into vs
+__global__ void attn_i8_stat_sums(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
+  const int64_t bh = blockIdx.x, D = a.Dh, n = attn_kv(a, bh / a.Hkv), chunks = (n + kI8StatRows - 1) / kI8StatRows;
+  for (int col = threadIdx.x; col < 2 * D; col += blockDim.x) {
+    const float *p = (const float *)(buf + L.part) + bh * L.TS * 2 * D + col;
+    float r = 0.f;
+    for (int64_t t = 0; t < chunks; ++t) r = col < D ? r + p[t * 2 * D] : amax_nan(r, p[t * 2 * D]);
+    ((float *)(buf + L.stat))[bh * 2 * D + col] = col < D && n ? r / (float)n : r;
+    if (col >= D) ((float *)(buf + L.vs))[bh * D + col - D] = r / 127.f;
+  }
 }
 
 // Rows of q (K false) or k (K true): block (32 rows, b h), a warp 4 rows, a lane 4 channels (Dh
@@ -3909,9 +3922,8 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   int64_t bh, chunk;
   attn_i8_block((S + 31) / 32, bh, chunk);
   const int64_t b = bh / H, h = bh % H;
-  const int64_t hk = K ? h : h / (a.Hq / a.Hkv), n = attn_i8_keys(a, b);
-  const float *part = (const float *)(buf + L.part);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) mean[d] = attn_i8_stat(a, part, L.TS, b, hk, d);
+  const int64_t hk = K ? h : h / (a.Hq / a.Hkv), n = attn_kv(a, b);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) mean[d] = ((const float *)(buf + L.stat))[(b * a.Hkv + hk) * 2 * D + d];
   __syncthreads();
   const int lane = threadIdx.x % 32, d0 = 4 * lane;
   const auto &src = K ? a.k : a.q;
@@ -3939,8 +3951,8 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
 }
 
 // v: block (64 keys, b hk): int8 by channel into a [D, 64] tile (keys at attn_i8_pos in each run
-// of 32), then its rows out to V^T; keys past the batch's count (and Sk) 0. Block 0 of each (b,
-// hk) writes the channel scales; blocks past Sk zero ks's padding.
+// of 32), then its rows out to V^T; keys past the batch's count (and Sk) 0. Blocks past Sk zero
+// ks's padding.
 template <typename T>
 __global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
   constexpr int D = 128, R = 64;
@@ -3949,12 +3961,8 @@ __global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, cons
   int64_t bh, chunk;
   attn_i8_block(L.Skp / R, bh, chunk);
   const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = chunk * R;
-  const int64_t n = attn_i8_keys(a, b);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    const float vm = attn_i8_stat(a, (const float *)(buf + L.part), L.TS, b, hk, D + d);
-    inv[d] = i8_inv(vm);
-    if (chunk == 0) ((float *)(buf + L.vs))[bh * D + d] = vm / 127.f;
-  }
+  const int64_t n = attn_kv(a, b);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) inv[d] = i8_inv(((const float *)(buf + L.stat))[bh * 2 * D + D + d]);
   for (int64_t j = j0 + threadIdx.x; j < j0 + R; j += blockDim.x)
     if (j >= a.Sk) ((float *)(buf + L.ks))[bh * L.Skp + j] = 0.f;
   __syncthreads();
@@ -4169,20 +4177,6 @@ __global__ void __launch_bounds__(AttnI8Smem::kThreads, 1)
 #endif
 }
 
-// A tensor map over a 4-dim uint8 array (dims innermost first, byte strides of dims 1..3) loading
-// boxes in the 128-byte swizzle
-bool tmap_u8(CUtensorMap *m, const void *p, const int64_t (&dim)[4], const int64_t (&stride)[3], int box0, int box1) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
-  if (!encode || !aligned16(p)) return false;
-  cuuint64_t dims[4], strides[3];
-  for (int i = 0; i < 4; ++i) dims[i] = (cuuint64_t)dim[i];
-  for (int i = 0; i < 3; ++i) strides[i] = (cuuint64_t)stride[i];
-  const cuuint32_t box[4] = {(cuuint32_t)box0, (cuuint32_t)box1, 1, 1}, one[4] = {1, 1, 1, 1};
-  return encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void *>(p), dims, strides, box, one,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // attention_int8 on the GPU: the buffer, the three passes, the kernel (Dh 128, sm_90a: fusedk.h
 // and fusedk__cuda_attention check)
 template <typename T> cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
@@ -4195,6 +4189,7 @@ template <typename T> cudaError_t launch_attention_i8(const fusedk__attn_args &a
   unsigned char *buf = (unsigned char *)ws;
   const int64_t bh = a.B * a.Hkv, D = 128;
   attn_i8_stats<T><<<(unsigned)(B.TS * bh), 128, 0, s>>>(a, (float *)(buf + B.part), B.TS);
+  attn_i8_stat_sums<<<(unsigned)bh, 256, 0, s>>>(a, B, buf);
   attn_i8_rows<T, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
   attn_i8_rows<T, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);
   attn_i8_v<T><<<(unsigned)(B.Skp / 64 * bh), 256, 0, s>>>(a, B, buf);
@@ -4203,8 +4198,9 @@ template <typename T> cudaError_t launch_attention_i8(const fusedk__attn_args &a
   const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, sq[3] = {D, a.Sq * D, a.Hq * a.Sq * D};
   const int64_t dk[4] = {D, a.Sk, a.Hkv, a.B}, sk[3] = {D, a.Sk * D, a.Hkv * a.Sk * D};
   const int64_t dv[4] = {B.Skp, D, a.Hkv, a.B}, sv[3] = {B.Skp, D * B.Skp, a.Hkv * D * B.Skp};
-  if (!tmap_u8(&tq, buf + B.q8, dq, sq, 128, L::kRows) || !tmap_u8(&tk, buf + B.k8, dk, sk, 128, L::kBc) ||
-      !tmap_u8(&tv, buf + B.v8, dv, sv, L::kBc, 128))
+  constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, 128, L::kRows) || !tmap_4d(&tk, buf + B.k8, u8, dk, sk, 128, L::kBc) ||
+      !tmap_4d(&tv, buf + B.v8, u8, dv, sv, L::kBc, 128))
     return cudaErrorInvalidValue;
   if ((e = smem_opt_in<attn_i8_kernel<T>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
   const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq;

@@ -100,8 +100,8 @@ def test_patched_matches_float32_as_well_as_stock(name, device, attention, monke
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_int8_attention_within_its_contract(name, device, monkeypatch):
     """apply(attention="int8"): attention_int8 in every block (where the head size is 128 on a
-    GPU), and the output's error against float32 at most 3x the stock bf16 model's (issue 43's
-    per-model bound)"""
+    GPU), and the output's error against float32 at most 3x the stock bf16 model's: the 8-bit
+    path's per-model contract"""
     m, ref, low, x32, xl = pair(name, device)
     if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("attention_int8's kernel needs sm_90a")
