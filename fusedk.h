@@ -515,14 +515,15 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
      k  the mean over the keys of (b, head) that some row sees (below kv_len[b]) taken off first
         (softmax does not change; lse adds scale * q . mean back), then per row as q;
      v  per (b, head, channel) over those keys; keys past them count as 0;
-     p  the softmax weights of a tile of keys, against the row's running max: uint8, round(p *
-        255 / top), top the row's largest weight in the tile (8 bits of the tile's own range).
+     p  the softmax weights of a tile of 128 keys: uint8, round(255 * 2^(s - top)), s a key's
+        score (log2 units), top the row's largest in the tile (8 bits of the tile's own range);
+        a row's sum of weights is the sum of those bytes (times the tile's 2^(top - max) / 255).
    A NaN or Inf among the keys some row sees spreads further than in fusedk_attention: in k, its
    mean makes every row of (b, head) NaN; in v, the channel's scale does for every row that sees
    a key. The CPU reference quantizes q, k and v the same way and runs fusedk_attention's reference
    (double) on their dequantized values, p unquantized. Errors against float64 attention of the
    unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100, H200), f16 and bf16 inputs,
-   Dh 128; the 8-bit copies go through a per-stream buffer (grown to the largest call and kept
+   Dh 64 and 128; the 8-bit copies go through a per-stream buffer (grown to the largest call and kept
    until fusedk_shutdown, as attention's split buffer: the same capture rule). */
 FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const fusedk_tensor *lse,
                                                const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
@@ -3025,9 +3026,9 @@ static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fused
     if (int8 && (B * Hq * ((Sq + 31) / 32) > 2147483647 || B * k->shape[2] * ((k->shape[1] + 31) / 32 + 2) > 2147483647))
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 32) or B * Hkv * (ceil(Sk / 32) + 2) past the "
                           "GPU grid's 2^31 - 1 blocks (the quantization passes)", op);
-    if (int8 && Dh != 128)
+    if (int8 && Dh != 64 && Dh != 128)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the int8 kernel takes "
-                          "128 (attention takes every size up to 256)", op, (long long)Dh);
+                          "64 and 128 (attention takes every size up to 256)", op, (long long)Dh);
     if (B * Hq * ((Sq + 127) / 128) > 2147483647)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 128) is %lld, past the GPU grid's "
                           "2^31 - 1 blocks", op, (long long)(B * Hq * ((Sq + 127) / 128)));

@@ -867,7 +867,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder() {
 // elements past the tensor's ends load as zeros. False when TMA cannot describe it (base not
 // 16-byte aligned, a stride not a multiple of 16 bytes).
 bool tmap_4d(CUtensorMap *m, const void *p, CUtensorMapDataType type, const int64_t (&dm)[4], const int64_t (&st)[3],
-             int box0, int box1) {
+             int box0, int box1, CUtensorMapSwizzle swz = CU_TENSOR_MAP_SWIZZLE_128B) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
   if (!encode || !aligned16(p)) return false;
   cuuint64_t dims[4], strides[3];
@@ -881,8 +881,8 @@ bool tmap_4d(CUtensorMap *m, const void *p, CUtensorMapDataType type, const int6
     strides[i] = (cuuint64_t)b;
   }
   const cuuint32_t box[4] = {(cuuint32_t)box0, (cuuint32_t)box1, 1, 1}, one[4] = {1, 1, 1, 1};
-  return encode(m, type, 4, const_cast<void *>(p), dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  return encode(m, type, 4, const_cast<void *>(p), dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -942,11 +942,12 @@ template <int R> __device__ __forceinline__ void wgmma_hold(int (&d)[R][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(d[i][j])::"memory");
 }
-// The descriptor of a 128-byte-swizzled operand at shared address `addr`. K-major (rows of K,
-// Q and K tiles): sbo = 1024, the step between 8-row groups; lbo unused. MN-major (V as B,
-// transposed): lbo = the step between 64-column blocks, sbo = 1024 between 8-row (k) groups.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+// The descriptor of a 128-byte-swizzled operand at shared address `addr` (swz 2: 64-byte rows,
+// 64-byte swizzle). K-major (rows of K, Q and K tiles): sbo = 8 rows' bytes, the step between
+// 8-row groups; lbo unused. MN-major (V as B, transposed): lbo = the step between 64-column
+// blocks, sbo = 1024 between 8-row (k) groups.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo, uint64_t swz = 1) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | swz << 62;
 }
 
 // The wgmma wrappers' operand lists: the accumulator's N / 2 registers a thread as asm operands,
@@ -1057,9 +1058,14 @@ template <int N> __device__ __forceinline__ void wgmma_i8_ss(int (&d)[N / 8][4],
 }
 template <int N>
 __device__ __forceinline__ void wgmma_i8_rs(int (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, bool acc) {
-  static_assert(N == 128, "output tiles of 128 columns");
-  if (acc) FUSEDK__WGMMA_I8_RS(128, "{%64, %65, %66, %67}", 68, 1, "+r");
-  else FUSEDK__WGMMA_I8_RS(128, "{%64, %65, %66, %67}", 68, 0, "=r");
+  static_assert(N == 64 || N == 128, "output tiles of 64 or 128 columns");
+  if constexpr (N == 64) {
+    if (acc) FUSEDK__WGMMA_I8_RS(64, "{%32, %33, %34, %35}", 36, 1, "+r");
+    else FUSEDK__WGMMA_I8_RS(64, "{%32, %33, %34, %35}", 36, 0, "=r");
+  } else {
+    if (acc) FUSEDK__WGMMA_I8_RS(128, "{%64, %65, %66, %67}", 68, 1, "+r");
+    else FUSEDK__WGMMA_I8_RS(128, "{%64, %65, %66, %67}", 68, 0, "=r");
+  }
 }
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -3377,7 +3383,7 @@ __device__ __forceinline__ AttnItem attn_next(const AttnSplit &sp, int k) {
 template <typename T, int D, int NC>
 __device__ __forceinline__ void attn_piece_store(const fusedk__attn_args &a, const AttnSplit &sp, const AttnItem &w,
                                                  float (&o)[D / 8][4], float (&m)[2], float (&l)[2], int wg, int tid,
-                                                 int64_t i, int64_t b, int64_t h) {
+                                                 int64_t i, int64_t b, int64_t h, bool pairs = true) {
   constexpr int F = D / 8 + 1; // float4s a thread: O's n8 tiles, then m and l
   auto at = [&](int slot) { return sp.part + ((int64_t)slot * NC + wg) * F * 128 + tid; };
   float4 *p = at(w.slot);
@@ -3428,7 +3434,7 @@ __device__ __forceinline__ void attn_piece_store(const fusedk__attn_args &a, con
       }
     }
   }
-  attn_store_regs<T, D>(a, o, m, l, i, b, h, lane);
+  attn_store_regs<T, D>(a, o, m, l, i, b, h, lane, pairs);
 }
 #endif // FUSEDK__SM90A
 
@@ -3744,6 +3750,45 @@ StreamBuffers &attn_buffers() {
   return *b;
 }
 
+// The Hopper kernels' grid and schedule (bf16 and int8) for `units` units of `tiles` key tiles
+// each, NC consumers of D columns a block. Persistent, a block an SM. Units alike: a static round
+// robin, the last wave's units split by keys where that saves the blocks at least kAttnSplitMin
+// tile steps (tiles (1 - tail / sms); pieces cost their own Q loads, pipeline ramps and the
+// merge, a few tiles: bench/NOTES.md). Work that varies (causal, kv_len): units from a counter
+// (balanced as the hardware's block scheduler would, with the next unit's loads under this one's
+// end). Without the buffer (no memory, too many streams): unsplit, or a block a unit.
+template <int D, int NC>
+cudaError_t attn_plan(const fusedk__attn_args &a, cudaStream_t s, int dev, int64_t units, int64_t tiles, int64_t &grid,
+                      AttnSplit &sp) {
+  const int64_t sms = device_sms(dev), tail = units % sms;
+  const bool alike = !a.causal && !a.kv_len,
+             split = alike && tail && tiles * (sms - tail) >= kAttnSplitMin * sms && tail * tiles >= sms &&
+                     sms * tail * tiles < ((int64_t)1 << 31),
+             dynamic = !alike && units > sms;
+  grid = alike ? std::min(units, sms) : units;
+  sp = AttnSplit{units, 0, 0, 0, nullptr, nullptr, nullptr};
+  if (split || dynamic) {
+    // the buffer: the unit counter, the pieces' counters (one size for every plan: up to 4
+    // consumers of 4 warps a tail unit; the head sizes' launches share the buffer, and only the
+    // counters are zeroed), the pieces' results
+    static_assert(NC <= 4, "the split's counters: 16 a tail unit");
+    const size_t counters = 64 + (size_t)sms * 16 * sizeof(int),
+                 part = split ? (size_t)(2 * sms * NC * (D / 8 + 1) * 128) * sizeof(float4) : 0;
+    void *ws = nullptr;
+    const cudaError_t w = attn_buffers().get(dev, s, counters + part, counters, &ws);
+    if (w != cudaSuccess && w != cudaErrorMemoryAllocation && w != cudaErrorLaunchOutOfResources) return w;
+    if (w != cudaSuccess) {
+      cudaGetLastError(); // not sticky
+    } else if (split) {
+      grid = sms, sp.full = units - tail, sp.waves = (int)(units / sms), sp.R = (int)tail, sp.T = (int)tiles;
+      sp.cnt = (int *)((char *)ws + 64), sp.part = (float4 *)((char *)ws + counters);
+    } else {
+      grid = sms, sp.next = (unsigned long long *)ws;
+    }
+  }
+  return cudaSuccess;
+}
+
 // The Hopper kernel when it applies: the device runs sm_90a code, FUSEDK_NO_TMA is unset, and
 // TMA can describe q, k and v (16-byte aligned bases and strides; attn_vec). *used says.
 template <typename T, int D>
@@ -3759,39 +3804,11 @@ cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev,
     return cudaSuccess;
   const cudaError_t e = smem_opt_in<attn_tma_kernel<T, D>>(L::kBytes, 0, dev);
   if (e != cudaSuccess) return e;
-  // Persistent, a block an SM. Units alike: a static round robin, the last wave's units split by
-  // keys where that saves the blocks at least kAttnSplitMin tile steps (tiles (1 - tail / sms);
-  // pieces cost their own Q loads, pipeline ramps and the merge, a few tiles: bench/NOTES.md).
-  // Work that varies (causal, kv_len): units from a counter (balanced as the hardware's block
-  // scheduler would, with the next unit's loads under this one's end). Without the buffer (no
-  // memory, too many streams): unsplit, or a block a unit.
-  const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq, sms = device_sms(dev);
-  const int64_t tail = units % sms, tiles = (a.Sk + L::kBc - 1) / L::kBc; // a unit's key tiles
-  const bool alike = !a.causal && !a.kv_len,
-             split = alike && tail && tiles * (sms - tail) >= kAttnSplitMin * sms && tail * tiles >= sms &&
-                     sms * tail * tiles < ((int64_t)1 << 31),
-             dynamic = !alike && units > sms;
-  int64_t grid = alike ? std::min(units, sms) : units;
-  AttnSplit sp{units, 0, 0, 0, nullptr, nullptr, nullptr};
-  if (split || dynamic) {
-    // the buffer: the unit counter, the pieces' counters (one size for every plan: up to 4
-    // consumers of 4 warps a tail unit; the head sizes' launches share the buffer, and only the
-    // counters are zeroed), the pieces' results
-    static_assert(L::kWgs <= 4, "the split's counters: 16 a tail unit");
-    const size_t counters = 64 + (size_t)sms * 16 * sizeof(int),
-                 part = split ? (size_t)(2 * sms * L::kWgs * (D / 8 + 1) * 128) * sizeof(float4) : 0;
-    void *ws = nullptr;
-    const cudaError_t w = attn_buffers().get(dev, s, counters + part, counters, &ws);
-    if (w != cudaSuccess && w != cudaErrorMemoryAllocation && w != cudaErrorLaunchOutOfResources) return w;
-    if (w != cudaSuccess) {
-      cudaGetLastError(); // not sticky
-    } else if (split) {
-      grid = sms, sp.full = units - tail, sp.waves = (int)(units / sms), sp.R = (int)tail, sp.T = (int)tiles;
-      sp.cnt = (int *)((char *)ws + 64), sp.part = (float4 *)((char *)ws + counters);
-    } else {
-      grid = sms, sp.next = (unsigned long long *)ws;
-    }
-  }
+  const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq;
+  int64_t grid;
+  AttnSplit sp;
+  const cudaError_t w = attn_plan<D, L::kWgs>(a, s, dev, units, (a.Sk + L::kBc - 1) / L::kBc, grid, sp);
+  if (w != cudaSuccess) return w;
   attn_tma_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(tq, tk, tv, a, (int)n_mb, sp,
                                                                a.scale * 1.4426950408889634f);
   *used = true;
@@ -3830,16 +3847,18 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // row also gets scale * q . mean(k), lse's part), and v (int8 per channel, written as V^T,
 // each run of 32 keys in the order the a fragment of P holds them: attn_i8_pos). The kernel:
 // S = Q K^T as s8 x s8 -> s32, scaled to float by k's and q's scales; the online softmax; P as
-// u8, p * 255 / (the row's largest weight of the tile: 8 bits of the tile's own range, which a
-// fixed scale against the running max loses over tens of thousands of keys); O += P V^T as u8 x
-// s8 -> s32 a tile, added into the float O times the tile's scale.
+// u8, round(255 * 2^(s - top)), top the row's largest score of the tile (8 bits of the tile's
+// own range, which a fixed scale against the running max loses over tens of thousands of
+// keys); O += P V^T as u8 x s8 -> s32 a tile, added into the float O times the tile's weight.
+// Head sizes 64 and 128 (rows of D bytes).
 // ---------------------------------------------------------------------------------------------
 constexpr int kI8Bc = 128;        // keys a tile: 128 bytes of V^T's rows, one swizzle atom
 constexpr int kI8StatRows = 256;  // keys a statistics block
 
 // The buffer: q8 [B, Hq, Sq, D], k8 [B, Hk, Sk, D], v8 [B, Hk, D, Skp] (int8), qs and qm [B, Hq,
-// Sq], ks [B, Hk, Skp], vs [B, Hk, D] (float), the statistics' partial sums [B Hk, TS, 2 D] and
-// their totals [B Hk, 2 D] (k's mean, v's largest magnitudes)
+// Sq], ks [B, Hk, Skp] (float2: k's scale, times the sign of the softmax scale, and -1.5 2^23 times
+// that: attn_i8_mainloop's conversion), vs [B, Hk, D] (float), the statistics' partial sums [B Hk,
+// TS, 2 D] and their totals [B Hk, 2 D] (k's mean, v's largest magnitudes)
 struct AttnI8Buf {
   int64_t Skp, TS;
   size_t q8, k8, v8, qs, qm, ks, vs, part, stat, bytes;
@@ -3849,7 +3868,7 @@ struct AttnI8Buf {
     size_t at = 0;
     auto take = [&](int64_t n) { const size_t p = at; at += ((size_t)n + 255) / 256 * 256; return p; };
     q8 = take(bq * a.Sq * D), k8 = take(bh * a.Sk * D), v8 = take(bh * D * Skp), qs = take(bq * a.Sq * 4),
-    qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 4), vs = take(bh * D * 4), part = take(bh * TS * 2 * D * 4),
+    qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 8), vs = take(bh * D * 4), part = take(bh * TS * 2 * D * 4),
     stat = take(bh * 2 * D * 4);
     bytes = at;
   }
@@ -3882,21 +3901,28 @@ __device__ __forceinline__ void attn_i8_block(int64_t n, int64_t &bh, int64_t &c
   bh = blockIdx.x / n, chunk = blockIdx.x % n;
 }
 
-// Statistics: block (chunk, b hk), thread d: k's sum and v's largest magnitude over the chunk's
-// keys below the batch's count
-template <typename T>
-__global__ void attn_i8_stats(const fusedk__attn_args a, float *part, int64_t TS) {
+// Statistics: block (chunk, b hk) of 256 threads, thread (d, g): k's sum and v's largest
+// magnitude over the chunk's keys g, g + G, ... below the batch's count (G = 256 / D groups, their
+// loads in flight together), the groups then summed in order
+template <typename T, int D>
+__global__ void __launch_bounds__(256) attn_i8_stats(const fusedk__attn_args a, float *part, int64_t TS) {
+  constexpr int G = 256 / D;
+  __shared__ float red[2][G][D];
   int64_t bh, ts;
   attn_i8_block(TS, bh, ts);
   const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = ts * kI8StatRows;
-  const int64_t n = min(attn_kv(a, b) - j0, (int64_t)kI8StatRows);
-  const T *k = (const T *)a.k.p + b * a.k.sb + hk * a.k.sh + j0 * a.k.ss, *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + j0 * a.v.ss;
-  for (int d = threadIdx.x; d < a.Dh; d += blockDim.x) {
-    float sum = 0.f, vm = 0.f;
-    for (int64_t j = 0; j < n; ++j) sum += to_f32<T>(k[j * a.k.ss + d]), vm = amax_nan(vm, to_f32<T>(v[j * a.v.ss + d]));
-    float *p = part + (bh * TS + ts) * 2 * a.Dh;
-    p[d] = sum, p[a.Dh + d] = vm;
-  }
+  const int n = (int)min(attn_kv(a, b) - j0, (int64_t)kI8StatRows), d = threadIdx.x % D, g = threadIdx.x / D;
+  const T *k = (const T *)a.k.p + b * a.k.sb + hk * a.k.sh + j0 * a.k.ss + d,
+          *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + j0 * a.v.ss + d;
+  float sum = 0.f, vm = 0.f;
+#pragma unroll 4
+  for (int j = g; j < n; j += G) sum += to_f32<T>(k[j * a.k.ss]), vm = amax_nan(vm, to_f32<T>(v[j * a.v.ss]));
+  red[0][g][d] = sum, red[1][g][d] = vm;
+  __syncthreads();
+  if (g) return;
+  for (int e = 1; e < G; ++e) sum += red[0][e][d], vm = amax_nan(vm, red[1][e][d]);
+  float *p = part + (bh * TS + ts) * 2 * D;
+  p[d] = sum, p[D + d] = vm;
 }
 
 // The statistics' totals: block b hk, thread col: k's mean (col < D) or v's largest magnitude
@@ -3912,11 +3938,11 @@ __global__ void attn_i8_stat_sums(const fusedk__attn_args a, const AttnI8Buf L, 
   }
 }
 
-// Rows of q (K false) or k (K true): block (32 rows, b h), a warp 4 rows, a lane 4 channels (Dh
-// 128). k: its mean off, rows past the batch's count scale 0; q: qm = scale * sum q8 qs mean
-template <typename T, bool K>
+// Rows of q (K false) or k (K true): block (32 rows, b h), a warp 4 rows, a lane D / 32
+// channels. k: its mean off, rows past the batch's count scale 0; q: qm = scale * sum q8 qs mean
+template <typename T, int D, bool K>
 __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
-  constexpr int D = 128;
+  constexpr int E = D / 32;
   __shared__ float mean[D];
   const int64_t H = K ? a.Hkv : a.Hq, S = K ? a.Sk : a.Sq;
   int64_t bh, chunk;
@@ -3925,24 +3951,31 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   const int64_t hk = K ? h : h / (a.Hq / a.Hkv), n = attn_kv(a, b);
   for (int d = threadIdx.x; d < D; d += blockDim.x) mean[d] = ((const float *)(buf + L.stat))[(b * a.Hkv + hk) * 2 * D + d];
   __syncthreads();
-  const int lane = threadIdx.x % 32, d0 = 4 * lane;
+  const int lane = threadIdx.x % 32, d0 = E * lane;
   const auto &src = K ? a.k : a.q;
   for (int r = 0; r < 4; ++r) {
     const int64_t i = chunk * 32 + threadIdx.x / 32 * 4 + r;
     if (i >= S) break;
-    float x[4], m = 0.f;
+    float x[E], m = 0.f;
     const T *p = (const T *)src.p + b * src.sb + i * src.ss + h * src.sh + d0;
-    for (int e = 0; e < 4; ++e) x[e] = to_f32<T>(p[e]) - (K ? mean[d0 + e] : 0.f), m = amax_nan(m, x[e]);
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = to_f32<T>(p[e]) - (K ? mean[d0 + e] : 0.f), m = amax_nan(m, x[e]);
     for (int o = 16; o; o >>= 1) m = amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
     const float inv = i8_inv(m), scale = m / 127.f;
-    int q[4];
+    uint32_t bytes = 0;
     float dot = 0.f;
-    for (int e = 0; e < 4; ++e) q[e] = i8_of(x[e], inv), dot += (float)q[e] * mean[d0 + e];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int q = i8_of(x[e], inv);
+      bytes |= (uint32_t)(q & 255) << 8 * e, dot += (float)q * mean[d0 + e];
+    }
     const int64_t row = bh * S + i;
-    *(uint32_t *)(buf + (K ? L.k8 : L.q8) + row * D + d0) =
-        (uint32_t)(q[0] & 255) | (uint32_t)(q[1] & 255) << 8 | (uint32_t)(q[2] & 255) << 16 | (uint32_t)q[3] << 24;
+    unsigned char *dst = buf + (K ? L.k8 : L.q8) + row * D + d0;
+    if (E == 4) *(uint32_t *)dst = bytes;
+    else *(uint16_t *)dst = (uint16_t)bytes;
     if (K) {
-      if (lane == 0) ((float *)(buf + L.ks))[bh * L.Skp + i] = i < n ? scale : 0.f;
+      const float c = i < n ? (a.scale < 0.f ? -scale : scale) : 0.f;
+      if (lane == 0) ((float2 *)(buf + L.ks))[bh * L.Skp + i] = make_float2(c, -12582912.f * c);
     } else {
       for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       if (lane == 0) ((float *)(buf + L.qs))[row] = scale, ((float *)(buf + L.qm))[row] = a.scale * scale * dot;
@@ -3950,98 +3983,132 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   }
 }
 
-// v: block (64 keys, b hk): int8 by channel into a [D, 64] tile (keys at attn_i8_pos in each run
-// of 32), then its rows out to V^T; keys past the batch's count (and Sk) 0. Blocks past Sk zero
-// ks's padding.
-template <typename T>
+// v: block (256 / D runs of 32 keys, b hk), a thread a (channel, run): int8 by channel, the run's
+// 32 bytes (keys at attn_i8_pos) straight to V^T's row (a warp's reads: 32 channels of a key,
+// contiguous); keys past the batch's count (and Sk) 0. Blocks past Sk zero ks's padding.
+template <typename T, int D>
 __global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
-  constexpr int D = 128, R = 64;
-  __shared__ float inv[D];
-  __shared__ __align__(16) unsigned char tile[D][R];
+  constexpr int R = 32 * (256 / D); // keys a block
   int64_t bh, chunk;
   attn_i8_block(L.Skp / R, bh, chunk);
-  const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = chunk * R;
+  const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = chunk * R + 32 * (threadIdx.x / D);
   const int64_t n = attn_kv(a, b);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) inv[d] = i8_inv(((const float *)(buf + L.stat))[bh * 2 * D + D + d]);
-  for (int64_t j = j0 + threadIdx.x; j < j0 + R; j += blockDim.x)
-    if (j >= a.Sk) ((float *)(buf + L.ks))[bh * L.Skp + j] = 0.f;
-  __syncthreads();
-  const T *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh;
-  for (int e = threadIdx.x; e < R * D; e += blockDim.x) {
-    const int r = e / D, d = e % D;
+  const int d = threadIdx.x % D;
+  const float inv = i8_inv(((const float *)(buf + L.stat))[bh * 2 * D + D + d]);
+  if (threadIdx.x < R && chunk * R + threadIdx.x >= a.Sk)
+    ((float2 *)(buf + L.ks))[bh * L.Skp + chunk * R + threadIdx.x] = make_float2(0.f, 0.f);
+  const T *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + d;
+  uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+  for (int r = 0; r < 32; ++r) {
     const int64_t j = j0 + r;
-    const int q = j < n ? i8_of(to_f32<T>(v[j * a.v.ss + d]), inv[d]) : 0;
-    tile[d][(r & ~31) | attn_i8_pos(r & 31)] = (unsigned char)q;
+    const int q = j < n ? i8_of(to_f32<T>(v[j * a.v.ss]), inv) : 0;
+    const int at = attn_i8_pos(r);
+    w[at / 4] |= (uint32_t)(q & 255) << 8 * (at % 4);
   }
-  __syncthreads();
-  for (int e = threadIdx.x; e < D * (R / 16); e += blockDim.x) {
-    const int d = e / (R / 16), c = e % (R / 16);
-    *(uint4 *)(buf + L.v8 + (bh * D + d) * L.Skp + j0 + 16 * c) = *(const uint4 *)&tile[d][16 * c];
-  }
+  uint4 *dst = (uint4 *)(buf + L.v8 + (bh * D + d) * L.Skp + j0);
+  dst[0] = make_uint4(w[0], w[1], w[2], w[3]), dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
-// The int8 kernel's shared memory (bytes from a 1024-aligned base): Q (64 NC rows of 128 bytes),
-// the K stages (kI8Bc rows of 128 bytes), the V^T stages (128 rows of kI8Bc bytes), k's scales
-// a stage (kI8Bc floats), then the barriers and the item as AttnTmaSmem's. Three stages: a tile
-// takes half the bf16 kernel's time, so one more is in flight.
-struct AttnI8Smem {
+// The int8 kernel's shared memory (bytes from a 1024-aligned base): Q (64 NC rows of D bytes),
+// the K stages (kI8Bc rows of D bytes), the V^T stages (D rows of kI8Bc bytes), k's scales a
+// stage (kI8Bc float2s), then the barriers and the item as AttnTmaSmem's. Three stages: a tile
+// takes half the bf16 kernel's time, so one more is in flight. Rows of 64 bytes (D 64) take the
+// 64-byte swizzle (kSwz: the descriptors' mode).
+template <int D> struct AttnI8Smem {
   static constexpr int kBc = kI8Bc, kStages = 3, kWgs = 2, kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1),
                        kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 24,
                        kRegs = std::min(256, (kLaunchRegs * (kWgs + 1) - kProdRegs) / kWgs / 8 * 8);
-  static constexpr uint32_t kTile = kBc * 128, kQ = 0, kK = kQ + kRows * 128, kV = kK + kStages * kTile,
-                            kS = kV + kStages * kTile, kBars = kS + kStages * kBc * 4, kItem = kBars + (2 + 4 * kStages) * 8,
+  static constexpr uint64_t kSwz = D == 64 ? 2 : 1;
+  static constexpr uint32_t kTile = kBc * D, kQ = 0, kK = kQ + kRows * D, kV = kK + kStages * kTile,
+                            kS = kV + kStages * kTile, kBars = kS + kStages * kBc * 8, kItem = kBars + (2 + 4 * kStages) * 8,
                             kBytes = kItem + sizeof(AttnItem) + 1024;
 };
 // the int8 kernel's scales, from the buffer; whether out's rows take 4-byte stores
 struct AttnI8Scales {
-  const float *qs, *qm, *ks, *vs;
+  const float *qs, *qm;
+  const float2 *ks;
+  const float *vs;
   int64_t Skp;
   bool pairs;
 };
 
 #if FUSEDK__SM90A
-__device__ __forceinline__ float2 lds_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+__device__ __forceinline__ float4 lds_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
   return v;
 }
 
-// four weights as the bytes of round(p f) (p f in [0, 255]): the float's low bits after adding 1.5 2^23
-__device__ __forceinline__ uint32_t u8x4(float a, float b, float c, float d, float f) {
-  const uint32_t fa = __float_as_uint(fmaf(a, f, 12582912.f)), fb = __float_as_uint(fmaf(b, f, 12582912.f)),
-                 fc = __float_as_uint(fmaf(c, f, 12582912.f)), fd = __float_as_uint(fmaf(d, f, 12582912.f));
-  return __byte_perm(__byte_perm(fa, fb, 0x0040), __byte_perm(fc, fd, 0x0040), 0x5410);
-}
-// P's accumulator as the u8 a operand of O += P V^T, row hf's weights times f[hf]: k step kk
-// takes n8 tiles 4 kk .. 4 kk + 3, a thread's pairs of each in order (the keys' order V^T's runs
-// are written in: attn_i8_pos)
+// One row tile's softmax for the int8 kernel, on k-scaled scores y (S's sums times k's scale a
+// column; masked: -inf). Row hf's scores are y qc[hf] (q's scale times scale log2(e), > 0: the
+// scale's sign rides on k's); top, the tile's largest, is P's 255: each weight becomes
+// 2^(y qc - top + log2 255) (one FFMA and one MUFU), then two a register as halves of 1024 +
+// the rounded weight (F2FP and an HADD2 for two: the byte is the half's low 8 bits). The tile's
+// weight against the running max m is pw = 2^(top - m) / 255; m moves only where top passes it
+// by more than 8 (O and the sums grow at most 2^8 meanwhile), alpha (1 elsewhere) is then the
+// factor of O and of both sums: l, the unquantized weights' (lse's; added here), and lb, the
+// bytes' (O's: attn_i8_pack adds them). A row that has seen only masked keys keeps m = -inf, pw 0.
 template <int BC>
-__device__ __forceinline__ void pack_u8(uint32_t (&a)[BC / 32][4], const float (&p)[BC / 8][4], const float (&f)[2]) {
+__device__ __forceinline__ void attn_i8_softmax(float (&y)[BC / 8][4], const float (&qc)[2], float (&m)[2],
+                                                float (&l)[2], float (&lb)[2], float (&alpha)[2], float (&pw)[2]) {
+  const __half2 k1024 = __floats2half2_rn(1024.f, 1024.f);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float x = fmaxf(y[0][2 * hf], y[0][2 * hf + 1]);
+#pragma unroll
+    for (int t = 1; t < BC / 8; ++t) x = fmaxf(x, fmaxf(y[t][2 * hf], y[t][2 * hf + 1]));
+    const float top = quad_max(x) * qc[hf];
+    const bool up = top > m[hf] + 8.f;
+    alpha[hf] = up ? exp2_ftz(m[hf] - top) : 1.f;
+    m[hf] = up ? top : m[hf], l[hf] *= alpha[hf], lb[hf] *= alpha[hf];
+    pw[hf] = top == -INFINITY ? 0.f : exp2_ftz(top - m[hf]) * (1.f / 255.f);
+    // the shift a hair past top: no weight above 255 whatever the product's rounding
+    const float sh = top == -INFINITY ? 0.f : top + fabsf(top) * 0x1p-22f - 7.99435343685886f; // log2(255)
+    float sum = 0.f;
+#pragma unroll
+    for (int t = 0; t < BC / 8; ++t) {
+      const float e0 = exp2_ftz(fmaf(y[t][2 * hf], qc[hf], -sh)), e1 = exp2_ftz(fmaf(y[t][2 * hf + 1], qc[hf], -sh));
+      const __half2 h = __hadd2(__floats2half2_rn(e0, e1), k1024);
+      y[t][2 * hf] = __uint_as_float(*reinterpret_cast<const uint32_t *>(&h)), sum += e0 + e1;
+    }
+    l[hf] = fmaf(pw[hf], sum, l[hf]);
+  }
+}
+// P's bytes (attn_i8_softmax's halves) as the u8 a operand of O += P V^T, and their sums a row:
+// k step kk takes n8 tiles 4 kk .. 4 kk + 3, a thread's pairs of each in order (the keys' order
+// V^T's runs are written in: attn_i8_pos)
+template <int BC>
+__device__ __forceinline__ void attn_i8_pack(uint32_t (&a)[BC / 32][4], const float (&y)[BC / 8][4], uint32_t (&sum)[2]) {
+  sum[0] = sum[1] = 0;
 #pragma unroll
   for (int k = 0; k < BC / 32; ++k) {
-    const float(&x)[4] = p[4 * k], (&y)[4] = p[4 * k + 1], (&z)[4] = p[4 * k + 2], (&u)[4] = p[4 * k + 3];
-    a[k][0] = u8x4(x[0], x[1], y[0], y[1], f[0]), a[k][1] = u8x4(x[2], x[3], y[2], y[3], f[1]);
-    a[k][2] = u8x4(z[0], z[1], u[0], u[1], f[0]), a[k][3] = u8x4(z[2], z[3], u[2], u[3], f[1]);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) // register r: row r & 1, n8 tiles 4 k + (r & 2) and the next
+      a[k][r] = __byte_perm(__float_as_uint(y[4 * k + (r & 2)][2 * (r & 1)]),
+                            __float_as_uint(y[4 * k + (r & 2) + 1][2 * (r & 1)]), 0x6420),
+      sum[r & 1] = __dp4a(a[k][r], 0x01010101u, sum[r & 1]);
   }
 }
 
 // The int8 kernel's loads (attn_ring_produce): Q, K with k's scales (one bulk copy on K's
-// barrier) and V^T from the buffer, boxes of 128 bytes
+// barrier) and V^T from the buffer: boxes of D bytes (Q, K) and kI8Bc bytes (V^T)
+template <int D>
 __device__ __forceinline__ void attn_i8_produce(const AttnTmaRing &R, unsigned char *sbase, const CUtensorMap &tq,
                                                 const CUtensorMap &tk, const CUtensorMap &tv, const AttnI8Scales &sc,
                                                 const fusedk__attn_args &a, int n_mb, const AttnSplit &sp) {
-  using L = AttnI8Smem;
+  using L = AttnI8Smem<D>;
   constexpr int BC = L::kBc, BR = L::kRows;
   attn_ring_produce<L>(
       R, a, n_mb, sp,
       [&](const AttnBlock &blk) {
-        mbar_expect(R.q_full, BR * 128);
+        mbar_expect(R.q_full, BR * D);
         tma_load_4d(R.sq, &tq, 0, (int)blk.i0, (int)blk.h, (int)blk.b, R.q_full);
       },
       [&](const AttnBlock &blk, int j, int s) {
-        mbar_expect(&R.k_full[s], L::kTile + BC * 4);
+        mbar_expect(&R.k_full[s], L::kTile + BC * 8);
         tma_load_4d(R.sk + s * L::kTile, &tk, 0, j * BC, (int)blk.hk, (int)blk.b, &R.k_full[s]);
-        bulk_copy(sbase + L::kS + s * BC * 4, sc.ks + (blk.b * a.Hkv + blk.hk) * sc.Skp + (int64_t)j * BC, BC * 4,
+        bulk_copy(sbase + L::kS + s * BC * 8, sc.ks + (blk.b * a.Hkv + blk.hk) * sc.Skp + (int64_t)j * BC, BC * 8,
                   &R.k_full[s]);
       },
       [&](const AttnBlock &blk, int j, int s) {
@@ -4051,63 +4118,72 @@ __device__ __forceinline__ void attn_i8_produce(const AttnTmaRing &R, unsigned c
 }
 
 // A consumer's mainloop over one item, on attn_pipeline (attn_tma_mainloop's schedule).
-// S's int32 sums become scores (times k's scale a column, q's a row) before K's stage is
-// released; each tile's P V^T (int32, P in its own 8-bit range) is added into the float O (o)
-// times its scale pw, then o takes the next tile's rescale.
-template <typename Turn, typename Pass>
+// S's int32 sums become k-scaled scores before K's stage is released; each tile's P V^T (int32, P
+// in its own 8-bit range) is added into the float O (o) times its weight pw, then o takes alpha
+// where a row's max moved (attn_i8_softmax).
+template <int D, typename Turn, typename Pass>
 __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t sks, const fusedk__attn_args &a,
                                                  const AttnBlock &blk, int jb, int n_tiles, int64_t it, int w, int tid,
-                                                 const float (&qs)[2], float scale_log2, float (&o)[16][4],
-                                                 float (&m)[2], float (&l)[2], Turn &&turn, Pass &&pass) {
-  using L = AttnI8Smem;
+                                                 const float (&qs)[2], float scale_log2, float (&o)[D / 8][4],
+                                                 float (&m)[2], float (&l)[2], float (&lb)[2], Turn &&turn,
+                                                 Pass &&pass) {
+  using L = AttnI8Smem<D>;
   constexpr int BC = L::kBc, ST = L::kStages;
   const int lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
   const int64_t r0 = blk.i0 + 64 * w;
   const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
-  float alpha[2] = {1.f, 1.f}, f[2], pw[2]; // P's factor (255 / the tile's top weight) and its inverse
-  int oi[16][4];
+  float qc[2], alpha[2] = {1.f, 1.f}, pw[2] = {0.f, 0.f}, pwn[2]; // pwn: the tile's weights until its P goes in
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) { // a row of q 0 (all its scores 0) keeps -inf's keys -inf
+    qc[hf] = qs[hf] * fabsf(scale_log2);
+    qc[hf] = qc[hf] < 1e-30f ? 1e-30f : qc[hf];
+  }
+  int oi[D / 8][4];
   uint32_t pa[BC / 32][4];
   auto scores = [&](int (&si)[BC / 8][4], int64_t t) { // S of ring tile t: k steps of 32 bytes
     const uint32_t kt = R.sk + (int)(t % ST) * L::kTile;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_i8_ss<BC>(si, wgmma_desc(R.sq + w * 64 * 128 + kk * 32, 16, 1024), wgmma_desc(kt + kk * 32, 16, 1024), kk > 0);
+    for (int kk = 0; kk < D / 32; ++kk)
+      wgmma_i8_ss<BC>(si, wgmma_desc(R.sq + w * 64 * D + kk * 32, 16, 8 * D, L::kSwz),
+                      wgmma_desc(kt + kk * 32, 16, 8 * D, L::kSwz), kk > 0);
     wgmma_commit();
   };
   auto values = [&](int64_t t) { // O += P V^T of ring tile t: k steps of 32 keys
     const uint32_t vt = R.sv + (int)(t % ST) * L::kTile;
 #pragma unroll
-    for (int kk = 0; kk < BC / 32; ++kk) wgmma_i8_rs<128>(oi, pa[kk], wgmma_desc(vt + kk * 32, 16, 1024), kk > 0);
+    for (int kk = 0; kk < BC / 32; ++kk) wgmma_i8_rs<D>(oi, pa[kk], wgmma_desc(vt + kk * 32, 16, 1024), kk > 0);
     wgmma_commit();
   };
-  // S's sums as scores, in place (before K's stage, holding k's scales, is released)
+  // S's sums as k-scaled scores, in place: a sum plus 1.5 2^23, read as a float, is 1.5 2^23 +
+  // the sum exactly (|sum| < 2^22), and one FFMA with k's (scale, -1.5 2^23 scale) takes it off
   auto to_scores = [&](int (&si)[BC / 8][4], int64_t t) -> float(&)[BC / 8][4] {
-    const uint32_t kst = sks + (int)(t % ST) * BC * 4;
+    const uint32_t kst = sks + (int)(t % ST) * BC * 8;
 #pragma unroll
     for (int u = 0; u < BC / 8; ++u) {
-      const float2 kv = lds_f2(kst + (8 * u + c0) * 4);
-      si[u][0] = __float_as_int((float)si[u][0] * (kv.x * qs[0])), si[u][1] = __float_as_int((float)si[u][1] * (kv.y * qs[0]));
-      si[u][2] = __float_as_int((float)si[u][2] * (kv.x * qs[1])), si[u][3] = __float_as_int((float)si[u][3] * (kv.y * qs[1]));
+      const float4 k = lds_f4(kst + (8 * u + c0) * 8);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        si[u][e] = __float_as_int(fmaf(__int_as_float(si[u][e] + 0x4B400000), e & 1 ? k.z : k.x, e & 1 ? k.w : k.y));
     }
     return reinterpret_cast<float(&)[BC / 8][4]>(si);
   };
-  auto softmax = [&](float (&sf)[BC / 8][4], int j) { // tile j's weights, alpha, P's factor f
+  auto softmax = [&](float (&y)[BC / 8][4], int j) {
     const int64_t j0 = (int64_t)j * BC;
-    float top[2];
-    attn_mask<BC>(sf, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
-    attn_softmax<BC>(sf, scale_log2, m, l, alpha, top);
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) f[hf] = top[hf] > 0x1p-100f ? 255.f / top[hf] : 0.f; // below: weights of 0
+    attn_mask<BC>(y, 1.f, lim, j0, j0 + BC > blk.n_lo, c0);
+    attn_i8_softmax<BC>(y, qc, m, l, lb, alpha, pwn);
   };
-  auto add_pv = [&](const float (&a)[2]) { // o = (o + P V^T pw) a: the finished tile's sums, then a's rescale
+  auto add_pv = [&](const float (&al)[2]) { // o += P V^T pw: the finished tile's sums; then al where a max moved
 #pragma unroll
-    for (int t = 0; t < 16; ++t)
+    for (int t = 0; t < D / 8; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[t][e] = fmaf((float)oi[t][e], pw[e >> 1], o[t][e]) * a[e >> 1];
+      for (int e = 0; e < 4; ++e) o[t][e] = fmaf((float)oi[t][e], pw[e >> 1], o[t][e]);
+    if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) attn_rescale<D>(o, al);
   };
-  auto pack = [&](float (&sf)[BC / 8][4]) {
-    pack_u8<BC>(pa, sf, f);
-    pw[0] = f[0] > 0.f ? 1.f / f[0] : 0.f, pw[1] = f[1] > 0.f ? 1.f / f[1] : 0.f;
+  auto pack = [&](float (&y)[BC / 8][4]) {
+    uint32_t sum[2];
+    attn_i8_pack<BC>(pa, y, sum);
+    pw[0] = pwn[0], pw[1] = pwn[1];
+    lb[0] = fmaf(pw[0], (float)sum[0], lb[0]), lb[1] = fmaf(pw[1], (float)sum[1], lb[1]);
   };
   attn_pipeline<int, BC, ST>(
       R, jb, n_tiles, it, turn, pass, scores, values, to_scores, softmax,
@@ -4123,13 +4199,13 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
 
 // Persistent, as attn_tma_kernel (its items, ping-pong and producer), on the int8 buffer; the
 // epilogue takes v's channel scales into O and adds scale * q . mean(k) to lse.
-template <typename T>
-__global__ void __launch_bounds__(AttnI8Smem::kThreads, 1)
+template <typename T, int D>
+__global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
     attn_i8_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, const AttnI8Scales sc, int n_mb,
                    const __grid_constant__ AttnSplit sp, float scale_log2) {
 #if FUSEDK__SM90A
-  using L = AttnI8Smem;
+  using L = AttnI8Smem<D>;
   constexpr int NC = L::kWgs, BR = L::kRows;
   extern __shared__ __align__(1024) unsigned char attn_i8_smem[];
   const AttnTmaRing R = attn_tma_ring<L>(attn_i8_smem);
@@ -4138,7 +4214,7 @@ __global__ void __launch_bounds__(AttnI8Smem::kThreads, 1)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 0) {
     regs_lower<L::kProdRegs>();
-    if (tid == 0) attn_i8_produce(R, attn_i8_smem + (base - raw), tq, tk, tv, sc, a, n_mb, sp);
+    if (tid == 0) attn_i8_produce<D>(R, attn_i8_smem + (base - raw), tq, tk, tv, sc, a, n_mb, sp);
     return;
   }
   regs_raise<L::kRegs>();
@@ -4155,60 +4231,69 @@ __global__ void __launch_bounds__(AttnI8Smem::kThreads, 1)
     const int n_tiles = (wk.je < 0 ? (int)((blk.n_hi + L::kBc - 1) / L::kBc) : wk.je) - wk.jb;
     const int64_t row = blk.i0 + 64 * w + frag, qrow = (blk.b * a.Hq + blk.h) * a.Sq + row;
     const float qs[2] = {row < a.Sq ? sc.qs[qrow] : 0.f, row + 8 < a.Sq ? sc.qs[qrow + 8] : 0.f};
-    float o[16][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, lb[2] = {0.f, 0.f};
 #pragma unroll
-    for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
-    attn_i8_mainloop(R, base + L::kS, a, blk, wk.jb, n_tiles, it, w, tid, qs, scale_log2, o, m, l, turn, pass);
+    for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+    attn_i8_mainloop<D>(R, base + L::kS, a, blk, wk.jb, n_tiles, it, w, tid, qs, scale_log2, o, m, l, lb, turn, pass);
     it += n_tiles;
-    const float *vs = sc.vs + (blk.b * a.Hkv + blk.hk) * 128 + c0;
-    const bool seen[2] = {lanes_sum(l[0], 4) != 0.f, lanes_sum(l[1], 4) != 0.f}; // else 0 (attn_store_regs)
+    // O over the bytes' sum (its weights sum to 1), stored as O over l: times v's scales and l / lb
+    const float *vs = sc.vs + (blk.b * a.Hkv + blk.hk) * D + c0;
+    float f[2];
 #pragma unroll
-    for (int t = 0; t < 16; ++t) {
+    for (int hf = 0; hf < 2; ++hf) {
+      const float sl = lanes_sum(l[hf], 4), sb = lanes_sum(lb[hf], 4);
+      f[hf] = sl != 0.f ? sl / sb : 0.f; // 0: no key seen (attn_store_regs writes 0)
+    }
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
       const float2 v = *reinterpret_cast<const float2 *>(vs + 8 * t);
-      if (seen[0]) o[t][0] *= v.x, o[t][1] *= v.y;
-      if (seen[1]) o[t][2] *= v.x, o[t][3] *= v.y;
+      if (f[0] != 0.f) o[t][0] *= v.x * f[0], o[t][1] *= v.y * f[0];
+      if (f[1] != 0.f) o[t][2] *= v.x * f[1], o[t][3] *= v.y * f[1];
     }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
       if (row + 8 * hf < a.Sq) m[hf] += sc.qm[qrow + 8 * hf] * 1.4426950408889634f; // lse's q . mean(k), log2 units
-    attn_store_regs<T, 128>(a, o, m, l, row, blk.b, blk.h, lane, sc.pairs);
+    if (wk.slot < 0) attn_store_regs<T, D>(a, o, m, l, row, blk.b, blk.h, lane, sc.pairs);
+    else attn_piece_store<T, D, NC>(a, sp, wk, o, m, l, w, tid, row, blk.b, blk.h, sc.pairs);
   }
   if (w == 0) turn();
 #endif
 }
 
-// attention_int8 on the GPU: the buffer, the three passes, the kernel (Dh 128, sm_90a: fusedk.h
-// and fusedk__cuda_attention check)
-template <typename T> cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
-  using L = AttnI8Smem;
-  if (a.Sk == 0) return launch_attention<T>(a, s, dev); // no key: 0 and lse -inf whatever the precision
+// attention_int8 on the GPU: the buffer, the three passes, the kernel (Dh 64 and 128, sm_90a:
+// fusedk.h and fusedk__cuda_attention check)
+template <typename T, int D> cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
+  using L = AttnI8Smem<D>;
   const AttnI8Buf B(a);
   void *ws = nullptr;
   cudaError_t e = attn_i8_buffers().get(dev, s, B.bytes, 0, &ws);
   if (e != cudaSuccess) return e;
   unsigned char *buf = (unsigned char *)ws;
-  const int64_t bh = a.B * a.Hkv, D = 128;
-  attn_i8_stats<T><<<(unsigned)(B.TS * bh), 128, 0, s>>>(a, (float *)(buf + B.part), B.TS);
+  const int64_t bh = a.B * a.Hkv;
+  attn_i8_stats<T, D><<<(unsigned)(B.TS * bh), 256, 0, s>>>(a, (float *)(buf + B.part), B.TS);
   attn_i8_stat_sums<<<(unsigned)bh, 256, 0, s>>>(a, B, buf);
-  attn_i8_rows<T, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
-  attn_i8_rows<T, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);
-  attn_i8_v<T><<<(unsigned)(B.Skp / 64 * bh), 256, 0, s>>>(a, B, buf);
+  attn_i8_rows<T, D, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
+  attn_i8_rows<T, D, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);
+  attn_i8_v<T, D><<<(unsigned)(B.Skp / (32 * (256 / D)) * bh), 256, 0, s>>>(a, B, buf);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   CUtensorMap tq, tk, tv;
   const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, sq[3] = {D, a.Sq * D, a.Hq * a.Sq * D};
   const int64_t dk[4] = {D, a.Sk, a.Hkv, a.B}, sk[3] = {D, a.Sk * D, a.Hkv * a.Sk * D};
   const int64_t dv[4] = {B.Skp, D, a.Hkv, a.B}, sv[3] = {B.Skp, D * B.Skp, a.Hkv * D * B.Skp};
   constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, 128, L::kRows) || !tmap_4d(&tk, buf + B.k8, u8, dk, sk, 128, L::kBc) ||
-      !tmap_4d(&tv, buf + B.v8, u8, dv, sv, L::kBc, 128))
+  constexpr CUtensorMapSwizzle swz = D == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, D, L::kRows, swz) || !tmap_4d(&tk, buf + B.k8, u8, dk, sk, D, L::kBc, swz) ||
+      !tmap_4d(&tv, buf + B.v8, u8, dv, sv, L::kBc, D))
     return cudaErrorInvalidValue;
-  if ((e = smem_opt_in<attn_i8_kernel<T>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
+  if ((e = smem_opt_in<attn_i8_kernel<T, D>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
   const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq;
-  const AttnSplit sp{units, 0, 0, 0, nullptr, nullptr, nullptr};
+  int64_t grid;
+  AttnSplit sp;
+  if ((e = attn_plan<D, L::kWgs>(a, s, dev, units, B.Skp / L::kBc, grid, sp)) != cudaSuccess) return e;
   const bool pairs = ((uintptr_t)a.out.p & 3) == 0 && a.out.sb % 2 == 0 && a.out.ss % 2 == 0 && a.out.sh % 2 == 0;
-  const AttnI8Scales sc{(const float *)(buf + B.qs), (const float *)(buf + B.qm), (const float *)(buf + B.ks),
+  const AttnI8Scales sc{(const float *)(buf + B.qs), (const float *)(buf + B.qm), (const float2 *)(buf + B.ks),
                         (const float *)(buf + B.vs), B.Skp, pairs};
-  attn_i8_kernel<T><<<(unsigned)std::min(units, (int64_t)device_sms(dev)), L::kThreads, L::kBytes, s>>>(
+  attn_i8_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(
       tq, tk, tv, a, sc, (int)n_mb, sp, a.scale * 1.4426950408889634f);
   return cudaGetLastError();
 }
@@ -5310,7 +5395,7 @@ void fusedk__cuda_gemm_release(void) { gemm_shutdown(); }
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
                                      struct CUstream_st *stream) {
   return on_device(device_id, op, [&]() -> fusedk_status {
-    if (a->int8 && (tma_disabled() || !tma_code<attn_i8_kernel<__nv_bfloat16>>(device_id))) {
+    if (a->int8 && (tma_disabled() || !tma_code<attn_i8_kernel<__nv_bfloat16, 128>>(device_id))) {
       int major = 0, minor = 0;
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id);
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id);
@@ -5320,8 +5405,11 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
     }
     return on_error(dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
-      if constexpr (sizeof(T) == 2) return a->int8 ? launch_attention_i8<T>(*a, stream, device_id)
-                                                   : launch_attention<T>(*a, stream, device_id);
+      if constexpr (sizeof(T) == 2)
+        return !a->int8 ? launch_attention<T>(*a, stream, device_id)
+               : a->Sk == 0 ? launch_attention<T>(*a, stream, device_id) // no key: 0 and lse -inf whatever the precision
+               : a->Dh == 64 ? launch_attention_i8<T, 64>(*a, stream, device_id)
+                             : launch_attention_i8<T, 128>(*a, stream, device_id);
       else return cudaErrorNotSupported; // fusedk.h refuses float32 tensors first
     }), op);
   });

@@ -2,7 +2,7 @@
 """[attention] fusedk.attention against torch SDPA's flash (FlashAttention-2), cuDNN and
 memory-efficient backends and JAX's dot_product_attention (cudnn, xla), bf16 forward, one run;
 fusedk's int8 attention (precision="int8", its quantization passes counted) and sageattention
-(pip's, where installed) beside them at Dh 128.
+(pip's, where installed) beside them at Dh 64 and 128.
 
     PYTHONPATH=bindings/python python3 bench/bench_attention.py [--out DIR] [--rounds 3] [--quick]
 
@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--shapes", help="indexes into SHAPES, comma-separated (default: all)")
     ap.add_argument("--no-call", action="store_true", help="skip the eager call's timing")
+    ap.add_argument("--only", help="column names to time, comma-separated (default: all)")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -98,10 +99,12 @@ def main():
         calls = {"fusedk": lambda i: fusedk.attention(q, k, v, causal=causal),
                  "sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                  "sdpa efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
-        if Dh == 128:
+        if Dh in (64, 128):
             calls["fusedk int8"] = lambda i: fusedk.attention(q, k, v, causal=causal, precision="int8")
             if sageattn is not None:
                 calls["sageattention"] = lambda i: sageattn(qt, kt, vt, tensor_layout="HND", is_causal=causal)
+        if args.only:
+            calls = {n: c for n, c in calls.items() if n in args.only.split(",")}
         err = {}
         for name, c in calls.items():
             try:

@@ -1505,10 +1505,21 @@ static void attn_i8_cases(fusedk_scalar s) {
                     .int8 = 1});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 300, .Hq = 2, .G = 1, .Dh = 128, .scale = -0.3f, .int8 = 1});
   run_attn((attn_t){.s = s, .B = 2, .Sq = 200, .Sk = 300, .Hq = 2, .G = 1, .Dh = 128, .special = 3, .int8 = 1});
+  for (int causal = 0; causal < 2; ++causal) { /* Dh 64: rows of 64 bytes (the 64-byte swizzle) */
+    run_attn((attn_t){.s = s, .B = 2, .Sq = 127, .Sk = 127, .Hq = 4, .G = 1, .Dh = 64, .causal = causal, .int8 = 1});
+    run_attn((attn_t){.s = s, .B = 6, .Sq = 33, .Sk = 200, .Hq = 4, .G = 2, .Dh = 64, .causal = causal, .kv = 1,
+                      .int8 = 1});
+    run_attn((attn_t){.s = s, .B = 2, .Sq = 129, .Sk = 129, .Hq = 3, .G = 1, .Dh = 64, .causal = causal, .layout = 2,
+                      .pad = 8, .int8 = 1});
+  }
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 300, .Hq = 2, .G = 1, .Dh = 64, .scale = -0.3f, .shift = 1, .int8 = 1});
   if (small) return;
   run_attn((attn_t){.s = s, .B = 2, .Sq = 130, .Sk = 300, .Hq = 70, .G = 7, .Dh = 128, .causal = 1, .int8 = 1});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 128, .int8 = 1});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 100, .Sk = 33000, .Hq = 1, .G = 1, .Dh = 128, .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 64, .int8 = 1}); /* the split */
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 300, .Sk = 700, .Hq = 70, .G = 7, .Dh = 64, .causal = 1, .kv = 1, .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 1, .Sq = 100, .Sk = 33000, .Hq = 1, .G = 1, .Dh = 64, .int8 = 1});
 }
 
 /* --- [lowrank] lowrank_update against the CPU reference ----------------------------------------
