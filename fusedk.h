@@ -516,15 +516,17 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
         (softmax does not change; lse adds scale * q . mean back), then per row as q;
      v  per (b, head, channel) over those keys; keys past them count as 0;
      p  the softmax weights of a tile of 128 keys: uint8, round(255 * 2^(s - top)), s a key's
-        score (log2 units), top the row's largest in the tile (8 bits of the tile's own range);
-        a row's sum of weights is the sum of those bytes (times the tile's 2^(top - max) / 255).
+        score (log2 units), top the row's largest in the tile (8 bits of the tile's own range;
+        rounded by way of a half: at most 0.5625 of a unit off); O is divided by the sum of those
+        bytes (times each tile's 2^(top - max) / 255), lse takes the unquantized weights' sum.
    A NaN or Inf among the keys some row sees spreads further than in fusedk_attention: in k, its
    mean makes every row of (b, head) NaN; in v, the channel's scale does for every row that sees
    a key. The CPU reference quantizes q, k and v the same way and runs fusedk_attention's reference
    (double) on their dequantized values, p unquantized. Errors against float64 attention of the
    unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100, H200), f16 and bf16 inputs,
    Dh 64 and 128; the 8-bit copies go through a per-stream buffer (grown to the largest call and kept
-   until fusedk_shutdown, as attention's split buffer: the same capture rule). */
+   until fusedk_shutdown, as attention's split buffer, which this op uses too: the same capture
+   rule for both). */
 FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const fusedk_tensor *lse,
                                                const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
                                                const fusedk_tensor *kv_len, float scale, int32_t causal,

@@ -3846,7 +3846,7 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // head) in chunk order: the same bits run to run), rows (q and k, a warp a row: int8 and a float scale; q's
 // row also gets scale * q . mean(k), lse's part), and v (int8 per channel, written as V^T,
 // each run of 32 keys in the order the a fragment of P holds them: attn_i8_pos). The kernel:
-// S = Q K^T as s8 x s8 -> s32, scaled to float by k's and q's scales; the online softmax; P as
+// S = Q K^T as s8 x s8 -> s32, to float times k's scales (q's join in the exponent); the online softmax; P as
 // u8, round(255 * 2^(s - top)), top the row's largest score of the tile (8 bits of the tile's
 // own range, which a fixed scale against the running max loses over tens of thousands of
 // keys); O += P V^T as u8 x s8 -> s32 a tile, added into the float O times the tile's weight.
@@ -3973,8 +3973,8 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
     unsigned char *dst = buf + (K ? L.k8 : L.q8) + row * D + d0;
     if (E == 4) *(uint32_t *)dst = bytes;
     else *(uint16_t *)dst = (uint16_t)bytes;
-    if (K) {
-      const float c = i < n ? (a.scale < 0.f ? -scale : scale) : 0.f;
+    if (K) { // the scale to 22 bits: 1.5 2^23 times it is exact, a sum of 0 a score of exactly 0
+      const float c = __uint_as_float(__float_as_uint(i < n ? (a.scale < 0.f ? -scale : scale) : 0.f) & ~3u);
       if (lane == 0) ((float2 *)(buf + L.ks))[bh * L.Skp + i] = make_float2(c, -12582912.f * c);
     } else {
       for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
@@ -4062,9 +4062,10 @@ __device__ __forceinline__ void attn_i8_softmax(float (&y)[BC / 8][4], const flo
     const bool up = top > m[hf] + 8.f;
     alpha[hf] = up ? exp2_ftz(m[hf] - top) : 1.f;
     m[hf] = up ? top : m[hf], l[hf] *= alpha[hf], lb[hf] *= alpha[hf];
-    pw[hf] = top == -INFINITY ? 0.f : exp2_ftz(top - m[hf]) * (1.f / 255.f);
-    // the shift a hair past top: no weight above 255 whatever the product's rounding
+    // the shift a hair past top (no weight above 255 whatever the product's rounding), and the
+    // tile's weight from the same shift
     const float sh = top == -INFINITY ? 0.f : top + fabsf(top) * 0x1p-22f - 7.99435343685886f; // log2(255)
+    pw[hf] = top == -INFINITY ? 0.f : exp2_ftz(sh - m[hf]);
     float sum = 0.f;
 #pragma unroll
     for (int t = 0; t < BC / 8; ++t) {
@@ -4156,6 +4157,7 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
   };
   // S's sums as k-scaled scores, in place: a sum plus 1.5 2^23, read as a float, is 1.5 2^23 +
   // the sum exactly (|sum| < 2^22), and one FFMA with k's (scale, -1.5 2^23 scale) takes it off
+  // (the scale has 22 bits: the second term is exact)
   auto to_scores = [&](int (&si)[BC / 8][4], int64_t t) -> float(&)[BC / 8][4] {
     const uint32_t kst = sks + (int)(t % ST) * BC * 8;
 #pragma unroll

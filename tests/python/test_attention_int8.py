@@ -219,7 +219,7 @@ def test_gpu_error_contract(name, S, D):
 
 @needs_sm90
 def test_gpu_edges():
-    """no key; rows that see no key beside an Inf in v; a misaligned, padded out= view"""
+    """no key; rows that see no key beside an Inf in v; an Inf in q; a misaligned, padded out= view"""
     q, k, v = (torch.randn(1, n, 2, 128, dtype=torch.bfloat16) for n in (6, 3, 3))
     out, lse = fusedk.attention_int8(q.cuda(), k[:, :0].cuda(), v[:, :0].cuda(), return_lse=True)
     assert not out.any() and (lse == -float("inf")).all()
@@ -227,6 +227,11 @@ def test_gpu_edges():
     got = fusedk.attention_int8(q.cuda(), k.cuda(), v.cuda(), causal=True).cpu()
     want = fusedk.attention_int8(q, k, v, causal=True)
     assert not got[:, :3].any() and got[:, 3:, 0, 3].isnan().all() and want[:, 3:, 0, 3].isnan().all()
+    qi = q.clone()
+    qi[0, 3, 1, 7] = float("inf")  # a row of q with an Inf (its scale Inf) that sees one key: NaN, not 0
+    got = fusedk.attention_int8(qi.cuda(), k.cuda(), v.cuda(), causal=True).cpu()
+    want = fusedk.attention_int8(qi, k, v, causal=True)
+    assert got[0, 3, 1].isnan().all() and want[0, 3, 1].isnan().all() and not got[0, 4:, 1].isnan().any()
     buf = torch.zeros(1, 6, 2, 130, dtype=torch.bfloat16, device="cuda")
     o = buf[..., 1:129]  # 2-byte aligned rows
     fusedk.attention_int8(q.cuda(), k.cuda(), k.cuda(), out=o)
