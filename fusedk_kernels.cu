@@ -3630,13 +3630,38 @@ __device__ __forceinline__ void attn_pipeline(const AttnTmaRing &R, int jb, int 
 // memory), the mask and online softmax, O's rescale where a row's max moved, P packed to T as
 // the a operand of O += P V (V transposed from shared memory, its keys past the block's last
 // zeroed).
+// V of a 16-bit stage at vt landed (the unit's key tile j), keys past the block's last zeroed:
+// keys no row of the block sees give 0, not whatever the tensor holds (past Sk TMA has
+// zero-filled), so that a weight of 0 never meets an Inf; w's own barrier around the stores
+template <int BC, int D>
+__device__ __forceinline__ void attn_v16_ready(const fusedk__attn_args &a, const AttnBlock &blk, uint32_t vt, int j,
+                                               int tid, int w) {
+  constexpr int CH = D / 8;
+  const int64_t j0 = (int64_t)j * BC;
+  if (j0 + BC > blk.n_hi && blk.n_hi < a.Sk) {
+    const int from = (int)(blk.n_hi - j0);
+    for (int i = tid; i < (BC - from) * CH; i += 128)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(vt + swz128(BC, from + i / CH, i % CH)), "r"(0)
+                   : "memory");
+    fence_async_smem();
+    bar_sync(1 + w, 128);
+  }
+}
+// issue O += P V of the 16-bit V stage at vt (k steps of 16 keys: 16 rows of V, 64-column chunks BC * 128 bytes apart)
+template <typename T, int D, int BC>
+__device__ __forceinline__ void attn_pv16(float (&o)[D / 8][4], const uint32_t (&pa)[BC / 16][4], uint32_t vt) {
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], wgmma_desc(vt + kk * 16 * 128, BC * 128, 1024), 1);
+  wgmma_commit();
+}
+
 template <typename T, int D, typename Turn, typename Pass>
 __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fusedk__attn_args &a,
                                                   const AttnBlock &blk, int jb, int n_tiles, int64_t it, int w,
                                                   int tid, float scale_log2, float (&o)[D / 8][4], float (&m)[2],
                                                   float (&l)[2], Turn &&turn, Pass &&pass) {
   using L = AttnTmaSmem<D>;
-  constexpr int BC = L::kBc, ST = L::kStages, CH = D / 8, BR = L::kRows;
+  constexpr int BC = L::kBc, ST = L::kStages, BR = L::kRows;
   const int lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
   const int64_t r0 = blk.i0 + 64 * w; // the warpgroup's first row
   const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
@@ -3652,25 +3677,10 @@ __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fu
     wgmma_commit();
   };
   auto values_ready = [&](int j, int64_t t) { // V of ring tile t (the unit's j) landed, keys past the block's last zeroed
-    const uint32_t vt = R.sv + (int)(t % ST) * L::kTile;
-    const int64_t j0 = (int64_t)j * BC;
     mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1);
-    // keys no row of the block sees: zeros, not whatever the tensor holds (past Sk TMA has zero-filled)
-    if (j0 + BC > blk.n_hi && blk.n_hi < a.Sk) {
-      const int from = (int)(blk.n_hi - j0);
-      for (int i = tid; i < (BC - from) * CH; i += 128)
-        asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(vt + swz128(BC, from + i / CH, i % CH)), "r"(0)
-                     : "memory");
-      fence_async_smem();
-      bar_sync(1 + w, 128);
-    }
+    attn_v16_ready<BC, D>(a, blk, R.sv + (int)(t % ST) * L::kTile, j, tid, w);
   };
-  auto values = [&](int64_t t) { // issue O += P V of ring tile t (k steps of 16 keys: 16 rows of V)
-    const uint32_t vt = R.sv + (int)(t % ST) * L::kTile;
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) wgmma_rs<T, D>(o, pa[kk], wgmma_desc(vt + kk * 16 * 128, BC * 128, 1024), 1);
-    wgmma_commit();
-  };
+  auto values = [&](int64_t t) { attn_pv16<T, D, BC>(o, pa, R.sv + (int)(t % ST) * L::kTile); };
   auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights; alpha for O
     const int64_t j0 = (int64_t)j * BC;
     attn_mask<BC>(sc, scale_log2, lim, j0, j0 + BC > blk.n_lo, c0);
@@ -3874,6 +3884,16 @@ struct AttnI8Buf {
   }
 };
 
+// FUSEDK_INT8_PV16=1 (a developer's switch while the variant is measured, bench/NOTES.md): int8
+// Q K^T with P V in 16 bits on v as given, where TMA can read v (16-byte aligned base and strides)
+bool attn_i8_pv16(const fusedk__attn_args &a) {
+  static const bool on = [] {
+    const char *e = getenv("FUSEDK_INT8_PV16");
+    return e && *e && strcmp(e, "0") != 0;
+  }();
+  return on && aligned16(a.v.p) && a.v.sb % 8 == 0 && a.v.ss % 8 == 0 && a.v.sh % 8 == 0;
+}
+
 StreamBuffers &attn_i8_buffers() {
   static StreamBuffers *b = new StreamBuffers; // never destroyed: no teardown order at exit
   return *b;
@@ -3939,7 +3959,8 @@ __global__ void attn_i8_stat_sums(const fusedk__attn_args a, const AttnI8Buf L, 
 }
 
 // Rows of q (K false) or k (K true): block (32 rows, b h), a warp 4 rows, a lane D / 32
-// channels. k: its mean off, rows past the batch's count scale 0; q: qm = scale * sum q8 qs mean
+// channels. k: its mean off, rows past the batch's count scale 0 (the last block zeroes ks's
+// padding to Skp); q: qm = scale * sum q8 qs mean
 template <typename T, int D, bool K>
 __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
   constexpr int E = D / 32;
@@ -3950,6 +3971,8 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   const int64_t b = bh / H, h = bh % H;
   const int64_t hk = K ? h : h / (a.Hq / a.Hkv), n = attn_kv(a, b);
   for (int d = threadIdx.x; d < D; d += blockDim.x) mean[d] = ((const float *)(buf + L.stat))[(b * a.Hkv + hk) * 2 * D + d];
+  if (K && chunk == (S + 31) / 32 - 1)
+    for (int64_t j = S + threadIdx.x; j < L.Skp; j += blockDim.x) ((float2 *)(buf + L.ks))[bh * L.Skp + j] = make_float2(0.f, 0.f);
   __syncthreads();
   const int lane = threadIdx.x % 32, d0 = E * lane;
   const auto &src = K ? a.k : a.q;
@@ -3985,7 +4008,7 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
 
 // v: block (256 / D runs of 32 keys, b hk), a thread a (channel, run): int8 by channel, the run's
 // 32 bytes (keys at attn_i8_pos) straight to V^T's row (a warp's reads: 32 channels of a key,
-// contiguous); keys past the batch's count (and Sk) 0. Blocks past Sk zero ks's padding.
+// contiguous); keys past the batch's count (and Sk) 0.
 template <typename T, int D>
 __global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
   constexpr int R = 32 * (256 / D); // keys a block
@@ -3995,8 +4018,6 @@ __global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, cons
   const int64_t n = attn_kv(a, b);
   const int d = threadIdx.x % D;
   const float inv = i8_inv(((const float *)(buf + L.stat))[bh * 2 * D + D + d]);
-  if (threadIdx.x < R && chunk * R + threadIdx.x >= a.Sk)
-    ((float2 *)(buf + L.ks))[bh * L.Skp + chunk * R + threadIdx.x] = make_float2(0.f, 0.f);
   const T *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + d;
   uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
@@ -4014,15 +4035,16 @@ __global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, cons
 // the K stages (kI8Bc rows of D bytes), the V^T stages (D rows of kI8Bc bytes), k's scales a
 // stage (kI8Bc float2s), then the barriers and the item as AttnTmaSmem's. Three stages: a tile
 // takes half the bf16 kernel's time, so one more is in flight. Rows of 64 bytes (D 64) take the
-// 64-byte swizzle (kSwz: the descriptors' mode).
-template <int D> struct AttnI8Smem {
+// 64-byte swizzle (kSwz: the descriptors' mode). PV16 (P V in 16 bits, v as given): the V stages
+// are the bf16 kernel's ([kBc keys, D] in 64-column chunks), twice the bytes.
+template <int D, bool PV16 = false> struct AttnI8Smem {
   static constexpr int kBc = kI8Bc, kStages = 3, kWgs = 2, kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1),
                        kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 24,
                        kRegs = std::min(256, (kLaunchRegs * (kWgs + 1) - kProdRegs) / kWgs / 8 * 8);
   static constexpr uint64_t kSwz = D == 64 ? 2 : 1;
-  static constexpr uint32_t kTile = kBc * D, kQ = 0, kK = kQ + kRows * D, kV = kK + kStages * kTile,
-                            kS = kV + kStages * kTile, kBars = kS + kStages * kBc * 8, kItem = kBars + (2 + 4 * kStages) * 8,
-                            kBytes = kItem + sizeof(AttnItem) + 1024;
+  static constexpr uint32_t kTile = kBc * D, kTileV = PV16 ? 2 * kTile : kTile, kQ = 0, kK = kQ + kRows * D,
+                            kV = kK + kStages * kTile, kS = kV + kStages * kTileV, kBars = kS + kStages * kBc * 8,
+                            kItem = kBars + (2 + 4 * kStages) * 8, kBytes = kItem + sizeof(AttnItem) + 1024;
 };
 // the int8 kernel's scales, from the buffer; whether out's rows take 4-byte stores
 struct AttnI8Scales {
@@ -4040,6 +4062,19 @@ __device__ __forceinline__ float4 lds_f4(uint32_t addr) {
   return v;
 }
 
+// Row hf's top score of the tile (the largest y qc; -inf where all its keys are masked) and the
+// running max m, which moves only where top passes it by more than 8 (2^8): alpha, its factor
+template <int BC>
+__device__ __forceinline__ float attn_i8_top(const float (&y)[BC / 8][4], int hf, float qc, float &m, float &alpha) {
+  float x = fmaxf(y[0][2 * hf], y[0][2 * hf + 1]);
+#pragma unroll
+  for (int t = 1; t < BC / 8; ++t) x = fmaxf(x, fmaxf(y[t][2 * hf], y[t][2 * hf + 1]));
+  const float top = quad_max(x) * qc;
+  const bool up = top > m + 8.f;
+  alpha = up ? exp2_ftz(m - top) : 1.f, m = up ? top : m;
+  return top;
+}
+
 // One row tile's softmax for the int8 kernel, on k-scaled scores y (S's sums times k's scale a
 // column; masked: -inf). Row hf's scores are y qc[hf] (q's scale times scale log2(e), > 0: the
 // scale's sign rides on k's); top, the tile's largest, is P's 255: each weight becomes
@@ -4055,13 +4090,8 @@ __device__ __forceinline__ void attn_i8_softmax(float (&y)[BC / 8][4], const flo
   const __half2 k1024 = __floats2half2_rn(1024.f, 1024.f);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    float x = fmaxf(y[0][2 * hf], y[0][2 * hf + 1]);
-#pragma unroll
-    for (int t = 1; t < BC / 8; ++t) x = fmaxf(x, fmaxf(y[t][2 * hf], y[t][2 * hf + 1]));
-    const float top = quad_max(x) * qc[hf];
-    const bool up = top > m[hf] + 8.f;
-    alpha[hf] = up ? exp2_ftz(m[hf] - top) : 1.f;
-    m[hf] = up ? top : m[hf], l[hf] *= alpha[hf], lb[hf] *= alpha[hf];
+    const float top = attn_i8_top<BC>(y, hf, qc[hf], m[hf], alpha[hf]);
+    l[hf] *= alpha[hf], lb[hf] *= alpha[hf];
     // the shift a hair past top (no weight above 255 whatever the product's rounding), and the
     // tile's weight from the same shift
     const float sh = top == -INFINITY ? 0.f : top + fabsf(top) * 0x1p-22f - 7.99435343685886f; // log2(255)
@@ -4092,13 +4122,33 @@ __device__ __forceinline__ void attn_i8_pack(uint32_t (&a)[BC / 32][4], const fl
   }
 }
 
+// PV16's softmax: attn_i8_softmax's max and running max (moving only past 2^8), the weights
+// 2^(y qc - m) unquantized (P V takes them in 16 bits), l their sum
+template <int BC>
+__device__ __forceinline__ void attn_i8_softmax16(float (&y)[BC / 8][4], const float (&qc)[2], float (&m)[2],
+                                                  float (&l)[2], float (&alpha)[2]) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    attn_i8_top<BC>(y, hf, qc[hf], m[hf], alpha[hf]);
+    l[hf] *= alpha[hf];
+    const float sh = m[hf] == -INFINITY ? 0.f : m[hf];
+#pragma unroll
+    for (int t = 0; t < BC / 8; ++t) {
+      y[t][2 * hf] = exp2_ftz(fmaf(y[t][2 * hf], qc[hf], -sh));
+      y[t][2 * hf + 1] = exp2_ftz(fmaf(y[t][2 * hf + 1], qc[hf], -sh));
+      l[hf] += y[t][2 * hf] + y[t][2 * hf + 1];
+    }
+  }
+}
+
 // The int8 kernel's loads (attn_ring_produce): Q, K with k's scales (one bulk copy on K's
-// barrier) and V^T from the buffer: boxes of D bytes (Q, K) and kI8Bc bytes (V^T)
-template <int D>
+// barrier) and V^T from the buffer: boxes of D bytes (Q, K) and kI8Bc bytes (V^T); PV16: V from
+// the tensor as the bf16 kernel loads it (64-column boxes)
+template <int D, bool PV16>
 __device__ __forceinline__ void attn_i8_produce(const AttnTmaRing &R, unsigned char *sbase, const CUtensorMap &tq,
                                                 const CUtensorMap &tk, const CUtensorMap &tv, const AttnI8Scales &sc,
                                                 const fusedk__attn_args &a, int n_mb, const AttnSplit &sp) {
-  using L = AttnI8Smem<D>;
+  using L = AttnI8Smem<D, PV16>;
   constexpr int BC = L::kBc, BR = L::kRows;
   attn_ring_produce<L>(
       R, a, n_mb, sp,
@@ -4113,22 +4163,26 @@ __device__ __forceinline__ void attn_i8_produce(const AttnTmaRing &R, unsigned c
                   &R.k_full[s]);
       },
       [&](const AttnBlock &blk, int j, int s) {
-        mbar_expect(&R.v_full[s], L::kTile);
-        tma_load_4d(R.sv + s * L::kTile, &tv, j * BC, 0, (int)blk.hk, (int)blk.b, &R.v_full[s]);
+        mbar_expect(&R.v_full[s], L::kTileV);
+        if (PV16)
+          for (int c = 0; c < D / 64; ++c)
+            tma_load_4d(R.sv + s * L::kTileV + c * BC * 128, &tv, 64 * c, j * BC, (int)blk.hk, (int)blk.b, &R.v_full[s]);
+        else tma_load_4d(R.sv + s * L::kTileV, &tv, j * BC, 0, (int)blk.hk, (int)blk.b, &R.v_full[s]);
       });
 }
 
 // A consumer's mainloop over one item, on attn_pipeline (attn_tma_mainloop's schedule).
 // S's int32 sums become k-scaled scores before K's stage is released; each tile's P V^T (int32, P
 // in its own 8-bit range) is added into the float O (o) times its weight pw, then o takes alpha
-// where a row's max moved (attn_i8_softmax).
-template <int D, typename Turn, typename Pass>
+// where a row's max moved (attn_i8_softmax). PV16: P as T against the running max, O += P V in
+// the float accumulator as the bf16 kernel's (attn_i8_softmax16, attn_pv16).
+template <typename T, int D, bool PV16, typename Turn, typename Pass>
 __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t sks, const fusedk__attn_args &a,
                                                  const AttnBlock &blk, int jb, int n_tiles, int64_t it, int w, int tid,
                                                  const float (&qs)[2], float scale_log2, float (&o)[D / 8][4],
                                                  float (&m)[2], float (&l)[2], float (&lb)[2], Turn &&turn,
                                                  Pass &&pass) {
-  using L = AttnI8Smem<D>;
+  using L = AttnI8Smem<D, PV16>;
   constexpr int BC = L::kBc, ST = L::kStages;
   const int lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
   const int64_t r0 = blk.i0 + 64 * w;
@@ -4140,7 +4194,7 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
     qc[hf] = qc[hf] < 1e-30f ? 1e-30f : qc[hf];
   }
   int oi[D / 8][4];
-  uint32_t pa[BC / 32][4];
+  uint32_t pa[PV16 ? BC / 16 : BC / 32][4];
   auto scores = [&](int (&si)[BC / 8][4], int64_t t) { // S of ring tile t: k steps of 32 bytes
     const uint32_t kt = R.sk + (int)(t % ST) * L::kTile;
 #pragma unroll
@@ -4150,10 +4204,14 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
     wgmma_commit();
   };
   auto values = [&](int64_t t) { // O += P V^T of ring tile t: k steps of 32 keys
-    const uint32_t vt = R.sv + (int)(t % ST) * L::kTile;
+    const uint32_t vt = R.sv + (int)(t % ST) * L::kTileV;
+    if constexpr (PV16) {
+      attn_pv16<T, D, BC>(o, pa, vt);
+    } else {
 #pragma unroll
-    for (int kk = 0; kk < BC / 32; ++kk) wgmma_i8_rs<D>(oi, pa[kk], wgmma_desc(vt + kk * 32, 16, 1024), kk > 0);
-    wgmma_commit();
+      for (int kk = 0; kk < BC / 32; ++kk) wgmma_i8_rs<D>(oi, pa[kk], wgmma_desc(vt + kk * 32, 16, 1024), kk > 0);
+      wgmma_commit();
+    }
   };
   // S's sums as k-scaled scores, in place: a sum plus 1.5 2^23, read as a float, is 1.5 2^23 +
   // the sum exactly (|sum| < 2^22), and one FFMA with k's (scale, -1.5 2^23 scale) takes it off
@@ -4172,7 +4230,8 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
   auto softmax = [&](float (&y)[BC / 8][4], int j) {
     const int64_t j0 = (int64_t)j * BC;
     attn_mask<BC>(y, 1.f, lim, j0, j0 + BC > blk.n_lo, c0);
-    attn_i8_softmax<BC>(y, qc, m, l, lb, alpha, pwn);
+    if constexpr (PV16) attn_i8_softmax16<BC>(y, qc, m, l, alpha);
+    else attn_i8_softmax<BC>(y, qc, m, l, lb, alpha, pwn);
   };
   auto add_pv = [&](const float (&al)[2]) { // o += P V^T pw: the finished tile's sums; then al where a max moved
 #pragma unroll
@@ -4182,32 +4241,48 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
     if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) attn_rescale<D>(o, al);
   };
   auto pack = [&](float (&y)[BC / 8][4]) {
-    uint32_t sum[2];
-    attn_i8_pack<BC>(pa, y, sum);
-    pw[0] = pwn[0], pw[1] = pwn[1];
-    lb[0] = fmaf(pw[0], (float)sum[0], lb[0]), lb[1] = fmaf(pw[1], (float)sum[1], lb[1]);
+    if constexpr (PV16) {
+      pack_a<T, BC>(pa, y);
+    } else {
+      uint32_t sum[2];
+      attn_i8_pack<BC>(pa, y, sum);
+      pw[0] = pwn[0], pw[1] = pwn[1];
+      lb[0] = fmaf(pw[0], (float)sum[0], lb[0]), lb[1] = fmaf(pw[1], (float)sum[1], lb[1]);
+    }
   };
   attn_pipeline<int, BC, ST>(
       R, jb, n_tiles, it, turn, pass, scores, values, to_scores, softmax,
-      [&](int, int64_t t) { mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1); },
+      [&](int j, int64_t t) {
+        mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1);
+        if constexpr (PV16) attn_v16_ready<BC, D>(a, blk, R.sv + (int)(t % ST) * L::kTileV, j, tid, w);
+      },
       [&](bool in) {
-        wgmma_hold(oi);
+        if constexpr (PV16) wgmma_hold(o);
+        else wgmma_hold(oi);
         if (in) wgmma_hold(pa);
       },
-      [&] { add_pv(alpha); }, pack);
-  if (n_tiles) add_pv({1.f, 1.f});
+      [&] {
+        if constexpr (PV16) {
+          if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha);
+        } else {
+          add_pv(alpha);
+        }
+      },
+      pack);
+  if (!PV16 && n_tiles) add_pv({1.f, 1.f});
 }
 #endif // FUSEDK__SM90A
 
 // Persistent, as attn_tma_kernel (its items, ping-pong and producer), on the int8 buffer; the
-// epilogue takes v's channel scales into O and adds scale * q . mean(k) to lse.
-template <typename T, int D>
-__global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
+// epilogue takes v's channel scales into O (not PV16: v as given) and adds scale * q . mean(k)
+// to lse.
+template <typename T, int D, bool PV16>
+__global__ void __launch_bounds__(AttnI8Smem<D, PV16>::kThreads, 1)
     attn_i8_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, const AttnI8Scales sc, int n_mb,
                    const __grid_constant__ AttnSplit sp, float scale_log2) {
 #if FUSEDK__SM90A
-  using L = AttnI8Smem<D>;
+  using L = AttnI8Smem<D, PV16>;
   constexpr int NC = L::kWgs, BR = L::kRows;
   extern __shared__ __align__(1024) unsigned char attn_i8_smem[];
   const AttnTmaRing R = attn_tma_ring<L>(attn_i8_smem);
@@ -4216,7 +4291,7 @@ __global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 0) {
     regs_lower<L::kProdRegs>();
-    if (tid == 0) attn_i8_produce<D>(R, attn_i8_smem + (base - raw), tq, tk, tv, sc, a, n_mb, sp);
+    if (tid == 0) attn_i8_produce<D, PV16>(R, attn_i8_smem + (base - raw), tq, tk, tv, sc, a, n_mb, sp);
     return;
   }
   regs_raise<L::kRegs>();
@@ -4236,21 +4311,22 @@ __global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
     float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, lb[2] = {0.f, 0.f};
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
-    attn_i8_mainloop<D>(R, base + L::kS, a, blk, wk.jb, n_tiles, it, w, tid, qs, scale_log2, o, m, l, lb, turn, pass);
+    attn_i8_mainloop<T, D, PV16>(R, base + L::kS, a, blk, wk.jb, n_tiles, it, w, tid, qs, scale_log2, o, m, l, lb, turn, pass);
     it += n_tiles;
-    // O over the bytes' sum (its weights sum to 1), stored as O over l: times v's scales and l / lb
-    const float *vs = sc.vs + (blk.b * a.Hkv + blk.hk) * D + c0;
-    float f[2];
+    if constexpr (!PV16) { // O over the bytes' sum (its weights sum to 1), stored as O over l: times v's scales and l / lb
+      const float *vs = sc.vs + (blk.b * a.Hkv + blk.hk) * D + c0;
+      float f[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const float sl = lanes_sum(l[hf], 4), sb = lanes_sum(lb[hf], 4);
-      f[hf] = sl != 0.f ? sl / sb : 0.f; // 0: no key seen (attn_store_regs writes 0)
-    }
+      for (int hf = 0; hf < 2; ++hf) {
+        const float sl = lanes_sum(l[hf], 4), sb = lanes_sum(lb[hf], 4);
+        f[hf] = sl != 0.f ? sl / sb : 0.f; // 0: no key seen (attn_store_regs writes 0)
+      }
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-      const float2 v = *reinterpret_cast<const float2 *>(vs + 8 * t);
-      if (f[0] != 0.f) o[t][0] *= v.x * f[0], o[t][1] *= v.y * f[0];
-      if (f[1] != 0.f) o[t][2] *= v.x * f[1], o[t][3] *= v.y * f[1];
+      for (int t = 0; t < D / 8; ++t) {
+        const float2 v = *reinterpret_cast<const float2 *>(vs + 8 * t);
+        if (f[0] != 0.f) o[t][0] *= v.x * f[0], o[t][1] *= v.y * f[0];
+        if (f[1] != 0.f) o[t][2] *= v.x * f[1], o[t][3] *= v.y * f[1];
+      }
     }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
@@ -4262,10 +4338,11 @@ __global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
 #endif
 }
 
-// attention_int8 on the GPU: the buffer, the three passes, the kernel (Dh 64 and 128, sm_90a:
-// fusedk.h and fusedk__cuda_attention check)
-template <typename T, int D> cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
-  using L = AttnI8Smem<D>;
+// attention_int8 on the GPU: the buffer, the three passes (PV16: two, v read by the kernel), the
+// kernel (Dh 64 and 128, sm_90a: fusedk.h and fusedk__cuda_attention check)
+template <typename T, int D, bool PV16>
+cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
+  using L = AttnI8Smem<D, PV16>;
   const AttnI8Buf B(a);
   void *ws = nullptr;
   cudaError_t e = attn_i8_buffers().get(dev, s, B.bytes, 0, &ws);
@@ -4276,7 +4353,7 @@ template <typename T, int D> cudaError_t launch_attention_i8(const fusedk__attn_
   attn_i8_stat_sums<<<(unsigned)bh, 256, 0, s>>>(a, B, buf);
   attn_i8_rows<T, D, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
   attn_i8_rows<T, D, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);
-  attn_i8_v<T, D><<<(unsigned)(B.Skp / (32 * (256 / D)) * bh), 256, 0, s>>>(a, B, buf);
+  if (!PV16) attn_i8_v<T, D><<<(unsigned)(B.Skp / (32 * (256 / D)) * bh), 256, 0, s>>>(a, B, buf);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   CUtensorMap tq, tk, tv;
   const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, sq[3] = {D, a.Sq * D, a.Hq * a.Sq * D};
@@ -4285,9 +4362,11 @@ template <typename T, int D> cudaError_t launch_attention_i8(const fusedk__attn_
   constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   constexpr CUtensorMapSwizzle swz = D == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
   if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, D, L::kRows, swz) || !tmap_4d(&tk, buf + B.k8, u8, dk, sk, D, L::kBc, swz) ||
-      !tmap_4d(&tv, buf + B.v8, u8, dv, sv, L::kBc, D))
+      !(PV16 ? tmap_bshd(&tv, a.v.p, std::is_same<T, __nv_bfloat16>::value, a.B, a.Sk, a.Hkv, D, a.v.sb, a.v.ss, a.v.sh,
+                         L::kBc)
+             : tmap_4d(&tv, buf + B.v8, u8, dv, sv, L::kBc, D)))
     return cudaErrorInvalidValue;
-  if ((e = smem_opt_in<attn_i8_kernel<T, D>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
+  if ((e = smem_opt_in<attn_i8_kernel<T, D, PV16>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
   const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq;
   int64_t grid;
   AttnSplit sp;
@@ -4295,7 +4374,7 @@ template <typename T, int D> cudaError_t launch_attention_i8(const fusedk__attn_
   const bool pairs = ((uintptr_t)a.out.p & 3) == 0 && a.out.sb % 2 == 0 && a.out.ss % 2 == 0 && a.out.sh % 2 == 0;
   const AttnI8Scales sc{(const float *)(buf + B.qs), (const float *)(buf + B.qm), (const float2 *)(buf + B.ks),
                         (const float *)(buf + B.vs), B.Skp, pairs};
-  attn_i8_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(
+  attn_i8_kernel<T, D, PV16><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(
       tq, tk, tv, a, sc, (int)n_mb, sp, a.scale * 1.4426950408889634f);
   return cudaGetLastError();
 }
@@ -5397,7 +5476,7 @@ void fusedk__cuda_gemm_release(void) { gemm_shutdown(); }
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
                                      struct CUstream_st *stream) {
   return on_device(device_id, op, [&]() -> fusedk_status {
-    if (a->int8 && (tma_disabled() || !tma_code<attn_i8_kernel<__nv_bfloat16, 128>>(device_id))) {
+    if (a->int8 && (tma_disabled() || !tma_code<attn_i8_kernel<__nv_bfloat16, 128, false>>(device_id))) {
       int major = 0, minor = 0;
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id);
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id);
@@ -5410,8 +5489,10 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
       if constexpr (sizeof(T) == 2)
         return !a->int8 ? launch_attention<T>(*a, stream, device_id)
                : a->Sk == 0 ? launch_attention<T>(*a, stream, device_id) // no key: 0 and lse -inf whatever the precision
-               : a->Dh == 64 ? launch_attention_i8<T, 64>(*a, stream, device_id)
-                             : launch_attention_i8<T, 128>(*a, stream, device_id);
+               : attn_i8_pv16(*a) ? (a->Dh == 64 ? launch_attention_i8<T, 64, true>(*a, stream, device_id)
+                                                 : launch_attention_i8<T, 128, true>(*a, stream, device_id))
+               : a->Dh == 64 ? launch_attention_i8<T, 64, false>(*a, stream, device_id)
+                             : launch_attention_i8<T, 128, false>(*a, stream, device_id);
       else return cudaErrorNotSupported; // fusedk.h refuses float32 tensors first
     }), op);
   });
