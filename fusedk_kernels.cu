@@ -3103,10 +3103,9 @@ __device__ __forceinline__ void attn_scores(float (&s)[MT][BC / 8][4], const War
 // The row's extreme raw score is its max when c > 0 and its min when c < 0 (a uniform branch);
 // masked scores are -inf or +inf to match (attn_mask), so that s c is -inf. A row that has
 // seen only masked keys keeps m = -inf and contributes zeros (its shift is 0: no inf - inf).
-// top (attention_int8): each row's largest weight of the tile, 0 where the tile is all masked.
 template <int BC>
 __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2], float *top = nullptr) {
+                                             float (&alpha)[2]) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float x = s[0][2 * hf];
@@ -3121,7 +3120,6 @@ __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, flo
     }
     const float mx = fmaxf(m[hf], x * c), shift = mx == -INFINITY ? 0.f : mx;
     alpha[hf] = exp2_ftz(m[hf] - shift), m[hf] = mx, l[hf] *= alpha[hf];
-    if (top) top[hf] = exp2_ftz(fmaf(x, c, -shift));
 #pragma unroll
     for (int t = 0; t < BC / 8; ++t) {
       s[t][2 * hf] = exp2_ftz(fmaf(s[t][2 * hf], c, -shift));
@@ -3133,6 +3131,10 @@ __device__ __forceinline__ void attn_softmax(float (&s)[BC / 8][4], float c, flo
 template <int D> __device__ __forceinline__ void attn_rescale(float (&o)[D / 8][4], const float (&alpha)[2]) {
 #pragma unroll
   for (int t = 0; t < D / 8; ++t) o[t][0] *= alpha[0], o[t][1] *= alpha[0], o[t][2] *= alpha[1], o[t][3] *= alpha[1];
+}
+// attn_rescale where some row of the warp took a new max (a uniform branch: mostly none did)
+template <int D> __device__ __forceinline__ void attn_rescale_moved(float (&o)[D / 8][4], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha);
 }
 
 // O += P V: P's accumulator pairs are the a operand (pack_a); V ([key, d]: kBt)
@@ -3694,7 +3696,7 @@ __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fu
         if (in) wgmma_hold(pa);
       },
       [&] {
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha); // mostly no new max
+        attn_rescale_moved<D>(o, alpha);
       },
       [&](float (&sc)[BC / 8][4]) { pack_a<T, BC>(pa, sc); });
 }
@@ -3826,12 +3828,11 @@ cudaError_t launch_attn_tma(const fusedk__attn_args &a, cudaStream_t s, int dev,
 }
 
 // 16-byte rows: every base 16-byte aligned, every row stride and Dh a multiple of 8 elements
+template <typename X> bool attn_rows16(const X &t) { // one [B, S, H, Dh] view's base and strides
+  return aligned16(t.p) && t.sb % 8 == 0 && t.ss % 8 == 0 && t.sh % 8 == 0;
+}
 bool attn_vec(const fusedk__attn_args &a) {
-  auto ok = [](const void *p, int64_t s0, int64_t s1, int64_t s2) {
-    return aligned16(p) && s0 % 8 == 0 && s1 % 8 == 0 && s2 % 8 == 0;
-  };
-  return a.Dh % 8 == 0 && ok(a.q.p, a.q.sb, a.q.ss, a.q.sh) && ok(a.k.p, a.k.sb, a.k.ss, a.k.sh) &&
-         ok(a.v.p, a.v.sb, a.v.ss, a.v.sh) && ok(a.out.p, a.out.sb, a.out.ss, a.out.sh);
+  return a.Dh % 8 == 0 && attn_rows16(a.q) && attn_rows16(a.k) && attn_rows16(a.v) && attn_rows16(a.out);
 }
 
 template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, cudaStream_t s, int dev) {
@@ -3865,19 +3866,19 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 constexpr int kI8Bc = 128;        // keys a tile: 128 bytes of V^T's rows, one swizzle atom
 constexpr int kI8StatRows = 256;  // keys a statistics block
 
-// The buffer: q8 [B, Hq, Sq, D], k8 [B, Hk, Sk, D], v8 [B, Hk, D, Skp] (int8), qs and qm [B, Hq,
+// The buffer: q8 [B, Hq, Sq, D], k8 [B, Hk, Sk, D], v8 [B, Hk, D, Skp] (int8; none for PV16), qs and qm [B, Hq,
 // Sq], ks [B, Hk, Skp] (float2: k's scale, times the sign of the softmax scale, and -1.5 2^23 times
 // that: attn_i8_mainloop's conversion), vs [B, Hk, D] (float), the statistics' partial sums [B Hk,
 // TS, 2 D] and their totals [B Hk, 2 D] (k's mean, v's largest magnitudes)
 struct AttnI8Buf {
   int64_t Skp, TS;
   size_t q8, k8, v8, qs, qm, ks, vs, part, stat, bytes;
-  explicit AttnI8Buf(const fusedk__attn_args &a) {
+  AttnI8Buf(const fusedk__attn_args &a, bool v8s) {
     const int64_t D = a.Dh, bh = a.B * a.Hkv, bq = a.B * a.Hq;
     Skp = (a.Sk + kI8Bc - 1) / kI8Bc * kI8Bc, TS = (a.Sk + kI8StatRows - 1) / kI8StatRows;
     size_t at = 0;
     auto take = [&](int64_t n) { const size_t p = at; at += ((size_t)n + 255) / 256 * 256; return p; };
-    q8 = take(bq * a.Sq * D), k8 = take(bh * a.Sk * D), v8 = take(bh * D * Skp), qs = take(bq * a.Sq * 4),
+    q8 = take(bq * a.Sq * D), k8 = take(bh * a.Sk * D), v8 = take(v8s ? bh * D * Skp : 0), qs = take(bq * a.Sq * 4),
     qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 8), vs = take(bh * D * 4), part = take(bh * TS * 2 * D * 4),
     stat = take(bh * 2 * D * 4);
     bytes = at;
@@ -3891,7 +3892,7 @@ bool attn_i8_pv16(const fusedk__attn_args &a) {
     const char *e = getenv("FUSEDK_INT8_PV16");
     return e && *e && strcmp(e, "0") != 0;
   }();
-  return on && aligned16(a.v.p) && a.v.sb % 8 == 0 && a.v.ss % 8 == 0 && a.v.sh % 8 == 0;
+  return on && attn_rows16(a.v);
 }
 
 StreamBuffers &attn_i8_buffers() {
@@ -3922,9 +3923,9 @@ __device__ __forceinline__ void attn_i8_block(int64_t n, int64_t &bh, int64_t &c
 }
 
 // Statistics: block (chunk, b hk) of 256 threads, thread (d, g): k's sum and v's largest
-// magnitude over the chunk's keys g, g + G, ... below the batch's count (G = 256 / D groups, their
-// loads in flight together), the groups then summed in order
-template <typename T, int D>
+// magnitude (V: v quantized, not PV16) over the chunk's keys g, g + G, ... below the batch's count
+// (G = 256 / D groups, their loads in flight together), the groups then summed in order
+template <typename T, int D, bool V>
 __global__ void __launch_bounds__(256) attn_i8_stats(const fusedk__attn_args a, float *part, int64_t TS) {
   constexpr int G = 256 / D;
   __shared__ float red[2][G][D];
@@ -3936,7 +3937,7 @@ __global__ void __launch_bounds__(256) attn_i8_stats(const fusedk__attn_args a, 
           *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + j0 * a.v.ss + d;
   float sum = 0.f, vm = 0.f;
 #pragma unroll 4
-  for (int j = g; j < n; j += G) sum += to_f32<T>(k[j * a.k.ss]), vm = amax_nan(vm, to_f32<T>(v[j * a.v.ss]));
+  for (int j = g; j < n; j += G) sum += to_f32<T>(k[j * a.k.ss]), vm = V ? amax_nan(vm, to_f32<T>(v[j * a.v.ss])) : 0.f;
   red[0][g][d] = sum, red[1][g][d] = vm;
   __syncthreads();
   if (g) return;
@@ -4238,7 +4239,7 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
     for (int t = 0; t < D / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[t][e] = fmaf((float)oi[t][e], pw[e >> 1], o[t][e]);
-    if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) attn_rescale<D>(o, al);
+    attn_rescale_moved<D>(o, al);
   };
   auto pack = [&](float (&y)[BC / 8][4]) {
     if constexpr (PV16) {
@@ -4262,11 +4263,8 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
         if (in) wgmma_hold(pa);
       },
       [&] {
-        if constexpr (PV16) {
-          if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) attn_rescale<D>(o, alpha);
-        } else {
-          add_pv(alpha);
-        }
+        if constexpr (PV16) attn_rescale_moved<D>(o, alpha);
+        else add_pv(alpha);
       },
       pack);
   if (!PV16 && n_tiles) add_pv({1.f, 1.f});
@@ -4343,13 +4341,13 @@ __global__ void __launch_bounds__(AttnI8Smem<D, PV16>::kThreads, 1)
 template <typename T, int D, bool PV16>
 cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
   using L = AttnI8Smem<D, PV16>;
-  const AttnI8Buf B(a);
+  const AttnI8Buf B(a, !PV16);
   void *ws = nullptr;
   cudaError_t e = attn_i8_buffers().get(dev, s, B.bytes, 0, &ws);
   if (e != cudaSuccess) return e;
   unsigned char *buf = (unsigned char *)ws;
   const int64_t bh = a.B * a.Hkv;
-  attn_i8_stats<T, D><<<(unsigned)(B.TS * bh), 256, 0, s>>>(a, (float *)(buf + B.part), B.TS);
+  attn_i8_stats<T, D, !PV16><<<(unsigned)(B.TS * bh), 256, 0, s>>>(a, (float *)(buf + B.part), B.TS);
   attn_i8_stat_sums<<<(unsigned)bh, 256, 0, s>>>(a, B, buf);
   attn_i8_rows<T, D, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
   attn_i8_rows<T, D, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);

@@ -139,11 +139,10 @@ def test_int8_attention_within_its_contract(name, device, monkeypatch):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_int8_error_on_the_models_inputs(name, device, monkeypatch, request):
     """attention_int8's error on the inputs each model's attention gets (the 8-bit contract's
-    family (d)): q, k, v captured from the model (on a GPU its real widths in bf16, one or two
-    blocks; on the CPU the small test model in float32), random weights, taken to bf16, against
-    float64 attention of them: within
-    the outliers' bound 0.06 (cosine >= 0.999); on a GPU, where sageattention is installed, at
-    most twice its error on the same inputs"""
+    family (d)): q, k, v captured from the bf16 model (on a GPU its real widths, one or two
+    blocks; on the CPU the small test model), random weights, against float64 attention of them:
+    within the outliers' bound 0.06 (cosine >= 0.999); on a GPU, where sageattention is
+    installed, at most twice its error on the same inputs"""
     import oracle
     if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("attention_int8's kernel needs sm_90a")
@@ -151,15 +150,7 @@ def test_int8_error_on_the_models_inputs(name, device, monkeypatch, request):
         # measured on an H100: 0.0039 against sageattention's 0.0017 on both (near-uniform weights:
         # v's int8 rounding, which sageattention 1.0.6 does not do, is most of the error)
         request.applymarker(pytest.mark.xfail(strict=True, reason="issue 43: over twice sageattention's error"))
-    m = MODELS[name]
-    torch.manual_seed(0)
-    big = device == "cuda"
-    model = m.build(big).to(device).eval()
-    model = in_dtype(model, torch.bfloat16) if big else model
-    x = m.inputs(model, device, big)
-    if device == "cuda":
-        x = {k: (v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() and k not in m.KEEP_F32 else v)
-             for k, v in x.items()}
+    m, _, model, _, x = pair(name, device, big=device == "cuda")
     calls, real = [], fusedk.attention
 
     def recorded(q, k, v, *a, **kw):
@@ -171,18 +162,17 @@ def test_int8_error_on_the_models_inputs(name, device, monkeypatch, request):
     fd.revert(model)
     assert calls
     for i, (q, k, v, kv_len) in enumerate(calls):
-        q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
         n = None if kv_len is None else kv_len.cpu().numpy()
         want = torch.from_numpy(oracle.attention(*(t.float().cpu().numpy() for t in (q, k, v)), kv_len=n)[0])
         got = fusedk.attention_int8(q, k, v, kv_len=kv_len).double().cpu()
-        e = (got - want).norm().item() / want.norm().item()
+        e = rel(got, want)[0]
         cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), 0).item()
         line = f"{name} {device} call {i} q{tuple(q.shape)} k{tuple(k.shape)}: rel. L2 {e:.4f} cosine {cos:.6f}"
         assert e <= 0.06 and cos >= 0.999, line
         if device == "cuda" and importlib.util.find_spec("sageattention") and kv_len is None:
             from sageattention import sageattn
             sage = sageattn(*(t.transpose(1, 2) for t in (q, k, v)), tensor_layout="HND").transpose(1, 2)
-            es = (sage.double().cpu() - want).norm().item() / want.norm().item()
+            es = rel(sage.cpu(), want)[0]
             line += f"; sageattention {es:.4f}"
             assert e <= 2 * es, line
         print(line)
