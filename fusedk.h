@@ -57,8 +57,8 @@
 
      fusedk_attention    softmax(q k^T * scale) v over [B,S,H,Dh] views: GQA, causal (bottom-right),
                          per-sample kv_len, lse; flash attention on the GPU (Hopper: TMA + wgmma)
-     fusedk_attention_int8   the same with q, k, v quantized to int8 (k smoothed by its mean, v per
-                         channel) and both products on integer tensor cores
+     fusedk_attention_int8   the same with q and k quantized to int8 (k smoothed by its mean) and
+                         q k^T on integer tensor cores; P V in 16 bits (SageAttention's split)
 
      fusedk_lowrank_update   out = beta y + scaling ((x v) * codes) u_t: BEM's generated update, a
                          LoRA's delta; one pass over x and one over y (the [M, r] product stays on chip)
@@ -508,23 +508,22 @@ FUSEDK_DEF void fusedk_shutdown(void);
 FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
                                           float scale, int32_t causal, struct CUstream_st *stream);
-/* attention_int8: fusedk_attention (the same arguments and rules) with q, k and v quantized to
-   int8 and both products on integer tensor cores (int32 sums, exact). The quantization, in
-   float32 as the GPU computes it (round to nearest, ties to even; amax the largest magnitude):
+/* attention_int8: fusedk_attention (the same arguments and rules) with q and k quantized to
+   int8 and S = q k^T on integer tensor cores (int32 sums, exact); the softmax weights and v go
+   into P V as fusedk_attention's do (P rounded to the inputs' 16-bit type, v as given): the split
+   of SageAttention, since 8 bits of P or of v cost more accuracy than its error contract allows.
+   The quantization, in float32 as the GPU computes it (round to nearest, ties to even; amax the
+   largest magnitude):
      q  per (b, token, head) row: q8 = round(q * (127 / amax)), its scale amax / 127;
      k  the mean over the keys of (b, head) that some row sees (below kv_len[b]) taken off first
-        (softmax does not change; lse adds scale * q . mean back), then per row as q;
-     v  per (b, head, channel) over those keys; keys past them count as 0;
-     p  the softmax weights of a tile of 128 keys: uint8, round(255 * 2^(s - top)), s a key's
-        score (log2 units), top the row's largest in the tile (8 bits of the tile's own range;
-        rounded by way of a half: at most 0.5625 of a unit off); O is divided by the sum of those
-        bytes (times each tile's 2^(top - max) / 255), lse takes the unquantized weights' sum.
+        (softmax does not change; lse adds scale * q . mean back), then per row as q, its scale
+        cut to 22 significant bits (the kernel's conversion of the int32 sums needs that).
    A NaN or Inf among the keys some row sees spreads further than in fusedk_attention: in k, its
-   mean makes every row of (b, head) NaN; in v, the channel's scale does for every row that sees
-   a key. The CPU reference quantizes q, k and v the same way and runs fusedk_attention's reference
-   (double) on their dequantized values, p unquantized. Errors against float64 attention of the
-   unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100, H200), f16 and bf16 inputs,
-   Dh 64 and 128; the 8-bit copies go through a per-stream buffer (grown to the largest call and kept
+   mean makes every row of (b, head) NaN. The CPU reference quantizes q and k the same way and
+   runs fusedk_attention's reference (double) on their dequantized values and v. Errors against
+   float64 attention of the unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100,
+   H200), f16 and bf16 inputs, Dh 64 and 128; the 8-bit copies (and v's, where its base or strides
+   are not 16-byte multiples) go through a per-stream buffer (grown to the largest call and kept
    until fusedk_shutdown, as attention's split buffer, which this op uses too: the same capture
    rule for both). */
 FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const fusedk_tensor *lse,
@@ -881,7 +880,7 @@ typedef struct fusedk__linear_args {
 /* attention: q [B, Sq, Hq, Dh], k, v [B, Sk, Hkv, Dh], out like q, as element strides over
    (b, s, h); lse [B, Hq, Sq] float32 (p == NULL: not asked for); kv_len int32 [B] or NULL. */
 typedef struct fusedk__attn_args {
-  int32_t scalar, causal, int8; /* int8: attention_int8 (q, k, v quantized, fusedk_attention_int8) */
+  int32_t scalar, causal, int8; /* int8: attention_int8 (q, k quantized, fusedk_attention_int8) */
   float scale;
   int64_t B, Sq, Sk, Hq, Hkv, Dh;
   struct { const void *p; int64_t sb, ss, sh; } q, k, v;
@@ -2857,7 +2856,7 @@ static int64_t fusedk__attn_keys(const fusedk__attn_args *a, int64_t b, int64_t 
 
 /* Per (b, h, i): the row's scores in double, their max, the sum of their exps and the weighted
    sum of v, then one rounding. NaN scores propagate (the max skips them; their exps do not).
-   x8 (attention_int8): q, k, v's dequantized values, compact [B, S, H, Dh] each, read instead. */
+   x8 (attention_int8): q's and k's dequantized values, compact [B, S, H, Dh] each, read instead. */
 static int fusedk__attention_core(const fusedk__attn_args *a, const double *const *x8) {
   const int64_t G = a->Hq / a->Hkv, D = a->Dh;
   double *s = (double *)malloc((size_t)(a->Sk ? a->Sk : 1) * sizeof *s);
@@ -2881,10 +2880,9 @@ static int fusedk__attention_core(const fusedk__attn_args *a, const double *cons
         }
         for (int64_t j = 0; j < n; ++j) {
           const int64_t vo = b * a->v.sb + j * a->v.ss + hk * a->v.sh;
-          const double *v8 = x8 ? x8[2] + ((b * a->Sk + j) * a->Hkv + hk) * D : NULL;
           const double p = exp(s[j] - m);
           l += p;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * (v8 ? v8[d] : fusedk__load(a->v.p, vo + d, a->scalar));
+          for (int64_t d = 0; d < D; ++d) acc[d] += p * fusedk__load(a->v.p, vo + d, a->scalar);
         }
         for (int64_t d = 0; d < D; ++d) fusedk__store(a->out.p, oo + d, n ? acc[d] / l : 0.0, a->scalar);
         if (a->lse.p) a->lse.p[b * a->lse.sb + h * a->lse.sh + i * a->lse.ss] = n ? (float)(m + log(l)) : -HUGE_VALF;
@@ -2896,7 +2894,7 @@ static int fusedk__attention_core(const fusedk__attn_args *a, const double *cons
 /* attention_int8's quantization, in float32 as the GPU's: the largest magnitude (a NaN wins),
    x * (127 / amax) rounded to nearest, ties to even; where 127 / amax is not finite (amax 0, or
    below 127 / FLT_MAX) every value is 0; amax Inf or NaN: every value 0 and the scale non-finite,
-   so the row (of q, k) or channel (of v) dequantizes to NaN */
+   so the row dequantizes to NaN */
 static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
 static float fusedk__i8_inv(float amax) {
   const float r = 127.0f / amax;
@@ -2907,8 +2905,17 @@ static double fusedk__i8(float x, float inv) {
   return r != r ? 0.0 : r > 127.0f ? 127.0 : r < -127.0f ? -127.0 : (double)r;
 }
 
+/* k's scale to 22 significant bits (its two lowest mantissa bits 0), as the kernel's: its
+   conversion of int32 sums needs 1.5 2^23 times the scale exact */
+static float fusedk__cut22(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4), u &= ~3u, memcpy(&x, &u, 4);
+  return x;
+}
+
 /* q's or k's rows (b, token, head) quantized and dequantized into out (compact, double); mean:
-   per (b, head) Dh floats taken off before (k) and added back after, or NULL (q) */
+   per (b, head) Dh floats taken off before (k, its scale cut to 22 bits) and added back after,
+   or NULL (q) */
 static void fusedk__i8_rows(const fusedk__attn_args *a, const void *p, int64_t sb, int64_t ss, int64_t sh, int64_t S,
                             int64_t H, const float *mean, float *x, double *out) {
   const int64_t D = a->Dh;
@@ -2920,45 +2927,34 @@ static void fusedk__i8_rows(const fusedk__attn_args *a, const void *p, int64_t s
         for (int64_t d = 0; d < D; ++d)
           x[d] = (float)fusedk__load(p, b * sb + i * ss + h * sh + d, a->scalar) - (mu ? mu[d] : 0.0f),
           amax = fusedk__amax(amax, x[d]);
-        const float inv = fusedk__i8_inv(amax), scale = amax / 127.0f;
+        const float inv = fusedk__i8_inv(amax), scale = mu ? fusedk__cut22(amax / 127.0f) : amax / 127.0f;
         double *o = out + ((b * S + i) * H + h) * D;
         for (int64_t d = 0; d < D; ++d) o[d] = fusedk__i8(x[d], inv) * (double)scale + (mu ? mu[d] : 0.0f);
       }
 }
 
-/* attention_int8's reference: q, k and v quantized as the GPU quantizes them, dequantized into
+/* attention_int8's reference: q and k quantized as the GPU quantizes them, dequantized into
    double (k with its mean added back: scores shifted by a row's constant, lse as the GPU's), then
-   the double reference on them */
+   the double reference on them and v */
 static int fusedk__attention_int8_cpu(const fusedk__attn_args *a) {
   const int64_t D = a->Dh, nq = a->B * a->Sq * a->Hq * D, nk = a->B * a->Sk * a->Hkv * D;
-  double *q = (double *)malloc((size_t)(nq + 2 * nk + 1) * sizeof *q), *k = q ? q + nq : NULL, *v = k ? k + nk : NULL;
-  float *mean = (float *)malloc((size_t)(a->B * a->Hkv * D + 2 * D + 1) * sizeof *mean),
-        *vmax = mean ? mean + a->B * a->Hkv * D : NULL, *x = vmax ? vmax + D : NULL;
+  double *q = (double *)malloc((size_t)(nq + nk + 1) * sizeof *q), *k = q ? q + nq : NULL;
+  float *mean = (float *)malloc((size_t)(a->B * a->Hkv * D + D + 1) * sizeof *mean),
+        *x = mean ? mean + a->B * a->Hkv * D : NULL;
   if (!q || !mean) return free(q), free(mean), 1;
   for (int64_t b = 0; b < a->B; ++b)
-    for (int64_t h = 0; h < a->Hkv; ++h) { /* k's mean and v's channel maxima over the keys the last row sees (all
-                                              that any row sees) */
-      const int64_t n = fusedk__attn_keys(a, b, a->Sq - 1), ko = b * a->k.sb + h * a->k.sh,
-                    vo = b * a->v.sb + h * a->v.sh;
+    for (int64_t h = 0; h < a->Hkv; ++h) { /* k's mean over the keys the last row sees (all that any row sees) */
+      const int64_t n = fusedk__attn_keys(a, b, a->Sq - 1), ko = b * a->k.sb + h * a->k.sh;
       float *mu = mean + (b * a->Hkv + h) * D;
       for (int64_t d = 0; d < D; ++d) {
         double sum = 0.0;
-        float vm = 0.0f;
-        for (int64_t j = 0; j < n; ++j)
-          sum += fusedk__load(a->k.p, ko + j * a->k.ss + d, a->scalar),
-              vm = fusedk__amax(vm, (float)fusedk__load(a->v.p, vo + j * a->v.ss + d, a->scalar));
-        mu[d] = n ? (float)(sum / (double)n) : 0.0f, vmax[d] = vm;
+        for (int64_t j = 0; j < n; ++j) sum += fusedk__load(a->k.p, ko + j * a->k.ss + d, a->scalar);
+        mu[d] = n ? (float)(sum / (double)n) : 0.0f;
       }
-      for (int64_t j = 0; j < a->Sk; ++j)
-        for (int64_t d = 0; d < D; ++d)
-          v[((b * a->Sk + j) * a->Hkv + h) * D + d] =
-              j < n ? fusedk__i8((float)fusedk__load(a->v.p, vo + j * a->v.ss + d, a->scalar), fusedk__i8_inv(vmax[d])) *
-                          (double)(vmax[d] / 127.0f)
-                    : 0.0;
     }
   fusedk__i8_rows(a, a->q.p, a->q.sb, a->q.ss, a->q.sh, a->Sq, a->Hq, NULL, x, q);
   fusedk__i8_rows(a, a->k.p, a->k.sb, a->k.ss, a->k.sh, a->Sk, a->Hkv, mean, x, k);
-  const double *x8[3] = {q, k, v};
+  const double *x8[2] = {q, k};
   const int r = fusedk__attention_core(a, x8);
   free(q), free(mean);
   return r;

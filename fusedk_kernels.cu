@@ -49,7 +49,7 @@
 //               mainloop attn_tma_mainloop taking turns on wgmma, the epilogue's stores; the
 //               producer's ring and the consumers' pipeline shared with attention_int8's
 //               attn_i8_kernel; its quantization passes attn_i8_stats (and attn_i8_stat_sums),
-//               attn_i8_rows, attn_i8_v)
+//               attn_i8_rows, attn_i8_vcopy where TMA cannot read v)
 //   [lowrank]   lowrank_update: lowrank_mma_kernel (f16/bf16: x v (lr_h_mainloop) and h u_t
 //               (lr_out_mainloop) on warp_mma, h in registers) and lowrank_fma_kernel (float32
 //               and unaligned views: CUDA cores); the backward's one-pass lowrank_grad_kernel.
@@ -1036,36 +1036,18 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
   else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_RS, 128, "{%64, %65, %66, %67}", 68, 69) }
   else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_RS, 256, "{%128, %129, %130, %131}", 132, 133) }
 }
-// The integer forms (attention_int8): d[64 x N] (+)= a[64 x 32] b[32 x N] in int32, exact. SS: a
-// (s8) and b (s8) K-major in shared memory; RS: a (u8) in registers, 4 bytes a register along k
-// (mma.sync's m16n8k32 a-fragment per warp of the group), b (s8) K-major (8-bit b is never
-// transposed by the instruction: V comes as V^T). The accumulator's layout is the float forms'.
+// The integer form (attention_int8's S): d[64 x N] (+)= a[64 x 32] b[32 x N] in int32, exact; a
+// (s8) and b (s8) K-major in shared memory. The accumulator's layout is the float forms'.
 #define FUSEDK__WGMMA_I8_SS(N, IA, IB, SCALE, K)                                                          \
   asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.s8.s8 " FUSEDK__WG_D(N) ", %" #IA ", %" #IB \
                ", " #SCALE ";"                                                                             \
                : FUSEDK__WG_C##N(K)                                                                        \
                : "l"(a), "l"(b))
-#define FUSEDK__WGMMA_I8_RS(N, IA, IB, SCALE, K)                                                           \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k32.s32.u8.s8 " FUSEDK__WG_D(N) ", " IA ", %" #IB     \
-               ", " #SCALE ";"                                                                              \
-               : FUSEDK__WG_C##N(K)                                                                         \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
 // acc 0: d = a b (the accumulator written, not read)
 template <int N> __device__ __forceinline__ void wgmma_i8_ss(int (&d)[N / 8][4], uint64_t a, uint64_t b, bool acc) {
   static_assert(N == 128, "score tiles of 128 keys");
   if (acc) FUSEDK__WGMMA_I8_SS(128, 64, 65, 1, "+r");
   else FUSEDK__WGMMA_I8_SS(128, 64, 65, 0, "=r");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_i8_rs(int (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, bool acc) {
-  static_assert(N == 64 || N == 128, "output tiles of 64 or 128 columns");
-  if constexpr (N == 64) {
-    if (acc) FUSEDK__WGMMA_I8_RS(64, "{%32, %33, %34, %35}", 36, 1, "+r");
-    else FUSEDK__WGMMA_I8_RS(64, "{%32, %33, %34, %35}", 36, 0, "=r");
-  } else {
-    if (acc) FUSEDK__WGMMA_I8_RS(128, "{%64, %65, %66, %67}", 68, 1, "+r");
-    else FUSEDK__WGMMA_I8_RS(128, "{%64, %65, %66, %67}", 68, 0, "=r");
-  }
 }
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -3166,7 +3148,7 @@ __device__ __forceinline__ void attn_store(const fusedk__attn_args &a, float (&o
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
       asm volatile("st.shared.b32 [%0], %1;" ::"r"(at(frag + 8 * hf, t) + (tid % 4) * 4),
-                   "r"(pack2<T>(o[t][2 * hf] * inv[hf], o[t][2 * hf + 1] * inv[hf]))
+                   "r"(l[hf] == 0.f ? 0u : pack2<T>(o[t][2 * hf] * inv[hf], o[t][2 * hf + 1] * inv[hf]))
                    : "memory");
   if (a.lse.p && tid % 4 == 0)
 #pragma unroll
@@ -3313,11 +3295,13 @@ __device__ __forceinline__ void attn_store_regs(const fusedk__attn_args &a, floa
     const int64_t r = i + 8 * hf;
     if (r >= a.Sq) continue;
     T *out = (T *)a.out.p + b * a.out.sb + r * a.out.ss + h * a.out.sh + 2 * (lane % 4);
+    // a row that saw no key is 0, also where its weights of 0 met an Inf of v in P V (0 times Inf)
+    auto y = [&](float x) { return l[hf] == 0.f ? 0.f : x * inv; };
 #pragma unroll
     for (int t = 0; t < D / 8; ++t)
       if (t * 8 >= a.Dh) continue;
-      else if (pairs) *reinterpret_cast<uint32_t *>(out + 8 * t) = pack2<T>(o[t][2 * hf] * inv, o[t][2 * hf + 1] * inv);
-      else out[8 * t] = from_f32<T>(o[t][2 * hf] * inv), out[8 * t + 1] = from_f32<T>(o[t][2 * hf + 1] * inv);
+      else if (pairs) *reinterpret_cast<uint32_t *>(out + 8 * t) = pack2<T>(y(o[t][2 * hf]), y(o[t][2 * hf + 1]));
+      else out[8 * t] = from_f32<T>(y(o[t][2 * hf])), out[8 * t + 1] = from_f32<T>(y(o[t][2 * hf + 1]));
     if (a.lse.p && lane % 4 == 0)
       a.lse.p[b * a.lse.sb + h * a.lse.sh + r * a.lse.ss] =
           l[hf] == 0.f ? -INFINITY : (m[hf] + __log2f(l[hf])) * 0.6931471805599453f;
@@ -3565,19 +3549,22 @@ __device__ __forceinline__ void attn_tma_produce(const AttnTmaRing &R, const CUt
 // update (settle: rescale or add) and P_j's registers (pack) come only after that product is done
 // (P_j packed any earlier, into registers of its own, makes ptxas serialize the products).
 // turn / pass: the consumers' ping-pong around their issues. The steps, by the kernel: S's
-// register type SR; scored(sc, t): S of ring tile t is done (before K's stage is released);
-// v_ready(j, t): V of tile t (the item's j) landed and usable; hold(in): pins O's registers, and
-// P's going in, around the products (wgmma_hold).
-template <typename SR, int BC, int ST, typename Turn, typename Pass, typename Scores, typename Values, typename Scored,
-          typename Softmax, typename VReady, typename Hold, typename Settle, typename Pack>
+// register type SR; k_ready(t): K's stage of ring tile t landed (before the turn: loads from it
+// there wait on no product); scored(sc, t): S of ring tile t is done (before K's stage is
+// released); v_ready(j, t): V of tile t (the item's j) landed and usable; hold(in): pins O's
+// registers, and P's going in, around the products (wgmma_hold).
+template <typename SR, int BC, int ST, typename Turn, typename Pass, typename KReady, typename Scores,
+          typename Values, typename Scored, typename Softmax, typename VReady, typename Hold, typename Settle,
+          typename Pack>
 __device__ __forceinline__ void attn_pipeline(const AttnTmaRing &R, int jb, int n_tiles, int64_t it, Turn &&turn,
-                                              Pass &&pass, Scores &&scores, Values &&values, Scored &&scored,
-                                              Softmax &&softmax, VReady &&v_ready, Hold &&hold, Settle &&settle,
-                                              Pack &&pack) {
+                                              Pass &&pass, KReady &&k_ready, Scores &&scores, Values &&values,
+                                              Scored &&scored, Softmax &&softmax, VReady &&v_ready, Hold &&hold,
+                                              Settle &&settle, Pack &&pack) {
   if (n_tiles == 0) mbar_arrive(R.q_free);
   if (n_tiles) {
     SR sc[BC / 8][4];
     mbar_wait(&R.k_full[it % ST], (uint32_t)(it / ST) & 1);
+    k_ready(it);
     turn();
     wgmma_fence();
     scores(sc, it);
@@ -3595,6 +3582,7 @@ __device__ __forceinline__ void attn_pipeline(const AttnTmaRing &R, int jb, int 
     SR sc[BC / 8][4];
     v_ready(jb + j - 1, t - 1);
     mbar_wait(&R.k_full[t % ST], (uint32_t)(t / ST) & 1);
+    k_ready(t);
     hold(true); // O's update and P_{j-1} are in their registers before the products start
     turn();
     wgmma_fence();
@@ -3634,15 +3622,16 @@ __device__ __forceinline__ void attn_pipeline(const AttnTmaRing &R, int jb, int 
 // zeroed).
 // V of a 16-bit stage at vt landed (the unit's key tile j), keys past the block's last zeroed:
 // keys no row of the block sees give 0, not whatever the tensor holds (past Sk TMA has
-// zero-filled), so that a weight of 0 never meets an Inf; w's own barrier around the stores
+// zero-filled), so that a weight of 0 never meets an Inf; w's own barrier around the stores (the
+// thread's index read there: kept in a register across the loop, ptxas spills it)
 template <int BC, int D>
 __device__ __forceinline__ void attn_v16_ready(const fusedk__attn_args &a, const AttnBlock &blk, uint32_t vt, int j,
-                                               int tid, int w) {
+                                               int w) {
   constexpr int CH = D / 8;
   const int64_t j0 = (int64_t)j * BC;
   if (j0 + BC > blk.n_hi && blk.n_hi < a.Sk) {
     const int from = (int)(blk.n_hi - j0);
-    for (int i = tid; i < (BC - from) * CH; i += 128)
+    for (int i = threadIdx.x % 128; i < (BC - from) * CH; i += 128)
       asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(vt + swz128(BC, from + i / CH, i % CH)), "r"(0)
                    : "memory");
     fence_async_smem();
@@ -3680,7 +3669,7 @@ __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fu
   };
   auto values_ready = [&](int j, int64_t t) { // V of ring tile t (the unit's j) landed, keys past the block's last zeroed
     mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1);
-    attn_v16_ready<BC, D>(a, blk, R.sv + (int)(t % ST) * L::kTile, j, tid, w);
+    attn_v16_ready<BC, D>(a, blk, R.sv + (int)(t % ST) * L::kTile, j, w);
   };
   auto values = [&](int64_t t) { attn_pv16<T, D, BC>(o, pa, R.sv + (int)(t % ST) * L::kTile); };
   auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights; alpha for O
@@ -3689,7 +3678,7 @@ __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fu
     attn_softmax<BC>(sc, scale_log2, m, l, alpha);
   };
   attn_pipeline<float, BC, ST>(
-      R, jb, n_tiles, it, turn, pass, scores, values,
+      R, jb, n_tiles, it, turn, pass, [](int64_t) {}, scores, values,
       [](float (&sc)[BC / 8][4], int64_t) -> float(&)[BC / 8][4] { return sc; }, softmax, values_ready,
       [&](bool in) {
         wgmma_hold(o);
@@ -3851,49 +3840,37 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// attention_int8: q, k and v quantized (fusedk.h's rules) into a per-stream buffer by three
-// passes, then the Hopper kernel's schedule on integer tensor cores. The passes: statistics
-// (k's sums and v's largest magnitudes a channel, per chunk of keys, then summed once a (b,
-// head) in chunk order: the same bits run to run), rows (q and k, a warp a row: int8 and a float scale; q's
-// row also gets scale * q . mean(k), lse's part), and v (int8 per channel, written as V^T,
-// each run of 32 keys in the order the a fragment of P holds them: attn_i8_pos). The kernel:
-// S = Q K^T as s8 x s8 -> s32, to float times k's scales (q's join in the exponent); the online softmax; P as
-// u8, round(255 * 2^(s - top)), top the row's largest score of the tile (8 bits of the tile's
-// own range, which a fixed scale against the running max loses over tens of thousands of
-// keys); O += P V^T as u8 x s8 -> s32 a tile, added into the float O times the tile's weight.
-// Head sizes 64 and 128 (rows of D bytes).
+// attention_int8: q and k quantized (fusedk.h's rules) into a per-stream buffer by two passes,
+// then the Hopper kernel's schedule with S = Q K^T on integer tensor cores. The passes:
+// statistics (k's sums per chunk of keys, then summed once a (b, head) in chunk order: the same
+// bits run to run) and rows (q and k, a warp a row: int8 and a float scale; q's row also gets
+// scale * q . mean(k), lse's part). The kernel: S as s8 x s8 -> s32, to float times k's scales
+// (q's join in the exponent); the online softmax; P in the inputs' 16-bit type against the
+// running max and O += P V on 16-bit tensor cores from v as given (the bf16 kernel's V stages):
+// SageAttention's split, since 8 bits of P (or of v) cost more accuracy than the contract allows
+// (bench/NOTES.md). Head sizes 64 and 128 (rows of D bytes).
 // ---------------------------------------------------------------------------------------------
-constexpr int kI8Bc = 128;        // keys a tile: 128 bytes of V^T's rows, one swizzle atom
+constexpr int kI8Bc = 128;        // keys a tile
 constexpr int kI8StatRows = 256;  // keys a statistics block
 
-// The buffer: q8 [B, Hq, Sq, D], k8 [B, Hk, Sk, D], v8 [B, Hk, D, Skp] (int8; none for PV16), qs and qm [B, Hq,
-// Sq], ks [B, Hk, Skp] (float2: k's scale, times the sign of the softmax scale, and -1.5 2^23 times
-// that: attn_i8_mainloop's conversion), vs [B, Hk, D] (float), the statistics' partial sums [B Hk,
-// TS, 2 D] and their totals [B Hk, 2 D] (k's mean, v's largest magnitudes)
+// The buffer: q8 [B, Hq, Sq, D], k8 [B, Hk, Sk, D] (int8), qs and qm [B, Hq, Sq], ks [B, Hk, Skp]
+// (float2: k's scale, times the sign of the softmax scale, and -1.5 2^23 times that:
+// attn_i8_mainloop's conversion), the statistics' partial sums [B Hk, TS, D] and k's mean [B Hk,
+// D]; v16 [B, Sk, Hk, D] (T): v's copy where TMA cannot read v itself (attn_rows16), else none
 struct AttnI8Buf {
   int64_t Skp, TS;
-  size_t q8, k8, v8, qs, qm, ks, vs, part, stat, bytes;
-  AttnI8Buf(const fusedk__attn_args &a, bool v8s) {
+  size_t q8, k8, qs, qm, ks, part, mean, v16, bytes;
+  AttnI8Buf(const fusedk__attn_args &a, bool copy_v) {
     const int64_t D = a.Dh, bh = a.B * a.Hkv, bq = a.B * a.Hq;
     Skp = (a.Sk + kI8Bc - 1) / kI8Bc * kI8Bc, TS = (a.Sk + kI8StatRows - 1) / kI8StatRows;
     size_t at = 0;
     auto take = [&](int64_t n) { const size_t p = at; at += ((size_t)n + 255) / 256 * 256; return p; };
-    q8 = take(bq * a.Sq * D), k8 = take(bh * a.Sk * D), v8 = take(v8s ? bh * D * Skp : 0), qs = take(bq * a.Sq * 4),
-    qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 8), vs = take(bh * D * 4), part = take(bh * TS * 2 * D * 4),
-    stat = take(bh * 2 * D * 4);
+    q8 = take(bq * a.Sq * D), k8 = take(bh * a.Sk * D), qs = take(bq * a.Sq * 4), qm = take(bq * a.Sq * 4),
+    ks = take(bh * Skp * 8), part = take(bh * TS * D * 4), mean = take(bh * D * 4),
+    v16 = take(copy_v ? bh * a.Sk * D * 2 : 0);
     bytes = at;
   }
 };
-
-// FUSEDK_INT8_PV16=1 (a developer's switch while the variant is measured, bench/NOTES.md): int8
-// Q K^T with P V in 16 bits on v as given, where TMA can read v (16-byte aligned base and strides)
-bool attn_i8_pv16(const fusedk__attn_args &a) {
-  static const bool on = [] {
-    const char *e = getenv("FUSEDK_INT8_PV16");
-    return e && *e && strcmp(e, "0") != 0;
-  }();
-  return on && attn_rows16(a.v);
-}
 
 StreamBuffers &attn_i8_buffers() {
   static StreamBuffers *b = new StreamBuffers; // never destroyed: no teardown order at exit
@@ -3911,51 +3888,42 @@ __device__ __forceinline__ float i8_inv(float amax) { // 0 where 127 / amax is n
   return amax > 0.f && r < INFINITY ? r : 0.f;
 }
 __device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
-// where key r of a run of 32 sits in V^T's run: P's a fragment holds, a thread, the accumulator's
-// columns 2q, 2q + 1, 8 + 2q, 9 + 2q (then 16 + the same) as k = 4q .. 4q + 3 (16 + the same)
-__host__ __device__ __forceinline__ int attn_i8_pos(int r) {
-  return (r & 16) | ((r >> 1) & 3) << 2 | ((r >> 3) & 1) << 1 | (r & 1);
-}
 
 // The passes' grids are 1-D (blocks past 65535 (b, h) pairs): block x is chunk x % n of pair x / n
 __device__ __forceinline__ void attn_i8_block(int64_t n, int64_t &bh, int64_t &chunk) {
   bh = blockIdx.x / n, chunk = blockIdx.x % n;
 }
 
-// Statistics: block (chunk, b hk) of 256 threads, thread (d, g): k's sum and v's largest
-// magnitude (V: v quantized, not PV16) over the chunk's keys g, g + G, ... below the batch's count
-// (G = 256 / D groups, their loads in flight together), the groups then summed in order
-template <typename T, int D, bool V>
+// Statistics: block (chunk, b hk) of 256 threads, thread (d, g): k's sum over the chunk's keys g,
+// g + G, ... below the batch's count (G = 256 / D groups, their loads in flight together), the
+// groups then summed in order
+template <typename T, int D>
 __global__ void __launch_bounds__(256) attn_i8_stats(const fusedk__attn_args a, float *part, int64_t TS) {
   constexpr int G = 256 / D;
-  __shared__ float red[2][G][D];
+  __shared__ float red[G][D];
   int64_t bh, ts;
   attn_i8_block(TS, bh, ts);
   const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = ts * kI8StatRows;
   const int n = (int)min(attn_kv(a, b) - j0, (int64_t)kI8StatRows), d = threadIdx.x % D, g = threadIdx.x / D;
-  const T *k = (const T *)a.k.p + b * a.k.sb + hk * a.k.sh + j0 * a.k.ss + d,
-          *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + j0 * a.v.ss + d;
-  float sum = 0.f, vm = 0.f;
+  const T *k = (const T *)a.k.p + b * a.k.sb + hk * a.k.sh + j0 * a.k.ss + d;
+  float sum = 0.f;
 #pragma unroll 4
-  for (int j = g; j < n; j += G) sum += to_f32<T>(k[j * a.k.ss]), vm = V ? amax_nan(vm, to_f32<T>(v[j * a.v.ss])) : 0.f;
-  red[0][g][d] = sum, red[1][g][d] = vm;
+  for (int j = g; j < n; j += G) sum += to_f32<T>(k[j * a.k.ss]);
+  red[g][d] = sum;
   __syncthreads();
   if (g) return;
-  for (int e = 1; e < G; ++e) sum += red[0][e][d], vm = amax_nan(vm, red[1][e][d]);
-  float *p = part + (bh * TS + ts) * 2 * D;
-  p[d] = sum, p[D + d] = vm;
+  for (int e = 1; e < G; ++e) sum += red[e][d];
+  part[(bh * TS + ts) * D + d] = sum;
 }
 
-// The statistics' totals: block b hk, thread col: k's mean (col < D) or v's largest magnitude
-// (col - D) over the chunks in order, into stat; v's channel scales into vs
+// k's mean: block b hk, thread d: the chunks' sums in order over the batch's count
 __global__ void attn_i8_stat_sums(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
   const int64_t bh = blockIdx.x, D = a.Dh, n = attn_kv(a, bh / a.Hkv), chunks = (n + kI8StatRows - 1) / kI8StatRows;
-  for (int col = threadIdx.x; col < 2 * D; col += blockDim.x) {
-    const float *p = (const float *)(buf + L.part) + bh * L.TS * 2 * D + col;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    const float *p = (const float *)(buf + L.part) + bh * L.TS * D + d;
     float r = 0.f;
-    for (int64_t t = 0; t < chunks; ++t) r = col < D ? r + p[t * 2 * D] : amax_nan(r, p[t * 2 * D]);
-    ((float *)(buf + L.stat))[bh * 2 * D + col] = col < D && n ? r / (float)n : r;
-    if (col >= D) ((float *)(buf + L.vs))[bh * D + col - D] = r / 127.f;
+    for (int64_t t = 0; t < chunks; ++t) r += p[t * D];
+    ((float *)(buf + L.mean))[bh * D + d] = n ? r / (float)n : 0.f;
   }
 }
 
@@ -3971,7 +3939,7 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   attn_i8_block((S + 31) / 32, bh, chunk);
   const int64_t b = bh / H, h = bh % H;
   const int64_t hk = K ? h : h / (a.Hq / a.Hkv), n = attn_kv(a, b);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) mean[d] = ((const float *)(buf + L.stat))[(b * a.Hkv + hk) * 2 * D + d];
+  for (int d = threadIdx.x; d < D; d += blockDim.x) mean[d] = ((const float *)(buf + L.mean))[(b * a.Hkv + hk) * D + d];
   if (K && chunk == (S + 31) / 32 - 1)
     for (int64_t j = S + threadIdx.x; j < L.Skp; j += blockDim.x) ((float2 *)(buf + L.ks))[bh * L.Skp + j] = make_float2(0.f, 0.f);
   __syncthreads();
@@ -4007,43 +3975,31 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   }
 }
 
-// v: block (256 / D runs of 32 keys, b hk), a thread a (channel, run): int8 by channel, the run's
-// 32 bytes (keys at attn_i8_pos) straight to V^T's row (a warp's reads: 32 channels of a key,
-// contiguous); keys past the batch's count (and Sk) 0.
+// v's compact copy (AttnI8Buf's v16) where TMA cannot read v: a thread 8 channels of a row, the
+// grid striding over the rest
 template <typename T, int D>
-__global__ void __launch_bounds__(256) attn_i8_v(const fusedk__attn_args a, const AttnI8Buf L, unsigned char *buf) {
-  constexpr int R = 32 * (256 / D); // keys a block
-  int64_t bh, chunk;
-  attn_i8_block(L.Skp / R, bh, chunk);
-  const int64_t b = bh / a.Hkv, hk = bh % a.Hkv, j0 = chunk * R + 32 * (threadIdx.x / D);
-  const int64_t n = attn_kv(a, b);
-  const int d = threadIdx.x % D;
-  const float inv = i8_inv(((const float *)(buf + L.stat))[bh * 2 * D + D + d]);
-  const T *v = (const T *)a.v.p + b * a.v.sb + hk * a.v.sh + d;
-  uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+__global__ void __launch_bounds__(256) attn_i8_vcopy(const fusedk__attn_args a, T *dst) {
+  const int64_t n = a.B * a.Sk * a.Hkv * (D / 8);
+  for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (int64_t)gridDim.x * 256) {
+    const int64_t row = i / (D / 8), d0 = i % (D / 8) * 8, b = row / (a.Sk * a.Hkv), j = row / a.Hkv % a.Sk,
+                  hk = row % a.Hkv;
+    const T *src = (const T *)a.v.p + b * a.v.sb + j * a.v.ss + hk * a.v.sh + d0;
 #pragma unroll
-  for (int r = 0; r < 32; ++r) {
-    const int64_t j = j0 + r;
-    const int q = j < n ? i8_of(to_f32<T>(v[j * a.v.ss]), inv) : 0;
-    const int at = attn_i8_pos(r);
-    w[at / 4] |= (uint32_t)(q & 255) << 8 * (at % 4);
+    for (int e = 0; e < 8; ++e) dst[row * D + d0 + e] = src[e];
   }
-  uint4 *dst = (uint4 *)(buf + L.v8 + (bh * D + d) * L.Skp + j0);
-  dst[0] = make_uint4(w[0], w[1], w[2], w[3]), dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
 // The int8 kernel's shared memory (bytes from a 1024-aligned base): Q (64 NC rows of D bytes),
-// the K stages (kI8Bc rows of D bytes), the V^T stages (D rows of kI8Bc bytes), k's scales a
-// stage (kI8Bc float2s), then the barriers and the item as AttnTmaSmem's. Three stages: a tile
-// takes half the bf16 kernel's time, so one more is in flight. Rows of 64 bytes (D 64) take the
-// 64-byte swizzle (kSwz: the descriptors' mode). PV16 (P V in 16 bits, v as given): the V stages
-// are the bf16 kernel's ([kBc keys, D] in 64-column chunks), twice the bytes.
-template <int D, bool PV16 = false> struct AttnI8Smem {
+// the K stages (kI8Bc rows of D bytes), the V stages (the bf16 kernel's: [kBc keys, D] of T in
+// 64-column chunks), k's scales a stage (kI8Bc float2s), then the barriers and the item as
+// AttnTmaSmem's. Three stages: S takes half the bf16 kernel's time, so one more is in flight.
+// Rows of 64 bytes (D 64) take the 64-byte swizzle (kSwz: the descriptors' mode).
+template <int D> struct AttnI8Smem {
   static constexpr int kBc = kI8Bc, kStages = 3, kWgs = 2, kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1),
                        kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 24,
                        kRegs = std::min(256, (kLaunchRegs * (kWgs + 1) - kProdRegs) / kWgs / 8 * 8);
   static constexpr uint64_t kSwz = D == 64 ? 2 : 1;
-  static constexpr uint32_t kTile = kBc * D, kTileV = PV16 ? 2 * kTile : kTile, kQ = 0, kK = kQ + kRows * D,
+  static constexpr uint32_t kTile = kBc * D, kTileV = 2 * kTile, kQ = 0, kK = kQ + kRows * D,
                             kV = kK + kStages * kTile, kS = kV + kStages * kTileV, kBars = kS + kStages * kBc * 8,
                             kItem = kBars + (2 + 4 * kStages) * 8, kBytes = kItem + sizeof(AttnItem) + 1024;
 };
@@ -4051,7 +4007,6 @@ template <int D, bool PV16 = false> struct AttnI8Smem {
 struct AttnI8Scales {
   const float *qs, *qm;
   const float2 *ks;
-  const float *vs;
   int64_t Skp;
   bool pairs;
 };
@@ -4063,74 +4018,35 @@ __device__ __forceinline__ float4 lds_f4(uint32_t addr) {
   return v;
 }
 
-// Row hf's top score of the tile (the largest y qc; -inf where all its keys are masked) and the
-// running max m, which moves only where top passes it by more than 8 (2^8): alpha, its factor
-template <int BC>
-__device__ __forceinline__ float attn_i8_top(const float (&y)[BC / 8][4], int hf, float qc, float &m, float &alpha) {
-  float x = fmaxf(y[0][2 * hf], y[0][2 * hf + 1]);
-#pragma unroll
-  for (int t = 1; t < BC / 8; ++t) x = fmaxf(x, fmaxf(y[t][2 * hf], y[t][2 * hf + 1]));
-  const float top = quad_max(x) * qc;
-  const bool up = top > m + 8.f;
-  alpha = up ? exp2_ftz(m - top) : 1.f, m = up ? top : m;
-  return top;
-}
-
-// One row tile's softmax for the int8 kernel, on k-scaled scores y (S's sums times k's scale a
-// column; masked: -inf). Row hf's scores are y qc[hf] (q's scale times scale log2(e), > 0: the
-// scale's sign rides on k's); top, the tile's largest, is P's 255: each weight becomes
-// 2^(y qc - top + log2 255) (one FFMA and one MUFU), then two a register as halves of 1024 +
-// the rounded weight (F2FP and an HADD2 for two: the byte is the half's low 8 bits). The tile's
-// weight against the running max m is pw = 2^(top - m) / 255; m moves only where top passes it
-// by more than 8 (O and the sums grow at most 2^8 meanwhile), alpha (1 elsewhere) is then the
-// factor of O and of both sums: l, the unquantized weights' (lse's; added here), and lb, the
-// bytes' (O's: attn_i8_pack adds them). A row that has seen only masked keys keeps m = -inf, pw 0.
+// The int8 kernel's online softmax on k-scaled scores y (S's sums times k's scale a column;
+// masked: -inf): row hf's scores are y qc[hf] (q's scale times scale log2(e), > 0: the scale's
+// sign rides on k's); the weights 2^(y qc - m) replace y (P V takes them in 16 bits), l their sum.
+// The running max m moves only where a tile's top passes it by more than 8 (O and l grow at most
+// 2^8 meanwhile; alpha, 1 elsewhere, is then their factor), and whether it does needs the row's
+// top (a max over its quad) only where a score of the thread's own passes m + 8: a warp vote
+// keeps the shuffles' latency off the common path. A row that has seen only masked keys keeps
+// m = -inf (its shift 0: no inf - inf).
 template <int BC>
 __device__ __forceinline__ void attn_i8_softmax(float (&y)[BC / 8][4], const float (&qc)[2], float (&m)[2],
-                                                float (&l)[2], float (&lb)[2], float (&alpha)[2], float (&pw)[2]) {
-  const __half2 k1024 = __floats2half2_rn(1024.f, 1024.f);
+                                                float (&l)[2], float (&alpha)[2]) {
+  float x[2];
+  bool up = false;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    const float top = attn_i8_top<BC>(y, hf, qc[hf], m[hf], alpha[hf]);
-    l[hf] *= alpha[hf], lb[hf] *= alpha[hf];
-    // the shift a hair past top (no weight above 255 whatever the product's rounding), and the
-    // tile's weight from the same shift
-    const float sh = top == -INFINITY ? 0.f : top + fabsf(top) * 0x1p-22f - 7.99435343685886f; // log2(255)
-    pw[hf] = top == -INFINITY ? 0.f : exp2_ftz(sh - m[hf]);
-    float sum = 0.f;
+    x[hf] = fmaxf(y[0][2 * hf], y[0][2 * hf + 1]);
 #pragma unroll
-    for (int t = 0; t < BC / 8; ++t) {
-      const float e0 = exp2_ftz(fmaf(y[t][2 * hf], qc[hf], -sh)), e1 = exp2_ftz(fmaf(y[t][2 * hf + 1], qc[hf], -sh));
-      const __half2 h = __hadd2(__floats2half2_rn(e0, e1), k1024);
-      y[t][2 * hf] = __uint_as_float(*reinterpret_cast<const uint32_t *>(&h)), sum += e0 + e1;
+    for (int t = 1; t < BC / 8; ++t) x[hf] = fmaxf(x[hf], fmaxf(y[t][2 * hf], y[t][2 * hf + 1]));
+    up |= x[hf] * qc[hf] > m[hf] + 8.f;
+  }
+  alpha[0] = alpha[1] = 1.f;
+  if (__any_sync(0xffffffffu, up))
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const float top = quad_max(x[hf]) * qc[hf];
+      if (top > m[hf] + 8.f) alpha[hf] = exp2_ftz(m[hf] - top), m[hf] = top;
     }
-    l[hf] = fmaf(pw[hf], sum, l[hf]);
-  }
-}
-// P's bytes (attn_i8_softmax's halves) as the u8 a operand of O += P V^T, and their sums a row:
-// k step kk takes n8 tiles 4 kk .. 4 kk + 3, a thread's pairs of each in order (the keys' order
-// V^T's runs are written in: attn_i8_pos)
-template <int BC>
-__device__ __forceinline__ void attn_i8_pack(uint32_t (&a)[BC / 32][4], const float (&y)[BC / 8][4], uint32_t (&sum)[2]) {
-  sum[0] = sum[1] = 0;
-#pragma unroll
-  for (int k = 0; k < BC / 32; ++k) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) // register r: row r & 1, n8 tiles 4 k + (r & 2) and the next
-      a[k][r] = __byte_perm(__float_as_uint(y[4 * k + (r & 2)][2 * (r & 1)]),
-                            __float_as_uint(y[4 * k + (r & 2) + 1][2 * (r & 1)]), 0x6420),
-      sum[r & 1] = __dp4a(a[k][r], 0x01010101u, sum[r & 1]);
-  }
-}
-
-// PV16's softmax: attn_i8_softmax's max and running max (moving only past 2^8), the weights
-// 2^(y qc - m) unquantized (P V takes them in 16 bits), l their sum
-template <int BC>
-__device__ __forceinline__ void attn_i8_softmax16(float (&y)[BC / 8][4], const float (&qc)[2], float (&m)[2],
-                                                  float (&l)[2], float (&alpha)[2]) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    attn_i8_top<BC>(y, hf, qc[hf], m[hf], alpha[hf]);
     l[hf] *= alpha[hf];
     const float sh = m[hf] == -INFINITY ? 0.f : m[hf];
 #pragma unroll
@@ -4143,13 +4059,13 @@ __device__ __forceinline__ void attn_i8_softmax16(float (&y)[BC / 8][4], const f
 }
 
 // The int8 kernel's loads (attn_ring_produce): Q, K with k's scales (one bulk copy on K's
-// barrier) and V^T from the buffer: boxes of D bytes (Q, K) and kI8Bc bytes (V^T); PV16: V from
-// the tensor as the bf16 kernel loads it (64-column boxes)
-template <int D, bool PV16>
+// barrier) from the buffer, boxes of D bytes; V from the tensor (or its copy) as the bf16 kernel
+// loads it (64-column boxes)
+template <int D>
 __device__ __forceinline__ void attn_i8_produce(const AttnTmaRing &R, unsigned char *sbase, const CUtensorMap &tq,
                                                 const CUtensorMap &tk, const CUtensorMap &tv, const AttnI8Scales &sc,
                                                 const fusedk__attn_args &a, int n_mb, const AttnSplit &sp) {
-  using L = AttnI8Smem<D, PV16>;
+  using L = AttnI8Smem<D>;
   constexpr int BC = L::kBc, BR = L::kRows;
   attn_ring_produce<L>(
       R, a, n_mb, sp,
@@ -4165,37 +4081,37 @@ __device__ __forceinline__ void attn_i8_produce(const AttnTmaRing &R, unsigned c
       },
       [&](const AttnBlock &blk, int j, int s) {
         mbar_expect(&R.v_full[s], L::kTileV);
-        if (PV16)
-          for (int c = 0; c < D / 64; ++c)
-            tma_load_4d(R.sv + s * L::kTileV + c * BC * 128, &tv, 64 * c, j * BC, (int)blk.hk, (int)blk.b, &R.v_full[s]);
-        else tma_load_4d(R.sv + s * L::kTileV, &tv, j * BC, 0, (int)blk.hk, (int)blk.b, &R.v_full[s]);
+        for (int c = 0; c < D / 64; ++c)
+          tma_load_4d(R.sv + s * L::kTileV + c * BC * 128, &tv, 64 * c, j * BC, (int)blk.hk, (int)blk.b, &R.v_full[s]);
       });
 }
 
-// A consumer's mainloop over one item, on attn_pipeline (attn_tma_mainloop's schedule).
-// S's int32 sums become k-scaled scores before K's stage is released; each tile's P V^T (int32, P
-// in its own 8-bit range) is added into the float O (o) times its weight pw, then o takes alpha
-// where a row's max moved (attn_i8_softmax). PV16: P as T against the running max, O += P V in
-// the float accumulator as the bf16 kernel's (attn_i8_softmax16, attn_pv16).
-template <typename T, int D, bool PV16, typename Turn, typename Pass>
+// A consumer's mainloop over one item, on attn_pipeline (attn_tma_mainloop's schedule): S's int32
+// sums become k-scaled scores before K's stage is released (k's scales loaded before the turn:
+// shared loads issued among the products wait for them); P as T, O += P V in the float
+// accumulator as the bf16 kernel's (attn_pv16), O's rescale where a row's max moved.
+template <typename T, int D, typename Turn, typename Pass>
 __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t sks, const fusedk__attn_args &a,
                                                  const AttnBlock &blk, int jb, int n_tiles, int64_t it, int w, int tid,
                                                  const float (&qs)[2], float scale_log2, float (&o)[D / 8][4],
-                                                 float (&m)[2], float (&l)[2], float (&lb)[2], Turn &&turn,
-                                                 Pass &&pass) {
-  using L = AttnI8Smem<D, PV16>;
+                                                 float (&m)[2], float (&l)[2], Turn &&turn, Pass &&pass) {
+  using L = AttnI8Smem<D>;
   constexpr int BC = L::kBc, ST = L::kStages;
   const int lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
   const int64_t r0 = blk.i0 + 64 * w;
   const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
-  float qc[2], alpha[2] = {1.f, 1.f}, pw[2] = {0.f, 0.f}, pwn[2]; // pwn: the tile's weights until its P goes in
+  float qc[2], alpha[2] = {1.f, 1.f};
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) { // a row of q 0 (all its scores 0) keeps -inf's keys -inf
     qc[hf] = qs[hf] * fabsf(scale_log2);
     qc[hf] = qc[hf] < 1e-30f ? 1e-30f : qc[hf];
   }
-  int oi[D / 8][4];
-  uint32_t pa[PV16 ? BC / 16 : BC / 32][4];
+  uint32_t pa[BC / 16][4];
+  float4 kq[BC / 8]; // k's (scale, offset) pairs of the thread's columns
+  auto k_ready = [&](int64_t t) {
+#pragma unroll
+    for (int u = 0; u < BC / 8; ++u) kq[u] = lds_f4(sks + (int)(t % ST) * BC * 8 + (8 * u + c0) * 8);
+  };
   auto scores = [&](int (&si)[BC / 8][4], int64_t t) { // S of ring tile t: k steps of 32 bytes
     const uint32_t kt = R.sk + (int)(t % ST) * L::kTile;
 #pragma unroll
@@ -4204,83 +4120,47 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
                       wgmma_desc(kt + kk * 32, 16, 8 * D, L::kSwz), kk > 0);
     wgmma_commit();
   };
-  auto values = [&](int64_t t) { // O += P V^T of ring tile t: k steps of 32 keys
-    const uint32_t vt = R.sv + (int)(t % ST) * L::kTileV;
-    if constexpr (PV16) {
-      attn_pv16<T, D, BC>(o, pa, vt);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < BC / 32; ++kk) wgmma_i8_rs<D>(oi, pa[kk], wgmma_desc(vt + kk * 32, 16, 1024), kk > 0);
-      wgmma_commit();
-    }
-  };
   // S's sums as k-scaled scores, in place: a sum plus 1.5 2^23, read as a float, is 1.5 2^23 +
   // the sum exactly (|sum| < 2^22), and one FFMA with k's (scale, -1.5 2^23 scale) takes it off
   // (the scale has 22 bits: the second term is exact)
-  auto to_scores = [&](int (&si)[BC / 8][4], int64_t t) -> float(&)[BC / 8][4] {
-    const uint32_t kst = sks + (int)(t % ST) * BC * 8;
+  auto to_scores = [&](int (&si)[BC / 8][4], int64_t) -> float(&)[BC / 8][4] {
 #pragma unroll
-    for (int u = 0; u < BC / 8; ++u) {
-      const float4 k = lds_f4(kst + (8 * u + c0) * 8);
+    for (int u = 0; u < BC / 8; ++u)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        si[u][e] = __float_as_int(fmaf(__int_as_float(si[u][e] + 0x4B400000), e & 1 ? k.z : k.x, e & 1 ? k.w : k.y));
-    }
+        si[u][e] = __float_as_int(
+            fmaf(__int_as_float(si[u][e] + 0x4B400000), e & 1 ? kq[u].z : kq[u].x, e & 1 ? kq[u].w : kq[u].y));
     return reinterpret_cast<float(&)[BC / 8][4]>(si);
   };
   auto softmax = [&](float (&y)[BC / 8][4], int j) {
     const int64_t j0 = (int64_t)j * BC;
     attn_mask<BC>(y, 1.f, lim, j0, j0 + BC > blk.n_lo, c0);
-    if constexpr (PV16) attn_i8_softmax16<BC>(y, qc, m, l, alpha);
-    else attn_i8_softmax<BC>(y, qc, m, l, lb, alpha, pwn);
-  };
-  auto add_pv = [&](const float (&al)[2]) { // o += P V^T pw: the finished tile's sums; then al where a max moved
-#pragma unroll
-    for (int t = 0; t < D / 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[t][e] = fmaf((float)oi[t][e], pw[e >> 1], o[t][e]);
-    attn_rescale_moved<D>(o, al);
-  };
-  auto pack = [&](float (&y)[BC / 8][4]) {
-    if constexpr (PV16) {
-      pack_a<T, BC>(pa, y);
-    } else {
-      uint32_t sum[2];
-      attn_i8_pack<BC>(pa, y, sum);
-      pw[0] = pwn[0], pw[1] = pwn[1];
-      lb[0] = fmaf(pw[0], (float)sum[0], lb[0]), lb[1] = fmaf(pw[1], (float)sum[1], lb[1]);
-    }
+    attn_i8_softmax<BC>(y, qc, m, l, alpha);
   };
   attn_pipeline<int, BC, ST>(
-      R, jb, n_tiles, it, turn, pass, scores, values, to_scores, softmax,
+      R, jb, n_tiles, it, turn, pass, k_ready, scores,
+      [&](int64_t t) { attn_pv16<T, D, BC>(o, pa, R.sv + (int)(t % ST) * L::kTileV); }, to_scores, softmax,
       [&](int j, int64_t t) {
         mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1);
-        if constexpr (PV16) attn_v16_ready<BC, D>(a, blk, R.sv + (int)(t % ST) * L::kTileV, j, tid, w);
+        attn_v16_ready<BC, D>(a, blk, R.sv + (int)(t % ST) * L::kTileV, j, w);
       },
       [&](bool in) {
-        if constexpr (PV16) wgmma_hold(o);
-        else wgmma_hold(oi);
+        wgmma_hold(o);
         if (in) wgmma_hold(pa);
       },
-      [&] {
-        if constexpr (PV16) attn_rescale_moved<D>(o, alpha);
-        else add_pv(alpha);
-      },
-      pack);
-  if (!PV16 && n_tiles) add_pv({1.f, 1.f});
+      [&] { attn_rescale_moved<D>(o, alpha); }, [&](float (&y)[BC / 8][4]) { pack_a<T, BC>(pa, y); });
 }
 #endif // FUSEDK__SM90A
 
 // Persistent, as attn_tma_kernel (its items, ping-pong and producer), on the int8 buffer; the
-// epilogue takes v's channel scales into O (not PV16: v as given) and adds scale * q . mean(k)
-// to lse.
-template <typename T, int D, bool PV16>
-__global__ void __launch_bounds__(AttnI8Smem<D, PV16>::kThreads, 1)
+// epilogue adds scale * q . mean(k) to lse.
+template <typename T, int D>
+__global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
     attn_i8_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const fusedk__attn_args a, const AttnI8Scales sc, int n_mb,
                    const __grid_constant__ AttnSplit sp, float scale_log2) {
 #if FUSEDK__SM90A
-  using L = AttnI8Smem<D, PV16>;
+  using L = AttnI8Smem<D>;
   constexpr int NC = L::kWgs, BR = L::kRows;
   extern __shared__ __align__(1024) unsigned char attn_i8_smem[];
   const AttnTmaRing R = attn_tma_ring<L>(attn_i8_smem);
@@ -4289,11 +4169,11 @@ __global__ void __launch_bounds__(AttnI8Smem<D, PV16>::kThreads, 1)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (wg == 0) {
     regs_lower<L::kProdRegs>();
-    if (tid == 0) attn_i8_produce<D, PV16>(R, attn_i8_smem + (base - raw), tq, tk, tv, sc, a, n_mb, sp);
+    if (tid == 0) attn_i8_produce<D>(R, attn_i8_smem + (base - raw), tq, tk, tv, sc, a, n_mb, sp);
     return;
   }
   regs_raise<L::kRegs>();
-  const int w = wg - 1, lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
+  const int w = wg - 1, lane = tid % 32, frag = 16 * (tid / 32) + lane / 4;
   auto turn = [&] { bar_sync(1 + NC + w, 256); };
   auto pass = [&] { bar_arrive(1 + NC + (w + 1) % NC, 256); };
   if (w == NC - 1) bar_arrive(1 + NC, 256);
@@ -4306,26 +4186,11 @@ __global__ void __launch_bounds__(AttnI8Smem<D, PV16>::kThreads, 1)
     const int n_tiles = (wk.je < 0 ? (int)((blk.n_hi + L::kBc - 1) / L::kBc) : wk.je) - wk.jb;
     const int64_t row = blk.i0 + 64 * w + frag, qrow = (blk.b * a.Hq + blk.h) * a.Sq + row;
     const float qs[2] = {row < a.Sq ? sc.qs[qrow] : 0.f, row + 8 < a.Sq ? sc.qs[qrow + 8] : 0.f};
-    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, lb[2] = {0.f, 0.f};
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
-    attn_i8_mainloop<T, D, PV16>(R, base + L::kS, a, blk, wk.jb, n_tiles, it, w, tid, qs, scale_log2, o, m, l, lb, turn, pass);
+    attn_i8_mainloop<T, D>(R, base + L::kS, a, blk, wk.jb, n_tiles, it, w, tid, qs, scale_log2, o, m, l, turn, pass);
     it += n_tiles;
-    if constexpr (!PV16) { // O over the bytes' sum (its weights sum to 1), stored as O over l: times v's scales and l / lb
-      const float *vs = sc.vs + (blk.b * a.Hkv + blk.hk) * D + c0;
-      float f[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float sl = lanes_sum(l[hf], 4), sb = lanes_sum(lb[hf], 4);
-        f[hf] = sl != 0.f ? sl / sb : 0.f; // 0: no key seen (attn_store_regs writes 0)
-      }
-#pragma unroll
-      for (int t = 0; t < D / 8; ++t) {
-        const float2 v = *reinterpret_cast<const float2 *>(vs + 8 * t);
-        if (f[0] != 0.f) o[t][0] *= v.x * f[0], o[t][1] *= v.y * f[0];
-        if (f[1] != 0.f) o[t][2] *= v.x * f[1], o[t][3] *= v.y * f[1];
-      }
-    }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
       if (row + 8 * hf < a.Sq) m[hf] += sc.qm[qrow + 8 * hf] * 1.4426950408889634f; // lse's q . mean(k), log2 units
@@ -4336,44 +4201,46 @@ __global__ void __launch_bounds__(AttnI8Smem<D, PV16>::kThreads, 1)
 #endif
 }
 
-// attention_int8 on the GPU: the buffer, the three passes (PV16: two, v read by the kernel), the
-// kernel (Dh 64 and 128, sm_90a: fusedk.h and fusedk__cuda_attention check)
-template <typename T, int D, bool PV16>
+// attention_int8 on the GPU: the buffer, the two passes (and v's copy where TMA cannot read v),
+// the kernel (Dh 64 and 128, sm_90a: fusedk.h and fusedk__cuda_attention check)
+template <typename T, int D>
 cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
-  using L = AttnI8Smem<D, PV16>;
-  const AttnI8Buf B(a, !PV16);
+  using L = AttnI8Smem<D>;
+  const bool copy_v = !attn_rows16(a.v);
+  const AttnI8Buf B(a, copy_v);
   void *ws = nullptr;
   cudaError_t e = attn_i8_buffers().get(dev, s, B.bytes, 0, &ws);
   if (e != cudaSuccess) return e;
   unsigned char *buf = (unsigned char *)ws;
   const int64_t bh = a.B * a.Hkv;
-  attn_i8_stats<T, D, !PV16><<<(unsigned)(B.TS * bh), 256, 0, s>>>(a, (float *)(buf + B.part), B.TS);
+  attn_i8_stats<T, D><<<(unsigned)(B.TS * bh), 256, 0, s>>>(a, (float *)(buf + B.part), B.TS);
   attn_i8_stat_sums<<<(unsigned)bh, 256, 0, s>>>(a, B, buf);
   attn_i8_rows<T, D, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
   attn_i8_rows<T, D, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);
-  if (!PV16) attn_i8_v<T, D><<<(unsigned)(B.Skp / (32 * (256 / D)) * bh), 256, 0, s>>>(a, B, buf);
+  if (copy_v)
+    attn_i8_vcopy<T, D><<<(unsigned)std::min<int64_t>((bh * a.Sk * (D / 8) + 255) / 256, 1 << 20), 256, 0, s>>>(
+        a, (T *)(buf + B.v16));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   CUtensorMap tq, tk, tv;
   const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, sq[3] = {D, a.Sq * D, a.Hq * a.Sq * D};
   const int64_t dk[4] = {D, a.Sk, a.Hkv, a.B}, sk[3] = {D, a.Sk * D, a.Hkv * a.Sk * D};
-  const int64_t dv[4] = {B.Skp, D, a.Hkv, a.B}, sv[3] = {B.Skp, D * B.Skp, a.Hkv * D * B.Skp};
   constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   constexpr CUtensorMapSwizzle swz = D == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, D, L::kRows, swz) || !tmap_4d(&tk, buf + B.k8, u8, dk, sk, D, L::kBc, swz) ||
-      !(PV16 ? tmap_bshd(&tv, a.v.p, std::is_same<T, __nv_bfloat16>::value, a.B, a.Sk, a.Hkv, D, a.v.sb, a.v.ss, a.v.sh,
-                         L::kBc)
-             : tmap_4d(&tv, buf + B.v8, u8, dv, sv, L::kBc, D)))
+      !(copy_v ? tmap_bshd(&tv, buf + B.v16, bf, a.B, a.Sk, a.Hkv, D, a.Sk * a.Hkv * D, a.Hkv * D, D, L::kBc)
+               : tmap_bshd(&tv, a.v.p, bf, a.B, a.Sk, a.Hkv, D, a.v.sb, a.v.ss, a.v.sh, L::kBc)))
     return cudaErrorInvalidValue;
-  if ((e = smem_opt_in<attn_i8_kernel<T, D, PV16>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
+  if ((e = smem_opt_in<attn_i8_kernel<T, D>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
   const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq;
   int64_t grid;
   AttnSplit sp;
   if ((e = attn_plan<D, L::kWgs>(a, s, dev, units, B.Skp / L::kBc, grid, sp)) != cudaSuccess) return e;
   const bool pairs = ((uintptr_t)a.out.p & 3) == 0 && a.out.sb % 2 == 0 && a.out.ss % 2 == 0 && a.out.sh % 2 == 0;
-  const AttnI8Scales sc{(const float *)(buf + B.qs), (const float *)(buf + B.qm), (const float2 *)(buf + B.ks),
-                        (const float *)(buf + B.vs), B.Skp, pairs};
-  attn_i8_kernel<T, D, PV16><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(
-      tq, tk, tv, a, sc, (int)n_mb, sp, a.scale * 1.4426950408889634f);
+  const AttnI8Scales sc{(const float *)(buf + B.qs), (const float *)(buf + B.qm), (const float2 *)(buf + B.ks), B.Skp,
+                        pairs};
+  attn_i8_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(tq, tk, tv, a, sc, (int)n_mb, sp,
+                                                                       a.scale * 1.4426950408889634f);
   return cudaGetLastError();
 }
 #endif // FUSEDK__PART_ATTENTION
@@ -5474,7 +5341,7 @@ void fusedk__cuda_gemm_release(void) { gemm_shutdown(); }
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
                                      struct CUstream_st *stream) {
   return on_device(device_id, op, [&]() -> fusedk_status {
-    if (a->int8 && (tma_disabled() || !tma_code<attn_i8_kernel<__nv_bfloat16, 128, false>>(device_id))) {
+    if (a->int8 && (tma_disabled() || !tma_code<attn_i8_kernel<__nv_bfloat16, 128>>(device_id))) {
       int major = 0, minor = 0;
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id);
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id);
@@ -5487,10 +5354,8 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
       if constexpr (sizeof(T) == 2)
         return !a->int8 ? launch_attention<T>(*a, stream, device_id)
                : a->Sk == 0 ? launch_attention<T>(*a, stream, device_id) // no key: 0 and lse -inf whatever the precision
-               : attn_i8_pv16(*a) ? (a->Dh == 64 ? launch_attention_i8<T, 64, true>(*a, stream, device_id)
-                                                 : launch_attention_i8<T, 128, true>(*a, stream, device_id))
-               : a->Dh == 64 ? launch_attention_i8<T, 64, false>(*a, stream, device_id)
-                             : launch_attention_i8<T, 128, false>(*a, stream, device_id);
+               : a->Dh == 64 ? launch_attention_i8<T, 64>(*a, stream, device_id)
+                             : launch_attention_i8<T, 128>(*a, stream, device_id);
       else return cudaErrorNotSupported; // fusedk.h refuses float32 tensors first
     }), op);
   });

@@ -17,7 +17,7 @@ import fusedk
 
 
 def kernel_name(n):
-    """a demangled kernel's bare name: void (anonymous namespace)::attn_i8_v<...>(...) -> attn_i8_v"""
+    """a demangled kernel's bare name: void (anonymous namespace)::attn_i8_rows<...>(...) -> attn_i8_rows"""
     n = n.replace("(anonymous namespace)::", "")
     n = n[5:] if n.startswith("void ") else n
     return re.split(r"[<(]", n)[0]

@@ -212,6 +212,18 @@ def test_gpu_error_no_larger_than_flash(B, S, Hq, Hkv, D, causal, dtype):
 
 
 @needs_gpu
+def test_gpu_rows_that_see_no_key_beside_an_inf_in_v():
+    """rows that see no key are 0 (lse -inf) also where their block's P V meets an Inf of v (their
+    weights 0 times it); the rows that see its key Inf there"""
+    q = torch.randn(1, 6, 2, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 3, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v[0, 1, 0, 3] = float("inf")
+    out, lse = fusedk.attention(q, k, v, causal=True, return_lse=True)  # rows 0-2 see no key (Sq 6 > Sk 3)
+    assert not out[:, :3].any() and (lse[:, :, :3] == -float("inf")).all()
+    assert out[0, 4:, 0, 3].isposinf().all()
+
+
+@needs_gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_masks_views_and_edges(dtype):
     """Sq != Sk both ways under causal masks, kv_len (0, 1, partial, full, past Sk), [B, H, S, D]

@@ -297,7 +297,7 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, 
     (checking it there would cost a host sync). return_lse=True
     also returns lse, float32 [B, Hq, Sq], the log of each row's sum of exp(scores): (out, lse).
     A row whose keys are all masked gives 0 (lse -inf). precision: None (q's dtype) or "int8"
-    (attention_int8: q, k, v quantized to int8, both products on integer tensor cores)."""
+    (attention_int8: q and k quantized to int8, q k^T on integer tensor cores)."""
     op = _PRECISIONS.get(precision) if isinstance(precision, (str, type(None))) else None
     if op is None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"attention: precision is {precision!r}, expected None (q's "
@@ -308,8 +308,8 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, 
 def attention_int8(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, out=None, lse_out=None,
                    stream=None):
     """attention(..., precision="int8"): q and k quantized to int8 per token and head (k less its
-    mean over the keys), v per channel, the softmax weights as uint8; int32 sums. Errors against
-    float64: README, "8-bit attention"."""
+    mean over the keys), q k^T in int32 sums; P V as attention's (P in 16 bits, v as given).
+    Errors against float64: README, "8-bit attention"."""
     return _call(_ATTENTION_INT8, q, *_attention_args(_ATTENTION_INT8, q, k, v, scale, causal, kv_len, return_lse,
                                                       out, lse_out), stream)
 
