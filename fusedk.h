@@ -522,8 +522,8 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
    mean makes every row of (b, head) NaN. The CPU reference quantizes q and k the same way and
    runs fusedk_attention's reference (double) on their dequantized values and v. Errors against
    float64 attention of the unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100,
-   H200), f16 and bf16 inputs, Dh 64 and 128; the 8-bit copies (and v's, where its base or strides
-   are not 16-byte multiples) go through a per-stream buffer (grown to the largest call and kept
+   H200), f16 and bf16 inputs, Dh 64 and 128; the 8-bit copies (and v's, where TMA cannot read v:
+   a base or stride not a 16-byte multiple, a stride 0 or negative) go through a per-stream buffer (grown to the largest call and kept
    until fusedk_shutdown, as attention's split buffer, which this op uses too: the same capture
    rule for both). */
 FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const fusedk_tensor *lse,

@@ -3856,7 +3856,8 @@ constexpr int kI8StatRows = 256;  // keys a statistics block
 // The buffer: q8 [B, Hq, Sq, D], k8 [B, Hk, Sk, D] (int8), qs and qm [B, Hq, Sq], ks [B, Hk, Skp]
 // (float2: k's scale, times the sign of the softmax scale, and -1.5 2^23 times that:
 // attn_i8_mainloop's conversion), the statistics' partial sums [B Hk, TS, D] and k's mean [B Hk,
-// D]; v16 [B, Sk, Hk, D] (T): v's copy where TMA cannot read v itself (attn_rows16), else none
+// D]; v16 [B, Sk, Hk, D] (T): v's copy where TMA cannot read v itself (a base or stride not a
+// 16-byte multiple, a stride 0 (broadcast) or negative), else none
 struct AttnI8Buf {
   int64_t Skp, TS;
   size_t q8, k8, qs, qm, ks, part, mean, v16, bytes;
@@ -4206,7 +4207,9 @@ __global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
 template <typename T, int D>
 cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
   using L = AttnI8Smem<D>;
-  const bool copy_v = !attn_rows16(a.v);
+  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
+  CUtensorMap tq, tk, tv;
+  const bool copy_v = !tmap_bshd(&tv, a.v.p, bf, a.B, a.Sk, a.Hkv, D, a.v.sb, a.v.ss, a.v.sh, L::kBc);
   const AttnI8Buf B(a, copy_v);
   void *ws = nullptr;
   cudaError_t e = attn_i8_buffers().get(dev, s, B.bytes, 0, &ws);
@@ -4221,15 +4224,12 @@ cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int 
     attn_i8_vcopy<T, D><<<(unsigned)std::min<int64_t>((bh * a.Sk * (D / 8) + 255) / 256, 1 << 20), 256, 0, s>>>(
         a, (T *)(buf + B.v16));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  CUtensorMap tq, tk, tv;
   const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, sq[3] = {D, a.Sq * D, a.Hq * a.Sq * D};
   const int64_t dk[4] = {D, a.Sk, a.Hkv, a.B}, sk[3] = {D, a.Sk * D, a.Hkv * a.Sk * D};
   constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   constexpr CUtensorMapSwizzle swz = D == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, D, L::kRows, swz) || !tmap_4d(&tk, buf + B.k8, u8, dk, sk, D, L::kBc, swz) ||
-      !(copy_v ? tmap_bshd(&tv, buf + B.v16, bf, a.B, a.Sk, a.Hkv, D, a.Sk * a.Hkv * D, a.Hkv * D, D, L::kBc)
-               : tmap_bshd(&tv, a.v.p, bf, a.B, a.Sk, a.Hkv, D, a.v.sb, a.v.ss, a.v.sh, L::kBc)))
+      (copy_v && !tmap_bshd(&tv, buf + B.v16, bf, a.B, a.Sk, a.Hkv, D, a.Sk * a.Hkv * D, a.Hkv * D, D, L::kBc)))
     return cudaErrorInvalidValue;
   if ((e = smem_opt_in<attn_i8_kernel<T, D>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
   const int64_t n_mb = (a.Sq + L::kRows - 1) / L::kRows, units = n_mb * a.B * a.Hq;

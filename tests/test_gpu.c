@@ -828,7 +828,8 @@ static void run_linear_graph(void) {
    (the device clamps the last two; the reference, which refuses them, gets Sk and 0)
    cycled over B. special 1: q scaled 30x (scores far past exp's range unshifted); 2: key 5 of kv
    head 0 is NaN (the rows that see it are NaN, no other); 3: k's elements offset by 3 (k's
-   mean, which attention_int8 takes off). shift: misaligned bases (the element path). Tolerance: out within eps_T (|cpu| + max|v|) (P rounds to T before P V, one rounding
+   mean, which attention_int8 takes off). shift: misaligned bases (attention's element path,
+   attention_int8's copy of v). Tolerance: out within eps_T (|cpu| + max|v|) (P rounds to T before P V, one rounding
    of each weight), lse within 2^-20 (|cpu| + the largest |score| possible) (float32 scores).
    int8 (attention_int8): the reference quantizes q and k as the GPU does (P, v as attention's):
    out as attention's; lse within 2^-18 (|cpu| + the largest score) (scores from int32 sums
@@ -1464,10 +1465,10 @@ static void attn_big(fusedk_scalar s) {
   run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 1000, .Hq = 2, .G = 1, .Dh = 256, .causal = 1});
 }
 
-/* attention_int8 (Dh 128 on the GPU): odd lengths, one key and one query, GQA, causal, kv_len
-   (0 and past Sk among them), transposed and packed layouts, misaligned bases, huge scores, a
-   K offset per channel (what k's mean takes off), more units than SMs, more key tiles than the
-   int32 sums' flush period needs */
+/* attention_int8 (Dh 64 and 128 on the GPU): odd lengths, one key and one query, GQA, causal,
+   kv_len (0 and past Sk among them), transposed and packed layouts, misaligned bases, huge
+   scores, a K offset per channel (what k's mean takes off), more units than SMs, the tail split,
+   33000 keys */
 static void attn_i8_cases(fusedk_scalar s) {
   for (int causal = 0; causal < 2; ++causal) {
     run_attn((attn_t){.s = s, .B = 2, .Sq = 127, .Sk = 127, .Hq = 4, .G = 1, .Dh = 128, .causal = causal, .int8 = 1});

@@ -227,7 +227,7 @@ def test_gpu_error_contract(name, S, D):
 @needs_sm90
 def test_gpu_edges():
     """no key; rows that see no key beside an Inf in v (the non-finite outputs attention's); an Inf
-    in q; misaligned, padded out= and v views (v's copied for TMA)"""
+    in q; misaligned, padded out= and v views, a broadcast v (v's copied where TMA cannot read it)"""
     q, k, v = (torch.randn(1, n, 2, 128, dtype=torch.bfloat16) for n in (6, 3, 3))
     out, lse = fusedk.attention_int8(q.cuda(), k[:, :0].cuda(), v[:, :0].cuda(), return_lse=True)
     assert not out.any() and (lse == -float("inf")).all()
@@ -256,6 +256,12 @@ def test_gpu_edges():
     q2 = torch.randn(2, 300, 4, 128, dtype=torch.bfloat16)
     got = fusedk.attention_int8(q2.cuda(), kv.cuda(), vv, causal=True).double().cpu()
     assert (got - fusedk.attention_int8(q2, kv, kv, causal=True).double()).abs().max().item() <= gpu_tol(q2.dtype, kv)
+    v1 = torch.randn(1, 700, 1, 128, dtype=torch.bfloat16)
+    vx = v1.cuda().expand(2, 700, 2, 128)  # strides 0 over b and h: no tensor map takes them
+    assert vx.stride()[0] == vx.stride()[2] == 0
+    got = fusedk.attention_int8(q2.cuda(), kv.cuda(), vx).double().cpu()
+    want = fusedk.attention_int8(q2, kv, v1.expand(2, 700, 2, 128)).double()
+    assert (got - want).abs().max().item() <= gpu_tol(q2.dtype, v1)
 
 
 @needs_sm90
