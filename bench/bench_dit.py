@@ -4,7 +4,8 @@ one block of each kind and a whole denoising step (the transformer's forward), s
 stock torch.compile, patched eager, patched + torch.compile, patched in a CUDA graph, and the
 patched block with fusedk.torch's operators in place of the plain calls, and the patched block
 with fusedk's attention (apply(attention=True): eager, compiled, in a CUDA graph; the step eager
-and in a graph); every variant timed in
+and in a graph) and with its int8 attention (apply(attention="int8"): the blocks compiled and in a
+CUDA graph); every variant timed in
 the same rounds, the order rotated; the patched eager forward's kernel split (GEMM, attention,
 the rest) from torch.profiler.
 
@@ -260,17 +261,18 @@ def rel_err(a, ref):
 def bench_blocks(name, iters, n_rounds):
     build, inputs, kinds, _ = MODELS[name]
     stock_m = build(1)
-    pat_m, att_m = build(1), build(1)
-    pat_m.load_state_dict(stock_m.state_dict())
-    att_m.load_state_dict(stock_m.state_dict())
+    pat_m, att_m, i8_m = build(1), build(1), build(1)
+    for m in (pat_m, att_m, i8_m):
+        m.load_state_dict(stock_m.state_dict())
     report = fd.apply(pat_m)
     fd.apply(att_m, attention=True)
-    stocks, pats, atts = ([get(m) for _, get in kinds] for m in (stock_m, pat_m, att_m))
+    fd.apply(i8_m, attention="int8")
+    stocks, pats, atts, i8s = ([get(m) for _, get in kinds] for m in (stock_m, pat_m, att_m, i8_m))
     rows = []
-    for (kind, _), stock, pat, att, (a, kw) in zip(kinds, stocks, pats, atts,
-                                                  block_inputs(stock_m, inputs(stock_m), stocks)):
+    for (kind, _), stock, pat, att, i8, (a, kw) in zip(kinds, stocks, pats, atts, i8s,
+                                                      block_inputs(stock_m, inputs(stock_m), stocks)):
         with torch.inference_mode():
-            want, got, got_att = stock(*a, **kw), pat(*a, **kw), att(*a, **kw)
+            want, got, got_att, got_i8 = stock(*a, **kw), pat(*a, **kw), att(*a, **kw), i8(*a, **kw)
             t0 = time.time()
             cs = torch.compile(stock, fullgraph=True)
             cs(*a, **kw)
@@ -279,9 +281,10 @@ def bench_blocks(name, iters, n_rounds):
             cp = torch.compile(pat, fullgraph=True)
             cp(*a, **kw)
             t_cp = time.time() - t0
-            ca = torch.compile(att, fullgraph=True)
-            ca(*a, **kw)
+            ca, ci8 = torch.compile(att, fullgraph=True), torch.compile(i8, fullgraph=True)
+            ca(*a, **kw), ci8(*a, **kw)
             replay, att_replay = graph_of(lambda: pat(*a, **kw)), graph_of(lambda: att(*a, **kw))
+            i8_replay = graph_of(lambda: i8(*a, **kw))
             with_fkt = fd.Pieces(pat._fusedk.k.use)
             with_fkt.fk = fkt
             via_fkt, floor = swapped(pat, with_fkt), swapped(pat, FloorPieces(fd.OPS))
@@ -291,7 +294,8 @@ def bench_blocks(name, iters, n_rounds):
                         "patched CUDA graph": replay, "patched eager, fusedk.torch ops": lambda: via_fkt(*a, **kw),
                         "GEMM + attention alone, CUDA graph": floor_replay,
                         "attention=True eager": lambda: att(*a, **kw), "attention=True compile": lambda: ca(*a, **kw),
-                        "attention=True CUDA graph": att_replay}
+                        "attention=True CUDA graph": att_replay, "attention=int8 compile": lambda: ci8(*a, **kw),
+                        "attention=int8 CUDA graph": i8_replay}
             for v in variants.values():
                 v()
             med, all_rounds = rounds(variants, iters, n_rounds)
@@ -300,11 +304,12 @@ def bench_blocks(name, iters, n_rounds):
             host = {"patched eager": host_time(lambda: pat(*a, **kw), iters),
                     "patched eager, fusedk.torch ops": host_time(lambda: via_fkt(*a, **kw), iters),
                     "stock eager": host_time(lambda: stock(*a, **kw), iters)}
-        want, got, got_att = ((t,) if torch.is_tensor(t) else t for t in (want, got, got_att))
+        want, got, got_att, got_i8 = ((t,) if torch.is_tensor(t) else t for t in (want, got, got_att, got_i8))
         rows.append(dict(model=name, what=kind, ms=med, rounds=all_rounds, split=split, split_att=split_att,
                          host_ms=host, compile_s={"stock": t_cs, "patched": t_cp},
                          out_diff=[(a.float() - b.float()).abs().max().item() for a, b in zip(want, got)],
-                         out_rel_diff_att=[rel_err(b, a) for a, b in zip(want, got_att)]))
+                         out_rel_diff_att=[rel_err(b, a) for a, b in zip(want, got_att)],
+                         out_rel_diff_i8=[rel_err(b, a) for a, b in zip(want, got_i8)]))
         log(rows[-1])
     return rows, repr(report)
 
@@ -389,7 +394,8 @@ def log(*a):
 def table(rows):
     hdr = ("| model | what | stock eager | stock compile | patched eager | patched compile | patched CUDA graph "
            "| eager / compile | graph / compile | GEMM + attention alone | graph / (GEMM + attn) "
-           "| attention=True: eager | compile | CUDA graph | graph / stock compile |")
+           "| attention=True: eager | compile | CUDA graph | graph / stock compile "
+           "| attention=int8: compile | CUDA graph | graph / stock compile |")
     out = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
     for r in rows:
         ms, sp = r["ms"], r["split"]
@@ -400,7 +406,10 @@ def table(rows):
                    f"{ms['stock compile'] / ms['patched CUDA graph']:.3f}x | {floor:.3f} | "
                    f"{ms['patched CUDA graph'] / floor:.3f}x | {ms['attention=True eager']:.3f} | "
                    f"{ms.get('attention=True compile', float('nan')):.3f} | {ms['attention=True CUDA graph']:.3f} | "
-                   f"{ms['stock compile'] / ms['attention=True CUDA graph']:.3f}x |")
+                   f"{ms['stock compile'] / ms['attention=True CUDA graph']:.3f}x | "
+                   f"{ms.get('attention=int8 compile', float('nan')):.3f} | "
+                   f"{ms.get('attention=int8 CUDA graph', float('nan')):.3f} | "
+                   f"{ms['stock compile'] / ms.get('attention=int8 CUDA graph', float('nan')):.3f}x |")
     return "\n".join(out)
 
 
@@ -451,6 +460,7 @@ def write(a, rows, reports):
                   f"{r['split']['other']:.3f} ms: {r['split']['other_kernels']}" +
                   (f"; with attention=True: GEMM {r['split_att']['gemm']:.3f}, attention {r['split_att']['attention']:.3f}, "
                    f"other {r['split_att']['other']:.3f} ms, output vs stock's relative L2 {r['out_rel_diff_att']}"
+                   f"; attention=int8 output vs stock's relative L2 {r['out_rel_diff_i8']}"
                    if "split_att" in r else f"; attention=True output vs stock's relative L2 {r['out_rel_diff_att']}"))
     md += ["", "```", *reports.values(), "```"]
     with open(os.path.join(a.out, "bench_dit.md"), "w") as f:
