@@ -10,9 +10,12 @@ keys), l summed from P's bytes rather than the exact weights, k scaled a (tile, 
 32 keys one accumulator thread holds: key % 8 // 2), and P V in FP8 e4m3 (P against the running
 max times 448, v a channel to 448: SageAttention2's layout, its sums taken as exact; and P alone
 in e4m3 beside int8 v, a pairing wgmma lacks, to show whose error it is), and P V in f16 (P
-against the running max, v as given: SageAttention1's split).
+against the running max, v as given: SageAttention1's split). --pv16: the shipped kernel (q, k
+int8 a token, k less its mean, P in bf16 against the running max, v as given) beside the k
+scales that would fold into the exponent's FFMA (a 128-key tile's, a (tile, thread group)'s)
+and k without its mean (what qk_norm_rope could emit in one pass).
 
-    python3 bench/attn_int8_emulate.py [--sq 256] [--sk 2048,32768] [--dh 128] [--next]"""
+    python3 bench/attn_int8_emulate.py [--sq 256] [--sk 2048,32768] [--dh 128] [--next | --pv16]"""
 import argparse
 
 import numpy as np
@@ -48,6 +51,13 @@ def int8_groups(x, BC=128):
     return out
 
 
+def bf16(x):
+    """x rounded to bfloat16 (nearest, ties to even), as float64"""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
 def e4m3(x):
     """x rounded to FP8 e4m3 (nearest, saturating at 448; subnormals from 2^-9)"""
     a = np.minimum(np.abs(x), 448.0)
@@ -56,8 +66,10 @@ def e4m3(x):
     return np.sign(x) * np.minimum(np.round(a / step) * step, 448.0)
 
 
-def emulate(q, k, v, p_mode, q_block=None, k_block=None, BC=128, l_bytes=False, k_groups=False, v_mode=None):
-    kq = int8_groups(k - k.mean(0)) if k_groups else int8(k - k.mean(0), k_block)
+def emulate(q, k, v, p_mode, q_block=None, k_block=None, BC=128, l_bytes=False, k_groups=False, v_mode=None,
+            smooth=True):
+    ks = k - k.mean(0) if smooth else k
+    kq = int8_groups(ks) if k_groups else int8(ks, k_block)
     qq = int8(q, q_block)
     v_mode = v_mode or ("e4m3" if p_mode == "e4m3" else "int8")
     if v_mode in ("e4m3", "e4m3x2"):  # x2: v as two e4m3 terms, the second the first's remainder
@@ -66,6 +78,8 @@ def emulate(q, k, v, p_mode, q_block=None, k_block=None, BC=128, l_bytes=False, 
         vq = (hi + (e4m3((v / vs - hi) * 16) / 16 if v_mode == "e4m3x2" else 0)) * vs
     elif v_mode == "f16":
         vq = v.astype(np.float16).astype(np.float64)
+    elif v_mode == "exact":
+        vq = v
     else:
         vq = int8(v.T).T
     c = 1 / np.sqrt(q.shape[1])
@@ -79,6 +93,8 @@ def emulate(q, k, v, p_mode, q_block=None, k_block=None, BC=128, l_bytes=False, 
             pq = e4m3(p * 448) / 448
         elif p_mode == "f16":
             pq = p.astype(np.float16).astype(np.float64)
+        elif p_mode == "bf16":
+            pq = bf16(p)
         else:
             top = p.max(1, keepdims=True) if p_mode in ("tile", "tile2") else 1.0
             pq = p if p_mode == "exact" else np.round(p * 255 / top) * top / 255
@@ -92,6 +108,7 @@ def main():
     ap.add_argument("--sk", default="2048,32768")
     ap.add_argument("--dh", type=int, default=128)
     ap.add_argument("--next", action="store_true", help="the next kernel's candidates instead")
+    ap.add_argument("--pv16", action="store_true", help="the shipped kernel and its k-scale candidates instead")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     configs = [("q, k a token; P fixed", dict(p_mode="fixed")), ("q, k a token; P a tile", dict(p_mode="tile")),
@@ -109,6 +126,13 @@ def main():
                    ("P, v f16 (int8 Q K^T, f16 P V)", dict(p_mode="f16", v_mode="f16")),
                    ("P exact, v e4m3 hi + lo", dict(p_mode="exact", v_mode="e4m3x2")),
                    ("P, v e4m3; k a (tile, thread group)", dict(p_mode="e4m3", k_groups=True))]
+    if args.pv16:
+        pv = dict(p_mode="bf16", v_mode="exact")
+        configs = [("shipped: q, k a token, P bf16, v as given", pv),
+                   ("k a 128-key tile", dict(pv, k_block=128)),
+                   ("k a (tile, thread group)", dict(pv, k_groups=True)),
+                   ("k a token, not less its mean", dict(pv, smooth=False)),
+                   ("k a 128-key tile, not less its mean", dict(pv, k_block=128, smooth=False))]
     print("| Sk | config | N(0,1) | k offset | outliers |\n|---:|---|---:|---:|---:|")
     for sk in (int(x) for x in args.sk.split(",")):
         q, k, v = (rng.standard_normal((n, args.dh)) for n in (args.sq, sk, sk))
