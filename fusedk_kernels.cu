@@ -3620,15 +3620,18 @@ __device__ __forceinline__ void attn_pipeline(const AttnTmaRing &R, int jb, int 
 // memory), the mask and online softmax, O's rescale where a row's max moved, P packed to T as
 // the a operand of O += P V (V transposed from shared memory, its keys past the block's last
 // zeroed).
-// V of a 16-bit stage at vt landed (the unit's key tile j), keys past the block's last zeroed:
-// keys no row of the block sees give 0, not whatever the tensor holds (past Sk TMA has
-// zero-filled), so that a weight of 0 never meets an Inf; w's own barrier around the stores (the
-// thread's index read there: kept in a register across the loop, ptxas spills it)
-template <int BC, int D>
-__device__ __forceinline__ void attn_v16_ready(const fusedk__attn_args &a, const AttnBlock &blk, uint32_t vt, int j,
-                                               int w) {
+// Wait for the 16-bit V stage of ring tile t (the unit's key tile j; stages `bytes` apart), then
+// zero its keys past the block's last: keys no row of the block sees give 0, not whatever the
+// tensor holds (past Sk TMA has zero-filled), so that a weight of 0 never meets an Inf; w's own
+// barrier around the stores (the thread's index read there: kept in a register across the loop,
+// ptxas spills it)
+template <int BC, int D, int ST>
+__device__ __forceinline__ void attn_v16_ready(const AttnTmaRing &R, uint32_t bytes, const fusedk__attn_args &a,
+                                               const AttnBlock &blk, int j, int64_t t, int w) {
   constexpr int CH = D / 8;
   const int64_t j0 = (int64_t)j * BC;
+  const uint32_t vt = R.sv + (int)(t % ST) * bytes;
+  mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1);
   if (j0 + BC > blk.n_hi && blk.n_hi < a.Sk) {
     const int from = (int)(blk.n_hi - j0);
     for (int i = threadIdx.x % 128; i < (BC - from) * CH; i += 128)
@@ -3667,10 +3670,6 @@ __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fu
     for (int kk = 1; kk < D / 16; ++kk) wgmma_ss<T, BC>(sc, qd(kk), kd(kk), 1);
     wgmma_commit();
   };
-  auto values_ready = [&](int j, int64_t t) { // V of ring tile t (the unit's j) landed, keys past the block's last zeroed
-    mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1);
-    attn_v16_ready<BC, D>(a, blk, R.sv + (int)(t % ST) * L::kTile, j, w);
-  };
   auto values = [&](int64_t t) { attn_pv16<T, D, BC>(o, pa, R.sv + (int)(t % ST) * L::kTile); };
   auto softmax = [&](float (&sc)[BC / 8][4], int j) { // tile j's weights; alpha for O
     const int64_t j0 = (int64_t)j * BC;
@@ -3679,7 +3678,8 @@ __device__ __forceinline__ void attn_tma_mainloop(const AttnTmaRing &R, const fu
   };
   attn_pipeline<float, BC, ST>(
       R, jb, n_tiles, it, turn, pass, [](int64_t) {}, scores, values,
-      [](float (&sc)[BC / 8][4], int64_t) -> float(&)[BC / 8][4] { return sc; }, softmax, values_ready,
+      [](float (&sc)[BC / 8][4], int64_t) -> float(&)[BC / 8][4] { return sc; }, softmax,
+      [&](int j, int64_t t) { attn_v16_ready<BC, D, ST>(R, L::kTile, a, blk, j, t, w); },
       [&](bool in) {
         wgmma_hold(o);
         if (in) wgmma_hold(pa);
@@ -3847,8 +3847,8 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // scale * q . mean(k), lse's part). The kernel: S as s8 x s8 -> s32, to float times k's scales
 // (q's join in the exponent); the online softmax; P in the inputs' 16-bit type against the
 // running max and O += P V on 16-bit tensor cores from v as given (the bf16 kernel's V stages):
-// SageAttention's split, since 8 bits of P (or of v) cost more accuracy than the contract allows
-// (bench/NOTES.md). Head sizes 64 and 128 (rows of D bytes).
+// SageAttention's split, since 8 bits of P (or of v) put the error past the op's contract
+// (README, "8-bit attention"). Head sizes 64 and 128 (rows of D bytes).
 // ---------------------------------------------------------------------------------------------
 constexpr int kI8Bc = 128;        // keys a tile
 constexpr int kI8StatRows = 256;  // keys a statistics block
@@ -4141,10 +4141,7 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
   attn_pipeline<int, BC, ST>(
       R, jb, n_tiles, it, turn, pass, k_ready, scores,
       [&](int64_t t) { attn_pv16<T, D, BC>(o, pa, R.sv + (int)(t % ST) * L::kTileV); }, to_scores, softmax,
-      [&](int j, int64_t t) {
-        mbar_wait(&R.v_full[t % ST], (uint32_t)(t / ST) & 1);
-        attn_v16_ready<BC, D>(a, blk, R.sv + (int)(t % ST) * L::kTileV, j, w);
-      },
+      [&](int j, int64_t t) { attn_v16_ready<BC, D, ST>(R, L::kTileV, a, blk, j, t, w); },
       [&](bool in) {
         wgmma_hold(o);
         if (in) wgmma_hold(pa);

@@ -829,8 +829,9 @@ static void run_linear_graph(void) {
    cycled over B. special 1: q scaled 30x (scores far past exp's range unshifted); 2: key 5 of kv
    head 0 is NaN (the rows that see it are NaN, no other); 3: k's elements offset by 3 (k's
    mean, which attention_int8 takes off). shift: misaligned bases (attention's element path,
-   attention_int8's copy of v). Tolerance: out within eps_T (|cpu| + max|v|) (P rounds to T before P V, one rounding
-   of each weight), lse within 2^-20 (|cpu| + the largest |score| possible) (float32 scores).
+   attention_int8's copy of v). Tolerance: out within eps_T (|cpu| + max|v|) (P rounds to T
+   before P V, one rounding of each weight), lse within 2^-20 (|cpu| + the largest |score|
+   possible) (float32 scores).
    int8 (attention_int8): the reference quantizes q and k as the GPU does (P, v as attention's):
    out as attention's; lse within 2^-18 (|cpu| + the largest score) (scores from int32 sums
    times float32 scales, q . mean(k) summed in float32). */

@@ -179,8 +179,9 @@ needs_sm90 = pytest.mark.skipif(not _sm90(), reason="attention_int8's kernel nee
 
 
 def gpu_tol(dt, v):
-    """attention's bound against a double reference (P rounded to dt, one rounding of each weight)"""
-    return 2 * (2 ** -7 if dt == torch.bfloat16 else 2 ** -10) * v.abs().max().item()
+    """attention's bound against a double reference (P rounded to dt, one rounding of each weight):
+    twice the GPU's eps of dt times max |v|"""
+    return 2 * oracle.GPU_EPS[np.dtype(oracle.BF16 if dt == torch.bfloat16 else np.float16)] * v.abs().max().item()
 
 
 @needs_sm90
