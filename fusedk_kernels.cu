@@ -3543,6 +3543,15 @@ __device__ __forceinline__ void attn_tma_produce(const AttnTmaRing &R, const CUt
       });
 }
 
+// A block boundary that depends on tile j's last weight, before the wait for P_{j-1} V_{j-1}:
+// without it ptxas may hoist that wait above the softmax's exponentials (the int8 kernel's SASS:
+// 2 of its 66 MUFU before it), losing the overlap the schedule exists for. The predicate tests a
+// pattern no weight has (the GPU's NaN is 0x7FFFFFFF): the trap never runs.
+template <typename W> __device__ __forceinline__ void weights_done(const W &sf) {
+  constexpr int R = sizeof(W) / sizeof(sf[0]);
+  asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 0xFFFFFFFF;\n @p trap;\n}" ::"r"(__float_as_uint(sf[R - 1][3])));
+}
+
 // A consumer's pipeline over one item's n_tiles key tiles (ring tiles it, it + 1, ...): iteration
 // j issues S_j (scores) and O += P_{j-1} V_{j-1} (values) together, then runs tile j's softmax
 // while the second product is still in the tensor cores (FA3's intra-warpgroup overlap); O's
@@ -3595,6 +3604,7 @@ __device__ __forceinline__ void attn_pipeline(const AttnTmaRing &R, int jb, int 
     mbar_arrive(&R.k_free[t % ST]);
     if (j == n_tiles - 1) mbar_arrive(R.q_free);
     softmax(sf, jb + j);
+    weights_done(sf);
     wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's update
     hold(false);
     mbar_arrive(&R.v_free[(t - 1) % ST]);
