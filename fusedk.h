@@ -522,7 +522,7 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
    mean makes every row of (b, head) NaN. The CPU reference quantizes q and k the same way and
    runs fusedk_attention's reference (double) on their dequantized values and v. Errors against
    float64 attention of the unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100,
-   H200), f16 and bf16 inputs, Dh 64 and 128; the 8-bit copies (and v's, where TMA cannot read v:
+   H200), f16 and bf16 inputs, Dh 64, 128 and 256; the 8-bit copies (and v's, where TMA cannot read v:
    a base or stride not a 16-byte multiple, a stride 0 or negative) go through a per-stream
    buffer (grown to the largest call and kept until fusedk_shutdown, as attention's split buffer,
    which this op uses too: the same capture rule for both). */
@@ -3024,9 +3024,9 @@ static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fused
     if (int8 && (B * Hq * ((Sq + 31) / 32) > 2147483647 || B * k->shape[2] * ((k->shape[1] + 31) / 32) > 2147483647))
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 32) or B * Hkv * ceil(Sk / 32) past the "
                           "GPU grid's 2^31 - 1 blocks (the quantization passes)", op);
-    if (int8 && Dh != 64 && Dh != 128)
+    if (int8 && Dh != 64 && Dh != 128 && Dh != 256)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the int8 kernel takes "
-                          "64 and 128 (attention takes every size up to 256)", op, (long long)Dh);
+                          "64, 128 and 256 (attention takes every size up to 256)", op, (long long)Dh);
     if (B * Hq * ((Sq + 127) / 128) > 2147483647)
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 128) is %lld, past the GPU grid's "
                           "2^31 - 1 blocks", op, (long long)(B * Hq * ((Sq + 127) / 128)));

@@ -1045,9 +1045,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
                : "l"(a), "l"(b))
 // acc 0: d = a b (the accumulator written, not read)
 template <int N> __device__ __forceinline__ void wgmma_i8_ss(int (&d)[N / 8][4], uint64_t a, uint64_t b, bool acc) {
-  static_assert(N == 128, "score tiles of 128 keys");
-  if (acc) FUSEDK__WGMMA_I8_SS(128, 64, 65, 1, "+r");
-  else FUSEDK__WGMMA_I8_SS(128, 64, 65, 0, "=r");
+  static_assert(N == 64 || N == 128, "score tiles of 64 or 128 keys");
+  if constexpr (N == 64) {
+    if (acc) FUSEDK__WGMMA_I8_SS(64, 32, 33, 1, "+r");
+    else FUSEDK__WGMMA_I8_SS(64, 32, 33, 0, "=r");
+  } else {
+    if (acc) FUSEDK__WGMMA_I8_SS(128, 64, 65, 1, "+r");
+    else FUSEDK__WGMMA_I8_SS(128, 64, 65, 0, "=r");
+  }
 }
 #endif // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -3543,15 +3548,6 @@ __device__ __forceinline__ void attn_tma_produce(const AttnTmaRing &R, const CUt
       });
 }
 
-// A block boundary that depends on tile j's last weight, before the wait for P_{j-1} V_{j-1}:
-// without it ptxas may hoist that wait above the softmax's exponentials (the int8 kernel's SASS:
-// 2 of its 66 MUFU before it), losing the overlap the schedule exists for. The predicate tests a
-// pattern no weight has (the GPU's NaN is 0x7FFFFFFF): the trap never runs.
-template <typename W> __device__ __forceinline__ void weights_done(const W &sf) {
-  constexpr int R = sizeof(W) / sizeof(sf[0]);
-  asm volatile("{\n .reg .pred p;\n setp.eq.u32 p, %0, 0xFFFFFFFF;\n @p trap;\n}" ::"r"(__float_as_uint(sf[R - 1][3])));
-}
-
 // A consumer's pipeline over one item's n_tiles key tiles (ring tiles it, it + 1, ...): iteration
 // j issues S_j (scores) and O += P_{j-1} V_{j-1} (values) together, then runs tile j's softmax
 // while the second product is still in the tensor cores (FA3's intra-warpgroup overlap); O's
@@ -3604,7 +3600,6 @@ __device__ __forceinline__ void attn_pipeline(const AttnTmaRing &R, int jb, int 
     mbar_arrive(&R.k_free[t % ST]);
     if (j == n_tiles - 1) mbar_arrive(R.q_free);
     softmax(sf, jb + j);
-    weights_done(sf);
     wgmma_wait<0>(); // P_{j-1} V_{j-1} is done: P_j may take its registers, O tile j's update
     hold(false);
     mbar_arrive(&R.v_free[(t - 1) % ST]);
@@ -3858,7 +3853,7 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // (q's join in the exponent); the online softmax; P in the inputs' 16-bit type against the
 // running max and O += P V on 16-bit tensor cores from v as given (the bf16 kernel's V stages):
 // SageAttention's split, since 8 bits of P (or of v) put the error past the op's contract
-// (README, "8-bit attention"). Head sizes 64 and 128 (rows of D bytes).
+// (README, "8-bit attention"). Head sizes 64, 128 and 256 (rows of D bytes).
 // ---------------------------------------------------------------------------------------------
 constexpr int kI8Bc = 128;        // keys a tile
 constexpr int kI8StatRows = 256;  // keys a statistics block
@@ -3965,16 +3960,17 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
     for (int e = 0; e < E; ++e) x[e] = to_f32<T>(p[e]) - (K ? mean[d0 + e] : 0.f), m = amax_nan(m, x[e]);
     for (int o = 16; o; o >>= 1) m = amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
     const float inv = i8_inv(m), scale = m / 127.f;
-    uint32_t bytes = 0;
+    uint64_t bytes = 0;
     float dot = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int q = i8_of(x[e], inv);
-      bytes |= (uint32_t)(q & 255) << 8 * e, dot += (float)q * mean[d0 + e];
+      bytes |= (uint64_t)(q & 255) << 8 * e, dot += (float)q * mean[d0 + e];
     }
     const int64_t row = bh * S + i;
     unsigned char *dst = buf + (K ? L.k8 : L.q8) + row * D + d0;
-    if (E == 4) *(uint32_t *)dst = bytes;
+    if constexpr (E == 8) *(uint64_t *)dst = bytes;
+    else if constexpr (E == 4) *(uint32_t *)dst = (uint32_t)bytes;
     else *(uint16_t *)dst = (uint16_t)bytes;
     if (K) { // the scale to 22 bits: 1.5 2^23 times it is exact, a sum of 0 a score of exactly 0
       const float c = __uint_as_float(__float_as_uint(i < n ? (a.scale < 0.f ? -scale : scale) : 0.f) & ~3u);
@@ -4001,14 +3997,17 @@ __global__ void __launch_bounds__(256) attn_i8_vcopy(const fusedk__attn_args a, 
 }
 
 // The int8 kernel's shared memory (bytes from a 1024-aligned base): Q (64 NC rows of D bytes),
-// the K stages (kI8Bc rows of D bytes), the V stages (the bf16 kernel's: [kBc keys, D] of T in
-// 64-column chunks), k's scales a stage (kI8Bc float2s), then the barriers and the item as
+// the K stages (kBc rows of D bytes), the V stages (the bf16 kernel's: [kBc keys, D] of T in
+// 64-column chunks), k's scales a stage (kBc float2s), then the barriers and the item as
 // AttnTmaSmem's. Three stages: S takes half the bf16 kernel's time, so one more is in flight.
-// Rows of 64 bytes (D 64) take the 64-byte swizzle (kSwz: the descriptors' mode).
+// Rows of Q and K in chunks of kCw bytes (kCw rows of 128 bytes for D 256; TMA's swizzled boxes
+// are 128 bytes wide at most): rows of 64 bytes (D 64) take the 64-byte swizzle (kSwz: the
+// descriptors' mode). D 256: tiles of 64 keys (O's 128 registers a thread leave room for 32 of S).
 template <int D> struct AttnI8Smem {
-  static constexpr int kBc = kI8Bc, kStages = 3, kWgs = 2, kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1),
-                       kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 24,
-                       kRegs = std::min(256, (kLaunchRegs * (kWgs + 1) - kProdRegs) / kWgs / 8 * 8);
+  static constexpr int kBc = D == 256 ? 64 : kI8Bc, kCw = D < 128 ? D : 128, kStages = 3, kWgs = 2,
+                       kRows = 64 * kWgs, kThreads = 128 * (kWgs + 1), kLaunchRegs = 65536 / kThreads / 8 * 8,
+                       kProdRegs = 24, kRegs = std::min(256, (kLaunchRegs * (kWgs + 1) - kProdRegs) / kWgs / 8 * 8);
+  static_assert(kI8Bc % kBc == 0, "k's scales are padded to kI8Bc keys");
   static constexpr uint64_t kSwz = D == 64 ? 2 : 1;
   static constexpr uint32_t kTile = kBc * D, kTileV = 2 * kTile, kQ = 0, kK = kQ + kRows * D,
                             kV = kK + kStages * kTile, kS = kV + kStages * kTileV, kBars = kS + kStages * kBc * 8,
@@ -4070,23 +4069,25 @@ __device__ __forceinline__ void attn_i8_softmax(float (&y)[BC / 8][4], const flo
 }
 
 // The int8 kernel's loads (attn_ring_produce): Q, K with k's scales (one bulk copy on K's
-// barrier) from the buffer, boxes of D bytes; V from the tensor (or its copy) as the bf16 kernel
-// loads it (64-column boxes)
+// barrier) from the buffer, boxes of kCw bytes; V from the tensor (or its copy) as the bf16
+// kernel loads it (64-column boxes)
 template <int D>
 __device__ __forceinline__ void attn_i8_produce(const AttnTmaRing &R, unsigned char *sbase, const CUtensorMap &tq,
                                                 const CUtensorMap &tk, const CUtensorMap &tv, const AttnI8Scales &sc,
                                                 const fusedk__attn_args &a, int n_mb, const AttnSplit &sp) {
   using L = AttnI8Smem<D>;
-  constexpr int BC = L::kBc, BR = L::kRows;
+  constexpr int BC = L::kBc, BR = L::kRows, CW = L::kCw;
   attn_ring_produce<L>(
       R, a, n_mb, sp,
       [&](const AttnBlock &blk) {
         mbar_expect(R.q_full, BR * D);
-        tma_load_4d(R.sq, &tq, 0, (int)blk.i0, (int)blk.h, (int)blk.b, R.q_full);
+        for (int c = 0; c < D / CW; ++c)
+          tma_load_4d(R.sq + c * BR * CW, &tq, c * CW, (int)blk.i0, (int)blk.h, (int)blk.b, R.q_full);
       },
       [&](const AttnBlock &blk, int j, int s) {
         mbar_expect(&R.k_full[s], L::kTile + BC * 8);
-        tma_load_4d(R.sk + s * L::kTile, &tk, 0, j * BC, (int)blk.hk, (int)blk.b, &R.k_full[s]);
+        for (int c = 0; c < D / CW; ++c)
+          tma_load_4d(R.sk + s * L::kTile + c * BC * CW, &tk, c * CW, j * BC, (int)blk.hk, (int)blk.b, &R.k_full[s]);
         bulk_copy(sbase + L::kS + s * BC * 8, sc.ks + (blk.b * a.Hkv + blk.hk) * sc.Skp + (int64_t)j * BC, BC * 8,
                   &R.k_full[s]);
       },
@@ -4107,7 +4108,7 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
                                                  const float (&qs)[2], float scale_log2, float (&o)[D / 8][4],
                                                  float (&m)[2], float (&l)[2], Turn &&turn, Pass &&pass) {
   using L = AttnI8Smem<D>;
-  constexpr int BC = L::kBc, ST = L::kStages;
+  constexpr int BC = L::kBc, ST = L::kStages, CW = L::kCw;
   const int lane = tid % 32, frag = 16 * (tid / 32) + lane / 4, c0 = 2 * (lane % 4);
   const int64_t r0 = blk.i0 + 64 * w;
   const int64_t lim[2] = {attn_keys(a, blk.kv, r0 + frag), attn_keys(a, blk.kv, r0 + frag + 8)};
@@ -4126,9 +4127,11 @@ __device__ __forceinline__ void attn_i8_mainloop(const AttnTmaRing &R, uint32_t 
   auto scores = [&](int (&si)[BC / 8][4], int64_t t) { // S of ring tile t: k steps of 32 bytes
     const uint32_t kt = R.sk + (int)(t % ST) * L::kTile;
 #pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk)
-      wgmma_i8_ss<BC>(si, wgmma_desc(R.sq + w * 64 * D + kk * 32, 16, 8 * D, L::kSwz),
-                      wgmma_desc(kt + kk * 32, 16, 8 * D, L::kSwz), kk > 0);
+    for (int kk = 0; kk < D / 32; ++kk) {
+      const int c = kk * 32 / CW, at = kk * 32 % CW; // the step's chunk, its offset in the rows
+      wgmma_i8_ss<BC>(si, wgmma_desc(R.sq + c * L::kRows * CW + w * 64 * CW + at, 16, 8 * CW, L::kSwz),
+                      wgmma_desc(kt + c * BC * CW + at, 16, 8 * CW, L::kSwz), kk > 0);
+    }
     wgmma_commit();
   };
   // S's sums as k-scaled scores, in place: a sum plus 1.5 2^23, read as a float, is 1.5 2^23 +
@@ -4210,7 +4213,7 @@ __global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
 }
 
 // attention_int8 on the GPU: the buffer, the two passes (and v's copy where TMA cannot read v),
-// the kernel (Dh 64 and 128, sm_90a: fusedk.h and fusedk__cuda_attention check)
+// the kernel (Dh 64, 128 and 256, sm_90a: fusedk.h and fusedk__cuda_attention check)
 template <typename T, int D>
 cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int dev) {
   using L = AttnI8Smem<D>;
@@ -4235,7 +4238,8 @@ cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int 
   const int64_t dk[4] = {D, a.Sk, a.Hkv, a.B}, sk[3] = {D, a.Sk * D, a.Hkv * a.Sk * D};
   constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   constexpr CUtensorMapSwizzle swz = D == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-  if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, D, L::kRows, swz) || !tmap_4d(&tk, buf + B.k8, u8, dk, sk, D, L::kBc, swz) ||
+  if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, L::kCw, L::kRows, swz) ||
+      !tmap_4d(&tk, buf + B.k8, u8, dk, sk, L::kCw, L::kBc, swz) ||
       (copy_v && !tmap_bshd(&tv, buf + B.v16, bf, a.B, a.Sk, a.Hkv, D, a.Sk * a.Hkv * D, a.Hkv * D, D, L::kBc)))
     return cudaErrorInvalidValue;
   if ((e = smem_opt_in<attn_i8_kernel<T, D>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
@@ -5361,8 +5365,9 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
       if constexpr (sizeof(T) == 2)
         return !a->int8 ? launch_attention<T>(*a, stream, device_id)
                : a->Sk == 0 ? launch_attention<T>(*a, stream, device_id) // no key: 0 and lse -inf whatever the precision
-               : a->Dh == 64 ? launch_attention_i8<T, 64>(*a, stream, device_id)
-                             : launch_attention_i8<T, 128>(*a, stream, device_id);
+               : a->Dh == 64  ? launch_attention_i8<T, 64>(*a, stream, device_id)
+               : a->Dh == 128 ? launch_attention_i8<T, 128>(*a, stream, device_id)
+                              : launch_attention_i8<T, 256>(*a, stream, device_id);
       else return cudaErrorNotSupported; // fusedk.h refuses float32 tensors first
     }), op);
   });

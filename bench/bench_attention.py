@@ -2,7 +2,8 @@
 """[attention] fusedk.attention against torch SDPA's flash (FlashAttention-2), cuDNN and
 memory-efficient backends and JAX's dot_product_attention (cudnn, xla), bf16 forward, one run;
 fusedk's int8 attention (precision="int8", its quantization passes counted) and sageattention
-(pip's, where installed) beside them at Dh 64 and 128.
+(pip's, where installed) beside them: int8 at Dh 64, 128 and 256, sageattention (1.0.6 takes 64,
+96 and 128) at 64 and 128.
 
     PYTHONPATH=bindings/python python3 bench/bench_attention.py [--out DIR] [--rounds 3] [--quick]
 
@@ -99,9 +100,9 @@ def main():
         calls = {"fusedk": lambda i: fusedk.attention(q, k, v, causal=causal),
                  "sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                  "sdpa efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
-        if Dh in (64, 128):
+        if Dh in (64, 128, 256):
             calls["fusedk int8"] = lambda i: fusedk.attention(q, k, v, causal=causal, precision="int8")
-            if sageattn is not None:
+            if sageattn is not None and Dh != 256:  # sageattention 1.0.6 takes 64, 96 and 128
                 calls["sageattention"] = lambda i: sageattn(qt, kt, vt, tensor_layout="HND", is_causal=causal)
         if args.only:
             calls = {n: c for n, c in calls.items() if n in args.only.split(",")}

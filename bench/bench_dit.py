@@ -191,7 +191,8 @@ def graph_of(fn):
 
 
 def kernel_split(fn, iters=3):
-    """ms per call of the GPU kernels of fn, by kind: GEMM, attention, the rest (names listed)."""
+    """ms per call of the GPU kernels of fn, by kind: GEMM, attention, the rest (the rest's and the
+    attention's kernels listed by name)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -199,7 +200,7 @@ def kernel_split(fn, iters=3):
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    split, rest = {"gemm": 0.0, "attention": 0.0, "other": 0.0}, {}
+    split, rest, att = {"gemm": 0.0, "attention": 0.0, "other": 0.0}, {}, {}
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None)
         if t is None:
@@ -211,9 +212,11 @@ def kernel_split(fn, iters=3):
                 else "gemm" if any(s in n for s in ("gemm", "xmma", "cutlass", "nvjet", "sm90_", "cublas"))
                 else "other")
         split[kind] += t / 1e3 / iters
-        if kind == "other":
-            rest[ev.key[:80]] = rest.get(ev.key[:80], 0.0) + t / 1e3 / iters
+        if kind != "gemm":
+            by = rest if kind == "other" else att
+            by[ev.key[:80]] = by.get(ev.key[:80], 0.0) + t / 1e3 / iters
     split["other_kernels"] = dict(sorted(rest.items(), key=lambda kv: -kv[1])[:12])
+    split["attention_kernels"] = dict(sorted(att.items(), key=lambda kv: -kv[1])[:8])
     return split
 
 
@@ -258,7 +261,8 @@ def rel_err(a, ref):
 
 
 # --- one model -----------------------------------------------------------------------------------
-def bench_blocks(name, iters, n_rounds):
+def bench_blocks(name, iters, n_rounds, only=None):
+    """only: the variants to time (names as below; None: all, with the kernel split and host times)"""
     build, inputs, kinds, _ = MODELS[name]
     stock_m = build(1)
     pat_m, att_m, i8_m = build(1), build(1), build(1)
@@ -273,45 +277,47 @@ def bench_blocks(name, iters, n_rounds):
                                                       block_inputs(stock_m, inputs(stock_m), stocks)):
         with torch.inference_mode():
             want, got, got_att, got_i8 = stock(*a, **kw), pat(*a, **kw), att(*a, **kw), i8(*a, **kw)
-            t0 = time.time()
-            cs = torch.compile(stock, fullgraph=True)
-            cs(*a, **kw)
-            t_cs = time.time() - t0
-            t0 = time.time()
-            cp = torch.compile(pat, fullgraph=True)
-            cp(*a, **kw)
-            t_cp = time.time() - t0
-            ca, ci8 = torch.compile(att, fullgraph=True), torch.compile(i8, fullgraph=True)
-            ca(*a, **kw), ci8(*a, **kw)
-            replay, att_replay = graph_of(lambda: pat(*a, **kw)), graph_of(lambda: att(*a, **kw))
-            i8_replay = graph_of(lambda: i8(*a, **kw))
             with_fkt = fd.Pieces(pat._fusedk.k.use)
             with_fkt.fk = fkt
             via_fkt, floor = swapped(pat, with_fkt), swapped(pat, FloorPieces(fd.OPS))
-            floor_replay = graph_of(lambda: floor(*a, **kw))
-            variants = {"stock eager": lambda: stock(*a, **kw), "stock compile": lambda: cs(*a, **kw),
-                        "patched eager": lambda: pat(*a, **kw), "patched compile": lambda: cp(*a, **kw),
-                        "patched CUDA graph": replay, "patched eager, fusedk.torch ops": lambda: via_fkt(*a, **kw),
-                        "GEMM + attention alone, CUDA graph": floor_replay,
-                        "attention=True eager": lambda: att(*a, **kw), "attention=True compile": lambda: ca(*a, **kw),
-                        "attention=True CUDA graph": att_replay, "attention=int8 compile": lambda: ci8(*a, **kw),
-                        "attention=int8 CUDA graph": i8_replay}
-            for v in variants.values():
-                v()
+            compiled = lambda f: torch.compile(f, fullgraph=True)  # noqa: E731
+            # a variant's timed call, made (compiled, captured) only where it is timed
+            makers = {"stock eager": lambda: stock, "stock compile": lambda: compiled(stock),
+                      "patched eager": lambda: pat, "patched compile": lambda: compiled(pat),
+                      "patched CUDA graph": lambda: graph_of(lambda: pat(*a, **kw)),
+                      "patched eager, fusedk.torch ops": lambda: via_fkt,
+                      "GEMM + attention alone, CUDA graph": lambda: graph_of(lambda: floor(*a, **kw)),
+                      "attention=True eager": lambda: att, "attention=True compile": lambda: compiled(att),
+                      "attention=True CUDA graph": lambda: graph_of(lambda: att(*a, **kw)),
+                      "attention=int8 eager": lambda: i8, "attention=int8 compile": lambda: compiled(i8),
+                      "attention=int8 CUDA graph": lambda: graph_of(lambda: i8(*a, **kw))}
+            variants, compile_s = {}, {}
+            for n, make in makers.items():
+                if only and n not in only:
+                    continue
+                f, t0 = make(), time.time()
+                variants[n] = f if n.endswith("graph") else (lambda f=f: f(*a, **kw))
+                variants[n]()  # compiles, warms up
+                if n.endswith("compile"):
+                    compile_s[n.split(" ")[0]] = time.time() - t0
             med, all_rounds = rounds(variants, iters, n_rounds)
-            split = kernel_split(lambda: pat(*a, **kw))
-            split_att = kernel_split(lambda: att(*a, **kw))
-            host = {"patched eager": host_time(lambda: pat(*a, **kw), iters),
-                    "patched eager, fusedk.torch ops": host_time(lambda: via_fkt(*a, **kw), iters),
-                    "stock eager": host_time(lambda: stock(*a, **kw), iters)}
-        want, got, got_att, got_i8 = ((t,) if torch.is_tensor(t) else t for t in (want, got, got_att, got_i8))
-        rows.append(dict(model=name, what=kind, ms=med, rounds=all_rounds, split=split, split_att=split_att,
-                         host_ms=host, compile_s={"stock": t_cs, "patched": t_cp},
-                         out_diff=[(a.float() - b.float()).abs().max().item() for a, b in zip(want, got)],
-                         out_rel_diff_att=[rel_err(b, a) for a, b in zip(want, got_att)],
-                         out_rel_diff_i8=[rel_err(b, a) for a, b in zip(want, got_i8)]))
+            row = dict(model=name, what=kind, ms=med, rounds=all_rounds, compile_s=compile_s,
+                       out_diff=[(x.float() - y.float()).abs().max().item() for x, y in zip(*map(_tuple, (want, got)))],
+                       out_rel_diff_att=[rel_err(y, x) for x, y in zip(*map(_tuple, (want, got_att)))],
+                       out_rel_diff_i8=[rel_err(y, x) for x, y in zip(*map(_tuple, (want, got_i8)))])
+            row.update(split_att=kernel_split(lambda: att(*a, **kw)), split_i8=kernel_split(lambda: i8(*a, **kw)))
+            if not only:
+                row.update(split=kernel_split(lambda: pat(*a, **kw)),
+                           host_ms={"patched eager": host_time(lambda: pat(*a, **kw), iters),
+                                    "patched eager, fusedk.torch ops": host_time(lambda: via_fkt(*a, **kw), iters),
+                                    "stock eager": host_time(lambda: stock(*a, **kw), iters)})
+        rows.append(row)
         log(rows[-1])
     return rows, repr(report)
+
+
+def _tuple(t):
+    return (t,) if torch.is_tensor(t) else t
 
 
 def compiled_switch(blocks):
@@ -395,21 +401,23 @@ def table(rows):
     hdr = ("| model | what | stock eager | stock compile | patched eager | patched compile | patched CUDA graph "
            "| eager / compile | graph / compile | GEMM + attention alone | graph / (GEMM + attn) "
            "| attention=True: eager | compile | CUDA graph | graph / stock compile "
-           "| attention=int8: compile | CUDA graph | graph / stock compile |")
+           "| attention=int8: compile | CUDA graph | stock compile / int8 compile | stock compile / int8 graph |")
     out = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
+    nan = float("nan")
     for r in rows:
-        ms, sp = r["ms"], r["split"]
-        floor = ms.get("GEMM + attention alone, CUDA graph", sp["gemm"] + sp["attention"])
-        out.append(f"| {r['model']} | {r['what']} | {ms['stock eager']:.3f} | {ms['stock compile']:.3f} | "
-                   f"{ms['patched eager']:.3f} | {ms['patched compile']:.3f} | {ms['patched CUDA graph']:.3f} | "
-                   f"{ms['stock compile'] / ms['patched eager']:.3f}x | "
-                   f"{ms['stock compile'] / ms['patched CUDA graph']:.3f}x | {floor:.3f} | "
-                   f"{ms['patched CUDA graph'] / floor:.3f}x | {ms['attention=True eager']:.3f} | "
-                   f"{ms.get('attention=True compile', float('nan')):.3f} | {ms['attention=True CUDA graph']:.3f} | "
-                   f"{ms['stock compile'] / ms['attention=True CUDA graph']:.3f}x | "
-                   f"{ms.get('attention=int8 compile', float('nan')):.3f} | "
-                   f"{ms.get('attention=int8 CUDA graph', float('nan')):.3f} | "
-                   f"{ms['stock compile'] / ms.get('attention=int8 CUDA graph', float('nan')):.3f}x |")
+        ms, sp = r["ms"], r.get("split")
+        g = lambda n: ms.get(n, nan)  # noqa: E731 (variants a run left out: nan)
+        floor = ms.get("GEMM + attention alone, CUDA graph", sp["gemm"] + sp["attention"] if sp else nan)
+        cells = [g("stock eager"), g("stock compile"), g("patched eager"), g("patched compile"),
+                 g("patched CUDA graph"), f"{g('stock compile') / g('patched eager'):.3f}x",
+                 f"{g('stock compile') / g('patched CUDA graph'):.3f}x", floor,
+                 f"{g('patched CUDA graph') / floor:.3f}x", g("attention=True eager"), g("attention=True compile"),
+                 g("attention=True CUDA graph"), f"{g('stock compile') / g('attention=True CUDA graph'):.3f}x",
+                 g("attention=int8 compile"), g("attention=int8 CUDA graph"),
+                 f"{g('stock compile') / g('attention=int8 compile'):.3f}x",
+                 f"{g('stock compile') / g('attention=int8 CUDA graph'):.3f}x"]
+        out.append(f"| {r['model']} | {r['what']} | " +
+                   " | ".join(c if isinstance(c, str) else f"{c:.3f}" for c in cells) + " |")
     return "\n".join(out)
 
 
@@ -422,11 +430,14 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--step-iters", type=int, default=3)
     ap.add_argument("--no-step", action="store_true")
+    ap.add_argument("--variants", help="comma-separated block variants to time (default: all, with the kernel "
+                    "split and host times), e.g. 'stock compile,attention=int8 compile'")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows, reports = [], {}
     for name in a.models.split(","):  # the results written after each model: a cut-off run keeps them
-        r, reports[name + " blocks"] = bench_blocks(name, a.iters, a.rounds)
+        r, reports[name + " blocks"] = bench_blocks(name, a.iters, a.rounds,
+                                                    a.variants.split(",") if a.variants else None)
         rows += r
         write(a, rows, reports)
         if not a.no_step and name in a.steps.split(","):
@@ -452,7 +463,7 @@ def write(a, rows, reports):
           f"torch {meta['torch']}, diffusers {meta['diffusers']}, fusedk {meta['fusedk']} ({meta['commit']}); "
           f"ms a call, median of {a.rounds} rotated rounds; bf16, random weights.", ""]
     md += [f"- {k}: {v}" for k, v in meta["shapes"].items()] + ["", table(rows), ""]
-    for r in rows:
+    for r in (r for r in rows if "split" in r):
         md.append(f"- {r['model']} {r['what']}: host ms a call {r['host_ms']}; compile s {r['compile_s']}; "
                   f"patched eager with fusedk.torch ops {r['ms'].get('patched eager, fusedk.torch ops', float('nan')):.3f}"
                   f" ms; profiler's kernel split of the patched eager call (its kernel times run above the events'): "
@@ -462,6 +473,10 @@ def write(a, rows, reports):
                    f"other {r['split_att']['other']:.3f} ms, output vs stock's relative L2 {r['out_rel_diff_att']}"
                    f"; attention=int8 output vs stock's relative L2 {r['out_rel_diff_i8']}"
                    if "split_att" in r else f"; attention=True output vs stock's relative L2 {r['out_rel_diff_att']}"))
+    md += [f"- {r['model']} {r['what']}: compile s {r['compile_s']}; output vs stock's relative L2: attention=True "
+           f"{r['out_rel_diff_att']}, attention=int8 {r['out_rel_diff_i8']}" for r in rows if "split" not in r]
+    md += [f"- {r['model']} {r['what']}, eager kernels (profiler, ms a call): attention=True {r['split_att']}; "
+           f"attention=int8 {r['split_i8']}" for r in rows if "split_i8" in r]
     md += ["", "```", *reports.values(), "```"]
     with open(os.path.join(a.out, "bench_dit.md"), "w") as f:
         f.write("\n".join(md) + "\n")

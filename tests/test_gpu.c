@@ -1466,41 +1466,45 @@ static void attn_big(fusedk_scalar s) {
   run_attn((attn_t){.s = s, .B = 1, .Sq = 1000, .Sk = 1000, .Hq = 2, .G = 1, .Dh = 256, .causal = 1});
 }
 
-/* attention_int8 (Dh 64 and 128 on the GPU): odd lengths, one key and one query, GQA, causal,
+/* attention_int8 (Dh 64, 128 and 256 on the GPU): odd lengths, one key and one query, GQA, causal,
    kv_len (0 and past Sk among them), transposed and packed layouts, misaligned bases, huge
    scores, a K offset per channel (what k's mean takes off), more units than SMs, the tail split,
-   33000 keys */
+   33000 keys; each head size (rows of 64 bytes: the 64-byte swizzle; 256: two 128-byte chunks a
+   row, tiles of 64 keys) on the cases that touch its layout */
 static void attn_i8_cases(fusedk_scalar s) {
+  static const int64_t dh[3] = {128, 64, 256};
+  for (int d = 0; d < 3; ++d) {
+    const int64_t D = dh[d];
+    for (int causal = 0; causal < 2; ++causal) {
+      run_attn((attn_t){.s = s, .B = 2, .Sq = 127, .Sk = 127, .Hq = 4, .G = 1, .Dh = D, .causal = causal, .int8 = 1});
+      run_attn((attn_t){.s = s, .B = 6, .Sq = 33, .Sk = 200, .Hq = 4, .G = 2, .Dh = D, .causal = causal, .kv = 1,
+                        .int8 = 1});
+      run_attn((attn_t){.s = s, .B = 2, .Sq = 129, .Sk = 129, .Hq = 3, .G = 1, .Dh = D, .causal = causal, .layout = 2,
+                        .pad = 8, .int8 = 1});
+    }
+    run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 300, .Hq = 2, .G = 1, .Dh = D, .scale = -0.3f, .shift = 1,
+                      .int8 = 1});
+  }
   for (int causal = 0; causal < 2; ++causal) {
-    run_attn((attn_t){.s = s, .B = 2, .Sq = 127, .Sk = 127, .Hq = 4, .G = 1, .Dh = 128, .causal = causal, .int8 = 1});
     run_attn((attn_t){.s = s, .B = 1, .Sq = 17, .Sk = small ? 300 : 1000, .Hq = 8, .G = 4, .Dh = 128, .causal = causal,
                       .layout = 1, .int8 = 1});
     run_attn((attn_t){.s = s, .B = 3, .Sq = 1, .Sk = 1, .Hq = 2, .G = 1, .Dh = 128, .causal = causal, .int8 = 1});
-    run_attn((attn_t){.s = s, .B = 6, .Sq = 33, .Sk = 200, .Hq = 4, .G = 2, .Dh = 128, .causal = causal, .kv = 1,
-                      .int8 = 1});
-    run_attn((attn_t){.s = s, .B = 2, .Sq = 129, .Sk = 129, .Hq = 3, .G = 1, .Dh = 128, .causal = causal, .layout = 2,
-                      .pad = 8, .int8 = 1});
   }
   run_attn((attn_t){.s = s, .B = 2, .Sq = 65, .Sk = 80, .Hq = 2, .G = 2, .Dh = 128, .shift = 1, .kv = 1, .int8 = 1});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 64, .Hq = 2, .G = 1, .Dh = 128, .scale = 1.0f, .special = 1,
                     .int8 = 1});
   run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 300, .Hq = 2, .G = 1, .Dh = 128, .scale = -0.3f, .int8 = 1});
   run_attn((attn_t){.s = s, .B = 2, .Sq = 200, .Sk = 300, .Hq = 2, .G = 1, .Dh = 128, .special = 3, .int8 = 1});
-  for (int causal = 0; causal < 2; ++causal) { /* Dh 64: rows of 64 bytes (the 64-byte swizzle) */
-    run_attn((attn_t){.s = s, .B = 2, .Sq = 127, .Sk = 127, .Hq = 4, .G = 1, .Dh = 64, .causal = causal, .int8 = 1});
-    run_attn((attn_t){.s = s, .B = 6, .Sq = 33, .Sk = 200, .Hq = 4, .G = 2, .Dh = 64, .causal = causal, .kv = 1,
-                      .int8 = 1});
-    run_attn((attn_t){.s = s, .B = 2, .Sq = 129, .Sk = 129, .Hq = 3, .G = 1, .Dh = 64, .causal = causal, .layout = 2,
-                      .pad = 8, .int8 = 1});
-  }
-  run_attn((attn_t){.s = s, .B = 1, .Sq = 64, .Sk = 300, .Hq = 2, .G = 1, .Dh = 64, .scale = -0.3f, .shift = 1, .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 200, .Sk = 300, .Hq = 2, .G = 1, .Dh = 256, .special = 3, .int8 = 1});
   if (small) return;
   run_attn((attn_t){.s = s, .B = 2, .Sq = 130, .Sk = 300, .Hq = 70, .G = 7, .Dh = 128, .causal = 1, .int8 = 1});
-  run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 128, .int8 = 1});
-  run_attn((attn_t){.s = s, .B = 1, .Sq = 100, .Sk = 33000, .Hq = 1, .G = 1, .Dh = 128, .int8 = 1});
-  run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = 64, .int8 = 1}); /* the split */
+  for (int d = 0; d < 3; ++d) {
+    run_attn((attn_t){.s = s, .B = 1, .Sq = 130, .Sk = 2500, .Hq = 24, .G = 4, .Dh = dh[d], .int8 = 1}); /* the split */
+    run_attn((attn_t){.s = s, .B = 1, .Sq = 100, .Sk = 33000, .Hq = 1, .G = 1, .Dh = dh[d], .int8 = 1});
+  }
   run_attn((attn_t){.s = s, .B = 2, .Sq = 300, .Sk = 700, .Hq = 70, .G = 7, .Dh = 64, .causal = 1, .kv = 1, .int8 = 1});
-  run_attn((attn_t){.s = s, .B = 1, .Sq = 100, .Sk = 33000, .Hq = 1, .G = 1, .Dh = 64, .int8 = 1});
+  run_attn((attn_t){.s = s, .B = 2, .Sq = 300, .Sk = 700, .Hq = 16, .G = 2, .Dh = 256, .causal = 1, .kv = 1,
+                    .int8 = 1});
 }
 
 /* --- [lowrank] lowrank_update against the CPU reference ----------------------------------------

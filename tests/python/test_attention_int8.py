@@ -135,7 +135,7 @@ BOUNDS = {"normal": 0.025, "offset": 0.03, "outliers": 0.06}
 
 
 @pytest.mark.parametrize("name", list(BOUNDS))
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 def test_reference_error_against_float64(name, D):
     q, k, v = family(name, 1, 512, 2, D)
     got = fusedk.attention_int8(q, k, v)
@@ -187,7 +187,7 @@ def gpu_tol(dt, v):
 @needs_sm90
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 def test_gpu_against_the_reference(dtype, causal, D):
     """the kernel against the CPU reference (the same quantized q and k, P exact): attention's bound"""
     dt = getattr(torch, dtype)
@@ -202,11 +202,11 @@ def test_gpu_against_the_reference(dtype, causal, D):
 
 @needs_sm90
 @pytest.mark.parametrize("name", list(BOUNDS))
-@pytest.mark.parametrize("S,D", [(256, 128), (4096, 128), (32768, 128), (256, 64), (4096, 64), (32768, 64)])
+@pytest.mark.parametrize("S,D", [(s, d) for d in (128, 64, 256) for s in (256, 4096, 32768)])
 def test_gpu_error_contract(name, S, D):
     """the kernel's output (bf16 inputs) against float64 attention of the same bf16 inputs (its
-    first 256 query rows, every key): the issue's bounds; and, where sageattention is installed,
-    at most twice its error"""
+    first 256 query rows, every key): the issue's bounds; and, where sageattention is installed and
+    takes the head size (1.0.6: 64, 96, 128), at most twice its error"""
     R = 256
     q, k, v = (torch.from_numpy(t).to(torch.bfloat16) for t in family(name, 1, S, 4, D))
     want = torch.from_numpy(oracle.attention(q[:, :R].float().numpy(), k.float().numpy(), v.float().numpy())[0])
@@ -218,6 +218,8 @@ def test_gpu_error_contract(name, S, D):
     try:
         from sageattention import sageattn
     except ImportError:
+        return
+    if D not in (64, 96, 128):
         return
     sage = sageattn(q.cuda().transpose(1, 2), k.cuda().transpose(1, 2), v.cuda().transpose(1, 2),
                     tensor_layout="HND").transpose(1, 2)[:, :R].double().cpu()
@@ -286,11 +288,11 @@ def test_gpu_compile_and_graph():
 
 
 def test_gpu_refusals_without_sm90():
-    """Dh other than 64 and 128 on a CUDA device, and devices without sm_90a code, are refused by name"""
+    """Dh other than 64, 128 and 256 on a CUDA device, and devices without sm_90a code, are refused by name"""
     if not _gpu:
         pytest.skip("no CUDA device")
     q = torch.randn(1, 8, 1, 96, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(fusedk.Error, match="int8 kernel takes 64 and 128"):
+    with pytest.raises(fusedk.Error, match="int8 kernel takes 64, 128 and 256"):
         fusedk.attention_int8(q, q, q)
     if not _sm90():
         q = torch.randn(1, 8, 1, 128, device="cuda", dtype=torch.bfloat16)

@@ -66,9 +66,9 @@ def apply(model, ops=None, attention=False):
     transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
     use (a subset of fusedk.diffusers.OPS; None: all). attention=True: fusedk's attention kernel
     in the patched blocks' attention instead of diffusers' dispatch; "int8": fusedk's
-    attention_int8 (on the CPU, and Dh 64 and 128 on sm_90a: other GPUs refuse it by name), fusedk's at
-    the inputs' precision for other head sizes. Returns a Report: what was patched and what was left alone, and why, and
-    what runs the attention. Applying twice patches nothing new."""
+    attention_int8 (on the CPU, and Dh 64, 128 and 256 on sm_90a: other GPUs refuse it by name),
+    fusedk's at the inputs' precision for other head sizes. Returns a Report: what was patched and
+    what was left alone, and why, and what runs the attention. Applying twice patches nothing new."""
     use = OPS if ops is None else frozenset(ops)
     if not use <= OPS:
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "
@@ -79,8 +79,8 @@ def apply(model, ops=None, attention=False):
     use = use | {"attention"} if attention else use
     use = use | {"attention_int8"} if attention == "int8" else use
     table, report, hooked = _patchers(), Report(), 0
-    report.attention = {True: "fusedk", "int8": "fusedk int8 (on the CPU, and Dh 64 and 128 on sm_90a; fusedk's at the "
-                        "inputs' precision for other head sizes)"}.get(attention, "diffusers' dispatch")
+    report.attention = {True: "fusedk", "int8": "fusedk int8 (on the CPU, and Dh 64, 128 and 256 on sm_90a; "
+                        "fusedk's at the inputs' precision for other head sizes)"}.get(attention, "diffusers' dispatch")
     for root in _roots(model):
         for name, m in root.named_modules():
             patcher = table.get(type(m))

@@ -69,9 +69,9 @@ class Pieces:
 
     def int8_attention(self, q):
         """Whether fusedk's attention runs as attention_int8: apply(attention="int8") and a head size
-        its kernel takes (any on the CPU, 64 and 128 on a CUDA device; one without sm_90a refuses it by
-        name)."""
-        return "attention_int8" in self.use and (q.device.type == "cpu" or q.shape[-1] in (64, 128))
+        its kernel takes (any on the CPU, 64, 128 and 256 on a CUDA device; one without sm_90a
+        refuses it by name)."""
+        return "attention_int8" in self.use and (q.device.type == "cpu" or q.shape[-1] in (64, 128, 256))
 
     def fused_attention(self, q):
         """Whether attention(q, ...) runs fusedk's kernel: apply(attention=True), and a call it
