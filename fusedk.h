@@ -59,6 +59,8 @@
                          per-sample kv_len, lse; flash attention on the GPU (Hopper: TMA + wgmma)
      fusedk_attention_int8   the same with q and k quantized to int8 (k smoothed by its mean) and
                          q k^T on integer tensor cores; P V in 16 bits (SageAttention's split)
+     fusedk_attention_int8_scaled   its kernel on q and k given as scaled int8 tensors
+                         (fusedk_scaled_tensor: int8 data, a float32 scale a row): no quantization pass
 
      fusedk_lowrank_update   out = beta y + scaling ((x v) * codes) u_t: BEM's generated update, a
                          LoRA's delta; one pass over x and one over y (the [M, r] product stays on chip)
@@ -202,7 +204,8 @@ typedef enum fusedk_scalar {
   FUSEDK_F32 = 0,
   FUSEDK_F16 = 1,
   FUSEDK_BF16 = 2,
-  FUSEDK_I32 = 3 /* int32: index arguments (attention's kv_len), never computed on */
+  FUSEDK_I32 = 3, /* int32: index arguments (attention's kv_len), never computed on */
+  FUSEDK_I8 = 4   /* int8: the data of scaled tensors (fusedk_scaled_tensor), read, never computed on */
 } fusedk_scalar;
 
 /* Normalization kind (adaln). */
@@ -530,6 +533,25 @@ FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const f
                                                const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
                                                const fusedk_tensor *kv_len, float scale, int32_t causal,
                                                struct CUstream_st *stream);
+/* A scaled int8 tensor: element (b, s, h, d) stands for data[b, s, h, d] * scale[b, s, h].
+   data: int8 [B, S, H, Dh]; scale: float32 [B, S, H], a (token, head) row's scale (what
+   attention_int8 makes of q); any strides, each with a contiguous last dim. */
+typedef struct fusedk_scaled_tensor {
+  const fusedk_tensor *data, *scale;
+} fusedk_scaled_tensor;
+/* attention_int8_scaled: attention_int8's kernel on q and k quantized already (by the caller or
+   a fused producer: no quantization pass): out = softmax(scale dq(q) dq(k)^T) v with dq(x) =
+   x.data * x.scale, k.scale read to 22 significant bits (the kernel's conversion of the int32
+   sums); lse that of dq(q) and dq(k). No mean is taken off k. v, out, lse, kv_len, scale and
+   causal as fusedk_attention's, v in q's place for the dtype (out's) and the device; out [B, Sq,
+   Hq, Dh] as q.data. A non-finite scale makes its rows NaN. CPU: dq(q), dq(k) in double, then
+   fusedk_attention's reference. GPU: fusedk_attention_int8's kernel (sm_90a; Dh 64, 128, 256),
+   reading q.data and k.data as they lie (TMA: their bases and their strides over b, s and h
+   16-byte multiples); one pass writes the kernel's scale arrays into attention_int8's buffer. */
+FUSEDK_DEF fusedk_status fusedk_attention_int8_scaled(const fusedk_tensor *out, const fusedk_tensor *lse,
+                                                      const fusedk_scaled_tensor *q, const fusedk_scaled_tensor *k,
+                                                      const fusedk_tensor *v, const fusedk_tensor *kv_len,
+                                                      float scale, int32_t causal, struct CUstream_st *stream);
 
 /* ---- [lowrank] low-rank updates: BEM's generated update, a LoRA's delta ----
    out = beta * y + scaling * ((x v) * codes) u_t, per row m of x:
@@ -879,11 +901,17 @@ typedef struct fusedk__linear_args {
 
 /* attention: q [B, Sq, Hq, Dh], k, v [B, Sk, Hkv, Dh], out like q, as element strides over
    (b, s, h); lse [B, Hq, Sq] float32 (p == NULL: not asked for); kv_len int32 [B] or NULL. */
+typedef struct fusedk__attn_scales { /* a scaled tensor's scales, [B, S, H] */
+  const float *p;
+  int64_t sb, ss, sh;
+} fusedk__attn_scales;
 typedef struct fusedk__attn_args {
   int32_t scalar, causal, int8; /* int8: attention_int8 (q, k quantized, fusedk_attention_int8) */
+  int32_t scaled;               /* attention_int8_scaled: q, k int8 data, qs and ks their scales */
   float scale;
   int64_t B, Sq, Sk, Hq, Hkv, Dh;
   struct { const void *p; int64_t sb, ss, sh; } q, k, v;
+  fusedk__attn_scales qs, ks;
   struct { void *p; int64_t sb, ss, sh; } out;
   struct { float *p; int64_t sb, sh, ss; } lse;
   const int32_t *kv_len;
@@ -1104,8 +1132,10 @@ FUSEDK_DEF void fusedk_shutdown(void) { fusedk__cuda_shutdown(); }
 
 FUSEDK_DEF fusedk_dtype fusedk_dtype_of(fusedk_scalar s) {
   fusedk_dtype d;
-  d.code = (uint8_t)(s == FUSEDK_BF16 ? FUSEDK_DTYPE_BFLOAT : s == FUSEDK_I32 ? FUSEDK_DTYPE_INT : FUSEDK_DTYPE_FLOAT);
-  d.bits = (uint8_t)(s == FUSEDK_F32 || s == FUSEDK_I32 ? 32 : 16);
+  d.code = (uint8_t)(s == FUSEDK_BF16                    ? FUSEDK_DTYPE_BFLOAT
+                     : s == FUSEDK_I32 || s == FUSEDK_I8 ? FUSEDK_DTYPE_INT
+                                                         : FUSEDK_DTYPE_FLOAT);
+  d.bits = (uint8_t)(s == FUSEDK_F32 || s == FUSEDK_I32 ? 32 : s == FUSEDK_I8 ? 8 : 16);
   d.lanes = 1;
   return d;
 }
@@ -1137,6 +1167,7 @@ static int fusedk__scalar_of(fusedk_dtype d) {
   if (d.code == FUSEDK_DTYPE_FLOAT && d.bits == 16) return FUSEDK_F16;
   if (d.code == FUSEDK_DTYPE_BFLOAT && d.bits == 16) return FUSEDK_BF16;
   if (d.code == FUSEDK_DTYPE_INT && d.bits == 32) return FUSEDK_I32;
+  if (d.code == FUSEDK_DTYPE_INT && d.bits == 8) return FUSEDK_I8;
   return -1;
 }
 
@@ -1151,10 +1182,12 @@ static const char *fusedk__dtype_str(fusedk_dtype d, char *buf, size_t n) {
   return buf;
 }
 
-static size_t fusedk__scalar_size(int s) { return s == FUSEDK_F32 || s == FUSEDK_I32 ? 4 : 2; }
+static size_t fusedk__scalar_size(int s) { return s == FUSEDK_F32 || s == FUSEDK_I32 ? 4 : s == FUSEDK_I8 ? 1 : 2; }
 static const char *fusedk__scalar_name(int s) {
-  return s == FUSEDK_F32 ? "float32" : s == FUSEDK_F16 ? "float16" : s == FUSEDK_BF16 ? "bfloat16" : "int32";
+  return s == FUSEDK_F32 ? "float32" : s == FUSEDK_F16 ? "float16" : s == FUSEDK_BF16 ? "bfloat16"
+         : s == FUSEDK_I32 ? "int32" : "int8";
 }
+static int fusedk__scalar_int(int s) { return s == FUSEDK_I32 || s == FUSEDK_I8; }
 
 static int fusedk__is_gpu(int32_t device_type) {
   return device_type == FUSEDK_DEVICE_CUDA || device_type == FUSEDK_DEVICE_CUDA_MANAGED;
@@ -1198,11 +1231,11 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
                         FUSEDK_MAX_DIMS);
   if (!t->shape) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s has a NULL shape", c->op, name);
   int s = fusedk__scalar_of(t->dtype);
-  if (s < 0 || (s == FUSEDK_I32) != (fixed == FUSEDK_I32)) {
+  if (s < 0 || fusedk__scalar_int(s) != fusedk__scalar_int(fixed)) { /* integers only where the op fixes them */
     char dt[48];
     return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s", c->op, name,
                         fusedk__dtype_str(t->dtype, dt, sizeof dt),
-                        fixed == FUSEDK_I32 ? "int32" : fixed == FUSEDK_F32 ? "float32" : "float32, float16 or bfloat16");
+                        fixed >= 0 ? fusedk__scalar_name(fixed) : "float32, float16 or bfloat16");
   }
   if (fixed >= 0 && s != fixed) {
     return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s", c->op, name, fusedk__scalar_name(s),
@@ -2963,17 +2996,18 @@ static int fusedk__attention_int8_cpu(const fusedk__attn_args *a) {
 /* a [B, S, H, D] argument's strides over (b, s, h) */
 #define FUSEDK__BSH(dst, t) ((dst).sb = fusedk__stride(t, 0), (dst).ss = fusedk__stride(t, 1), (dst).sh = fusedk__stride(t, 2))
 
-/* attention and attention_int8 (int8 1): checks, then the reference or the kernel */
-static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
-                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
-                                           float scale, int32_t causal, int int8, struct CUstream_st *stream) {
-  const fusedk_tensor *t[] = {out, lse, q, k, v, kv_len};
-  const fusedk_op *o = fusedk__op(int8 ? FUSEDK_OP_ATTENTION_INT8 : FUSEDK_OP_ATTENTION);
-  const char *op = o->name;
-  char shp[160];
-  fusedk__rowset s;
-  fusedk_status st = fusedk__validate(o, t, &s);
-  if (st) return st;
+/* attention's and attention_int8_scaled's checks past each tensor's own: causal, scale, k's shape
+   against q's (qn, kn: their names; q has 4 dims), v's, out's, lse's and kv_len's, out and lse
+   apart from the n inputs ins (names); then a's sizes, pointers and strides (a->scalar and the
+   kind left to the caller), and kv_len's values where they are in host memory */
+static fusedk_status fusedk__attention_common(const fusedk__check *c, const fusedk_tensor *out, const fusedk_tensor *lse,
+                                              const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
+                                              const fusedk_tensor *kv_len, float scale, int32_t causal, const char *qn,
+                                              const char *kn, const fusedk_tensor *const *ins,
+                                              const char *const *names, int n, fusedk__attn_args *a) {
+  const char *op = c->op;
+  char shp[160], why[3][48];
+  fusedk_status st;
   if (causal != 0 && causal != 1)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: causal is %d, expected 0 or 1", op, (int)causal);
   if (!(scale > -HUGE_VALF && scale < HUGE_VALF))
@@ -2981,55 +3015,82 @@ static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fused
                         (double)scale);
   const int64_t B = q->shape[0], Sq = q->shape[1], Hq = q->shape[2], Dh = q->shape[3];
   if (k->ndim != 4 || k->shape[0] != B || k->shape[3] != Dh)
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: k has shape %s, expected [B, Sk, Hkv, Dh] with q's B and Dh (%lld, "
-                        "%lld)", op, fusedk__shape_str(k, shp, sizeof shp), (long long)B, (long long)Dh);
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [B, Sk, Hkv, Dh] with %s's B and Dh (%lld, "
+                        "%lld)", op, kn, fusedk__shape_str(k, shp, sizeof shp), qn, (long long)B, (long long)Dh);
   if (k->shape[2] < 1 || Hq % k->shape[2])
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: k has %lld heads, expected a divisor of q's %lld (Hq a multiple of "
-                        "Hkv: GQA, MQA)", op, (long long)k->shape[2], (long long)Hq);
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has %lld heads, expected a divisor of %s's %lld (Hq a multiple of "
+                        "Hkv: GQA, MQA)", op, kn, (long long)k->shape[2], qn, (long long)Hq);
   const int64_t ls[3] = {B, Hq, Sq};
-  if ((st = fusedk__check_shape(&s.c, v, "v", 4, k->shape, "same as k")) ||
-      (st = fusedk__check_shape(&s.c, out, "out", 4, q->shape, "same as q")) ||
-      (lse && (st = fusedk__check_shape(&s.c, lse, "lse", 3, ls, "[B, Hq, Sq] of q"))) ||
-      (kv_len && (st = fusedk__check_shape(&s.c, kv_len, "kv_len", 1, &B, "[B] (q's first dim)"))))
+  snprintf(why[0], sizeof why[0], "same as %s", kn), snprintf(why[1], sizeof why[1], "same as %s", qn);
+  snprintf(why[2], sizeof why[2], "[B] (%s's first dim)", qn);
+  if ((st = fusedk__check_shape(c, v, "v", 4, k->shape, why[0])) ||
+      (st = fusedk__check_shape(c, out, "out", 4, q->shape, why[1])) ||
+      (lse && (st = fusedk__check_shape(c, lse, "lse", 3, ls, "[B, Hq, Sq] of q"))) ||
+      (kv_len && (st = fusedk__check_shape(c, kv_len, "kv_len", 1, &B, why[2]))))
     return st;
+  for (int i = 0; i < n; ++i)
+    if ((st = fusedk__check_disjoint(c, out, "out", ins[i], names[i])) ||
+        (st = fusedk__check_disjoint(c, lse, "lse", ins[i], names[i])))
+      return st;
+  if ((st = fusedk__check_disjoint(c, out, "out", lse, "lse"))) return st;
+  memset(a, 0, sizeof *a);
+  a->causal = causal;
+  a->scale = scale != 0.0f ? scale : (float)(1.0 / sqrt((double)Dh)); /* the float32 both paths use */
+  a->B = B, a->Sq = Sq, a->Sk = k->shape[1], a->Hq = Hq, a->Hkv = k->shape[2], a->Dh = Dh;
+  a->q.p = fusedk__base(q), a->k.p = fusedk__base(k), a->v.p = fusedk__base(v), a->out.p = fusedk__base(out);
+  FUSEDK__BSH(a->q, q), FUSEDK__BSH(a->k, k), FUSEDK__BSH(a->v, v), FUSEDK__BSH(a->out, out);
+  if (lse)
+    a->lse.p = (float *)fusedk__base(lse), a->lse.sb = fusedk__stride(lse, 0), a->lse.sh = fusedk__stride(lse, 1),
+    a->lse.ss = fusedk__stride(lse, 2);
+  if (kv_len) a->kv_len = (const int32_t *)fusedk__base(kv_len), a->kv_stride = fusedk__stride(kv_len, 0);
+  for (int64_t b = 0; kv_len && !fusedk__is_gpu(c->dev.device_type) && b < B; ++b)
+    if (a->kv_len[b * a->kv_stride] < 0 || a->kv_len[b * a->kv_stride] > a->Sk)
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: kv_len[%lld] is %d, expected 0 to %lld (%s's Sk)", op,
+                          (long long)b, (int)a->kv_len[b * a->kv_stride], (long long)a->Sk, kn);
+  return FUSEDK_OK;
+}
+
+/* what the GPU kernels take: 16-bit inputs (ref: the tensor whose dtype is the call's), head
+   sizes up to 256 (the int8 kernel's: 64, 128, 256), the grid's blocks */
+static fusedk_status fusedk__attention_gpu(const fusedk__check *c, const fusedk__attn_args *a, const char *ref) {
+  if (c->scalar == FUSEDK_F32)
+    return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: %s is float32 on a CUDA device; the GPU kernel takes float16 "
+                        "and bfloat16 (CPU tensors run the reference in every dtype)", c->op, ref);
+  if (a->Dh > 256)
+    return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the GPU kernel takes "
+                        "up to 256", c->op, (long long)a->Dh);
+  if (a->int8 && a->Dh != 64 && a->Dh != 128 && a->Dh != 256)
+    return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the int8 kernel takes "
+                        "64, 128 and 256 (attention takes every size up to 256)", c->op, (long long)a->Dh);
+  const int64_t blocks = a->B * a->Hq * ((a->Sq + 127) / 128);
+  if (blocks > 2147483647)
+    return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 128) is %lld, past the GPU grid's "
+                        "2^31 - 1 blocks", c->op, (long long)blocks);
+  return FUSEDK_OK;
+}
+
+/* attention and attention_int8 (int8 1): checks, then the reference or the kernel */
+static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
+                                           const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
+                                           float scale, int32_t causal, int int8, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {out, lse, q, k, v, kv_len};
+  const fusedk_op *o = fusedk__op(int8 ? FUSEDK_OP_ATTENTION_INT8 : FUSEDK_OP_ATTENTION);
+  const char *op = o->name;
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(o, t, &s);
+  if (st) return st;
   const fusedk_tensor *ins[] = {q, k, v, kv_len};
   const char *names[] = {"q", "k", "v", "kv_len"};
-  for (int i = 0; i < 4; ++i)
-    if ((st = fusedk__check_disjoint(&s.c, out, "out", ins[i], names[i])) ||
-        (st = fusedk__check_disjoint(&s.c, lse, "lse", ins[i], names[i])))
-      return st;
-  if ((st = fusedk__check_disjoint(&s.c, out, "out", lse, "lse"))) return st;
   fusedk__attn_args a;
-  memset(&a, 0, sizeof a);
-  a.scalar = s.c.scalar, a.causal = causal, a.int8 = int8;
-  a.scale = scale != 0.0f ? scale : (float)(1.0 / sqrt((double)Dh)); /* the float32 both paths use */
-  a.B = B, a.Sq = Sq, a.Sk = k->shape[1], a.Hq = Hq, a.Hkv = k->shape[2], a.Dh = Dh;
-  a.q.p = fusedk__base(q), a.k.p = fusedk__base(k), a.v.p = fusedk__base(v), a.out.p = fusedk__base(out);
-  FUSEDK__BSH(a.q, q), FUSEDK__BSH(a.k, k), FUSEDK__BSH(a.v, v), FUSEDK__BSH(a.out, out);
-  if (lse)
-    a.lse.p = (float *)fusedk__base(lse), a.lse.sb = fusedk__stride(lse, 0), a.lse.sh = fusedk__stride(lse, 1),
-    a.lse.ss = fusedk__stride(lse, 2);
-  if (kv_len) a.kv_len = (const int32_t *)fusedk__base(kv_len), a.kv_stride = fusedk__stride(kv_len, 0);
-  for (int64_t b = 0; kv_len && !fusedk__is_gpu(s.c.dev.device_type) && b < B; ++b)
-    if (a.kv_len[b * a.kv_stride] < 0 || a.kv_len[b * a.kv_stride] > a.Sk)
-      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: kv_len[%lld] is %d, expected 0 to %lld (k's Sk)", op,
-                          (long long)b, (int)a.kv_len[b * a.kv_stride], (long long)a.Sk);
+  if ((st = fusedk__attention_common(&s.c, out, lse, q, k, v, kv_len, scale, causal, "q", "k", ins, names, 4, &a)))
+    return st;
+  a.scalar = s.c.scalar, a.int8 = int8;
+  const int64_t B = a.B, Sq = a.Sq, Hq = a.Hq;
   if (fusedk__is_gpu(s.c.dev.device_type)) {
-    if (s.c.scalar == FUSEDK_F32)
-      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q is float32 on a CUDA device; the GPU kernel takes float16 "
-                          "and bfloat16 (CPU tensors run the reference in every dtype)", op);
-    if (Dh > 256)
-      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the GPU kernel takes "
-                          "up to 256", op, (long long)Dh);
-    if (int8 && (B * Hq * ((Sq + 31) / 32) > 2147483647 || B * k->shape[2] * ((k->shape[1] + 31) / 32) > 2147483647))
+    if (int8 && (B * Hq * ((Sq + 31) / 32) > 2147483647 || B * a.Hkv * ((a.Sk + 31) / 32) > 2147483647))
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 32) or B * Hkv * ceil(Sk / 32) past the "
                           "GPU grid's 2^31 - 1 blocks (the quantization passes)", op);
-    if (int8 && Dh != 64 && Dh != 128 && Dh != 256)
-      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: q has head size %lld on a CUDA device; the int8 kernel takes "
-                          "64, 128 and 256 (attention takes every size up to 256)", op, (long long)Dh);
-    if (B * Hq * ((Sq + 127) / 128) > 2147483647)
-      return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 128) is %lld, past the GPU grid's "
-                          "2^31 - 1 blocks", op, (long long)(B * Hq * ((Sq + 127) / 128)));
+    if ((st = fusedk__attention_gpu(&s.c, &a, "q"))) return st;
   }
   if (B * Sq * Hq == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_attention(&a, op, s.c.dev.device_id, stream);
@@ -3049,6 +3110,94 @@ FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const f
                                                const fusedk_tensor *kv_len, float scale, int32_t causal,
                                                struct CUstream_st *stream) {
   return fusedk__attention_run(out, lse, q, k, v, kv_len, scale, causal, 1, stream);
+}
+
+/* attention_int8_scaled's reference: dq(q), dq(k) (k's scale cut to 22 bits, as the kernel reads
+   it) into compact double, then fusedk_attention's reference on them and v */
+static int fusedk__attention_scaled_cpu(const fusedk__attn_args *a) {
+  const int64_t D = a->Dh, nq = a->B * a->Sq * a->Hq * D, nk = a->B * a->Sk * a->Hkv * D;
+  double *x = (double *)malloc((size_t)(nq + nk + 1) * sizeof *x);
+  if (!x) return 1;
+  for (int t = 0; t < 2; ++t) {
+    const int64_t S = t ? a->Sk : a->Sq, H = t ? a->Hkv : a->Hq;
+    const int8_t *d8 = (const int8_t *)(t ? a->k.p : a->q.p);
+    const int64_t sb = t ? a->k.sb : a->q.sb, ss = t ? a->k.ss : a->q.ss, sh = t ? a->k.sh : a->q.sh;
+    const fusedk__attn_scales *sc = t ? &a->ks : &a->qs;
+    double *o = t ? x + nq : x;
+    for (int64_t b = 0; b < a->B; ++b)
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t h = 0; h < H; ++h, o += D) {
+          const float f = sc->p[b * sc->sb + i * sc->ss + h * sc->sh];
+          const double c = t ? (double)fusedk__cut22(f) : (double)f;
+          for (int64_t d = 0; d < D; ++d) o[d] = (double)d8[b * sb + i * ss + h * sh + d] * c;
+        }
+  }
+  const double *x8[2] = {x, x + nq};
+  const int r = fusedk__attention_core(a, x8);
+  free(x);
+  return r;
+}
+
+FUSEDK_DEF fusedk_status fusedk_attention_int8_scaled(const fusedk_tensor *out, const fusedk_tensor *lse,
+                                                      const fusedk_scaled_tensor *q, const fusedk_scaled_tensor *k,
+                                                      const fusedk_tensor *v, const fusedk_tensor *kv_len,
+                                                      float scale, int32_t causal, struct CUstream_st *stream) {
+  const char *op = "attention_int8_scaled";
+  fusedk__check c;
+  char shp[160];
+  int p;
+  fusedk_status st;
+  memset(&c, 0, sizeof c);
+  c.op = op, c.ref = "v", c.scalar = -1;
+  if (!q || !k)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is NULL, expected a scaled tensor", op, q ? "k" : "q");
+  if ((st = fusedk__check_tensor(&c, v, "v", 1, -1, &p)) || (st = fusedk__check_tensor(&c, out, "out", 1, -1, &p)) ||
+      (st = fusedk__check_tensor(&c, q->data, "q.data", 1, FUSEDK_I8, &p)) ||
+      (st = fusedk__check_tensor(&c, q->scale, "q.scale", 1, FUSEDK_F32, &p)) ||
+      (st = fusedk__check_tensor(&c, k->data, "k.data", 1, FUSEDK_I8, &p)) ||
+      (st = fusedk__check_tensor(&c, k->scale, "k.scale", 1, FUSEDK_F32, &p)) ||
+      (st = fusedk__check_tensor(&c, lse, "lse", 0, FUSEDK_F32, &p)) ||
+      (st = fusedk__check_tensor(&c, kv_len, "kv_len", 0, FUSEDK_I32, &p)))
+    return st;
+  const fusedk_tensor *qd = q->data, *kd = k->data;
+  if (qd->ndim != 4)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q.data has shape %s, expected [B, Sq, Hq, Dh]", op,
+                        fusedk__shape_str(qd, shp, sizeof shp));
+  if ((st = fusedk__check_shape(&c, q->scale, "q.scale", 3, qd->shape, "q.data's [B, Sq, Hq]")) ||
+      (kd->ndim == 4 && (st = fusedk__check_shape(&c, k->scale, "k.scale", 3, kd->shape, "k.data's [B, Sk, Hkv]"))))
+    return st;
+  const fusedk_tensor *ins[] = {qd, q->scale, kd, k->scale, v, kv_len};
+  const char *names[] = {"q.data", "q.scale", "k.data", "k.scale", "v", "kv_len"};
+  fusedk__attn_args a;
+  if ((st = fusedk__attention_common(&c, out, lse, qd, kd, v, kv_len, scale, causal, "q.data", "k.data", ins, names, 6,
+                                     &a)))
+    return st;
+  a.scalar = c.scalar, a.int8 = 1, a.scaled = 1;
+  a.qs.p = (const float *)fusedk__base(q->scale), a.ks.p = (const float *)fusedk__base(k->scale);
+  FUSEDK__BSH(a.qs, q->scale), FUSEDK__BSH(a.ks, k->scale);
+  const int gpu = fusedk__is_gpu(c.dev.device_type);
+  if (gpu) {
+    if ((st = fusedk__attention_gpu(&c, &a, "v"))) return st;
+    for (int t = 0; t < 2; ++t) { /* TMA reads the int8 rows where they lie */
+      const fusedk_tensor *d = t ? kd : qd;
+      int ok = (uintptr_t)fusedk__base(d) % 16 == 0;
+      for (int i = 0; i < 3; ++i) {
+        const int64_t st3 = fusedk__stride(d, i);
+        ok = ok && (d->shape[i] < 2 || (st3 > 0 && st3 % 16 == 0));
+      }
+      if (!ok)
+        return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has base %p and strides (%lld, %lld, %lld) over b, s, h; on a "
+                            "CUDA device the base and every stride of a dim past 1 must be positive multiples of 16 "
+                            "bytes", op, t ? "k.data" : "q.data", fusedk__base(d), (long long)fusedk__stride(d, 0),
+                            (long long)fusedk__stride(d, 1), (long long)fusedk__stride(d, 2));
+    }
+  }
+  const int64_t B = a.B, Sq = a.Sq, Hq = a.Hq;
+  if (B * Sq * Hq == 0) return FUSEDK_OK;
+  if (gpu) return fusedk__cuda_attention(&a, op, c.dev.device_id, stream);
+  return fusedk__attention_scaled_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the "
+                                                         "reference's buffers", op)
+                                          : FUSEDK_OK;
 }
 #undef FUSEDK__BSH
 

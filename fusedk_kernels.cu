@@ -3862,18 +3862,19 @@ constexpr int kI8StatRows = 256;  // keys a statistics block
 // (float2: k's scale, times the sign of the softmax scale, and -1.5 2^23 times that:
 // attn_i8_mainloop's conversion), the statistics' partial sums [B Hk, TS, D] and k's mean [B Hk,
 // D]; v16 [B, Sk, Hk, D] (T): v's copy where TMA cannot read v itself (a base or stride not a
-// 16-byte multiple, a stride 0 (broadcast) or negative), else none
+// 16-byte multiple, a stride 0 (broadcast) or negative), else none. attention_int8_scaled (q and
+// k given in int8): qs, qm (0) and ks alone.
 struct AttnI8Buf {
   int64_t Skp, TS;
   size_t q8, k8, qs, qm, ks, part, mean, v16, bytes;
   AttnI8Buf(const fusedk__attn_args &a, bool copy_v) {
-    const int64_t D = a.Dh, bh = a.B * a.Hkv, bq = a.B * a.Hq;
+    const int64_t D = a.Dh, bh = a.B * a.Hkv, bq = a.B * a.Hq, own = a.scaled ? 0 : 1;
     Skp = (a.Sk + kI8Bc - 1) / kI8Bc * kI8Bc, TS = (a.Sk + kI8StatRows - 1) / kI8StatRows;
     size_t at = 0;
     auto take = [&](int64_t n) { const size_t p = at; at += ((size_t)n + 255) / 256 * 256; return p; };
-    q8 = take(bq * a.Sq * D), k8 = take(bh * a.Sk * D), qs = take(bq * a.Sq * 4), qm = take(bq * a.Sq * 4),
-    ks = take(bh * Skp * 8), part = take(bh * TS * D * 4), mean = take(bh * D * 4),
-    v16 = take(copy_v ? bh * a.Sk * D * 2 : 0);
+    q8 = take(own * bq * a.Sq * D), k8 = take(own * bh * a.Sk * D), qs = take(bq * a.Sq * 4),
+    qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 8), part = take(own * bh * TS * D * 4),
+    mean = take(own * bh * D * 4), v16 = take(copy_v ? bh * a.Sk * D * 2 : 0);
     bytes = at;
   }
 };
@@ -3979,6 +3980,26 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
       for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       if (lane == 0) ((float *)(buf + L.qs))[row] = scale, ((float *)(buf + L.qm))[row] = a.scale * scale * dot;
     }
+  }
+}
+
+// attention_int8_scaled's scales into the kernel's forms, the grid striding over them: qs [B,
+// Hq, Sq] from q's scales, qm 0 (no mean taken off), k's pairs as attn_i8_rows writes them (keys
+// past the batch's count and the padding to Skp: 0)
+__global__ void __launch_bounds__(256) attn_i8_scales(const fusedk__attn_args a, const AttnI8Buf L,
+                                                      unsigned char *buf) {
+  const int64_t nq = a.B * a.Hq * a.Sq, nk = a.B * a.Hkv * L.Skp;
+  for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < nq + nk; i += (int64_t)gridDim.x * 256) {
+    if (i < nq) {
+      const int64_t b = i / (a.Hq * a.Sq), h = i / a.Sq % a.Hq, s = i % a.Sq;
+      ((float *)(buf + L.qs))[i] = a.qs.p[b * a.qs.sb + s * a.qs.ss + h * a.qs.sh];
+      ((float *)(buf + L.qm))[i] = 0.f;
+      continue;
+    }
+    const int64_t r = i - nq, b = r / (a.Hkv * L.Skp), h = r / L.Skp % a.Hkv, j = r % L.Skp;
+    const float sc = j < attn_kv(a, b) ? a.ks.p[b * a.ks.sb + j * a.ks.ss + h * a.ks.sh] : 0.f;
+    const float c = __uint_as_float(__float_as_uint(a.scale < 0.f ? -sc : sc) & ~3u); // 22 bits, as attn_i8_rows
+    ((float2 *)(buf + L.ks))[r] = make_float2(c, -12582912.f * c);
   }
 }
 
@@ -4226,20 +4247,27 @@ cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int 
   if (e != cudaSuccess) return e;
   unsigned char *buf = (unsigned char *)ws;
   const int64_t bh = a.B * a.Hkv;
-  attn_i8_stats<T, D><<<(unsigned)(B.TS * bh), 256, 0, s>>>(a, (float *)(buf + B.part), B.TS);
-  attn_i8_stat_sums<<<(unsigned)bh, 256, 0, s>>>(a, B, buf);
-  attn_i8_rows<T, D, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
-  attn_i8_rows<T, D, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);
+  if (a.scaled) {
+    const int64_t n = a.B * a.Hq * a.Sq + bh * B.Skp;
+    attn_i8_scales<<<(unsigned)std::min<int64_t>((n + 255) / 256, 1 << 20), 256, 0, s>>>(a, B, buf);
+  } else {
+    attn_i8_stats<T, D><<<(unsigned)(B.TS * bh), 256, 0, s>>>(a, (float *)(buf + B.part), B.TS);
+    attn_i8_stat_sums<<<(unsigned)bh, 256, 0, s>>>(a, B, buf);
+    attn_i8_rows<T, D, false><<<(unsigned)((a.Sq + 31) / 32 * a.B * a.Hq), 256, 0, s>>>(a, B, buf);
+    attn_i8_rows<T, D, true><<<(unsigned)((a.Sk + 31) / 32 * bh), 256, 0, s>>>(a, B, buf);
+  }
   if (copy_v)
     attn_i8_vcopy<T, D><<<(unsigned)std::min<int64_t>((bh * a.Sk * (D / 8) + 255) / 256, 1 << 20), 256, 0, s>>>(
         a, (T *)(buf + B.v16));
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, sq[3] = {D, a.Sq * D, a.Hq * a.Sq * D};
-  const int64_t dk[4] = {D, a.Sk, a.Hkv, a.B}, sk[3] = {D, a.Sk * D, a.Hkv * a.Sk * D};
+  // q8, k8: the buffer's [B, H, S, D], or (scaled) the caller's [B, S, H, D] as they lie
+  const int64_t dq[4] = {D, a.Sq, a.Hq, a.B}, dk[4] = {D, a.Sk, a.Hkv, a.B};
+  const int64_t sq[3] = {a.scaled ? a.q.ss : D, a.scaled ? a.q.sh : a.Sq * D, a.scaled ? a.q.sb : a.Hq * a.Sq * D};
+  const int64_t sk[3] = {a.scaled ? a.k.ss : D, a.scaled ? a.k.sh : a.Sk * D, a.scaled ? a.k.sb : a.Hkv * a.Sk * D};
+  const void *q8 = a.scaled ? a.q.p : buf + B.q8, *k8 = a.scaled ? a.k.p : buf + B.k8;
   constexpr CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   constexpr CUtensorMapSwizzle swz = D == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-  if (!tmap_4d(&tq, buf + B.q8, u8, dq, sq, L::kCw, L::kRows, swz) ||
-      !tmap_4d(&tk, buf + B.k8, u8, dk, sk, L::kCw, L::kBc, swz) ||
+  if (!tmap_4d(&tq, q8, u8, dq, sq, L::kCw, L::kRows, swz) || !tmap_4d(&tk, k8, u8, dk, sk, L::kCw, L::kBc, swz) ||
       (copy_v && !tmap_bshd(&tv, buf + B.v16, bf, a.B, a.Sk, a.Hkv, D, a.Sk * a.Hkv * D, a.Hkv * D, D, L::kBc)))
     return cudaErrorInvalidValue;
   if ((e = smem_opt_in<attn_i8_kernel<T, D>>(L::kBytes, 0, dev)) != cudaSuccess) return e;
@@ -5349,6 +5377,14 @@ void fusedk__cuda_gemm_release(void) { gemm_shutdown(); }
 #endif // FUSEDK__PART_LINEAR
 
 #if FUSEDK__PART_ATTENTION
+// A call without keys as the 16-bit kernel takes it (it writes 0 and lse -inf, reading q's shape
+// alone): attention_int8_scaled's int8 q replaced by out, which has q's shape in the 16-bit type
+fusedk__attn_args keyless(fusedk__attn_args a) {
+  if (a.scaled) a.q.p = a.out.p, a.q.sb = a.out.sb, a.q.ss = a.out.ss, a.q.sh = a.out.sh;
+  a.int8 = a.scaled = 0;
+  return a;
+}
+
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
                                      struct CUstream_st *stream) {
   return on_device(device_id, op, [&]() -> fusedk_status {
@@ -5364,7 +5400,7 @@ fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op,
       using T = typename decltype(t)::type;
       if constexpr (sizeof(T) == 2)
         return !a->int8 ? launch_attention<T>(*a, stream, device_id)
-               : a->Sk == 0 ? launch_attention<T>(*a, stream, device_id) // no key: 0 and lse -inf whatever the precision
+               : a->Sk == 0 ? launch_attention<T>(keyless(*a), stream, device_id) // 0 and lse -inf, any precision
                : a->Dh == 64  ? launch_attention_i8<T, 64>(*a, stream, device_id)
                : a->Dh == 128 ? launch_attention_i8<T, 128>(*a, stream, device_id)
                               : launch_attention_i8<T, 256>(*a, stream, device_id);

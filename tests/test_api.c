@@ -528,6 +528,85 @@ static void attention_cases(void) {
     }
 }
 
+/* attention_int8_scaled: bad arguments named (the scaled tensors' parts among them), outputs
+   untouched; the reference equals attention's reference on the dequantized q and k bit for bit
+   (float32 copies of q8 * scale, exact at these scales: the same doubles go in), and cuts k's
+   scale to 22 bits (a scale with a low bit set gives the cut scale's result) */
+static void attention_scaled_cases(void) {
+  enum { AB = 2, AS = 5, AK = 7, AH = 2, AD = 8, NQ = AB * AS * AH * AD, NK = AB * AK * 1 * AD };
+  static int8_t q8[NQ], k8[NK];
+  static float qs[AB * AS * AH], ks[AB * AK], ks_low[AB * AK], qf[NQ], kf[NK], v[NK], o[NQ], o2[NQ], lse[AB * AH * AS],
+      lse2[AB * AH * AS];
+  int64_t qsh[4] = {AB, AS, AH, AD}, ksh[4] = {AB, AK, 1, AD}, qss[3] = {AB, AS, AH}, kss[3] = {AB, AK, 1};
+  int64_t ls[3] = {AB, AH, AS}, bad_s[3] = {AB, AS, 3}, bs[1] = {AB};
+  int32_t kvl[AB] = {4, 0};
+  for (int i = 0; i < NQ; ++i) q8[i] = (int8_t)((i * 37) % 255 - 127);
+  for (int i = 0; i < NK; ++i) k8[i] = (int8_t)((i * 53 + 11) % 255 - 127), v[i] = (float)sin(0.3 * i);
+  for (int i = 0; i < AB * AS * AH; ++i) qs[i] = (float)((i % 5) + 1) / 1024.0f;
+  for (int i = 0; i < AB * AK; ++i) ks[i] = (float)((i % 3) + 2) / 512.0f, ks_low[i] = nextafterf(ks[i] + ks[i] / 4, 1.0f);
+  for (int i = 0; i < NQ; ++i) qf[i] = (float)q8[i] * qs[i / AD];
+  for (int i = 0; i < NK; ++i) kf[i] = (float)k8[i] * ks[i / AD];
+  fusedk_tensor tq8 = fusedk_tensor_cpu(q8, FUSEDK_I8, 4, qsh), tk8 = fusedk_tensor_cpu(k8, FUSEDK_I8, 4, ksh);
+  fusedk_tensor tqs = fusedk_tensor_cpu(qs, FUSEDK_F32, 3, qss), tks = fusedk_tensor_cpu(ks, FUSEDK_F32, 3, kss);
+  fusedk_tensor tkl = fusedk_tensor_cpu(ks_low, FUSEDK_F32, 3, kss), tqf = fusedk_tensor_cpu(qf, FUSEDK_F32, 4, qsh);
+  fusedk_tensor tkf = fusedk_tensor_cpu(kf, FUSEDK_F32, 4, ksh), tv = fusedk_tensor_cpu(v, FUSEDK_F32, 4, ksh);
+  fusedk_tensor to = fusedk_tensor_cpu(o, FUSEDK_F32, 4, qsh), to2 = fusedk_tensor_cpu(o2, FUSEDK_F32, 4, qsh);
+  fusedk_tensor tl = fusedk_tensor_cpu(lse, FUSEDK_F32, 3, ls), tl2 = fusedk_tensor_cpu(lse2, FUSEDK_F32, 3, ls);
+  fusedk_tensor tn = fusedk_tensor_cpu(kvl, FUSEDK_I32, 1, bs), tqsb = fusedk_tensor_cpu(qs, FUSEDK_F32, 3, bad_s);
+  fusedk_tensor tv8 = fusedk_tensor_cpu(k8, FUSEDK_I8, 4, ksh), tqsi = tqs;
+  tqsi.dtype = fusedk_dtype_of(FUSEDK_I32);
+  const fusedk_scaled_tensor sq = {&tq8, &tqs}, sk = {&tk8, &tks}, sk_low = {&tk8, &tkl};
+  const fusedk_scaled_tensor sq_f = {&tqf, &tqs}, sq_i = {&tq8, &tqsi}, sq_b = {&tq8, &tqsb}, sq_n = {NULL, &tqs};
+  struct {
+    const fusedk_scaled_tensor *q, *k;
+    const fusedk_tensor *v;
+    fusedk_status want;
+    const char *says;
+  } bad[] = {
+      {NULL, &sk, &tv, FUSEDK_ERR_INVALID_ARGUMENT, "q is NULL, expected a scaled tensor"},
+      {&sq_n, &sk, &tv, FUSEDK_ERR_INVALID_ARGUMENT, "q.data is NULL"},
+      {&sq_f, &sk, &tv, FUSEDK_ERR_DTYPE, "q.data has dtype float32, expected int8"},
+      {&sq_i, &sk, &tv, FUSEDK_ERR_DTYPE, "q.scale has dtype int32, expected float32"},
+      {&sq_b, &sk, &tv, FUSEDK_ERR_SHAPE, "q.scale has shape [2, 5, 3], expected [2, 5, 2]"},
+      {&sq, &sk, &tv8, FUSEDK_ERR_DTYPE, "v has dtype int8, expected float32, float16 or bfloat16"},
+      {&sq, &sq, &tv, FUSEDK_ERR_SHAPE, "v has shape [2, 7, 1, 8], expected [2, 5, 2, 8]"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    for (int j = 0; j < NQ; ++j) o[j] = SENTINEL;
+    const fusedk_status st =
+        fusedk_attention_int8_scaled(&to, &tl, bad[i].q, bad[i].k, bad[i].v, NULL, 0.0f, 0, NULL);
+    int clean = 1;
+    for (int j = 0; j < NQ; ++j) clean = clean && o[j] == SENTINEL;
+    EXPECT(st == bad[i].want && clean && strstr(fusedk_failure_reason(), "attention_int8_scaled: ") &&
+               strstr(fusedk_failure_reason(), bad[i].says),
+           "attention_int8_scaled case %zu: %s, want %s (%s), outputs untouched %d", i, fusedk_status_name(st),
+           fusedk_status_name(bad[i].want), fusedk_failure_reason(), clean);
+  }
+  for (int causal = 0; causal < 2; ++causal)
+    for (int with_len = 0; with_len < 2; ++with_len)
+      for (int low = 0; low < 2; ++low) {
+        const fusedk_tensor *n = with_len ? &tn : NULL;
+        fusedk_status st = fusedk_attention_int8_scaled(&to, &tl, &sq, low ? &sk_low : &sk, &tv, n, -0.7f, causal, NULL);
+        if (low) { /* the same scores as k's scales cut to 22 bits: ks_low's cut, by hand */
+          for (int i = 0; i < NK; ++i) {
+            uint32_t u;
+            float c = ks_low[i / AD];
+            memcpy(&u, &c, 4), u &= ~3u, memcpy(&c, &u, 4);
+            kf[i] = (float)k8[i] * c;
+          }
+        }
+        fusedk_status st2 = fusedk_attention(&to2, &tl2, &tqf, &tkf, &tv, n, -0.7f, causal, NULL);
+        double worst = 0.0;
+        for (int i = 0; i < NQ; ++i) worst = fmax(worst, fabs((double)o[i] - o2[i]));
+        for (int i = 0; i < AB * AH * AS; ++i)
+          worst = fmax(worst, lse[i] == lse2[i] ? 0.0 : fabs((double)lse[i] - lse2[i]));
+        EXPECT(st == FUSEDK_OK && st2 == FUSEDK_OK && worst == 0.0,
+               "attention_int8_scaled causal %d kv_len %d low bits %d: %s, max |diff| %g against attention on dq",
+               causal, with_len, low, fusedk_status_name(st), worst);
+        for (int i = 0; i < NK; ++i) kf[i] = (float)k8[i] * ks[i / AD];
+      }
+}
+
 /* lowrank_update: a bad value for every argument (status, reason naming it, out untouched); the
    reference on small integers, where every product and sum is exact: the update alone, with
    codes and y, in place, and beta 0 over a NaN y */
@@ -1067,6 +1146,7 @@ int main(void) {
   registry_cases();
   out_shape_cases();
   attention_cases();
+  attention_scaled_cases();
   lowrank_cases();
   linear_lowrank_cases();
   lowrank_backward_cases();

@@ -51,7 +51,7 @@ static double urand(void) { /* uniform [0, 1) */
 }
 static double nrand(void) { return sqrt(-2.0 * log(urand() + 1e-300)) * cos(6.283185307179586 * urand()); }
 
-static size_t esize(fusedk_scalar s) { return s == FUSEDK_F32 ? 4 : 2; }
+static size_t esize(fusedk_scalar s) { return s == FUSEDK_F32 ? 4 : s == FUSEDK_I8 ? 1 : 2; }
 static double eps_of(fusedk_scalar s) { return s == FUSEDK_F32 ? 1e-5 : s == FUSEDK_F16 ? 0x1p-10 : 0x1p-7; }
 static const char *sname(fusedk_scalar s) { return s == FUSEDK_F32 ? "f32" : s == FUSEDK_F16 ? "f16" : "bf16"; }
 
@@ -82,13 +82,15 @@ static uint16_t f32_to_f16(float f) { /* inputs here are |f| < 60000 and not tin
   a += 0xfffu + ((a >> 13) & 1u);
   return (uint16_t)(sign | ((a >> 13) - (112u << 10)));
 }
-static void put(void *p, size_t i, double v, fusedk_scalar s) {
+static void put(void *p, size_t i, double v, fusedk_scalar s) { /* int8: rounded, clamped to +-127 */
   if (s == FUSEDK_F32) ((float *)p)[i] = (float)v;
+  else if (s == FUSEDK_I8) ((int8_t *)p)[i] = (int8_t)(v > 127.0 ? 127 : v < -127.0 ? -127 : lrint(v));
   else if (s == FUSEDK_F16) ((uint16_t *)p)[i] = f32_to_f16((float)v);
   else ((uint16_t *)p)[i] = f32_to_bf16((float)v);
 }
 static double get(const void *p, size_t i, fusedk_scalar s) {
   if (s == FUSEDK_F32) return ((const float *)p)[i];
+  if (s == FUSEDK_I8) return ((const int8_t *)p)[i];
   uint16_t h = ((const uint16_t *)p)[i];
   return s == FUSEDK_F16 ? f16_to_f32(h) : bf16_to_f32(h);
 }
@@ -942,6 +944,79 @@ static void run_attn(attn_t c) {
     CK(cudaFree(kvd));
   }
   drop(&qkv), drop(&q), drop(&k), drop(&v), drop(&out), drop(&lse);
+}
+
+/* attention_int8_scaled: int8 q and k (N(0, 50) rounded and clamped) with float32 scales (q's a
+   view with a padded last dim: strided), against the CPU reference on the same values. Bounds
+   as attention_int8's: out eps_T (|cpu| + max|v|), lse 2^-18 (|cpu| + the largest score). kv:
+   kv_len (Sk, 0, Sk / 2, 1, cycled over B). misalign: q.data's base one byte off, which the GPU
+   refuses by name (the CPU runs it). */
+static void run_attn_scaled(fusedk_scalar s, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t G, int64_t Dh,
+                            int causal, int kv, float scale, int misalign) {
+  const int64_t Hkv = Hq / G, qsh[4] = {B, Sq, Hq, Dh}, ksh[4] = {B, Sk, Hkv, Dh}, lsh[3] = {B, Hq, Sq};
+  buf_t q8 = mk(FUSEDK_I8, 4, qsh, 0, misalign ? 1 : 0, 0, 50.0, 0.0), qs = mk(FUSEDK_F32, 3, qsh, 3, 0, 0, 0.004, 0.02);
+  buf_t k8 = mk(FUSEDK_I8, 4, ksh, 0, 0, 0, 50.0, 0.0), ks = mk(FUSEDK_F32, 3, ksh, 0, 0, 0, 0.004, 0.02);
+  buf_t v = mk(s, 4, ksh, 0, 0, 0, 1.0, 0.0), out = mk(s, 4, qsh, 0, 0, 0, 0.0, 0.0);
+  buf_t lse = mk(FUSEDK_F32, 3, lsh, 0, 0, 0, 0.0, 0.0);
+  poison(&out), poison(&lse);
+  int32_t kvh[64], *kvd = NULL;
+  const int64_t kshape[1] = {B};
+  fusedk_tensor kv_h = fusedk_tensor_cpu(kvh, FUSEDK_I32, 1, (int64_t *)kshape), kv_d = kv_h;
+  if (kv) {
+    for (int64_t b = 0; b < B && b < 64; ++b) kvh[b] = (int32_t)(b % 4 == 0 ? Sk : b % 4 == 1 ? 0 : b % 4 == 2 ? Sk / 2 : 1);
+    CK(cudaMalloc((void **)&kvd, (size_t)B * 4));
+    CK(cudaMemcpy(kvd, kvh, (size_t)B * 4, cudaMemcpyHostToDevice));
+    kv_d.data = kvd, kv_d.device.device_type = FUSEDK_DEVICE_CUDA;
+  }
+  char what[200];
+  snprintf(what, sizeof what, "attention_int8_scaled %s B%lld Sq%lld Sk%lld Hq%lld G%lld Dh%lld%s%s scale %g%s",
+           sname(s), (long long)B, (long long)Sq, (long long)Sk, (long long)Hq, (long long)G, (long long)Dh,
+           causal ? " causal" : "", kv ? " kv_len" : "", (double)scale, misalign ? " misaligned q.data" : "");
+  ++checks;
+  const fusedk_scaled_tensor qh = {&q8.th, &qs.th}, kh = {&k8.th, &ks.th}, qd = {&q8.td, &qs.td}, kd = {&k8.td, &ks.td};
+  fusedk_status sc = fusedk_attention_int8_scaled(&out.th, &lse.th, &qh, &kh, &v.th, kv ? &kv_h : NULL, scale, causal,
+                                                  NULL);
+  fusedk_status sg = fusedk_attention_int8_scaled(&out.td, &lse.td, &qd, &kd, &v.td, kv ? &kv_d : NULL, scale, causal,
+                                                  NULL);
+  int bad = 0;
+  if (misalign) { /* the refusal, by name, and nothing written */
+    bad = sc != FUSEDK_OK || sg != FUSEDK_ERR_LAYOUT || !strstr(fusedk_failure_reason(), "q.data has base");
+    if (bad) printf("FAIL %s: CPU %s, GPU %s (%s), expected the GPU's layout refusal\n", what, fusedk_status_name(sc),
+                    fusedk_status_name(sg), fusedk_failure_reason());
+  } else if (sg == FUSEDK_ERR_UNSUPPORTED && strstr(fusedk_failure_reason(), "sm_90a")) {
+    printf("SKIPPED %s: %s\n", what, fusedk_failure_reason()), --checks;
+  } else if (!(bad = call_failed(what, sc, sg))) {
+    double qmax = 0, kmax = 0;
+    for (int64_t i = 0, n = view_count(&q8); i < n; ++i)
+      qmax = fmax(qmax, fabs(get(q8.h, view_at(&q8, i), FUSEDK_I8) * get(qs.h, view_at(&qs, i / Dh), FUSEDK_F32)));
+    for (int64_t i = 0, n = view_count(&k8); i < n; ++i)
+      kmax = fmax(kmax, fabs(get(k8.h, view_at(&k8, i), FUSEDK_I8) * get(ks.h, view_at(&ks, i / Dh), FUSEDK_F32)));
+    const double sc_ = scale != 0.0f ? fabs(scale) : 1.0 / sqrt((double)Dh);
+    buf_t ao = mk_const(&out, max_abs(&v)), al = mk_const(&lse, sc_ * (double)Dh * qmax * kmax);
+    bad += compare(what, &out, &ao, 0, eps_of(s), 1);
+    bad += compare(what, &lse, &al, 0, 0x1p-18, 1);
+    drop(&ao), drop(&al);
+    if (bad) printf("FAIL %s\n", what);
+  }
+  failures += bad != 0;
+  if (kvd) CK(cudaFree(kvd));
+  drop(&q8), drop(&qs), drop(&k8), drop(&ks), drop(&v), drop(&out), drop(&lse);
+}
+static void attn_scaled_cases(fusedk_scalar s) {
+  static const int64_t dh[3] = {128, 64, 256};
+  for (int d = 0; d < 3; ++d) {
+    for (int causal = 0; causal < 2; ++causal) {
+      run_attn_scaled(s, 2, 127, 200, 4, 2, dh[d], causal, 0, 0.0f, 0);
+      run_attn_scaled(s, 6, 33, 300, 2, 1, dh[d], causal, 1, 0.0f, 0);
+    }
+    run_attn_scaled(s, 1, 64, 300, 2, 1, dh[d], 0, 0, -0.3f, 0);
+  }
+  run_attn_scaled(s, 3, 1, 1, 2, 1, 128, 1, 0, 0.0f, 0);
+  run_attn_scaled(s, 1, 5, 0, 2, 1, 128, 0, 0, 0.0f, 0); /* no key: 0, lse -inf */
+  run_attn_scaled(s, 1, 17, 40, 2, 1, 128, 0, 0, 0.0f, 1);
+  if (small) return;
+  run_attn_scaled(s, 1, 130, 2500, 24, 4, 128, 0, 0, 0.0f, 0); /* the split */
+  run_attn_scaled(s, 1, 100, 9000, 2, 1, 256, 1, 0, 0.0f, 0);
 }
 
 /* A tensor of more than 2^31 elements: the device copy is a random block tiled across it; the
@@ -2076,6 +2151,7 @@ static const unit_t units[] = {
     FOR_16BIT("attention", "attention edges", attn_edges),
     FOR_16BIT("attention", "attention big", attn_big),
     FOR_16BIT("attention", "attention int8", attn_i8_cases),
+    FOR_16BIT("attention", "attention int8 scaled", attn_scaled_cases),
     FOR_DTYPES("lowrank", "lowrank", lowrank_cases),
     FOR_DTYPES("lowrank", "linear_lowrank", linear_lowrank_cases),
     FOR_DTYPES("lowrank", "lowrank_grad", lowrank_grad_cases),
