@@ -541,8 +541,9 @@ typedef struct fusedk_scaled_tensor {
 } fusedk_scaled_tensor;
 /* attention_int8_scaled: attention_int8's kernel on q and k quantized already (by the caller or
    a fused producer: no quantization pass): out = softmax(scale dq(q) dq(k)^T) v with dq(x) =
-   x.data * x.scale, k.scale read to 22 significant bits (the kernel's conversion of the int32
-   sums); lse that of dq(q) and dq(k). No mean is taken off k. v, out, lse, kv_len, scale and
+   x.data * |x.scale| (a quantizer's scales are >= 0; a negative one counts as its magnitude),
+   k.scale read to 22 significant bits and below 2^104 (the kernel's conversion of the int32
+   sums multiplies it by 1.5 2^23); lse that of dq(q) and dq(k). No mean is taken off k. v, out, lse, kv_len, scale and
    causal as fusedk_attention's, v in q's place for the dtype (out's) and the device; out [B, Sq,
    Hq, Dh] as q.data. A non-finite scale makes its rows NaN. CPU: dq(q), dq(k) in double, then
    fusedk_attention's reference. GPU: fusedk_attention_int8's kernel (sm_90a; Dh 64, 128, 256),
@@ -1160,7 +1161,7 @@ FUSEDK_DEF fusedk_tensor fusedk_tensor_cpu(void *data, fusedk_scalar s, int32_t 
   return t;
 }
 
-/* -1 if the dtype is not one fusedk computes on */
+/* -1 if the dtype is not one fusedk takes (int8 and int32: only where an op fixes them) */
 static int fusedk__scalar_of(fusedk_dtype d) {
   if (d.lanes != 1) return -1;
   if (d.code == FUSEDK_DTYPE_FLOAT && d.bits == 32) return FUSEDK_F32;
@@ -3087,10 +3088,10 @@ static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fused
   a.scalar = s.c.scalar, a.int8 = int8;
   const int64_t B = a.B, Sq = a.Sq, Hq = a.Hq;
   if (fusedk__is_gpu(s.c.dev.device_type)) {
+    if ((st = fusedk__attention_gpu(&s.c, &a, "q"))) return st;
     if (int8 && (B * Hq * ((Sq + 31) / 32) > 2147483647 || B * a.Hkv * ((a.Sk + 31) / 32) > 2147483647))
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 32) or B * Hkv * ceil(Sk / 32) past the "
                           "GPU grid's 2^31 - 1 blocks (the quantization passes)", op);
-    if ((st = fusedk__attention_gpu(&s.c, &a, "q"))) return st;
   }
   if (B * Sq * Hq == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_attention(&a, op, s.c.dev.device_id, stream);
@@ -3112,8 +3113,8 @@ FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const f
   return fusedk__attention_run(out, lse, q, k, v, kv_len, scale, causal, 1, stream);
 }
 
-/* attention_int8_scaled's reference: dq(q), dq(k) (k's scale cut to 22 bits, as the kernel reads
-   it) into compact double, then fusedk_attention's reference on them and v */
+/* attention_int8_scaled's reference: dq(q), dq(k) (the scales' magnitudes, k's cut to 22 bits, as
+   the kernel reads them) into compact double, then fusedk_attention's reference on them and v */
 static int fusedk__attention_scaled_cpu(const fusedk__attn_args *a) {
   const int64_t D = a->Dh, nq = a->B * a->Sq * a->Hq * D, nk = a->B * a->Sk * a->Hkv * D;
   double *x = (double *)malloc((size_t)(nq + nk + 1) * sizeof *x);
@@ -3127,7 +3128,7 @@ static int fusedk__attention_scaled_cpu(const fusedk__attn_args *a) {
     for (int64_t b = 0; b < a->B; ++b)
       for (int64_t i = 0; i < S; ++i)
         for (int64_t h = 0; h < H; ++h, o += D) {
-          const float f = sc->p[b * sc->sb + i * sc->ss + h * sc->sh];
+          const float f = fabsf(sc->p[b * sc->sb + i * sc->ss + h * sc->sh]);
           const double c = t ? (double)fusedk__cut22(f) : (double)f;
           for (int64_t d = 0; d < D; ++d) o[d] = (double)d8[b * sb + i * ss + h * sh + d] * c;
         }
@@ -3163,6 +3164,9 @@ FUSEDK_DEF fusedk_status fusedk_attention_int8_scaled(const fusedk_tensor *out, 
   if (qd->ndim != 4)
     return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q.data has shape %s, expected [B, Sq, Hq, Dh]", op,
                         fusedk__shape_str(qd, shp, sizeof shp));
+  if (qd->shape[3] == 0) return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q.data has last dim 0, expected >= 1", op);
+  if ((st = fusedk__check_output(&c, out, "out")) || (lse && (st = fusedk__check_output(&c, lse, "lse"))))
+    return st;
   if ((st = fusedk__check_shape(&c, q->scale, "q.scale", 3, qd->shape, "q.data's [B, Sq, Hq]")) ||
       (kd->ndim == 4 && (st = fusedk__check_shape(&c, k->scale, "k.scale", 3, kd->shape, "k.data's [B, Sk, Hkv]"))))
     return st;
@@ -3178,9 +3182,11 @@ FUSEDK_DEF fusedk_status fusedk_attention_int8_scaled(const fusedk_tensor *out, 
   const int gpu = fusedk__is_gpu(c.dev.device_type);
   if (gpu) {
     if ((st = fusedk__attention_gpu(&c, &a, "v"))) return st;
-    for (int t = 0; t < 2; ++t) { /* TMA reads the int8 rows where they lie */
+    for (int t = 0; t < 2; ++t) { /* TMA reads the int8 rows where they lie (an empty tensor: nothing to read) */
       const fusedk_tensor *d = t ? kd : qd;
-      int ok = (uintptr_t)fusedk__base(d) % 16 == 0;
+      int ok = (uintptr_t)fusedk__base(d) % 16 == 0, empty = 0;
+      for (int i = 0; i < 4; ++i) empty = empty || d->shape[i] == 0;
+      if (empty) continue;
       for (int i = 0; i < 3; ++i) {
         const int64_t st3 = fusedk__stride(d, i);
         ok = ok && (d->shape[i] < 2 || (st3 > 0 && st3 % 16 == 0));

@@ -3983,8 +3983,8 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   }
 }
 
-// attention_int8_scaled's scales into the kernel's forms, the grid striding over them: qs [B,
-// Hq, Sq] from q's scales, qm 0 (no mean taken off), k's pairs as attn_i8_rows writes them (keys
+// attention_int8_scaled's scales (their magnitudes) into the kernel's forms, the grid striding
+// over them: qs [B, Hq, Sq], qm 0 (no mean taken off), k's pairs as attn_i8_rows writes them (keys
 // past the batch's count and the padding to Skp: 0)
 __global__ void __launch_bounds__(256) attn_i8_scales(const fusedk__attn_args a, const AttnI8Buf L,
                                                       unsigned char *buf) {
@@ -3992,12 +3992,12 @@ __global__ void __launch_bounds__(256) attn_i8_scales(const fusedk__attn_args a,
   for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < nq + nk; i += (int64_t)gridDim.x * 256) {
     if (i < nq) {
       const int64_t b = i / (a.Hq * a.Sq), h = i / a.Sq % a.Hq, s = i % a.Sq;
-      ((float *)(buf + L.qs))[i] = a.qs.p[b * a.qs.sb + s * a.qs.ss + h * a.qs.sh];
+      ((float *)(buf + L.qs))[i] = fabsf(a.qs.p[b * a.qs.sb + s * a.qs.ss + h * a.qs.sh]); // magnitudes (fusedk.h)
       ((float *)(buf + L.qm))[i] = 0.f;
       continue;
     }
     const int64_t r = i - nq, b = r / (a.Hkv * L.Skp), h = r / L.Skp % a.Hkv, j = r % L.Skp;
-    const float sc = j < attn_kv(a, b) ? a.ks.p[b * a.ks.sb + j * a.ks.ss + h * a.ks.sh] : 0.f;
+    const float sc = j < attn_kv(a, b) ? fabsf(a.ks.p[b * a.ks.sb + j * a.ks.ss + h * a.ks.sh]) : 0.f;
     const float c = __uint_as_float(__float_as_uint(a.scale < 0.f ? -sc : sc) & ~3u); // 22 bits, as attn_i8_rows
     ((float2 *)(buf + L.ks))[r] = make_float2(c, -12582912.f * c);
   }
@@ -5379,7 +5379,7 @@ void fusedk__cuda_gemm_release(void) { gemm_shutdown(); }
 #if FUSEDK__PART_ATTENTION
 // A call without keys as the 16-bit kernel takes it (it writes 0 and lse -inf, reading q's shape
 // alone): attention_int8_scaled's int8 q replaced by out, which has q's shape in the 16-bit type
-fusedk__attn_args keyless(fusedk__attn_args a) {
+static fusedk__attn_args keyless(fusedk__attn_args a) {
   if (a.scaled) a.q.p = a.out.p, a.q.sb = a.out.sb, a.q.ss = a.out.ss, a.q.sh = a.out.sh;
   a.int8 = a.scaled = 0;
   return a;

@@ -538,7 +538,8 @@ static void attention_scaled_cases(void) {
   static float qs[AB * AS * AH], ks[AB * AK], ks_low[AB * AK], qf[NQ], kf[NK], v[NK], o[NQ], o2[NQ], lse[AB * AH * AS],
       lse2[AB * AH * AS];
   int64_t qsh[4] = {AB, AS, AH, AD}, ksh[4] = {AB, AK, 1, AD}, qss[3] = {AB, AS, AH}, kss[3] = {AB, AK, 1};
-  int64_t ls[3] = {AB, AH, AS}, bad_s[3] = {AB, AS, 3}, bs[1] = {AB};
+  int64_t ls[3] = {AB, AH, AS}, bad_s[3] = {AB, AS, 3}, bs[1] = {AB}, q0[4] = {AB, AS, AH, 0}, s0[4] = {0, 8, 8, 1};
+  int64_t e0[4] = {AB, 0, AH, AD};
   int32_t kvl[AB] = {4, 0};
   for (int i = 0; i < NQ; ++i) q8[i] = (int8_t)((i * 37) % 255 - 127);
   for (int i = 0; i < NK; ++i) k8[i] = (int8_t)((i * 53 + 11) % 255 - 127), v[i] = (float)sin(0.3 * i);
@@ -553,28 +554,32 @@ static void attention_scaled_cases(void) {
   fusedk_tensor to = fusedk_tensor_cpu(o, FUSEDK_F32, 4, qsh), to2 = fusedk_tensor_cpu(o2, FUSEDK_F32, 4, qsh);
   fusedk_tensor tl = fusedk_tensor_cpu(lse, FUSEDK_F32, 3, ls), tl2 = fusedk_tensor_cpu(lse2, FUSEDK_F32, 3, ls);
   fusedk_tensor tn = fusedk_tensor_cpu(kvl, FUSEDK_I32, 1, bs), tqsb = fusedk_tensor_cpu(qs, FUSEDK_F32, 3, bad_s);
-  fusedk_tensor tv8 = fusedk_tensor_cpu(k8, FUSEDK_I8, 4, ksh), tqsi = tqs;
-  tqsi.dtype = fusedk_dtype_of(FUSEDK_I32);
+  fusedk_tensor tv8 = fusedk_tensor_cpu(k8, FUSEDK_I8, 4, ksh), tqsi = tqs, tq0 = fusedk_tensor_cpu(q8, FUSEDK_I8, 4, q0);
+  fusedk_tensor tob = to, tqe = fusedk_tensor_cpu(q8, FUSEDK_I8, 4, e0), toe = fusedk_tensor_cpu(o, FUSEDK_F32, 4, e0);
+  tqsi.dtype = fusedk_dtype_of(FUSEDK_I32), tob.strides = s0;
   const fusedk_scaled_tensor sq = {&tq8, &tqs}, sk = {&tk8, &tks}, sk_low = {&tk8, &tkl};
   const fusedk_scaled_tensor sq_f = {&tqf, &tqs}, sq_i = {&tq8, &tqsi}, sq_b = {&tq8, &tqsb}, sq_n = {NULL, &tqs};
+  const fusedk_scaled_tensor sq_0 = {&tq0, &tqs};
   struct {
     const fusedk_scaled_tensor *q, *k;
-    const fusedk_tensor *v;
+    const fusedk_tensor *v, *out;
     fusedk_status want;
     const char *says;
   } bad[] = {
-      {NULL, &sk, &tv, FUSEDK_ERR_INVALID_ARGUMENT, "q is NULL, expected a scaled tensor"},
-      {&sq_n, &sk, &tv, FUSEDK_ERR_INVALID_ARGUMENT, "q.data is NULL"},
-      {&sq_f, &sk, &tv, FUSEDK_ERR_DTYPE, "q.data has dtype float32, expected int8"},
-      {&sq_i, &sk, &tv, FUSEDK_ERR_DTYPE, "q.scale has dtype int32, expected float32"},
-      {&sq_b, &sk, &tv, FUSEDK_ERR_SHAPE, "q.scale has shape [2, 5, 3], expected [2, 5, 2]"},
-      {&sq, &sk, &tv8, FUSEDK_ERR_DTYPE, "v has dtype int8, expected float32, float16 or bfloat16"},
-      {&sq, &sq, &tv, FUSEDK_ERR_SHAPE, "v has shape [2, 7, 1, 8], expected [2, 5, 2, 8]"},
+      {NULL, &sk, &tv, &to, FUSEDK_ERR_INVALID_ARGUMENT, "q is NULL, expected a scaled tensor"},
+      {&sq_n, &sk, &tv, &to, FUSEDK_ERR_INVALID_ARGUMENT, "q.data is NULL"},
+      {&sq_f, &sk, &tv, &to, FUSEDK_ERR_DTYPE, "q.data has dtype float32, expected int8"},
+      {&sq_i, &sk, &tv, &to, FUSEDK_ERR_DTYPE, "q.scale has dtype int32, expected float32"},
+      {&sq_b, &sk, &tv, &to, FUSEDK_ERR_SHAPE, "q.scale has shape [2, 5, 3], expected [2, 5, 2]"},
+      {&sq, &sk, &tv8, &to, FUSEDK_ERR_DTYPE, "v has dtype int8, expected float32, float16 or bfloat16"},
+      {&sq, &sq, &tv, &to, FUSEDK_ERR_SHAPE, "v has shape [2, 7, 1, 8], expected [2, 5, 2, 8]"},
+      {&sq_0, &sk, &tv, &to, FUSEDK_ERR_SHAPE, "q.data has last dim 0, expected >= 1"},
+      {&sq, &sk, &tv, &tob, FUSEDK_ERR_LAYOUT, "output out has stride 0 in dim 0"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
     for (int j = 0; j < NQ; ++j) o[j] = SENTINEL;
     const fusedk_status st =
-        fusedk_attention_int8_scaled(&to, &tl, bad[i].q, bad[i].k, bad[i].v, NULL, 0.0f, 0, NULL);
+        fusedk_attention_int8_scaled(bad[i].out, &tl, bad[i].q, bad[i].k, bad[i].v, NULL, 0.0f, 0, NULL);
     int clean = 1;
     for (int j = 0; j < NQ; ++j) clean = clean && o[j] == SENTINEL;
     EXPECT(st == bad[i].want && clean && strstr(fusedk_failure_reason(), "attention_int8_scaled: ") &&
@@ -605,6 +610,23 @@ static void attention_scaled_cases(void) {
                causal, with_len, low, fusedk_status_name(st), worst);
         for (int i = 0; i < NK; ++i) kf[i] = (float)k8[i] * ks[i / AD];
       }
+  /* negative scales count as their magnitudes: the same output bit for bit; no query: nothing */
+  fusedk_status st = fusedk_attention_int8_scaled(&to2, &tl2, &sq, &sk, &tv, NULL, 0.0f, 0, NULL);
+  for (int i = 0; i < AB * AS * AH; ++i) qs[i] = -qs[i];
+  for (int i = 0; i < AB * AK; ++i) ks[i] = -ks[i];
+  fusedk_status st2 = fusedk_attention_int8_scaled(&to, &tl, &sq, &sk, &tv, NULL, 0.0f, 0, NULL);
+  int same = st == FUSEDK_OK && st2 == FUSEDK_OK;
+  for (int i = 0; i < NQ; ++i) same = same && o[i] == o2[i];
+  for (int i = 0; i < AB * AH * AS; ++i) same = same && lse[i] == lse2[i];
+  EXPECT(same, "attention_int8_scaled with negative scales: %s %s, equal %d", fusedk_status_name(st),
+         fusedk_status_name(st2), same);
+  int64_t es[3] = {AB, 0, AH};
+  fusedk_tensor tqse = fusedk_tensor_cpu(qs, FUSEDK_F32, 3, es), tle = fusedk_tensor_cpu(lse, FUSEDK_F32, 3, ls);
+  const fusedk_scaled_tensor sq_e2 = {&tqe, &tqse};
+  int64_t le[3] = {AB, AH, 0};
+  tle.shape = le;
+  st = fusedk_attention_int8_scaled(&toe, &tle, &sq_e2, &sk, &tv, NULL, 0.0f, 0, NULL);
+  EXPECT(st == FUSEDK_OK, "attention_int8_scaled with no query: %s %s", fusedk_status_name(st), fusedk_failure_reason());
 }
 
 /* lowrank_update: a bad value for every argument (status, reason naming it, out untouched); the

@@ -949,13 +949,15 @@ static void run_attn(attn_t c) {
 /* attention_int8_scaled: int8 q and k (N(0, 50) rounded and clamped) with float32 scales (q's a
    view with a padded last dim: strided), against the CPU reference on the same values. Bounds
    as attention_int8's: out eps_T (|cpu| + max|v|), lse 2^-18 (|cpu| + the largest score). kv:
-   kv_len (Sk, 0, Sk / 2, 1, cycled over B). misalign: q.data's base one byte off, which the GPU
-   refuses by name (the CPU runs it). */
+   kv_len (Sk, 0, Sk / 2, 1, cycled over B). mode 1: q.data's base one byte off, which the GPU
+   refuses by name (the CPU runs it); 2: negative scales (their magnitudes count). */
 static void run_attn_scaled(fusedk_scalar s, int64_t B, int64_t Sq, int64_t Sk, int64_t Hq, int64_t G, int64_t Dh,
-                            int causal, int kv, float scale, int misalign) {
+                            int causal, int kv, float scale, int mode) {
   const int64_t Hkv = Hq / G, qsh[4] = {B, Sq, Hq, Dh}, ksh[4] = {B, Sk, Hkv, Dh}, lsh[3] = {B, Hq, Sq};
-  buf_t q8 = mk(FUSEDK_I8, 4, qsh, 0, misalign ? 1 : 0, 0, 50.0, 0.0), qs = mk(FUSEDK_F32, 3, qsh, 3, 0, 0, 0.004, 0.02);
-  buf_t k8 = mk(FUSEDK_I8, 4, ksh, 0, 0, 0, 50.0, 0.0), ks = mk(FUSEDK_F32, 3, ksh, 0, 0, 0, 0.004, 0.02);
+  const int misalign = mode == 1;
+  const double sm = mode == 2 ? -0.02 : 0.02; /* the scales' mean */
+  buf_t q8 = mk(FUSEDK_I8, 4, qsh, 0, misalign ? 1 : 0, 0, 50.0, 0.0), qs = mk(FUSEDK_F32, 3, qsh, 3, 0, 0, 0.004, sm);
+  buf_t k8 = mk(FUSEDK_I8, 4, ksh, 0, 0, 0, 50.0, 0.0), ks = mk(FUSEDK_F32, 3, ksh, 0, 0, 0, 0.004, sm);
   buf_t v = mk(s, 4, ksh, 0, 0, 0, 1.0, 0.0), out = mk(s, 4, qsh, 0, 0, 0, 0.0, 0.0);
   buf_t lse = mk(FUSEDK_F32, 3, lsh, 0, 0, 0, 0.0, 0.0);
   poison(&out), poison(&lse);
@@ -971,7 +973,8 @@ static void run_attn_scaled(fusedk_scalar s, int64_t B, int64_t Sq, int64_t Sk, 
   char what[200];
   snprintf(what, sizeof what, "attention_int8_scaled %s B%lld Sq%lld Sk%lld Hq%lld G%lld Dh%lld%s%s scale %g%s",
            sname(s), (long long)B, (long long)Sq, (long long)Sk, (long long)Hq, (long long)G, (long long)Dh,
-           causal ? " causal" : "", kv ? " kv_len" : "", (double)scale, misalign ? " misaligned q.data" : "");
+           causal ? " causal" : "", kv ? " kv_len" : "", (double)scale,
+           mode == 1 ? " misaligned q.data" : mode == 2 ? " negative scales" : "");
   ++checks;
   const fusedk_scaled_tensor qh = {&q8.th, &qs.th}, kh = {&k8.th, &ks.th}, qd = {&q8.td, &qs.td}, kd = {&k8.td, &ks.td};
   fusedk_status sc = fusedk_attention_int8_scaled(&out.th, &lse.th, &qh, &kh, &v.th, kv ? &kv_h : NULL, scale, causal,
@@ -1012,8 +1015,10 @@ static void attn_scaled_cases(fusedk_scalar s) {
     run_attn_scaled(s, 1, 64, 300, 2, 1, dh[d], 0, 0, -0.3f, 0);
   }
   run_attn_scaled(s, 3, 1, 1, 2, 1, 128, 1, 0, 0.0f, 0);
-  run_attn_scaled(s, 1, 5, 0, 2, 1, 128, 0, 0, 0.0f, 0); /* no key: 0, lse -inf */
+  run_attn_scaled(s, 2, 5, 0, 2, 1, 128, 0, 0, 0.0f, 0); /* no key: 0, lse -inf */
+  run_attn_scaled(s, 2, 0, 9, 2, 1, 128, 0, 0, 0.0f, 0); /* no query */
   run_attn_scaled(s, 1, 17, 40, 2, 1, 128, 0, 0, 0.0f, 1);
+  run_attn_scaled(s, 2, 70, 150, 2, 1, 64, 1, 0, 0.0f, 2);
   if (small) return;
   run_attn_scaled(s, 1, 130, 2500, 24, 4, 128, 0, 0, 0.0f, 0); /* the split */
   run_attn_scaled(s, 1, 100, 9000, 2, 1, 256, 1, 0, 0.0f, 0);
