@@ -129,7 +129,7 @@
      MAJOR is 0, a MINOR release may change the ABI: 0.3 added fields to fusedk_op and
      fusedk_op_tensor (argument roles), 0.4 the tensors' fixed dtypes and 8 attributes an op,
      0.5 12 tensors an op (qk_norm_rope takes 10), 0.6 outputs asked for by an attribute
-     (when <= -2) and FUSEDK_ACT_NONE;
+     (when <= -2) and FUSEDK_ACT_NONE, 0.7 int8 arguments (FUSEDK_I8, fusedk_scaled_tensor);
      rebuild against the header you link.
 */
 #ifndef FUSEDK_H
@@ -139,7 +139,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 6
+#define FUSEDK_VERSION_MINOR 7
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -688,9 +688,10 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_LINEAR_LOWRANK = 21,
   FUSEDK_OP_LOWRANK_UPDATE_BACKWARD = 22,
   FUSEDK_OP_LINEAR_LOWRANK_BACKWARD = 23,
-  FUSEDK_OP_ATTENTION_INT8 = 24
+  FUSEDK_OP_ATTENTION_INT8 = 24,
+  FUSEDK_OP_ATTENTION_INT8_SCALED = 25
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 25
+#define FUSEDK_OP_COUNT 26
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -1454,6 +1455,17 @@ static int fusedk__shape_attention(const fusedk_op *o, int out, const fusedk_ten
   return 3;
 }
 
+/* attention_int8_scaled: out q's shape, lse [B, Hq, Sq] of q (tensor 2, the int8 data) */
+static int fusedk__shape_attention_scaled(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                          const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)like;
+  if (!t[2] || !t[2]->shape)
+    return -fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: q is NULL, expected the int8 data", o->name);
+  const int n = fusedk__shape_attention(o, out, t[2], t, a, shape);
+  if (n == 4) memcpy(shape, t[2]->shape, 4 * sizeof *shape);
+  return n;
+}
+
 /* [lowrank] */
 
 /* lowrank_update: out, x's rows of K2 (u_t's columns) */
@@ -1647,6 +1659,14 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
        FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
        {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
       {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}}, fusedk__shape_attention},
+    /* q, k: the scaled tensors' parts (data int8, scale float32); out takes v's dtype, q's shape */
+    {{"attention_int8_scaled", 8, 3, -1,
+      {FUSEDK__OWN_OUT("out", 6, -1), {"lse", FUSEDK_ARG_OUT_OPT, 6, -2 - 2, FUSEDK_ROLE_OWN, FUSEDK_F32},
+       {"q", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I8}, FUSEDK__F32_IN("q_scale"),
+       {"k", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I8}, FUSEDK__F32_IN("k_scale"),
+       FUSEDK__IN("v", FUSEDK_ROLE_OWN), {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
+      {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}},
+     fusedk__shape_attention_scaled},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -1758,6 +1778,11 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_ATTENTION_INT8_SCALED: {
+      const fusedk_scaled_tensor q = {t[2], t[3]}, k = {t[4], t[5]};
+      return fusedk_attention_int8_scaled(t[0], t[1], t[2] ? &q : NULL, t[4] ? &k : NULL, t[6], t[7], (float)a[0],
+                                          (int32_t)a[1], s);
+    }
     case FUSEDK_OP_ATTENTION_INT8:
       return fusedk_attention_int8(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_LOWRANK_UPDATE: return fusedk_lowrank_update(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (float)a[1], s);

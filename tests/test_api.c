@@ -250,7 +250,8 @@ static void registry_cases(void) {
                                         "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step",
                                         "qk_norm_rope", "linear", "linear_backward", "attention",
                                         "lowrank_update", "lowrank_prepare", "linear_lowrank",
-                                        "lowrank_update_backward", "linear_lowrank_backward", "attention_int8"};
+                                        "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
+                                        "attention_int8_scaled"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -264,8 +265,10 @@ static void registry_cases(void) {
              "%s: output %s copies an input that exists whenever it does", o->name, t->name);
       EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32 ||
                  (t->scalar == -2 && t->kind == FUSEDK_ARG_IN && t->role == FUSEDK_ROLE_SAMPLE) ||
-                 (t->scalar == FUSEDK_I32 && t->kind <= FUSEDK_ARG_IN_OPT && t->role == FUSEDK_ROLE_OWN),
-             "%s: %s has the call's dtype, float32, (a per-sample input) either, or (an index input) int32",
+                 ((t->scalar == FUSEDK_I32 || t->scalar == FUSEDK_I8) && t->kind <= FUSEDK_ARG_IN_OPT &&
+                  t->role == FUSEDK_ROLE_OWN),
+             "%s: %s has the call's dtype, float32, (a per-sample input) either, or (an index or int8 data input) "
+             "int32 or int8",
              o->name, t->name);
       EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT) ||
                  (t->when <= -2 && -2 - t->when < o->n_attrs),
@@ -1083,6 +1086,8 @@ static const shape_case shape_cases[] = {
      "dx=2,3,16 da=6,16 db=9,6 dbias=9"},
     {FUSEDK_OP_LINEAR_LOWRANK_BACKWARD, "dy=2,3,9 x=2,3,16 w_cat=9,40 a=3,6,16 codes=2,3,6", "",
      "dx=2,3,16 da=3,6,16 db=3,9,6 dcodes=2,3,6"},
+    {FUSEDK_OP_ATTENTION_INT8_SCALED, "q=2,5,4,8 q_scale=2,5,4 k=2,7,2,8 k_scale=2,7,2 v=2,7,2,8", "want_lse=1",
+     "out=2,5,4,8 lse=2,4,5"},
 };
 
 /* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */
@@ -1156,12 +1161,12 @@ int main(void) {
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.6.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.7.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.6.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.7.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);

@@ -145,6 +145,71 @@ def test_reference_error_against_float64(name, D):
     assert name != "normal" or cosine(got, want) >= 0.9995
 
 
+# --- attention_int8_scaled: q and k given in int8 (fusedk.ScaledTensor) ------------------------
+def scaled_inputs(B, Sq, Sk, Hq, Hkv, D, dtype=F32, sign=1.0):
+    q = fusedk.ScaledTensor(rng.integers(-127, 128, (B, Sq, Hq, D)).astype(np.int8),
+                            (sign * rng.uniform(1e-3, 2e-2, (B, Sq, Hq))).astype(F32))
+    k = fusedk.ScaledTensor(rng.integers(-127, 128, (B, Sk, Hkv, D)).astype(np.int8),
+                            (sign * rng.uniform(1e-3, 2e-2, (B, Sk, Hkv))).astype(F32))
+    return q, k, rand((B, Sk, Hkv, D), dtype)
+
+
+def scaled_oracle(q, k, v, scale=None, causal=False, kv_len=None):
+    """fusedk.h's rule in NumPy: data times the scale's magnitude (k's cut to 22 significant bits),
+    then float64 attention"""
+    cut = (np.abs(k.scale).view(np.uint32) & np.uint32(0xFFFFFFFC)).view(F32)
+    return oracle.attention(q.data * np.abs(q.scale).astype(np.float64)[..., None],
+                            k.data * cut.astype(np.float64)[..., None], np.asarray(v).astype(F32), scale, causal,
+                            kv_len)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D", [(1, 1, 1, 1, 1, 8), (2, 17, 29, 4, 2, 16), (1, 33, 7, 2, 1, 64),
+                                              (2, 9, 0, 2, 2, 8)])
+def test_scaled_reference_matches_the_oracle(B, Sq, Sk, Hq, Hkv, D, causal, dtype):
+    q, k, v = scaled_inputs(B, Sq, Sk, Hq, Hkv, D, dtype)
+    n = np.array([Sk, Sk // 2][:B], np.int32)
+    for kv_len in (None, n):
+        got, lse = fusedk.attention(q, k, v, scale=0.3, causal=causal, kv_len=kv_len, return_lse=True)
+        want, want_lse = scaled_oracle(q, k, v, 0.3, causal, kv_len)
+        assert got.dtype == np.dtype(dtype) and got.shape == q.data.shape
+        assert_close(got, want, dtype)
+        np.testing.assert_allclose(lse, want_lse, rtol=1e-6, atol=1e-6)
+
+
+def test_scaled_negative_scales_and_refusals():
+    """scales count by their magnitudes; q or k not a ScaledTensor, or its data not int8, refused by name"""
+    q, k, v = scaled_inputs(2, 5, 6, 2, 1, 16)
+    want = fusedk.attention_int8_scaled(q, k, v)
+    neg = fusedk.attention_int8_scaled(fusedk.ScaledTensor(q.data, -q.scale), fusedk.ScaledTensor(k.data, -k.scale), v)
+    assert np.array_equal(neg, want)
+    with pytest.raises(fusedk.InvalidArgumentError, match="k is a ndarray, expected a fusedk.ScaledTensor"):
+        fusedk.attention_int8_scaled(q, k.data, v)
+    with pytest.raises(fusedk.DTypeError, match="q.data has dtype float32, expected int8"):
+        fusedk.attention(fusedk.ScaledTensor(q.data.astype(F32), q.scale), k, v)
+    with pytest.raises(fusedk.ShapeError, match="q.scale has shape"):
+        fusedk.attention(fusedk.ScaledTensor(q.data, q.scale[:, :4]), k, v)
+
+
+def test_scaled_torch_and_jax_cpu():
+    """the same op through torch (eager, compiled) and JAX (jit): the NumPy call's output"""
+    q, k, v = scaled_inputs(1, 9, 11, 2, 1, 16)
+    want = fusedk.attention(q, k, v)
+    torch = pytest.importorskip("torch")
+    import fusedk.torch as ft
+    t = torch.from_numpy
+    args = (t(q.data), t(q.scale), t(k.data), t(k.scale), t(v))
+
+    def call(f):
+        return lambda a, b, c, d, e: f.attention(fusedk.ScaledTensor(a, b), fusedk.ScaledTensor(c, d), e)
+    assert np.array_equal(call(ft)(*args).numpy(), want)
+    assert np.array_equal(torch.compile(call(fusedk), fullgraph=True)(*args).numpy(), want)
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("fusedk.jax")
+    assert np.array_equal(np.asarray(jax.jit(call(fusedk))(q.data, q.scale, k.data, k.scale, v)), want)
+
+
 def test_torch_cpu_eager_and_compile():
     torch = pytest.importorskip("torch")
     import fusedk.torch as ft
@@ -196,6 +261,25 @@ def test_gpu_against_the_reference(dtype, causal, D):
     n = torch.tensor([450, 200], dtype=torch.int32)
     want, want_lse = fusedk.attention_int8(q, k, v, causal=causal, kv_len=n, return_lse=True)
     got, lse = fusedk.attention_int8(q.cuda(), k.cuda(), v.cuda(), causal=causal, kv_len=n.cuda(), return_lse=True)
+    assert (got.double().cpu() - want.double()).abs().max().item() <= gpu_tol(dt, v)
+    assert (lse.cpu() - want_lse).abs().max() <= 1e-3
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_gpu_scaled_against_the_reference(dtype, causal, D):
+    """attention_int8_scaled's kernel (torch CUDA tensors in fusedk.ScaledTensor) against the CPU
+    reference of the same int8 values and scales: attention's bound"""
+    dt = getattr(torch, dtype)
+    q, k, v = scaled_inputs(2, 300, 450, 4, 2, D)
+    q, k = (fusedk.ScaledTensor(torch.from_numpy(x.data), torch.from_numpy(x.scale)) for x in (q, k))
+    v = torch.from_numpy(v).to(dt)
+    n = torch.tensor([450, 200], dtype=torch.int32)
+    want, want_lse = fusedk.attention(q, k, v, causal=causal, kv_len=n, return_lse=True)
+    qc, kc = (fusedk.ScaledTensor(x.data.cuda(), x.scale.cuda()) for x in (q, k))
+    got, lse = fusedk.attention(qc, kc, v.cuda(), causal=causal, kv_len=n.cuda(), return_lse=True)
     assert (got.double().cpu() - want.double()).abs().max().item() <= gpu_tol(dt, v)
     assert (lse.cpu() - want_lse).abs().max() <= 1e-3
 

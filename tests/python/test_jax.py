@@ -138,7 +138,8 @@ def test_fusedk_functions_route_jax_arrays_here():
                           "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes",
                               "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
                           "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
-                          "lowrank_update_backward", "linear_lowrank_backward", "attention_int8"]
+                          "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
+                          "attention_int8_scaled"]
 
 
 def test_every_registry_op_has_a_target():
@@ -177,6 +178,11 @@ def test_every_registry_op_has_a_target():
             ins = dict(dy=np.ones((2, 3, 5), np.float32), x=ins["x"], w=np.ones((5, D), np.float32))
         elif o.name in ("attention", "attention_int8"):  # q [2, 3, 4, D], k and v [2, 5, 2, D], kv_len int32
             ins = dict(q=np.ones((2, 3, 4, D), np.float32), k=np.ones((2, 5, 2, D), np.float32),
+                       v=np.ones((2, 5, 2, D), np.float32), kv_len=np.array([5, 2], np.int32))
+            want = (2, 3, 4, D)
+        elif o.name == "attention_int8_scaled":  # q, k int8 with float32 scales a row, v [2, 5, 2, D]
+            ins = dict(q=np.ones((2, 3, 4, D), np.int8), q_scale=np.ones((2, 3, 4), np.float32),
+                       k=np.ones((2, 5, 2, D), np.int8), k_scale=np.ones((2, 5, 2), np.float32),
                        v=np.ones((2, 5, 2, D), np.float32), kv_len=np.array([5, 2], np.int32))
             want = (2, 3, 4, D)
         elif o.name == "lowrank_update":  # x [2, 3, D], v [D, 4], u_t [4, 5]

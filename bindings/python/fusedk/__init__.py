@@ -8,6 +8,7 @@ tracers, under jax.jit) go through XLA custom calls: see fusedk.jax. Under torch
 functions become the torch.ops.fusedk custom operators (fusedk.torch). fusedk.diffusers puts
 fused forwards into diffusers' DiTs; fusedk.bem has BEM's helpers over lowrank_update;
 fusedk.LoRA folds a LoRA into its base linear. The formulas are in fusedk.h."""
+import collections as _collections
 import json as _json
 
 from . import _core
@@ -19,7 +20,7 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "Argume
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "attention",
-           "attention_int8",
+           "attention_int8", "attention_int8_scaled", "ScaledTensor",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
            "linear_lowrank_backward", "kernel_info",
            "__version__"]
@@ -37,6 +38,7 @@ _ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.li
 _QKNR = _core.lib.FUSEDK_OP_QK_NORM_ROPE
 _LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BACKWARD
 _ATTENTION, _ATTENTION_INT8 = _core.lib.FUSEDK_OP_ATTENTION, _core.lib.FUSEDK_OP_ATTENTION_INT8
+_ATTENTION_SCALED = _core.lib.FUSEDK_OP_ATTENTION_INT8_SCALED
 _PRECISIONS = {None: _ATTENTION, "int8": _ATTENTION_INT8}
 _LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_UPDATE
 _LR_PREPARE, _LINEAR_LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_PREPARE, _core.lib.FUSEDK_OP_LINEAR_LOWRANK
@@ -297,11 +299,14 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, 
     (checking it there would cost a host sync). return_lse=True
     also returns lse, float32 [B, Hq, Sq], the log of each row's sum of exp(scores): (out, lse).
     A row whose keys are all masked gives 0 (lse -inf). precision: None (q's dtype) or "int8"
-    (attention_int8: q and k quantized to int8, q k^T on integer tensor cores)."""
+    (attention_int8: q and k quantized to int8, q k^T on integer tensor cores). q and k given as
+    ScaledTensor (int8 already): attention_int8_scaled, whatever the precision (None or "int8")."""
     op = _PRECISIONS.get(precision) if isinstance(precision, (str, type(None))) else None
     if op is None:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"attention: precision is {precision!r}, expected None (q's "
                     "dtype) or 'int8'")
+    if isinstance(q, ScaledTensor) or isinstance(k, ScaledTensor):
+        return attention_int8_scaled(q, k, v, scale, causal, kv_len, return_lse, out, lse_out, stream)
     return _call(op, q, *_attention_args(op, q, k, v, scale, causal, kv_len, return_lse, out, lse_out), stream)
 
 
@@ -312,6 +317,31 @@ def attention_int8(q, k, v, scale=None, causal=False, kv_len=None, return_lse=Fa
     Errors against float64: README, "8-bit attention"."""
     return _call(_ATTENTION_INT8, q, *_attention_args(_ATTENTION_INT8, q, k, v, scale, causal, kv_len, return_lse,
                                                       out, lse_out), stream)
+
+
+class ScaledTensor(_collections.namedtuple("ScaledTensor", ["data", "scale"])):
+    """An int8 tensor with a scale a row: element (b, s, h, d) stands for data[b, s, h, d] *
+    |scale[b, s, h]|. data: int8 [B, S, H, Dh]; scale: float32 [B, S, H] (any strides with a
+    contiguous last dim, in the caller's framework: NumPy, torch, CuPy or JAX). What
+    attention_int8 makes of q: scale = amax / 127 of the row, data = round(x / scale)."""
+    __slots__ = ()
+
+
+def attention_int8_scaled(q, k, v, scale=None, causal=False, kv_len=None, return_lse=False, out=None, lse_out=None,
+                          stream=None):
+    """attention_int8's kernel on q and k quantized already (ScaledTensor each: no quantization
+    pass): softmax(scale dq(q) dq(k)^T) v with dq(x) = x.data * |x.scale| (k's scale read to 22
+    significant bits), no mean taken off k; out takes v's dtype and q.data's shape. The rest as
+    attention's. fusedk.h's fusedk_attention_int8_scaled has the rules."""
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, ScaledTensor):
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"attention_int8_scaled: {name} is a {type(x).__name__}, "
+                        "expected a fusedk.ScaledTensor(data, scale) (int8 data and its float32 scales)")
+    tensors, attrs = _attention_args(_ATTENTION_SCALED, q.data, k.data, v, scale, causal, kv_len, return_lse, out,
+                                     lse_out)
+    out, lse_out, _, _, v, kv_len = tensors
+    return _call(_ATTENTION_SCALED, q.data, (out, lse_out, q.data, q.scale, k.data, k.scale, v, kv_len), attrs,
+                 stream)
 
 
 def _attention_args(op, q, k, v, scale, causal, kv_len, return_lse, out, lse_out):

@@ -116,6 +116,7 @@ class Op:
         self.half = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW_HALF}  # like's, last dim / 2
         self.float32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_F32}  # always float32
         self.int32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_I32}  # always int32 (index arguments)
+        self.int8 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_I8}  # always int8 (scaled tensors' data)
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
@@ -195,8 +196,9 @@ class Op:
             return (like[0], like[1] + (b[0] if len(b) == 3 else 1) * ((b[-1] + 7) // 8 * 8))
         if n == "lowrank_update":  # x's rows of K2 (u_t's columns)
             return like[:-1] + (shapes[4][1],)
-        if n in ("attention", "attention_int8"):  # out: q's [B, Sq, Hq, Dh]; lse: [B, Hq, Sq]
-            return like if self.tensors[i][0] == "out" else (like[0], like[2], like[1])
+        if n in ("attention", "attention_int8", "attention_int8_scaled"):
+            q = tuple(shapes[2])  # out: q's [B, Sq, Hq, Dh] (the scaled op's like is v); lse: [B, Hq, Sq]
+            return q if self.tensors[i][0] == "out" else (q[0], q[2], q[1])
         if n == "linear_backward":
             return (shapes[5][0],)
         if n == "rope_table_mixed":

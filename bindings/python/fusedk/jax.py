@@ -119,7 +119,8 @@ class _Call:
             kw[name] = np.float32(v) if typ == _F32 else np.int32(v)
         target, single = _TARGETS[op.id], len(outs) == 1
         self.checks = [(op.tensors[i][0], np.dtype(np.float32) if i in op.float32 else
-                        np.dtype(np.int32) if i in op.int32 else None) for i in given]  # what _check reads
+                        np.dtype(np.int32) if i in op.int32 else np.dtype(np.int8) if i in op.int8 else None)
+                       for i in given]  # what _check reads
 
         def impl(*xs):
             shapes = [None] * len(op.tensors)
@@ -246,7 +247,7 @@ def _attr_values(op, attrs):
 
 def _check(op, checks, xs):
     """What JAX knows at trace time: dtypes and ndims (the C library's wording); checks: the given
-    inputs as (name, the dtype the registry fixes for it: float32, int32, or None)."""
+    inputs as (name, the dtype the registry fixes for it: float32, int32, int8, or None)."""
     ref = None
     for (name, fixed), a in zip(checks, xs):
         dt, nd = getattr(a, "dtype", None), getattr(a, "ndim", None)
