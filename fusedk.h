@@ -525,10 +525,10 @@ FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk
    mean makes every row of (b, head) NaN. The CPU reference quantizes q and k the same way and
    runs fusedk_attention's reference (double) on their dequantized values and v. Errors against
    float64 attention of the unquantized inputs: README, "8-bit attention". GPU: sm_90a (H100,
-   H200), f16 and bf16 inputs, Dh 64, 128 and 256; the 8-bit copies (and v's, where TMA cannot read v:
-   a base or stride not a 16-byte multiple, a stride 0 or negative) go through a per-stream
-   buffer (grown to the largest call and kept until fusedk_shutdown, as attention's split buffer,
-   which this op uses too: the same capture rule for both). */
+   H200), f16 and bf16 inputs, Dh 64, 128 and 256; the 8-bit copies (and v's, where TMA cannot
+   read v: a base or stride not a 16-byte multiple, a stride 0 or negative) go through a
+   per-stream buffer (grown to the largest call and kept until fusedk_shutdown, as attention's
+   split buffer, which this op uses too: the same capture rule for both). */
 FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const fusedk_tensor *lse,
                                                const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
                                                const fusedk_tensor *kv_len, float scale, int32_t causal,
@@ -543,12 +543,14 @@ typedef struct fusedk_scaled_tensor {
    a fused producer: no quantization pass): out = softmax(scale dq(q) dq(k)^T) v with dq(x) =
    x.data * |x.scale| (a quantizer's scales are >= 0; a negative one counts as its magnitude),
    k.scale read to 22 significant bits and below 2^104 (the kernel's conversion of the int32
-   sums multiplies it by 1.5 2^23); lse that of dq(q) and dq(k). No mean is taken off k. v, out, lse, kv_len, scale and
-   causal as fusedk_attention's, v in q's place for the dtype (out's) and the device; out [B, Sq,
-   Hq, Dh] as q.data. A non-finite scale makes its rows NaN. CPU: dq(q), dq(k) in double, then
-   fusedk_attention's reference. GPU: fusedk_attention_int8's kernel (sm_90a; Dh 64, 128, 256),
-   reading q.data and k.data as they lie (TMA: their bases and their strides over b, s and h
-   16-byte multiples); one pass writes the kernel's scale arrays into attention_int8's buffer. */
+   sums multiplies it by 1.5 2^23); lse that of dq(q) and dq(k). No mean is taken off k. v, out,
+   lse, kv_len, scale and causal as fusedk_attention's, v in q's place for the dtype (out's) and
+   the device; out [B, Sq, Hq, Dh] as q.data. Failure reasons name the parts as the registry
+   does: q, q_scale, k, k_scale. A non-finite scale makes its rows NaN. CPU: dq(q), dq(k) in
+   double, then fusedk_attention's reference. GPU: fusedk_attention_int8's kernel (sm_90a; Dh
+   64, 128, 256), reading q.data and k.data as they lie (TMA: their bases and their strides over
+   b, s and h 16-byte multiples); one pass writes the kernel's scale arrays into attention_int8's
+   buffer. */
 FUSEDK_DEF fusedk_status fusedk_attention_int8_scaled(const fusedk_tensor *out, const fusedk_tensor *lse,
                                                       const fusedk_scaled_tensor *q, const fusedk_scaled_tensor *k,
                                                       const fusedk_tensor *v, const fusedk_tensor *kv_len,
@@ -1659,12 +1661,13 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
        FUSEDK__IN("q", FUSEDK__ROW), FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__IN("v", FUSEDK_ROLE_OWN),
        {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
       {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}}, fusedk__shape_attention},
-    /* q, k: the scaled tensors' parts (data int8, scale float32); out takes v's dtype, q's shape */
-    {{"attention_int8_scaled", 8, 3, -1,
+    /* q, k: the scaled tensors' parts (data int8, scale float32); v the reference (the call's
+       dtype: the first input that has it); out takes v's dtype, q's shape */
+    {{"attention_int8_scaled", 8, 3, 4,
       {FUSEDK__OWN_OUT("out", 6, -1), {"lse", FUSEDK_ARG_OUT_OPT, 6, -2 - 2, FUSEDK_ROLE_OWN, FUSEDK_F32},
        {"q", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I8}, FUSEDK__F32_IN("q_scale"),
        {"k", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I8}, FUSEDK__F32_IN("k_scale"),
-       FUSEDK__IN("v", FUSEDK_ROLE_OWN), {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
+       FUSEDK__IN("v", FUSEDK__ROW), {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
       {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}},
      fusedk__shape_attention_scaled},
 };
@@ -1865,11 +1868,16 @@ static fusedk_status fusedk__flatten_rows(const fusedk_op *o, const fusedk_tenso
   return FUSEDK_OK;
 }
 
-/* An op's reference tensor: its first required input (x; what shapes and dtypes follow). */
+/* An op's reference tensor: its first required input of the call's dtype (x; what shapes and
+   dtypes follow), else (the table builders: every input float32) its first required input. */
 static int fusedk__ref(const fusedk_op *o) {
-  int ref = 0;
-  while (ref < o->n_tensors && o->tensors[ref].kind != FUSEDK_ARG_IN) ++ref;
-  return ref;
+  int ref = -1;
+  for (int i = 0; i < o->n_tensors; ++i) {
+    if (o->tensors[i].kind != FUSEDK_ARG_IN) continue;
+    if (ref < 0) ref = i;
+    if (o->tensors[i].scalar < 0) return i;
+  }
+  return ref < 0 ? o->n_tensors : ref;
 }
 
 /* Checks every argument of op `o` against its registry entry, in one place: presence, dtype and
@@ -3019,6 +3027,32 @@ static int fusedk__attention_int8_cpu(const fusedk__attn_args *a) {
   return r;
 }
 
+/* attention_int8_scaled's reference: dq(q), dq(k) (the scales' magnitudes, k's cut to 22 bits, as
+   the kernel reads them) into compact double, then fusedk_attention's reference on them and v */
+static int fusedk__attention_scaled_cpu(const fusedk__attn_args *a) {
+  const int64_t D = a->Dh, nq = a->B * a->Sq * a->Hq * D, nk = a->B * a->Sk * a->Hkv * D;
+  double *x = (double *)malloc((size_t)(nq + nk + 1) * sizeof *x);
+  if (!x) return 1;
+  for (int t = 0; t < 2; ++t) {
+    const int64_t S = t ? a->Sk : a->Sq, H = t ? a->Hkv : a->Hq;
+    const int8_t *d8 = (const int8_t *)(t ? a->k.p : a->q.p);
+    const int64_t sb = t ? a->k.sb : a->q.sb, ss = t ? a->k.ss : a->q.ss, sh = t ? a->k.sh : a->q.sh;
+    const fusedk__attn_scales *sc = t ? &a->ks : &a->qs;
+    double *o = t ? x + nq : x;
+    for (int64_t b = 0; b < a->B; ++b)
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t h = 0; h < H; ++h, o += D) {
+          const float f = fabsf(sc->p[b * sc->sb + i * sc->ss + h * sc->sh]);
+          const double c = t ? (double)fusedk__cut22(f) : (double)f;
+          for (int64_t d = 0; d < D; ++d) o[d] = (double)d8[b * sb + i * ss + h * sh + d] * c;
+        }
+  }
+  const double *x8[2] = {x, x + nq};
+  const int r = fusedk__attention_core(a, x8);
+  free(x);
+  return r;
+}
+
 /* a [B, S, H, D] argument's strides over (b, s, h) */
 #define FUSEDK__BSH(dst, t) ((dst).sb = fusedk__stride(t, 0), (dst).ss = fusedk__stride(t, 1), (dst).sh = fusedk__stride(t, 2))
 
@@ -3095,6 +3129,16 @@ static fusedk_status fusedk__attention_gpu(const fusedk__check *c, const fusedk_
   return FUSEDK_OK;
 }
 
+/* The checked call: nothing to do without queries, else the kernel or the CPU reference */
+static fusedk_status fusedk__attention_go(const fusedk__check *c, const fusedk__attn_args *a,
+                                          struct CUstream_st *stream) {
+  if (a->B * a->Sq * a->Hq == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_attention(a, c->op, c->dev.device_id, stream);
+  const int r = a->scaled ? fusedk__attention_scaled_cpu(a) : a->int8 ? fusedk__attention_int8_cpu(a)
+                                                                     : fusedk__attention_core(a, NULL);
+  return r ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers", c->op) : FUSEDK_OK;
+}
+
 /* attention and attention_int8 (int8 1): checks, then the reference or the kernel */
 static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
                                            const fusedk_tensor *k, const fusedk_tensor *v, const fusedk_tensor *kv_len,
@@ -3105,10 +3149,9 @@ static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fused
   fusedk__rowset s;
   fusedk_status st = fusedk__validate(o, t, &s);
   if (st) return st;
-  const fusedk_tensor *ins[] = {q, k, v, kv_len};
   const char *names[] = {"q", "k", "v", "kv_len"};
   fusedk__attn_args a;
-  if ((st = fusedk__attention_common(&s.c, out, lse, q, k, v, kv_len, scale, causal, "q", "k", ins, names, 4, &a)))
+  if ((st = fusedk__attention_common(&s.c, out, lse, q, k, v, kv_len, scale, causal, "q", "k", t + 2, names, 4, &a)))
     return st;
   a.scalar = s.c.scalar, a.int8 = int8;
   const int64_t B = a.B, Sq = a.Sq, Hq = a.Hq;
@@ -3118,11 +3161,7 @@ static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fused
       return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: B * Hq * ceil(Sq / 32) or B * Hkv * ceil(Sk / 32) past the "
                           "GPU grid's 2^31 - 1 blocks (the quantization passes)", op);
   }
-  if (B * Sq * Hq == 0) return FUSEDK_OK;
-  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_attention(&a, op, s.c.dev.device_id, stream);
-  return (int8 ? fusedk__attention_int8_cpu(&a) : fusedk__attention_core(&a, NULL))
-             ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers", op)
-             : FUSEDK_OK;
+  return fusedk__attention_go(&s.c, &a, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_attention(const fusedk_tensor *out, const fusedk_tensor *lse, const fusedk_tensor *q,
@@ -3138,97 +3177,51 @@ FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const f
   return fusedk__attention_run(out, lse, q, k, v, kv_len, scale, causal, 1, stream);
 }
 
-/* attention_int8_scaled's reference: dq(q), dq(k) (the scales' magnitudes, k's cut to 22 bits, as
-   the kernel reads them) into compact double, then fusedk_attention's reference on them and v */
-static int fusedk__attention_scaled_cpu(const fusedk__attn_args *a) {
-  const int64_t D = a->Dh, nq = a->B * a->Sq * a->Hq * D, nk = a->B * a->Sk * a->Hkv * D;
-  double *x = (double *)malloc((size_t)(nq + nk + 1) * sizeof *x);
-  if (!x) return 1;
-  for (int t = 0; t < 2; ++t) {
-    const int64_t S = t ? a->Sk : a->Sq, H = t ? a->Hkv : a->Hq;
-    const int8_t *d8 = (const int8_t *)(t ? a->k.p : a->q.p);
-    const int64_t sb = t ? a->k.sb : a->q.sb, ss = t ? a->k.ss : a->q.ss, sh = t ? a->k.sh : a->q.sh;
-    const fusedk__attn_scales *sc = t ? &a->ks : &a->qs;
-    double *o = t ? x + nq : x;
-    for (int64_t b = 0; b < a->B; ++b)
-      for (int64_t i = 0; i < S; ++i)
-        for (int64_t h = 0; h < H; ++h, o += D) {
-          const float f = fabsf(sc->p[b * sc->sb + i * sc->ss + h * sc->sh]);
-          const double c = t ? (double)fusedk__cut22(f) : (double)f;
-          for (int64_t d = 0; d < D; ++d) o[d] = (double)d8[b * sb + i * ss + h * sh + d] * c;
-        }
-  }
-  const double *x8[2] = {x, x + nq};
-  const int r = fusedk__attention_core(a, x8);
-  free(x);
-  return r;
-}
-
 FUSEDK_DEF fusedk_status fusedk_attention_int8_scaled(const fusedk_tensor *out, const fusedk_tensor *lse,
                                                       const fusedk_scaled_tensor *q, const fusedk_scaled_tensor *k,
                                                       const fusedk_tensor *v, const fusedk_tensor *kv_len,
                                                       float scale, int32_t causal, struct CUstream_st *stream) {
-  const char *op = "attention_int8_scaled";
-  fusedk__check c;
+  const fusedk_op *o = fusedk__op(FUSEDK_OP_ATTENTION_INT8_SCALED);
+  const char *op = o->name;
   char shp[160];
-  int p;
-  fusedk_status st;
-  memset(&c, 0, sizeof c);
-  c.op = op, c.ref = "v", c.scalar = -1;
   if (!q || !k)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is NULL, expected a scaled tensor", op, q ? "k" : "q");
-  if ((st = fusedk__check_tensor(&c, v, "v", 1, -1, &p)) || (st = fusedk__check_tensor(&c, out, "out", 1, -1, &p)) ||
-      (st = fusedk__check_tensor(&c, q->data, "q.data", 1, FUSEDK_I8, &p)) ||
-      (st = fusedk__check_tensor(&c, q->scale, "q.scale", 1, FUSEDK_F32, &p)) ||
-      (st = fusedk__check_tensor(&c, k->data, "k.data", 1, FUSEDK_I8, &p)) ||
-      (st = fusedk__check_tensor(&c, k->scale, "k.scale", 1, FUSEDK_F32, &p)) ||
-      (st = fusedk__check_tensor(&c, lse, "lse", 0, FUSEDK_F32, &p)) ||
-      (st = fusedk__check_tensor(&c, kv_len, "kv_len", 0, FUSEDK_I32, &p)))
-    return st;
+  const fusedk_tensor *t[] = {out, lse, q->data, q->scale, k->data, k->scale, v, kv_len};
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(o, t, &s); /* v is the reference: out takes its dtype */
+  if (st) return st;
   const fusedk_tensor *qd = q->data, *kd = k->data;
   if (qd->ndim != 4)
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q.data has shape %s, expected [B, Sq, Hq, Dh]", op,
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q has shape %s, expected [B, Sq, Hq, Dh]", op,
                         fusedk__shape_str(qd, shp, sizeof shp));
-  if (qd->shape[3] == 0) return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: q.data has last dim 0, expected >= 1", op);
-  if ((st = fusedk__check_output(&c, out, "out")) || (lse && (st = fusedk__check_output(&c, lse, "lse"))))
+  if ((st = fusedk__check_shape(&s.c, q->scale, "q_scale", 3, qd->shape, "q's [B, Sq, Hq]")) ||
+      (kd->ndim == 4 && (st = fusedk__check_shape(&s.c, k->scale, "k_scale", 3, kd->shape, "k's [B, Sk, Hkv]"))))
     return st;
-  if ((st = fusedk__check_shape(&c, q->scale, "q.scale", 3, qd->shape, "q.data's [B, Sq, Hq]")) ||
-      (kd->ndim == 4 && (st = fusedk__check_shape(&c, k->scale, "k.scale", 3, kd->shape, "k.data's [B, Sk, Hkv]"))))
-    return st;
-  const fusedk_tensor *ins[] = {qd, q->scale, kd, k->scale, v, kv_len};
-  const char *names[] = {"q.data", "q.scale", "k.data", "k.scale", "v", "kv_len"};
+  const char *names[] = {"q", "q_scale", "k", "k_scale", "v", "kv_len"};
   fusedk__attn_args a;
-  if ((st = fusedk__attention_common(&c, out, lse, qd, kd, v, kv_len, scale, causal, "q.data", "k.data", ins, names, 6,
-                                     &a)))
+  if ((st = fusedk__attention_common(&s.c, out, lse, qd, kd, v, kv_len, scale, causal, "q", "k", t + 2, names, 6, &a)))
     return st;
-  a.scalar = c.scalar, a.int8 = 1, a.scaled = 1;
+  a.scalar = s.c.scalar, a.int8 = 1, a.scaled = 1;
   a.qs.p = (const float *)fusedk__base(q->scale), a.ks.p = (const float *)fusedk__base(k->scale);
   FUSEDK__BSH(a.qs, q->scale), FUSEDK__BSH(a.ks, k->scale);
-  const int gpu = fusedk__is_gpu(c.dev.device_type);
-  if (gpu) {
-    if ((st = fusedk__attention_gpu(&c, &a, "v"))) return st;
-    for (int t = 0; t < 2; ++t) { /* TMA reads the int8 rows where they lie (an empty tensor: nothing to read) */
-      const fusedk_tensor *d = t ? kd : qd;
+  if (fusedk__is_gpu(s.c.dev.device_type)) {
+    if ((st = fusedk__attention_gpu(&s.c, &a, "v"))) return st;
+    for (int i = 2; i < 5; i += 2) { /* TMA reads the int8 rows where they lie (an empty tensor: nothing to read) */
+      const fusedk_tensor *d = t[i];
       int ok = (uintptr_t)fusedk__base(d) % 16 == 0, empty = 0;
-      for (int i = 0; i < 4; ++i) empty = empty || d->shape[i] == 0;
-      if (empty) continue;
-      for (int i = 0; i < 3; ++i) {
-        const int64_t st3 = fusedk__stride(d, i);
-        ok = ok && (d->shape[i] < 2 || (st3 > 0 && st3 % 16 == 0));
+      for (int j = 0; j < 4; ++j) empty = empty || d->shape[j] == 0;
+      for (int j = 0; j < 3; ++j) {
+        const int64_t sj = fusedk__stride(d, j);
+        ok = ok && (d->shape[j] < 2 || (sj > 0 && sj % 16 == 0));
       }
-      if (!ok)
+      if (!ok && !empty)
         return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has base %p and strides (%lld, %lld, %lld) over b, s, h; on a "
                             "CUDA device the base and every stride of a dim past 1 must be positive multiples of 16 "
-                            "bytes", op, t ? "k.data" : "q.data", fusedk__base(d), (long long)fusedk__stride(d, 0),
+                            "bytes", op, names[i - 2], fusedk__base(d), (long long)fusedk__stride(d, 0),
                             (long long)fusedk__stride(d, 1), (long long)fusedk__stride(d, 2));
     }
   }
-  const int64_t B = a.B, Sq = a.Sq, Hq = a.Hq;
-  if (B * Sq * Hq == 0) return FUSEDK_OK;
-  if (gpu) return fusedk__cuda_attention(&a, op, c.dev.device_id, stream);
-  return fusedk__attention_scaled_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the "
-                                                         "reference's buffers", op)
-                                          : FUSEDK_OK;
+  return fusedk__attention_go(&s.c, &a, stream);
 }
 #undef FUSEDK__BSH
 

@@ -3852,8 +3852,8 @@ template <typename T> cudaError_t launch_attention(const fusedk__attn_args &a, c
 // scale * q . mean(k), lse's part). The kernel: S as s8 x s8 -> s32, to float times k's scales
 // (q's join in the exponent); the online softmax; P in the inputs' 16-bit type against the
 // running max and O += P V on 16-bit tensor cores from v as given (the bf16 kernel's V stages):
-// SageAttention's split, since 8 bits of P (or of v) put the error past the op's contract
-// (README, "8-bit attention"). Head sizes 64, 128 and 256 (rows of D bytes).
+// SageAttention's split, since 8 bits of P (or of v) cost more accuracy than the op's error
+// contract allows. Head sizes 64, 128 and 256 (rows of D bytes).
 // ---------------------------------------------------------------------------------------------
 constexpr int kI8Bc = 128;        // keys a tile
 constexpr int kI8StatRows = 256;  // keys a statistics block
@@ -3863,7 +3863,7 @@ constexpr int kI8StatRows = 256;  // keys a statistics block
 // attn_i8_mainloop's conversion), the statistics' partial sums [B Hk, TS, D] and k's mean [B Hk,
 // D]; v16 [B, Sk, Hk, D] (T): v's copy where TMA cannot read v itself (a base or stride not a
 // 16-byte multiple, a stride 0 (broadcast) or negative), else none. attention_int8_scaled (q and
-// k given in int8): qs, qm (0) and ks alone.
+// k given in int8): qs and ks alone.
 struct AttnI8Buf {
   int64_t Skp, TS;
   size_t q8, k8, qs, qm, ks, part, mean, v16, bytes;
@@ -3873,7 +3873,7 @@ struct AttnI8Buf {
     size_t at = 0;
     auto take = [&](int64_t n) { const size_t p = at; at += ((size_t)n + 255) / 256 * 256; return p; };
     q8 = take(own * bq * a.Sq * D), k8 = take(own * bh * a.Sk * D), qs = take(bq * a.Sq * 4),
-    qm = take(bq * a.Sq * 4), ks = take(bh * Skp * 8), part = take(own * bh * TS * D * 4),
+    qm = take(own * bq * a.Sq * 4), ks = take(bh * Skp * 8), part = take(own * bh * TS * D * 4),
     mean = take(own * bh * D * 4), v16 = take(copy_v ? bh * a.Sk * D * 2 : 0);
     bytes = at;
   }
@@ -3895,6 +3895,12 @@ __device__ __forceinline__ float i8_inv(float amax) { // 0 where 127 / amax is n
   return amax > 0.f && r < INFINITY ? r : 0.f;
 }
 __device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
+// k's pair for attn_i8_mainloop's conversion of S's sums: its scale with the softmax scale's sign,
+// cut to 22 bits (1.5 2^23 times it exact: a sum of 0 a score of exactly 0), and -1.5 2^23 times that
+__device__ __forceinline__ float2 attn_i8_kpair(float scale, const fusedk__attn_args &a) {
+  const float c = __uint_as_float(__float_as_uint(a.scale < 0.f ? -scale : scale) & ~3u);
+  return make_float2(c, -12582912.f * c);
+}
 
 // The passes' grids are 1-D (blocks past 65535 (b, h) pairs): block x is chunk x % n of pair x / n
 __device__ __forceinline__ void attn_i8_block(int64_t n, int64_t &bh, int64_t &chunk) {
@@ -3973,9 +3979,8 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
     if constexpr (E == 8) *(uint64_t *)dst = bytes;
     else if constexpr (E == 4) *(uint32_t *)dst = (uint32_t)bytes;
     else *(uint16_t *)dst = (uint16_t)bytes;
-    if (K) { // the scale to 22 bits: 1.5 2^23 times it is exact, a sum of 0 a score of exactly 0
-      const float c = __uint_as_float(__float_as_uint(i < n ? (a.scale < 0.f ? -scale : scale) : 0.f) & ~3u);
-      if (lane == 0) ((float2 *)(buf + L.ks))[bh * L.Skp + i] = make_float2(c, -12582912.f * c);
+    if (K) {
+      if (lane == 0) ((float2 *)(buf + L.ks))[bh * L.Skp + i] = attn_i8_kpair(i < n ? scale : 0.f, a);
     } else {
       for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
       if (lane == 0) ((float *)(buf + L.qs))[row] = scale, ((float *)(buf + L.qm))[row] = a.scale * scale * dot;
@@ -3983,23 +3988,21 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
   }
 }
 
-// attention_int8_scaled's scales (their magnitudes) into the kernel's forms, the grid striding
-// over them: qs [B, Hq, Sq], qm 0 (no mean taken off), k's pairs as attn_i8_rows writes them (keys
-// past the batch's count and the padding to Skp: 0)
+// attention_int8_scaled's scales, their magnitudes, into the kernel's forms, the grid striding
+// over them: qs [B, Hq, Sq] and k's pairs as attn_i8_rows writes them (keys past the batch's
+// count and the padding to Skp: 0); no qm (no mean taken off k)
 __global__ void __launch_bounds__(256) attn_i8_scales(const fusedk__attn_args a, const AttnI8Buf L,
                                                       unsigned char *buf) {
   const int64_t nq = a.B * a.Hq * a.Sq, nk = a.B * a.Hkv * L.Skp;
   for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < nq + nk; i += (int64_t)gridDim.x * 256) {
     if (i < nq) {
       const int64_t b = i / (a.Hq * a.Sq), h = i / a.Sq % a.Hq, s = i % a.Sq;
-      ((float *)(buf + L.qs))[i] = fabsf(a.qs.p[b * a.qs.sb + s * a.qs.ss + h * a.qs.sh]); // magnitudes (fusedk.h)
-      ((float *)(buf + L.qm))[i] = 0.f;
+      ((float *)(buf + L.qs))[i] = fabsf(a.qs.p[b * a.qs.sb + s * a.qs.ss + h * a.qs.sh]);
       continue;
     }
     const int64_t r = i - nq, b = r / (a.Hkv * L.Skp), h = r / L.Skp % a.Hkv, j = r % L.Skp;
     const float sc = j < attn_kv(a, b) ? fabsf(a.ks.p[b * a.ks.sb + j * a.ks.ss + h * a.ks.sh]) : 0.f;
-    const float c = __uint_as_float(__float_as_uint(a.scale < 0.f ? -sc : sc) & ~3u); // 22 bits, as attn_i8_rows
-    ((float2 *)(buf + L.ks))[r] = make_float2(c, -12582912.f * c);
+    ((float2 *)(buf + L.ks))[r] = attn_i8_kpair(sc, a);
   }
 }
 
@@ -4034,7 +4037,8 @@ template <int D> struct AttnI8Smem {
                             kV = kK + kStages * kTile, kS = kV + kStages * kTileV, kBars = kS + kStages * kBc * 8,
                             kItem = kBars + (2 + 4 * kStages) * 8, kBytes = kItem + sizeof(AttnItem) + 1024;
 };
-// the int8 kernel's scales, from the buffer; whether out's rows take 4-byte stores
+// the int8 kernel's scales, from the buffer (qm, lse's q . mean(k): none where no mean is taken
+// off); whether out's rows take 4-byte stores
 struct AttnI8Scales {
   const float *qs, *qm;
   const float2 *ks;
@@ -4225,7 +4229,7 @@ __global__ void __launch_bounds__(AttnI8Smem<D>::kThreads, 1)
     it += n_tiles;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
-      if (row + 8 * hf < a.Sq) m[hf] += sc.qm[qrow + 8 * hf] * 1.4426950408889634f; // lse's q . mean(k), log2 units
+      if (sc.qm && row + 8 * hf < a.Sq) m[hf] += sc.qm[qrow + 8 * hf] * 1.4426950408889634f; // log2 units
     if (wk.slot < 0) attn_store_regs<T, D>(a, o, m, l, row, blk.b, blk.h, lane, sc.pairs);
     else attn_piece_store<T, D, NC>(a, sp, wk, o, m, l, w, tid, row, blk.b, blk.h, sc.pairs);
   }
@@ -4276,8 +4280,8 @@ cudaError_t launch_attention_i8(const fusedk__attn_args &a, cudaStream_t s, int 
   AttnSplit sp;
   if ((e = attn_plan<D, L::kWgs>(a, s, dev, units, B.Skp / L::kBc, grid, sp)) != cudaSuccess) return e;
   const bool pairs = ((uintptr_t)a.out.p & 3) == 0 && a.out.sb % 2 == 0 && a.out.ss % 2 == 0 && a.out.sh % 2 == 0;
-  const AttnI8Scales sc{(const float *)(buf + B.qs), (const float *)(buf + B.qm), (const float2 *)(buf + B.ks), B.Skp,
-                        pairs};
+  const AttnI8Scales sc{(const float *)(buf + B.qs), a.scaled ? nullptr : (const float *)(buf + B.qm),
+                        (const float2 *)(buf + B.ks), B.Skp, pairs};
   attn_i8_kernel<T, D><<<(unsigned)grid, L::kThreads, L::kBytes, s>>>(tq, tk, tv, a, sc, (int)n_mb, sp,
                                                                        a.scale * 1.4426950408889634f);
   return cudaGetLastError();

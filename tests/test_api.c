@@ -277,8 +277,10 @@ static void registry_cases(void) {
              (!out || t->role == FUSEDK_ROLE_ROW || t->role == FUSEDK_ROLE_ROW_HALF || t->role == FUSEDK_ROLE_OWN) &&
              (t->role != FUSEDK_ROLE_SAMPLE || o->row_ndim == 3), "%s: %s has a valid role", o->name, t->name);
     }
-    int ref = 0; /* the reference the error messages name: the first required input */
-    while (o && ref < o->n_tensors && o->tensors[ref].kind != FUSEDK_ARG_IN) ++ref;
+    int ref = -1; /* the reference the error messages name: the first required input of the call's dtype */
+    for (int k = 0; o && k < o->n_tensors && (ref < 0 || o->tensors[ref].scalar >= 0); ++k)
+      if (o->tensors[k].kind == FUSEDK_ARG_IN && (ref < 0 || o->tensors[k].scalar < 0)) ref = k;
+    if (ref < 0) ref = o ? o->n_tensors : 0;
     EXPECT(o && ref < o->n_tensors && (o->row_ndim < 0 || o->tensors[ref].role == FUSEDK_ROLE_ROW),
            "%s: its reference tensor is a required row input (ops with rows)", names[i]);
   }
@@ -542,7 +544,7 @@ static void attention_scaled_cases(void) {
       lse2[AB * AH * AS];
   int64_t qsh[4] = {AB, AS, AH, AD}, ksh[4] = {AB, AK, 1, AD}, qss[3] = {AB, AS, AH}, kss[3] = {AB, AK, 1};
   int64_t ls[3] = {AB, AH, AS}, bad_s[3] = {AB, AS, 3}, bs[1] = {AB}, q0[4] = {AB, AS, AH, 0}, s0[4] = {0, 8, 8, 1};
-  int64_t e0[4] = {AB, 0, AH, AD};
+  int64_t e0[4] = {AB, 0, AH, AD}, k0[4] = {AB, AK, 1, 0};
   int32_t kvl[AB] = {4, 0};
   for (int i = 0; i < NQ; ++i) q8[i] = (int8_t)((i * 37) % 255 - 127);
   for (int i = 0; i < NK; ++i) k8[i] = (int8_t)((i * 53 + 11) % 255 - 127), v[i] = (float)sin(0.3 * i);
@@ -559,10 +561,11 @@ static void attention_scaled_cases(void) {
   fusedk_tensor tn = fusedk_tensor_cpu(kvl, FUSEDK_I32, 1, bs), tqsb = fusedk_tensor_cpu(qs, FUSEDK_F32, 3, bad_s);
   fusedk_tensor tv8 = fusedk_tensor_cpu(k8, FUSEDK_I8, 4, ksh), tqsi = tqs, tq0 = fusedk_tensor_cpu(q8, FUSEDK_I8, 4, q0);
   fusedk_tensor tob = to, tqe = fusedk_tensor_cpu(q8, FUSEDK_I8, 4, e0), toe = fusedk_tensor_cpu(o, FUSEDK_F32, 4, e0);
+  fusedk_tensor tk0 = fusedk_tensor_cpu(k8, FUSEDK_I8, 4, k0), tv0 = fusedk_tensor_cpu(v, FUSEDK_F32, 4, k0);
   tqsi.dtype = fusedk_dtype_of(FUSEDK_I32), tob.strides = s0;
   const fusedk_scaled_tensor sq = {&tq8, &tqs}, sk = {&tk8, &tks}, sk_low = {&tk8, &tkl};
   const fusedk_scaled_tensor sq_f = {&tqf, &tqs}, sq_i = {&tq8, &tqsi}, sq_b = {&tq8, &tqsb}, sq_n = {NULL, &tqs};
-  const fusedk_scaled_tensor sq_0 = {&tq0, &tqs};
+  const fusedk_scaled_tensor sq_0 = {&tq0, &tqs}, sk_0 = {&tk0, &tks};
   struct {
     const fusedk_scaled_tensor *q, *k;
     const fusedk_tensor *v, *out;
@@ -570,13 +573,13 @@ static void attention_scaled_cases(void) {
     const char *says;
   } bad[] = {
       {NULL, &sk, &tv, &to, FUSEDK_ERR_INVALID_ARGUMENT, "q is NULL, expected a scaled tensor"},
-      {&sq_n, &sk, &tv, &to, FUSEDK_ERR_INVALID_ARGUMENT, "q.data is NULL"},
-      {&sq_f, &sk, &tv, &to, FUSEDK_ERR_DTYPE, "q.data has dtype float32, expected int8"},
-      {&sq_i, &sk, &tv, &to, FUSEDK_ERR_DTYPE, "q.scale has dtype int32, expected float32"},
-      {&sq_b, &sk, &tv, &to, FUSEDK_ERR_SHAPE, "q.scale has shape [2, 5, 3], expected [2, 5, 2]"},
+      {&sq_n, &sk, &tv, &to, FUSEDK_ERR_INVALID_ARGUMENT, "q is NULL, expected a tensor"},
+      {&sq_f, &sk, &tv, &to, FUSEDK_ERR_DTYPE, "q has dtype float32, expected int8"},
+      {&sq_i, &sk, &tv, &to, FUSEDK_ERR_DTYPE, "q_scale has dtype int32, expected float32"},
+      {&sq_b, &sk, &tv, &to, FUSEDK_ERR_SHAPE, "q_scale has shape [2, 5, 3], expected [2, 5, 2]"},
       {&sq, &sk, &tv8, &to, FUSEDK_ERR_DTYPE, "v has dtype int8, expected float32, float16 or bfloat16"},
       {&sq, &sq, &tv, &to, FUSEDK_ERR_SHAPE, "v has shape [2, 7, 1, 8], expected [2, 5, 2, 8]"},
-      {&sq_0, &sk, &tv, &to, FUSEDK_ERR_SHAPE, "q.data has last dim 0, expected >= 1"},
+      {&sq_0, &sk_0, &tv0, &to, FUSEDK_ERR_SHAPE, "v has last dim 0, expected >= 1"},
       {&sq, &sk, &tv, &tob, FUSEDK_ERR_LAYOUT, "output out has stride 0 in dim 0"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {

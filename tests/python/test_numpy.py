@@ -184,6 +184,8 @@ def test_kernel_info():
                                 "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                                 "attention_int8_scaled"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
+    assert info["ops"]["attention_int8_scaled"] == ["float32", "float16", "bfloat16"]  # v's, not q's int8
+    assert info["ops"]["rope_table_1d"] == ["float32"]
     assert isinstance(info["cuda"]["built"], bool)
 
 
