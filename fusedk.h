@@ -49,6 +49,8 @@
      fusedk_qk_norm_rope q, k, v of a packed QKV projection -> RMSNorm (per head or over the
                          full H*Dh) and RoPE of q and k, all three written in the attention
                          layout [B,H,S,Dh] or [B,S,H,Dh], one pass
+     fusedk_qk_norm_rope_int8   the same with q and k written as scaled int8 tensors, what
+                         fusedk_attention_int8_scaled reads (no quantization pass between)
      fusedk_diffusion_step   classifier-free guidance, an Euler (flow matching) or DDIM step,
                          an optional x0 clamp and temporal blend, in one pass
 
@@ -129,7 +131,8 @@
      MAJOR is 0, a MINOR release may change the ABI: 0.3 added fields to fusedk_op and
      fusedk_op_tensor (argument roles), 0.4 the tensors' fixed dtypes and 8 attributes an op,
      0.5 12 tensors an op (qk_norm_rope takes 10), 0.6 outputs asked for by an attribute
-     (when <= -2) and FUSEDK_ACT_NONE, 0.7 int8 arguments (FUSEDK_I8, fusedk_scaled_tensor);
+     (when <= -2) and FUSEDK_ACT_NONE, 0.7 int8 arguments (FUSEDK_I8, fusedk_scaled_tensor), 0.8
+     int8 outputs (qk_norm_rope_int8);
      rebuild against the header you link.
 */
 #ifndef FUSEDK_H
@@ -139,7 +142,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 7
+#define FUSEDK_VERSION_MINOR 8
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -234,6 +237,14 @@ typedef struct fusedk_tensor {  /* = DLTensor, 48 bytes on 64-bit targets */
   int64_t *strides;             /* ndim strides in ELEMENTS, or NULL for compact row-major */
   uint64_t byte_offset;
 } fusedk_tensor;
+
+/* A scaled int8 tensor: element (b, s, h, d) stands for data[b, s, h, d] * scale[b, s, h].
+   data: int8 [B, S, H, Dh]; scale: float32 [B, S, H], a (token, head) row's scale (what
+   attention_int8 makes of q, qk_norm_rope_int8 writes and attention_int8_scaled reads); any
+   strides, each with a contiguous last dim. */
+typedef struct fusedk_scaled_tensor {
+  const fusedk_tensor *data, *scale;
+} fusedk_scaled_tensor;
 
 /* DLPack managed tensors, for handing fusedk-allocated memory to frameworks (= DLManagedTensor,
    DLManagedTensorVersioned). */
@@ -437,6 +448,24 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
                                              const fusedk_tensor *q_weight, const fusedk_tensor *k_weight,
                                              float eps, fusedk_qk_norm norm, fusedk_rope_style style,
                                              fusedk_layout layout, int32_t rotary_dim, struct CUstream_st *stream);
+/* qk_norm_rope_int8: qk_norm_rope with q' and k' written as scaled int8 tensors ([B, S, H, Dh]
+   data, float32 [B, S, H] scales, any strides with a contiguous last dim): what
+   attention_int8_scaled takes, with no pass between. Each (b, token, head) row of q' and k' is
+   quantized as attention_int8 quantizes q: amax its largest magnitude (a NaN wins), data =
+   x * (127 / amax) rounded to nearest, ties to even, scale = amax / 127; a row of zeros gives
+   data 0 and scale 0, a row with a NaN or Inf data 0 and a non-finite scale (it dequantizes to
+   NaN). No mean is taken off k (that needs every key before the first is written): README,
+   "8-bit attention", has the error this costs. v has no part here: attention takes the
+   projection's v view as it lies. q, k, cos, sin, the weights, eps, norm, style and rotary_dim
+   as qk_norm_rope's. CPU: q' and k' in double, rounded to float32, then quantized; the GPU's
+   float32 math may move an element one step where x * 127 / amax is within a rounding of a
+   half-integer. */
+FUSEDK_DEF fusedk_status fusedk_qk_norm_rope_int8(const fusedk_scaled_tensor *q_out, const fusedk_scaled_tensor *k_out,
+                                                  const fusedk_tensor *q, const fusedk_tensor *k,
+                                                  const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                                  const fusedk_tensor *q_weight, const fusedk_tensor *k_weight,
+                                                  float eps, fusedk_qk_norm norm, fusedk_rope_style style,
+                                                  int32_t rotary_dim, struct CUstream_st *stream);
 
 /* ---- [linear] the matrix family: cuBLASLt GEMMs with fused epilogues ----
    linear:  z = x[..., K] . w[N, K]^T + bias[N],  y[..., N] = act(z)
@@ -533,12 +562,6 @@ FUSEDK_DEF fusedk_status fusedk_attention_int8(const fusedk_tensor *out, const f
                                                const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
                                                const fusedk_tensor *kv_len, float scale, int32_t causal,
                                                struct CUstream_st *stream);
-/* A scaled int8 tensor: element (b, s, h, d) stands for data[b, s, h, d] * scale[b, s, h].
-   data: int8 [B, S, H, Dh]; scale: float32 [B, S, H], a (token, head) row's scale (what
-   attention_int8 makes of q); any strides, each with a contiguous last dim. */
-typedef struct fusedk_scaled_tensor {
-  const fusedk_tensor *data, *scale;
-} fusedk_scaled_tensor;
 /* attention_int8_scaled: attention_int8's kernel on q and k quantized already (by the caller or
    a fused producer: no quantization pass): out = softmax(scale dq(q) dq(k)^T) v with dq(x) =
    x.data * |x.scale| (a quantizer's scales are >= 0; a negative one counts as its magnitude),
@@ -691,9 +714,10 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_LOWRANK_UPDATE_BACKWARD = 22,
   FUSEDK_OP_LINEAR_LOWRANK_BACKWARD = 23,
   FUSEDK_OP_ATTENTION_INT8 = 24,
-  FUSEDK_OP_ATTENTION_INT8_SCALED = 25
+  FUSEDK_OP_ATTENTION_INT8_SCALED = 25,
+  FUSEDK_OP_QK_NORM_ROPE_INT8 = 26
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 26
+#define FUSEDK_OP_COUNT 27
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -835,12 +859,16 @@ typedef struct fusedk__ew_args {
    [B, S, H, Dh] with element strides, written through their out strides (any layout). q and k
    are RMS-normalized first (norm: FUSEDK_QK_NORM_*; rope: NONE) with weight w (Dh, or H*Dh for
    FULL; NULL: none), then rotated; v is copied. The tables (tab[0] cos, tab[1] sin) as
-   [B, S, H, R/2] strides (0 broadcasts, last dim 1). */
+   [B, S, H, R/2] strides (0 broadcasts, last dim 1). q8 (qk_norm_rope_int8): q' and k' go out
+   as int8 rows (out, its strides in bytes) with their float32 scales (sc, strides cb, cs, ch). */
 typedef struct fusedk__rope_args {
-  int32_t scalar, style, norm;
+  int32_t scalar, style, norm, q8;
   float eps;
   int64_t B, S, Dh, R;
-  struct { const void *in; void *out; const void *w; int64_t H, sb, ss, sh, ob, os, oh; } t[3];
+  struct {
+    const void *in; void *out; const void *w; int64_t H, sb, ss, sh, ob, os, oh;
+    float *sc; int64_t cb, cs, ch;
+  } t[3];
   struct { const float *p; int64_t sb, ss, sh; } tab[2];
 } fusedk__rope_args;
 
@@ -1412,6 +1440,17 @@ static int fusedk__shape_qk_norm_rope(const fusedk_op *o, int out, const fusedk_
   return 4;
 }
 
+/* qk_norm_rope_int8: the data its input's [B, S, H, Dh], the scales [B, S, H] */
+static int fusedk__shape_qk_int8(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                 const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)t, (void)a, (void)shape;
+  char shp[160];
+  if (like->ndim != 4)
+    return -fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [B, S, H, Dh]", o->name,
+                         o->tensors[o->tensors[out].like].name, fusedk__shape_str(like, shp, sizeof shp));
+  return out % 2 ? 3 : 4;
+}
+
 /* [linear] */
 
 /* y and aux_out: x's rows (nd - 1 leading dims of `shape`) of N, the rows of w (named wn);
@@ -1670,6 +1709,17 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
        FUSEDK__IN("v", FUSEDK__ROW), {"kv_len", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I32}},
       {FUSEDK__FLT("scale", 0.0), FUSEDK__I32("causal", 0), FUSEDK__I32("want_lse", 0)}},
      fusedk__shape_attention_scaled},
+    /* [position] (after the ops before it): q' and k' as scaled tensors, each data (int8, its
+       input's shape) and scale (float32 [B, S, H]) */
+    {{"qk_norm_rope_int8", 10, 4, 4,
+      {{"q_out", FUSEDK_ARG_OUT, 4, -1, FUSEDK_ROLE_OWN, FUSEDK_I8},
+       {"q_out_scale", FUSEDK_ARG_OUT, 4, -1, FUSEDK_ROLE_OWN, FUSEDK_F32},
+       {"k_out", FUSEDK_ARG_OUT, 5, -1, FUSEDK_ROLE_OWN, FUSEDK_I8},
+       {"k_out_scale", FUSEDK_ARG_OUT, 5, -1, FUSEDK_ROLE_OWN, FUSEDK_F32}, FUSEDK__IN("q", FUSEDK__ROW),
+       FUSEDK__IN("k", FUSEDK_ROLE_OWN), FUSEDK__F32_IN("cos"), FUSEDK__F32_IN("sin"),
+       FUSEDK__OPT("q_weight", FUSEDK_ROLE_OWN), FUSEDK__OPT("k_weight", FUSEDK_ROLE_OWN)},
+      {FUSEDK__EPS(1e-6), FUSEDK__I32("norm", FUSEDK_QK_NORM_HEAD), FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED),
+       FUSEDK__I32("rotary_dim", 0)}}, fusedk__shape_qk_int8},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -1778,6 +1828,11 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
       return fusedk_qk_norm_rope(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], (float)a[0],
                                  (fusedk_qk_norm)(int)a[1], (fusedk_rope_style)(int)a[2], (fusedk_layout)(int)a[3],
                                  (int32_t)a[4], s);
+    case FUSEDK_OP_QK_NORM_ROPE_INT8: {
+      const fusedk_scaled_tensor q = {t[0], t[1]}, k = {t[2], t[3]};
+      return fusedk_qk_norm_rope_int8(&q, &k, t[4], t[5], t[6], t[7], t[8], t[9], (float)a[0],
+                                      (fusedk_qk_norm)(int)a[1], (fusedk_rope_style)(int)a[2], (int32_t)a[3], s);
+    }
     case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
@@ -2351,15 +2406,53 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
 
 /* --- [position] rope and its tables: CPU references and entry points ----------------------- */
 
+/* The int8 rows' quantization (attention_int8, qk_norm_rope_int8), in float32 as the GPU's: the largest magnitude (a NaN wins),
+   x * (127 / amax) rounded to nearest, ties to even; where 127 / amax is not finite (amax 0, or
+   below 127 / FLT_MAX) every value is 0; amax Inf or NaN: every value 0 and the scale non-finite,
+   so the row dequantizes to NaN */
+static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
+static float fusedk__i8_inv(float amax) {
+  const float r = 127.0f / amax;
+  return amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
+}
+static double fusedk__i8(float x, float inv) {
+  const float r = rintf(x * inv);
+  return r != r ? 0.0 : r > 127.0f ? 127.0 : r < -127.0f ? -127.0 : (double)r;
+}
+
 /* rope and qk_norm_rope: per token and tensor, the rstd (one of the row, or of each head), then
-   each head normalized and rotated (pass-through channels normalized) in double, one rounding. */
+   each head normalized and rotated (pass-through channels normalized) in double, one rounding;
+   q8: q' and k' rounded to float32 and quantized a head (fusedk__i8_head). */
 static double fusedk__sq(double v) { return v * v; }
+
+/* Channel d of a head after the norm (r, weights w from wo) and the rotation (tables c, sn) */
+static double fusedk__rope_at(const fusedk__rope_args *a, const char *in, int64_t d, double r, const void *w,
+                              int64_t wo, const float *c, const float *sn, int64_t R) {
+  const int s = a->scalar, il = a->style == FUSEDK_ROPE_INTERLEAVED;
+  const int64_t half = R / 2, i = il ? d / 2 : d % (half ? half : 1), ia = il ? 2 * i : i, ib = il ? 2 * i + 1 : i + half;
+#define FUSEDK__N(e) (fusedk__load(in, e, s) * r * (w ? fusedk__load(w, wo + (e), s) : 1.0))
+  if (d >= R) return FUSEDK__N(d);
+  const double va = FUSEDK__N(ia), vb = FUSEDK__N(ib);
+#undef FUSEDK__N
+  return d == ia ? va * c[i] - vb * sn[i] : vb * c[i] + va * sn[i];
+}
+
+/* qk_norm_rope_int8's head: its Dh channels (fusedk__rope_at) as float32, quantized into out
+   (int8) with its scale */
+static void fusedk__i8_head(const fusedk__rope_args *a, const char *in, double r, const void *w, int64_t wo,
+                            const float *c, const float *sn, int64_t R, int8_t *out, float *scale) {
+  float amax = 0.0f;
+  for (int64_t d = 0; d < a->Dh; ++d) amax = fusedk__amax(amax, (float)fusedk__rope_at(a, in, d, r, w, wo, c, sn, R));
+  const float inv = fusedk__i8_inv(amax);
+  for (int64_t d = 0; d < a->Dh; ++d) out[d] = (int8_t)fusedk__i8((float)fusedk__rope_at(a, in, d, r, w, wo, c, sn, R), inv);
+  *scale = amax / 127.0f;
+}
 static void fusedk__rope_cpu(const fusedk__rope_args *a) {
   const int s = a->scalar;
   const int64_t es = (int64_t)fusedk__scalar_size(s), Dh = a->Dh;
   for (int j = 0; j < 3 && a->t[j].in; ++j) {
     if (a->t[j].H == 0) continue; /* no heads: its data may be NULL, no address to form */
-    const int norm = j < 2 ? a->norm : FUSEDK_QK_NORM_NONE;
+    const int norm = j < 2 ? a->norm : FUSEDK_QK_NORM_NONE, q8 = a->q8 && j < 2;
     const int64_t R = j < 2 ? a->R : 0, half = R / 2, H = a->t[j].H;
     const void *w = a->t[j].w;
     for (int64_t b = 0; b < a->B; ++b)
@@ -2370,7 +2463,6 @@ static void fusedk__rope_cpu(const fusedk__rope_args *a) {
           for (int64_t d = 0; d < Dh; ++d) full += fusedk__sq(fusedk__load(row + h * a->t[j].sh * es, d, s));
         for (int64_t h = 0; h < H; ++h) {
           const char *in = row + h * a->t[j].sh * es;
-          char *out = (char *)a->t[j].out + (b * a->t[j].ob + q * a->t[j].os + h * a->t[j].oh) * es;
           double r = 1.0, sum = 0.0;
           if (norm == FUSEDK_QK_NORM_HEAD) {
             for (int64_t d = 0; d < Dh; ++d) sum += fusedk__sq(fusedk__load(in, d, s));
@@ -2382,6 +2474,13 @@ static void fusedk__rope_cpu(const fusedk__rope_args *a) {
 #define FUSEDK__N(d) (fusedk__load(in, d, s) * r * (w ? fusedk__load(w, wo + (d), s) : 1.0))
           const float *c = a->tab[0].p + b * a->tab[0].sb + q * a->tab[0].ss + h * a->tab[0].sh;
           const float *sn = a->tab[1].p + b * a->tab[1].sb + q * a->tab[1].ss + h * a->tab[1].sh;
+          const int64_t oe = b * a->t[j].ob + q * a->t[j].os + h * a->t[j].oh; /* the output head, elements */
+          if (q8) {
+            fusedk__i8_head(a, in, r, w, wo, c, sn, R, (int8_t *)a->t[j].out + oe,
+                            a->t[j].sc + b * a->t[j].cb + q * a->t[j].cs + h * a->t[j].ch);
+            continue;
+          }
+          char *out = (char *)a->t[j].out + oe * es;
           for (int64_t i = 0; i < half; ++i) {
             const int64_t ia = a->style == FUSEDK_ROPE_INTERLEAVED ? 2 * i : i;
             const int64_t ib = a->style == FUSEDK_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
@@ -2495,6 +2594,58 @@ FUSEDK_DEF fusedk_status fusedk_rope(const fusedk_tensor *q_out, const fusedk_te
   return fusedk__rope_run(&a, &s.c, stream);
 }
 
+/* qk_norm_rope's and qk_norm_rope_int8's checks past the registry's, first: eps and norm */
+static fusedk_status fusedk__qk_norm_check(const fusedk__check *c, float eps, int norm) {
+  fusedk_status st = fusedk__check_eps(c, eps);
+  if (st) return st;
+  if (norm != FUSEDK_QK_NORM_HEAD && norm != FUSEDK_QK_NORM_FULL && norm != FUSEDK_QK_NORM_NONE)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: norm is %d, expected FUSEDK_QK_NORM_HEAD (0), "
+                        "FUSEDK_QK_NORM_FULL (1) or FUSEDK_QK_NORM_NONE (2)", c->op, norm);
+  return FUSEDK_OK;
+}
+
+/* The outputs' shapes (registry outputs 0..n-1, by the rule the bindings allocate by; why: what
+   the rule says, why_odd the odd outputs' where it differs: the scales), while their like inputs
+   are [B, S, H, Dh] (else rope_setup names the input) */
+static fusedk_status fusedk__qk_out_shapes(const fusedk__check *c, int32_t id, const fusedk_tensor *const *t, int n,
+                                           const double *attrs, const char *why, const char *why_odd) {
+  const fusedk_op *o = fusedk__op(id);
+  for (int j = 0; j < n; ++j) {
+    int64_t shape[FUSEDK_MAX_DIMS];
+    fusedk_status st;
+    if (!t[j]) continue;
+    if (t[o->tensors[j].like]->ndim != 4) break;
+    const int nd = fusedk__out_shape(id, j, t, attrs, shape);
+    if (nd < 0) return (fusedk_status)-nd;
+    if ((st = fusedk__check_shape(c, t[j], o->tensors[j].name, nd, shape, j % 2 ? why_odd : why))) return st;
+  }
+  return FUSEDK_OK;
+}
+
+/* ... and past rope_setup: FULL's width, the weights (registry tensors wi, wi + 1), into a */
+static fusedk_status fusedk__qk_weights(const fusedk__check *c, const fusedk_op *o, const fusedk_tensor *const *in,
+                                        const fusedk_tensor *const *w, int wi, float eps, int norm,
+                                        fusedk__rope_args *a) {
+  for (int j = 0; j < 2; ++j) {
+    const fusedk_tensor *x = in[j];
+    const int64_t n = norm == FUSEDK_QK_NORM_FULL ? x->shape[2] * x->shape[3] : x->shape[3];
+    char why[64];
+    fusedk_status st;
+    if (norm == FUSEDK_QK_NORM_FULL && n > 8192)
+      return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: norm is FULL over %s's H*Dh = %lld channels, expected at most 8192",
+                          c->op, j ? "k" : "q", (long long)n);
+    if (!w[j]) continue;
+    if (norm == FUSEDK_QK_NORM_NONE)
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is given but norm is NONE, expected no weights", c->op,
+                          o->tensors[wi + j].name);
+    snprintf(why, sizeof why, "%s of %s", norm == FUSEDK_QK_NORM_FULL ? "H*Dh" : "Dh", j ? "k" : "q");
+    if ((st = fusedk__check_shape(c, w[j], o->tensors[wi + j].name, 1, &n, why))) return st; /* contiguous: validated */
+    a->t[j].w = fusedk__base(w[j]);
+  }
+  a->norm = (int32_t)norm, a->eps = eps;
+  return FUSEDK_OK;
+}
+
 FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const fusedk_tensor *k_out,
                                              const fusedk_tensor *v_out, const fusedk_tensor *q,
                                              const fusedk_tensor *k, const fusedk_tensor *v,
@@ -2504,47 +2655,49 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
                                              fusedk_layout layout, int32_t rotary_dim, struct CUstream_st *stream) {
   const fusedk_op *o = fusedk__op(FUSEDK_OP_QK_NORM_ROPE);
   const fusedk_tensor *t[] = {q_out, k_out, v_out, q, k, v, cos, sin, q_weight, k_weight};
-  const fusedk_tensor *w[2] = {q_weight, k_weight};
+  const double attrs[5] = {eps, (double)norm, (double)style, (double)layout, (double)rotary_dim};
+  const int bhsd = layout == FUSEDK_LAYOUT_BHSD;
   fusedk__rowset s;
   fusedk__rope_args a;
   fusedk_status st = fusedk__validate(o, t, &s);
-  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
-  if (norm != FUSEDK_QK_NORM_HEAD && norm != FUSEDK_QK_NORM_FULL && norm != FUSEDK_QK_NORM_NONE)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "qk_norm_rope: norm is %d, expected FUSEDK_QK_NORM_HEAD (0), "
-                        "FUSEDK_QK_NORM_FULL (1) or FUSEDK_QK_NORM_NONE (2)", (int)norm);
-  /* the outputs' shapes in the layout (its check too), from the one rule the bindings allocate by */
-  const double attrs[5] = {eps, (double)norm, (double)style, (double)layout, (double)rotary_dim};
-  for (int j = 0; j < 3; ++j) {
-    int64_t shape[FUSEDK_MAX_DIMS];
-    if (!t[j]) continue;
-    if (t[3 + j]->ndim != 4) break; /* k, v: setup names the shape */
-    const int nd = fusedk__out_shape(FUSEDK_OP_QK_NORM_ROPE, j, t, attrs, shape);
-    if (nd < 0) return (fusedk_status)-nd;
-    if ((st = fusedk__check_shape(&s.c, t[j], o->tensors[j].name, nd, shape,
-                                  layout == FUSEDK_LAYOUT_BHSD ? "[B, H, S, Dh] of its input" : "its input's")))
-      return st;
-  }
-  if ((st = fusedk__rope_setup(&s.c, t, t + 3, cos, sin, (int)style, rotary_dim, layout == FUSEDK_LAYOUT_BHSD, &a)))
+  if (st || (st = fusedk__qk_norm_check(&s.c, eps, (int)norm)) ||
+      (st = fusedk__qk_out_shapes(&s.c, FUSEDK_OP_QK_NORM_ROPE, t, 3, attrs,
+                                  bhsd ? "[B, H, S, Dh] of its input" : "its input's",
+                                  bhsd ? "[B, H, S, Dh] of its input" : "its input's")) ||
+      (st = fusedk__rope_setup(&s.c, t, t + 3, cos, sin, (int)style, rotary_dim, bhsd, &a)) ||
+      (st = fusedk__qk_weights(&s.c, o, t + 3, t + 8, 8, eps, (int)norm, &a)))
     return st;
-  for (int j = 0; j < 2; ++j) {
-    const fusedk_tensor *x = t[3 + j];
-    const int64_t n = norm == FUSEDK_QK_NORM_FULL ? x->shape[2] * x->shape[3] : x->shape[3];
-    char why[64];
-    if (norm == FUSEDK_QK_NORM_FULL && n > 8192)
-      return fusedk__fail(FUSEDK_ERR_SHAPE, "qk_norm_rope: norm is FULL over %s's H*Dh = %lld channels, expected at "
-                          "most 8192", j ? "k" : "q", (long long)n);
-    if (!w[j]) continue;
-    if (norm == FUSEDK_QK_NORM_NONE)
-      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "qk_norm_rope: %s is given but norm is NONE, expected no "
-                          "weights", o->tensors[8 + j].name);
-    snprintf(why, sizeof why, "%s of %s", norm == FUSEDK_QK_NORM_FULL ? "H*Dh" : "Dh", j ? "k" : "q");
-    if ((st = fusedk__check_shape(&s.c, w[j], o->tensors[8 + j].name, 1, &n, why))) return st; /* contiguous: validated */
-    a.t[j].w = fusedk__base(w[j]);
-  }
-  a.norm = (int32_t)norm, a.eps = eps;
   return fusedk__rope_run(&a, &s.c, stream);
 }
 
+FUSEDK_DEF fusedk_status fusedk_qk_norm_rope_int8(const fusedk_scaled_tensor *q_out, const fusedk_scaled_tensor *k_out,
+                                                  const fusedk_tensor *q, const fusedk_tensor *k,
+                                                  const fusedk_tensor *cos, const fusedk_tensor *sin,
+                                                  const fusedk_tensor *q_weight, const fusedk_tensor *k_weight,
+                                                  float eps, fusedk_qk_norm norm, fusedk_rope_style style,
+                                                  int32_t rotary_dim, struct CUstream_st *stream) {
+  const fusedk_op *o = fusedk__op(FUSEDK_OP_QK_NORM_ROPE_INT8);
+  const fusedk_tensor *t[] = {q_out ? q_out->data : NULL, q_out ? q_out->scale : NULL, k_out ? k_out->data : NULL,
+                              k_out ? k_out->scale : NULL, q, k, cos, sin, q_weight, k_weight};
+  const fusedk_tensor *out[3] = {t[0], t[2], NULL}, *in[3] = {q, k, NULL};
+  const double attrs[4] = {eps, (double)norm, (double)style, (double)rotary_dim};
+  fusedk__rowset s;
+  fusedk__rope_args a;
+  fusedk_status st = fusedk__validate(o, t, &s);
+  if (st || (st = fusedk__qk_norm_check(&s.c, eps, (int)norm)) ||
+      (st = fusedk__qk_out_shapes(&s.c, FUSEDK_OP_QK_NORM_ROPE_INT8, t, 4, attrs, "its input's",
+                                  "[B, S, H] of its input")) ||
+      (st = fusedk__rope_setup(&s.c, out, in, cos, sin, (int)style, rotary_dim, 0, &a)) ||
+      (st = fusedk__qk_weights(&s.c, o, in, t + 8, 8, eps, (int)norm, &a)))
+    return st;
+  a.q8 = 1;
+  for (int j = 0; j < 2; ++j) { /* the scales, [B, S, H] */
+    const fusedk_tensor *sc = t[2 * j + 1];
+    a.t[j].sc = (float *)fusedk__base(sc);
+    a.t[j].cb = fusedk__stride(sc, 0), a.t[j].cs = fusedk__stride(sc, 1), a.t[j].ch = fusedk__stride(sc, 2);
+  }
+  return fusedk__rope_run(&a, &s.c, stream);
+}
 
 /* A table builder's common part: validation, the output shape, the strides. The attributes
    (dims, theta) are filled in by the caller before. */
@@ -2956,20 +3109,6 @@ static int fusedk__attention_core(const fusedk__attn_args *a, const double *cons
       }
   free(s), free(qi);
   return 0;
-}
-
-/* attention_int8's quantization, in float32 as the GPU's: the largest magnitude (a NaN wins),
-   x * (127 / amax) rounded to nearest, ties to even; where 127 / amax is not finite (amax 0, or
-   below 127 / FLT_MAX) every value is 0; amax Inf or NaN: every value 0 and the scale non-finite,
-   so the row dequantizes to NaN */
-static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
-static float fusedk__i8_inv(float amax) {
-  const float r = 127.0f / amax;
-  return amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
-}
-static double fusedk__i8(float x, float inv) {
-  const float r = rintf(x * inv);
-  return r != r ? 0.0 : r > 127.0f ? 127.0 : r < -127.0f ? -127.0 : (double)r;
 }
 
 /* k's scale to 22 significant bits (its two lowest mantissa bits 0), as the kernel's: its

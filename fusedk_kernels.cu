@@ -573,6 +573,27 @@ __device__ __forceinline__ float lanes_sum(float v, int width) {
   return v;
 }
 
+// The int8 rows' quantization (attention_int8, qk_norm_rope_int8; fusedk.h's fusedk__amax,
+// fusedk__i8_inv, fusedk__i8): the largest magnitude, a NaN winning (the canonical NaN, whose
+// bits order above every magnitude's, so a max over the bits as unsigned agrees)
+__device__ __forceinline__ float amax_nan(float m, float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
+  return r;
+}
+__device__ __forceinline__ float i8_inv(float amax) { // 0 where 127 / amax is not finite (and amax not > 0)
+  const float r = 127.f / amax;
+  return amax > 0.f && r < INFINITY ? r : 0.f;
+}
+__device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
+// amax_nan over aligned groups of `width` lanes (a power of two <= 32), as lanes_sum
+__device__ __forceinline__ float lanes_amax(float v, int width) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2)
+    if (o < width) v = amax_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // N sums over the G threads of a row group, each thread getting all N. G <= 32: shuffles inside
 // the aligned lane group; G > 32 (a multiple of 32, one group per block row): warp sums, one
 // shared-memory slot per warp and sum (smem[k]), one barrier for all N, then each warp sums the
@@ -1904,19 +1925,45 @@ template <typename T> cudaError_t launch_rope(const fusedk__rope_args &a, cudaSt
 
 using RopeTensor = std::remove_reference_t<decltype(fusedk__rope_args::t[0])>; // q, k or v
 
-// One item's sum of squares in both qk_norm_rope kernels: a pass-through vector's VEC elements
-// (kind 2), or a rotating unit's (kind 1: x1, and x2 for HALF).
-template <bool IL, int VEC, int E, int E2>
-__device__ __forceinline__ float item_sq(int kind, const float (&x1)[E], const float (&x2)[E2]) {
-  float sq = 0.f;
+// One item's elements folded by f (from 0), in order: a pass-through vector's VEC elements (kind
+// 2), or a rotating unit's (kind 1: x1, and x2 for HALF). item_sq: the sum of squares (both
+// qk_norm_rope kernels), item_amax: the largest magnitude (qk_norm_rope_int8).
+template <bool IL, int VEC, int E, int E2, typename F>
+__device__ __forceinline__ float item_fold(int kind, const float (&x1)[E], const float (&x2)[E2], F &&f) {
+  float r = 0.f;
 #pragma unroll
   for (int e = 0; e < E; ++e)
-    if (kind == 1 || e < VEC) sq = fmaf(x1[e], x1[e], sq);
+    if (kind == 1 || e < VEC) r = f(r, x1[e]);
   if constexpr (!IL)
     if (kind == 1)
 #pragma unroll
-      for (int e = 0; e < E; ++e) sq = fmaf(x2[e], x2[e], sq);
-  return sq;
+      for (int e = 0; e < E; ++e) r = f(r, x2[e]);
+  return r;
+}
+template <bool IL, int VEC, int E, int E2>
+__device__ __forceinline__ float item_sq(int kind, const float (&x1)[E], const float (&x2)[E2]) {
+  return item_fold<IL, VEC>(kind, x1, x2, [](float r, float x) { return fmaf(x, x, r); });
+}
+template <bool IL, int VEC, int E, int E2>
+__device__ __forceinline__ float item_amax(int kind, const float (&x1)[E], const float (&x2)[E2]) {
+  return item_fold<IL, VEC>(kind, x1, x2, [](float r, float x) { return amax_nan(r, x); });
+}
+
+// N values quantized (i8_of) into int8 at p: one N-byte store where VEC > 1 (p then N-aligned:
+// rope_width), else a byte each.
+template <int N, int VEC> __device__ __forceinline__ void st_q8(int8_t *p, const float *x, float inv) {
+  if constexpr (VEC > 1) {
+    uint64_t bytes = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) bytes |= (uint64_t)(i8_of(x[k], inv) & 255) << 8 * k;
+    if constexpr (N == 8) *reinterpret_cast<uint64_t *>(p) = bytes;
+    else if constexpr (N == 4) *reinterpret_cast<uint32_t *>(p) = (uint32_t)bytes;
+    else if constexpr (N == 2) *reinterpret_cast<uint16_t *>(p) = (uint16_t)bytes;
+    else *p = (int8_t)bytes;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) p[k] = (int8_t)i8_of(x[k], inv);
+  }
 }
 
 // One item's math in both qk_norm_rope kernels: the weight (weigh, when normed), then
@@ -1942,13 +1989,13 @@ __device__ __forceinline__ void item_math(int kind, bool normed, float rs, float
 }
 
 // One item's end in qkv_kernel: item_math with the weight and the token's table row read from
-// global memory, and a streaming store into the output's layout. kind 1: rotating unit c; 2:
-// pass-through vector c - nrot.
+// global memory, and (store) a streaming store into the output's layout. kind 1: rotating unit c;
+// 2: pass-through vector c - nrot.
 template <typename T, int VEC, int STYLE, int E, int E2>
 __device__ __forceinline__ void qk_item_out(const fusedk__rope_args &a, const RopeTensor &t,
                                             int kind, float (&x1)[E], float (&x2)[E2], int norm, float sq,
                                             float inv_n, int c, int nrot, int half, int r0, int64_t b, int64_t s,
-                                            int h) {
+                                            int h, bool store = true) {
   constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
   constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC;
   T *o = static_cast<T *>(t.out) + b * t.ob + s * t.os + h * t.oh;
@@ -1980,12 +2027,32 @@ __device__ __forceinline__ void qk_item_out(const fusedk__rope_args &a, const Ro
     ld_table<PAIRS, (VEC > 1)>(a.tab[1].p + b * a.tab[1].sb + s * a.tab[1].ss + h * a.tab[1].sh + c * PAIRS, si);
   };
   item_math<IL, VEC, PAIRS>(kind, normed, rs, x1, x2, weigh, table);
+  if (!store) return; // qk_norm_rope_int8: qk_q8_out stores
   if (kind == 2) {
     st_elems<T, VEC, VEC>(o + e, reinterpret_cast<float(&)[VEC]>(x1));
     return;
   }
   st_elems<T, E, VEC>(o + e, x1);
   if constexpr (!IL) st_elems<T, E, VEC>(o + e + half, x2);
+}
+
+// One item's int8 store in qkv_kernel (qk_norm_rope_int8): x1 (and x2) quantized by its head's
+// amax (i8_of) at the item's place in the output head; the head's first item writes the scale.
+template <int VEC, int STYLE, int E, int E2>
+__device__ __forceinline__ void qk_q8_out(const RopeTensor &t, int kind, const float (&x1)[E], const float (&x2)[E2],
+                                          float amax, int c, int nrot, int half, int r0, int64_t b, int64_t s, int h) {
+  constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
+  constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC;
+  int8_t *o = static_cast<int8_t *>(t.out) + b * t.ob + s * t.os + h * t.oh;
+  const int e = kind == 2 ? r0 + (c - nrot) * VEC : IL ? c * E : c * PAIRS;
+  const float inv = i8_inv(amax);
+  if (kind == 2) {
+    st_q8<VEC, VEC>(o + e, x1, inv);
+  } else {
+    st_q8<E, VEC>(o + e, x1, inv);
+    if constexpr (!IL) st_q8<E, VEC>(o + e + half, x2, inv);
+  }
+  if (c == 0) t.sc[b * t.cb + s * t.cs + h * t.ch] = amax / 127.f;
 }
 
 // qk_norm_rope's kernel (rope keeps its per-head one). Block row blockIdx.y takes one tensor
@@ -1997,9 +2064,12 @@ __device__ __forceinline__ void qk_item_out(const fusedk__rope_args &a, const Ro
 // (FULL) or an odd head sums through shared-memory atomics and one barrier (a triple buffer, so
 // zeroing the next buffer needs no second barrier). Then the weight, the rotation and streaming
 // stores through the output strides (the layout). Reads and writes each element once.
+// Q8 (qk_norm_rope_int8, q and k): the items' largest magnitudes then reduce over each head as
+// the sums do (shuffles where a head's items are a power of two <= 32 lanes, else shared-memory
+// atomics on the bits and a barrier, in buffers after the sums'), and the items go out as int8.
 // Items stay float32 in registers and the tables are read per head: packed 16-bit items and a
 // head-less table read once a token take more registers than they save.
-template <typename T, int VEC, int STYLE, int U, int M>
+template <typename T, int VEC, int STYLE, int U, int M, bool Q8>
 __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk__rope_args a) {
   constexpr bool IL = STYLE == FUSEDK_ROPE_INTERLEAVED;
   constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC; // pairs a unit rotates
@@ -2012,16 +2082,18 @@ __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk
   const int half = rot ? (int)(a.R / 2) : 0, r0 = rot ? (int)a.R : 0, H = (int)t.H;
   const int nrot = half / PAIRS, iph = nrot + ((int)a.Dh - r0) / VEC;
   const int hpc = norm == FUSEDK_QK_NORM_FULL ? H : min(H, NT * M / iph); // heads a chunk
-  const bool lanes = norm == FUSEDK_QK_NORM_HEAD && iph <= 32 && (iph & (iph - 1)) == 0;
-  const bool atomics = norm != FUSEDK_QK_NORM_NONE && !lanes;
-  const int slots = norm == FUSEDK_QK_NORM_FULL ? 1 : hpc;
-  const bool skip_pass = norm == FUSEDK_QK_NORM_NONE && t.in == t.out; // in place: already there
+  const bool pow2 = iph <= 32 && (iph & (iph - 1)) == 0, lanes = norm == FUSEDK_QK_NORM_HEAD && pow2;
+  const bool atomics = norm != FUSEDK_QK_NORM_NONE && !lanes, q8 = Q8 && rot;
+  const int slots = norm == FUSEDK_QK_NORM_FULL ? 1 : hpc, slots8 = q8 && !pow2 ? hpc : 0;
+  const bool skip_pass = !q8 && norm == FUSEDK_QK_NORM_NONE && t.in == t.out; // in place: already there
   const float inv_n = 1.f / (float)(norm == FUSEDK_QK_NORM_FULL ? (int64_t)H * a.Dh : a.Dh);
-  if (atomics) {
-    for (int i = threadIdx.x; i < 3 * U * slots; i += NT) red[i] = 0.f;
+  const int used = atomics ? slots : 0;                               // the sums' slots
+  unsigned *red8 = reinterpret_cast<unsigned *>(red + 3 * U * used); // [3][U][slots8] amax bits
+  if (atomics || slots8) {
+    for (int i = threadIdx.x; i < 3 * U * (used + slots8); i += NT) red[i] = 0.f;
     __syncthreads();
   }
-  int phase = 0;
+  int phase = 0, phase8 = 0;
   for (int64_t b = blockIdx.z; b < a.B; b += gridDim.z)
     for (int64_t s0 = blockIdx.x; s0 < a.S; s0 += (int64_t)U * gridDim.x)
       for (int h0 = 0; h0 < H; h0 += hpc) {
@@ -2084,15 +2156,53 @@ __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk
             phase = phase == 2 ? 0 : phase + 1;
           }
         }
+        float am[U][M]; // q8: the item's, then its head's largest magnitude
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
           for (int m = 0; m < M; ++m) {
+            am[u][m] = 0.f;
             if (kind[u][m] == 0) continue;
             const int i = threadIdx.x + m * NT, hl = i / iph, c = i - hl * iph, h = h0 + hl;
             const int64_t s = s0 + (int64_t)u * gridDim.x;
-            qk_item_out<T, VEC, STYLE>(a, t, kind[u][m], x1[u][m], x2[u][m], norm, sq[u][m], inv_n, c, nrot, half, r0, b, s, h);
+            qk_item_out<T, VEC, STYLE>(a, t, kind[u][m], x1[u][m], x2[u][m], norm, sq[u][m], inv_n, c, nrot, half, r0, b, s,
+                                       h, !q8);
+            if (q8) am[u][m] = item_amax<IL, VEC>(kind[u][m], x1[u][m], x2[u][m]);
           }
+        if constexpr (Q8) {
+          if (!q8) continue;
+          if (pow2) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+              for (int m = 0; m < M; ++m) am[u][m] = lanes_amax(am[u][m], iph);
+          } else {
+            unsigned *r = red8 + phase8 * U * slots8;
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+              for (int m = 0; m < M; ++m)
+                if (kind[u][m]) atomicMax(r + u * slots8 + (threadIdx.x + m * NT) / iph, __float_as_uint(am[u][m]));
+            __syncthreads();
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+              for (int m = 0; m < M; ++m)
+                if (kind[u][m]) am[u][m] = __uint_as_float(r[u * slots8 + (threadIdx.x + m * NT) / iph]);
+            unsigned *z = red8 + (phase8 == 0 ? 2 : phase8 - 1) * U * slots8; // as the sums' buffers
+            for (int i = threadIdx.x; i < U * slots8; i += NT) z[i] = 0u;
+            phase8 = phase8 == 2 ? 0 : phase8 + 1;
+          }
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+              if (kind[u][m] == 0) continue;
+              const int i = threadIdx.x + m * NT, hl = i / iph, c = i - hl * iph;
+              qk_q8_out<VEC, STYLE>(t, kind[u][m], x1[u][m], x2[u][m], am[u][m], c, nrot, half, r0, b,
+                                    s0 + (int64_t)u * gridDim.x, h0 + hl);
+            }
+        }
       }
 }
 
@@ -2105,14 +2215,15 @@ __global__ void __launch_bounds__(512) qkv_kernel(const __grid_constant__ fusedk
 // once; a row costs shared-memory reads, the sums of squares (HEAD: over a head's lanes; FULL:
 // the row, one barrier), the scaling, the rotation and 16-byte streaming stores into the output
 // layout. Short blocks, not one persistent block an SM's share, so the hardware keeps every SM
-// busy to the end.
+// busy to the end. Q8 (qk_norm_rope_int8): the items' largest magnitudes reduce over the head's
+// lanes, and the items go out as int8 with the head's scale (qkv_kernel's qk_q8_out).
 constexpr int kTmaRows = 4;
 struct TmaPlan {
   int ny, stage_bytes;               // tensors, bytes a stage (a row and its tables)
   int tab_off, tab_floats, tab_head; // a stage's cos row at tab_off bytes, sin tab_floats on; a head's offset in them
 };
 
-template <typename T, int STYLE, int M>
+template <typename T, int STYLE, int M, bool Q8>
 __global__ void __maxnreg__(M == 1 ? (STYLE == FUSEDK_ROPE_INTERLEAVED ? 56 : 64) : 128)
 qkv_tma_kernel(const __grid_constant__ fusedk__rope_args a, const TmaPlan p) {
 #ifdef FUSEDK__SM90
@@ -2128,7 +2239,7 @@ qkv_tma_kernel(const __grid_constant__ fusedk__rope_args a, const TmaPlan p) {
   const int norm = rot ? a.norm : FUSEDK_QK_NORM_NONE, Dh = (int)a.Dh;
   const int half = rot ? (int)(a.R / 2) : 0, r0 = rot ? (int)a.R : 0, nrot = half / PAIRS;
   const int iph = nrot + (Dh - r0) / VEC, n = (int)t.H * iph;
-  const bool skip_pass = norm == FUSEDK_QK_NORM_NONE && t.in == t.out; // in place: already there
+  const bool skip_pass = !Q8 && norm == FUSEDK_QK_NORM_NONE && t.in == t.out; // in place: already there
   const float inv_n = 1.f / (float)(norm == FUSEDK_QK_NORM_FULL ? t.H * a.Dh : a.Dh);
   const uint32_t row_bytes = (uint32_t)(t.H * a.Dh * (int64_t)sizeof(T)), tab_bytes = rot ? p.tab_floats * 4 : 0;
   const int64_t tok0 = (int64_t)(blockIdx.x / p.ny) * kTmaRows;
@@ -2201,8 +2312,10 @@ qkv_tma_kernel(const __grid_constant__ fusedk__rope_args a, const TmaPlan p) {
       for (int m = 0; m < M; ++m) sq[m] = v;
     }
     T *out = static_cast<T *>(t.out) + b * t.ob + s * t.os;
+    float am[M]; // Q8: the item's, then its head's largest magnitude
 #pragma unroll
     for (int m = 0; m < M; ++m) {
+      am[m] = 0.f;
       if (!kind[m]) continue;
       const bool normed = norm != FUSEDK_QK_NORM_NONE;
       auto weigh = [&] {
@@ -2223,18 +2336,30 @@ qkv_tma_kernel(const __grid_constant__ fusedk__rope_args a, const TmaPlan p) {
       };
       item_math<IL, VEC, PAIRS>(kind[m], normed, normed ? rsqrtf(fmaf(sq[m], inv_n, a.eps)) : 1.f, x1[m], x2[m], weigh,
                                 table);
+      if constexpr (Q8) {
+        am[m] = item_amax<IL, VEC>(kind[m], x1[m], x2[m]);
+        continue;
+      }
       store_cs<T, VEC>(out + oo[m], x1[m]);
       if constexpr (!IL)
         if (kind[m] == 1) store_cs<T, VEC>(out + oo[m] + half, x2[m]);
+    }
+    if constexpr (Q8) { // a head's items: iph (a power of two <= 32: launch_tma) aligned lanes
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        am[m] = lanes_amax(am[m], iph);
+        if (!kind[m]) continue;
+        const int i = tid + m * NT, hl = i / iph;
+        qk_q8_out<VEC, STYLE>(t, kind[m], x1[m], x2[m], am[m], i - hl * iph, nrot, half, r0, b, s, hl);
+      }
     }
     if (++s == a.S) s = 0, ++b;
   }
 #endif
 }
 
-template <typename T, int ST, int M>
-cudaError_t run_tma(const fusedk__rope_args &a, const TmaPlan &p, int NT, cudaStream_t s, int device, bool *used) {
-  constexpr auto kernel = qkv_tma_kernel<T, ST, M>;
+template <auto kernel>
+cudaError_t run_tma_as(const fusedk__rope_args &a, const TmaPlan &p, int NT, cudaStream_t s, int device, bool *used) {
   constexpr size_t fixed = kTmaRows * sizeof(uint64_t) + 2 * 16 * sizeof(float); // barriers, warp sums
   const size_t smem = (size_t)kTmaRows * p.stage_bytes;
   const int64_t blocks = (a.B * a.S + kTmaRows - 1) / kTmaRows * p.ny;
@@ -2245,11 +2370,16 @@ cudaError_t run_tma(const fusedk__rope_args &a, const TmaPlan &p, int NT, cudaSt
   *used = true;
   return cudaGetLastError();
 }
+template <typename T, int ST, int M>
+cudaError_t run_tma(const fusedk__rope_args &a, const TmaPlan &p, int NT, cudaStream_t s, int device, bool *used) {
+  if (a.q8) return run_tma_as<qkv_tma_kernel<T, ST, M, true>>(a, p, NT, s, device, used);
+  return run_tma_as<qkv_tma_kernel<T, ST, M, false>>(a, p, NT, s, device, used);
+}
 
 // The Hopper path when it applies: 16-byte vectors (rope_width), each tensor's heads contiguous
 // (one bulk copy a row), tables whose token slice is one run of whole 16 bytes (a head-less row,
-// or every head's row back to back), HEAD norms over a power-of-two <= 32 items a head (shuffle
-// sums), rows of <= 2048 items (M <= 4 a thread of <= 512; HALF <= 1024). *used = false: not
+// or every head's row back to back), HEAD norms (and q8's heads) over a power-of-two <= 32 items
+// a head (shuffle sums and maxima), rows of <= 2048 items (M <= 4 a thread of <= 512; HALF <= 1024). *used = false: not
 // taken, nothing launched.
 template <typename T>
 cudaError_t launch_tma(const fusedk__rope_args &a, cudaStream_t s, int device, bool *used) {
@@ -2263,7 +2393,7 @@ cudaError_t launch_tma(const fusedk__rope_args &a, cudaStream_t s, int device, b
     const auto &t = a.t[ny];
     if (t.H > 1 && t.sh != a.Dh) return cudaSuccess;
     const int64_t iph = ny < 2 ? a.R / 2 / pairs + (a.Dh - a.R) / V : a.Dh / V;
-    if (ny < 2 && a.norm == FUSEDK_QK_NORM_HEAD && (iph > 32 || (iph & (iph - 1)))) return cudaSuccess;
+    if (ny < 2 && (a.norm == FUSEDK_QK_NORM_HEAD || a.q8) && (iph > 32 || (iph & (iph - 1)))) return cudaSuccess;
     items = std::max(items, t.H * iph);
     bytes = std::max(bytes, t.H * a.Dh * (int64_t)sizeof(T));
   }
@@ -2299,14 +2429,19 @@ struct QkvLaunch {
   cudaStream_t s;
   int device;
 };
-template <typename T, int VEC, int ST, int U, int M> cudaError_t run_qkv(const fusedk__rope_args &a, QkvLaunch L) {
-  constexpr auto kernel = qkv_kernel<T, VEC, ST, U, M>;
+template <auto kernel, int U> cudaError_t run_qkv_as(const fusedk__rope_args &a, QkvLaunch L) {
+  const cudaError_t e = smem_opt_in<kernel>(L.smem, 0, L.device); // (q8's amax slots past 48 KB)
+  if (e != cudaSuccess) return e;
   const int64_t ny = L.grid.y, gz = L.grid.z;
   const int64_t blocks = (int64_t)device_sms(L.device) * resident_blocks<kernel>(L.device, L.NT, L.smem);
   const int64_t gx0 = std::max<int64_t>(1, blocks / (ny * gz)), steps = (a.S + U * gx0 - 1) / (U * gx0);
   L.grid.x = (unsigned)std::min<int64_t>((a.S + U * steps - 1) / (U * steps), 2147483647);
   kernel<<<L.grid, L.NT, L.smem, L.s>>>(a);
   return cudaGetLastError();
+}
+template <typename T, int VEC, int ST, int U, int M> cudaError_t run_qkv(const fusedk__rope_args &a, QkvLaunch L) {
+  if (a.q8) return run_qkv_as<qkv_kernel<T, VEC, ST, U, M, true>, U>(a, L);
+  return run_qkv_as<qkv_kernel<T, VEC, ST, U, M, false>, U>(a, L);
 }
 
 // Launch shape (the width: rope_width): the largest row in M items a thread of NT <= 512 threads (a multiple of 32);
@@ -2328,16 +2463,19 @@ template <typename T> cudaError_t launch_qkv(const fusedk__rope_args &a, cudaStr
   while (m < mmax && (items + m - 1) / m > 512) m *= 2;
   const int NT = (int)std::min<int64_t>(512, ((items + m - 1) / m + 31) / 32 * 32), U = m == 1 ? 2 : 1;
   const bool full = a.norm == FUSEDK_QK_NORM_FULL;
-  // shared sums: FULL one a row; HEAD one a head of the chunk unless its items sum by shuffles
-  int64_t slots = 0;
+  // shared sums: FULL one a row; HEAD one a head of the chunk unless its items sum by shuffles;
+  // q8: one amax a head of the chunk unless its items reduce by shuffles
+  int64_t slots = 0, slots8 = 0;
   for (int j = 0; j < ny && j < 2; ++j) {
     if ((int64_t)NT * m < (full ? a.t[j].H * iph[j] : iph[j])) return cudaErrorInvalidConfiguration;
+    const bool pow2 = iph[j] <= 32 && (iph[j] & (iph[j] - 1)) == 0;
+    const int64_t hpc = full ? a.t[j].H : std::min<int64_t>(a.t[j].H, (int64_t)NT * m / iph[j]);
     if (full) slots = 1;
-    else if (a.norm == FUSEDK_QK_NORM_HEAD && (iph[j] > 32 || (iph[j] & (iph[j] - 1))))
-      slots = std::max(slots, std::min<int64_t>(a.t[j].H, (int64_t)NT * m / iph[j]));
+    else if (a.norm == FUSEDK_QK_NORM_HEAD && !pow2) slots = std::max(slots, hpc);
+    if (a.q8 && !pow2) slots8 = std::max(slots8, hpc);
   }
   const QkvLaunch L{dim3(1, (unsigned)ny, (unsigned)std::min<int64_t>(a.B, 65535)), NT,
-                    (size_t)(3 * U * slots) * sizeof(float), s, device}; // <= 3 * 8192 / 3 floats: no opt-in
+                    (size_t)(3 * U * (slots + slots8)) * sizeof(float), s, device};
   return dispatch_int<FUSEDK_ROPE_INTERLEAVED, FUSEDK_ROPE_HALF>(a.style, [&](auto style) {
     constexpr int ST = decltype(style)::value;
     if (vec) {
@@ -3884,17 +4022,6 @@ StreamBuffers &attn_i8_buffers() {
   return *b;
 }
 
-// the largest magnitude, a NaN winning (fusedk.h's fusedk__amax)
-__device__ __forceinline__ float amax_nan(float m, float x) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
-  return r;
-}
-__device__ __forceinline__ float i8_inv(float amax) { // 0 where 127 / amax is not finite (and amax not > 0)
-  const float r = 127.f / amax;
-  return amax > 0.f && r < INFINITY ? r : 0.f;
-}
-__device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
 // k's pair for attn_i8_mainloop's conversion of S's sums: its scale with the softmax scale's sign,
 // cut to 22 bits (1.5 2^23 times it exact: a sum of 0 a score of exactly 0), and -1.5 2^23 times that
 __device__ __forceinline__ float2 attn_i8_kpair(float scale, const fusedk__attn_args &a) {
@@ -5301,7 +5428,7 @@ fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int3
       const cudaError_t e = launch_tma<T>(*a, stream, device_id, &used);
       if (used || e != cudaSuccess) return e;
       // rope: thread-per-head-unit kernel (90 us vs 120 for the row kernel at B2 S4096 H24 Dh128)
-      if (a->norm == FUSEDK_QK_NORM_NONE && !a->t[2].in) return launch_rope<T>(*a, stream, device_id);
+      if (a->norm == FUSEDK_QK_NORM_NONE && !a->t[2].in && !a->q8) return launch_rope<T>(*a, stream, device_id);
       return launch_qkv<T>(*a, stream, device_id);
     });
   });

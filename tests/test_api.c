@@ -251,7 +251,7 @@ static void registry_cases(void) {
                                         "qk_norm_rope", "linear", "linear_backward", "attention",
                                         "lowrank_update", "lowrank_prepare", "linear_lowrank",
                                         "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
-                                        "attention_int8_scaled"};
+                                        "attention_int8_scaled", "qk_norm_rope_int8"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -265,10 +265,10 @@ static void registry_cases(void) {
              "%s: output %s copies an input that exists whenever it does", o->name, t->name);
       EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32 ||
                  (t->scalar == -2 && t->kind == FUSEDK_ARG_IN && t->role == FUSEDK_ROLE_SAMPLE) ||
-                 ((t->scalar == FUSEDK_I32 || t->scalar == FUSEDK_I8) && t->kind <= FUSEDK_ARG_IN_OPT &&
-                  t->role == FUSEDK_ROLE_OWN),
-             "%s: %s has the call's dtype, float32, (a per-sample input) either, or (an index or int8 data input) "
-             "int32 or int8",
+                 (t->scalar == FUSEDK_I32 && t->kind <= FUSEDK_ARG_IN_OPT && t->role == FUSEDK_ROLE_OWN) ||
+                 (t->scalar == FUSEDK_I8 && t->role == FUSEDK_ROLE_OWN),
+             "%s: %s has the call's dtype, float32, (a per-sample input) either, (an index input) int32 or (a "
+             "scaled tensor's data) int8",
              o->name, t->name);
       EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT) ||
                  (t->when <= -2 && -2 - t->when < o->n_attrs),
@@ -531,6 +531,99 @@ static void attention_cases(void) {
           }
       EXPECT(ok, "attention q = 0, causal %d, kv_len %d: %s", causal, with_len, fusedk_status_name(st));
     }
+}
+
+/* qk_norm_rope_int8: its reference equals qk_norm_rope's float32 reference quantized here (a row's
+   amax, rintf(x * (127 / amax)), scale amax / 127) bit for bit, for both styles, head and full
+   norms, partial rotary and GQA, through strided outputs; a zero row gives 0 and scale 0, a NaN
+   row 0 and scale NaN; bad arguments named, outputs untouched */
+static void qk_int8_cases(void) {
+  enum { QB = 2, QS = 3, QH = 4, QK = 2, QD = 12, NQ = QB * QS * QH * QD, NK = QB * QS * QK * QD };
+  static float q[NQ], k[NK], qf[NQ], kf[NK], cs[QS * QD / 2], sn[QS * QD / 2], wq[QH * QD], wk[QK * QD];
+  static float qs[QB * QS * QH * 2], ks[QB * QS * QK];
+  static int8_t q8[NQ * 2], k8[NK];
+  int64_t qsh[4] = {QB, QS, QH, QD}, ksh[4] = {QB, QS, QK, QD}, qss[3] = {QB, QS, QH}, kss[3] = {QB, QS, QK};
+  /* q's outputs strided: its data's heads and its scales' tokens padded to twice their size */
+  int64_t q8st[4] = {QS * QH * 2 * QD, QH * 2 * QD, 2 * QD, 1}, qsst[3] = {QS * QH * 2, QH * 2, 1};
+  for (int i = 0; i < NQ; ++i) q[i] = (float)sin(0.7 * i + 0.2) * (float)(1 + i % 3);
+  for (int i = 0; i < NK; ++i) k[i] = (float)cos(0.45 * i) * 2.0f + 0.5f;
+  for (int i = 0; i < QH * QD; ++i) wq[i] = 0.5f + (float)(i % 7) / 8.0f;
+  for (int i = 0; i < QK * QD; ++i) wk[i] = 1.25f - (float)(i % 5) / 8.0f;
+  q[QD] = 0.0f; /* head 1 of token 0: all zeros (its weights cannot help: scale 0) */
+  for (int d = 0; d < QD; ++d) q[QD + d] = 0.0f;
+  q[3 * QD + 5] = NAN; /* head 3 of token 0: a NaN */
+  fusedk_tensor tq = fusedk_tensor_cpu(q, FUSEDK_F32, 4, qsh), tk = fusedk_tensor_cpu(k, FUSEDK_F32, 4, ksh);
+  fusedk_tensor tqf = fusedk_tensor_cpu(qf, FUSEDK_F32, 4, qsh), tkf = fusedk_tensor_cpu(kf, FUSEDK_F32, 4, ksh);
+  fusedk_tensor tq8 = fusedk_tensor_cpu(q8, FUSEDK_I8, 4, qsh), tk8 = fusedk_tensor_cpu(k8, FUSEDK_I8, 4, ksh);
+  fusedk_tensor tqs = fusedk_tensor_cpu(qs, FUSEDK_F32, 3, qss), tks = fusedk_tensor_cpu(ks, FUSEDK_F32, 3, kss);
+  tq8.strides = q8st, tqs.strides = qsst;
+  const fusedk_scaled_tensor sq = {&tq8, &tqs}, sk = {&tk8, &tks};
+  int ok = 1;
+  for (int style = 0; style < 2; ++style)
+    for (int norm = 0; norm < 3; ++norm)
+      for (int R = 12; R >= 8; R -= 4) {
+        int64_t th[2] = {QS, R / 2}, wqs[1] = {norm == FUSEDK_QK_NORM_FULL ? QH * QD : QD},
+                wks[1] = {norm == FUSEDK_QK_NORM_FULL ? QK * QD : QD};
+        for (int i = 0; i < QS * R / 2; ++i) cs[i] = (float)cos(0.3 * i), sn[i] = (float)sin(0.3 * i);
+        fusedk_tensor tc = fusedk_tensor_cpu(cs, FUSEDK_F32, 2, th), ts = fusedk_tensor_cpu(sn, FUSEDK_F32, 2, th);
+        fusedk_tensor twq = fusedk_tensor_cpu(wq, FUSEDK_F32, 1, wqs), twk = fusedk_tensor_cpu(wk, FUSEDK_F32, 1, wks);
+        const int w = norm != FUSEDK_QK_NORM_NONE;
+        memset(q8, 0x80, sizeof q8), memset(qs, 0xff, sizeof qs);
+        fusedk_status st = fusedk_qk_norm_rope(&tqf, &tkf, NULL, &tq, &tk, NULL, &tc, &ts, w ? &twq : NULL,
+                                               w ? &twk : NULL, 1e-6f, (fusedk_qk_norm)norm, (fusedk_rope_style)style,
+                                               FUSEDK_LAYOUT_BSHD, R, NULL);
+        fusedk_status st8 = fusedk_qk_norm_rope_int8(&sq, &sk, &tq, &tk, &tc, &ts, w ? &twq : NULL, w ? &twk : NULL,
+                                                     1e-6f, (fusedk_qk_norm)norm, (fusedk_rope_style)style, R, NULL);
+        ok = ok && !st && !st8;
+        for (int j = 0; ok && j < 2; ++j) {
+          const int H = j ? QK : QH;
+          const float *x = j ? kf : qf;
+          for (int r = 0; r < QB * QS * H; ++r) {
+            const int8_t *d8 = j ? k8 + r * QD : q8 + r * 2 * QD;
+            const int rs = r / QH * 2 * QH + r % QH; /* q's scale of row r (tokens padded) */
+            const float sc = j ? ks[r] : qs[rs];
+            float amax = 0.0f;
+            int nan = 0;
+            for (int d = 0; d < QD; ++d) nan |= x[r * QD + d] != x[r * QD + d], amax = fmaxf(amax, fabsf(x[r * QD + d]));
+            const float inv = amax > 0.0f && !nan ? 127.0f / amax : 0.0f;
+            ok = ok && (nan ? sc != sc : sc == amax / 127.0f) && (j || qs[rs + QH] != qs[rs + QH]);
+            for (int d = 0; d < QD; ++d) {
+              const float v = rintf(x[r * QD + d] * inv);
+              ok = ok && d8[d] == (int8_t)(v != v ? 0 : v) && (j || q8[r * 2 * QD + QD + d] == -128);
+            }
+          }
+        }
+        EXPECT(ok, "qk_norm_rope_int8 style %d norm %d R %d: %s %s", style, norm, R, fusedk_status_name(st8),
+               fusedk_failure_reason());
+      }
+  EXPECT(qs[1] == 0.0f && q8[2 * QD] == 0 && qs[3] != qs[3] && q8[3 * 2 * QD] == 0,
+         "qk_norm_rope_int8: a zero row 0 with scale 0, a NaN row 0 with scale NaN");
+  /* bad arguments: named, nothing written */
+  int64_t th[2] = {QS, QD / 2}, bad_s[3] = {QB, QS, QK + 1}, k5[4] = {QB, QS, QK, QD - 2};
+  fusedk_tensor tc = fusedk_tensor_cpu(cs, FUSEDK_F32, 2, th), ts = fusedk_tensor_cpu(sn, FUSEDK_F32, 2, th);
+  fusedk_tensor tks_bad = fusedk_tensor_cpu(ks, FUSEDK_F32, 3, bad_s), tk8_16 = tk8, tk_short = tk;
+  tk8_16.dtype.code = FUSEDK_DTYPE_FLOAT, tk8_16.dtype.bits = 16, tk_short.shape = k5;
+  const fusedk_scaled_tensor sk_bad = {&tk8, &tks_bad}, sk_f16 = {&tk8_16, &tks}, sk_none = {NULL, &tks};
+  struct { const fusedk_scaled_tensor *q, *k; const fusedk_tensor *kin; int norm; fusedk_status want; const char *why; } bad[] = {
+      {&sq, &sk_bad, &tk, 0, FUSEDK_ERR_SHAPE, "k_out_scale has shape [2, 3, 3], expected [2, 3, 2] ([B, S, H] of its input)"},
+      {&sq, &sk_f16, &tk, 0, FUSEDK_ERR_DTYPE, "k_out has dtype float16, expected int8"},
+      {&sq, &sk_none, &tk, 0, FUSEDK_ERR_INVALID_ARGUMENT, "k_out is NULL"},
+      {NULL, &sk, &tk, 0, FUSEDK_ERR_INVALID_ARGUMENT, "q_out is NULL"},
+      {&sq, &sk, &tk_short, 0, FUSEDK_ERR_SHAPE, "k_out has shape [2, 3, 2, 12], expected [2, 3, 2, 10]"},
+      {&sq, &sk, &tk, 7, FUSEDK_ERR_INVALID_ARGUMENT, "norm is 7, expected"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    memset(q8, 0x80, sizeof q8), memset(k8, 0x80, sizeof k8), memset(qs, 0xff, sizeof qs), memset(ks, 0xff, sizeof ks);
+    fusedk_status st = fusedk_qk_norm_rope_int8(bad[i].q, bad[i].k, &tq, bad[i].kin, &tc, &ts, NULL, NULL, 1e-6f,
+                                                (fusedk_qk_norm)bad[i].norm, FUSEDK_ROPE_INTERLEAVED, 0, NULL);
+    int clean = 1;
+    for (int e = 0; e < NQ * 2; ++e) clean = clean && q8[e] == -128;
+    for (int e = 0; e < NK; ++e) clean = clean && k8[e] == -128;
+    EXPECT(st == bad[i].want && clean && strstr(fusedk_failure_reason(), "qk_norm_rope_int8: ") &&
+               strstr(fusedk_failure_reason(), bad[i].why),
+           "qk_norm_rope_int8 bad case %zu: %s (%s), outputs untouched %d", i, fusedk_status_name(st),
+           fusedk_failure_reason(), clean);
+  }
 }
 
 /* attention_int8_scaled: bad arguments named (the scaled tensors' parts among them), outputs
@@ -1091,6 +1184,8 @@ static const shape_case shape_cases[] = {
      "dx=2,3,16 da=3,6,16 db=3,9,6 dcodes=2,3,6"},
     {FUSEDK_OP_ATTENTION_INT8_SCALED, "q=2,5,4,8 q_scale=2,5,4 k=2,7,2,8 k_scale=2,7,2 v=2,7,2,8", "want_lse=1",
      "out=2,5,4,8 lse=2,4,5"},
+    {FUSEDK_OP_QK_NORM_ROPE_INT8, "q=2,5,4,8 k=2,5,2,8 cos=5,4 sin=5,4", "",
+     "q_out=2,5,4,8 q_out_scale=2,5,4 k_out=2,5,2,8 k_out_scale=2,5,2"},
 };
 
 /* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */
@@ -1164,12 +1259,12 @@ int main(void) {
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.7.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.8.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.7.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.8.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
@@ -1177,6 +1272,7 @@ int main(void) {
   out_shape_cases();
   attention_cases();
   attention_scaled_cases();
+  qk_int8_cases();
   lowrank_cases();
   linear_lowrank_cases();
   lowrank_backward_cases();

@@ -461,22 +461,44 @@ static void run_rope(rope_t c) {
    ([Dh], or [H*Dh] for FULL) when `weights`; tables of kind tk as run_rope (3, 4: Hq == Hk);
    packed: q, k, v are views of one [B, S, 3, H, Dh] buffer (Hq == Hk), and with inplace (BSHD)
    the outputs are those views; pad: row padding of the inputs (strided heads); shift: leading
-   elements of every tensor but the tables (misaligned bases: the scalar path). */
+   elements of every tensor but the tables (misaligned bases: the scalar path). q8:
+   qk_norm_rope_int8 (no v; int8 [B, S, H, Dh] and float32 [B, S, H] outputs, both padded). */
 typedef struct {
   fusedk_scalar s;
   int64_t B, S, Hq, Hk, Dh, R; /* R 0: all of Dh */
   int style, norm, layout;     /* fusedk_rope_style, fusedk_qk_norm, fusedk_layout */
-  int weights, no_v, tk, packed, inplace;
+  int weights, no_v, tk, packed, inplace, q8;
   int64_t pad;
   size_t shift;
 } qknr_t;
 
+/* An int8 output against the reference: within one step (the float32 math against double may
+   move x * 127 / amax across a half), on at most n / 1000 + 2 elements; -128 (the poison, which
+   the quantizer never writes) nowhere in the view, nothing outside it written. */
+static int compare_q8(const char *what, buf_t *o) {
+  int8_t *g = (int8_t *)to_host(o);
+  unsigned char *inview = view_mask(o);
+  int bad = outside_written("  ", what, o, inview, g, o->h);
+  size_t n = 0, steps = 0;
+  for (size_t i = 0; i < o->n_alloc; ++i) {
+    if (!inview[i]) continue;
+    const int a = g[i], b = ((const int8_t *)o->h)[i];
+    ++n, steps += a != b;
+    if ((a == -128 || abs(a - b) > 1) && bad++ < 3) printf("  %s: element %zu gpu %d cpu %d\n", what, i, a, b);
+  }
+  if (steps > n / 1000 + 2 && bad++ < 3) printf("  %s: %zu of %zu elements a step off\n", what, steps, n);
+  free(g);
+  free(inview);
+  return bad;
+}
+
 static const char *qk_norm_name(int n) { return n == FUSEDK_QK_NORM_HEAD ? "head" : n == FUSEDK_QK_NORM_FULL ? "full" : "none"; }
 
 static void run_qknr(qknr_t c) {
+  if (c.q8) c.no_v = 1, c.inplace = 0, c.layout = FUSEDK_LAYOUT_BSHD;
   const int nt = c.no_v ? 2 : 3, bhsd = c.layout == FUSEDK_LAYOUT_BHSD;
   const int64_t H[3] = {c.Hq, c.Hk, c.Hk}, R = c.R ? c.R : c.Dh, es = (int64_t)esize(c.s);
-  buf_t in[3] = {{0}}, out[3] = {{0}}, w[2] = {{0}}, tab[2], pk = {0}, whole = {0};
+  buf_t in[3] = {{0}}, out[3] = {{0}}, w[2] = {{0}}, tab[2], pk = {0}, whole = {0}, sc[2] = {{0}};
   fusedk_tensor ti[3][2], to[3][2]; /* [tensor][0 host, 1 device] */
   int64_t vsh[4] = {c.B, c.S, c.Hq, c.Dh}, vst[4];
   void *ref_h = NULL; /* in place: the CPU's output, a host copy of the packed buffer */
@@ -506,10 +528,16 @@ static void run_qknr(qknr_t c) {
     }
   }
   if (!c.inplace)
-    for (int j = 0; j < nt; ++j) { /* the layout's shape, rows padded by 3 */
-      int64_t sh[4] = {c.B, bhsd ? H[j] : c.S, bhsd ? c.S : H[j], c.Dh};
-      out[j] = mk(c.s, 4, sh, 3, c.shift, 0, 0.0, 0.0);
+    for (int j = 0; j < nt; ++j) { /* the layout's shape, rows padded by 3 (q8: 8, whole vectors, if aligned) */
+      int64_t sh[4] = {c.B, bhsd ? H[j] : c.S, bhsd ? c.S : H[j], c.Dh}, ssh[3] = {c.B, c.S, H[j]};
+      out[j] = mk(c.q8 ? FUSEDK_I8 : c.s, 4, sh, c.q8 && !c.shift ? 8 : 3, c.shift, 0, 0.0, 0.0);
       poison(&out[j]);
+      if (c.q8) { /* -128, which the quantizer never writes; the scales NaN */
+        memset(out[j].h, 0x80, out[j].n_alloc);
+        CK(cudaMemset(out[j].d, 0x80, out[j].n_alloc));
+        sc[j] = mk(FUSEDK_F32, 3, ssh, 1, c.shift, 0, 0.0, 0.0);
+        poison(&sc[j]);
+      }
       to[j][0] = out[j].th, to[j][1] = out[j].td;
     }
   for (int j = 0; c.weights && c.norm != FUSEDK_QK_NORM_NONE && j < 2; ++j) {
@@ -518,14 +546,21 @@ static void run_qknr(qknr_t c) {
   }
   for (int j = 0; j < 2; ++j) tab[j] = mk_table(c.tk, c.B, c.S, c.Hq, R);
   char what[240];
-  snprintf(what, sizeof what, "qk_norm_rope(%s, %s, %s) %s q[%lld,%lld,%lld,%lld] Hk %lld R %lld table %d%s%s%s%s "
-           "pad %lld shift %zu", qk_norm_name(c.norm), c.style ? "half" : "interleaved", bhsd ? "bhsd" : "bshd",
+  snprintf(what, sizeof what, "qk_norm_rope%s(%s, %s, %s) %s q[%lld,%lld,%lld,%lld] Hk %lld R %lld table %d%s%s%s%s "
+           "pad %lld shift %zu", c.q8 ? "_int8" : "", qk_norm_name(c.norm), c.style ? "half" : "interleaved", bhsd ? "bhsd" : "bshd",
            sname(c.s), (long long)c.B, (long long)c.S, (long long)c.Hq, (long long)c.Dh, (long long)c.Hk,
            (long long)c.R, c.tk, w[0].h ? " w" : "", c.no_v ? " no-v" : "", c.packed ? " packed" : "",
            c.inplace ? " inplace" : "", (long long)c.pad, c.shift);
   ++checks;
   fusedk_status st[2];
-  for (int d = 0; d < 2; ++d)
+  for (int d = 0; d < 2 && c.q8; ++d) {
+    const fusedk_scaled_tensor sq = {&to[0][d], d ? &sc[0].td : &sc[0].th}, sk = {&to[1][d], d ? &sc[1].td : &sc[1].th};
+    st[d] = fusedk_qk_norm_rope_int8(&sq, &sk, &ti[0][d], &ti[1][d], d ? &tab[0].td : &tab[0].th,
+                                     d ? &tab[1].td : &tab[1].th, w[0].h ? (d ? &w[0].td : &w[0].th) : NULL,
+                                     w[1].h ? (d ? &w[1].td : &w[1].th) : NULL, 1e-6f, (fusedk_qk_norm)c.norm,
+                                     (fusedk_rope_style)c.style, (int32_t)c.R, NULL);
+  }
+  for (int d = 0; d < 2 && !c.q8; ++d)
     st[d] = fusedk_qk_norm_rope(&to[0][d], &to[1][d], c.no_v ? NULL : &to[2][d], &ti[0][d], &ti[1][d],
                                 c.no_v ? NULL : &ti[2][d], d ? &tab[0].td : &tab[0].th, d ? &tab[1].td : &tab[1].th,
                                 w[0].h ? (d ? &w[0].td : &w[0].th) : NULL, w[1].h ? (d ? &w[1].td : &w[1].th) : NULL,
@@ -534,13 +569,14 @@ static void run_qknr(qknr_t c) {
   int bad = call_failed(what, st[0], st[1]);
   if (!bad) {
     if (c.inplace) bad += compare(what, &whole, NULL, 0, eps_of(c.s), 1);
-    for (int j = 0; !c.inplace && j < nt; ++j) bad += compare(what, &out[j], NULL, 0, eps_of(c.s), 1);
+    for (int j = 0; !c.inplace && !c.q8 && j < nt; ++j) bad += compare(what, &out[j], NULL, 0, eps_of(c.s), 1);
+    for (int j = 0; c.q8 && j < 2; ++j) bad += compare_q8(what, &out[j]) + compare(what, &sc[j], NULL, 0, 1e-5, 1);
     if (bad) printf("FAIL %s\n", what);
   }
   failures += bad != 0;
   free(ref_h);
   for (int j = 0; j < 3; ++j) drop(&in[j]), drop(&out[j]);
-  drop(&w[0]), drop(&w[1]), drop(&tab[0]), drop(&tab[1]), drop(&pk);
+  drop(&w[0]), drop(&w[1]), drop(&tab[0]), drop(&tab[1]), drop(&pk), drop(&sc[0]), drop(&sc[1]);
 }
 
 /* the four table builders, GPU against the CPU reference (both float64 angles, one rounding) */
@@ -1334,14 +1370,23 @@ static void qknr_cases(fusedk_scalar s) {
           run_qknr(c);
           c.Hk = 3, c.packed = 1, c.pad = 1; /* misaligned packed views */
           run_qknr(c);
-          if (layout == FUSEDK_LAYOUT_BSHD) { /* in place */
+          if (layout == FUSEDK_LAYOUT_BSHD) { /* in place; qk_norm_rope_int8 */
             c = base, c.B = 2, c.S = 23, c.Hq = c.Hk = 4, c.packed = 1, c.inplace = 1;
+            run_qknr(c);
+            c = base, c.q8 = 1, c.B = 2, c.S = 37, c.Hq = c.Hk = 4, c.packed = 1; /* packed, weights */
+            run_qknr(c);
+            c.Hq = 8, c.Hk = 2, c.weights = 0, c.tk = 5, c.packed = 0; /* GQA, broadcast tables */
+            run_qknr(c);
+            c.Hq = c.Hk = 3, c.weights = 1, c.tk = 3, c.B = 3, c.S = 11, c.pad = 8; /* per-head tables, strided */
+            run_qknr(c);
+            c = base, c.q8 = 1, c.B = 2, c.S = 19, c.Hq = 3, c.Hk = 1, c.pad = 3, c.shift = 1; /* misaligned */
             run_qknr(c);
           }
         }
       if (failures == n_before)
         printf("ok   %s qk_norm_rope(%s, %s): Dh/R 128/128 64/32 96/96 256/256 10/4 2/2, bhsd/bshd, packed, GQA "
-               "no v, per-head/batch tables, strided, misaligned, in place\n", sname(s), qk_norm_name(norm),
+               "no v, per-head/batch tables, strided, misaligned, in place; the same for qk_norm_rope_int8\n",
+               sname(s), qk_norm_name(norm),
                style ? "half" : "interleaved");
     }
 }
@@ -1379,9 +1424,19 @@ static void qknr_big(fusedk_scalar s) {
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_qknr(rows[i]);
   for (size_t i = 0; !small && i < sizeof large / sizeof large[0]; ++i) run_qknr(large[i]);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) { /* qk_norm_rope_int8 on the same */
+    qknr_t c = rows[i];
+    c.q8 = 1;
+    run_qknr(c);
+  }
+  for (size_t i = 0; !small && i < sizeof large / sizeof large[0]; ++i) {
+    qknr_t c = large[i];
+    c.q8 = 1;
+    run_qknr(c);
+  }
   if (failures == n_before)
-    printf("ok   qk_norm_rope: H*Dh 8192 full norm (Dh 64/128/256, GQA, misaligned), 1 token, 397 x 5 and 211 x 3 "
-           "tokens%s\n", small ? "" : ", bench shape, 64K tokens");
+    printf("ok   qk_norm_rope and qk_norm_rope_int8: H*Dh 8192 full norm (Dh 64/128/256, GQA, misaligned), 1 token, "
+           "397 x 5 and 211 x 3 tokens%s\n", small ? "" : ", bench shape, 64K tokens");
 }
 
 /* rope's bench shape, 64K tokens (GQA), one token, many batches of 3 tokens; the table builders */

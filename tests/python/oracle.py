@@ -301,6 +301,17 @@ def attention(q, k, v, scale=None, causal=False, kv_len=None):
 
 
 # --- the frameworks the GPU tests run through ------------------------------------------------
+def quantize_rows(x):
+    """rows of x ([..., D], float32) as int8 and a float32 scale a row ([..., 1]), fusedk.h's rule"""
+    amax = np.abs(x).max(-1, keepdims=True)
+    amax = np.where(np.isnan(x).any(-1, keepdims=True), np.float32(np.nan), amax)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        c = np.float32(127)
+        inv = np.where((amax > 0) & np.isfinite(c / amax), c / amax, np.float32(0)).astype(np.float32)
+        r = np.rint(x * inv)
+    return np.clip(np.nan_to_num(r, nan=0.0), -127, 127).astype(np.int8), (amax / c).astype(np.float32)
+
+
 def torch_cuda():
     """(torch, True) where torch, a CUDA device and fusedk's GPU half are all there, else (torch
     or None, False): what the torch GPU tests skip by"""

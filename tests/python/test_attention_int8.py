@@ -8,7 +8,7 @@ import pytest
 
 import fusedk
 import oracle
-from oracle import DTYPES, assert_close
+from oracle import DTYPES, assert_close, quantize_rows
 
 rng = np.random.default_rng()
 F32 = np.float32
@@ -22,16 +22,6 @@ def keys_seen(k, kv_len):
     """the keys of each batch some row sees (kv_len clamped)"""
     Sk = k.shape[1]
     return [Sk if kv_len is None else int(min(max(n, 0), Sk)) for n in (kv_len if kv_len is not None else [Sk] * len(k))]
-
-
-def quantize_rows(x):
-    """rows of x ([..., D], float32) as int8 and a float32 scale a row ([..., 1]), fusedk.h's rule"""
-    amax = np.abs(x).max(-1, keepdims=True)
-    amax = np.where(np.isnan(x).any(-1, keepdims=True), F32(np.nan), amax)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        inv = np.where((amax > 0) & np.isfinite(F32(127) / amax), F32(127) / amax, F32(0)).astype(F32)
-        r = np.rint(x * inv)
-    return np.clip(np.nan_to_num(r, nan=0.0), -127, 127).astype(np.int8), (amax / F32(127)).astype(F32)
 
 
 def quantized(x, mean=None):

@@ -49,6 +49,8 @@ VALID = {
                                 np.full(B, 2, np.int32)], ()),
     "attention_int8_scaled": lambda: ([None, None, i8(B, S, H, DH), f32(B, S, H), i8(B, L, 1, DH), f32(B, L, 1),
                                        f32(B, L, 1, DH), np.full(B, 2, np.int32)], ()),
+    "qk_norm_rope_int8": lambda: ([None] * 4 + [f32(1, S, H, DH), f32(1, S, H, DH), f32(S, DH // 2), f32(S, DH // 2),
+                                               f32(DH), f32(DH)], ()),
     "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
     "lowrank_prepare": lambda: ([None, f32(6, D), f32(6, 3)], (0.5,)),
     "linear_lowrank": lambda: ([None, None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3),
@@ -171,7 +173,8 @@ def _public_calls():
         (fusedk.glu_pair, (x, x)), (fusedk.silu_fma, (x, x, x)), (fusedk.gated_residual, (x, x, g)),
         (fusedk.rope, (q, q, cs, cs)), (fusedk.rope_table_1d, (f32(S), DH)), (fusedk.rope_table_axes, (f32(S, 3),)),
         (fusedk.rope_table_ltx, (f32(S, 3), 12)), (fusedk.rope_table_mixed, (f32(S, 3), f32(3, H, DH // 2))),
-        (fusedk.qk_norm_rope, ((q, q, q), cs, cs)), (fusedk.diffusion_step, (x, x)),
+        (fusedk.qk_norm_rope, ((q, q, q), cs, cs)), (fusedk.qk_norm_rope_int8, ((q, q, q), cs, cs)),
+        (fusedk.diffusion_step, (x, x)),
         (fusedk.linear, (f32(3, D), f32(5, D))), (fusedk.linear_backward, (f32(3, 5), f32(3, D), f32(5, D))),
         (fusedk.attention, (f32(B, S, H, DH), f32(B, L, 1, DH), f32(B, L, 1, DH))),
         (fusedk.attention_int8, (f32(B, S, H, DH), f32(B, L, 1, DH), f32(B, L, 1, DH))),
@@ -204,7 +207,8 @@ def test_scalar_arguments_that_are_not_numbers_raise_type_error(fn, args):
 
 
 @pytest.mark.parametrize("fn,args", [c for c in _public_calls() if "out" in __import__("inspect").signature(c[0])
-                                     .parameters and c[0] is not fusedk.qk_norm_rope],  # its out: (q_out, ...)
+                                     .parameters and c[0] not in (fusedk.qk_norm_rope, fusedk.qk_norm_rope_int8)],
+                         # (theirs: tuples, (q_out, ...) and (ScaledTensor, ScaledTensor))
                          ids=lambda v: getattr(v, "__name__", ""))
 def test_out_errors_name_out(fn, args):
     """A wrong out= (dtype, read-only) is named `out`, the keyword the caller passed, not the C

@@ -139,7 +139,7 @@ def test_fusedk_functions_route_jax_arrays_here():
                               "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
                           "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
                           "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
-                          "attention_int8_scaled"]
+                          "attention_int8_scaled", "qk_norm_rope_int8"]
 
 
 def test_every_registry_op_has_a_target():
@@ -168,7 +168,7 @@ def test_every_registry_op_has_a_target():
             want = {"rope_table_1d": (5, 6), "rope_table_axes": (5, 64), "rope_table_ltx": (5, 6)}.get(o.name, (5, 2, 4))
         elif o.name == "diffusion_step":
             ins = dict(x=ins["x"], cond=ins["x"])
-        elif o.name == "qk_norm_rope":  # q and k in, [B, H, S, Dh] out (the default layout)
+        elif o.name in ("qk_norm_rope", "qk_norm_rope_int8"):  # q and k in, [B, H, S, Dh] out (qk_norm_rope's default)
             ins = dict(q=np.ones((2, 3, 4, D), np.float32), k=np.ones((2, 3, 2, D), np.float32),
                        cos=np.ones((3, D // 2), np.float32), sin=np.zeros((3, D // 2), np.float32))
         elif o.name == "linear":  # x [2, 3, D] by w [5, D]
@@ -210,6 +210,9 @@ def test_every_registry_op_has_a_target():
         elif o.name == "qk_norm_rope":
             assert all(isinstance(t, jax.Array) and t.dtype == np.float32 for t in out), o.name
             assert [t.shape for t in out] == [(2, 4, 3, D), (2, 2, 3, D)], o.name
+        elif o.name == "qk_norm_rope_int8":  # q's and k's int8 data and float32 scales, [B, S, H, Dh] and [B, S, H]
+            assert [(t.shape, t.dtype) for t in out] == [((2, 3, 4, D), np.int8), ((2, 3, 4), np.float32),
+                                                         ((2, 3, 2, D), np.int8), ((2, 3, 2), np.float32)], o.name
         elif o.name.startswith("rope_table"):
             assert all(isinstance(t, jax.Array) and t.shape == want and t.dtype == np.float32 for t in out), o.name
         else:

@@ -177,12 +177,12 @@ def test_errors_name_the_argument_and_leave_outputs_untouched():
 
 def test_kernel_info():
     info = fusedk.kernel_info()
-    assert info["version"] == fusedk.__version__ == "0.7.0"
+    assert info["version"] == fusedk.__version__ == "0.8.0"
     assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                                 "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear",
                                 "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
                                 "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
-                                "attention_int8_scaled"}
+                                "attention_int8_scaled", "qk_norm_rope_int8"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert info["ops"]["attention_int8_scaled"] == ["float32", "float16", "bfloat16"]  # v's, not q's int8
     assert info["ops"]["rope_table_1d"] == ["float32"]
@@ -237,7 +237,7 @@ def test_public_namespace():
                            "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step",
                            "linear", "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
                            "LoRA", "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
-                           "attention_int8_scaled", "ScaledTensor"}
+                           "attention_int8_scaled", "ScaledTensor", "qk_norm_rope_int8"}
     for internal in ("json", "ffi", "lib", "check", "Call"):
         assert not hasattr(fusedk, internal), internal
 
@@ -248,7 +248,8 @@ def test_every_registry_op_is_a_python_function():
     assert names == ["rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                      "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
                      "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
-                     "lowrank_update_backward", "linear_lowrank_backward", "attention_int8", "attention_int8_scaled"]
+                     "lowrank_update_backward", "linear_lowrank_backward", "attention_int8", "attention_int8_scaled",
+                     "qk_norm_rope_int8"]
     assert set(names) <= set(fusedk.__all__) and set(names) == set(fusedk.kernel_info()["ops"])
 
 

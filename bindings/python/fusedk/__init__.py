@@ -19,7 +19,8 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "Argume
            "DeviceError",
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
-           "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear", "linear_backward", "attention",
+           "rope_table_mixed", "qk_norm_rope", "qk_norm_rope_int8", "diffusion_step", "linear", "linear_backward",
+           "attention",
            "attention_int8", "attention_int8_scaled", "ScaledTensor",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
            "linear_lowrank_backward", "kernel_info",
@@ -35,7 +36,7 @@ _GLU, _GLU_PAIR = _core.lib.FUSEDK_OP_GLU, _core.lib.FUSEDK_OP_GLU_PAIR
 _ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.lib.FUSEDK_OP_ROPE_TABLE_1D,
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_AXES, _core.lib.FUSEDK_OP_ROPE_TABLE_LTX,
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_MIXED, _core.lib.FUSEDK_OP_DIFFUSION_STEP)
-_QKNR = _core.lib.FUSEDK_OP_QK_NORM_ROPE
+_QKNR, _QKNR8 = _core.lib.FUSEDK_OP_QK_NORM_ROPE, _core.lib.FUSEDK_OP_QK_NORM_ROPE_INT8
 _LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BACKWARD
 _ATTENTION, _ATTENTION_INT8 = _core.lib.FUSEDK_OP_ATTENTION, _core.lib.FUSEDK_OP_ATTENTION_INT8
 _ATTENTION_SCALED = _core.lib.FUSEDK_OP_ATTENTION_INT8_SCALED
@@ -227,17 +228,7 @@ def qk_norm_rope(qkv, cos, sin, q_weight=None, k_weight=None, eps=1e-6, norm="he
     normalizes each head (weights [Dh]: Flux, Mochi), "full" the whole H*Dh row (weights
     [H*Dh]: LTX-Video, Wan), "none" skips it. RoPE as fusedk.rope (tables [S, R/2], [S, H, R/2]
     or [B, S, H, R/2] float32, style, rotary_dim). out=(q_out, k_out, v_out) writes there."""
-    if isinstance(qkv, (tuple, list)):
-        if len(qkv) != 3:
-            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"qk_norm_rope: qkv is a sequence of {len(qkv)}, expected "
-                        "(q, k, v)")
-        q, k, v = qkv
-    else:
-        shape = tuple(getattr(qkv, "shape", ()))
-        if len(shape) != 5 or shape[2] != 3:
-            raise Error("FUSEDK_ERR_SHAPE", f"qk_norm_rope: qkv has shape {shape}, expected [B, S, 3, H, Dh] or a "
-                        "tuple (q, k, v)")
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # views (NumPy, torch, CuPy)
+    q, k, v = _qkv_views("qk_norm_rope", qkv)
     outs = (None, None, None) if out is None else tuple(out)
     if len(outs) != 3:
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"qk_norm_rope: out has {len(outs)} arrays, expected "
@@ -245,6 +236,39 @@ def qk_norm_rope(qkv, cos, sin, q_weight=None, k_weight=None, eps=1e-6, norm="he
     attrs = (eps, _choice("qk_norm_rope", "norm", norm, _QK_NORMS), _choice("qk_norm_rope", "style", style, _STYLES),
              _choice("qk_norm_rope", "layout", layout, _LAYOUTS), rotary_dim or 0)
     return _call(_QKNR, q, outs + (q, k, v, cos, sin, q_weight, k_weight), attrs, stream)
+
+
+def qk_norm_rope_int8(qkv, cos, sin, q_weight=None, k_weight=None, eps=1e-6, norm="head", style="interleaved",
+                      rotary_dim=None, out=None, stream=None):
+    """qk_norm_rope with q' and k' written as int8 ScaledTensors ([B, S, H, Dh] data, float32 [B, S,
+    H] scales: a (token, head) row's amax / 127), what attention(q, k, v) takes as they are (its
+    int8 kernel, no quantization pass): returns (q', k', v) with v the input's view, untouched (no
+    mean is taken off k). The arguments as qk_norm_rope's; out=(ScaledTensor, ScaledTensor) writes
+    there. fusedk.h's fusedk_qk_norm_rope_int8 has the rules."""
+    q, k, v = _qkv_views("qk_norm_rope_int8", qkv)
+    outs = (None,) * 4
+    if out is not None:
+        if len(out) != 2 or not all(isinstance(o, ScaledTensor) for o in out):
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", "qk_norm_rope_int8: out is not (ScaledTensor, ScaledTensor), "
+                        "expected q's and k's int8 data and float32 scales")
+        outs = (out[0].data, out[0].scale, out[1].data, out[1].scale)
+    attrs = (eps, _choice("qk_norm_rope_int8", "norm", norm, _QK_NORMS),
+             _choice("qk_norm_rope_int8", "style", style, _STYLES), rotary_dim or 0)
+    r = _call(_QKNR8, q, outs + (q, k, cos, sin, q_weight, k_weight), attrs, stream)
+    return ScaledTensor(r[0], r[1]), ScaledTensor(r[2], r[3]), v
+
+
+def _qkv_views(name, qkv):
+    """(q, k, v) of qkv: a [B, S, 3, H, Dh] projection's views, or the tuple itself."""
+    if isinstance(qkv, (tuple, list)):
+        if len(qkv) != 3:
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{name}: qkv is a sequence of {len(qkv)}, expected (q, k, v)")
+        return tuple(qkv)
+    shape = tuple(getattr(qkv, "shape", ()))
+    if len(shape) != 5 or shape[2] != 3:
+        raise Error("FUSEDK_ERR_SHAPE", f"{name}: qkv has shape {shape}, expected [B, S, 3, H, Dh] or a tuple "
+                    "(q, k, v)")
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # views (NumPy, torch, CuPy)
 
 
 # --- [sampler] -------------------------------------------------------------------------------

@@ -117,6 +117,8 @@ class Op:
         self.float32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_F32}  # always float32
         self.int32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_I32}  # always int32 (index arguments)
         self.int8 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_I8}  # always int8 (scaled tensors' data)
+        self.fixed = {i: np.dtype(np.float32 if i in self.float32 else np.int8)
+                      for i in self.float32 | self.int8}  # outputs of their own dtype, not their like input's
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
@@ -187,6 +189,8 @@ class Op:
         n = self.name
         if n == "qk_norm_rope":  # the input's [B, S, H, Dh], or [B, H, S, Dh] for BHSD
             return (like[0], like[2], like[1], like[3]) if values[3] == lib.FUSEDK_LAYOUT_BHSD else like
+        if n == "qk_norm_rope_int8":  # the data its input's [B, S, H, Dh], the scales [B, S, H]
+            return like[:3] if self.tensors[i][0].endswith("_scale") else like
         if n in ("linear", "linear_lowrank"):  # x's rows of N (w's or w_cat's rows)
             return like[:-1] + (shapes[3][0],)
         if n == "linear_lowrank_backward":  # db: a's [A,] r, K as b's [A,] N, r; dbias: [N]
@@ -241,6 +245,12 @@ def stream_int(stream):
 _HEADS = [struct.Struct(f"<qiiiBBH{2 * n}q") for n in range(MAX_DIMS + 1)]
 _ABSENT = struct.pack("<qiiiBBH", 0, 0, 0, -1, 0, 0, 0)
 _DT = {}  # dtype -> (code, bits, lanes), NumPy and CuPy dtypes alike
+
+
+def torch_dtype(dt):
+    """torch's dtype for a NumPy one fusedk fixes (float32, int8)."""
+    torch = sys.modules["torch"]
+    return torch.float32 if dt == np.float32 else torch.int8
 
 
 def dtype_code(dt):
@@ -639,8 +649,10 @@ class _Generic:
         code = (t.dtype.code, t.dtype.bits, t.dtype.lanes)
         return pack(ptr, t.device.device_type, t.device.device_id, shape, strides, code), obj
 
-    def new_output(self, like, shape, f32=False):
-        dtype = np.float32 if f32 else like.dtype
+    def new_output(self, like, shape, fixed=None):
+        """An output like `like` (its framework and device) of `shape`, of dtype `fixed` (float32,
+        int8) or like's."""
+        dtype = like.dtype if fixed is None else fixed
         if self.fw == "numpy":
             return np.empty(shape, dtype)
         if self.fw == "cupy":
@@ -648,7 +660,7 @@ class _Generic:
             with cupy.cuda.Device(self.device[1]):
                 return cupy.empty(shape, dtype)
         if self.fw == "torch":  # torch's caching allocator
-            return like.new_empty(shape, dtype=sys.modules["torch"].float32) if f32 else like.new_empty(shape)
+            return like.new_empty(shape) if fixed is None else like.new_empty(shape, dtype=torch_dtype(fixed))
         return None  # another producer: libfusedk allocates (DLPackBuffer)
 
     def release(self):
@@ -679,9 +691,9 @@ def generic(o, args, attrs, stream):
                 if args[like] is None:
                     continue  # the C layer names the missing input
                 shape = o.out_shape(i, shapes, values)
-                a = g.new_output(arr[like], shape, i in o.float32)
+                a = g.new_output(arr[like], shape, o.fixed.get(i))
                 if a is None:  # libfusedk allocates, and DLPack hands it over
-                    code = dtype_code(np.float32) if i in o.float32 else struct.unpack_from("<BBH", parts[like], 20)
+                    code = dtype_code(o.fixed[i]) if i in o.fixed else struct.unpack_from("<BBH", parts[like], 20)
                     a = DLPackBuffer(g.device, code, shape, g.stream or 0)
                     parts[i] = pack(a.ptr, g.device[0], g.device[1], shape, compact_strides(shape, code[1] // 8), code)
                     outs.append(a)

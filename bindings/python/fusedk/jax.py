@@ -126,7 +126,7 @@ class _Call:
             shapes = [None] * len(op.tensors)
             for i, a in zip(given, xs):
                 shapes[i] = a.shape
-            res = [jax.ShapeDtypeStruct(op.out_shape(i, shapes, attrs), np.float32 if i in op.float32 else xs[k].dtype)
+            res = [jax.ShapeDtypeStruct(op.out_shape(i, shapes, attrs), op.fixed.get(i, xs[k].dtype))
                    for i, k in outs]
             r = jax.ffi.ffi_call(target, res, vmap_method="sequential")(*xs, **kw)
             return r[0] if single else tuple(r)

@@ -278,7 +278,7 @@ def _new(o, i, args, attrs):
     symbolic under torch.compile)."""
     like = args[o.tensors[i][2]]
     shape = o.sym_shape(i, [None if a is None else a.shape for a in args], o.values(attrs))
-    return like.new_empty(shape, dtype=torch.float32) if i in o.float32 else like.new_empty(shape)
+    return like.new_empty(shape, dtype=_core.torch_dtype(o.fixed[i])) if i in o.fixed else like.new_empty(shape)
 
 
 def _route(op, x, args, attrs, stream):

@@ -65,10 +65,12 @@ def apply(model, ops=None, attention=False):
     """Swaps fusedk's fused forwards into every supported block of `model` (a diffusers
     transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
     use (a subset of fusedk.diffusers.OPS; None: all). attention=True: fusedk's attention kernel
-    in the patched blocks' attention instead of diffusers' dispatch; "int8": fusedk's
-    attention_int8 (on the CPU, and Dh 64, 128 and 256 on sm_90a: other GPUs refuse it by name),
-    fusedk's at the inputs' precision for other head sizes. Returns a Report: what was patched and
-    what was left alone, and why, and what runs the attention. Applying twice patches nothing new."""
+    in the patched blocks' attention instead of diffusers' dispatch; "int8": fusedk's int8
+    attention kernel (on the CPU, and Dh 64, 128 and 256 on sm_90a: other GPUs refuse it by name),
+    q and k straight from qk_norm_rope_int8 where the block's prologue is qk_norm_rope (no k mean:
+    ops without "qk_norm_rope" keep attention_int8's), fusedk's at the inputs' precision for
+    other head sizes. Returns a Report: what was patched and what was left alone, and why, and
+    what runs the attention. Applying twice patches nothing new."""
     use = OPS if ops is None else frozenset(ops)
     if not use <= OPS:
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "

@@ -79,10 +79,43 @@ class Pieces:
         return "attention" in self.use and (q.device.type == "cpu" or (
             q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256))
 
+    def int8_qk(self, qkv):
+        """Whether attn_qkv hands q and k to the attention as int8 ScaledTensors (qk_norm_rope_int8:
+        no quantization pass before the int8 kernel): fusedk's qk_norm_rope and int8 attention on
+        a call attention takes (qkv [B, S, 3, H, Dh] or a (q, k, v) tuple)."""
+        x = qkv[0] if isinstance(qkv, (tuple, list)) else qkv
+        return "qk_norm_rope" in self.use and self.fused_attention(x) and self.int8_attention(x)
+
+    def attn_qkv(self, qkv, cos, sin, wq, wk, eps, out=None, norm="head", style="interleaved"):
+        """qk_norm_rope for the attention that follows: where int8_qk(qkv), q and k as ScaledTensors
+        and v the projection's view (out=: two ScaledTensors and v's array, v copied there), else
+        qk_norm_rope's q, k, v."""
+        if not self.int8_qk(qkv):
+            return self.qk_norm_rope(qkv, cos, sin, wq, wk, eps, out, norm, style)
+        q, k, v = self.fk.qk_norm_rope_int8(qkv, cos, sin, q_weight=wq, k_weight=wk, eps=eps, norm=norm, style=style,
+                                            rotary_dim=2 * cos.shape[-1], out=None if out is None else out[:2])
+        if out is None:
+            return q, k, v
+        out[2].copy_(v)
+        return out
+
+    def attn_buffers(self, like, qkv, S):
+        """(q, k, v) [B, S, H, Dh] for attn_qkv(qkv, out=row_slices(...)) to fill row by row: q and
+        k as ScaledTensors where int8_qk(qkv), v in like's dtype"""
+        B, H, Dh = qkv.shape[0], qkv.shape[3], qkv.shape[4]
+        if not self.int8_qk(qkv):
+            return tuple(like.new_empty(B, S, H, Dh) for _ in range(3))
+        st = [self.fk.ScaledTensor(like.new_empty(B, S, H, Dh, dtype=torch.int8),
+                                   like.new_empty(B, S, H, dtype=torch.float32)) for _ in range(2)]
+        return st[0], st[1], like.new_empty(B, S, H, Dh)
+
     def attention(self, attn, q, k, v, kv_len=None):
         """q [B, Sq, H, Dh], k, v [B, Sk, H, Dh] -> [B, Sq, H, Dh]: fusedk's kernel where
-        fused_attention(q), else diffusers' dispatch with the processor's backend. kv_len (int32
-        [B]: keys at or past it masked) only where fused_attention(q)."""
+        fused_attention(q) (or q and k are attn_qkv's ScaledTensors), else diffusers' dispatch with
+        the processor's backend. kv_len (int32 [B]: keys at or past it masked) only where
+        fused_attention(q)."""
+        if isinstance(q, self.fk.ScaledTensor):
+            return self.fk.attention(q, k, v, kv_len=kv_len)
         if self.fused_attention(q):
             return self.fk.attention(q, k, v, kv_len=kv_len, precision="int8" if self.int8_attention(q) else None)
         if kv_len is not None:
@@ -132,6 +165,11 @@ class Pieces:
         xf = x_res.float()
         n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * torch.tanh(gate).float()[:, None]
         return x + n.type_as(x)
+
+
+def row_slices(ts, a, b):
+    """Rows a..b (dim 1) of each of ts (tensors or ScaledTensors): attn_buffers' slices"""
+    return tuple(type(t)(*(x[:, a:b] for x in t)) if isinstance(t, tuple) else t[:, a:b] for t in ts)
 
 
 def _rms(t, w, eps, norm):

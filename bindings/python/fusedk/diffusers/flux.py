@@ -26,6 +26,7 @@ from ._block_op import block_op, compiling
 from ._common import PerForward, attention_why_not, embedding_why_not, gelu_ff_why_not, rows
 from ._lifecycle import Patcher
 from ._lora import feed_forward, normed
+from ._pieces import row_slices
 
 
 def _attn_why_not(attn, added):
@@ -144,12 +145,13 @@ def _double(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
     qkv_x = k.proj(normed(k, p["qkv"], x, scale, shift, st.eps1), p["qkv"])
     qkv_c = k.proj(normed(k, p["aqkv"], c, c_scale, c_shift, st.eps1c), p["aqkv"])
     cos, sin = _half_tables(image_rotary_emb)
-    q, kk, v = (x.new_empty(B, St + Si, H, Dh) for _ in range(3))
+    qkv_c, qkv_x = qkv_c.view(B, St, 3, H, Dh), qkv_x.view(B, Si, 3, H, Dh)
+    q, kk, v = k.attn_buffers(x, qkv_x, St + Si)  # (int8 q and k where the attention takes them)
     a = self.attn
-    k.qk_norm_rope(qkv_c.view(B, St, 3, H, Dh), cos[:St], sin[:St], a.norm_added_q.weight, a.norm_added_k.weight,
-                   st.eps_qk, out=(q[:, :St], kk[:, :St], v[:, :St]))
-    k.qk_norm_rope(qkv_x.view(B, Si, 3, H, Dh), cos[St:], sin[St:], a.norm_q.weight, a.norm_k.weight, st.eps_qk,
-                   out=(q[:, St:], kk[:, St:], v[:, St:]))
+    k.attn_qkv(qkv_c, cos[:St], sin[:St], a.norm_added_q.weight, a.norm_added_k.weight, st.eps_qk,
+               out=row_slices((q, kk, v), 0, St))
+    k.attn_qkv(qkv_x, cos[St:], sin[St:], a.norm_q.weight, a.norm_k.weight, st.eps_qk,
+               out=row_slices((q, kk, v), St, St + Si))
     o = k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
     x = _stream_mlp(k, x, gate, k.proj(rows(o[:, St:]), p["o"]), gate2, scale2, shift2, st.eps2, p["ff1"], p["ff2"])
     c = _stream_mlp(k, c, c_gate, k.proj(rows(o[:, :St]), p["add_o"]), c_gate2, c_scale2, c_shift2, st.eps2c,
@@ -201,7 +203,7 @@ def _single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
     qkv = k.proj(nq, p["qkv"]).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(image_rotary_emb)
     a = self.attn
-    q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk)
+    q, kk, v = k.attn_qkv(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk)
     h[..., :D] = k.attention(a, q, kk, v).flatten(2, 3)
     return _clip16(k.gated_residual(r, k.proj(h if hb is None else hb, p["out"]), gate))
 

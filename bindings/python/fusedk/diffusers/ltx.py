@@ -119,7 +119,7 @@ def _block(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, e
     a = self.attn1
     qkv = k.proj(_adaln(k, p["qkv"], x, scale_msa, shift_msa, st.eps1), p["qkv"]).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(image_rotary_emb, H)
-    q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
+    q, kk, v = k.attn_qkv(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
     x = _gated(k, x, k.proj(k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype), p["o"]), gate_msa)
     x = x + self.attn2(x, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                        attention_mask=encoder_attention_mask)

@@ -149,7 +149,7 @@ def _block(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
     a = self.attn1
     qkv = k.proj(_norm_mod(k, p["qkv"], x, scale, shift, st.eps1), p["qkv"]).view(B, S, 3, H, Dh)
     cos, sin = _half_tables(rotary_emb)
-    q, kk, v = k.qk_norm_rope(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
+    q, kk, v = k.attn_qkv(qkv, cos, sin, a.norm_q.weight, a.norm_k.weight, st.eps_qk, norm="full")
     o = k.attention(a, q, kk, v).flatten(2, 3).to(x.dtype)
     x = _gated(k, x, k.proj(o, p["o"]), gate)
     x = x.add_(_cross(self, k, x, encoder_hidden_states))  # stock: a plain add in x's dtype (x is ours)
