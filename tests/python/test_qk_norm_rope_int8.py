@@ -185,6 +185,16 @@ def test_gpu_against_the_reference(case, dtype):
         for g, w, n in zip(got[:2], want[:2], "qk"):
             host = fusedk.ScaledTensor(to_host(g.data), to_host(g.scale))
             assert_int8_close(host, (w.data, w.scale[..., None]), f"{fw} {case} {dtype} {n}")
+        if packed and dtype == "float16" and Dh in (64, 128, 256) and _sm90():  # attention on them, as they are
+            o = to_host(fusedk.attention(*got)).astype(np.float64)
+            ref = fusedk.attention(*want).astype(np.float64)
+            tol = 3 * 2.0 ** -10 * np.abs(want[2].astype(np.float64)).max()  # P in f16; a few data a step off
+            assert np.abs(o - ref).max() <= tol, (fw, case, np.abs(o - ref).max(), tol)
+
+
+def _sm90():
+    torch, ok = oracle.torch_cuda()
+    return ok and torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")
