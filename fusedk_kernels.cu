@@ -37,8 +37,9 @@
 //               tuning hook (FUSEDK_TUNING builds only)
 //   [elementwise] act, silu_fma, gated_residual, glu, glu_pair and [sampler] diffusion_step:
 //               elementwise_rows_kernel
-//   [position]  rope and qk_norm_rope: on Hopper qkv_tma_kernel (rows of 4 tokens through bulk
-//               copies); else rope_kernel (q and k in one launch) and qkv_kernel (q, k, v rows);
+//   [position]  rope, qk_norm_rope and qk_norm_rope_int8: on Hopper qkv_tma_kernel (rows of 4
+//               tokens through bulk copies); else rope_kernel (q and k in one launch) and
+//               qkv_kernel (q, k, v rows); their Q8 form writes int8 rows with a head's scale;
 //               the table builders (rope_table_kernel)
 //   [gemm]      cuBLASLt GEMMs for any family: plans, tuning, per-stream workspace and scratch
 //               (LtState), gemm_locked (a family's entry: device, lock), lt_arena, lt_matmul
