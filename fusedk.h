@@ -2406,10 +2406,10 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
 
 /* --- [position] rope and its tables: CPU references and entry points ----------------------- */
 
-/* The int8 rows' quantization (attention_int8, qk_norm_rope_int8), in float32 as the GPU's: the largest magnitude (a NaN wins),
-   x * (127 / amax) rounded to nearest, ties to even; where 127 / amax is not finite (amax 0, or
-   below 127 / FLT_MAX) every value is 0; amax Inf or NaN: every value 0 and the scale non-finite,
-   so the row dequantizes to NaN */
+/* The int8 rows' quantization (attention_int8, qk_norm_rope_int8), in float32 as the GPU's: the
+   largest magnitude (a NaN wins), x * (127 / amax) rounded to nearest, ties to even; where
+   127 / amax is not finite (amax 0, or below 127 / FLT_MAX) every value is 0; amax Inf or NaN:
+   every value 0 and the scale non-finite, so the row dequantizes to NaN */
 static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
 static float fusedk__i8_inv(float amax) {
   const float r = 127.0f / amax;
@@ -2422,38 +2422,51 @@ static double fusedk__i8(float x, float inv) {
 
 /* rope and qk_norm_rope: per token and tensor, the rstd (one of the row, or of each head), then
    each head normalized and rotated (pass-through channels normalized) in double, one rounding;
-   q8: q' and k' rounded to float32 and quantized a head (fusedk__i8_head). */
+   q8: q' and k' rounded to float32 and quantized a head. */
 static double fusedk__sq(double v) { return v * v; }
 
-/* Channel d of a head after the norm (r, weights w from wo) and the rotation (tables c, sn) */
-static double fusedk__rope_at(const fusedk__rope_args *a, const char *in, int64_t d, double r, const void *w,
-                              int64_t wo, const float *c, const float *sn, int64_t R) {
+/* A head's channels after the norm (r, weights w from wo) and the rotation (tables c, sn), each
+   handed to visit(ctx, channel, value): a rotated pair's two values once both are computed (in
+   place, both are read before either is written), then the pass-through channels when pass */
+typedef void (*fusedk__rope_visit)(void *ctx, int64_t d, double v);
+static void fusedk__rope_head(const fusedk__rope_args *a, const char *in, double r, const void *w, int64_t wo,
+                              const float *c, const float *sn, int64_t R, int pass, fusedk__rope_visit visit,
+                              void *ctx) {
   const int s = a->scalar, il = a->style == FUSEDK_ROPE_INTERLEAVED;
-  const int64_t half = R / 2, i = il ? d / 2 : d % (half ? half : 1), ia = il ? 2 * i : i, ib = il ? 2 * i + 1 : i + half;
+  const int64_t half = R / 2;
 #define FUSEDK__N(e) (fusedk__load(in, e, s) * r * (w ? fusedk__load(w, wo + (e), s) : 1.0))
-  if (d >= R) return FUSEDK__N(d);
-  const double va = FUSEDK__N(ia), vb = FUSEDK__N(ib);
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t ia = il ? 2 * i : i, ib = il ? 2 * i + 1 : i + half;
+    const double va = FUSEDK__N(ia), vb = FUSEDK__N(ib);
+    visit(ctx, ia, va * c[i] - vb * sn[i]);
+    visit(ctx, ib, vb * c[i] + va * sn[i]);
+  }
+  for (int64_t d = R; pass && d < a->Dh; ++d) visit(ctx, d, FUSEDK__N(d));
 #undef FUSEDK__N
-  return d == ia ? va * c[i] - vb * sn[i] : vb * c[i] + va * sn[i];
 }
 
-/* qk_norm_rope_int8's head: its Dh channels (fusedk__rope_at) as float32, quantized into out
-   (int8) with its scale */
-static void fusedk__i8_head(const fusedk__rope_args *a, const char *in, double r, const void *w, int64_t wo,
-                            const float *c, const float *sn, int64_t R, int8_t *out, float *scale) {
-  float amax = 0.0f;
-  for (int64_t d = 0; d < a->Dh; ++d) amax = fusedk__amax(amax, (float)fusedk__rope_at(a, in, d, r, w, wo, c, sn, R));
-  const float inv = fusedk__i8_inv(amax);
-  for (int64_t d = 0; d < a->Dh; ++d) out[d] = (int8_t)fusedk__i8((float)fusedk__rope_at(a, in, d, r, w, wo, c, sn, R), inv);
-  *scale = amax / 127.0f;
+/* The visitors: a store in the dtype; q8's largest magnitude (as float32), then its int8 values */
+typedef struct { void *out; int s; float amax, inv; } fusedk__rope_sink;
+static void fusedk__rope_store(void *ctx, int64_t d, double v) {
+  const fusedk__rope_sink *k = (const fusedk__rope_sink *)ctx;
+  fusedk__store(k->out, d, v, k->s);
 }
+static void fusedk__rope_amax(void *ctx, int64_t d, double v) {
+  fusedk__rope_sink *k = (fusedk__rope_sink *)ctx;
+  (void)d, k->amax = fusedk__amax(k->amax, (float)v);
+}
+static void fusedk__rope_i8(void *ctx, int64_t d, double v) {
+  const fusedk__rope_sink *k = (const fusedk__rope_sink *)ctx;
+  ((int8_t *)k->out)[d] = (int8_t)fusedk__i8((float)v, k->inv);
+}
+
 static void fusedk__rope_cpu(const fusedk__rope_args *a) {
   const int s = a->scalar;
   const int64_t es = (int64_t)fusedk__scalar_size(s), Dh = a->Dh;
   for (int j = 0; j < 3 && a->t[j].in; ++j) {
     if (a->t[j].H == 0) continue; /* no heads: its data may be NULL, no address to form */
     const int norm = j < 2 ? a->norm : FUSEDK_QK_NORM_NONE, q8 = a->q8 && j < 2;
-    const int64_t R = j < 2 ? a->R : 0, half = R / 2, H = a->t[j].H;
+    const int64_t R = j < 2 ? a->R : 0, H = a->t[j].H;
     const void *w = a->t[j].w;
     for (int64_t b = 0; b < a->B; ++b)
       for (int64_t q = 0; q < a->S; ++q) {
@@ -2471,26 +2484,19 @@ static void fusedk__rope_cpu(const fusedk__rope_args *a) {
             r = 1.0 / sqrt(full / (double)(H * Dh) + (double)a->eps);
           }
           const int64_t wo = norm == FUSEDK_QK_NORM_FULL ? h * Dh : 0; /* FULL: the head's weights */
-#define FUSEDK__N(d) (fusedk__load(in, d, s) * r * (w ? fusedk__load(w, wo + (d), s) : 1.0))
           const float *c = a->tab[0].p + b * a->tab[0].sb + q * a->tab[0].ss + h * a->tab[0].sh;
           const float *sn = a->tab[1].p + b * a->tab[1].sb + q * a->tab[1].ss + h * a->tab[1].sh;
           const int64_t oe = b * a->t[j].ob + q * a->t[j].os + h * a->t[j].oh; /* the output head, elements */
-          if (q8) {
-            fusedk__i8_head(a, in, r, w, wo, c, sn, R, (int8_t *)a->t[j].out + oe,
-                            a->t[j].sc + b * a->t[j].cb + q * a->t[j].cs + h * a->t[j].ch);
+          fusedk__rope_sink k = {(char *)a->t[j].out + oe * (q8 ? 1 : es), s, 0.0f, 0.0f};
+          if (!q8) { /* in place without a norm, the pass-through channels are already there */
+            fusedk__rope_head(a, in, r, w, wo, c, sn, R, k.out != in || norm != FUSEDK_QK_NORM_NONE,
+                              fusedk__rope_store, &k);
             continue;
           }
-          char *out = (char *)a->t[j].out + oe * es;
-          for (int64_t i = 0; i < half; ++i) {
-            const int64_t ia = a->style == FUSEDK_ROPE_INTERLEAVED ? 2 * i : i;
-            const int64_t ib = a->style == FUSEDK_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
-            const double va = FUSEDK__N(ia), vb = FUSEDK__N(ib);
-            fusedk__store(out, ia, va * c[i] - vb * sn[i], s);
-            fusedk__store(out, ib, vb * c[i] + va * sn[i], s);
-          }
-          if (out != in || norm != FUSEDK_QK_NORM_NONE)
-            for (int64_t d = R; d < Dh; ++d) fusedk__store(out, d, FUSEDK__N(d), s);
-#undef FUSEDK__N
+          fusedk__rope_head(a, in, r, w, wo, c, sn, R, 1, fusedk__rope_amax, &k);
+          k.inv = fusedk__i8_inv(k.amax);
+          fusedk__rope_head(a, in, r, w, wo, c, sn, R, 1, fusedk__rope_i8, &k);
+          a->t[j].sc[b * a->t[j].cb + q * a->t[j].cs + h * a->t[j].ch] = k.amax / 127.0f;
         }
       }
   }
@@ -2605,8 +2611,8 @@ static fusedk_status fusedk__qk_norm_check(const fusedk__check *c, float eps, in
 }
 
 /* The outputs' shapes (registry outputs 0..n-1, by the rule the bindings allocate by; why: what
-   the rule says, why_odd the odd outputs' where it differs: the scales), while their like inputs
-   are [B, S, H, Dh] (else rope_setup names the input) */
+   the rule says, why_odd the odd outputs' where it differs (the scales), else NULL), while their
+   like inputs are [B, S, H, Dh] (else rope_setup names the input) */
 static fusedk_status fusedk__qk_out_shapes(const fusedk__check *c, int32_t id, const fusedk_tensor *const *t, int n,
                                            const double *attrs, const char *why, const char *why_odd) {
   const fusedk_op *o = fusedk__op(id);
@@ -2617,7 +2623,8 @@ static fusedk_status fusedk__qk_out_shapes(const fusedk__check *c, int32_t id, c
     if (t[o->tensors[j].like]->ndim != 4) break;
     const int nd = fusedk__out_shape(id, j, t, attrs, shape);
     if (nd < 0) return (fusedk_status)-nd;
-    if ((st = fusedk__check_shape(c, t[j], o->tensors[j].name, nd, shape, j % 2 ? why_odd : why))) return st;
+    if ((st = fusedk__check_shape(c, t[j], o->tensors[j].name, nd, shape, j % 2 && why_odd ? why_odd : why)))
+      return st;
   }
   return FUSEDK_OK;
 }
@@ -2662,8 +2669,7 @@ FUSEDK_DEF fusedk_status fusedk_qk_norm_rope(const fusedk_tensor *q_out, const f
   fusedk_status st = fusedk__validate(o, t, &s);
   if (st || (st = fusedk__qk_norm_check(&s.c, eps, (int)norm)) ||
       (st = fusedk__qk_out_shapes(&s.c, FUSEDK_OP_QK_NORM_ROPE, t, 3, attrs,
-                                  bhsd ? "[B, H, S, Dh] of its input" : "its input's",
-                                  bhsd ? "[B, H, S, Dh] of its input" : "its input's")) ||
+                                  bhsd ? "[B, H, S, Dh] of its input" : "its input's", NULL)) ||
       (st = fusedk__rope_setup(&s.c, t, t + 3, cos, sin, (int)style, rotary_dim, bhsd, &a)) ||
       (st = fusedk__qk_weights(&s.c, o, t + 3, t + 8, 8, eps, (int)norm, &a)))
     return st;
@@ -3196,16 +3202,16 @@ static int fusedk__attention_scaled_cpu(const fusedk__attn_args *a) {
 #define FUSEDK__BSH(dst, t) ((dst).sb = fusedk__stride(t, 0), (dst).ss = fusedk__stride(t, 1), (dst).sh = fusedk__stride(t, 2))
 
 /* attention's and attention_int8_scaled's checks past each tensor's own: causal, scale, k's shape
-   against q's (qn, kn: their names; q has 4 dims), v's, out's, lse's and kv_len's, out and lse
-   apart from the n inputs ins (names); then a's sizes, pointers and strides (a->scalar and the
-   kind left to the caller), and kv_len's values where they are in host memory */
+   against q's (q has 4 dims), v's, out's, lse's and kv_len's, out and lse apart from the n
+   inputs ins (names); then a's sizes, pointers and strides (a->scalar and the kind left to the
+   caller), and kv_len's values where they are in host memory */
 static fusedk_status fusedk__attention_common(const fusedk__check *c, const fusedk_tensor *out, const fusedk_tensor *lse,
                                               const fusedk_tensor *q, const fusedk_tensor *k, const fusedk_tensor *v,
-                                              const fusedk_tensor *kv_len, float scale, int32_t causal, const char *qn,
-                                              const char *kn, const fusedk_tensor *const *ins,
-                                              const char *const *names, int n, fusedk__attn_args *a) {
+                                              const fusedk_tensor *kv_len, float scale, int32_t causal,
+                                              const fusedk_tensor *const *ins, const char *const *names, int n,
+                                              fusedk__attn_args *a) {
   const char *op = c->op;
-  char shp[160], why[3][48];
+  char shp[160];
   fusedk_status st;
   if (causal != 0 && causal != 1)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: causal is %d, expected 0 or 1", op, (int)causal);
@@ -3214,18 +3220,16 @@ static fusedk_status fusedk__attention_common(const fusedk__check *c, const fuse
                         (double)scale);
   const int64_t B = q->shape[0], Sq = q->shape[1], Hq = q->shape[2], Dh = q->shape[3];
   if (k->ndim != 4 || k->shape[0] != B || k->shape[3] != Dh)
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has shape %s, expected [B, Sk, Hkv, Dh] with %s's B and Dh (%lld, "
-                        "%lld)", op, kn, fusedk__shape_str(k, shp, sizeof shp), qn, (long long)B, (long long)Dh);
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: k has shape %s, expected [B, Sk, Hkv, Dh] with q's B and Dh (%lld, "
+                        "%lld)", op, fusedk__shape_str(k, shp, sizeof shp), (long long)B, (long long)Dh);
   if (k->shape[2] < 1 || Hq % k->shape[2])
-    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has %lld heads, expected a divisor of %s's %lld (Hq a multiple of "
-                        "Hkv: GQA, MQA)", op, kn, (long long)k->shape[2], qn, (long long)Hq);
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: k has %lld heads, expected a divisor of q's %lld (Hq a multiple of "
+                        "Hkv: GQA, MQA)", op, (long long)k->shape[2], (long long)Hq);
   const int64_t ls[3] = {B, Hq, Sq};
-  snprintf(why[0], sizeof why[0], "same as %s", kn), snprintf(why[1], sizeof why[1], "same as %s", qn);
-  snprintf(why[2], sizeof why[2], "[B] (%s's first dim)", qn);
-  if ((st = fusedk__check_shape(c, v, "v", 4, k->shape, why[0])) ||
-      (st = fusedk__check_shape(c, out, "out", 4, q->shape, why[1])) ||
+  if ((st = fusedk__check_shape(c, v, "v", 4, k->shape, "same as k")) ||
+      (st = fusedk__check_shape(c, out, "out", 4, q->shape, "same as q")) ||
       (lse && (st = fusedk__check_shape(c, lse, "lse", 3, ls, "[B, Hq, Sq] of q"))) ||
-      (kv_len && (st = fusedk__check_shape(c, kv_len, "kv_len", 1, &B, why[2]))))
+      (kv_len && (st = fusedk__check_shape(c, kv_len, "kv_len", 1, &B, "[B] (q's first dim)"))))
     return st;
   for (int i = 0; i < n; ++i)
     if ((st = fusedk__check_disjoint(c, out, "out", ins[i], names[i])) ||
@@ -3244,8 +3248,8 @@ static fusedk_status fusedk__attention_common(const fusedk__check *c, const fuse
   if (kv_len) a->kv_len = (const int32_t *)fusedk__base(kv_len), a->kv_stride = fusedk__stride(kv_len, 0);
   for (int64_t b = 0; kv_len && !fusedk__is_gpu(c->dev.device_type) && b < B; ++b)
     if (a->kv_len[b * a->kv_stride] < 0 || a->kv_len[b * a->kv_stride] > a->Sk)
-      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: kv_len[%lld] is %d, expected 0 to %lld (%s's Sk)", op,
-                          (long long)b, (int)a->kv_len[b * a->kv_stride], (long long)a->Sk, kn);
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: kv_len[%lld] is %d, expected 0 to %lld (k's Sk)", op,
+                          (long long)b, (int)a->kv_len[b * a->kv_stride], (long long)a->Sk);
   return FUSEDK_OK;
 }
 
@@ -3290,7 +3294,7 @@ static fusedk_status fusedk__attention_run(const fusedk_tensor *out, const fused
   if (st) return st;
   const char *names[] = {"q", "k", "v", "kv_len"};
   fusedk__attn_args a;
-  if ((st = fusedk__attention_common(&s.c, out, lse, q, k, v, kv_len, scale, causal, "q", "k", t + 2, names, 4, &a)))
+  if ((st = fusedk__attention_common(&s.c, out, lse, q, k, v, kv_len, scale, causal, t + 2, names, 4, &a)))
     return st;
   a.scalar = s.c.scalar, a.int8 = int8;
   const int64_t B = a.B, Sq = a.Sq, Hq = a.Hq;
@@ -3338,7 +3342,7 @@ FUSEDK_DEF fusedk_status fusedk_attention_int8_scaled(const fusedk_tensor *out, 
     return st;
   const char *names[] = {"q", "q_scale", "k", "k_scale", "v", "kv_len"};
   fusedk__attn_args a;
-  if ((st = fusedk__attention_common(&s.c, out, lse, qd, kd, v, kv_len, scale, causal, "q", "k", t + 2, names, 6, &a)))
+  if ((st = fusedk__attention_common(&s.c, out, lse, qd, kd, v, kv_len, scale, causal, t + 2, names, 6, &a)))
     return st;
   a.scalar = s.c.scalar, a.int8 = 1, a.scaled = 1;
   a.qs.p = (const float *)fusedk__base(q->scale), a.ks.p = (const float *)fusedk__base(k->scale);

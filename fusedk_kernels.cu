@@ -2380,8 +2380,8 @@ cudaError_t run_tma(const fusedk__rope_args &a, const TmaPlan &p, int NT, cudaSt
 // The Hopper path when it applies: 16-byte vectors (rope_width), each tensor's heads contiguous
 // (one bulk copy a row), tables whose token slice is one run of whole 16 bytes (a head-less row,
 // or every head's row back to back), HEAD norms (and q8's heads) over a power-of-two <= 32 items
-// a head (shuffle sums and maxima), rows of <= 2048 items (M <= 4 a thread of <= 512; HALF <= 1024). *used = false: not
-// taken, nothing launched.
+// a head (shuffle sums and maxima), rows of <= 2048 items (M <= 4 a thread of <= 512; HALF <=
+// 1024). *used = false: not taken, nothing launched.
 template <typename T>
 cudaError_t launch_tma(const fusedk__rope_args &a, cudaStream_t s, int device, bool *used) {
   constexpr int V = 16 / sizeof(T);

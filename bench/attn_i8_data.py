@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""[attention] why the int8 kernel runs slower on a model's own q, k, v than on N(0,1) ones of
-the same shape (bench/NOTES.md, issue 43): one Wan 2.1 1.3B block at 480p x 81 frames (32760
-tokens; bench_dit's random-weight build), its self-attention's inputs captured from the patched
-block (attention=True: bf16 q, k, v; attention="int8": q and k from qk_norm_rope_int8), then the
-bf16 and int8 kernels timed (torch.profiler, median of --calls) on those inputs and on N(0,1)
-inputs of the same shapes and strides, and what the data does to the online softmax: per query
+"""[attention] the int8 kernel on a model's own q, k, v against random ones of the same shapes
+and strides: one Wan 2.1 1.3B block at 480p x 81 frames (32760 tokens; bench_dit's random-weight
+build), its self-attention's inputs captured from the patched block (attention=True: bf16 q, k,
+v; attention="int8": q and k from qk_norm_rope_int8), then the bf16 and int8 kernels timed
+(torch.profiler, median of --calls) on those inputs and on random ones (N(0,1); int8: uniform
+data with the captured scales), and what the data does to the online softmax: per query
 row (--rows of each head), the share of 128-key tiles whose max raises the running max (a
 rescale of O in the bf16 kernel; the int8 kernel rescales only past a jump of 2^8, also counted),
 and the scores' spread. --ncu: one launch each of the four for Nsight Compute (run under ncu).

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """[attention] attention_int8_scaled (q and k given in int8 with their scales) beside
-attention_int8 (fusedk quantizes them), through the C API by cffi (the Python binding of scaled
-tensors is to come): kernel times (torch.profiler's CUDA activity, median of --calls calls) and
-the error against float64 attention of the unquantized inputs (the first 256 query rows).
+attention_int8 (fusedk quantizes them), through fusedk.attention(ScaledTensor, ScaledTensor, v):
+kernel times (torch.profiler's CUDA activity, median of --calls calls) and the error against float64 attention of the unquantized inputs (the first 256 query rows).
 
     PYTHONPATH=bindings/python python3 bench/attn_i8_scaled.py [--shapes B,H,S[,Dh] ...]
 
@@ -17,22 +16,6 @@ import numpy as np
 import torch
 
 import fusedk
-from fusedk._ffi import ffi, lib
-
-_SCALAR = {torch.int8: lib.FUSEDK_I8, torch.float32: lib.FUSEDK_F32, torch.bfloat16: lib.FUSEDK_BF16,
-           torch.float16: lib.FUSEDK_F16}
-
-
-def ctensor(t, keep):
-    """a fusedk_tensor describing the CUDA tensor t (its shape and strides kept alive in keep)"""
-    x = ffi.new("fusedk_tensor *")
-    shape, strides = ffi.new("int64_t[]", list(t.shape)), ffi.new("int64_t[]", list(t.stride()))
-    keep += [x, shape, strides]
-    x.data = ffi.cast("void *", t.data_ptr())
-    cuda = t.device.type == "cuda"
-    x.device.device_type, x.device.device_id = lib.FUSEDK_DEVICE_CUDA if cuda else lib.FUSEDK_DEVICE_CPU, t.device.index or 0
-    x.ndim, x.dtype, x.shape, x.strides, x.byte_offset = t.dim(), lib.fusedk_dtype_of(_SCALAR[t.dtype]), shape, strides, 0
-    return x
 
 
 def quantize(x):
@@ -43,17 +26,7 @@ def quantize(x):
 
 
 def scaled_attention(q8, qs, k8, ks, v):
-    keep = []
-    out = torch.empty(q8.shape, device=v.device, dtype=v.dtype)
-    sq, sk = ffi.new("fusedk_scaled_tensor *"), ffi.new("fusedk_scaled_tensor *")
-    sq.data, sq.scale, sk.data, sk.scale = ctensor(q8, keep), ctensor(qs, keep), ctensor(k8, keep), ctensor(ks, keep)
-    stream = torch.cuda.current_stream().cuda_stream if v.is_cuda else 0
-    st = lib.fusedk_attention_int8_scaled(ctensor(out, keep), ffi.NULL, sq, sk, ctensor(v, keep), ffi.NULL, 0.0, 0,
-                                          ffi.cast("struct CUstream_st *", stream))
-    if st != lib.FUSEDK_OK:
-        raise fusedk.Error(ffi.string(lib.fusedk_status_name(st)).decode(),
-                           ffi.string(lib.fusedk_failure_reason()).decode())
-    return out
+    return fusedk.attention(fusedk.ScaledTensor(q8, qs), fusedk.ScaledTensor(k8, ks), v)
 
 
 def kernel_times(fn, calls):

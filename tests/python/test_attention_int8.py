@@ -125,9 +125,8 @@ def family(name, B, S, H, D):
 # the bounds of the issue (rel. L2; cosine on N(0,1)), for the GPU's output; the reference keeps P
 # exact, so its error is q's and k's quantization alone and stays within them too
 BOUNDS = {"normal": 0.025, "offset": 0.03, "outliers": 0.06}
-# where a single draw is known to pass the bound: the outlier family at Dh 256 (a row of 256 holds
-# an entry x20 about one time in four, its one scale coarse for the rest), 0.046-0.061 over 25
-# draws of the reference at S 512 (bench/NOTES.md)
+# where a single draw can pass the bound: the outlier family at Dh 256 (a row of 256 holds an
+# entry x20 about one time in four, and its one scale is coarse for the rest of the row)
 OVER = {("outliers", 256)}
 
 

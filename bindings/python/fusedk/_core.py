@@ -104,6 +104,9 @@ def is_number(v):
     return not isinstance(v, (str, bytes, bytearray)) and (hasattr(t, "__float__") or hasattr(t, "__index__"))
 
 
+_FIXED = {lib.FUSEDK_F32: np.dtype(np.float32), lib.FUSEDK_I32: np.dtype(np.int32), lib.FUSEDK_I8: np.dtype(np.int8)}
+
+
 class Op:
     """A registry entry: name, tensors (name, kind, like, when), attributes (name, type, default)."""
 
@@ -114,11 +117,9 @@ class Op:
         self.tensors = [(ffi.string(t.name).decode(), t.kind, t.like, t.when) for t in ts]
         self.same_shape = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW}  # outputs: like's shape
         self.half = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW_HALF}  # like's, last dim / 2
-        self.float32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_F32}  # always float32
-        self.int32 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_I32}  # always int32 (index arguments)
-        self.int8 = {i for i, t in enumerate(ts) if t.scalar == lib.FUSEDK_I8}  # always int8 (scaled tensors' data)
-        self.fixed = {i: np.dtype(np.float32 if i in self.float32 else np.int8)
-                      for i in self.float32 | self.int8}  # outputs of their own dtype, not their like input's
+        # the tensors of a dtype the op fixes (float32 tables and scales, int32 indices, int8 data),
+        # not the call's: outputs of their own dtype, inputs checked against it
+        self.fixed = {i: _FIXED[t.scalar] for i, t in enumerate(ts) if t.scalar in _FIXED}
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
@@ -248,9 +249,8 @@ _DT = {}  # dtype -> (code, bits, lanes), NumPy and CuPy dtypes alike
 
 
 def torch_dtype(dt):
-    """torch's dtype for a NumPy one fusedk fixes (float32, int8)."""
-    torch = sys.modules["torch"]
-    return torch.float32 if dt == np.float32 else torch.int8
+    """torch's dtype for a NumPy one fusedk fixes (float32, int32, int8: the same names)."""
+    return getattr(sys.modules["torch"], np.dtype(dt).name)
 
 
 def dtype_code(dt):
@@ -650,8 +650,8 @@ class _Generic:
         return pack(ptr, t.device.device_type, t.device.device_id, shape, strides, code), obj
 
     def new_output(self, like, shape, fixed=None):
-        """An output like `like` (its framework and device) of `shape`, of dtype `fixed` (float32,
-        int8) or like's."""
+        """An output like `like` (its framework and device) of `shape`, of dtype `fixed` (the op's
+        fixed dtype) or like's."""
         dtype = like.dtype if fixed is None else fixed
         if self.fw == "numpy":
             return np.empty(shape, dtype)

@@ -118,9 +118,7 @@ class _Call:
         for (name, typ, _), v in zip(op.attrs, attrs):
             kw[name] = np.float32(v) if typ == _F32 else np.int32(v)
         target, single = _TARGETS[op.id], len(outs) == 1
-        self.checks = [(op.tensors[i][0], np.dtype(np.float32) if i in op.float32 else
-                        np.dtype(np.int32) if i in op.int32 else np.dtype(np.int8) if i in op.int8 else None)
-                       for i in given]  # what _check reads
+        self.checks = [(op.tensors[i][0], op.fixed.get(i)) for i in given]  # what _check reads
 
         def impl(*xs):
             shapes = [None] * len(op.tensors)
