@@ -56,6 +56,10 @@
 
      fusedk_linear       y = act(x w^T + bias) through cuBLASLt's epilogues (aux_out = x w^T + bias)
      fusedk_linear_backward   dx, dw, db of it (dz = dy * act'(aux)), each optional
+     fusedk_quantize_fp8 / fusedk_dequantize_fp8   rows to scaled e4m3 tensors (a float32 scale a
+                         row: amax / 448) and back
+     fusedk_linear_fp8   y = act(x w^T + bias) from scaled e4m3 x and w (a scale a row of x and an
+                         output channel of w) on FP8 tensor cores, 16-bit y
 
      fusedk_attention    softmax(q k^T * scale) v over [B,S,H,Dh] views: GQA, causal (bottom-right),
                          per-sample kv_len, lse; flash attention on the GPU (Hopper: TMA + wgmma)
@@ -78,7 +82,9 @@
      The normalized (last) dim must be contiguous; every other stride is honoured, stride 0
      broadcasts inputs. Outputs may alias an input only exactly (same pointer and strides).
      dtypes: float32, float16, bfloat16; all tensors of one call share x's dtype and device, but
-     for those the registry marks float32 (rope's tables, the table builders' tensors).
+     for those the registry marks float32 (rope's tables, the table builders' tensors), int8 or
+     float8 e4m3 (scaled tensors' data), int32 (indices), or the dtype an out_dtype attribute
+     names (what an op of 8-bit inputs writes).
 
    ERRORS
      Every call returns fusedk_status. On failure nothing is launched or written and
@@ -132,7 +138,8 @@
      fusedk_op_tensor (argument roles), 0.4 the tensors' fixed dtypes and 8 attributes an op,
      0.5 12 tensors an op (qk_norm_rope takes 10), 0.6 outputs asked for by an attribute
      (when <= -2) and FUSEDK_ACT_NONE, 0.7 int8 arguments (FUSEDK_I8, fusedk_scaled_tensor), 0.8
-     int8 outputs (qk_norm_rope_int8);
+     int8 outputs (qk_norm_rope_int8), 0.9 float8 e4m3 (FUSEDK_E4M3), row scales
+     (FUSEDK_ROLE_ROW_SCALE) and outputs of an attribute's dtype (scalar -3, fusedk_op_out_scalar);
      rebuild against the header you link.
 */
 #ifndef FUSEDK_H
@@ -142,7 +149,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 8
+#define FUSEDK_VERSION_MINOR 9
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -199,7 +206,8 @@ typedef enum fusedk_dtype_code {
   FUSEDK_DTYPE_INT = 0,
   FUSEDK_DTYPE_UINT = 1,
   FUSEDK_DTYPE_FLOAT = 2,
-  FUSEDK_DTYPE_BFLOAT = 4
+  FUSEDK_DTYPE_BFLOAT = 4,
+  FUSEDK_DTYPE_FLOAT8_E4M3FN = 10 /* kDLFloat8_e4m3fn: no Inf, NaN 0x7f/0xff, +-448 at most */
 } fusedk_dtype_code;
 
 /* The three element types fusedk computes on. */
@@ -208,7 +216,8 @@ typedef enum fusedk_scalar {
   FUSEDK_F16 = 1,
   FUSEDK_BF16 = 2,
   FUSEDK_I32 = 3, /* int32: index arguments (attention's kv_len), never computed on */
-  FUSEDK_I8 = 4   /* int8: the data of scaled tensors (fusedk_scaled_tensor), read, never computed on */
+  FUSEDK_I8 = 4,  /* int8: the data of scaled tensors (fusedk_scaled_tensor), read, never computed on */
+  FUSEDK_E4M3 = 5 /* float8 e4m3fn: the data of scaled FP8 tensors, as int8 is */
 } fusedk_scalar;
 
 /* Normalization kind (adaln). */
@@ -238,10 +247,12 @@ typedef struct fusedk_tensor {  /* = DLTensor, 48 bytes on 64-bit targets */
   uint64_t byte_offset;
 } fusedk_tensor;
 
-/* A scaled int8 tensor: element (b, s, h, d) stands for data[b, s, h, d] * scale[b, s, h].
-   data: int8 [B, S, H, Dh]; scale: float32 [B, S, H], a (token, head) row's scale (what
-   attention_int8 makes of q, qk_norm_rope_int8 writes and attention_int8_scaled reads); any
-   strides, each with a contiguous last dim. */
+/* A scaled 8-bit tensor: element (..., k) stands for data[..., k] * scale[...], a float32 scale
+   a row of the last dim. data: int8 or float8 e4m3 [..., K]; scale: float32 [...] (x's leading
+   dims; [1] for a 1-d x). int8 [B, S, H, Dh] with [B, S, H] scales: q and k of attention
+   (qk_norm_rope_int8 writes them, attention_int8_scaled reads them); e4m3 [M, K] with [M]: a
+   GEMM's operand (quantize_fp8 writes it, linear_fp8 reads it). Any strides, each with a
+   contiguous last dim. */
 typedef struct fusedk_scaled_tensor {
   const fusedk_tensor *data, *scale;
 } fusedk_scaled_tensor;
@@ -324,6 +335,24 @@ FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tenso
                                       fusedk_norm norm, const fusedk_tensor *weight,
                                       const fusedk_tensor *bias, float eps,
                                       struct CUstream_st *stream);
+
+/* FP8 outputs: rmsnorm, layernorm and adaln with y written as a scaled e4m3 tensor (what
+   linear_fp8 takes for x): y.data e4m3 like x, y.scale float32 [...] (x's leading dims), each row's
+   float32 result quantized as quantize_fp8 quantizes a row (its amax, not that of the result
+   rounded to x's dtype: the unfused chain rounds first). One pass: the row's values are made
+   twice from the row the kernel holds (their amax, then the quantized values). The arguments
+   as their 16-bit forms'. CPU: the double result rounded to float32, then quantized; the GPU's
+   float32 math may move an element one e4m3 step where a value lies within a rounding of a tie. */
+FUSEDK_DEF fusedk_status fusedk_rmsnorm_fp8(const fusedk_scaled_tensor *y, const fusedk_tensor *residual_out,
+                                            const fusedk_tensor *x, const fusedk_tensor *residual,
+                                            const fusedk_tensor *weight, float eps, struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_layernorm_fp8(const fusedk_scaled_tensor *y, const fusedk_tensor *x,
+                                              const fusedk_tensor *weight, const fusedk_tensor *bias, float eps,
+                                              struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_adaln_fp8(const fusedk_scaled_tensor *y, const fusedk_tensor *x,
+                                          const fusedk_tensor *scale, const fusedk_tensor *shift, fusedk_norm norm,
+                                          const fusedk_tensor *weight, const fusedk_tensor *bias, float eps,
+                                          struct CUstream_st *stream);
 
 /* Mochi: y[B,L,D] = x + cast(x_res * rsqrt(mean(x_res^2) + eps) * tanh(gate[b])), gate [B,D].
    exact = 1: PyTorch's rounding points; exact = 0: one rounding. */
@@ -509,6 +538,39 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
                                                 const fusedk_tensor *x, const fusedk_tensor *w,
                                                 const fusedk_tensor *aux, fusedk_activation act, int32_t tf32,
                                                 struct CUstream_st *stream);
+/* FP8: scaled e4m3 tensors (fusedk_scaled_tensor, data FUSEDK_E4M3) and the GEMM that takes them.
+   quantize_fp8: x[..., K] (f32/f16/bf16) -> out.data e4m3 [..., K], out.scale float32 [...] (x's
+     leading dims; [1] for a 1-d x), a row at a time, in float32 as the GPU computes it: amax the
+     row's largest magnitude (a NaN wins), data = e4m3(x * (448 / amax)) rounded to nearest, ties
+     to even, saturating at +-448, scale = amax / 448; where 448 / amax is not finite (a row of
+     zeros, or amax below 448 / FLT_MAX) data is 0 and the scale amax / 448 (0 for zeros); a row
+     with a NaN or Inf has a non-finite scale (it dequantizes to NaN). What torchao's dynamic
+     per-row activation scaling (PerRow) computes, in one pass: weights once, activations where no
+     op writes them in FP8.
+   dequantize_fp8: y[..., K] = data * scale, the product in float32, rounded once to y's dtype
+     (f32, f16, bf16: the registry's out_dtype attribute).
+   linear_fp8: z = (x.data . w.data^T) * x.scale[m] * w.scale[n] + bias[n], y[..., N] = act(z),
+     aux_out = z rounded (optional); x.data [..., K] with scale [...], w.data [N, K] with scale
+     [N] (an output channel's: quantize_fp8 of w); y, aux_out and bias f16 or bf16, one dtype.
+     On the GPU: cuBLASLt's e4m3 GEMM on Hopper's FP8 tensor cores, both scale vectors applied
+     in its epilogue (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) with bias and RELU or
+     GELU_TANH; GELU and SILU through linear's act pass. fast_accum = 1 (what torchao's FP8
+     linear runs): the tensor cores' own accumulator over all of K; 0: its sums promoted to
+     float32 every few k-steps (slower; README, "FP8", has what each costs in error and time).
+     FP8 plans are tuned as FUSEDK_LINEAR_TUNE=2 at least (cuBLASLt's heuristic offers one
+     algorithm for these scales). Where cuBLASLt has no FP8 algorithm (K
+     not a multiple of 16, rows or scales not 16-byte aligned, GPUs before sm_89): x and w
+     dequantized to float32 in scratch, then linear's exact route (a float32 GEMM, one rounding).
+     The scales must be contiguous ([M] and [N] float32 vectors). Plans, workspace, scratch,
+     tuning and graph capture as linear's. CPU: double accumulation of the decoded products. */
+FUSEDK_DEF fusedk_status fusedk_quantize_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
+                                             struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_dequantize_fp8(const fusedk_tensor *y, const fusedk_scaled_tensor *x,
+                                               struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_linear_fp8(const fusedk_tensor *y, const fusedk_tensor *aux_out,
+                                           const fusedk_scaled_tensor *x, const fusedk_scaled_tensor *w,
+                                           const fusedk_tensor *bias, fusedk_activation act, int32_t fast_accum,
+                                           struct CUstream_st *stream);
 /* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch,
    linear_lowrank's [x | h] buffers, attention's split buffers, lowrank_update's partial sums).
    Call it with no op in flight and no captured CUDA graph of a linear, linear_lowrank, attention
@@ -715,9 +777,15 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_LINEAR_LOWRANK_BACKWARD = 23,
   FUSEDK_OP_ATTENTION_INT8 = 24,
   FUSEDK_OP_ATTENTION_INT8_SCALED = 25,
-  FUSEDK_OP_QK_NORM_ROPE_INT8 = 26
+  FUSEDK_OP_QK_NORM_ROPE_INT8 = 26,
+  FUSEDK_OP_QUANTIZE_FP8 = 27,
+  FUSEDK_OP_DEQUANTIZE_FP8 = 28,
+  FUSEDK_OP_LINEAR_FP8 = 29,
+  FUSEDK_OP_RMSNORM_FP8 = 30,
+  FUSEDK_OP_LAYERNORM_FP8 = 31,
+  FUSEDK_OP_ADALN_FP8 = 32
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 27
+#define FUSEDK_OP_COUNT 33
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -736,8 +804,9 @@ typedef enum fusedk_arg_role {
   FUSEDK_ROLE_COLUMN = 1,       /* [D], contiguous: a per-column operand (weight, bias) */
   FUSEDK_ROLE_SAMPLE = 2,       /* [B, D] of a [B, L, D] op, any row stride (0 broadcasts) */
   FUSEDK_ROLE_ROW_HALF = 3,     /* like's leading dims, half its last dim [..., D/2] */
-  FUSEDK_ROLE_OWN = 4           /* checked by the op (rope's k and tables); outputs: the shape
+  FUSEDK_ROLE_OWN = 4,          /* checked by the op (rope's k and tables); outputs: the shape
                                    fusedk_op_out_shape gives */
+  FUSEDK_ROLE_ROW_SCALE = 5     /* like's leading dims [...] ([1] for a 1-d like): a scale a row */
 } fusedk_arg_role;
 
 typedef enum fusedk_attr_type {
@@ -753,8 +822,9 @@ typedef struct fusedk_op_tensor {
                                    -2 - k: attribute k asks for it; else -1 */
   int32_t role;                 /* fusedk_arg_role */
   int32_t scalar;               /* -1: the reference's dtype; -2: the reference's dtype or float32
-                                   (a modulation kept in float32 beside 16-bit rows); else always
-                                   this fusedk_scalar */
+                                   (a modulation kept in float32 beside 16-bit rows); -3: the
+                                   dtype the op's out_dtype attribute names (f32, f16, bf16; one
+                                   for every -3 tensor of a call); else always this fusedk_scalar */
 } fusedk_op_tensor;
 
 typedef struct fusedk_op_attr {
@@ -781,9 +851,12 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
    inputs (tensors in registry order; only ndim and shape are read) and attributes; a negative
    status (-FUSEDK_ERR_SHAPE, ...) when the inputs it needs are missing or make no such output
    (fusedk_failure_reason says why). What
-   every binding allocates. Its dtype: the tensor's `scalar` if >= 0, else the like input's. */
+   every binding allocates. Its dtype: fusedk_op_out_scalar's. */
 FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tensor *const *tensors,
                                        const double *attrs, int64_t *shape);
+/* The fusedk_scalar of tensor `out` of op i: its fixed dtype, the out_dtype attribute's value for
+   scalar -3, or -1 where it takes the like input's (or the reference's) dtype. */
+FUSEDK_DEF int32_t fusedk_op_out_scalar(int32_t i, int32_t out, const double *attrs);
 /* 1 if output `out` of op i exists for these inputs (NULL = absent) and attributes, else 0. */
 FUSEDK_DEF int32_t fusedk_op_out_exists(int32_t i, int32_t out, const fusedk_tensor *const *tensors,
                                         const double *attrs);
@@ -837,6 +910,8 @@ typedef struct fusedk__norm_args {
   fusedk__rows x, res, res_out, y, base;
   fusedk__rows scale, shift, gate;
   const void *weight, *bias; /* [D] contiguous */
+  int32_t q8;       /* the _fp8 forms: y e4m3, ys its float32 row scales */
+  fusedk__rows ys;
 } fusedk__norm_args;
 
 /* Every op of the elementwise family: y = f(in[0], ..., in[3]) per element; in[k].p == NULL:
@@ -922,14 +997,25 @@ typedef struct fusedk__mat {
   int64_t ld;
 } fusedk__mat;
 typedef struct fusedk__linear_args {
-  int32_t op;       /* FUSEDK_OP_LINEAR or FUSEDK_OP_LINEAR_BACKWARD */
-  int32_t scalar;   /* fusedk_scalar */
+  int32_t op;       /* FUSEDK_OP_LINEAR, FUSEDK_OP_LINEAR_BACKWARD or FUSEDK_OP_LINEAR_FP8 */
+  int32_t scalar;   /* fusedk_scalar (y's for LINEAR_FP8) */
   int32_t act;      /* fusedk_activation */
   int32_t tf32;     /* float32: 1 = TF32 tensor cores */
   int64_t M, N, K;
   fusedk__mat y, aux, x, w, dx, dw, dy;
   void *bias, *db;  /* [N] contiguous */
+  const float *xs, *ws; /* LINEAR_FP8: x's scales [M] and w's [N] (x, w: e4m3 data), contiguous */
+  int32_t fast_accum;   /* LINEAR_FP8: the tensor cores' own accumulation over all of K */
 } fusedk__linear_args;
+
+/* quantize_fp8 (dequant 0): x rows -> e4m3 rows q and float32 scales qs; dequantize_fp8
+   (dequant 1): (q, qs) -> x rows. B x L rows of D; qs's strides in floats, its sl the scale's. */
+typedef struct fusedk__quant_args {
+  int32_t scalar;   /* x's fusedk_scalar */
+  int32_t dequant;
+  int64_t B, L, D;
+  fusedk__rows x, q, qs;
+} fusedk__quant_args;
 
 /* attention: q [B, Sq, Hq, Dh], k, v [B, Sk, Hkv, Dh], out like q, as element strides over
    (b, s, h); lse [B, Hq, Sq] float32 (p == NULL: not asked for); kv_len int32 [B] or NULL. */
@@ -992,6 +1078,8 @@ fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *o
                                       struct CUstream_st *stream);
 fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t device_id,
                                   struct CUstream_st *stream);
+fusedk_status fusedk__cuda_quant(const fusedk__quant_args *a, const char *op, int32_t device_id,
+                                 struct CUstream_st *stream);
 void fusedk__cuda_shutdown(void);
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t device_id,
                                      struct CUstream_st *stream);
@@ -1123,6 +1211,10 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
   (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
+fusedk_status fusedk__cuda_quant(const fusedk__quant_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
 void fusedk__cuda_shutdown(void) {}
 fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t id, struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
@@ -1166,8 +1258,9 @@ FUSEDK_DEF fusedk_dtype fusedk_dtype_of(fusedk_scalar s) {
   fusedk_dtype d;
   d.code = (uint8_t)(s == FUSEDK_BF16                    ? FUSEDK_DTYPE_BFLOAT
                      : s == FUSEDK_I32 || s == FUSEDK_I8 ? FUSEDK_DTYPE_INT
+                     : s == FUSEDK_E4M3                  ? FUSEDK_DTYPE_FLOAT8_E4M3FN
                                                          : FUSEDK_DTYPE_FLOAT);
-  d.bits = (uint8_t)(s == FUSEDK_F32 || s == FUSEDK_I32 ? 32 : s == FUSEDK_I8 ? 8 : 16);
+  d.bits = (uint8_t)(s == FUSEDK_F32 || s == FUSEDK_I32 ? 32 : s == FUSEDK_I8 || s == FUSEDK_E4M3 ? 8 : 16);
   d.lanes = 1;
   return d;
 }
@@ -1192,7 +1285,7 @@ FUSEDK_DEF fusedk_tensor fusedk_tensor_cpu(void *data, fusedk_scalar s, int32_t 
   return t;
 }
 
-/* -1 if the dtype is not one fusedk takes (int8 and int32: only where an op fixes them) */
+/* -1 if the dtype is not one fusedk takes (int8, e4m3 and int32: only where an op fixes them) */
 static int fusedk__scalar_of(fusedk_dtype d) {
   if (d.lanes != 1) return -1;
   if (d.code == FUSEDK_DTYPE_FLOAT && d.bits == 32) return FUSEDK_F32;
@@ -1200,26 +1293,34 @@ static int fusedk__scalar_of(fusedk_dtype d) {
   if (d.code == FUSEDK_DTYPE_BFLOAT && d.bits == 16) return FUSEDK_BF16;
   if (d.code == FUSEDK_DTYPE_INT && d.bits == 32) return FUSEDK_I32;
   if (d.code == FUSEDK_DTYPE_INT && d.bits == 8) return FUSEDK_I8;
+  if (d.code == FUSEDK_DTYPE_FLOAT8_E4M3FN && d.bits == 8) return FUSEDK_E4M3;
   return -1;
 }
 
-/* A DLPack dtype by name: float64, int32, uint8, bool, complex64, bfloat16, float16x2, ... */
+/* A DLPack dtype by name: float64, int32, uint8, bool, complex64, bfloat16, float16x2,
+   float8_e4m3fn, ... */
 static const char *fusedk__dtype_str(fusedk_dtype d, char *buf, size_t n) {
   static const char *const kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  static const char *const f8[] = {"float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
+                                   "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"};
   const char *k = d.code < 7 ? kinds[d.code] : NULL;
-  int len = k && d.code == 6 && d.bits == 8 ? snprintf(buf, n, "bool")
+  int len = d.code >= 7 && d.code <= 14 && d.bits == 8 ? snprintf(buf, n, "%s", f8[d.code - 7])
+            : k && d.code == 6 && d.bits == 8 ? snprintf(buf, n, "bool")
             : k ? snprintf(buf, n, "%s%d", k, (int)d.bits)
                 : snprintf(buf, n, "(code %d, bits %d)", (int)d.code, (int)d.bits);
   if (d.lanes != 1 && len >= 0 && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "x%d", (int)d.lanes);
   return buf;
 }
 
-static size_t fusedk__scalar_size(int s) { return s == FUSEDK_F32 || s == FUSEDK_I32 ? 4 : s == FUSEDK_I8 ? 1 : 2; }
+static size_t fusedk__scalar_size(int s) {
+  return s == FUSEDK_F32 || s == FUSEDK_I32 ? 4 : s == FUSEDK_I8 || s == FUSEDK_E4M3 ? 1 : 2;
+}
 static const char *fusedk__scalar_name(int s) {
   return s == FUSEDK_F32 ? "float32" : s == FUSEDK_F16 ? "float16" : s == FUSEDK_BF16 ? "bfloat16"
-         : s == FUSEDK_I32 ? "int32" : "int8";
+         : s == FUSEDK_I32 ? "int32" : s == FUSEDK_I8 ? "int8" : "float8_e4m3fn";
 }
-static int fusedk__scalar_int(int s) { return s == FUSEDK_I32 || s == FUSEDK_I8; }
+/* int32, int8, e4m3: taken only where an op fixes them (never a call's computing dtype) */
+static int fusedk__scalar_fixed_only(int s) { return s >= FUSEDK_I32; }
 
 static int fusedk__is_gpu(int32_t device_type) {
   return device_type == FUSEDK_DEVICE_CUDA || device_type == FUSEDK_DEVICE_CUDA_MANAGED;
@@ -1246,6 +1347,8 @@ typedef struct fusedk__check {
   const char *ref; /* the reference tensor's name: other tensors take its dtype and device */
   int scalar;
   fusedk_device dev;
+  int out_scalar;      /* the dtype of the tensors of scalar -3 (the first such one's), or -1 */
+  const char *out_ref; /* that first one's name */
 } fusedk__check;
 
 /* Checks what every tensor argument needs: present (if required), a supported dtype equal to
@@ -1263,11 +1366,17 @@ static fusedk_status fusedk__check_tensor(fusedk__check *c, const fusedk_tensor 
                         FUSEDK_MAX_DIMS);
   if (!t->shape) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s has a NULL shape", c->op, name);
   int s = fusedk__scalar_of(t->dtype);
-  if (s < 0 || fusedk__scalar_int(s) != fusedk__scalar_int(fixed)) { /* integers only where the op fixes them */
+  if (s < 0 || fusedk__scalar_fixed_only(s) != fusedk__scalar_fixed_only(fixed)) { /* 8-bit, int32: where fixed */
     char dt[48];
     return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s", c->op, name,
                         fusedk__dtype_str(t->dtype, dt, sizeof dt),
                         fixed >= 0 ? fusedk__scalar_name(fixed) : "float32, float16 or bfloat16");
+  }
+  if (fixed == -3) { /* the out_dtype attribute's: one for every such tensor of the call */
+    if (c->out_scalar >= 0 && s != c->out_scalar)
+      return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s (the dtype of %s)", c->op, name,
+                          fusedk__scalar_name(s), fusedk__scalar_name(c->out_scalar), c->out_ref);
+    if (c->out_scalar < 0) c->out_scalar = s, c->out_ref = name;
   }
   if (fixed >= 0 && s != fixed) {
     return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s", c->op, name, fusedk__scalar_name(s),
@@ -1472,6 +1581,13 @@ static int fusedk__shape_linear(const fusedk_op *o, int out, const fusedk_tensor
                                 const fusedk_tensor *const *t, const double *a, int64_t *shape) {
   (void)out, (void)a;
   return fusedk__shape_rows_of_n(o, t[3], "w", like->ndim, shape);
+}
+
+/* linear_fp8: y, aux_out [..., N], N w's rows */
+static int fusedk__shape_linear_fp8(const fusedk_op *o, int out, const fusedk_tensor *like,
+                                    const fusedk_tensor *const *t, const double *a, int64_t *shape) {
+  (void)out, (void)a;
+  return fusedk__shape_rows_of_n(o, t[4], "w", like->ndim, shape);
 }
 
 /* linear_backward: db [N] (dx and dw take x's and w's shapes) */
@@ -1720,6 +1836,40 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
        FUSEDK__OPT("q_weight", FUSEDK_ROLE_OWN), FUSEDK__OPT("k_weight", FUSEDK_ROLE_OWN)},
       {FUSEDK__EPS(1e-6), FUSEDK__I32("norm", FUSEDK_QK_NORM_HEAD), FUSEDK__I32("style", FUSEDK_ROPE_INTERLEAVED),
        FUSEDK__I32("rotary_dim", 0)}}, fusedk__shape_qk_int8},
+    /* [linear] (after the ops before it): FP8. The scaled tensors' parts: data e4m3, scale float32
+       [...] (a row scale of the data); outputs of scalar -3 take the out_dtype attribute's dtype */
+    {{"quantize_fp8", 3, 0, 0,
+      {{"out", FUSEDK_ARG_OUT, 2, -1, FUSEDK__ROW, FUSEDK_E4M3},
+       {"out_scale", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32}, FUSEDK__IN("x", FUSEDK__ROW)},
+      {FUSEDK__NO_ATTR}}, NULL},
+    {{"dequantize_fp8", 3, 1, 0,
+      {{"y", FUSEDK_ARG_OUT, 1, -1, FUSEDK__ROW, -3}, {"x", FUSEDK_ARG_IN, -1, -1, FUSEDK__ROW, FUSEDK_E4M3},
+       {"x_scale", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32}},
+      {FUSEDK__I32("out_dtype", FUSEDK_BF16)}}, NULL},
+    {{"linear_fp8", 7, 4, -1,
+      {{"y", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_OWN, -3}, {"aux_out", FUSEDK_ARG_OUT_OPT, 2, -2 - 1, FUSEDK_ROLE_OWN, -3},
+       {"x", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_E4M3},
+       {"x_scale", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32},
+       {"w", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_E4M3}, FUSEDK__F32_IN("w_scale"),
+       {"bias", FUSEDK_ARG_IN_OPT, -1, -1, FUSEDK_ROLE_OWN, -3}},
+      {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("want_aux", 0), FUSEDK__I32("out_dtype", FUSEDK_BF16),
+       FUSEDK__I32("fast_accum", 1)}},
+     fusedk__shape_linear_fp8},
+    /* [norm] (after the ops before it): y as a scaled e4m3 tensor, data and scale */
+    {{"rmsnorm_fp8", 6, 1, 0,
+      {{"y", FUSEDK_ARG_OUT, 3, -1, FUSEDK__ROW, FUSEDK_E4M3}, {"y_scale", FUSEDK_ARG_OUT, 3, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32},
+       {"residual_out", FUSEDK_ARG_OUT_OPT, 3, 4, FUSEDK__ROW, -1}, FUSEDK__IN("x", FUSEDK__ROW),
+       FUSEDK__OPT("residual", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL)},
+      {FUSEDK__EPS(1e-6)}}, NULL},
+    {{"layernorm_fp8", 5, 1, 0,
+      {{"y", FUSEDK_ARG_OUT, 2, -1, FUSEDK__ROW, FUSEDK_E4M3}, {"y_scale", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32},
+       FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL), FUSEDK__OPT("bias", FUSEDK__COL)},
+      {FUSEDK__EPS(1e-5)}}, NULL},
+    {{"adaln_fp8", 7, 2, 3,
+      {{"y", FUSEDK_ARG_OUT, 2, -1, FUSEDK__ROW, FUSEDK_E4M3}, {"y_scale", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32},
+       FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__MOD_IN("scale"), FUSEDK__MOD_IN("shift"),
+       FUSEDK__OPT("weight", FUSEDK__COL), FUSEDK__OPT("bias", FUSEDK__COL)},
+      {{"norm", FUSEDK_ATTR_I32, FUSEDK_NORM_LAYER}, FUSEDK__EPS(1e-6)}}, NULL},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -1762,6 +1912,7 @@ static int fusedk__out_shape(int32_t id, int i, const fusedk_tensor *const *t, c
   const int nd = like->ndim;
   memcpy(shape, like->shape, (size_t)nd * sizeof *shape);
   if (r->role == FUSEDK_ROLE_ROW_HALF) shape[nd - 1] /= 2;
+  if (r->role == FUSEDK_ROLE_ROW_SCALE) return nd > 1 ? nd - 1 : (shape[0] = 1, 1);
   if (r->role != FUSEDK_ROLE_OWN) return nd;
   if (!fusedk__registry[id].out_shape)
     return -fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: %s has no shape rule in the registry", o->name, r->name);
@@ -1775,6 +1926,36 @@ FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tens
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_out_shape: op %d, tensor %d is not an output", (int)i,
                         (int)out), -FUSEDK_ERR_INVALID_ARGUMENT;
   return fusedk__out_shape(i, out, t, a, shape);
+}
+
+/* The attribute that names the dtype of an op's tensors of scalar -3 (out_dtype), or -1 */
+static int fusedk__out_dtype_attr(const fusedk_op *o) {
+  for (int k = 0; k < o->n_attrs; ++k)
+    if (!strcmp(o->attrs[k].name, "out_dtype")) return k;
+  return -1;
+}
+
+FUSEDK_DEF int32_t fusedk_op_out_scalar(int32_t i, int32_t out, const double *a) {
+  if (i < 0 || i >= FUSEDK_OP_COUNT || out < 0 || out >= fusedk__op(i)->n_tensors) return -1;
+  const int32_t sc = fusedk__op(i)->tensors[out].scalar, k = fusedk__out_dtype_attr(fusedk__op(i));
+  return sc >= 0 ? sc : sc == -3 && k >= 0 && a ? (int32_t)a[k] : -1;
+}
+
+/* The out_dtype attribute (a float dtype) and the tensors it names, which must have it */
+static fusedk_status fusedk__check_out_dtype(const fusedk_op *o, const fusedk_tensor *const *t, const double *a) {
+  const int k = fusedk__out_dtype_attr(o);
+  if (k < 0) return FUSEDK_OK;
+  const int want = (int)a[k];
+  if (want != FUSEDK_F32 && want != FUSEDK_F16 && want != FUSEDK_BF16)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: out_dtype is %d, expected FUSEDK_F32 (0), FUSEDK_F16 (1) or "
+                        "FUSEDK_BF16 (2)", o->name, want);
+  for (int i = 0; i < o->n_tensors; ++i) {
+    const int got = t[i] ? fusedk__scalar_of(t[i]->dtype) : want;
+    if (o->tensors[i].scalar == -3 && got >= 0 && got != want)
+      return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: %s has dtype %s, expected %s (out_dtype)", o->name,
+                          o->tensors[i].name, fusedk__scalar_name(got), fusedk__scalar_name(want));
+  }
+  return FUSEDK_OK;
 }
 
 FUSEDK_DEF int32_t fusedk_op_out_exists(int32_t i, int32_t out, const fusedk_tensor *const *t, const double *a) {
@@ -1801,8 +1982,8 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
   if (i < 0 || i >= FUSEDK_OP_COUNT)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: op %d, expected 0..%d", (int)i, FUSEDK_OP_COUNT - 1);
   if (!t || !a) return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "op_call: %s: tensors or attrs is NULL", fusedk__op(i)->name);
-  const fusedk_status ast = fusedk__check_int_attrs(fusedk__op(i), a);
-  if (ast) return ast;
+  fusedk_status ast = fusedk__check_int_attrs(fusedk__op(i), a);
+  if (ast || (ast = fusedk__check_out_dtype(fusedk__op(i), t, a))) return ast;
   switch ((fusedk_op_id)i) {
     case FUSEDK_OP_RMSNORM: return fusedk_rmsnorm(t[0], t[1], t[2], t[3], t[4], (float)a[0], s);
     case FUSEDK_OP_LAYERNORM: return fusedk_layernorm(t[0], t[1], t[2], t[3], (float)a[0], s);
@@ -1834,6 +2015,30 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
                                       (fusedk_qk_norm)(int)a[1], (fusedk_rope_style)(int)a[2], (int32_t)a[3], s);
     }
     case FUSEDK_OP_LINEAR: return fusedk_linear(t[0], t[1], t[2], t[3], t[4], (fusedk_activation)(int)a[0], (int32_t)a[1], s);
+    case FUSEDK_OP_RMSNORM_FP8: {
+      const fusedk_scaled_tensor y = {t[0], t[1]};
+      return fusedk_rmsnorm_fp8(&y, t[2], t[3], t[4], t[5], (float)a[0], s);
+    }
+    case FUSEDK_OP_LAYERNORM_FP8: {
+      const fusedk_scaled_tensor y = {t[0], t[1]};
+      return fusedk_layernorm_fp8(&y, t[2], t[3], t[4], (float)a[0], s);
+    }
+    case FUSEDK_OP_ADALN_FP8: {
+      const fusedk_scaled_tensor y = {t[0], t[1]};
+      return fusedk_adaln_fp8(&y, t[2], t[3], t[4], (fusedk_norm)(int)a[0], t[5], t[6], (float)a[1], s);
+    }
+    case FUSEDK_OP_QUANTIZE_FP8: {
+      const fusedk_scaled_tensor q = {t[0], t[1]};
+      return fusedk_quantize_fp8(&q, t[2], s);
+    }
+    case FUSEDK_OP_DEQUANTIZE_FP8: {
+      const fusedk_scaled_tensor x = {t[1], t[2]};
+      return fusedk_dequantize_fp8(t[0], &x, s);
+    }
+    case FUSEDK_OP_LINEAR_FP8: {
+      const fusedk_scaled_tensor x = {t[2], t[3]}, w = {t[4], t[5]};
+      return fusedk_linear_fp8(t[0], t[1], &x, &w, t[6], (fusedk_activation)(int)a[0], (int32_t)a[3], s);
+    }
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION_INT8_SCALED: {
@@ -1900,8 +2105,9 @@ static fusedk_status fusedk__flatten_rows(const fusedk_op *o, const fusedk_tenso
                                           fusedk__rowset *s) {
   const fusedk_tensor *rows[FUSEDK_OP_MAX_TENSORS] = {0};
   int64_t size[FUSEDK_MAX_DIMS], st[FUSEDK_OP_MAX_TENSORS][FUSEDK_MAX_DIMS];
-  for (int k = 0; k < o->n_tensors; ++k)
-    rows[k] = o->tensors[k].role == FUSEDK_ROLE_ROW || o->tensors[k].role == FUSEDK_ROLE_ROW_HALF ? t[k] : NULL;
+  for (int k = 0; k < o->n_tensors; ++k) /* a row scale's dims are the rows' leading dims */
+    rows[k] = o->tensors[k].role == FUSEDK_ROLE_ROW || o->tensors[k].role == FUSEDK_ROLE_ROW_HALF ||
+                      o->tensors[k].role == FUSEDK_ROLE_ROW_SCALE ? t[k] : NULL;
   int m = fusedk__levels(t[ref], o->n_tensors, rows, size, st);
   if (m > 2) {
     char shp[160];
@@ -1942,7 +2148,7 @@ static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *c
   memset(s, 0, sizeof *s);
   const int ref = fusedk__ref(o);
   const char *xn = o->tensors[ref].name;
-  s->c.op = o->name, s->c.ref = xn, s->c.scalar = -1;
+  s->c.op = o->name, s->c.ref = xn, s->c.scalar = -1, s->c.out_scalar = -1;
   int present;
   fusedk_status st = fusedk__check_tensor(&s->c, t[ref], xn, 1, o->tensors[ref].scalar, &present);
   if (st) return st;
@@ -1982,6 +2188,10 @@ static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *c
                  ? fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s has last dim %lld, expected an even size (two halves)",
                                 o->name, o->tensors[like].name, (long long)r->shape[r->ndim - 1])
                  : fusedk__check_shape(&s->c, t[i], a->name, r->ndim, half, why);
+      } else if (a->role == FUSEDK_ROLE_ROW_SCALE) {
+        const int64_t one = 1;
+        snprintf(why, sizeof why, "the leading dims of %s%s", o->tensors[like].name, r->ndim == 1 ? " ([1])" : "");
+        st = fusedk__check_shape(&s->c, t[i], a->name, r->ndim > 1 ? r->ndim - 1 : 1, r->ndim > 1 ? r->shape : &one, why);
       } else if (a->role == FUSEDK_ROLE_COLUMN) {
         snprintf(why, sizeof why, "last dim of %s", xn);
         st = fusedk__check_shape(&s->c, t[i], a->name, 1, bd + 1, why);
@@ -1997,8 +2207,9 @@ static fusedk_status fusedk__validate(const fusedk_op *o, const fusedk_tensor *c
   if (o->row_ndim == 0) return fusedk__flatten_rows(o, t, ref, s);
   if (o->row_ndim != 3) return FUSEDK_OK; /* the op walks the strides itself */
   s->B = B, s->L = x->shape[1]; /* [B, L, D]: B stays, the per-sample vectors index it */
-  for (int i = 0; i < o->n_tensors; ++i)
-    if (t[i] && (o->tensors[i].role == FUSEDK_ROLE_ROW || o->tensors[i].role == FUSEDK_ROLE_ROW_HALF))
+  for (int i = 0; i < o->n_tensors; ++i) /* (a row scale [B, L]: its own two dims) */
+    if (t[i] && (o->tensors[i].role == FUSEDK_ROLE_ROW || o->tensors[i].role == FUSEDK_ROLE_ROW_HALF ||
+                 o->tensors[i].role == FUSEDK_ROLE_ROW_SCALE))
       s->r[i].sb = fusedk__stride(t[i], 0), s->r[i].sl = fusedk__stride(t[i], 1);
   return FUSEDK_OK;
 }
@@ -2036,8 +2247,30 @@ static double fusedk__round_prec(double v, int p, int emin) {
   return ldexp(nearbyint(ldexp(v, -q)), q);
 }
 
+/* float8 e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; subnormals step 2^-9, no Inf,
+   0x7f/0xff NaN, 448 the largest. */
+static double fusedk__e4m3_to_f64(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const double v = (b & 0x7f) == 0x7f ? NAN : e ? ldexp(8 + m, e - 10) : ldexp(m, -9);
+  return b & 0x80 ? -v : v;
+}
+
+/* rounded to nearest, ties to even, saturating at +-448 (Inf too); NaN 0x7f (the GPU's
+   cvt.rn.satfinite.e4m3x2.f32) */
+static uint8_t fusedk__f32_to_e4m3(float f) {
+  if (f != f) return 0x7f;
+  const uint8_t sign = signbit(f) ? 0x80 : 0;
+  const double r = fusedk__round_prec(fabs((double)f), 4, -6);
+  if (r >= 448.0) return sign | 0x7e;
+  if (r < ldexp(1.0, -6)) return (uint8_t)(sign | (uint8_t)(r * 512.0)); /* 2^-6 itself: 8 = exponent 1 */
+  int e;
+  const double f2 = frexp(r, &e); /* r = f2 2^e, f2 in [0.5, 1) */
+  return (uint8_t)(sign | (e + 6) << 3 | ((int)(f2 * 16.0) - 8));
+}
+
 static double fusedk__load(const void *p, int64_t i, int s) {
   if (s == FUSEDK_F32) return ((const float *)p)[i];
+  if (s == FUSEDK_E4M3) return fusedk__e4m3_to_f64(((const uint8_t *)p)[i]);
   uint16_t h = ((const uint16_t *)p)[i];
   return s == FUSEDK_F16 ? fusedk__f16_to_f32(h) : fusedk__bf16_to_f32(h);
 }
@@ -2058,6 +2291,20 @@ static void fusedk__store(void *p, int64_t i, double v, int s) {
 
 /* --- [norm] CPU reference and entry points ---------------------------------------------- */
 
+/* A row of float32 values (given as doubles, rounded to float32 here) quantized to e4m3 with its
+   scale as quantize_fp8 states it (fusedk.h's FP8 rules): the amax (a NaN wins), x * (448 / amax)
+   in float32, rounded; scale amax / 448 */
+static void fusedk__quantize_row(const double *v, int64_t D, uint8_t *q, float *scale) {
+  float amax = 0.0f;
+  for (int64_t d = 0; d < D; ++d) {
+    const float f = (float)v[d];
+    amax = f != f || amax != amax ? NAN : fabsf(f) > amax ? fabsf(f) : amax;
+  }
+  const float r = 448.0f / amax, inv = amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
+  for (int64_t d = 0; d < D; ++d) q[d] = fusedk__f32_to_e4m3((float)v[d] * inv);
+  *scale = amax / 448.0f;
+}
+
 static void *fusedk__at(const fusedk__rows *r, int64_t b, int64_t l, int s) {
   return (char *)((uintptr_t)r->p + (uintptr_t)((b * r->sb + l * r->sl) * (int64_t)fusedk__scalar_size(s)));
 }
@@ -2066,7 +2313,7 @@ static void *fusedk__at(const fusedk__rows *r, int64_t b, int64_t l, int s) {
 static int fusedk__norm_cpu(const fusedk__norm_args *a) {
   const int s = a->scalar;
   const int64_t D = a->D;
-  double *v = (double *)malloc((size_t)D * sizeof(double));
+  double *v = (double *)malloc((size_t)D * 2 * sizeof(double)), *out = v + D; /* out: a q8 row's results */
   if (!v) return -1;
   for (int64_t b = 0; b < a->B; ++b)
     for (int64_t l = 0; l < a->L; ++l) {
@@ -2087,7 +2334,7 @@ static int fusedk__norm_cpu(const fusedk__norm_args *a) {
       const double rstd = 1.0 / sqrt(var + (double)a->eps);
       /* exact (Mochi) mode: PyTorch's float32 rstd = rsqrt(float(mean(x^2)) + eps) */
       const float rstd_f = (float)(1.0 / sqrt((double)((float)var + a->eps)));
-      void *y = fusedk__at(&a->y, b, l, s);
+      void *y = fusedk__at(&a->y, b, l, a->q8 ? FUSEDK_E4M3 : s);
       void *ro = a->res_out.p ? fusedk__at(&a->res_out, b, l, s) : NULL;
       const void *base = a->base.p ? fusedk__at(&a->base, b, l, s) : NULL;
       const void *sc = a->scale.p ? fusedk__at(&a->scale, b, 0, a->mod) : NULL;
@@ -2109,8 +2356,10 @@ static int fusedk__norm_cpu(const fusedk__norm_args *a) {
           if (base) n += fusedk__load(base, d, s);
         }
         if (ro) fusedk__store(ro, d, v[d], s);
-        fusedk__store(y, d, n, s);
+        if (a->q8) out[d] = n;
+        else fusedk__store(y, d, n, s);
       }
+      if (a->q8) fusedk__quantize_row(out, D, (uint8_t *)y, (float *)fusedk__at(&a->ys, b, l, FUSEDK_F32));
     }
   free(v);
   return 0;
@@ -2160,6 +2409,26 @@ FUSEDK_DEF fusedk_status fusedk_layernorm(const fusedk_tensor *y, const fusedk_t
   return fusedk__norm_run(&s.c, &a, stream);
 }
 
+/* adaln's own checks (norm, bias, eps, the modulation's dtype); sets a's mod and rms */
+static fusedk_status fusedk__adaln_checks(const fusedk__check *c, const fusedk_tensor *scale,
+                                          const fusedk_tensor *shift, fusedk_norm norm, const fusedk_tensor *bias,
+                                          float eps, fusedk__norm_args *a) {
+  if (norm != FUSEDK_NORM_LAYER && norm != FUSEDK_NORM_RMS)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: norm is %d, expected FUSEDK_NORM_LAYER (0) or "
+                        "FUSEDK_NORM_RMS (1)", c->op, (int)norm);
+  if (bias && norm == FUSEDK_NORM_RMS)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: bias is given with FUSEDK_NORM_RMS, expected NULL "
+                        "(RMSNorm has no bias)", c->op);
+  fusedk_status st = fusedk__check_eps(c, eps);
+  if (st) return st;
+  const int ms = fusedk__scalar_of(scale->dtype);
+  if (fusedk__scalar_of(shift->dtype) != ms)
+    return fusedk__fail(FUSEDK_ERR_DTYPE, "%s: shift has dtype %s, expected %s (the dtype of scale)", c->op,
+                        fusedk__scalar_name(fusedk__scalar_of(shift->dtype)), fusedk__scalar_name(ms));
+  a->mod = ms, a->rms = norm == FUSEDK_NORM_RMS;
+  return FUSEDK_OK;
+}
+
 FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *scale,
                                       const fusedk_tensor *shift, fusedk_norm norm, const fusedk_tensor *weight,
                                       const fusedk_tensor *bias, float eps, struct CUstream_st *stream) {
@@ -2167,21 +2436,61 @@ FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tenso
   fusedk__rowset s;
   fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_ADALN), t, &s);
   if (st) return st;
-  if (norm != FUSEDK_NORM_LAYER && norm != FUSEDK_NORM_RMS)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: norm is %d, expected FUSEDK_NORM_LAYER (0) or "
-                        "FUSEDK_NORM_RMS (1)", (int)norm);
-  if (bias && norm == FUSEDK_NORM_RMS)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "adaln: bias is given with FUSEDK_NORM_RMS, expected NULL "
-                        "(RMSNorm has no bias)");
-  if ((st = fusedk__check_eps(&s.c, eps))) return st;
-  const int ms = fusedk__scalar_of(scale->dtype);
-  if (fusedk__scalar_of(shift->dtype) != ms)
-    return fusedk__fail(FUSEDK_ERR_DTYPE, "adaln: shift has dtype %s, expected %s (the dtype of scale)",
-                        fusedk__scalar_name(fusedk__scalar_of(shift->dtype)), fusedk__scalar_name(ms));
   fusedk__norm_args a = fusedk__norm_of(&s, FUSEDK_OP_ADALN, eps);
-  a.mod = ms;
+  if ((st = fusedk__adaln_checks(&s.c, scale, shift, norm, bias, eps, &a))) return st;
   a.y = s.r[0], a.x = s.r[1], a.scale = s.r[2], a.shift = s.r[3], a.weight = s.r[4].p, a.bias = s.r[5].p;
-  a.rms = norm == FUSEDK_NORM_RMS;
+  return fusedk__norm_run(&s.c, &a, stream);
+}
+
+/* The _fp8 forms: the plain op's checks on the same tensors (y's data in y's place), then its
+   run with y's scales */
+static fusedk_status fusedk__norm_fp8(int32_t id, const fusedk_tensor *const *t, fusedk__norm_args *a,
+                                      fusedk__rowset *s) {
+  fusedk_status st = fusedk__validate(fusedk__op(id), t, s);
+  if (st) return st;
+  memset(a, 0, sizeof *a);
+  a->scalar = a->mod = s->c.scalar, a->B = s->B, a->L = s->L, a->D = s->D, a->q8 = 1;
+  a->y = s->r[0], a->ys = s->r[1];
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_rmsnorm_fp8(const fusedk_scaled_tensor *y, const fusedk_tensor *residual_out,
+                                            const fusedk_tensor *x, const fusedk_tensor *residual,
+                                            const fusedk_tensor *weight, float eps, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y ? y->data : NULL, y ? y->scale : NULL, residual_out, x, residual, weight};
+  fusedk__rowset s;
+  fusedk__norm_args a;
+  fusedk_status st = fusedk__norm_fp8(FUSEDK_OP_RMSNORM_FP8, t, &a, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
+  a.op = FUSEDK_OP_RMSNORM, a.eps = eps, a.rms = 1;
+  a.res_out = s.r[2], a.x = s.r[3], a.res = s.r[4], a.weight = s.r[5].p;
+  return fusedk__norm_run(&s.c, &a, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_layernorm_fp8(const fusedk_scaled_tensor *y, const fusedk_tensor *x,
+                                              const fusedk_tensor *weight, const fusedk_tensor *bias, float eps,
+                                              struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y ? y->data : NULL, y ? y->scale : NULL, x, weight, bias};
+  fusedk__rowset s;
+  fusedk__norm_args a;
+  fusedk_status st = fusedk__norm_fp8(FUSEDK_OP_LAYERNORM_FP8, t, &a, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
+  a.op = FUSEDK_OP_LAYERNORM, a.eps = eps;
+  a.x = s.r[2], a.weight = s.r[3].p, a.bias = s.r[4].p;
+  return fusedk__norm_run(&s.c, &a, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_adaln_fp8(const fusedk_scaled_tensor *y, const fusedk_tensor *x,
+                                          const fusedk_tensor *scale, const fusedk_tensor *shift, fusedk_norm norm,
+                                          const fusedk_tensor *weight, const fusedk_tensor *bias, float eps,
+                                          struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y ? y->data : NULL, y ? y->scale : NULL, x, scale, shift, weight, bias};
+  fusedk__rowset s;
+  fusedk__norm_args a;
+  fusedk_status st = fusedk__norm_fp8(FUSEDK_OP_ADALN_FP8, t, &a, &s);
+  if (st || (st = fusedk__adaln_checks(&s.c, scale, shift, norm, bias, eps, &a))) return st;
+  a.op = FUSEDK_OP_ADALN, a.eps = eps;
+  a.x = s.r[2], a.scale = s.r[3], a.shift = s.r[4], a.weight = s.r[5].p, a.bias = s.r[6].p;
   return fusedk__norm_run(&s.c, &a, stream);
 }
 
@@ -2572,7 +2881,7 @@ static fusedk_status fusedk__rope_setup(const fusedk__check *c, const fusedk_ten
     a->t[j].oh = fusedk__stride(o, bhsd ? 1 : 2);
   }
   for (int j = 0; j < 2; ++j) {
-    int64_t st3[3];
+    int64_t st3[3] = {0, 0, 0};
     fusedk_status st = fusedk__rope_table(op, j ? sin : cos, j ? "sin" : "cos", q, k, R / 2, st3);
     if (st) return st;
     a->tab[j].p = (const float *)fusedk__base(j ? sin : cos);
@@ -2849,18 +3158,19 @@ static void fusedk__mat_rows(const fusedk__mat *m, int64_t rows, int64_t n, int 
    contiguous rows, one rounding (dz rounded to the dtype before the backward GEMMs, as the GPU
    keeps it). 0, or -1 when a buffer cannot be allocated (nothing written then). */
 static int fusedk__linear_cpu(const fusedk__linear_args *a) {
-  const int s = a->scalar;
+  const int s = a->scalar, is = a->op == FUSEDK_OP_LINEAR_FP8 ? FUSEDK_E4M3 : s; /* x's and w's dtype */
   const int64_t M = a->M, N = a->N, K = a->K;
   double *w = (double *)malloc((size_t)(N * K + K + N) * sizeof(double) + 1), *xr = w + N * K, *b = xr + K;
   if (!w) return -1;
-  fusedk__mat_rows(&a->w, N, K, s, w);
+  fusedk__mat_rows(&a->w, N, K, is, w);
   for (int64_t n = 0; n < N; ++n) b[n] = a->bias ? fusedk__load(a->bias, n, s) : 0.0;
   for (int64_t m = 0; m < M; ++m) {
-    fusedk__mat row = {fusedk__mat_row(&a->x, m, s), 0};
-    fusedk__mat_rows(&row, 1, K, s, xr);
+    fusedk__mat row = {fusedk__mat_row(&a->x, m, is), 0};
+    fusedk__mat_rows(&row, 1, K, is, xr);
     for (int64_t n = 0; n < N; ++n) {
-      double z = b[n];
+      double z = a->xs ? 0.0 : b[n];
       for (int64_t k = 0; k < K; ++k) z += xr[k] * w[n * K + k];
+      if (a->xs) z = b[n] + z * (double)a->xs[m] * (double)a->ws[n]; /* FP8: the scales after the sum */
       if (a->aux.p) fusedk__store(fusedk__mat_row(&a->aux, m, s), n, z, s);
       fusedk__store(fusedk__mat_row(&a->y, m, s), n, fusedk__linear_act(z, a->act, s), s);
     }
@@ -3003,7 +3313,7 @@ static fusedk_status fusedk__linear_common(const fusedk__check *c, int act, int3
 static fusedk_status fusedk__linear_run(const fusedk__linear_args *a, const fusedk__check *c,
                                         struct CUstream_st *stream) {
   if (fusedk__is_gpu(c->dev.device_type)) return fusedk__cuda_linear(a, c->op, c->dev.device_id, stream);
-  const int r = a->op == FUSEDK_OP_LINEAR ? fusedk__linear_cpu(a) : fusedk__linear_backward_cpu(a);
+  const int r = a->op != FUSEDK_OP_LINEAR_BACKWARD ? fusedk__linear_cpu(a) : fusedk__linear_backward_cpu(a);
   return r ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers", c->op) : FUSEDK_OK;
 }
 
@@ -3063,6 +3373,107 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
   }
   a.db = fusedk__base(db);
   if (!dx && !dw && !db) return FUSEDK_OK;
+  return fusedk__linear_run(&a, &s.c, stream);
+}
+
+/* quantize_fp8 and dequantize_fp8: a row at a time, in float32 as the GPU computes it */
+static void fusedk__quant_cpu(const fusedk__quant_args *a) {
+  const int s = a->scalar;
+  for (int64_t b = 0; b < a->B; ++b)
+    for (int64_t l = 0; l < a->L; ++l) {
+      void *x = fusedk__at(&a->x, b, l, s);
+      uint8_t *q = (uint8_t *)fusedk__at(&a->q, b, l, FUSEDK_E4M3);
+      float *sc = (float *)fusedk__at(&a->qs, b, l, FUSEDK_F32);
+      if (a->dequant) {
+        for (int64_t d = 0; d < a->D; ++d) fusedk__store(x, d, (double)((float)fusedk__e4m3_to_f64(q[d]) * *sc), s);
+        continue;
+      }
+      float amax = 0.0f;
+      for (int64_t d = 0; d < a->D; ++d) amax = fusedk__amax(amax, (float)fusedk__load(x, d, s));
+      const float r = 448.0f / amax, inv = amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
+      for (int64_t d = 0; d < a->D; ++d) q[d] = fusedk__f32_to_e4m3((float)fusedk__load(x, d, s) * inv);
+      *sc = amax / 448.0f;
+    }
+}
+
+/* quantize_fp8 and dequantize_fp8's one entry: t = {x (or y), data, scale} in the op's order */
+static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t, int dequant,
+                                       struct CUstream_st *stream) {
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(fusedk__op(id), t, &s);
+  if (st) return st;
+  const int ix = dequant ? 0 : 2, iq = dequant ? 1 : 0, is = dequant ? 2 : 1;
+  if (!dequant && ((st = fusedk__check_disjoint(&s.c, t[0], "out", t[2], "x")) ||
+                   (st = fusedk__check_disjoint(&s.c, t[1], "out_scale", t[2], "x")) ||
+                   (st = fusedk__check_disjoint(&s.c, t[1], "out_scale", t[0], "out"))))
+    return st;
+  if (dequant && ((st = fusedk__check_disjoint(&s.c, t[0], "y", t[1], "x")) ||
+                  (st = fusedk__check_disjoint(&s.c, t[0], "y", t[2], "x_scale"))))
+    return st;
+  fusedk__quant_args a;
+  memset(&a, 0, sizeof a);
+  a.scalar = fusedk__scalar_of(t[ix]->dtype), a.dequant = dequant;
+  a.B = s.B, a.L = s.L, a.D = s.D, a.x = s.r[ix], a.q = s.r[iq], a.qs = s.r[is];
+  if (a.B * a.L == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_quant(&a, s.c.op, s.c.dev.device_id, stream);
+  fusedk__quant_cpu(&a);
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_quantize_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
+                                             struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {out ? out->data : NULL, out ? out->scale : NULL, x};
+  return fusedk__quant_run(FUSEDK_OP_QUANTIZE_FP8, t, 0, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_dequantize_fp8(const fusedk_tensor *y, const fusedk_scaled_tensor *x,
+                                               struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, x ? x->data : NULL, x ? x->scale : NULL};
+  return fusedk__quant_run(FUSEDK_OP_DEQUANTIZE_FP8, t, 1, stream);
+}
+
+/* A float32 vector of n scales, contiguous (cuBLASLt reads it as one) */
+static fusedk_status fusedk__scale_vec(const fusedk__check *c, const fusedk_tensor *t, const char *name, int64_t n) {
+  int64_t e = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] > 1 && fusedk__stride(t, i) != e)
+      return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s is not contiguous, expected its %lld scales side by side",
+                          c->op, name, (long long)n);
+    e *= t->shape[i];
+  }
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_linear_fp8(const fusedk_tensor *y, const fusedk_tensor *aux_out,
+                                           const fusedk_scaled_tensor *x, const fusedk_scaled_tensor *w,
+                                           const fusedk_tensor *bias, fusedk_activation act, int32_t fast_accum,
+                                           struct CUstream_st *stream) {
+  const fusedk_tensor *xd = x ? x->data : NULL, *wd = w ? w->data : NULL;
+  const fusedk_tensor *t[] = {y, aux_out, xd, x ? x->scale : NULL, wd, w ? w->scale : NULL, bias};
+  fusedk__rowset s;
+  fusedk__linear_args a;
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LINEAR_FP8), t, &s);
+  if (st || (st = fusedk__linear_common(&s.c, (int)act, 0, xd, wd, 0, &a))) return st;
+  if (s.c.out_scalar != FUSEDK_F16 && s.c.out_scalar != FUSEDK_BF16)
+    return fusedk__fail(FUSEDK_ERR_DTYPE, "linear_fp8: %s has dtype %s, expected float16 or bfloat16", s.c.out_ref,
+                        fusedk__scalar_name(s.c.out_scalar));
+  if (fast_accum != 0 && fast_accum != 1)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "linear_fp8: fast_accum is %d, expected 0 or 1", (int)fast_accum);
+  a.op = FUSEDK_OP_LINEAR_FP8, a.scalar = s.c.out_scalar, a.fast_accum = fast_accum;
+  if ((st = fusedk__check_shape(&s.c, t[5], "w_scale", 1, &a.N, "[N] (the first dim of w)")) ||
+      (bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &a.N, "[N] (the first dim of w)"))) ||
+      (st = fusedk__scale_vec(&s.c, t[3], "x_scale", a.M)) || (st = fusedk__scale_vec(&s.c, t[5], "w_scale", a.N)) ||
+      (st = fusedk__linear_rows(&s.c, xd, "x", xd, "x", a.K, &a.x)) ||
+      (st = fusedk__linear_rows(&s.c, y, "y", xd, "x", a.N, &a.y)) ||
+      (aux_out && (st = fusedk__linear_rows(&s.c, aux_out, "aux_out", xd, "x", a.N, &a.aux))))
+    return st;
+  const char *names[] = {"y", "aux_out", "x", "x_scale", "w", "w_scale", "bias"};
+  for (int i = 1; i < 7; ++i)
+    if ((st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i])) ||
+        (i > 1 && (st = fusedk__check_disjoint(&s.c, aux_out, "aux_out", t[i], names[i]))))
+      return st;
+  a.bias = fusedk__base(bias), a.xs = (const float *)fusedk__base(t[3]), a.ws = (const float *)fusedk__base(t[5]);
+  if (a.M == 0 || a.N == 0) return FUSEDK_OK;
   return fusedk__linear_run(&a, &s.c, stream);
 }
 
@@ -3905,9 +4316,13 @@ FUSEDK_DEF size_t fusedk_kernel_info(char *buf, size_t size) {
   size_t k = (size_t)snprintf(tmp, sizeof tmp, "{\"version\": \"%s\", ", fusedk_version());
   k += fusedk__cuda_info(tmp + k, sizeof tmp - k);
   for (int i = 0; i < FUSEDK_OP_COUNT && k < sizeof tmp; ++i) {
-    const fusedk_op *o = fusedk__op(i); /* its reference input's dtypes: the table builders' float32 alone */
-    k += (size_t)snprintf(tmp + k, sizeof tmp - k, "%s\"%s\": [\"float32\"%s]", i ? ", " : ", \"ops\": {", o->name,
-                          o->tensors[fusedk__ref(o)].scalar < 0 ? ", \"float16\", \"bfloat16\"" : "");
+    /* its reference input's dtypes (the table builders' float32 alone), or its out_dtype's */
+    const fusedk_op *o = fusedk__op(i);
+    const int all = o->tensors[fusedk__ref(o)].scalar < 0 || fusedk__out_dtype_attr(o) >= 0;
+    k += (size_t)snprintf(tmp + k, sizeof tmp - k, "%s\"%s\": [%s]", i ? ", " : ", \"ops\": {", o->name,
+                          i == FUSEDK_OP_LINEAR_FP8 ? "\"float16\", \"bfloat16\""
+                          : all                     ? "\"float32\", \"float16\", \"bfloat16\""
+                                                    : "\"float32\"");
   }
   if (k < sizeof tmp) k += (size_t)snprintf(tmp + k, sizeof tmp - k, "}}");
   if (buf && size) snprintf(buf, size, "%s", tmp);

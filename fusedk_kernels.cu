@@ -67,6 +67,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h> // CUtensorMap, the cuTensorMapEncodeTiled type: types only, no libcuda
 #include <stdio.h>
@@ -474,6 +475,7 @@ template <typename T> __device__ __forceinline__ T *at(const fusedk__rows &r, in
 }
 
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+inline size_t pad256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 // Hopper bulk copies (cp.async.bulk, the TMA engine without a tensor map): one thread moves a
 // contiguous run of bytes global -> shared and an mbarrier counts them in. The data in flight
@@ -555,6 +557,40 @@ template <typename T, int VEC> __device__ __forceinline__ Raw<T, VEC> opaque(Raw
   return r;
 }
 
+// VEC bytes of e4m3 (the FP8 side of quantize_fp8, dequantize_fp8 and the norms' _fp8 forms):
+// one 8- or 4-byte access, or one byte
+template <int VEC> struct Bytes { alignas(VEC) uint8_t b[VEC]; };
+template <int VEC> __device__ __forceinline__ Bytes<VEC> ld_bytes(const uint8_t *p) {
+  Bytes<VEC> r;
+  if constexpr (VEC == 8) *reinterpret_cast<uint2 *>(r.b) = *reinterpret_cast<const uint2 *>(p);
+  else if constexpr (VEC == 4) *reinterpret_cast<uint32_t *>(r.b) = *reinterpret_cast<const uint32_t *>(p);
+  else r.b[0] = *p;
+  return r;
+}
+template <int VEC> __device__ __forceinline__ void st_bytes(uint8_t *p, const Bytes<VEC> &r) {
+  if constexpr (VEC == 8) *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(r.b);
+  else if constexpr (VEC == 4) *reinterpret_cast<uint32_t *>(p) = *reinterpret_cast<const uint32_t *>(r.b);
+  else *p = r.b[0];
+}
+// e4m3 conversions: cvt.rn.satfinite (NaN to 0x7f), two values an instruction, of v * inv (one
+// float32 product each, as the CPU reference); e4m3 to f16 is exact
+template <int VEC> __device__ __forceinline__ Bytes<VEC> e4m3_of(const float (&v)[VEC], float inv) {
+  Bytes<VEC> o;
+  if constexpr (VEC % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 2)
+      reinterpret_cast<uint16_t *>(o.b)[i / 2] = __nv_cvt_float2_to_fp8x2(
+          make_float2(__fmul_rn(v[i], inv), __fmul_rn(v[i + 1], inv)), __NV_SATFINITE, __NV_E4M3);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) o.b[i] = __nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3);
+  }
+  return o;
+}
+__device__ __forceinline__ float f32_of_e4m3(uint8_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // [reduce] warp and row-group sums
 // ---------------------------------------------------------------------------------------------
@@ -614,6 +650,24 @@ template <int N> __device__ __forceinline__ void group_sums(float (&v)[N], int G
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < N; ++k) v[k] = lanes_sum(lane < warps ? smem[k][base + lane] : 0.f, 32);
+}
+
+// The row group's amax_nan (group_sums' shape, one value): shuffles, then a shared slot a warp.
+// The first barrier keeps the slots of a reduction before it until every warp has read them.
+__device__ __forceinline__ float group_amax(float v, int G, float (*smem)[32]) {
+  v = lanes_amax(v, G < 32 ? G : 32);
+  if (G <= 32) return v;
+  const int warps = G / 32, lane = threadIdx.x & 31, base = threadIdx.y * warps;
+  __syncthreads();
+  if (lane == 0) smem[0][base + threadIdx.x / 32] = v;
+  __syncthreads();
+  return lanes_amax(lane < warps ? smem[0][base + lane] : 0.f, 32);
+}
+
+// The FP8 quantization of a row (quantize_fp8's rule): 448 / amax where finite, else 0
+__device__ __forceinline__ float e4m3_inv(float amax) {
+  const float r = __fdiv_rn(448.f, amax);
+  return amax > 0.f && r < INFINITY ? r : 0.f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1378,17 +1432,41 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
   T *y = at<T>(a.y, b, l);
   T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
   const float c = -dm * rstd; // LayerNorm: (v - K - dm) * rstd as one FMA; v - K is exact near K = M
-  for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-    float v[VEC], n[VEC];
+  auto out_val = [&](int k, int64_t j, float(&v)[VEC], float(&n)[VEC]) {
     row_val(k, j, v);
-    const int64_t d = j * VEC;
-    if (RES && ro) store_cs<T, VEC>(ro + d, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) n[i] = LN ? fmaf(v[i] - K, rstd, c) : v[i] * rstd;
-    norm_epilogue<T, VEC, EPI, C1>(n, a, d, c0 != nullptr, c1 != nullptr, [&](auto &q) { col(kC0, k, c0, j, q); },
-                                   [&](auto &q) { col(kC1, k, c1, j, q); },
+    norm_epilogue<T, VEC, EPI, C1>(n, a, j * VEC, c0 != nullptr, c1 != nullptr,
+                                   [&](auto &q) { col(kC0, k, c0, j, q); }, [&](auto &q) { col(kC1, k, c1, j, q); },
                                    [&](auto &q) { cache.template get<false>(kS, k, s2, j, q); });
-    store_cs<T, VEC>(y + d, n);
+  };
+  if constexpr (EPI != kGated) {
+    if (a.q8) { // the _fp8 forms: the row's values twice from the cache, their amax, then e4m3
+      float m = 0.f;
+      for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+        float v[VEC], n[VEC];
+        out_val(k, j, v, n);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) m = amax_nan(m, n[i]);
+      });
+      m = group_amax(m, G, red);
+      const float inv = e4m3_inv(m);
+      uint8_t *q = at<uint8_t>(a.y, b, l);
+      for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+        float v[VEC], n[VEC];
+        out_val(k, j, v, n);
+        if (RES && ro) store_cs<T, VEC>(ro + j * VEC, v);
+        st_bytes<VEC>(q + j * VEC, e4m3_of<VEC>(n, inv));
+      });
+      if (live && threadIdx.x == 0) *at<float>(a.ys, b, l) = __fdiv_rn(m, 448.f);
+      return;
+    }
+  }
+  for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+    float v[VEC], n[VEC];
+    out_val(k, j, v, n);
+    if (RES && ro) store_cs<T, VEC>(ro + j * VEC, v);
+    store_cs<T, VEC>(y + j * VEC, n);
   });
 }
 
@@ -2552,6 +2630,9 @@ struct LtGemm {
   bool d32;            // D in float32 (the exact route), else the inputs' type
   int32_t scalar, tf32; // the inputs' fusedk_scalar; float32 through TF32 tensor cores
   bool acc;            // D += op(A) op(B) (beta 1, C = D): never timed, as timing rewrites D
+  int32_t dscalar = -1; // D's (and the bias's) fusedk_scalar where it is not the inputs' (FP8)
+  const float *ascale = nullptr, *bscale = nullptr; // FP8: A's scale a row of op(A), B's a column of op(B)
+  int32_t fast = 0;     // FP8: the tensor cores' own accumulation over all of K (CUBLASLT_MATMUL_DESC_FAST_ACCUM)
 };
 
 // What a plan depends on: shapes, leading dims, dtype, epilogue, TF32, device and the alignment
@@ -2559,7 +2640,7 @@ struct LtGemm {
 // returns NOT_SUPPORTED on misaligned ones).
 struct LtKey {
   int64_t m, n, k, lda, ldb, ldd, ldaux;
-  int32_t dev, scalar, tf32, epi, ta, tb, d32, acc;
+  int32_t dev, scalar, tf32, epi, ta, tb, d32, acc, dscalar, fast;
   uint32_t align;
   bool operator==(const LtKey &o) const { return !memcmp(this, &o, sizeof *this); }
 };
@@ -2603,7 +2684,8 @@ uint32_t log2_align(const void *p) {
 }
 
 cudaDataType_t lt_type(int scalar) {
-  return scalar == FUSEDK_F32 ? CUDA_R_32F : scalar == FUSEDK_F16 ? CUDA_R_16F : CUDA_R_16BF;
+  return scalar == FUSEDK_F32 ? CUDA_R_32F : scalar == FUSEDK_F16 ? CUDA_R_16F
+         : scalar == FUSEDK_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
 }
 
 void lt_destroy(LtPlan &p) {
@@ -2689,7 +2771,7 @@ cublasStatus_t lt_widen(LtPlan &p, cublasLtHandle_t h, cublasLtMatmulPreference_
 }
 
 // The plan of key k (lock held): cached, or made: descriptors, layouts, one heuristic query.
-cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan **out) {
+cublasStatus_t lt_plan(LtState &st, const LtKey &k, const LtGemm &g, cublasLtHandle_t h, LtPlan **out) {
   uint64_t hash = 1469598103934665603ull;
   const unsigned char *b = reinterpret_cast<const unsigned char *>(&k);
   for (size_t i = 0; i < sizeof k; ++i) hash = (hash ^ b[i]) * 1099511628211ull;
@@ -2706,7 +2788,7 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan *
   }
   LtPlan p{};
   p.key = k, p.used = true;
-  const cudaDataType_t t = lt_type(k.scalar);
+  const cudaDataType_t t = lt_type(k.scalar), dt = k.d32 ? CUDA_R_32F : lt_type(k.dscalar);
   const cublasComputeType_t ct = k.scalar == FUSEDK_F32 && k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const cublasOperation_t ta = (cublasOperation_t)k.ta, tb = (cublasOperation_t)k.tb;
   const cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k.epi;
@@ -2715,10 +2797,21 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan *
   if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
   if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
   if (!s && k.ldaux) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &k.ldaux, sizeof k.ldaux);
+  if (!s && k.scalar == FUSEDK_E4M3) { // a scale vector each (per output channel, per row), set before the query
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    const int8_t fast = (int8_t)k.fast;
+    s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer);
+    if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer);
+    if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.ascale, sizeof g.ascale);
+    if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.bscale, sizeof g.bscale);
+    if (!s) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
+    if (!s && g.bias) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dt, sizeof dt);
+    if (!s && g.bias) s = cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias);
+  }
   // A is k x m (transposed) or m x k, B k x n or n x k, D m x n
   if (!s) s = cublasLtMatrixLayoutCreate(&p.la, t, ta == CUBLAS_OP_N ? k.m : k.k, ta == CUBLAS_OP_N ? k.k : k.m, k.lda);
   if (!s) s = cublasLtMatrixLayoutCreate(&p.lb, t, tb == CUBLAS_OP_N ? k.k : k.n, tb == CUBLAS_OP_N ? k.n : k.k, k.ldb);
-  if (!s) s = cublasLtMatrixLayoutCreate(&p.ld, k.d32 ? CUDA_R_32F : t, k.m, k.n, k.ldd);
+  if (!s) s = cublasLtMatrixLayoutCreate(&p.ld, dt, k.m, k.n, k.ldd);
   cublasLtMatmulPreference_t pref = nullptr;
   if (!s) s = cublasLtMatmulPreferenceCreate(&pref);
   const uint64_t ws = kLtWorkspace;
@@ -2734,12 +2827,21 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, cublasLtHandle_t h, LtPlan *
     const uint32_t bytes = 1u << ((k.align >> (4 * (i < 2 ? i : 2))) & 15u); // C is D
     s = cublasLtMatmulPreferenceSetAttribute(pref, al[i], &bytes, sizeof bytes);
   }
-  // a large GEMM keeps the heuristic's first candidates, timed on its first call (lt_tune)
-  const int level = lt_tune_level();
+  // a large GEMM keeps the heuristic's first candidates, timed on its first call (lt_tune); FP8's
+  // heuristic offers one algorithm (H100, scale vectors): level 2 at least widens it to its tiles,
+  // custom options and cluster shapes
+  const int level = k.scalar == FUSEDK_E4M3 && lt_tune_level() == 1 ? 2 : lt_tune_level();
   const bool large = level && !k.acc && 2.0 * (double)k.m * (double)k.n * (double)k.k >= kLtTuneFlops;
   if (!s) s = lt_heuristic(p, h, pref, large ? kLtCandidates : 1);
+  if (!s && p.cand.empty() && k.scalar == FUSEDK_E4M3) { // without the reduction and alignment preferences
+    cublasLtMatmulPreferenceDestroy(pref);
+    pref = nullptr;
+    s = cublasLtMatmulPreferenceCreate(&pref);
+    if (!s) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (!s) s = lt_heuristic(p, h, pref, large ? kLtCandidates : 1);
+  }
   if (!s && large && level >= 2 && !p.cand.empty())
-    s = lt_widen(p, h, pref, ct, t, k.d32 ? CUDA_R_32F : t, epi, level == 3);
+    s = lt_widen(p, h, pref, ct, t, dt, epi, level == 3);
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
   p.found = !p.cand.empty();
   p.tuned = p.cand.size() < 2 || k.acc;
@@ -2835,14 +2937,17 @@ fusedk_status lt_matmul(LtState &st, const LtGemm &g, int dev, cudaStream_t s, v
   memset(&k, 0, sizeof k); // the key is compared as bytes: padding zeroed
   k.m = g.m, k.n = g.n, k.k = g.k, k.lda = g.lda, k.ldb = g.ldb, k.ldd = g.ldd, k.ldaux = g.aux ? g.ldaux : 0;
   k.dev = dev, k.scalar = g.scalar, k.tf32 = g.tf32, k.epi = (int32_t)g.epi, k.ta = (int32_t)g.ta, k.tb = (int32_t)g.tb;
-  k.d32 = g.d32, k.acc = g.acc;
+  k.d32 = g.d32, k.acc = g.acc, k.dscalar = g.dscalar < 0 ? g.scalar : g.dscalar, k.fast = g.fast;
   k.align = log2_align(g.a) | log2_align(g.b) << 4 | log2_align(g.d) << 8 | (g.bias ? log2_align(g.bias) : 0) << 12 |
-            (g.aux ? log2_align(g.aux) : 0) << 16;
+            (g.aux ? log2_align(g.aux) : 0) << 16 | (g.ascale ? log2_align(g.ascale) : 0) << 20 |
+            (g.bscale ? log2_align(g.bscale) : 0) << 24;
   LtPlan *p;
-  cublasStatus_t c = lt_plan(st, k, h, &p);
+  cublasStatus_t c = lt_plan(st, k, g, h, &p);
   if (c) return lt_fail(c, op, "plan");
   if (!p->found) return FUSEDK_OK;
   if (g.bias) c = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias);
+  if (!c && g.ascale) c = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.ascale, sizeof g.ascale);
+  if (!c && g.bscale) c = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.bscale, sizeof g.bscale);
   if (!c && g.aux) c = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux);
   const float one = 1.f, zero = 0.f;
   if (!c && !p->tuned) lt_tune(*p, h, g, ws, s);
@@ -3012,6 +3117,94 @@ fusedk_status act_pass(const fusedk__linear_args &a, fusedk__mat z, int dev, cud
   return fusedk__cuda_elementwise(&e, op, dev, s);
 }
 
+// FP8 rows (quantize_fp8, dequantize_fp8, linear_fp8's exact route): a warp a row, 16-byte loads
+// of the 16-bit or float32 side and 8- or 4-byte accesses of the e4m3 side (VEC elements); a
+// quantized row is read twice (its amax, then its values: the second read hits L1/L2), so DRAM
+// sees one read and one write. The conversions: cvt.rn.satfinite to e4m3 (NaN to 0x7f), e4m3 to
+// f16 exactly; x * (448 / amax) and data * scale as single float32 products (fusedk.h's
+// reference computes the same).
+
+template <typename T, int VEC, bool DEQ> __global__ void __launch_bounds__(256) quant_kernel(const fusedk__quant_args a) {
+  const int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (row >= a.B * a.L) return;
+  const int64_t b = row / a.L, l = row - b * a.L;
+  T *x = static_cast<T *>(a.x.p) + b * a.x.sb + l * a.x.sl;
+  uint8_t *q = static_cast<uint8_t *>(a.q.p) + b * a.q.sb + l * a.q.sl;
+  float *sc = static_cast<float *>(a.qs.p) + b * a.qs.sb + l * a.qs.sl;
+  if constexpr (DEQ) {
+    const float k = *sc;
+    for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
+      const Bytes<VEC> r = ld_bytes<VEC>(q + d);
+      float v[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[i] = __fmul_rn(f32_of_e4m3(r.b[i]), k);
+      store_cs<T, VEC>(x + d, v);
+    }
+    return;
+  }
+  float m = 0.f;
+  for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
+    float v[VEC];
+    load<T, VEC>(x + d, v);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) m = amax_nan(m, v[i]);
+  }
+  m = lanes_amax(m, 32);
+  const float inv = e4m3_inv(m);
+  for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
+    float v[VEC];
+    load<T, VEC>(x + d, v);
+    st_bytes<VEC>(q + d, e4m3_of<VEC>(v, inv));
+  }
+  if (lane == 0) *sc = __fdiv_rn(m, 448.f);
+}
+
+// Quantizing rows of up to 4 vectors a thread (D <= 8192 16-bit elements): a block of 256 threads
+// a row, the row held in registers between its amax and its values (one read of x, where the warp
+// a row kernel reads long rows twice and the second read misses L1 at the video models' rows)
+template <typename T, int NV> __global__ void __launch_bounds__(256) quant_block_kernel(const fusedk__quant_args a) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ float red[1][32];
+  const int64_t row = blockIdx.x, b = row / a.L, l = row - b * a.L;
+  const T *x = static_cast<const T *>(a.x.p) + b * a.x.sb + l * a.x.sl;
+  uint8_t *q = static_cast<uint8_t *>(a.q.p) + b * a.q.sb + l * a.q.sl;
+  float v[NV][V], m = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t d = ((int64_t)k * 256 + threadIdx.x) * V;
+    if (d < a.D) load<T, V>(x + d, v[k]);
+#pragma unroll
+    for (int i = 0; i < V; ++i) m = d < a.D ? amax_nan(m, v[k][i]) : m;
+  }
+  m = group_amax(m, 256, red);
+  const float inv = e4m3_inv(m);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t d = ((int64_t)k * 256 + threadIdx.x) * V;
+    if (d < a.D) st_bytes<V>(q + d, e4m3_of<V>(v[k], inv));
+  }
+  if (threadIdx.x == 0) *(static_cast<float *>(a.qs.p) + b * a.qs.sb + l * a.qs.sl) = __fdiv_rn(m, 448.f);
+}
+
+template <typename T> cudaError_t quant_launch(const fusedk__quant_args &a, cudaStream_t s) {
+  constexpr int V = 16 / sizeof(T); // 8 (16-bit) or 4 (float32) elements: 16 bytes of T, V of e4m3
+  const bool vec = a.D % V == 0 && aligned16(a.x.p) && (a.x.sb % V | a.x.sl % V) == 0 &&
+                   ((uintptr_t)a.q.p % V | a.q.sb % V | a.q.sl % V) == 0;
+  const int64_t rows = a.B * a.L, grid = (rows + 7) / 8, nvec = a.D / V;
+  if (vec && !a.dequant && nvec > 256 && nvec <= 1024 && rows <= 0x7fffffff) {
+    if (nvec <= 512) quant_block_kernel<T, 2><<<(unsigned)rows, 256, 0, s>>>(a);
+    else quant_block_kernel<T, 4><<<(unsigned)rows, 256, 0, s>>>(a);
+    return cudaGetLastError();
+  }
+  auto go = [&](auto vec_c) {
+    constexpr int VC = decltype(vec_c)::value;
+    if (a.dequant) quant_kernel<T, VC, true><<<(unsigned)grid, 256, 0, s>>>(a);
+    else quant_kernel<T, VC, false><<<(unsigned)grid, 256, 0, s>>>(a);
+    return cudaGetLastError();
+  };
+  return vec ? go(int_c<V>()) : go(int_c<1>());
+}
+
 fusedk_status no_algo(const char *op, const char *which, const fusedk__linear_args &a) {
   return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: cuBLASLt has no algorithm for the %s GEMM (M=%lld N=%lld K=%lld, "
                       "leading dims x %lld, w %lld) with these pointer alignments; pass compact, 16-byte aligned "
@@ -3029,9 +3222,14 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
   // The fused route: one GEMM writing y with bias (and RELU, GELU_TANH) in cuBLASLt's epilogue;
   // GELU_TANH's aux from it too; GELU, SILU and RELU with aux: z into aux (else y), then the act
   // pass; NONE with aux: y copied. Needs 16-byte rows of every matrix and an aligned bias
-  // (cuBLASLt's bf16 output from unaligned rows of x and w is several ulps off).
-  const bool aligned = rows16<T>(a.y.p, a.y.ld) && rows16<T>(a.x.p, a.x.ld) && rows16<T>(a.w.p, a.w.ld) &&
-                       (!a.bias || aligned16(a.bias)) && (!a.aux.p || rows16<T>(a.aux.p, a.aux.ld));
+  // (cuBLASLt's bf16 output from unaligned rows of x and w is several ulps off). FP8: e4m3 x and
+  // w (K a multiple of 16, as its kernels take) with their scale vectors in the epilogue.
+  const bool fp8 = a.op == FUSEDK_OP_LINEAR_FP8;
+  const bool aligned = rows16<T>(a.y.p, a.y.ld) && (!a.bias || aligned16(a.bias)) &&
+                       (!a.aux.p || rows16<T>(a.aux.p, a.aux.ld)) &&
+                       (fp8 ? rows16<uint8_t>(a.x.p, a.x.ld) && rows16<uint8_t>(a.w.p, a.w.ld) && a.K % 16 == 0 &&
+                                  aligned16(a.xs) && aligned16(a.ws)
+                            : rows16<T>(a.x.p, a.x.ld) && rows16<T>(a.w.p, a.w.ld));
   if (a.K > 0 && aligned) {
     const bool gelu_epi = a.act == FUSEDK_ACT_GELU_TANH, relu_epi = a.act == FUSEDK_ACT_RELU && !a.aux.p;
     const bool fused_act = a.act == FUSEDK_ACT_NONE || gelu_epi || relu_epi;
@@ -3042,7 +3240,8 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
       epi = a.aux.p ? (a.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                     : (a.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
     const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z.p, z.ld, epi, a.bias,
-                   gelu_epi ? a.aux.p : nullptr, a.aux.ld, false, a.scalar, a.tf32, false};
+                   gelu_epi ? a.aux.p : nullptr, a.aux.ld, false, fp8 ? FUSEDK_E4M3 : a.scalar, a.tf32, false,
+                   a.scalar, fp8 ? a.ws : nullptr, fp8 ? a.xs : nullptr, fp8 && a.fast_accum};
     if ((f = lt_matmul(st, g, dev, s, ar.ws, op, &ran))) return f;
     if (ran) {
       if (a.act == FUSEDK_ACT_NONE && a.aux.p) // aux = z = y
@@ -3052,13 +3251,24 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
     }
   }
   // The exact route (unaligned rows, an epilogue cuBLASLt refused, K = 0): the GEMM in float32
-  // into scratch, then one pass adds the bias, writes aux, applies act and rounds once.
-  fusedk__mat z32{nullptr, (a.N + 3) / 4 * 4}; // 16-byte float32 rows
+  // into scratch, then one pass adds the bias, writes aux, applies act and rounds once. FP8: x
+  // and w dequantized to float32 rows in scratch first (a float32 GEMM, no TF32).
+  fusedk__mat z32{nullptr, (a.N + 3) / 4 * 4}, x = a.x, w = a.w; // 16-byte float32 rows
   if (a.K > 0) {
-    if ((e = lt_arena(st, dev, s, (size_t)(a.M * z32.ld) * sizeof(float), &ar)) != cudaSuccess) return arena_fail(e, op);
+    const int64_t k32 = (a.K + 3) / 4 * 4;
+    const size_t zb = pad256((size_t)(a.M * z32.ld) * sizeof(float)), xb = pad256((size_t)(a.M * k32) * sizeof(float));
+    const size_t wb = fp8 ? (size_t)(a.N * k32) * sizeof(float) : 0;
+    if ((e = lt_arena(st, dev, s, zb + (fp8 ? xb + wb : 0), &ar)) != cudaSuccess) return arena_fail(e, op);
     z32.p = ar.scratch;
-    const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, a.w.p, a.x.p, a.w.ld, a.x.ld, z32.p, z32.ld,
-                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, true, a.scalar, a.tf32, false};
+    if (fp8) {
+      x = fusedk__mat{static_cast<char *>(ar.scratch) + zb, k32}, w = fusedk__mat{static_cast<char *>(ar.scratch) + zb + xb, k32};
+      const fusedk__quant_args qx{FUSEDK_F32, 1, 1, a.M, a.K, {x.p, 0, x.ld}, {a.x.p, 0, a.x.ld}, {(void *)a.xs, 0, 1}};
+      const fusedk__quant_args qw{FUSEDK_F32, 1, 1, a.N, a.K, {w.p, 0, w.ld}, {a.w.p, 0, a.w.ld}, {(void *)a.ws, 0, 1}};
+      if ((e = quant_launch<float>(qx, s)) != cudaSuccess || (e = quant_launch<float>(qw, s)) != cudaSuccess)
+        return on_error(e, op);
+    }
+    const LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, a.N, a.M, a.K, w.p, x.p, w.ld, x.ld, z32.p, z32.ld,
+                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, true, fp8 ? FUSEDK_F32 : a.scalar, fp8 ? 0 : a.tf32, false};
     if ((f = lt_matmul(st, g, dev, s, ar.ws, op, &ran))) return f;
     if (!ran) return no_algo(op, "forward", a);
   }
@@ -3072,7 +3282,6 @@ struct DzPass {
   int64_t chunks, dz_ld;
   size_t dz_bytes, part_bytes; // 256-byte padded
 };
-inline size_t pad256(size_t b) { return (b + 255) & ~(size_t)255; }
 template <typename T> DzPass dz_plan(int64_t M, int64_t N, int act, bool need_dz, bool db, int dev) {
   constexpr int V = 16 / sizeof(T);
   const int64_t col_blocks = (N + 32 * V - 1) / (32 * V);
@@ -5452,11 +5661,18 @@ fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, 
     fusedk_status f = FUSEDK_OK;
     dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
-      f = a->op == FUSEDK_OP_LINEAR ? linear_forward<T>(st, *a, device_id, stream, op)
-                                    : linear_backward<T>(st, *a, device_id, stream, op);
+      f = a->op != FUSEDK_OP_LINEAR_BACKWARD ? linear_forward<T>(st, *a, device_id, stream, op)
+                                             : linear_backward<T>(st, *a, device_id, stream, op);
       return cudaSuccess;
     });
     return f;
+  });
+}
+
+fusedk_status fusedk__cuda_quant(const fusedk__quant_args *a, const char *op, int32_t device_id,
+                                 struct CUstream_st *stream) {
+  return on_device(device_id, op, [&] {
+    return dispatch_scalar(a->scalar, [&](auto t) { return quant_launch<typename decltype(t)::type>(*a, stream); });
   });
 }
 

@@ -15,6 +15,8 @@
 // GEMM of any search. "all" takes the algorithm id and stages of the heuristic's first answer,
 // fusedk's level 3 those of every answer (on the H100 all the same: id 66, stages 35).
 //   nvcc -O2 -arch=sm_90a -o lt_search bench/lt_search.cu -lcublasLt && ./lt_search
+#include "lt_common.h"
+
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,17 +27,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-#define CK(x)                                                                                                          \
-  do {                                                                                                                 \
-    const int e_ = (int)(x);                                                                                           \
-    if (e_) { printf("error %d at line %d\n", e_, __LINE__); exit(1); }                                                \
-  } while (0)
-
-static cublasLtHandle_t H;
-static void *WS;
-static const size_t WSB = 32u << 20; // fusedk's workspace
-static cudaStream_t S;
 
 struct Gemm { // y[M, N] = x[M, K] w[N, K]^T: column-major y^T = w^T(op T) x^T, as fusedk calls it
   int64_t M, K, N;
@@ -60,22 +51,6 @@ static void describe(Gemm &g, cublasLtEpilogue_t epi) {
   CK(cublasLtMatrixLayoutCreate(&g.a, CUDA_R_16BF, g.K, g.N, g.K));
   CK(cublasLtMatrixLayoutCreate(&g.b, CUDA_R_16BF, g.K, g.M, g.K));
   CK(cublasLtMatrixLayoutCreate(&g.dd, CUDA_R_16BF, g.N, g.M, g.N));
-}
-
-static std::vector<cublasLtMatmulAlgo_t> heuristic(const Gemm &g, int n) {
-  cublasLtMatmulPreference_t pref;
-  CK(cublasLtMatmulPreferenceCreate(&pref));
-  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WSB, sizeof WSB));
-  const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; // as fusedk
-  CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
-  std::vector<cublasLtMatmulHeuristicResult_t> r(n);
-  int got = 0;
-  cublasLtMatmulAlgoGetHeuristic(H, g.d, g.a, g.b, g.dd, g.dd, pref, n, r.data(), &got);
-  cublasLtMatmulPreferenceDestroy(pref);
-  std::vector<cublasLtMatmulAlgo_t> out;
-  for (int i = 0; i < got; ++i)
-    if (r[i].state == CUBLAS_STATUS_SUCCESS) out.push_back(r[i].algo);
-  return out;
 }
 
 static uint32_t config(const cublasLtMatmulAlgo_t &a, cublasLtMatmulAlgoConfigAttributes_t attr) {
@@ -125,42 +100,6 @@ static void widen(const Gemm &g, const std::vector<cublasLtMatmulAlgo_t> &seeds,
   }
 }
 
-// ms a GEMM over `runs` back-to-back launches (1e9: it failed)
-static float run_ms(const Gemm &g, const cublasLtMatmulAlgo_t &a, int runs) {
-  const float one = 1.f, zero = 0.f;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0), cudaEventCreate(&e1);
-  cudaEventRecord(e0, S);
-  bool ok = true;
-  for (int i = 0; i < runs && ok; ++i)
-    ok = !cublasLtMatmul(H, g.d, &one, g.w, g.a, g.x, g.b, &zero, g.y, g.dd, g.y, g.dd, &a, WS, WSB, S);
-  cudaEventRecord(e1, S);
-  float ms = 0.f;
-  if (cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1)) ok = false, cudaGetLastError();
-  cudaEventDestroy(e0), cudaEventDestroy(e1);
-  return ok ? ms / runs : 1e9f;
-}
-
-static cublasLtMatmulAlgo_t pick(const Gemm &g, const std::vector<cublasLtMatmulAlgo_t> &c) {
-  std::vector<std::pair<float, size_t>> r;
-  for (size_t i = 0; i < c.size(); ++i) {
-    run_ms(g, c[i], 1); // loads the kernel's module (lazy loading)
-    r.push_back({run_ms(g, c[i], 1), i});
-  }
-  for (size_t keep : {(size_t)16, (size_t)3}) {
-    std::sort(r.begin(), r.end());
-    r.resize(std::min(keep, r.size()));
-    for (auto &x : r) x.first = 0.f;
-    for (size_t round = 0; round < 3 && r.size() > 1; ++round)
-      for (size_t j = 0; j < r.size(); ++j) {
-        auto &x = r[(j + round) % r.size()];
-        x.first += run_ms(g, c[x.second], 3);
-      }
-  }
-  std::sort(r.begin(), r.end());
-  return c[r[0].second];
-}
-
 static float median_us(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2] * 1000.f;
@@ -175,13 +114,7 @@ __global__ void fill(__nv_bfloat16 *p, int64_t n, uint32_t seed, float scale) {
 }
 
 int main() {
-  setvbuf(stdout, nullptr, _IONBF, 0);
-  CK(cublasLtCreate(&H));
-  CK(cudaMalloc(&WS, WSB));
-  CK(cudaStreamCreate(&S));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  printf("%s, cuBLASLt %zu\n", prop.name, cublasLtGetVersion());
+  lt_setup();
   std::vector<uint32_t> tiles; // every tile id the header names
   for (uint32_t t = 1; t < CUBLASLT_MATMUL_TILE_END; ++t) tiles.push_back(t);
   const int64_t shapes[3][3] = {{8192, 4096, 4096}, {4096, 3072, 12288}, {8192, 1152, 4608}};

@@ -251,7 +251,9 @@ static void registry_cases(void) {
                                         "qk_norm_rope", "linear", "linear_backward", "attention",
                                         "lowrank_update", "lowrank_prepare", "linear_lowrank",
                                         "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
-                                        "attention_int8_scaled", "qk_norm_rope_int8"};
+                                        "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8",
+                                        "dequantize_fp8", "linear_fp8", "rmsnorm_fp8", "layernorm_fp8",
+                                        "adaln_fp8"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -266,15 +268,17 @@ static void registry_cases(void) {
       EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32 ||
                  (t->scalar == -2 && t->kind == FUSEDK_ARG_IN && t->role == FUSEDK_ROLE_SAMPLE) ||
                  (t->scalar == FUSEDK_I32 && t->kind <= FUSEDK_ARG_IN_OPT && t->role == FUSEDK_ROLE_OWN) ||
-                 (t->scalar == FUSEDK_I8 && t->role == FUSEDK_ROLE_OWN),
-             "%s: %s has the call's dtype, float32, (a per-sample input) either, (an index input) int32 or (a "
-             "scaled tensor's data) int8",
+                 (t->scalar == FUSEDK_I8 && t->role == FUSEDK_ROLE_OWN) ||
+                 (t->scalar == FUSEDK_E4M3 && (t->role == FUSEDK_ROLE_OWN || t->role == FUSEDK_ROLE_ROW)) ||
+                 (t->scalar == -3 && fusedk_op_out_scalar(i, k, NULL) == -1),
+             "%s: %s has the call's dtype, float32, (a per-sample input) either, (an index input) int32, (a "
+             "scaled tensor's data) int8 or e4m3, or out_dtype's",
              o->name, t->name);
       EXPECT(t->kind != FUSEDK_ARG_OUT_OPT || (t->when >= 0 && o->tensors[t->when].kind == FUSEDK_ARG_IN_OPT) ||
                  (t->when <= -2 && -2 - t->when < o->n_attrs),
              "%s: optional output %s depends on an optional input or an attribute", o->name, t->name);
-      EXPECT(t->role >= FUSEDK_ROLE_ROW && t->role <= FUSEDK_ROLE_OWN &&
-             (!out || t->role == FUSEDK_ROLE_ROW || t->role == FUSEDK_ROLE_ROW_HALF || t->role == FUSEDK_ROLE_OWN) &&
+      EXPECT(t->role >= FUSEDK_ROLE_ROW && t->role <= FUSEDK_ROLE_ROW_SCALE &&
+             (!out || t->role != FUSEDK_ROLE_COLUMN) && (t->role != FUSEDK_ROLE_ROW_SCALE || t->scalar == FUSEDK_F32) &&
              (t->role != FUSEDK_ROLE_SAMPLE || o->row_ndim == 3), "%s: %s has a valid role", o->name, t->name);
     }
     int ref = -1; /* the reference the error messages name: the first required input of the call's dtype */
@@ -1186,6 +1190,13 @@ static const shape_case shape_cases[] = {
      "out=2,5,4,8 lse=2,4,5"},
     {FUSEDK_OP_QK_NORM_ROPE_INT8, "q=2,5,4,8 k=2,5,2,8 cos=5,4 sin=5,4", "",
      "q_out=2,5,4,8 q_out_scale=2,5,4 k_out=2,5,2,8 k_out_scale=2,5,2"},
+    {FUSEDK_OP_QUANTIZE_FP8, "x=2,5,24", "", "out=2,5,24 out_scale=2,5"},
+    {FUSEDK_OP_QUANTIZE_FP8, "x=24", "", "out=24 out_scale=1"},
+    {FUSEDK_OP_DEQUANTIZE_FP8, "x=3,2,5,16 x_scale=3,2,5", "out_dtype=1", "y=3,2,5,16"},
+    {FUSEDK_OP_LINEAR_FP8, "x=2,7,32 x_scale=2,7 w=48,32 w_scale=48", "want_aux=1", "y=2,7,48 aux_out=2,7,48"},
+    {FUSEDK_OP_RMSNORM_FP8, "x=2,3,16 residual=2,3,16", "", "y=2,3,16 y_scale=2,3 residual_out=2,3,16"},
+    {FUSEDK_OP_LAYERNORM_FP8, "x=5,16", "", "y=5,16 y_scale=5"},
+    {FUSEDK_OP_ADALN_FP8, "x=2,3,16 scale=2,16 shift=2,16", "", "y=2,3,16 y_scale=2,3"},
 };
 
 /* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */
@@ -1253,18 +1264,226 @@ static void out_shape_cases(void) {
              fusedk_op_get(i)->name, fusedk_op_get(i)->tensors[k].name);
 }
 
+
+/* FP8: quantize_fp8's values (exact cases, ties to even, subnormals, zero and NaN rows), its row
+   scales' shapes, dequantize_fp8 and linear_fp8 against sums computed here, and their bad input */
+static uint8_t e4m3_of(double v) { /* v exactly representable: its e4m3fn bits */
+  const uint8_t sign = v < 0 ? 0x80 : 0;
+  v = fabs(v);
+  if (v < ldexp(1.0, -6)) return (uint8_t)(sign | (int)(v * 512.0));
+  int e;
+  const double f = frexp(v, &e);
+  return (uint8_t)(sign | (e + 6) << 3 | ((int)(f * 16.0) - 8));
+}
+static double f64_of_e4m3(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const double v = e ? ldexp(8 + m, e - 10) : ldexp(m, -9);
+  return b & 0x80 ? -v : v;
+}
+
+static void fp8_cases(void) {
+  enum { R = 4, K = 8 };
+  /* row 0: amax 7, so x * 64 lands exactly; row 1: amax 448 (x as it is), ties to even at 17, 19,
+     2^-10 and 3 2^-10; row 2: zeros; row 3: a NaN */
+  static float x[R * K] = {1, -2, 0.5f, 3.5f, 0, 7, -7, 0.25f,
+                           448, 17, 19, 0.0009765625f, 0.0029296875f, -17, 1, -448,
+                           0, 0, 0, 0, 0, 0, 0, 0,
+                           1, 2, 3, NAN, 4, 5, 6, 7};
+  const double want[2][K] = {{64, -128, 32, 224, 0, 448, -448, 16}, {448, 16, 20, 0, 0.00390625, -16, 1, -448}};
+  static uint8_t q[R * K];
+  static float sc[R], y[R * K];
+  int64_t xs[2] = {R, K}, ss[1] = {R};
+  fusedk_tensor tx = fusedk_tensor_cpu(x, FUSEDK_F32, 2, xs), tq = fusedk_tensor_cpu(q, FUSEDK_E4M3, 2, xs);
+  fusedk_tensor ts = fusedk_tensor_cpu(sc, FUSEDK_F32, 1, ss), ty = fusedk_tensor_cpu(y, FUSEDK_F32, 2, xs);
+  fusedk_scaled_tensor sq = {&tq, &ts};
+  fusedk_status st = fusedk_quantize_fp8(&sq, &tx, NULL);
+  int ok = st == FUSEDK_OK && sc[0] == 7.0f / 448.0f && sc[1] == 1.0f && sc[2] == 0.0f && sc[3] != sc[3];
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < K; ++k) ok = ok && q[r * K + k] == e4m3_of(want[r][k]);
+  for (int k = 0; k < K; ++k) ok = ok && q[2 * K + k] == 0 && (k == 3 ? (q[3 * K + k] & 0x7f) == 0x7f : q[3 * K + k] == 0);
+  EXPECT(ok, "quantize_fp8: exact values, ties to even, zero and NaN rows: %s %s", fusedk_status_name(st),
+         fusedk_failure_reason());
+  st = fusedk_dequantize_fp8(&ty, &sq, NULL);
+  ok = st == FUSEDK_OK;
+  for (int i = 0; i < 2 * K; ++i) ok = ok && y[i] == (float)(f64_of_e4m3(q[i]) * sc[i / K]);
+  EXPECT(ok && y[2 * K] == 0.0f && y[3 * K] != y[3 * K], "dequantize_fp8: %s %s", fusedk_status_name(st),
+         fusedk_failure_reason());
+  { /* random rows: within half a step of e4m3 (2^-4 relative, 2^-9 absolute) of x / scale */
+    static float xr[64 * 24];
+    static uint8_t qr[64 * 24];
+    static float sr[64];
+    int64_t rs[3] = {4, 16, 24}, rss[2] = {4, 16};
+    for (int i = 0; i < 64 * 24; ++i) xr[i] = (float)(sin(1.3 * i) * exp(3.0 * cos(0.37 * i)));
+    fusedk_tensor a = fusedk_tensor_cpu(xr, FUSEDK_F32, 3, rs), aq = fusedk_tensor_cpu(qr, FUSEDK_E4M3, 3, rs);
+    fusedk_tensor as = fusedk_tensor_cpu(sr, FUSEDK_F32, 2, rss);
+    const fusedk_scaled_tensor o = {&aq, &as};
+    ok = fusedk_quantize_fp8(&o, &a, NULL) == FUSEDK_OK;
+    for (int r = 0; ok && r < 64; ++r) {
+      double amax = 0;
+      for (int k = 0; k < 24; ++k) amax = fmax(amax, fabs(xr[r * 24 + k]));
+      ok = sr[r] == (float)amax / 448.0f;
+      for (int k = 0; k < 24; ++k) {
+        const double v = xr[r * 24 + k] * (448.0 / amax), d = f64_of_e4m3(qr[r * 24 + k]);
+        ok = ok && fabs(d - v) <= fmax(fabs(v) * 0.0625 * 1.001, ldexp(1.0, -10) * 1.001);
+      }
+    }
+    EXPECT(ok, "quantize_fp8: random rows within half an e4m3 step");
+  }
+  { /* linear_fp8 (CPU) against sums here: M 3, K 8 (row 0, 1 of q), N 2 (rows 0 and 1 as w) */
+    static uint16_t yb[3 * 2], bias[2] = {0x3f80, 0xbf00}; /* bf16 1, -0.5 */
+    static float xsc[3] = {0.5f, 2.0f, 0.25f}, wsc[2] = {0.125f, 4.0f};
+    int64_t ys[2] = {3, 2}, xds[2] = {3, K}, wds[2] = {2, K}, x1[1] = {3}, w1[1] = {2};
+    fusedk_tensor txd = fusedk_tensor_cpu(q, FUSEDK_E4M3, 2, xds), twd = fusedk_tensor_cpu(q + K, FUSEDK_E4M3, 2, wds);
+    fusedk_tensor txs = fusedk_tensor_cpu(xsc, FUSEDK_F32, 1, x1), tws = fusedk_tensor_cpu(wsc, FUSEDK_F32, 1, w1);
+    fusedk_tensor tyb = fusedk_tensor_cpu(yb, FUSEDK_BF16, 2, ys), tb = fusedk_tensor_cpu(bias, FUSEDK_BF16, 1, w1);
+    const fusedk_scaled_tensor sx = {&txd, &txs}, sw = {&twd, &tws};
+    st = fusedk_linear_fp8(&tyb, NULL, &sx, &sw, &tb, FUSEDK_ACT_RELU, 1, NULL);
+    ok = st == FUSEDK_OK;
+    for (int m = 0; m < 3; ++m)
+      for (int n = 0; n < 2; ++n) {
+        double z = 0;
+        for (int k = 0; k < K; ++k) z += f64_of_e4m3(q[m * K + k]) * f64_of_e4m3(q[(n + 1) * K + k]);
+        z = z * xsc[m] * wsc[n] + (n ? -0.5 : 1.0);
+        union { uint32_t u; float f; } v = {(uint32_t)yb[m * 2 + n] << 16};
+        z = z > 0 ? z : 0;
+        ok = ok && fabs(v.f - z) <= fabs(z) * 0.004;
+      }
+    EXPECT(ok, "linear_fp8 (CPU): relu(x w^T scales + bias): %s %s", fusedk_status_name(st), fusedk_failure_reason());
+    /* bad input: each names its argument, nothing written */
+    for (int i = 0; i < 6; ++i) yb[i] = 0x7777;
+    fusedk_tensor bad = txd;
+    bad.dtype = fusedk_dtype_of(FUSEDK_BF16);
+    const fusedk_scaled_tensor bx = {&bad, &txs};
+    st = fusedk_linear_fp8(&tyb, NULL, &bx, &sw, NULL, FUSEDK_ACT_NONE, 1, NULL);
+    EXPECT(st == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "linear_fp8: x has dtype bfloat16, expected float8_e4m3fn"),
+           "linear_fp8: bf16 x: %s", fusedk_failure_reason());
+    const fusedk_scaled_tensor bs = {&txd, &tws};
+    st = fusedk_linear_fp8(&tyb, NULL, &bs, &sw, NULL, FUSEDK_ACT_NONE, 1, NULL);
+    EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "x_scale has shape [2], expected [3]"),
+           "linear_fp8: x_scale's shape: %s", fusedk_failure_reason());
+    const fusedk_scaled_tensor bw = {&twd, &txs};
+    st = fusedk_linear_fp8(&tyb, NULL, &sx, &bw, NULL, FUSEDK_ACT_NONE, 1, NULL);
+    EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "w_scale has shape [3], expected [2]"),
+           "linear_fp8: w_scale's shape: %s", fusedk_failure_reason());
+    fusedk_tensor y32 = fusedk_tensor_cpu(y, FUSEDK_F32, 2, ys);
+    st = fusedk_linear_fp8(&y32, NULL, &sx, &sw, NULL, FUSEDK_ACT_NONE, 1, NULL);
+    EXPECT(st == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "y has dtype float32, expected float16 or bfloat16"),
+           "linear_fp8: float32 y: %s", fusedk_failure_reason());
+    fusedk_tensor f16b = tb;
+    f16b.dtype = fusedk_dtype_of(FUSEDK_F16);
+    st = fusedk_linear_fp8(&tyb, NULL, &sx, &sw, &f16b, FUSEDK_ACT_NONE, 1, NULL);
+    EXPECT(st == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "y has dtype bfloat16, expected float16 (the dtype of bias)"),
+           "linear_fp8: bias of another dtype: %s", fusedk_failure_reason());
+    const fusedk_tensor *t[7] = {&tyb, NULL, &txd, &txs, &twd, &tws, NULL};
+    const double a16[4] = {FUSEDK_ACT_NONE, 0, FUSEDK_F16, 1}, a9[4] = {FUSEDK_ACT_NONE, 0, 9, 1};
+    st = fusedk_op_call(FUSEDK_OP_LINEAR_FP8, t, a16, NULL);
+    EXPECT(st == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "linear_fp8: y has dtype bfloat16, expected float16 (out_dtype)"),
+           "linear_fp8: y unlike out_dtype: %s", fusedk_failure_reason());
+    st = fusedk_op_call(FUSEDK_OP_LINEAR_FP8, t, a9, NULL);
+    EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "out_dtype is 9"),
+           "linear_fp8: out_dtype 9: %s", fusedk_failure_reason());
+    ok = 1;
+    for (int i = 0; i < 6; ++i) ok = ok && yb[i] == 0x7777;
+    EXPECT(ok, "linear_fp8: bad calls write nothing");
+    EXPECT(fusedk_op_out_scalar(FUSEDK_OP_LINEAR_FP8, 0, a16) == FUSEDK_F16 &&
+               fusedk_op_out_scalar(FUSEDK_OP_QUANTIZE_FP8, 0, a16) == FUSEDK_E4M3 &&
+               fusedk_op_out_scalar(FUSEDK_OP_QUANTIZE_FP8, 1, a16) == FUSEDK_F32 &&
+               fusedk_op_out_scalar(FUSEDK_OP_RMSNORM, 0, a16) == -1,
+           "op_out_scalar");
+    int64_t shape[FUSEDK_MAX_DIMS];
+    const fusedk_tensor *lt[7] = {NULL, NULL, &txd, &txs, &twd, &tws, NULL};
+    EXPECT(fusedk_op_out_shape(FUSEDK_OP_LINEAR_FP8, 0, lt, a16, shape) == 2 && shape[0] == 3 && shape[1] == 2,
+           "out_shape linear_fp8");
+  }
+  { /* the norms' FP8 forms: the plain op's float32 result, quantized here as quantize_fp8 does */
+    static float nx[2 * 3 * 16], nr[2 * 3 * 16], nw[16], nb[16], nsc[2 * 16], nsh[2 * 16], ny[2 * 3 * 16], nro[2 * 3 * 16];
+    static float ro8[2 * 3 * 16], ys[6];
+    static uint8_t y8[2 * 3 * 16];
+    int64_t s3[3] = {2, 3, 16}, s2[2] = {2, 16}, s1[1] = {16}, ss[2] = {2, 3};
+    for (int i = 0; i < 96; ++i) nx[i] = (float)sin(0.37 * i) * 3.0f, nr[i] = (float)cos(0.21 * i);
+    for (int i = 0; i < 32; ++i) nsc[i] = 0.1f * (float)(i % 5), nsh[i] = (float)(i % 3) - 1.0f;
+    for (int i = 0; i < 16; ++i) nw[i] = 0.5f + (float)i / 16.0f, nb[i] = (float)(i % 4) / 4.0f;
+    fusedk_tensor tx = fusedk_tensor_cpu(nx, FUSEDK_F32, 3, s3), tr = fusedk_tensor_cpu(nr, FUSEDK_F32, 3, s3);
+    fusedk_tensor tw = fusedk_tensor_cpu(nw, FUSEDK_F32, 1, s1), tb = fusedk_tensor_cpu(nb, FUSEDK_F32, 1, s1);
+    fusedk_tensor tsc = fusedk_tensor_cpu(nsc, FUSEDK_F32, 2, s2), tsh = fusedk_tensor_cpu(nsh, FUSEDK_F32, 2, s2);
+    fusedk_tensor ty = fusedk_tensor_cpu(ny, FUSEDK_F32, 3, s3), tro = fusedk_tensor_cpu(nro, FUSEDK_F32, 3, s3);
+    fusedk_tensor ty8 = fusedk_tensor_cpu(y8, FUSEDK_E4M3, 3, s3), tys = fusedk_tensor_cpu(ys, FUSEDK_F32, 2, ss);
+    fusedk_tensor tro8 = fusedk_tensor_cpu(ro8, FUSEDK_F32, 3, s3);
+    const fusedk_scaled_tensor sy = {&ty8, &tys};
+    for (int op = 0; op < 3; ++op) {
+      fusedk_status a = op == 0 ? fusedk_rmsnorm(&ty, &tro, &tx, &tr, &tw, 1e-6f, NULL)
+                        : op == 1 ? fusedk_layernorm(&ty, &tx, &tw, &tb, 1e-5f, NULL)
+                                  : fusedk_adaln(&ty, &tx, &tsc, &tsh, FUSEDK_NORM_LAYER, NULL, NULL, 1e-6f, NULL);
+      fusedk_status b = op == 0 ? fusedk_rmsnorm_fp8(&sy, &tro8, &tx, &tr, &tw, 1e-6f, NULL)
+                        : op == 1 ? fusedk_layernorm_fp8(&sy, &tx, &tw, &tb, 1e-5f, NULL)
+                                  : fusedk_adaln_fp8(&sy, &tx, &tsc, &tsh, FUSEDK_NORM_LAYER, NULL, NULL, 1e-6f, NULL);
+      ok = a == FUSEDK_OK && b == FUSEDK_OK && (op || !memcmp(nro, ro8, sizeof nro));
+      for (int r = 0; ok && r < 6; ++r) {
+        float amax = 0.0f;
+        for (int d = 0; d < 16; ++d) amax = fmaxf(amax, fabsf(ny[r * 16 + d]));
+        ok = ys[r] == amax / 448.0f;
+        for (int d = 0; d < 16; ++d) {
+          const double v = (double)(ny[r * 16 + d] * (448.0f / amax)), q = f64_of_e4m3(y8[r * 16 + d]);
+          ok = ok && fabs(q - v) <= fmax(fabs(v) / 16.0, 1.0 / 1024.0);
+        }
+      }
+      EXPECT(ok, "%s_fp8: the float32 result quantized: %s", op == 0 ? "rmsnorm" : op == 1 ? "layernorm" : "adaln",
+             fusedk_failure_reason());
+    }
+    fusedk_tensor bad = ty8;
+    bad.dtype = fusedk_dtype_of(FUSEDK_BF16);
+    const fusedk_scaled_tensor sb = {&bad, &tys};
+    fusedk_status st2 = fusedk_adaln_fp8(&sb, &tx, &tsc, &tsh, FUSEDK_NORM_LAYER, NULL, NULL, 1e-6f, NULL);
+    EXPECT(st2 == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "adaln_fp8: y has dtype bfloat16, expected float8_e4m3fn"),
+           "adaln_fp8: a bf16 y: %s", fusedk_failure_reason());
+    st2 = fusedk_adaln_fp8(&sy, &tx, &tsc, &tsh, FUSEDK_NORM_RMS, NULL, &tb, 1e-6f, NULL);
+    EXPECT(st2 == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "adaln_fp8: bias is given with FUSEDK_NORM_RMS"),
+           "adaln_fp8: rms with a bias: %s", fusedk_failure_reason());
+  }
+  { /* the scales' shapes: x's leading dims, [1] for a 1-d x; a wrong one names out_scale */
+    int64_t s1d[1] = {K}, one[1] = {1}, shape[FUSEDK_MAX_DIMS], x3[3] = {2, 2, K}, s2w[2] = {2, 2};
+    fusedk_tensor v = fusedk_tensor_cpu(x, FUSEDK_F32, 1, s1d), vq = fusedk_tensor_cpu(q, FUSEDK_E4M3, 1, s1d);
+    fusedk_tensor vs = fusedk_tensor_cpu(sc, FUSEDK_F32, 1, one);
+    const fusedk_tensor *t1[3] = {NULL, NULL, &v};
+    const double none[1] = {0};
+    EXPECT(fusedk_op_out_shape(FUSEDK_OP_QUANTIZE_FP8, 1, t1, none, shape) == 1 && shape[0] == 1, "1-d scale shape");
+    const fusedk_scaled_tensor o = {&vq, &vs};
+    EXPECT(fusedk_quantize_fp8(&o, &v, NULL) == FUSEDK_OK && sc[0] == 7.0f / 448.0f, "quantize_fp8 of a 1-d x: %s",
+           fusedk_failure_reason());
+    fusedk_tensor x3t = fusedk_tensor_cpu(x, FUSEDK_F32, 3, x3), q3 = fusedk_tensor_cpu(q, FUSEDK_E4M3, 3, x3);
+    fusedk_tensor s3t = fusedk_tensor_cpu(sc, FUSEDK_F32, 1, s2w);
+    const fusedk_tensor *t3[3] = {NULL, NULL, &x3t};
+    EXPECT(fusedk_op_out_shape(FUSEDK_OP_QUANTIZE_FP8, 1, t3, none, shape) == 2 && shape[0] == 2 && shape[1] == 2,
+           "3-d x's scale shape");
+    const fusedk_scaled_tensor o3 = {&q3, &s3t};
+    st = fusedk_quantize_fp8(&o3, &x3t, NULL);
+    EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "quantize_fp8: out_scale has shape [2], expected [2, 2] (the leading dims of x)"),
+           "quantize_fp8: a scale of the wrong shape: %s", fusedk_failure_reason());
+    fusedk_tensor i8 = q3;
+    i8.dtype = fusedk_dtype_of(FUSEDK_I8);
+    s3t.ndim = 2;
+    const fusedk_scaled_tensor o8 = {&i8, &s3t};
+    st = fusedk_quantize_fp8(&o8, &x3t, NULL);
+    EXPECT(st == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "quantize_fp8: out has dtype int8, expected float8_e4m3fn"),
+           "quantize_fp8: int8 data: %s", fusedk_failure_reason());
+    st = fusedk_quantize_fp8(NULL, &x3t, NULL);
+    EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "out is NULL"),
+           "quantize_fp8: no out: %s", fusedk_failure_reason());
+  }
+}
+
 int main(void) {
   for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
   for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.8.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.9.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.8.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.9.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
@@ -1273,6 +1492,7 @@ int main(void) {
   attention_cases();
   attention_scaled_cases();
   qk_int8_cases();
+  fp8_cases();
   lowrank_cases();
   linear_lowrank_cases();
   lowrank_backward_cases();

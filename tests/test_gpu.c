@@ -51,7 +51,7 @@ static double urand(void) { /* uniform [0, 1) */
 }
 static double nrand(void) { return sqrt(-2.0 * log(urand() + 1e-300)) * cos(6.283185307179586 * urand()); }
 
-static size_t esize(fusedk_scalar s) { return s == FUSEDK_F32 ? 4 : s == FUSEDK_I8 ? 1 : 2; }
+static size_t esize(fusedk_scalar s) { return s == FUSEDK_F32 ? 4 : s == FUSEDK_I8 || s == FUSEDK_E4M3 ? 1 : 2; }
 static double eps_of(fusedk_scalar s) { return s == FUSEDK_F32 ? 1e-5 : s == FUSEDK_F16 ? 0x1p-10 : 0x1p-7; }
 static const char *sname(fusedk_scalar s) { return s == FUSEDK_F32 ? "f32" : s == FUSEDK_F16 ? "f16" : "bf16"; }
 
@@ -82,14 +82,29 @@ static uint16_t f32_to_f16(float f) { /* inputs here are |f| < 60000 and not tin
   a += 0xfffu + ((a >> 13) & 1u);
   return (uint16_t)(sign | ((a >> 13) - (112u << 10)));
 }
+static double e4m3_to_f64(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const double v = (b & 0x7f) == 0x7f ? NAN : e ? ldexp(8 + m, e - 10) : ldexp(m, -9);
+  return b & 0x80 ? -v : v;
+}
+static uint8_t e4m3_exact(double v) { /* v an e4m3 value (|data| for the bound): its bits */
+  const uint8_t sign = v < 0 ? 0x80 : 0;
+  int e;
+  v = fabs(v);
+  if (v < 0x1p-6) return (uint8_t)(sign | (int)(v * 512.0));
+  const double f = frexp(v, &e);
+  return (uint8_t)(sign | (e + 6) << 3 | ((int)(f * 16.0) - 8));
+}
 static void put(void *p, size_t i, double v, fusedk_scalar s) { /* int8: rounded, clamped to +-127 */
   if (s == FUSEDK_F32) ((float *)p)[i] = (float)v;
+  else if (s == FUSEDK_E4M3) ((uint8_t *)p)[i] = e4m3_exact(v);
   else if (s == FUSEDK_I8) ((int8_t *)p)[i] = (int8_t)(v > 127.0 ? 127 : v < -127.0 ? -127 : lrint(v));
   else if (s == FUSEDK_F16) ((uint16_t *)p)[i] = f32_to_f16((float)v);
   else ((uint16_t *)p)[i] = f32_to_bf16((float)v);
 }
 static double get(const void *p, size_t i, fusedk_scalar s) {
   if (s == FUSEDK_F32) return ((const float *)p)[i];
+  if (s == FUSEDK_E4M3) return e4m3_to_f64(((const uint8_t *)p)[i]);
   if (s == FUSEDK_I8) return ((const int8_t *)p)[i];
   uint16_t h = ((const uint16_t *)p)[i];
   return s == FUSEDK_F16 ? f16_to_f32(h) : bf16_to_f32(h);
@@ -2169,6 +2184,153 @@ static void lowrank_grad_cases(fusedk_scalar s) {
            sname(s));
 }
 
+
+/* --- [linear] FP8: quantize_fp8, dequantize_fp8 (bitwise against the CPU) and linear_fp8 ------ */
+
+/* both sides' copies of b equal (signed zeros too), NaN bits and sign aside */
+static int same_bits(const buf_t *b, const void *g) {
+  for (size_t i = 0; i < b->n_alloc; ++i) {
+    const double c = get(b->h, i, b->s), v = get(g, i, b->s);
+    if (c != c && v != v) continue; /* NaN's sign: x86's invalid operations give -NaN, the GPU's +NaN */
+    if (c != v || signbit(c) != signbit(v)) return 0;
+  }
+  return 1;
+}
+
+/* x [R1, R2, D] (rows padded, base shifted) quantized on both sides, data and scales compared
+   bit for bit, then dequantized back on both sides from the CPU's data; specials: a row of
+   zeros, one with a NaN, one with an Inf, one of values near the dtype's largest */
+static void run_quant(fusedk_scalar s, int64_t R1, int64_t R2, int64_t D, int64_t pad, size_t shift, int specials) {
+  char what[160];
+  snprintf(what, sizeof what, "quantize_fp8 %s [%lld,%lld,%lld] pad=%lld shift=%zu%s", sname(s), (long long)R1,
+           (long long)R2, (long long)D, (long long)pad, shift, specials ? " zero/NaN/Inf/large rows" : "");
+  const int64_t xs[3] = {R1, R2, D}, ss[2] = {R1, R2};
+  buf_t x = mk(s, 3, xs, pad, shift, 0, 3.0, 0.5), q = mk(FUSEDK_E4M3, 3, xs, pad, shift, 0, 0.0, 0.0);
+  buf_t sc = mk(FUSEDK_F32, 2, ss, 0, 0, 0, 0.0, 0.0), y = mk(s, 3, xs, pad, shift, 0, 0.0, 0.0);
+  if (specials && R1 * R2 >= 4) {
+    const int64_t ld = D + pad;
+    for (int64_t d = 0; d < D; ++d) {
+      put(x.h, x.off + d, 0.0, s);
+      put(x.h, x.off + 3 * ld + d, (s == FUSEDK_F16 ? 60000.0 : 1e30) * (d % 2 ? -1.0 : 0.9), s);
+    }
+    put(x.h, x.off + ld + D / 2, NAN, s);
+    put(x.h, x.off + 2 * ld + D - 1, INFINITY, s);
+    if (s == FUSEDK_F16) /* put's float16 conversion takes finite normal values only */
+      ((uint16_t *)x.h)[x.off + ld + D / 2] = 0x7e00, ((uint16_t *)x.h)[x.off + 2 * ld + D - 1] = 0x7c00;
+    CK(cudaMemcpy(x.d, x.h, x.n_alloc * esize(s), cudaMemcpyHostToDevice));
+  }
+  poison(&q), poison(&sc), poison(&y);
+  const fusedk_scaled_tensor qh = {&q.th, &sc.th}, qd = {&q.td, &sc.td};
+  fusedk_status c = fusedk_quantize_fp8(&qh, &x.th, NULL), g = fusedk_quantize_fp8(&qd, &x.td, NULL);
+  CK(cudaDeviceSynchronize());
+  if (!call_failed_counted(what, c, g)) {
+    void *gq = to_host(&q), *gs = to_host(&sc);
+    ++checks;
+    if (!same_bits(&q, gq) || !same_bits(&sc, gs)) printf("FAIL %s: the GPU's data or scales differ\n", what), ++failures;
+    free(gq), free(gs);
+    /* dequantize from the CPU's data on both sides */
+    CK(cudaMemcpy(q.d, q.h, q.n_alloc, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(sc.d, sc.h, sc.n_alloc * 4, cudaMemcpyHostToDevice));
+    char dq[200];
+    snprintf(dq, sizeof dq, "dequantize_fp8 of %s", what);
+    c = fusedk_dequantize_fp8(&y.th, &qh, NULL), g = fusedk_dequantize_fp8(&y.td, &qd, NULL);
+    CK(cudaDeviceSynchronize());
+    if (!call_failed_counted(dq, c, g)) {
+      void *gy = to_host(&y);
+      ++checks;
+      if (!same_bits(&y, gy)) printf("FAIL %s: the GPU's values differ\n", dq), ++failures;
+      free(gy);
+    }
+  }
+  drop(&x), drop(&q), drop(&sc), drop(&y);
+}
+
+static void quant_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  run_quant(s, 2, 5, 64, 0, 0, 1);
+  run_quant(s, 3, 7, 24, 8, 0, 1);    /* padded rows: the vector path */
+  run_quant(s, 1, 9, 33, 2, 1, 1);    /* odd D, shifted: one element a lane */
+  run_quant(s, 1, 1, 1, 0, 0, 0);
+  run_quant(s, 2, 1000, 3072, 0, 0, 1);
+  if (!small) run_quant(s, 1, 1500, 13824, 0, 0, 0);
+  if (failures == n_before)
+    printf("ok   %s quantize_fp8, dequantize_fp8 (bitwise; zero, NaN, Inf, large rows; odd D, padded, shifted)\n", sname(s));
+}
+
+/* linear_fp8: x [B, L, K] and w [N, K] made as floats, quantized on the CPU (the data both sides
+   read); y (and aux) against the CPU's, bound by the same GEMM on |data| (lin_tol with its
+   reduced-precision term: FP8 tensor cores accumulate in fewer bits between promotions) */
+typedef struct {
+  fusedk_scalar s;
+  int64_t B, L, N, K;
+  int act, bias, aux;
+  int64_t pad;
+  size_t shift;
+  int precise; /* fast_accum 0: sums promoted out of the tensor cores' accumulator */
+} fp8_t;
+
+static void run_linear_fp8(fp8_t c) {
+  const fusedk_scalar s = c.s;
+  char what[200];
+  snprintf(what, sizeof what, "linear_fp8 %s [%lld,%lld,%lld] N=%lld act=%s%s%s pad=%lld shift=%zu%s", sname(s),
+           (long long)c.B, (long long)c.L, (long long)c.K, (long long)c.N, act_name(c.act), c.bias ? " bias" : "",
+           c.aux ? " aux" : "", (long long)c.pad, c.shift, c.precise ? " precise" : "");
+  const int64_t xs[3] = {c.B, c.L, c.K}, ws[2] = {c.N, c.K}, bs[1] = {c.N}, ys[3] = {c.B, c.L, c.N}, xss[2] = {c.B, c.L};
+  buf_t xf = mk(FUSEDK_F32, 3, xs, 0, 0, 0, 1.0, 0.0), wf = mk(FUSEDK_F32, 2, ws, 0, 0, 0, 1.0 / sqrt((double)c.K), 0.0);
+  buf_t x = mk(FUSEDK_E4M3, 3, xs, c.pad, c.shift, 0, 0.0, 0.0), w = mk(FUSEDK_E4M3, 2, ws, c.pad, 0, 0, 0.0, 0.0);
+  buf_t xsc = mk(FUSEDK_F32, 2, xss, 0, 0, 0, 0.0, 0.0), wsc = mk(FUSEDK_F32, 1, bs, 0, 0, 0, 0.0, 0.0);
+  buf_t b = mk(s, 1, bs, 0, 0, 0, 0.5, 0.0), y = mk(s, 3, ys, c.pad, c.shift, 0, 0.0, 0.0), z = mk(s, 3, ys, 0, 0, 0, 0.0, 0.0);
+  const fusedk_scaled_tensor qx = {&x.th, &xsc.th}, qw = {&w.th, &wsc.th};
+  fusedk_status st = fusedk_quantize_fp8(&qx, &xf.th, NULL);
+  if (!st) st = fusedk_quantize_fp8(&qw, &wf.th, NULL);
+  CK(cudaMemcpy(x.d, x.h, x.n_alloc, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(w.d, w.h, w.n_alloc, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(xsc.d, xsc.h, xsc.n_alloc * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(wsc.d, wsc.h, wsc.n_alloc * 4, cudaMemcpyHostToDevice));
+  poison(&y), poison(&z);
+  const fusedk_scaled_tensor dx = {&x.td, &xsc.td}, dw = {&w.td, &wsc.td};
+  const int need_z = c.aux || c.act == FUSEDK_ACT_GELU || c.act == FUSEDK_ACT_SILU;
+  fusedk_status sc = st ? st : fusedk_linear_fp8(&y.th, need_z ? &z.th : NULL, &qx, &qw, c.bias ? &b.th : NULL,
+                                                  (fusedk_activation)c.act, !c.precise, NULL);
+  fusedk_status sg = fusedk_linear_fp8(&y.td, c.aux ? &z.td : NULL, &dx, &dw, c.bias ? &b.td : NULL,
+                                       (fusedk_activation)c.act, !c.precise, NULL);
+  CK(cudaDeviceSynchronize());
+  if (!call_failed_counted(what, sc, sg)) {
+    buf_t xa = lin_abs(&x, 1.0), wa = lin_abs(&w, 1.0), ba = lin_abs(&b, 1.0), s1 = lin_abs(&y, 0.0);
+    const fusedk_scaled_tensor ax = {&xa.th, &xsc.th}, aw = {&wa.th, &wsc.th};
+    fusedk_linear_fp8(&s1.th, NULL, &ax, &aw, c.bias ? &ba.th : NULL, FUSEDK_ACT_NONE, 1, NULL);
+    const double g = c.act == FUSEDK_ACT_NONE || c.act == FUSEDK_ACT_RELU ? 1.0 : 1.13;
+    const int two_pass = c.act == FUSEDK_ACT_GELU || c.act == FUSEDK_ACT_SILU;
+    lin_compare(what, "", &y, y.h, &s1, g, c.K, 1, 0, two_pass ? &z : NULL);
+    if (c.aux) lin_compare(what, " (aux)", &z, z.h, &s1, 1.0, c.K, 1, 0, NULL);
+    free(xa.h), free(wa.h), free(ba.h), free(s1.h);
+  }
+  drop(&xf), drop(&wf), drop(&x), drop(&w), drop(&xsc), drop(&wsc), drop(&b), drop(&y), drop(&z);
+}
+
+static void linear_fp8_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  for (int act = FUSEDK_ACT_GELU; act <= FUSEDK_ACT_NONE; ++act) {
+    run_linear_fp8((fp8_t){.s = s, .B = 2, .L = 33, .N = 96, .K = 64, .act = act, .bias = 1, .aux = 1});
+    run_linear_fp8((fp8_t){.s = s, .B = 1, .L = 7, .N = 72, .K = 40, .act = act, .aux = act % 2, .pad = 3, .shift = 1});
+  }
+  const fp8_t rows[] = {
+      {.s = s, .B = 1, .L = 1, .N = 1, .K = 16, .act = FUSEDK_ACT_RELU, .bias = 1, .aux = 1},
+      {.s = s, .B = 1, .L = 1, .N = 8, .K = 3, .act = FUSEDK_ACT_NONE, .bias = 1},             /* K 3: the exact route */
+      {.s = s, .B = 2, .L = 300, .N = 256, .K = 128, .act = FUSEDK_ACT_GELU_TANH, .bias = 1, .pad = 16},
+      {.s = s, .B = 1, .L = 17, .N = 4095, .K = 1008, .act = FUSEDK_ACT_GELU_TANH, .bias = 1, .aux = 1}, /* odd N */
+      {.s = s, .B = 1, .L = 64, .N = 128, .K = 1000, .act = FUSEDK_ACT_SILU, .bias = 1},      /* K % 16 != 0 */
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; ++i) run_linear_fp8(rows[i]);
+  run_linear_fp8((fp8_t){.s = s, .B = 2, .L = 33, .N = 96, .K = 64, .act = FUSEDK_ACT_GELU_TANH, .bias = 1, .precise = 1});
+  if (!small) {
+    run_linear_fp8((fp8_t){.s = s, .B = 2, .L = 512, .N = 3072, .K = 3072, .act = FUSEDK_ACT_GELU_TANH, .bias = 1});
+    run_linear_fp8((fp8_t){.s = s, .B = 1, .L = 1024, .N = 1024, .K = 12288, .act = FUSEDK_ACT_NONE, .precise = 1});
+  }
+  if (failures == n_before)
+    printf("ok   %s linear_fp8 (5 acts, bias, aux, odd N, K 3 and 1000 (exact route), strided, misaligned, tuned)\n", sname(s));
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
@@ -2207,6 +2369,8 @@ static const unit_t units[] = {
     FOR_DTYPES("linear", "linear", linear_cases),
     {"linear", "linear edges", linear_edges, FUSEDK_BF16},
     {"linear", "linear tuned", linear_tuned, FUSEDK_BF16},
+    FOR_DTYPES("linear", "quantize_fp8", quant_cases),
+    FOR_16BIT("linear", "linear_fp8", linear_fp8_cases),
     FOR_16BIT("attention", "attention", attn_cases), /* the GPU kernels take f16 and bf16 */
     FOR_16BIT("attention", "attention edges", attn_edges),
     FOR_16BIT("attention", "attention big", attn_big),

@@ -191,7 +191,8 @@ static void *exchange_call(const fusedk_xapi *x, int32_t op, void *args, const d
       break;
     }
     proto.ndim = nd, proto.shape = dims, proto.strides = NULL, proto.byte_offset = 0, proto.data = NULL;
-    if (a->scalar >= 0) proto.dtype = fusedk_dtype_of((fusedk_scalar)a->scalar);
+    const int32_t sc = fusedk_op_out_scalar(op, i, attrs); /* fixed, or out_dtype's */
+    if (sc >= 0) proto.dtype = fusedk_dtype_of((fusedk_scalar)sc);
     alloc_ctx ctx = {o->name, a->name};
     if (x->allocator(&proto, &made[i], &ctx, alloc_error) != 0 || !made[i]) {
       made[i] = NULL;
@@ -390,8 +391,9 @@ static void *attrs_call(route *r, int32_t op, void *args, const double *attrs, i
         /* a required input missing, or an output of its own dtype (the table builders' float32)
            unlike its model input's (no dtype object here): the generic path takes the call */
         if (!obj[a->like]) goto out;
-        if (a->scalar >= 0) {
-          const fusedk_dtype want = fusedk_dtype_of((fusedk_scalar)a->scalar), got = t[a->like]->dtype;
+        const int32_t sc = fusedk_op_out_scalar(op, i, attrs);
+        if (sc >= 0) {
+          const fusedk_dtype want = fusedk_dtype_of((fusedk_scalar)sc), got = t[a->like]->dtype;
           if (want.code != got.code || want.bits != got.bits || want.lanes != got.lanes) goto out;
         }
         int64_t shp[FUSEDK_MAX_DIMS];

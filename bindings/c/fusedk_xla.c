@@ -89,6 +89,7 @@ static const char *dtype_name(FXLA_DataType t) {
     case FXLA_DataType_BF16: return "bfloat16";
     case FXLA_DataType_C64: return "complex64";
     case FXLA_DataType_C128: return "complex128";
+    case FXLA_DataType_F8E4M3FN: return "float8_e4m3fn";
     default: return NULL;
   }
 }
@@ -124,10 +125,11 @@ static fusedk_status tensor_of(const char *op, const char *name, int is_buffer, 
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is not an XLA buffer", op, name);
   static const fusedk_dtype f32 = {FUSEDK_DTYPE_FLOAT, 32, 1}, f16 = {FUSEDK_DTYPE_FLOAT, 16, 1},
                             bf16 = {FUSEDK_DTYPE_BFLOAT, 16, 1}, i32 = {FUSEDK_DTYPE_INT, 32, 1},
-                            i8 = {FUSEDK_DTYPE_INT, 8, 1};
+                            i8 = {FUSEDK_DTYPE_INT, 8, 1}, e4m3 = {FUSEDK_DTYPE_FLOAT8_E4M3FN, 8, 1};
   if (b->dtype == FXLA_DataType_F32) t->dtype = f32;
   else if (b->dtype == FXLA_DataType_S32) t->dtype = i32; /* index arguments (kv_len): the op checks where */
   else if (b->dtype == FXLA_DataType_S8) t->dtype = i8;   /* scaled tensors' data: the op checks where */
+  else if (b->dtype == FXLA_DataType_F8E4M3FN) t->dtype = e4m3;
   else if (b->dtype == FXLA_DataType_F16) t->dtype = f16;
   else if (b->dtype == FXLA_DataType_BF16) t->dtype = bf16;
   else {

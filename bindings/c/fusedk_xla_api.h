@@ -91,6 +91,7 @@ typedef enum {
   FXLA_DataType_C64 = 15,
   FXLA_DataType_BF16 = 16,
   FXLA_DataType_C128 = 18,
+  FXLA_DataType_F8E4M3FN = 20,
   FXLA_DataType_F8E8M0FNU = 33 /* the largest value: the enum spans XLA's range */
 } FXLA_DataType;
 

@@ -833,3 +833,58 @@ def test_apply_again_registers_no_new_kinds():
         fd.apply(low)
     assert _block_op._KINDS == kinds
     fd.revert(low)
+
+
+# --- precision="fp8" ------------------------------------------------------------------------------
+def _fp8_rowwise_linear(x, w, b):
+    """torchao's Float8 PerRow linear in torch: x a scale a row, w one an output channel, e4m3
+    each (amax / 448), the product of the dequantized values in float32, then the bias"""
+    def q(t):
+        s = t.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448
+        return (t.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
+    y = q(x) @ q(w).t()
+    return (y if b is None else y + b.float()).to(x.dtype)
+
+
+def _torchao_like(model, blocks):
+    """Every nn.Linear inside the blocks but the modulation ones through _fp8_rowwise_linear (what
+    apply(precision="fp8") quantizes): the peer's error on the same weights and inputs"""
+    for blk in blocks:
+        for n, lin in blk.named_modules():
+            if type(lin) is torch.nn.Linear and not n.endswith("norm1.linear") and "norm" not in n.split(".")[0]:
+                lin.forward = (lambda L: lambda x: _fp8_rowwise_linear(x, L.weight, L.bias))(lin)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fp8_projections_within_the_peers_error(name, device, monkeypatch):
+    m, ref, low, x32, xl = pair(name, device)
+    want = m.output(run(ref, x32)).double()
+    stock = m.output(run(low, xl))
+    calls = counting(monkeypatch, "linear_fp8")
+    report = fd.apply(low, precision="fp8")
+    assert len(report.patched) == len(m.blocks(low)) and "FP8" in repr(report), report
+    got = m.output(run(low, xl))
+    assert calls[0] >= 2 * len(m.blocks(low)), calls  # the blocks' projections on FP8 GEMMs
+    fd.revert(low)
+    assert torch.equal(m.output(run(low, xl)), stock)  # revert: the stock forwards, bit for bit
+    _torchao_like(low, m.blocks(low))
+    peer = m.output(run(low, xl))
+    e, ep, es = rel(got, want)[0], rel(peer, want)[0], rel(stock, want)[0]
+    assert e <= 1.1 * ep + 1e-3, f"{name}: fp8 {e:.4f}, torchao-like per-row {ep:.4f}, stock bf16 {es:.4f}"
+
+
+def test_fp8_precision_argument():
+    with pytest.raises(fusedk.InvalidArgumentError, match="precision is 'int4', expected None"):
+        fd.apply(torch.nn.Linear(2, 2), precision="int4")
+
+
+def test_fp8_error_helper(capsys):
+    m, ref, low, x32, xl = pair("flux", "cpu")
+    stock = m.output(run(low, xl))
+    e = fd.fp8_error(low, **xl)
+    assert 0 < e < 0.2 and "relative L2 of the FP8 output" in capsys.readouterr().out
+    assert torch.equal(m.output(run(low, xl)), stock)  # reverted
+    fd.apply(low)
+    with pytest.raises(fusedk.InvalidArgumentError, match="patched already"):
+        fd.fp8_error(low, **xl)

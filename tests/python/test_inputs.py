@@ -4,6 +4,7 @@ names as NumPy writes them, and the exception types (fusedk.Error, and the built
 status, which NumPy, PyTorch and JAX users already catch)."""
 import pickle
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -19,6 +20,10 @@ def f32(*shape):
 
 def i8(*shape):
     return rng.integers(-127, 128, shape).astype(np.int8)
+
+
+def f8(*shape):
+    return f32(*shape).astype(ml_dtypes.float8_e4m3fn)
 
 
 # registry-order tensors of one valid call (outputs None: allocated) and its leading attributes
@@ -51,6 +56,12 @@ VALID = {
                                        f32(B, L, 1, DH), np.full(B, 2, np.int32)], ()),
     "qk_norm_rope_int8": lambda: ([None] * 4 + [f32(1, S, H, DH), f32(1, S, H, DH), f32(S, DH // 2), f32(S, DH // 2),
                                                f32(DH), f32(DH)], ()),
+    "quantize_fp8": lambda: ([None, None, f32(B, L, D)], ()),
+    "rmsnorm_fp8": lambda: ([None, None, None, f32(B, L, D), f32(B, L, D), f32(D)], ()),
+    "layernorm_fp8": lambda: ([None, None, f32(B, L, D), f32(D), f32(D)], ()),
+    "adaln_fp8": lambda: ([None, None, f32(B, L, D), f32(B, D), f32(B, D), f32(D), f32(D)], ()),
+    "dequantize_fp8": lambda: ([None, f8(B, L, D), f32(B, L)], ()),
+    "linear_fp8": lambda: ([None, None, f8(3, 16), f32(3), f8(5, 16), f32(5), None], ()),
     "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
     "lowrank_prepare": lambda: ([None, f32(6, D), f32(6, 3)], (0.5,)),
     "linear_lowrank": lambda: ([None, None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3),
@@ -180,6 +191,9 @@ def _public_calls():
         (fusedk.attention_int8, (f32(B, S, H, DH), f32(B, L, 1, DH), f32(B, L, 1, DH))),
         (fusedk.attention_int8_scaled, (fusedk.ScaledTensor(i8(B, S, H, DH), f32(B, S, H)),
                                         fusedk.ScaledTensor(i8(B, L, 1, DH), f32(B, L, 1)), f32(B, L, 1, DH))),
+        (fusedk.quantize_fp8, (x,)), (fusedk.rmsnorm_fp8, (x,)), (fusedk.layernorm_fp8, (x,)),
+        (fusedk.adaln_fp8, (x, g, g)), (fusedk.dequantize_fp8, (fusedk.ScaledTensor(f8(B, L, D), f32(B, L)),)),
+        (fusedk.linear_fp8, (fusedk.ScaledTensor(f8(3, 16), f32(3)), fusedk.ScaledTensor(f8(5, 16), f32(5)))),
         (fusedk.lowrank_update, (x, f32(D, 4), f32(4, 6))), (fusedk.lowrank_prepare, (f32(6, D), f32(6, 3))),
         (fusedk.linear_lowrank, (x, f32(6, D + 8), f32(3, D))),
         (fusedk.lowrank_update_backward, (f32(B, L, 6), x, f32(D, 4), f32(4, 6))),
@@ -207,8 +221,12 @@ def test_scalar_arguments_that_are_not_numbers_raise_type_error(fn, args):
 
 
 @pytest.mark.parametrize("fn,args", [c for c in _public_calls() if "out" in __import__("inspect").signature(c[0])
-                                     .parameters and c[0] not in (fusedk.qk_norm_rope, fusedk.qk_norm_rope_int8)],
-                         # (theirs: tuples, (q_out, ...) and (ScaledTensor, ScaledTensor))
+                                     .parameters and c[0] not in (fusedk.qk_norm_rope, fusedk.qk_norm_rope_int8, fusedk.quantize_fp8,
+                                                                fusedk.dequantize_fp8, fusedk.linear_fp8,
+                                                                fusedk.rmsnorm_fp8, fusedk.layernorm_fp8,
+                                                                fusedk.adaln_fp8)],
+                         # (theirs: tuples, (q_out, ...) and (ScaledTensor, ScaledTensor); the FP8 ops' out
+                         # takes out_dtype from out= itself: test_fp8 has their out= cases)
                          ids=lambda v: getattr(v, "__name__", ""))
 def test_out_errors_name_out(fn, args):
     """A wrong out= (dtype, read-only) is named `out`, the keyword the caller passed, not the C

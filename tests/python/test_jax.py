@@ -139,7 +139,8 @@ def test_fusedk_functions_route_jax_arrays_here():
                               "rope_table_ltx", "rope_table_mixed", "diffusion_step", "qk_norm_rope", "linear",
                           "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
                           "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
-                          "attention_int8_scaled", "qk_norm_rope_int8"]
+                          "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8",
+                          "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8"]
 
 
 def test_every_registry_op_has_a_target():
@@ -200,6 +201,11 @@ def test_every_registry_op_has_a_target():
         elif o.name == "linear_lowrank_backward":  # dx, da, db by default
             ins = dict(dy=np.ones((2, 3, 5), np.float32), x=ins["x"], w_cat=np.ones((5, D + 8), np.float32),
                        a=np.ones((3, D), np.float32))
+        elif o.name in ("dequantize_fp8", "linear_fp8"):  # e4m3 x [2, 3, D] with a scale a row (w [5, D])
+            f8 = jax.numpy.float8_e4m3fn
+            ins = dict(x=np.ones((2, 3, D), f8), x_scale=np.ones((2, 3), np.float32), w=np.ones((5, D), f8),
+                       w_scale=np.ones(5, np.float32))
+            want = (2, 3, 5) if o.name == "linear_fp8" else want
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
         if o.name == "lowrank_update_backward":
             assert [t.shape for t in out] == [(2, 3, D), (D, 4), (4, 5)], o.name
@@ -215,6 +221,10 @@ def test_every_registry_op_has_a_target():
                                                          ((2, 3, 2, D), np.int8), ((2, 3, 2), np.float32)], o.name
         elif o.name.startswith("rope_table"):
             assert all(isinstance(t, jax.Array) and t.shape == want and t.dtype == np.float32 for t in out), o.name
+        elif o.name in ("quantize_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8"):  # e4m3 data, float32 scales
+            assert [(t.shape, t.dtype.name) for t in out] == [((2, 3, D), "float8_e4m3fn"), ((2, 3), "float32")], o.name
+        elif o.name in ("dequantize_fp8", "linear_fp8"):  # out_dtype's default: bfloat16
+            assert isinstance(out, jax.Array) and out.shape == want and out.dtype.name == "bfloat16", o.name
         else:
             assert isinstance(out, jax.Array) and out.shape == want, o.name
 

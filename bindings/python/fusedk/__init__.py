@@ -17,10 +17,10 @@ from ._core import (ArgumentTypeError, DeviceError, DTypeError, Error, InvalidAr
 
 __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "ArgumentTypeError", "DTypeError",
            "DeviceError",
-           "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
+           "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "qk_norm_rope_int8", "diffusion_step", "linear", "linear_backward",
-           "attention",
+           "quantize_fp8", "dequantize_fp8", "linear_fp8", "attention",
            "attention_int8", "attention_int8_scaled", "ScaledTensor",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
            "linear_lowrank_backward", "kernel_info",
@@ -38,6 +38,10 @@ _ROPE, _T1D, _TAXES, _TLTX, _TMIXED, _STEP = (_core.lib.FUSEDK_OP_ROPE, _core.li
                                              _core.lib.FUSEDK_OP_ROPE_TABLE_MIXED, _core.lib.FUSEDK_OP_DIFFUSION_STEP)
 _QKNR, _QKNR8 = _core.lib.FUSEDK_OP_QK_NORM_ROPE, _core.lib.FUSEDK_OP_QK_NORM_ROPE_INT8
 _LINEAR, _LINEAR_BWD = _core.lib.FUSEDK_OP_LINEAR, _core.lib.FUSEDK_OP_LINEAR_BACKWARD
+_RMSNORM8, _LAYERNORM8, _ADALN8 = (_core.lib.FUSEDK_OP_RMSNORM_FP8, _core.lib.FUSEDK_OP_LAYERNORM_FP8,
+                                   _core.lib.FUSEDK_OP_ADALN_FP8)
+_QUANT8, _DEQUANT8, _LINEAR8 = (_core.lib.FUSEDK_OP_QUANTIZE_FP8, _core.lib.FUSEDK_OP_DEQUANTIZE_FP8,
+                                _core.lib.FUSEDK_OP_LINEAR_FP8)
 _ATTENTION, _ATTENTION_INT8 = _core.lib.FUSEDK_OP_ATTENTION, _core.lib.FUSEDK_OP_ATTENTION_INT8
 _ATTENTION_SCALED = _core.lib.FUSEDK_OP_ATTENTION_INT8_SCALED
 _PRECISIONS = {None: _ATTENTION, "int8": _ATTENTION_INT8}
@@ -125,6 +129,29 @@ def adaln(x, scale, shift, norm="layer", eps=1e-6, weight=None, bias=None, out=N
     scale and shift are [B, D] and may be strided views (e.g. chunks of a [B, 6D] modulation)."""
     kind = _choice("adaln", "norm", norm, _NORMS)
     return _call(_ADALN, x, (out, x, scale, shift, weight, bias), (kind, eps), stream)
+
+
+def rmsnorm_fp8(x, weight=None, eps=1e-6, residual=None, out=None, residual_out=None, stream=None):
+    """rmsnorm with y written as an FP8 ScaledTensor (what linear takes for x): each row's float32
+    result quantized as quantize_fp8 quantizes, in the norm's one pass. Returns y, or (y, r) with
+    residual. out=: a ScaledTensor to write."""
+    d, sc = _scaled_out("rmsnorm_fp8", out)
+    r = _call(_RMSNORM8, x, (d, sc, residual_out, x, residual, weight), (eps,), stream)
+    return (ScaledTensor(r[0], r[1]), r[2]) if len(r) == 3 else ScaledTensor(*r)
+
+
+def layernorm_fp8(x, weight=None, bias=None, eps=1e-5, out=None, stream=None):
+    """layernorm with y written as an FP8 ScaledTensor (rmsnorm_fp8's rule)."""
+    d, sc = _scaled_out("layernorm_fp8", out)
+    return ScaledTensor(*_call(_LAYERNORM8, x, (d, sc, x, weight, bias), (eps,), stream))
+
+
+def adaln_fp8(x, scale, shift, norm="layer", eps=1e-6, weight=None, bias=None, out=None, stream=None):
+    """adaln with y written as an FP8 ScaledTensor (rmsnorm_fp8's rule): a DiT block's modulated
+    norm feeding its projections' FP8 GEMMs with no quantization pass between."""
+    kind = _choice("adaln_fp8", "norm", norm, _NORMS)
+    d, sc = _scaled_out("adaln_fp8", out)
+    return ScaledTensor(*_call(_ADALN8, x, (d, sc, x, scale, shift, weight, bias), (kind, eps), stream))
 
 
 def residual_tanh_gated_rmsnorm(x, x_res, gate, eps=1e-6, exact=True, out=None, stream=None):
@@ -288,11 +315,14 @@ def diffusion_step(x, cond, uncond=None, guidance=1.0, sampler="euler", sigma=0.
 
 
 # --- [linear] ---------------------------------------------------------------------------------
-def linear(x, w, bias=None, act="none", aux=False, tf32=False, out=None, aux_out=None, stream=None):
+def linear(x, w, bias=None, act="none", aux=False, tf32=False, out=None, aux_out=None, stream=None, out_dtype=None):
     """y = act(x @ w.T + bias) through cuBLASLt: x [..., K], w [N, K] (nn.Linear's weight), bias
     [N]; act "none", "relu", "gelu_tanh" (in cuBLASLt's epilogue), "gelu" (erf) or "silu" (the
     GEMM, then one fusedk pass). aux=True also returns the pre-activation x @ w.T + bias, what
-    linear_backward needs: (y, aux). float32 inputs use TF32 tensor cores only with tf32=True."""
+    linear_backward needs: (y, aux). float32 inputs use TF32 tensor cores only with tf32=True.
+    x and w given as FP8 ScaledTensors (quantize_fp8's): linear_fp8, y of out_dtype."""
+    if isinstance(x, ScaledTensor) or isinstance(w, ScaledTensor):
+        return linear_fp8(x, w, bias, act, aux, out, aux_out, stream, out_dtype)
     a = _choice("linear", "act", act, _LINEAR_ACTS)
     want = 1 if _flag("linear", "aux", aux) or aux_out is not None else 0
     return _call(_LINEAR, x, (out, aux_out, x, w, bias), (a, _flag("linear", "tf32", tf32), want), stream)
@@ -309,6 +339,64 @@ def linear_backward(dy, x, w, aux=None, act="none", dx=True, dw=True, db=True, t
     r = _call(_LINEAR_BWD, dy, (None, None, None, dy, x, w, aux), (a, _flag("linear_backward", "tf32", tf32), dx, dw,
                                                                    db), stream)
     return _core.spread(r, (dx, dw, db))
+
+
+def quantize_fp8(x, out=None, stream=None):
+    """x [..., K] (float32, float16, bfloat16) as an FP8 ScaledTensor: data float8_e4m3fn [..., K],
+    scale float32 [...] (x's leading dims; [1] for a 1-d x), a row at a time: scale = amax / 448,
+    data = x / scale rounded to nearest even (torchao's per-row scaling, in one pass). What
+    linear takes for x, and for a weight [N, K] (an output channel a row). out=: a ScaledTensor
+    to write. fusedk.h's fusedk_quantize_fp8 has the rules (zero and NaN rows)."""
+    d, sc = _scaled_out("quantize_fp8", out)
+    return ScaledTensor(*_call(_QUANT8, x, (d, sc, x), (), stream))
+
+
+def dequantize_fp8(x, out_dtype=None, out=None, stream=None):
+    """x.data * x.scale (a scale a row of the last dim) as out_dtype (float32, float16 or bfloat16;
+    default out's dtype, else bfloat16): x an FP8 ScaledTensor."""
+    _scaled_in("dequantize_fp8", "x", x)
+    dt = _out_scalar(out_dtype, out)
+    return _call(_DEQUANT8, x.data, (out, x.data, x.scale), (dt,), stream)
+
+
+def linear_fp8(x, w, bias=None, act="none", aux=False, out=None, aux_out=None, stream=None, out_dtype=None,
+               fast_accum=True):
+    """linear on FP8 tensor cores: y = act((x.data @ w.data.T) * x.scale[:, None] * w.scale + bias)
+    with x a ScaledTensor [..., K] (quantize_fp8 of the activation) and w one [N, K] (quantize_fp8
+    of nn.Linear's weight: a scale an output channel); y [..., N] of out_dtype (float16 or
+    bfloat16; default out's, else bias's, else bfloat16). act and aux as linear's. fast_accum
+    (torch._scaled_mm's use_fast_accum, on as in torchao): the FP8 tensor cores' own accumulator
+    over all of K; False: sums promoted to float32 every few k-steps (slower). Error against
+    float64: README, "FP8"."""
+    for n, v in (("x", x), ("w", w)):
+        _scaled_in("linear_fp8", n, v)
+    a = _choice("linear_fp8", "act", act, _LINEAR_ACTS)
+    want = 1 if _flag("linear_fp8", "aux", aux) or aux_out is not None else 0
+    dt = _out_scalar(out_dtype, out if out is not None else bias)
+    return _call(_LINEAR8, x.data, (out, aux_out, x.data, x.scale, w.data, w.scale, bias),
+                 (a, want, dt, _flag("linear_fp8", "fast_accum", fast_accum)), stream)
+
+
+def _scaled_in(op, name, x):
+    if not isinstance(x, ScaledTensor):
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} is a {type(x).__name__}, expected a "
+                    "fusedk.ScaledTensor(data, scale) (fusedk.quantize_fp8's)")
+
+
+def _scaled_out(op, out):
+    if out is None:
+        return None, None
+    if not isinstance(out, ScaledTensor):
+        raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: out is a {type(out).__name__}, expected a "
+                    "fusedk.ScaledTensor(data, scale) to write")
+    return out.data, out.scale
+
+
+def _out_scalar(out_dtype, like):
+    """out_dtype= as a fusedk_scalar: given, else like's dtype (out=, bias), else bfloat16."""
+    if out_dtype is None:
+        out_dtype = getattr(like, "dtype", None) if like is not None else None
+    return _core.lib.FUSEDK_BF16 if out_dtype is None else _core.scalar_of(out_dtype)
 
 
 # --- [attention] ------------------------------------------------------------------------------
@@ -344,10 +432,12 @@ def attention_int8(q, k, v, scale=None, causal=False, kv_len=None, return_lse=Fa
 
 
 class ScaledTensor(_collections.namedtuple("ScaledTensor", ["data", "scale"])):
-    """An int8 tensor with a scale a row: element (b, s, h, d) stands for data[b, s, h, d] *
-    |scale[b, s, h]|. data: int8 [B, S, H, Dh]; scale: float32 [B, S, H] (any strides with a
-    contiguous last dim, in the caller's framework: NumPy, torch, CuPy or JAX). What
-    attention_int8 makes of q: scale = amax / 127 of the row, data = round(x / scale)."""
+    """An 8-bit tensor with a scale a row: element (..., k) stands for data[..., k] * scale[...].
+    int8 q and k of attention: data [B, S, H, Dh], scale float32 [B, S, H] (attention_int8's
+    quantization of q: scale = amax / 127 of the row, data = round(x / scale); qk_norm_rope_int8
+    writes them). FP8 operands of linear: data float8_e4m3fn [..., K], scale float32 [...]
+    (quantize_fp8: scale = amax / 448). Any strides with a contiguous last dim, in the caller's
+    framework (NumPy through ml_dtypes, torch, JAX)."""
     __slots__ = ()
 
 

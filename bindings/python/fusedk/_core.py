@@ -23,12 +23,12 @@ import numpy as np
 
 from ._ffi import ffi, lib, pylib
 
-try:  # bfloat16 for NumPy
+try:  # bfloat16 and float8 e4m3fn for NumPy
     import ml_dtypes
 
-    BF16 = np.dtype(ml_dtypes.bfloat16)
+    BF16, F8 = np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn)
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency
-    BF16 = None
+    BF16 = F8 = None
 
 CPU, CUDA, CUDA_HOST, CUDA_MANAGED = 1, 2, 3, 13
 MAX_DIMS = 8  # FUSEDK_MAX_DIMS of the library build; larger ndims pack a bare head and C says why
@@ -104,7 +104,27 @@ def is_number(v):
     return not isinstance(v, (str, bytes, bytearray)) and (hasattr(t, "__float__") or hasattr(t, "__index__"))
 
 
-_FIXED = {lib.FUSEDK_F32: np.dtype(np.float32), lib.FUSEDK_I32: np.dtype(np.int32), lib.FUSEDK_I8: np.dtype(np.int8)}
+_FIXED = {lib.FUSEDK_F32: np.dtype(np.float32), lib.FUSEDK_I32: np.dtype(np.int32), lib.FUSEDK_I8: np.dtype(np.int8),
+          lib.FUSEDK_E4M3: F8}
+_FLOATS = {lib.FUSEDK_F32: np.dtype(np.float32), lib.FUSEDK_F16: np.dtype(np.float16), lib.FUSEDK_BF16: BF16}
+
+
+def scalar_of(dt):
+    """The fusedk_scalar of a float dtype given as a NumPy, torch or JAX dtype or its name
+    ("bfloat16", torch.float16, np.float32), for out_dtype= arguments."""
+    if isinstance(dt, str):
+        name = dt
+    elif type(dt).__module__ == "torch":  # torch.bfloat16 (read without np.dtype: Dynamo traces this)
+        name = str(dt).replace("torch.", "")
+    else:
+        try:
+            name = np.dtype(dt).name
+        except TypeError:
+            name = repr(dt)
+    for k, v in _FLOATS.items():
+        if v is not None and v.name == name:
+            return k
+    raise DTypeError("FUSEDK_ERR_DTYPE", f"out_dtype is {dt!r}, expected float32, float16 or bfloat16")
 
 
 class Op:
@@ -120,12 +140,24 @@ class Op:
         # the tensors of a dtype the op fixes (float32 tables and scales, int32 indices, int8 data),
         # not the call's: outputs of their own dtype, inputs checked against it
         self.fixed = {i: _FIXED[t.scalar] for i, t in enumerate(ts) if t.scalar in _FIXED}
+        self.row_scale = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW_SCALE}  # like's [...]
+        # the out_dtype attribute's index, where tensors of scalar -3 take the dtype it names
+        names = [ffi.string(a.name).decode() for a in o.attrs[0:o.n_attrs]]
+        self.dtype_attr = names.index("out_dtype") if "out_dtype" in names else None
+        self.attr_typed = {i for i, t in enumerate(ts) if t.scalar == -3}
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
         self.first = self.inputs[0]
         self.renames = [(re.compile(rf"\b{n}\b"), _PY_OUT[n]) for n, kind, _, _ in self.tensors
                         if kind >= _OUT and n in _PY_OUT]
+
+    def out_dtype(self, i, values):
+        """Tensor i's NumPy dtype where the op fixes it (fixed, or named by out_dtype: values are every
+        attribute, registry order), else None (its like input's)."""
+        if i in self.attr_typed:
+            return _FLOATS.get(int(values[self.dtype_attr]))
+        return self.fixed.get(i)
 
     def py_name(self, i):
         """Tensor i's name as the Python function's keyword calls it."""
@@ -187,6 +219,8 @@ class Op:
             return like
         if i in self.half:
             return like[:-1] + (like[-1] // 2,)
+        if i in self.row_scale:
+            return like[:-1] or (1,)
         n = self.name
         if n == "qk_norm_rope":  # the input's [B, S, H, Dh], or [B, H, S, Dh] for BHSD
             return (like[0], like[2], like[1], like[3]) if values[3] == lib.FUSEDK_LAYOUT_BHSD else like
@@ -194,6 +228,8 @@ class Op:
             return like[:3] if self.tensors[i][0].endswith("_scale") else like
         if n in ("linear", "linear_lowrank"):  # x's rows of N (w's or w_cat's rows)
             return like[:-1] + (shapes[3][0],)
+        if n == "linear_fp8":
+            return like[:-1] + (shapes[4][0],)
         if n == "linear_lowrank_backward":  # db: a's [A,] r, K as b's [A,] N, r; dbias: [N]
             return (shapes[7][0],) if self.tensors[i][0] == "dbias" else like[:-2] + (shapes[7][0], like[-2])
         if n == "lowrank_prepare":  # [N, K + A r], r rounded up to 8
@@ -249,7 +285,8 @@ _DT = {}  # dtype -> (code, bits, lanes), NumPy and CuPy dtypes alike
 
 
 def torch_dtype(dt):
-    """torch's dtype for a NumPy one fusedk fixes (float32, int32, int8: the same names)."""
+    """torch's dtype for a NumPy one fusedk fixes (float32, int32, int8, bfloat16, float8_e4m3fn: the
+    same names)."""
     return getattr(sys.modules["torch"], np.dtype(dt).name)
 
 
@@ -259,6 +296,8 @@ def dtype_code(dt):
         dt = np.dtype(dt)
         if BF16 is not None and dt == BF16:
             c = (4, 16, 1)
+        elif F8 is not None and dt == F8:
+            c = (10, 8, 1)  # kDLFloat8_e4m3fn
         else:
             c = ({"f": 2, "i": 0, "u": 1, "b": 6, "c": 5}.get(dt.kind, 3), dt.itemsize * 8, 1)
         _DT[dt] = c
@@ -269,9 +308,10 @@ def _check_numpy_dtype(op, name, dt):
     """What the C layer cannot see in a NumPy dtype: its byte order (a non-native array would be
     read, or written, byte-swapped), and the names of dtypes DLPack has no code for (object,
     strings, datetimes), refused here in NumPy's words, before anything is written."""
-    if dt.kind not in "fiubc" and dt != BF16:
+    ml = dt.kind == "V" and not dt.isnative and dt.newbyteorder("=") in (BF16, F8)  # ml_dtypes' swapped
+    if dt.kind not in "fiubc" and dt != BF16 and dt != F8 and not ml:
         raise Error("FUSEDK_ERR_DTYPE", f"{op}: {name} has dtype {dt}, expected float32, float16 or bfloat16")
-    if dt.kind in "fiu" and not dt.isnative:  # (other dtypes: the C layer names them)
+    if (dt.kind in "fiu" or ml) and not dt.isnative:  # (other dtypes: the C layer names them)
         order = "big" if dt.byteorder == ">" else "little"
         raise Error("FUSEDK_ERR_DTYPE", f"{op}: {name} has dtype {dt.str} ({order}-endian), expected the machine's "
                     f"byte order ({sys.byteorder}-endian); convert it with .astype({dt.newbyteorder('=').str!r})")
@@ -691,9 +731,10 @@ def generic(o, args, attrs, stream):
                 if args[like] is None:
                     continue  # the C layer names the missing input
                 shape = o.out_shape(i, shapes, values)
-                a = g.new_output(arr[like], shape, o.fixed.get(i))
+                fixed = o.out_dtype(i, values)
+                a = g.new_output(arr[like], shape, fixed)
                 if a is None:  # libfusedk allocates, and DLPack hands it over
-                    code = dtype_code(o.fixed[i]) if i in o.fixed else struct.unpack_from("<BBH", parts[like], 20)
+                    code = dtype_code(fixed) if fixed is not None else struct.unpack_from("<BBH", parts[like], 20)
                     a = DLPackBuffer(g.device, code, shape, g.stream or 0)
                     parts[i] = pack(a.ptr, g.device[0], g.device[1], shape, compact_strides(shape, code[1] // 8), code)
                     outs.append(a)

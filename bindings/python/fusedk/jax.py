@@ -118,13 +118,13 @@ class _Call:
         for (name, typ, _), v in zip(op.attrs, attrs):
             kw[name] = np.float32(v) if typ == _F32 else np.int32(v)
         target, single = _TARGETS[op.id], len(outs) == 1
-        self.checks = [(op.tensors[i][0], op.fixed.get(i)) for i in given]  # what _check reads
+        self.checks = [(op.tensors[i][0], op.out_dtype(i, values)) for i in given]  # what _check reads
 
         def impl(*xs):
             shapes = [None] * len(op.tensors)
             for i, a in zip(given, xs):
                 shapes[i] = a.shape
-            res = [jax.ShapeDtypeStruct(op.out_shape(i, shapes, attrs), op.fixed.get(i, xs[k].dtype))
+            res = [jax.ShapeDtypeStruct(op.out_shape(i, shapes, attrs), _or(op.out_dtype(i, values), xs[k].dtype))
                    for i, k in outs]
             r = jax.ffi.ffi_call(target, res, vmap_method="sequential")(*xs, **kw)
             return r[0] if single else tuple(r)
@@ -241,6 +241,10 @@ def _attr_values(op, attrs):
             raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op.name}: {name} is a {type(v).__name__}, expected a "
                         "Python or NumPy number (attributes are static, compiled into the call)") from None
     return tuple(op.typed(attrs))
+
+
+def _or(dt, default):
+    return default if dt is None else dt  # (a NumPy dtype's truth is its field count: 0)
 
 
 def _check(op, checks, xs):

@@ -277,8 +277,9 @@ def _new(o, i, args, attrs):
     """Output i of op o, allocated like its like input (fusedk_op_out_shape's rule, sizes kept
     symbolic under torch.compile)."""
     like = args[o.tensors[i][2]]
-    shape = o.sym_shape(i, [None if a is None else a.shape for a in args], o.values(attrs))
-    return like.new_empty(shape, dtype=_core.torch_dtype(o.fixed[i])) if i in o.fixed else like.new_empty(shape)
+    values = o.values(attrs)
+    shape, dt = o.sym_shape(i, [None if a is None else a.shape for a in args], values), o.out_dtype(i, values)
+    return like.new_empty(shape) if dt is None else like.new_empty(shape, dtype=_core.torch_dtype(dt))
 
 
 def _route(op, x, args, attrs, stream):

@@ -16,6 +16,11 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
 
     fusedk.diffusers.apply(pipe, attention=True)
 
+apply(..., precision="fp8") runs the blocks' projections on FP8 tensor cores (linear_fp8: e4m3
+weights with a scale an output channel, inputs with a scale a row, made by adaln_fp8 where the
+block's norm feeds them, else by quantize_fp8); fp8_error(model, **inputs) prints how far that
+moves your model's output.
+
 - Exactness: a block is patched only when every part of it is one the fused forward reproduces;
   anything else (another attention processor, an unknown norm or activation, weights under
   offloading or casting hooks) leaves it unpatched, and the report says why. A hook on one of its
@@ -55,7 +60,7 @@ expressions), _block_op.py (a block as one operator under torch.compile), _commo
 models share), and a file a model (flux.py, ltx.py, mochi.py, wan.py). diffusers (and torch) are
 imported by this package only."""
 from ._common import _warned  # noqa: F401  (cleared by tests: warnings said once a process)
-from ._lifecycle import Report, apply, revert
+from ._lifecycle import Report, apply, fp8_error, revert
 from ._pieces import OPS, Pieces
 
-__all__ = ["apply", "revert", "Report", "OPS", "Pieces"]
+__all__ = ["apply", "revert", "fp8_error", "Report", "OPS", "Pieces"]

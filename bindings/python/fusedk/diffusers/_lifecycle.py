@@ -23,10 +23,11 @@ class Report:
 
     def __init__(self):
         self.patched, self.skipped, self.attention = [], [], "diffusers' dispatch"
+        self.projections = "the model's dtype"
 
     def __repr__(self):
         lines = [f"fusedk.diffusers: {len(self.patched)} blocks patched, {len(self.skipped)} left alone; attention: "
-                 f"{self.attention}"]
+                 f"{self.attention}; projections: {self.projections}"]
         counts = {}
         for _, cls in self.patched:
             counts[cls] = counts.get(cls, 0) + 1
@@ -61,7 +62,7 @@ def _roots(model):
     return ts or [model]
 
 
-def apply(model, ops=None, attention=False):
+def apply(model, ops=None, attention=False, precision=None):
     """Swaps fusedk's fused forwards into every supported block of `model` (a diffusers
     transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
     use (a subset of fusedk.diffusers.OPS; None: all). attention=True: fusedk's attention kernel
@@ -69,8 +70,14 @@ def apply(model, ops=None, attention=False):
     attention kernel (on the CPU, and Dh 64, 128 and 256 on sm_90a: other GPUs refuse it by name),
     q and k straight from qk_norm_rope_int8 where the block's prologue is qk_norm_rope (no k mean:
     ops without "qk_norm_rope" keep attention_int8's), fusedk's at the inputs' precision for
-    other head sizes. Returns a Report: what was patched and what was left alone, and why, and
-    what runs the attention. Applying twice patches nothing new."""
+    other head sizes. precision="fp8": the blocks' projections on FP8 tensor cores (linear_fp8):
+    each weight quantized once a row (e4m3, a scale an output channel), its input made in FP8 by
+    the op before it (adaln_fp8) or quantized a row at a time (quantize_fp8); the modulation
+    GEMMs (one row of temb), projections with LoRA adapters and everything outside the blocks
+    stay in the model's dtype. The bf16 weights stay where they are (revert and the stock
+    forward use them): the e4m3 copies add half their bytes. Returns a Report: what was patched
+    and what was left alone, and why, and what runs the attention and the projections. Applying
+    twice patches nothing new."""
     use = OPS if ops is None else frozenset(ops)
     if not use <= OPS:
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "
@@ -80,7 +87,14 @@ def apply(model, ops=None, attention=False):
                           "expected True, False or 'int8'")
     use = use | {"attention"} if attention else use
     use = use | {"attention_int8"} if attention == "int8" else use
+    if precision not in (None, "fp8"):
+        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: precision is {precision!r}, "
+                          "expected None (the model's dtype) or 'fp8'")
+    use = use | {"fp8"} if precision == "fp8" else use
     table, report, hooked = _patchers(), Report(), 0
+    if precision == "fp8":
+        report.projections = ("FP8 (e4m3 weights a scale an output channel, inputs a scale a row; the modulation "
+                              "GEMMs, LoRA'd projections and layers outside the blocks in the model's dtype)")
     report.attention = {True: "fusedk", "int8": "fusedk int8 (on the CPU, and Dh 64, 128 and 256 on sm_90a; "
                         "fusedk's at the inputs' precision for other head sizes)"}.get(attention, "diffusers' dispatch")
     for root in _roots(model):
@@ -101,6 +115,29 @@ def apply(model, ops=None, attention=False):
         warnings.warn(f"fusedk.diffusers.apply: {hooked} blocks left alone (they run their stock forward) because of "
                       f"hooks, e.g. {first}", RuntimeWarning, stacklevel=2)
     return report
+
+
+def fp8_error(model, *args, **kwargs):
+    """How far precision="fp8" moves your model: model(*args, **kwargs) run as it is, then with
+    apply(model, precision="fp8"), then reverted. Prints and returns the relative L2 of the FP8
+    output against the model's own (its first output tensor). The model must not be patched yet."""
+    if any(getattr(m, "_fusedk", None) is not None for r in _roots(model) for m in r.modules()):
+        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", "fusedk.diffusers.fp8_error: the model is patched "
+                          "already; revert it first")
+
+    def first(out):
+        out = out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
+        return out.double()
+    with torch.no_grad():
+        want = first(model(*args, **kwargs))
+        apply(model, precision="fp8")
+        try:
+            got = first(model(*args, **kwargs))
+        finally:
+            revert(model)
+    e = ((got - want).norm() / want.norm()).item()
+    print(f"fusedk.diffusers.fp8_error: relative L2 of the FP8 output against the model's own: {e:.4g}")
+    return e
 
 
 # diffusers hooks (HookRegistry names) and accelerate's that move or recast weights (group
@@ -454,6 +491,9 @@ class State:
         """p[name]: one GEMM for the projections lins (nn.Linear or peft LoRA layers over one), their
         adapters folded in (Proj)."""
         P, views = fuse_projections(lins)
+        if "fp8" in self.k.use and P.a is None and name != "mod" and P.w.dtype in (torch.float16, torch.bfloat16):
+            with torch.no_grad():  # the modulation GEMM (one row of temb) gains nothing in FP8
+                P.w8 = self.k.fk.quantize_fp8(P.w.detach())
         self.p[name], self.views, self.projected = P, self.views + views, self.projected + list(lins)
         ids = {id(v) for v in self.views}
         self.kept += [t for t in (P.w, P.b) if isinstance(t, torch.nn.Parameter) and id(t) not in ids]

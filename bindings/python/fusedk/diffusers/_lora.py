@@ -134,10 +134,11 @@ def fuse_linears(lins, into=None):
 
 class Proj:
     """A projection's GEMM: w [N, K] and bias b (None) of the base layers; with adapters, w_cat
-    [N, K + A rp] (w its first K columns) and a [A, r, K] for linear_lowrank, else None."""
+    [N, K + A rp] (w its first K columns) and a [A, r, K] for linear_lowrank, else None. w8: w as an
+    FP8 ScaledTensor (apply(precision="fp8"): a scale an output channel), else None."""
 
     def __init__(self, w, b, w_cat=None, a=None):
-        self.w, self.b, self.w_cat, self.a = w, b, w_cat, a
+        self.w, self.b, self.w_cat, self.a, self.w8 = w, b, w_cat, a, None
 
 
 def fuse_projections(lins):
@@ -169,7 +170,9 @@ def fuse_projections(lins):
 
 def normed(k, P, x, scale, shift, eps, norm="layer"):
     """adaln(x) (Pieces k) as Proj P's input: into a buffer with room for P's h where P has
-    adapters."""
+    adapters; an FP8 ScaledTensor where P runs in FP8 (adaln_fp8: no quantization pass)."""
+    if k.fp8(P):
+        return k.adaln(x, scale, shift, eps, norm=norm, fp8=True)
     buf = k.room(P, x)
     n = k.adaln(x, scale, shift, eps, norm=norm, out=None if buf is None else buf[..., :x.shape[-1]])
     return n if buf is None else buf

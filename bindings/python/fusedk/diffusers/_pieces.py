@@ -34,12 +34,20 @@ class Pieces:
     def __setstate__(self, state):
         self.__init__(state["use"])
 
-    def adaln(self, x, scale, shift, eps, norm="layer", out=None):
+    def adaln(self, x, scale, shift, eps, norm="layer", out=None, fp8=False):
+        """fp8: as an FP8 ScaledTensor (adaln_fp8, or the stock expression quantized)"""
         if "adaln" in self.use:
+            if fp8:
+                return self.fk.adaln_fp8(x, scale, shift, norm=norm, eps=eps)
             return self.fk.adaln(x, scale, shift, norm=norm, eps=eps, out=out)
         n = (torch.nn.functional.layer_norm(x, x.shape[-1:], eps=eps) if norm == "layer"
              else torch.nn.functional.rms_norm(x, x.shape[-1:], eps=eps))
-        return _act_out(n * (1 + scale[:, None]) + shift[:, None], "none", out)
+        y = _act_out(n * (1 + scale[:, None]) + shift[:, None], "none", out)
+        return self.fk.quantize_fp8(y) if fp8 else y
+
+    def fp8(self, P):
+        """Whether Proj P runs on FP8 tensor cores: apply(precision="fp8") gave it an e4m3 weight"""
+        return P.w8 is not None
 
     def room(self, P, like):
         """Where Proj P has adapters and runs as linear_lowrank: a [*like's leading dims, K + A rp]
@@ -57,6 +65,11 @@ class Pieces:
     def proj(self, x, P, act="none", out=None):
         """x through Proj P: linear, or with adapters linear_lowrank (the stock expression: the base
         linear plus each adapter's (x a_q^T) (s b_q)^T, in the block's dtype)."""
+        if self.fp8(P):  # x quantized a row at a time unless its producer wrote it in FP8
+            x8 = x if isinstance(x, self.fk.ScaledTensor) else self.fk.quantize_fp8(x)
+            return self.fk.linear_fp8(x8, P.w8, P.b, act=act, out=out, out_dtype=P.w.dtype)
+        if isinstance(x, self.fk.ScaledTensor):  # an FP8 input shared with a projection that is not
+            x = self.fk.dequantize_fp8(x, out_dtype=P.w.dtype)
         if P.a is None:
             return self.linear(x, P.w, P.b, act=act, out=out)
         if "linear" in self.use:

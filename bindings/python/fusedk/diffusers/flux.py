@@ -195,7 +195,7 @@ def _single(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb):
     p = st.p
     shift, scale, gate = k.proj(torch.nn.functional.silu(temb), p["mod"]).chunk(3, 1)
     nq = normed(k, p["qkv"], r, scale, shift, st.eps)  # with room for the qkv adapters' h, if any
-    n = nq[..., :D]
+    n = nq if isinstance(nq, k.fk.ScaledTensor) else nq[..., :D]  # (FP8: the one input of both GEMMs)
     E = D + p["mlp"].w.shape[0]
     hb = k.room(p["out"], r)  # proj_out's input: [attention, mlp] (and room for its adapters' h)
     h = r.new_empty(B, S, E) if hb is None else hb[..., :E]

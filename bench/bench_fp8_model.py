@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""[linear] fusedk.diffusers.apply(precision="fp8") on a real-width Flux (2 double + 4 single
+blocks, random bf16 weights, 1024x1024: 4096 image + 512 text tokens, B1): the transformer's
+forward against stock torch.compile (regional: compile_repeated_blocks(fullgraph=True)) and
+torchao's Float8DynamicActivationFloat8WeightConfig(PerRow()) + the same compile, beside fusedk
+in bf16; fusedk's variants eager in a CUDA graph (what the issue allows besides compile). Each
+variant's output against the float32 model's (same weights and inputs): rel. L2. Memory: the
+transformer's parameters and buffers on the GPU before and after apply.
+
+    PYTHONPATH=bindings/python:bench python3 bench/bench_fp8_model.py [--out DIR] [--rounds 5]
+
+Writes DIR/bench_fp8_model.json and .md."""
+import argparse
+import copy
+import datetime
+import json
+import time
+
+import torch
+
+import bench_dit as bd
+import fusedk
+import fusedk.diffusers as fd
+
+
+def flux_2_4():
+    from diffusers import FluxTransformer2DModel
+    return bd.on_gpu(FluxTransformer2DModel, dict(
+        patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=128,
+        num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+        axes_dims_rope=(16, 56, 56)))
+
+
+def gpu_bytes(m):
+    seen, n = set(), 0
+
+    def add(t):
+        nonlocal n
+        inner = getattr(t, "__tensor_flatten__", None)
+        if inner is not None and type(t) not in (torch.Tensor, torch.nn.Parameter):  # torchao's subclasses
+            for name in inner()[0]:
+                add(getattr(t, name))
+            return
+        s = t.untyped_storage()
+        if t.is_cuda and s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            n += s.nbytes()
+    for t in list(m.parameters()) + list(m.buffers()):
+        add(t)
+    for mod in m.modules():  # fusedk's FP8 weights (a State's Projs)
+        st = mod.__dict__.get("_fusedk")
+        for P in getattr(st, "p", {}).values():
+            w8 = getattr(P, "w8", None)
+            if w8 is not None:
+                n += w8.data.untyped_storage().nbytes() + w8.scale.untyped_storage().nbytes()
+    return n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=10)
+    args = ap.parse_args()
+    base = flux_2_4()
+    x = bd.flux_inputs(base)
+    ref = copy.deepcopy(base).float()
+    x32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in x.items()}
+    with torch.no_grad():
+        want = ref(**x32)[0].double()
+    del ref
+    torch.cuda.empty_cache()
+    variants, errs, mem, compile_s = {}, {}, {}, {}
+
+    def add(name, m, how):
+        with torch.no_grad():
+            t0 = time.time()
+            if how == "compile":
+                m.compile_repeated_blocks(fullgraph=True)
+                f = lambda: m(**x)  # noqa: E731
+                f(), f()
+            else:
+                g = bd.graph_of(lambda: m(**x))
+                f = g
+            torch.cuda.synchronize()
+            compile_s[name] = time.time() - t0
+            y = m(**x)[0]
+        errs[name] = bd.rel_err(y, want)
+        variants[name] = f
+
+    with torch.no_grad():
+        mem["stock"] = gpu_bytes(base)
+        copies = [copy.deepcopy(base) for _ in range(3)]  # before the stock one is compiled in place
+        add("stock compile", base, "compile")
+        for m, (name, kw) in zip(copies, (("fusedk bf16 graph", {}), ("fusedk fp8 graph", dict(precision="fp8")),
+                                          ("fusedk fp8 + attention graph", dict(precision="fp8", attention=True)))):
+            rep = fd.apply(m, **kw)
+            mem[name] = gpu_bytes(m)
+            print(name, rep, flush=True)
+            add(name, m, "graph")
+        try:
+            from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+            m = flux_2_4()
+            m.load_state_dict(base.state_dict())
+            quantize_(m, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+            mem["torchao fp8"] = gpu_bytes(m)
+            add("torchao fp8 compile", m, "compile")
+        except Exception as e:  # noqa: BLE001 - torchao missing or refusing: the table says so
+            print("torchao:", type(e).__name__, str(e)[:300], flush=True)
+        ms, all_ms = bd.rounds(variants, args.iters, args.rounds)
+    s = ms["stock compile"]
+    meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+    res = dict(meta=meta, ms=ms, rounds=all_ms, rel_l2=errs, gpu_bytes=mem, setup_s=compile_s)
+    with open(f"{args.out}/bench_fp8_model.json", "w") as f:
+        json.dump(res, f, indent=1)
+    L = [f"# Flux 2 double + 4 single blocks (real width), 1024x1024, B1 — {meta['gpu']}, {meta['date']}, torch "
+         f"{meta['torch']}", "", "| variant | ms | vs stock compile | rel. L2 vs float32 | setup s |",
+         "|---|---:|---:|---:|---:|"]
+    for k, v in ms.items():
+        L.append(f"| {k} | {v:.2f} | {s / v:.3f}x | {errs[k]:.4f} | {compile_s[k]:.0f} |")
+    L += ["", "Transformer bytes on the GPU (parameters, buffers, fusedk's e4m3 weights): " +
+          ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in mem.items())]
+    with open(f"{args.out}/bench_fp8_model.md", "w") as f:
+        f.write("\n".join(L) + "\n")
+    print("\n".join(L))
+
+
+if __name__ == "__main__":
+    main()
