@@ -1470,6 +1470,32 @@ static void *fusedk__base(const fusedk_tensor *t) {
   return t ? (void *)((uintptr_t)t->data + t->byte_offset) : NULL; /* integer math: data may be NULL (empty) */
 }
 
+/* The byte range [lo, hi) a tensor's elements span (strides of any sign); lo == hi: empty. */
+static void fusedk__extent(const fusedk_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+  const int64_t es = (int64_t)fusedk__scalar_size(fusedk__scalar_of(t->dtype));
+  int64_t a = 0, b = 0;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) { *lo = *hi = 0; return; }
+    const int64_t d = (t->shape[i] - 1) * fusedk__stride(t, i);
+    if (d < 0) a += d; else b += d;
+  }
+  *lo = (uintptr_t)fusedk__base(t) + (uintptr_t)(a * es);
+  *hi = (uintptr_t)fusedk__base(t) + (uintptr_t)((b + 1) * es);
+}
+
+/* An output sharing memory with another argument: a GEMM reads its inputs while it writes. */
+static fusedk_status fusedk__check_disjoint(const fusedk__check *c, const fusedk_tensor *out, const char *oname,
+                                            const fusedk_tensor *t, const char *name) {
+  uintptr_t a0, a1, b0, b1;
+  if (!out || !t) return FUSEDK_OK;
+  fusedk__extent(out, &a0, &a1);
+  fusedk__extent(t, &b0, &b1);
+  if (a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1)
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: output %s overlaps %s in memory, expected separate buffers",
+                        c->op, oname, name);
+  return FUSEDK_OK;
+}
+
 /* --- [registry] each op once: arguments, attributes, output shapes; lookup and the generic call --- */
 
 /* The shape rule of an op whose outputs include one of role OWN: output `out`'s shape from the
@@ -1938,7 +1964,10 @@ static int fusedk__out_dtype_attr(const fusedk_op *o) {
 FUSEDK_DEF int32_t fusedk_op_out_scalar(int32_t i, int32_t out, const double *a) {
   if (i < 0 || i >= FUSEDK_OP_COUNT || out < 0 || out >= fusedk__op(i)->n_tensors) return -1;
   const int32_t sc = fusedk__op(i)->tensors[out].scalar, k = fusedk__out_dtype_attr(fusedk__op(i));
-  return sc >= 0 ? sc : sc == -3 && k >= 0 && a ? (int32_t)a[k] : -1;
+  if (sc >= 0) return sc;
+  if (sc != -3 || k < 0 || !a) return -1;
+  const double v = a[k]; /* a float dtype's value, or -1 (op_call then names the attribute) */
+  return v == FUSEDK_F32 || v == FUSEDK_F16 || v == FUSEDK_BF16 ? (int32_t)v : -1;
 }
 
 /* The out_dtype attribute (a float dtype) and the tensors it names, which must have it */
@@ -2451,6 +2480,12 @@ static fusedk_status fusedk__norm_fp8(int32_t id, const fusedk_tensor *const *t,
   memset(a, 0, sizeof *a);
   a->scalar = a->mod = s->c.scalar, a->B = s->B, a->L = s->L, a->D = s->D, a->q8 = 1;
   a->y = s->r[0], a->ys = s->r[1];
+  /* y's data and scale against every other tensor (and each other): an e4m3 y cannot alias a
+     16-bit input exactly, so any overlap is a partial one the row passes would race on */
+  const fusedk_op *o = fusedk__op(id);
+  for (int i = 0; i < 2; ++i)
+    for (int k = i + 1; k < o->n_tensors; ++k)
+      if ((st = fusedk__check_disjoint(&s->c, t[i], o->tensors[i].name, t[k], o->tensors[k].name))) return st;
   return FUSEDK_OK;
 }
 
@@ -3170,7 +3205,8 @@ static int fusedk__linear_cpu(const fusedk__linear_args *a) {
     for (int64_t n = 0; n < N; ++n) {
       double z = a->xs ? 0.0 : b[n];
       for (int64_t k = 0; k < K; ++k) z += xr[k] * w[n * K + k];
-      if (a->xs) z = b[n] + z * (double)a->xs[m] * (double)a->ws[n]; /* FP8: the scales after the sum */
+      if (a->xs && K > 0) z = b[n] + z * (double)a->xs[m] * (double)a->ws[n]; /* FP8: the scales after the sum */
+      else if (a->xs) z = b[n]; /* K = 0: the bias alone, as the GPU (no scale read) */
       if (a->aux.p) fusedk__store(fusedk__mat_row(&a->aux, m, s), n, z, s);
       fusedk__store(fusedk__mat_row(&a->y, m, s), n, fusedk__linear_act(z, a->act, s), s);
     }
@@ -3213,32 +3249,6 @@ static int fusedk__linear_backward_cpu(const fusedk__linear_args *a) {
   }
   free(dz);
   return 0;
-}
-
-/* The byte range [lo, hi) a tensor's elements span (strides of any sign); lo == hi: empty. */
-static void fusedk__extent(const fusedk_tensor *t, uintptr_t *lo, uintptr_t *hi) {
-  const int64_t es = (int64_t)fusedk__scalar_size(fusedk__scalar_of(t->dtype));
-  int64_t a = 0, b = 0;
-  for (int i = 0; i < t->ndim; ++i) {
-    if (t->shape[i] == 0) { *lo = *hi = 0; return; }
-    const int64_t d = (t->shape[i] - 1) * fusedk__stride(t, i);
-    if (d < 0) a += d; else b += d;
-  }
-  *lo = (uintptr_t)fusedk__base(t) + (uintptr_t)(a * es);
-  *hi = (uintptr_t)fusedk__base(t) + (uintptr_t)((b + 1) * es);
-}
-
-/* An output sharing memory with another argument: a GEMM reads its inputs while it writes. */
-static fusedk_status fusedk__check_disjoint(const fusedk__check *c, const fusedk_tensor *out, const char *oname,
-                                            const fusedk_tensor *t, const char *name) {
-  uintptr_t a0, a1, b0, b1;
-  if (!out || !t) return FUSEDK_OK;
-  fusedk__extent(out, &a0, &a1);
-  fusedk__extent(t, &b0, &b1);
-  if (a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1)
-    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: output %s overlaps %s in memory, expected separate buffers",
-                        c->op, oname, name);
-  return FUSEDK_OK;
 }
 
 /* A [..., n] matrix argument whose leading dims are `lead` (the M rows): its shape, and the one

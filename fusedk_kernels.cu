@@ -2833,11 +2833,14 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, const LtGemm &g, cublasLtHan
   const int level = k.scalar == FUSEDK_E4M3 && lt_tune_level() == 1 ? 2 : lt_tune_level();
   const bool large = level && !k.acc && 2.0 * (double)k.m * (double)k.n * (double)k.k >= kLtTuneFlops;
   if (!s) s = lt_heuristic(p, h, pref, large ? kLtCandidates : 1);
-  if (!s && p.cand.empty() && k.scalar == FUSEDK_E4M3) { // without the reduction and alignment preferences
+  for (int retry = 0; retry < 2 && !s && p.cand.empty() && k.scalar == FUSEDK_E4M3; ++retry) {
+    // none: without the alignment preferences, then without the reduction mask too (split-K sums
+    // in the output type: what the probe's heuristic query, which finds one, allows)
     cublasLtMatmulPreferenceDestroy(pref);
     pref = nullptr;
     s = cublasLtMatmulPreferenceCreate(&pref);
     if (!s) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (!s && !retry) s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
     if (!s) s = lt_heuristic(p, h, pref, large ? kLtCandidates : 1);
   }
   if (!s && large && level >= 2 && !p.cand.empty())

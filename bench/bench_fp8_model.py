@@ -7,9 +7,12 @@ in bf16; fusedk's variants eager in a CUDA graph (what the issue allows besides 
 variant's output against the float32 model's (same weights and inputs): rel. L2. Memory: the
 transformer's parameters and buffers on the GPU before and after apply.
 
-    PYTHONPATH=bindings/python:bench python3 bench/bench_fp8_model.py [--out DIR] [--rounds 5]
+    PYTHONPATH=bindings/python:bench python3 bench/bench_fp8_model.py [--out DIR] [--rounds 5] [--full]
 
-Writes DIR/bench_fp8_model.json and .md."""
+--full: the whole Flux-dev transformer (19 double + 38 single blocks, the step's forward), stock
+compiled against fusedk FP8 in a CUDA graph, one after the other on one model's weights (the stock
+model is freed before the FP8 one is made: both do not fit beside a float32 copy), the FP8 output
+against the stock bf16 one. Writes DIR/bench_fp8_model[_full].json and .md."""
 import argparse
 import copy
 import datetime
@@ -56,12 +59,57 @@ def gpu_bytes(m):
     return n
 
 
+def full_step(args):
+    """The whole Flux-dev transformer: stock regional compile, then (freed) fusedk FP8 in a graph"""
+    from diffusers import FluxTransformer2DModel
+    cfg = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+               num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+               axes_dims_rope=(16, 56, 56))
+    res = {}
+    for name in ("stock compile", "fusedk fp8 graph"):
+        m = bd.on_gpu(FluxTransformer2DModel, cfg)  # the same seed: the same weights
+        x = bd.flux_inputs(m)
+        with torch.no_grad():
+            t0 = time.time()
+            if name == "stock compile":
+                m.compile_repeated_blocks(fullgraph=True)
+                f = lambda: m(**x)  # noqa: E731
+                f(), f()
+            else:
+                fd.apply(m, precision="fp8")
+                f = bd.graph_of(lambda: m(**x))
+            torch.cuda.synchronize()
+            setup = time.time() - t0
+            y = m(**x)[0].float().cpu()
+            ms = sorted(bd.time_call(f, args.iters) for _ in range(args.rounds))[args.rounds // 2]
+        res[name] = dict(ms=ms, setup_s=setup, gpu_bytes=gpu_bytes(m), out=y)
+        print(name, f"{ms:.2f} ms", flush=True)
+        del m, f, x
+        torch.cuda.empty_cache()
+    s, q = res["stock compile"], res["fusedk fp8 graph"]
+    e = bd.rel_err(q.pop("out"), s.pop("out"))
+    meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+    with open(f"{args.out}/bench_fp8_model_full.json", "w") as f:
+        json.dump(dict(meta=meta, res=res, fp8_vs_stock_rel_l2=e), f, indent=1)
+    L = [f"# Flux-dev transformer (19 + 38 blocks), 1024x1024, B1: one step's forward — {meta['gpu']}, {meta['date']}",
+         "", "| variant | ms | vs stock compile | GPU GiB (transformer) |", "|---|---:|---:|---:|"]
+    for k, v in res.items():
+        L.append(f"| {k} | {v['ms']:.2f} | {s['ms'] / v['ms']:.3f}x | {v['gpu_bytes'] / 2**30:.2f} |")
+    L += ["", f"FP8 output against the stock bf16 one: rel. L2 {e:.4f}"]
+    with open(f"{args.out}/bench_fp8_model_full.md", "w") as f:
+        f.write("\n".join(L) + "\n")
+    print("\n".join(L))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--full", action="store_true")
     args = ap.parse_args()
+    if args.full:
+        return full_step(args)
     base = flux_2_4()
     x = bd.flux_inputs(base)
     ref = copy.deepcopy(base).float()

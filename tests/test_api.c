@@ -1436,6 +1436,14 @@ static void fp8_cases(void) {
     fusedk_status st2 = fusedk_adaln_fp8(&sb, &tx, &tsc, &tsh, FUSEDK_NORM_LAYER, NULL, NULL, 1e-6f, NULL);
     EXPECT(st2 == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "adaln_fp8: y has dtype bfloat16, expected float8_e4m3fn"),
            "adaln_fp8: a bf16 y: %s", fusedk_failure_reason());
+    fusedk_tensor over = fusedk_tensor_cpu(nx, FUSEDK_E4M3, 3, s3); /* y's bytes over x's first rows */
+    const fusedk_scaled_tensor so = {&over, &tys};
+    st2 = fusedk_layernorm_fp8(&so, &tx, NULL, NULL, 1e-5f, NULL);
+    EXPECT(st2 == FUSEDK_ERR_LAYOUT && strstr(fusedk_failure_reason(), "layernorm_fp8: output y overlaps x"),
+           "layernorm_fp8: y over x: %s", fusedk_failure_reason());
+    const double bad_dt[4] = {0, 0, 0.5, 1}, no_dt[4] = {0, 0, 7, 1};
+    EXPECT(fusedk_op_out_scalar(FUSEDK_OP_LINEAR_FP8, 0, bad_dt) == -1 &&
+               fusedk_op_out_scalar(FUSEDK_OP_LINEAR_FP8, 0, no_dt) == -1, "op_out_scalar: out_dtype not a float dtype");
     st2 = fusedk_adaln_fp8(&sy, &tx, &tsc, &tsh, FUSEDK_NORM_RMS, NULL, &tb, 1e-6f, NULL);
     EXPECT(st2 == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "adaln_fp8: bias is given with FUSEDK_NORM_RMS"),
            "adaln_fp8: rms with a bias: %s", fusedk_failure_reason());

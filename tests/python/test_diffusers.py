@@ -888,3 +888,46 @@ def test_fp8_error_helper(capsys):
     fd.apply(low)
     with pytest.raises(fusedk.InvalidArgumentError, match="patched already"):
         fd.fp8_error(low, **xl)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_with_lora_on_the_mlp_output_only(device):
+    """A LoRA on ff.net.2 alone: that projection stays bf16 (linear_lowrank), its input still made
+    by the FP8 fc1 (the buffer with room for h taken from the FP8 norm's rows)"""
+    import copy
+    m, ref, low, x32, xl = pair("flux", device)
+    add_lora([ref], ["ff.net.2"], ranks=(4,), weights=(1.0,))
+    low = in_dtype(copy.deepcopy(ref), torch.bfloat16)
+    want = m.output(run(ref, x32)).double()
+    stock = m.output(run(low, xl))
+    report = fd.apply(low, precision="fp8")
+    assert not report.skipped, report
+    blk = m.blocks(low)[0]
+    assert blk._fusedk.p["ff2"].w8 is None and blk._fusedk.p["ff2"].a is not None and blk._fusedk.p["ff1"].w8 is not None
+    got = m.output(run(low, xl))
+    assert rel(got, want)[0] < 2 * rel(stock, want)[0] + 0.05
+
+
+def test_fp8_weights_follow_in_place_writes():
+    """w8 is a copy: an in-place change of a projection's weight (load_state_dict, .mul_) makes
+    the block quantize it again at its next call"""
+    m, ref, low, x32, xl = pair("flux", "cpu")
+    fd.apply(low, precision="fp8")
+    before = m.output(run(low, xl))
+    blk = m.blocks(low)[0]
+    old = blk._fusedk.p["qkv"].w8
+    with torch.no_grad():
+        blk.attn.to_q.weight.mul_(0.5)
+    after = m.output(run(low, xl))
+    assert blk._fusedk.p["qkv"].w8 is not old and not torch.equal(before, after)
+    fresh = copy_apply(low, xl, m)
+    assert torch.equal(after, fresh)
+
+
+def copy_apply(model, xl, m):
+    """the output of a copy of model (reverted, then applied again in FP8): what a fresh apply gives"""
+    import copy
+    c = copy.deepcopy(model)
+    fd.revert(c)
+    fd.apply(c, precision="fp8")
+    return m.output(run(c, xl))

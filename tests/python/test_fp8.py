@@ -126,6 +126,16 @@ def test_linear_fp8_error_against_float64(family):
     assert 0.02 < e < 0.045, e
 
 
+def test_out_dtype_follows_out_then_aux_out_then_bias():
+    x = fusedk.quantize_fp8(rng.standard_normal((4, 32)).astype(F32))
+    w = fusedk.quantize_fp8(rng.standard_normal((8, 32)).astype(F32))
+    aux = np.zeros((4, 8), np.float16)
+    y, z = fusedk.linear_fp8(x, w, act="gelu_tanh", aux_out=aux)
+    assert y.dtype == np.float16 and z is aux
+    assert fusedk.linear_fp8(x, w, np.zeros(8, np.float16)).dtype == np.float16
+    assert fusedk.linear_fp8(x, w).dtype == oracle.BF16
+
+
 def test_bad_input():
     x = fusedk.quantize_fp8(rng.standard_normal((4, 32)).astype(F32))
     w = fusedk.quantize_fp8(rng.standard_normal((8, 32)).astype(F32))

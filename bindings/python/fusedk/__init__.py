@@ -364,7 +364,7 @@ def linear_fp8(x, w, bias=None, act="none", aux=False, out=None, aux_out=None, s
     """linear on FP8 tensor cores: y = act((x.data @ w.data.T) * x.scale[:, None] * w.scale + bias)
     with x a ScaledTensor [..., K] (quantize_fp8 of the activation) and w one [N, K] (quantize_fp8
     of nn.Linear's weight: a scale an output channel); y [..., N] of out_dtype (float16 or
-    bfloat16; default out's, else bias's, else bfloat16). act and aux as linear's. fast_accum
+    bfloat16; default out's, else aux_out's, else bias's, else bfloat16). act and aux as linear's. fast_accum
     (torch._scaled_mm's use_fast_accum, on as in torchao): the FP8 tensor cores' own accumulator
     over all of K; False: sums promoted to float32 every few k-steps (slower). Error against
     float64: README, "FP8"."""
@@ -372,7 +372,7 @@ def linear_fp8(x, w, bias=None, act="none", aux=False, out=None, aux_out=None, s
         _scaled_in("linear_fp8", n, v)
     a = _choice("linear_fp8", "act", act, _LINEAR_ACTS)
     want = 1 if _flag("linear_fp8", "aux", aux) or aux_out is not None else 0
-    dt = _out_scalar(out_dtype, out if out is not None else bias)
+    dt = _out_scalar(out_dtype, out if out is not None else aux_out if aux_out is not None else bias)
     return _call(_LINEAR8, x.data, (out, aux_out, x.data, x.scale, w.data, w.scale, bias),
                  (a, want, dt, _flag("linear_fp8", "fast_accum", fast_accum)), stream)
 

@@ -696,6 +696,9 @@ class _Generic:
         if self.fw == "numpy":
             return np.empty(shape, dtype)
         if self.fw == "cupy":
+            if F8 is not None and dtype == F8:
+                raise DTypeError("FUSEDK_ERR_DTYPE", f"{self.op.name}: its output is float8_e4m3fn, a dtype CuPy "
+                                 "arrays do not have; run the FP8 ops on torch or JAX arrays")
             cupy = sys.modules["cupy"]
             with cupy.cuda.Device(self.device[1]):
                 return cupy.empty(shape, dtype)

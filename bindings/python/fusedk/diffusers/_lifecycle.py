@@ -328,7 +328,15 @@ def _fresh(st, traced=False):
     return all(parent._modules.get(name) is lin and type(lin) is torch.nn.Linear and lin._parameters.get(attr) is p
                and (traced or p.data_ptr() == ptr) for parent, name, lin, attr, p, ptr in st.links) and all(
         parent._modules.get(name) is lin and (traced or lora_signature(lin) == sig)
-        for parent, name, lin, sig in st.mods)
+        for parent, name, lin, sig in st.mods) and (traced or all(_version(t) == v for t, v in st.fp8))
+
+
+def _version(t):
+    """t's in-place version counter (None for an inference-mode tensor, which has none)"""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _checked_forward(self, *args, **kwargs):
@@ -476,6 +484,7 @@ class State:
     def __init__(self, pieces):
         self.k, self.views, self.projected, self.p = pieces, [], [], {}
         self.kept = []  # parameters a Proj holds as they are (no view made): checked as the views are
+        self.fp8 = []  # (tensor, its version when w8 was made) for the FP8 Projs' weights
 
     def __deepcopy__(self, memo):
         """A deep copy of the model: its blocks' States, the patcher shared (block_op's kind is its
@@ -494,6 +503,10 @@ class State:
         if "fp8" in self.k.use and P.a is None and name != "mod" and P.w.dtype in (torch.float16, torch.bfloat16):
             with torch.no_grad():  # the modulation GEMM (one row of temb) gains nothing in FP8
                 P.w8 = self.k.fk.quantize_fp8(P.w.detach())
+            # w8 is a copy: the version of w and of each parameter viewing it (a parameter whose .data
+            # became a view keeps a counter of its own) tells an in-place change since
+            self.fp8 = self.fp8 + [(t, _version(t)) for t in [P.w, *views, *(x.weight for x in lins
+                                                                            if hasattr(x, "weight"))]]
         self.p[name], self.views, self.projected = P, self.views + views, self.projected + list(lins)
         ids = {id(v) for v in self.views}
         self.kept += [t for t in (P.w, P.b) if isinstance(t, torch.nn.Parameter) and id(t) not in ids]

@@ -55,7 +55,9 @@ class Pieces:
         then reads x there, h beside it, without linear_lowrank copying x. Else None."""
         if P.a is None or "linear" not in self.use:
             return None
-        return like.new_empty(*like.shape[:-1], P.w_cat.shape[1])
+        if isinstance(like, self.fk.ScaledTensor):  # an FP8 producer's output: its rows, P's dtype
+            like = like.data
+        return like.new_empty(*like.shape[:-1], P.w_cat.shape[1], dtype=P.w_cat.dtype)
 
     def linear(self, x, w, b=None, act="none", out=None):
         if "linear" in self.use:
