@@ -543,24 +543,26 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
      leading dims; [1] for a 1-d x), a row at a time, in float32 as the GPU computes it: amax the
      row's largest magnitude (a NaN wins), data = e4m3(x * (448 / amax)) rounded to nearest, ties
      to even, saturating at +-448, scale = amax / 448; where 448 / amax is not finite (a row of
-     zeros, or amax below 448 / FLT_MAX) data is 0 and the scale amax / 448 (0 for zeros); a row
-     with a NaN or Inf has a non-finite scale (it dequantizes to NaN). What torchao's dynamic
+     zeros, amax below 448 / FLT_MAX, a NaN or Inf in the row) data is 0 (NaN where x is NaN or
+     Inf) and the scale amax / 448: 0 for zeros, non-finite for a NaN or Inf (the row dequantizes
+     to NaN). What torchao's dynamic
      per-row activation scaling (PerRow) computes, in one pass: weights once, activations where no
      op writes them in FP8.
    dequantize_fp8: y[..., K] = data * scale, the product in float32, rounded once to y's dtype
      (f32, f16, bf16: the registry's out_dtype attribute).
    linear_fp8: z = (x.data . w.data^T) * x.scale[m] * w.scale[n] + bias[n], y[..., N] = act(z),
      aux_out = z rounded (optional); x.data [..., K] with scale [...], w.data [N, K] with scale
-     [N] (an output channel's: quantize_fp8 of w); y, aux_out and bias f16 or bf16, one dtype.
+     [N] (an output channel's: quantize_fp8 of w); y, aux_out and bias f16 or bf16, one dtype;
+     K = 0: z = bias (no scale read).
      On the GPU: cuBLASLt's e4m3 GEMM on Hopper's FP8 tensor cores, both scale vectors applied
      in its epilogue (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) with bias and RELU or
      GELU_TANH; GELU and SILU through linear's act pass. fast_accum = 1 (what torchao's FP8
      linear runs): the tensor cores' own accumulator over all of K; 0: its sums promoted to
      float32 every few k-steps (slower; README, "FP8", has what each costs in error and time).
      FP8 plans are tuned as FUSEDK_LINEAR_TUNE=2 at least (cuBLASLt's heuristic offers one
-     algorithm for these scales). Where cuBLASLt has no FP8 algorithm (K
-     not a multiple of 16, rows or scales not 16-byte aligned, GPUs before sm_89): x and w
-     dequantized to float32 in scratch, then linear's exact route (a float32 GEMM, one rounding).
+     algorithm for these scales). Where cuBLASLt has no FP8 algorithm (K not a multiple of 16,
+     rows or scales not 16-byte aligned, GPUs before sm_89): x and w dequantized to float32 in
+     scratch, then linear's exact route (a float32 GEMM, one rounding).
      The scales must be contiguous ([M] and [N] float32 vectors). Plans, workspace, scratch,
      tuning and graph capture as linear's. CPU: double accumulation of the decoded products. */
 FUSEDK_DEF fusedk_status fusedk_quantize_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
