@@ -138,10 +138,12 @@ def main():
 
     with torch.no_grad():
         mem["stock"] = gpu_bytes(base)
-        copies = [copy.deepcopy(base) for _ in range(3)]  # before the stock one is compiled in place
+        kinds = (("fusedk bf16 graph", {}), ("fusedk fp8 graph", dict(precision="fp8")),
+                 ("fusedk fp8 + attention graph", dict(precision="fp8", attention=True)),
+                 ("fusedk fp8, bf16 weights on the host, graph", dict(precision="fp8", bf16_weights="host")))
+        copies = [copy.deepcopy(base) for _ in kinds]  # before the stock one is compiled in place
         add("stock compile", base, "compile")
-        for m, (name, kw) in zip(copies, (("fusedk bf16 graph", {}), ("fusedk fp8 graph", dict(precision="fp8")),
-                                          ("fusedk fp8 + attention graph", dict(precision="fp8", attention=True)))):
+        for m, (name, kw) in zip(copies, kinds):
             rep = fd.apply(m, **kw)
             mem[name] = gpu_bytes(m)
             print(name, rep, flush=True)

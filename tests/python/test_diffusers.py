@@ -931,3 +931,39 @@ def copy_apply(model, xl, m):
     fd.revert(c)
     fd.apply(c, precision="fp8")
     return m.output(run(c, xl))
+
+
+def test_fp8_bf16_weights_on_the_host():
+    """apply(precision="fp8", bf16_weights="host"): the FP8 projections' parameters empty on their
+    device, the output that of the weights kept, revert bit for bit; the stock forward's paths, a
+    move and a bad value refused by name"""
+    import copy
+    m, ref, low, x32, xl = pair("flux", "cpu")
+    stock = m.output(run(low, xl))
+    keep = copy.deepcopy(low)
+    fd.apply(keep, precision="fp8")
+    want = m.output(run(keep, xl))
+    before = sum(p.numel() for p in low.parameters())
+    report = fd.apply(low, precision="fp8", bf16_weights="host")
+    assert "host memory" in repr(report)
+    blk = m.blocks(low)[0]
+    assert blk.attn.to_q.weight.numel() == 0 and blk.norm1.linear.weight.numel() > 0  # the modulation GEMM stays
+    assert sum(p.numel() for p in low.parameters()) < 0.6 * before
+    assert torch.equal(m.output(run(low, xl)), want)
+    with pytest.raises(fusedk.Error, match="autograd records it"):
+        blk.attn.to_k.weight.requires_grad_(True)
+        with torch.enable_grad():
+            run_grad = {k: v for k, v in xl.items()}
+            low(**run_grad)
+    blk.attn.to_k.weight.requires_grad_(False)
+    assert fd.revert(low) == len(m.blocks(low))
+    assert blk.attn.to_q.weight.numel() > 0 and torch.equal(m.output(run(low, xl)), stock)
+    # a move or cast while the weights are on the host: refused before any module changes
+    fd.apply(low, precision="fp8", bf16_weights="host")
+    with pytest.raises(fusedk.Error, match="the model is being moved or cast"):
+        low.to(torch.float16)
+    assert torch.equal(m.output(run(low, xl)), want)  # nothing was cast
+    fd.revert(low)
+    assert "_apply" not in vars(low) and torch.equal(m.output(run(low, xl)), stock)
+    with pytest.raises(fusedk.InvalidArgumentError, match="bf16_weights is 'disk', expected 'keep' or 'host'"):
+        fd.apply(low, precision="fp8", bf16_weights="disk")

@@ -62,7 +62,7 @@ def _roots(model):
     return ts or [model]
 
 
-def apply(model, ops=None, attention=False, precision=None):
+def apply(model, ops=None, attention=False, precision=None, bf16_weights="keep"):
     """Swaps fusedk's fused forwards into every supported block of `model` (a diffusers
     transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
     use (a subset of fusedk.diffusers.OPS; None: all). attention=True: fusedk's attention kernel
@@ -74,8 +74,12 @@ def apply(model, ops=None, attention=False, precision=None):
     each weight quantized once a row (e4m3, a scale an output channel), its input made in FP8 by
     the op before it (adaln_fp8) or quantized a row at a time (quantize_fp8); the modulation
     GEMMs (one row of temb), projections with LoRA adapters and everything outside the blocks
-    stay in the model's dtype. The bf16 weights stay where they are (revert and the stock
-    forward use them): the e4m3 copies add half their bytes. Returns a Report: what was patched
+    stay in the model's dtype. bf16_weights: "keep" (default) leaves the FP8 projections' bf16
+    weights where they are (revert and the stock forward use them: the e4m3 copies add half
+    their bytes); "host" moves them to host memory, freeing the device's (the parameters become
+    empty tensors on their device): revert copies them back, and whatever would run a block's
+    stock forward (autograd recording, a hook inside it, torch.export), a move of the model or a
+    change of its weights raises fusedk.Error until revert. Returns a Report: what was patched
     and what was left alone, and why, and what runs the attention and the projections. Applying
     twice patches nothing new."""
     use = OPS if ops is None else frozenset(ops)
@@ -91,10 +95,15 @@ def apply(model, ops=None, attention=False, precision=None):
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: precision is {precision!r}, "
                           "expected None (the model's dtype) or 'fp8'")
     use = use | {"fp8"} if precision == "fp8" else use
+    if bf16_weights not in ("keep", "host"):
+        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: bf16_weights is "
+                          f"{bf16_weights!r}, expected 'keep' or 'host'")
+    use = use | {"fp8_host"} if precision == "fp8" and bf16_weights == "host" else use
     table, report, hooked = _patchers(), Report(), 0
     if precision == "fp8":
         report.projections = ("FP8 (e4m3 weights a scale an output channel, inputs a scale a row; the modulation "
-                              "GEMMs, LoRA'd projections and layers outside the blocks in the model's dtype)")
+                              "GEMMs, LoRA'd projections and layers outside the blocks in the model's dtype)" +
+                              ("; their bf16 weights in host memory" if bf16_weights == "host" else ""))
     report.attention = {True: "fusedk", "int8": "fusedk int8 (on the CPU, and Dh 64, 128 and 256 on sm_90a; "
                         "fusedk's at the inputs' precision for other head sizes)"}.get(attention, "diffusers' dispatch")
     for root in _roots(model):
@@ -234,6 +243,8 @@ def _patch(m, patcher, pieces, chain):
     parent = {c: (p, n) for p in m.modules() for n, c in p.named_children()}
     st.mods = [(*parent[lin], lin, lora_signature(lin)) for lin in st.projected]
     m._fusedk = st
+    if "fp8_host" in pieces.use and st.fp8:
+        _to_host(m, st)
     inner = _inner(m)
     if inner is not None:  # diffusers hooks on the block (a block cache, a layer skip): they call the fused forward
         setattr(*inner, types.MethodType(_forward_of(type(m)), m))
@@ -242,10 +253,54 @@ def _patch(m, patcher, pieces, chain):
     m._apply = types.MethodType(_apply_then_fuse, m)
 
 
+def _to_host(m, st):
+    """apply(bf16_weights="host"): each FP8 projection's fused bf16 weight copied to host memory
+    (pinned beside a CUDA device) and its device storage released: the parameters viewing it
+    become empty tensors of their dtype and device, Proj.w a meta tensor (the fused forwards
+    read its shape and dtype only). st.host: (Proj, host copy, [(parameter, first row, shape)])."""
+    st.host = []
+    for P in st.p.values():
+        if P.w8 is None:
+            continue
+        base, meta = P.w.untyped_storage().data_ptr(), torch.empty(P.w.shape, dtype=P.w.dtype, device="meta")
+        host = P.w.detach().to("cpu", copy=True)
+        host = host.pin_memory() if P.w.is_cuda and torch.cuda.is_available() else host
+        parts = []
+        for _, _, _, _, p, _ in st.links:
+            if p.untyped_storage().data_ptr() == base and p.dim() == 2:
+                parts.append((p, (p.storage_offset() - P.w.storage_offset()) // P.w.stride(0), tuple(p.shape)))
+        for p, _, _ in parts:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        st.host.append((P, host, parts))
+        P.w = meta  # (P.w may be one of the parameters just emptied)
+    st.links = _links(m, st.views + st.kept)  # the empty tensors' pointers: what _fresh compares
+    st.fp8 = [(p, _version(p)) for _, _, parts in st.host for p, _, _ in parts]
+    root = st.chain[0][1]  # a move of the whole model refused before any module of it is touched
+    if root is not m and "_apply" not in vars(root):
+        root._apply = types.MethodType(_apply_unless_hosted, root)
+
+
+def _apply_unless_hosted(self, fn, recurse=True):
+    """The model's nn.Module._apply while a block of it keeps its bf16 weights in host memory:
+    refused (fusedk.Error) before anything moves, else the class's."""
+    for mod in self.modules():
+        _hosted(mod.__dict__.get("_fusedk"), "the model is being moved or cast")
+    return type(self)._apply(self, fn, recurse)
+
+
+def _hosted(st, why):
+    """A fusedk.Error when st's bf16 weights are in host memory (bf16_weights="host"): what would
+    need them (why) cannot run until revert."""
+    if st is not None and getattr(st, "host", None):
+        raise _core.Error("FUSEDK_ERR_UNSUPPORTED", f"fusedk.diffusers: {why}, but apply(bf16_weights='host') moved "
+                          "this block's bf16 weights to host memory; call fusedk.diffusers.revert(model) first")
+
+
 def _apply_then_fuse(self, fn, recurse=True):
     """A patched block's nn.Module._apply (what .to(), .cuda(), .half() run): the move, then the
     fused weights made again from the moved parameters at once, so that a model moved after
     apply() is ready for a torch.compile'd first call (which cannot prepare anything)."""
+    _hosted(self._fusedk, "the block is being moved or cast")
     type(self)._apply(self, fn, recurse)
     if self.__dict__.get("_fusedk") is not None:
         _refresh(self)
@@ -267,6 +322,7 @@ def _refresh(block, marked=None):
     moved = _weight_hooks(_marked(st.chain + st.subs) if marked is None else marked)
     if not moved and _fresh(st):
         return True
+    _hosted(st, "its weights or hooks changed after apply()")
     why = moved or _why_not(block, st.patcher, st.chain, patched=True)
     if why:
         warn_once(f"fusedk.diffusers: {type(block).__name__} changed after apply() and runs its stock forward from "
@@ -350,10 +406,13 @@ def _checked_forward(self, *args, **kwargs):
     if st is None or exporting():  # reverted while a diffusers hook still held this
         # forward; or torch.export, whose programs AOTInductor packages: fusedk's operators are
         # Python custom ops such a package cannot call
+        if st is not None:
+            _hosted(st, "torch.export traces the block's stock forward")
         return type(self).forward(self, *args, **kwargs)
     # a call autograd records runs stock before anything is prepared again: a training step
     # (LoRA dropout on, adapter weights just stepped) neither unpatches the block nor re-fuses it
     if records_grad(self, *args, *kwargs.values()) or (_traced_hooked(st) if compiling() else not _ready(self)):
+        _hosted(st, "this call needs the block's stock forward (autograd records it, or a hook sits inside it)")
         return type(self).forward(self, *args, **kwargs)
     return self._fusedk.patcher.forward(self, *args, **kwargs)
 
@@ -382,12 +441,20 @@ def revert(model):
         st = getattr(m, "_fusedk", None)
         if st is None:
             continue
+        for P, host, parts in getattr(st, "host", None) or ():  # bf16_weights="host": the weights back
+            for p, row, shape in parts:
+                p.data = host[row:row + shape[0]].to(p.device, copy=True)
+        st.host = None
         views = {id(v) for v in st.views}
         for parent, name, lin, attr, p, ptr in st.links:
             if id(p) in views and p.data_ptr() == ptr:  # still a view into the fused weight
                 p.data = p.data.clone()
         _unpatch(m)
         n += 1
+    for root in _roots(model):
+        for mod in root.modules():  # the models' guards against moves (bf16_weights="host")
+            if getattr(vars(mod).get("_apply"), "__func__", None) is _apply_unless_hosted:
+                del mod._apply
     for cache in PerForward.every:
         cache.entry = (None, None, None)  # the last forward's tables go with the patch
     return n
@@ -473,6 +540,7 @@ class Patcher:
         """block_op's body for block m, which runs eagerly: what the trace could not check (new
         weights, adapters swapped in place, hooks) is checked here, as an eager call does."""
         if not _ready(m):
+            _hosted(m._fusedk, "this call needs the block's stock forward (a hook sits inside it)")
             return self.op[2](m, xs)  # the block's stock forward
         return m._fusedk.patcher.op[0](m, xs)
 
