@@ -2278,6 +2278,14 @@ static double fusedk__round_prec(double v, int p, int emin) {
   return ldexp(nearbyint(ldexp(v, -q)), q);
 }
 
+/* The 8-bit rows' quantization (int8: qmax 127; e4m3: 448), in float32 as the GPU's: the row's
+   largest magnitude (a NaN wins), and qmax / amax where that is finite and amax > 0, else 0 */
+static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
+static float fusedk__q_inv(float amax, float qmax) {
+  const float r = qmax / amax;
+  return amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
+}
+
 /* float8 e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; subnormals step 2^-9, no Inf,
    0x7f/0xff NaN, 448 the largest. */
 static double fusedk__e4m3_to_f64(uint8_t b) {
@@ -2327,11 +2335,8 @@ static void fusedk__store(void *p, int64_t i, double v, int s) {
    in float32, rounded; scale amax / 448 */
 static void fusedk__quantize_row(const double *v, int64_t D, uint8_t *q, float *scale) {
   float amax = 0.0f;
-  for (int64_t d = 0; d < D; ++d) {
-    const float f = (float)v[d];
-    amax = f != f || amax != amax ? NAN : fabsf(f) > amax ? fabsf(f) : amax;
-  }
-  const float r = 448.0f / amax, inv = amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
+  for (int64_t d = 0; d < D; ++d) amax = fusedk__amax(amax, (float)v[d]);
+  const float inv = fusedk__q_inv(amax, 448.0f);
   for (int64_t d = 0; d < D; ++d) q[d] = fusedk__f32_to_e4m3((float)v[d] * inv);
   *scale = amax / 448.0f;
 }
@@ -2752,15 +2757,10 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
 
 /* --- [position] rope and its tables: CPU references and entry points ----------------------- */
 
-/* The int8 rows' quantization (attention_int8, qk_norm_rope_int8), in float32 as the GPU's: the
-   largest magnitude (a NaN wins), x * (127 / amax) rounded to nearest, ties to even; where
-   127 / amax is not finite (amax 0, or below 127 / FLT_MAX) every value is 0; amax Inf or NaN:
-   every value 0 and the scale non-finite, so the row dequantizes to NaN */
-static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
-static float fusedk__i8_inv(float amax) {
-  const float r = 127.0f / amax;
-  return amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
-}
+/* The int8 rows' quantization (attention_int8, qk_norm_rope_int8), in float32 as the GPU's:
+   fusedk__amax, x * fusedk__q_inv(amax, 127) rounded to nearest, ties to even; where 127 / amax
+   is not finite every value is 0; amax Inf or NaN: every value 0 and the scale non-finite, so
+   the row dequantizes to NaN */
 static double fusedk__i8(float x, float inv) {
   const float r = rintf(x * inv);
   return r != r ? 0.0 : r > 127.0f ? 127.0 : r < -127.0f ? -127.0 : (double)r;
@@ -2840,7 +2840,7 @@ static void fusedk__rope_cpu(const fusedk__rope_args *a) {
             continue;
           }
           fusedk__rope_head(a, in, r, w, wo, c, sn, R, 1, fusedk__rope_amax, &k);
-          k.inv = fusedk__i8_inv(k.amax);
+          k.inv = fusedk__q_inv(k.amax, 127.0f);
           fusedk__rope_head(a, in, r, w, wo, c, sn, R, 1, fusedk__rope_i8, &k);
           a->t[j].sc[b * a->t[j].cb + q * a->t[j].cs + h * a->t[j].ch] = k.amax / 127.0f;
         }
@@ -3389,8 +3389,10 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
 }
 
 /* quantize_fp8 and dequantize_fp8: a row at a time, in float32 as the GPU computes it */
-static void fusedk__quant_cpu(const fusedk__quant_args *a) {
+static int fusedk__quant_cpu(const fusedk__quant_args *a) {
   const int s = a->scalar;
+  double *v = (double *)malloc((size_t)(a->D ? a->D : 1) * sizeof(double));
+  if (!v) return -1;
   for (int64_t b = 0; b < a->B; ++b)
     for (int64_t l = 0; l < a->L; ++l) {
       void *x = fusedk__at(&a->x, b, l, s);
@@ -3400,12 +3402,11 @@ static void fusedk__quant_cpu(const fusedk__quant_args *a) {
         for (int64_t d = 0; d < a->D; ++d) fusedk__store(x, d, (double)((float)fusedk__e4m3_to_f64(q[d]) * *sc), s);
         continue;
       }
-      float amax = 0.0f;
-      for (int64_t d = 0; d < a->D; ++d) amax = fusedk__amax(amax, (float)fusedk__load(x, d, s));
-      const float r = 448.0f / amax, inv = amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
-      for (int64_t d = 0; d < a->D; ++d) q[d] = fusedk__f32_to_e4m3((float)fusedk__load(x, d, s) * inv);
-      *sc = amax / 448.0f;
+      for (int64_t d = 0; d < a->D; ++d) v[d] = fusedk__load(x, d, s);
+      fusedk__quantize_row(v, a->D, q, sc);
     }
+  free(v);
+  return 0;
 }
 
 /* quantize_fp8 and dequantize_fp8's one entry: t = {x (or y), data, scale} in the op's order */
@@ -3428,8 +3429,9 @@ static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t
   a.B = s.B, a.L = s.L, a.D = s.D, a.x = s.r[ix], a.q = s.r[iq], a.qs = s.r[is];
   if (a.B * a.L == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_quant(&a, s.c.op, s.c.dev.device_id, stream);
-  fusedk__quant_cpu(&a);
-  return FUSEDK_OK;
+  return fusedk__quant_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate a row of %lld doubles",
+                                              s.c.op, (long long)a.D)
+                               : FUSEDK_OK;
 }
 
 FUSEDK_DEF fusedk_status fusedk_quantize_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
@@ -3562,7 +3564,7 @@ static void fusedk__i8_rows(const fusedk__attn_args *a, const void *p, int64_t s
         for (int64_t d = 0; d < D; ++d)
           x[d] = (float)fusedk__load(p, b * sb + i * ss + h * sh + d, a->scalar) - (mu ? mu[d] : 0.0f),
           amax = fusedk__amax(amax, x[d]);
-        const float inv = fusedk__i8_inv(amax), scale = mu ? fusedk__cut22(amax / 127.0f) : amax / 127.0f;
+        const float inv = fusedk__q_inv(amax, 127.0f), scale = mu ? fusedk__cut22(amax / 127.0f) : amax / 127.0f;
         double *o = out + ((b * S + i) * H + h) * D;
         for (int64_t d = 0; d < D; ++d) o[d] = fusedk__i8(x[d], inv) * (double)scale + (mu ? mu[d] : 0.0f);
       }

@@ -610,16 +610,17 @@ __device__ __forceinline__ float lanes_sum(float v, int width) {
   return v;
 }
 
-// The int8 rows' quantization (attention_int8, qk_norm_rope_int8; fusedk.h's fusedk__amax,
-// fusedk__i8_inv, fusedk__i8): the largest magnitude, a NaN winning (the canonical NaN, whose
-// bits order above every magnitude's, so a max over the bits as unsigned agrees)
+// The 8-bit rows' quantization (int8: attention_int8, qk_norm_rope_int8; e4m3: quantize_fp8, the
+// norms' _fp8 forms; fusedk.h's fusedk__amax, fusedk__q_inv): the largest magnitude, a NaN winning
+// (the canonical NaN, whose bits order above every magnitude's, so a max over the bits as
+// unsigned agrees), and QMAX / amax where finite (and amax > 0), else 0
 __device__ __forceinline__ float amax_nan(float m, float x) {
   float r;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
   return r;
 }
-__device__ __forceinline__ float i8_inv(float amax) { // 0 where 127 / amax is not finite (and amax not > 0)
-  const float r = 127.f / amax;
+template <int QMAX> __device__ __forceinline__ float q_inv(float amax) {
+  const float r = __fdiv_rn((float)QMAX, amax);
   return amax > 0.f && r < INFINITY ? r : 0.f;
 }
 __device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
@@ -662,12 +663,6 @@ __device__ __forceinline__ float group_amax(float v, int G, float (*smem)[32]) {
   if (lane == 0) smem[0][base + threadIdx.x / 32] = v;
   __syncthreads();
   return lanes_amax(lane < warps ? smem[0][base + lane] : 0.f, 32);
-}
-
-// The FP8 quantization of a row (quantize_fp8's rule): 448 / amax where finite, else 0
-__device__ __forceinline__ float e4m3_inv(float amax) {
-  const float r = __fdiv_rn(448.f, amax);
-  return amax > 0.f && r < INFINITY ? r : 0.f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1450,7 +1445,7 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
         for (int i = 0; i < VEC; ++i) m = amax_nan(m, n[i]);
       });
       m = group_amax(m, G, red);
-      const float inv = e4m3_inv(m);
+      const float inv = q_inv<448>(m);
       uint8_t *q = at<uint8_t>(a.y, b, l);
       for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
         float v[VEC], n[VEC];
@@ -2124,7 +2119,7 @@ __device__ __forceinline__ void qk_q8_out(const RopeTensor &t, int kind, const f
   constexpr int PAIRS = IL ? (VEC > 1 ? VEC / 2 : 1) : VEC;
   int8_t *o = static_cast<int8_t *>(t.out) + b * t.ob + s * t.os + h * t.oh;
   const int e = kind == 2 ? r0 + (c - nrot) * VEC : IL ? c * E : c * PAIRS;
-  const float inv = i8_inv(amax);
+  const float inv = q_inv<127>(amax);
   if (kind == 2) {
     st_q8<VEC, VEC>(o + e, x1, inv);
   } else {
@@ -2828,7 +2823,7 @@ cublasStatus_t lt_plan(LtState &st, const LtKey &k, const LtGemm &g, cublasLtHan
     s = cublasLtMatmulPreferenceSetAttribute(pref, al[i], &bytes, sizeof bytes);
   }
   // a large GEMM keeps the heuristic's first candidates, timed on its first call (lt_tune); FP8's
-  // heuristic offers one algorithm (H100, scale vectors): level 2 at least widens it to its tiles,
+  // heuristic offers one algorithm for scale vectors: level 2 at least widens it to its tiles,
   // custom options and cluster shapes
   const int level = k.scalar == FUSEDK_E4M3 && lt_tune_level() == 1 ? 2 : lt_tune_level();
   const bool large = level && !k.acc && 2.0 * (double)k.m * (double)k.n * (double)k.k >= kLtTuneFlops;
@@ -3153,7 +3148,7 @@ template <typename T, int VEC, bool DEQ> __global__ void __launch_bounds__(256) 
     for (int i = 0; i < VEC; ++i) m = amax_nan(m, v[i]);
   }
   m = lanes_amax(m, 32);
-  const float inv = e4m3_inv(m);
+  const float inv = q_inv<448>(m);
   for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
     float v[VEC];
     load<T, VEC>(x + d, v);
@@ -3180,7 +3175,7 @@ template <typename T, int NV> __global__ void __launch_bounds__(256) quant_block
     for (int i = 0; i < V; ++i) m = d < a.D ? amax_nan(m, v[k][i]) : m;
   }
   m = group_amax(m, 256, red);
-  const float inv = e4m3_inv(m);
+  const float inv = q_inv<448>(m);
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int64_t d = ((int64_t)k * 256 + threadIdx.x) * V;
@@ -4306,7 +4301,7 @@ __global__ void __launch_bounds__(256) attn_i8_rows(const fusedk__attn_args a, c
 #pragma unroll
     for (int e = 0; e < E; ++e) x[e] = to_f32<T>(p[e]) - (K ? mean[d0 + e] : 0.f), m = amax_nan(m, x[e]);
     for (int o = 16; o; o >>= 1) m = amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float inv = i8_inv(m), scale = m / 127.f;
+    const float inv = q_inv<127>(m), scale = m / 127.f;
     uint64_t bytes = 0;
     float dot = 0.f;
 #pragma unroll

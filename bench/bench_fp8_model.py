@@ -3,7 +3,7 @@
 blocks, random bf16 weights, 1024x1024: 4096 image + 512 text tokens, B1): the transformer's
 forward against stock torch.compile (regional: compile_repeated_blocks(fullgraph=True)) and
 torchao's Float8DynamicActivationFloat8WeightConfig(PerRow()) + the same compile, beside fusedk
-in bf16; fusedk's variants eager in a CUDA graph (what the issue allows besides compile). Each
+in bf16; fusedk's variants eager in a CUDA graph (its blocks need no compile to fuse). Each
 variant's output against the float32 model's (same weights and inputs): rel. L2. Memory: the
 transformer's parameters and buffers on the GPU before and after apply.
 

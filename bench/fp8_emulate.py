@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""[linear] FP8 GEMM quantization schemes in float64 (issue 44's accuracy question, before any
-kernel): y = x w^T with x and w rounded to e4m3 (ml_dtypes' float8_e4m3fn: round to nearest even,
+"""[linear] FP8 GEMM quantization schemes in float64 (what each scaling costs in accuracy, apart
+from any kernel): y = x w^T with x and w rounded to e4m3 (ml_dtypes' float8_e4m3fn: round to nearest even,
 values scaled into +-448 first) under each scaling, the products summed exactly in float64 (so
 only the quantization shows, not an FP8 accumulator's lost bits), against the float64 product
 of the unquantized inputs: relative L2 over the output. Schemes:
@@ -12,7 +12,7 @@ and each with the output rounded to bf16 (what the GEMM writes); then, for the r
 of the FP8 tensor cores' accumulator (about 14 significant bits, DeepSeek-V3's report): the sum
 rounded to 14 bits after each k-step of 32, over all of K (cuBLASLt's fast accumulation) or
 promoted to an exact sum every 128 (DeepSeek-V3's, and cuBLASLt's default). Inputs: x N(0,1); x with 0.1 %
-of its entries x20 (the issue's outlier family); x with 4 of its channels x20 (outlier channels,
+of its entries x20 (the outlier family of fusedk's 8-bit contract); x with 4 of its channels x20 (outlier channels,
 as DiT activations carry); w N(0, 0.02). Shapes: the DiT GEMMs' K with a subsample of rows and
 output channels (M 512, N 512).
 

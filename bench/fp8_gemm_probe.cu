@@ -1,6 +1,6 @@
 // Which FP8 (e4m3) scalings cuBLASLt's heuristic offers on this GPU, and how fast each runs at the
 // DiT GEMMs, against the bf16 GEMM of the same shape: the evidence for fusedk's FP8 linear
-// (issue 44; bench/NOTES.md). y[M, N] = x[M, K] w[N, K]^T, called as fusedk calls cuBLASLt: column
+// (bench/NOTES.md, [linear]). y[M, N] = x[M, K] w[N, K]^T, called as fusedk calls cuBLASLt: column
 // major y^T = op_T(w) x^T, so A = w (its scales: one an output channel, OUTER_VEC's "M" vector)
 // and B = x (one a token row, OUTER_VEC's "N" vector). Scalings:
 //   tensor     one float32 scale each (SCALAR_32F)
@@ -10,8 +10,7 @@
 // GELU_BIAS (bf16 bias) under outer. A check at 512x1024x768 against a float64 host product of
 // the decoded e4m3 inputs tells the outer vectors' orientation. Timing: the heuristic's first 8
 // candidates (no reduction-scheme preference) picked as lt_search picks (lt_common.h), then every
-// pick in 7 rotated rounds of 8 launches, median. (The probe's H100 run, bench/results/
-// 2026-12-06-h100-issue44/call1-probe.md, picked the best of 3 instead of lt_common's 16-then-3.)
+// pick in 7 rotated rounds of 8 launches, median.
 //   nvcc -O2 -arch=sm_90a -o fp8_gemm_probe bench/fp8_gemm_probe.cu -lcublasLt && ./fp8_gemm_probe
 #include "lt_common.h"
 

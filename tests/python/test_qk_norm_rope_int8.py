@@ -4,7 +4,7 @@ rounded to float32, then the quantization fusedk.h states) over every dtype, nor
 (packed, GQA, partial rotary, per-head tables); strided out=, zero and NaN rows, refusals;
 attention on its outputs; fusedk.torch (eager, torch.compile) and fusedk.jax (jit) on the CPU;
 then the GPU kernel through torch and CuPy against the CPU reference, under torch.compile and in a
-CUDA graph, and the fused path's error against float64 attention (the issue's input families)."""
+CUDA graph, and the fused path's error against float64 attention (the contract's input families: N(0,1), offset, outliers)."""
 import numpy as np
 import pytest
 

@@ -141,10 +141,7 @@ class Op:
         # not the call's: outputs of their own dtype, inputs checked against it
         self.fixed = {i: _FIXED[t.scalar] for i, t in enumerate(ts) if t.scalar in _FIXED}
         self.row_scale = {i for i, t in enumerate(ts) if t.role == lib.FUSEDK_ROLE_ROW_SCALE}  # like's [...]
-        # the out_dtype attribute's index, where tensors of scalar -3 take the dtype it names
-        names = [ffi.string(a.name).decode() for a in o.attrs[0:o.n_attrs]]
-        self.dtype_attr = names.index("out_dtype") if "out_dtype" in names else None
-        self.attr_typed = {i for i, t in enumerate(ts) if t.scalar == -3}
+        self.attr_typed = {i for i, t in enumerate(ts) if t.scalar == -3}  # out_dtype's: fusedk_op_out_scalar
         self.attrs = [(ffi.string(a.name).decode(), a.type, a.value) for a in o.attrs[0:o.n_attrs]]
         self.inputs = [i for i, t in enumerate(self.tensors) if t[1] < _OUT]
         self.outputs = [(i, t[2], t[3]) for i, t in enumerate(self.tensors) if t[1] >= _OUT]
@@ -155,8 +152,8 @@ class Op:
     def out_dtype(self, i, values):
         """Tensor i's NumPy dtype where the op fixes it (fixed, or named by out_dtype: values are every
         attribute, registry order), else None (its like input's)."""
-        if i in self.attr_typed:
-            return _FLOATS.get(int(values[self.dtype_attr]))
+        if i in self.attr_typed:  # the C rule (an out_dtype that names no float dtype: None, C refuses it)
+            return _FLOATS.get(lib.fusedk_op_out_scalar(self.id, i, ffi.new("double[]", list(values))))
         return self.fixed.get(i)
 
     def py_name(self, i):
