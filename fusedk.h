@@ -58,6 +58,7 @@
      fusedk_linear_backward   dx, dw, db of it (dz = dy * act'(aux)), each optional
      fusedk_quantize_fp8 / fusedk_dequantize_fp8   rows to scaled e4m3 tensors (a float32 scale a
                          row: amax / 448) and back
+     fusedk_glu_fp8      glu written as a scaled e4m3 tensor (a SwiGLU MLP's hidden state)
      fusedk_linear_fp8   y = act(x w^T + bias) from scaled e4m3 x and w (a scale a row of x and an
                          output channel of w) on FP8 tensor cores, 16-bit y
 
@@ -149,7 +150,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 9
+#define FUSEDK_VERSION_MINOR 10
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -339,8 +340,9 @@ FUSEDK_DEF fusedk_status fusedk_adaln(const fusedk_tensor *y, const fusedk_tenso
 /* FP8 outputs: rmsnorm, layernorm and adaln with y written as a scaled e4m3 tensor (what
    linear_fp8 takes for x): y.data e4m3 like x, y.scale float32 [...] (x's leading dims), each row's
    float32 result quantized as quantize_fp8 quantizes a row (its amax, not that of the result
-   rounded to x's dtype: the unfused chain rounds first). One pass: the row's values are made
-   twice from the row the kernel holds (their amax, then the quantized values). The arguments
+   rounded to x's dtype: the unfused chain rounds first). One pass over x: the row's values are
+   kept in registers between their amax and the quantized stores (rows of up to 32 values a
+   thread), else made again from the row the kernel holds. The arguments
    as their 16-bit forms'. CPU: the double result rounded to float32, then quantized; the GPU's
    float32 math may move an element one e4m3 step where a value lies within a rounding of a tie. */
 FUSEDK_DEF fusedk_status fusedk_rmsnorm_fp8(const fusedk_scaled_tensor *y, const fusedk_tensor *residual_out,
@@ -550,6 +552,11 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
      op writes them in FP8.
    dequantize_fp8: y[..., K] = data * scale, the product in float32, rounded once to y's dtype
      (f32, f16, bf16: the registry's out_dtype attribute).
+   glu_fp8: glu's y = act(one half of x) * the other half (x[..., 2H], act and act_half as glu
+     takes them) written as out.data e4m3 [..., H] and out.scale [...], each row quantized as
+     quantize_fp8 quantizes one: a SwiGLU MLP's hidden state for its second FP8 GEMM, without the
+     16-bit pass between. The values are made in float32 on the GPU and in double on the CPU
+     (glu's), so a value at an e4m3 rounding boundary may land a step apart.
    linear_fp8: z = (x.data . w.data^T) * x.scale[m] * w.scale[n] + bias[n], y[..., N] = act(z),
      aux_out = z rounded (optional); x.data [..., K] with scale [...], w.data [N, K] with scale
      [N] (an output channel's: quantize_fp8 of w); y, aux_out and bias f16 or bf16, one dtype;
@@ -569,6 +576,8 @@ FUSEDK_DEF fusedk_status fusedk_quantize_fp8(const fusedk_scaled_tensor *out, co
                                              struct CUstream_st *stream);
 FUSEDK_DEF fusedk_status fusedk_dequantize_fp8(const fusedk_tensor *y, const fusedk_scaled_tensor *x,
                                                struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_glu_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x, fusedk_activation act,
+                                        fusedk_glu_half act_half, struct CUstream_st *stream);
 FUSEDK_DEF fusedk_status fusedk_linear_fp8(const fusedk_tensor *y, const fusedk_tensor *aux_out,
                                            const fusedk_scaled_tensor *x, const fusedk_scaled_tensor *w,
                                            const fusedk_tensor *bias, fusedk_activation act, int32_t fast_accum,
@@ -785,9 +794,10 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_LINEAR_FP8 = 29,
   FUSEDK_OP_RMSNORM_FP8 = 30,
   FUSEDK_OP_LAYERNORM_FP8 = 31,
-  FUSEDK_OP_ADALN_FP8 = 32
+  FUSEDK_OP_ADALN_FP8 = 32,
+  FUSEDK_OP_GLU_FP8 = 33
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 33
+#define FUSEDK_OP_COUNT 34
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -1011,12 +1021,14 @@ typedef struct fusedk__linear_args {
 } fusedk__linear_args;
 
 /* quantize_fp8 (dequant 0): x rows -> e4m3 rows q and float32 scales qs; dequantize_fp8
-   (dequant 1): (q, qs) -> x rows. B x L rows of D; qs's strides in floats, its sl the scale's. */
+   (dequant 1): (q, qs) -> x rows. B x L rows of D; qs's strides in floats, its sl the scale's.
+   glu_fp8: act >= 0 (a fusedk_activation), the rows quantized are act(x) * x2 (x the act half). */
 typedef struct fusedk__quant_args {
   int32_t scalar;   /* x's fusedk_scalar */
   int32_t dequant;
+  int32_t act;      /* glu_fp8's activation, else -1 */
   int64_t B, L, D;
-  fusedk__rows x, q, qs;
+  fusedk__rows x, x2, q, qs;
 } fusedk__quant_args;
 
 /* attention: q [B, Sq, Hq, Dh], k, v [B, Sk, Hkv, Dh], out like q, as element strides over
@@ -1898,6 +1910,11 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
        FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__MOD_IN("scale"), FUSEDK__MOD_IN("shift"),
        FUSEDK__OPT("weight", FUSEDK__COL), FUSEDK__OPT("bias", FUSEDK__COL)},
       {{"norm", FUSEDK_ATTR_I32, FUSEDK_NORM_LAYER}, FUSEDK__EPS(1e-6)}}, NULL},
+    /* [linear] (after the ops before it): glu's y as a scaled e4m3 tensor */
+    {{"glu_fp8", 3, 2, 0,
+      {{"out", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_ROW_HALF, FUSEDK_E4M3},
+       {"out_scale", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32}, FUSEDK__IN("x", FUSEDK__ROW)},
+      {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}, {"act_half", FUSEDK_ATTR_I32, FUSEDK_GLU_FIRST}}}, NULL},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2065,6 +2082,10 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_DEQUANTIZE_FP8: {
       const fusedk_scaled_tensor x = {t[1], t[2]};
       return fusedk_dequantize_fp8(t[0], &x, s);
+    }
+    case FUSEDK_OP_GLU_FP8: {
+      const fusedk_scaled_tensor q = {t[0], t[1]};
+      return fusedk_glu_fp8(&q, t[2], (fusedk_activation)(int)a[0], (fusedk_glu_half)(int)a[1], s);
     }
     case FUSEDK_OP_LINEAR_FP8: {
       const fusedk_scaled_tensor x = {t[2], t[3]}, w = {t[4], t[5]};
@@ -2638,15 +2659,22 @@ static fusedk_status fusedk__check_act(const char *op, const char *name, int kin
   return FUSEDK_OK;
 }
 
+/* glu's and glu_fp8's act and act_half */
+static fusedk_status fusedk__check_glu(const char *op, int act, int act_half) {
+  fusedk_status st = fusedk__check_act(op, "act", act);
+  if (st) return st;
+  if (act_half != FUSEDK_GLU_FIRST && act_half != FUSEDK_GLU_SECOND)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act_half is %d, expected FUSEDK_GLU_FIRST (0) or "
+                        "FUSEDK_GLU_SECOND (1)", op, act_half);
+  return FUSEDK_OK;
+}
+
 /* glu (x split in halves) and glu_pair (value, gate): y = act(a) * b as one FUSEDK_OP_GLU run. */
 static fusedk_status fusedk__glu(int op, const fusedk_tensor *const *t, int act, int act_half,
                                  struct CUstream_st *stream) {
   const fusedk_op *o = fusedk__op(op);
-  fusedk_status st = fusedk__check_act(o->name, "act", act);
+  fusedk_status st = fusedk__check_glu(o->name, act, act_half);
   if (st) return st;
-  if (act_half != FUSEDK_GLU_FIRST && act_half != FUSEDK_GLU_SECOND)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "glu: act_half is %d, expected FUSEDK_GLU_FIRST (0) or "
-                        "FUSEDK_GLU_SECOND (1)", act_half);
   fusedk__ew_args a;
   fusedk__rowset s;
   if ((st = fusedk__ew_args_of(op, t, FUSEDK_OP_GLU, act, &a, &s))) return st;
@@ -3402,19 +3430,22 @@ static int fusedk__quant_cpu(const fusedk__quant_args *a) {
         for (int64_t d = 0; d < a->D; ++d) fusedk__store(x, d, (double)((float)fusedk__e4m3_to_f64(q[d]) * *sc), s);
         continue;
       }
-      for (int64_t d = 0; d < a->D; ++d) v[d] = fusedk__load(x, d, s);
+      const void *x2 = a->act >= 0 ? fusedk__at(&a->x2, b, l, s) : NULL;
+      for (int64_t d = 0; d < a->D; ++d) /* glu_fp8: glu's values (in double) */
+        v[d] = x2 ? fusedk__act_f64(fusedk__load(x, d, s), a->act) * fusedk__load(x2, d, s) : fusedk__load(x, d, s);
       fusedk__quantize_row(v, a->D, q, sc);
     }
   free(v);
   return 0;
 }
 
-/* quantize_fp8 and dequantize_fp8's one entry: t = {x (or y), data, scale} in the op's order */
-static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t, int dequant,
+/* quantize_fp8, dequantize_fp8 and glu_fp8's one entry: t = {x (or y), data, scale} in the op's
+   order; act >= 0: glu_fp8's (x split in halves, act on the act_half one) */
+static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t, int dequant, int act, int act_half,
                                        struct CUstream_st *stream) {
   fusedk__rowset s;
-  fusedk_status st = fusedk__validate(fusedk__op(id), t, &s);
-  if (st) return st;
+  fusedk_status st = id == FUSEDK_OP_GLU_FP8 ? fusedk__check_glu(fusedk__op(id)->name, act, act_half) : FUSEDK_OK;
+  if (st || (st = fusedk__validate(fusedk__op(id), t, &s))) return st;
   const int ix = dequant ? 0 : 2, iq = dequant ? 1 : 0, is = dequant ? 2 : 1;
   if (!dequant && ((st = fusedk__check_disjoint(&s.c, t[0], "out", t[2], "x")) ||
                    (st = fusedk__check_disjoint(&s.c, t[1], "out_scale", t[2], "x")) ||
@@ -3425,8 +3456,16 @@ static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t
     return st;
   fusedk__quant_args a;
   memset(&a, 0, sizeof a);
-  a.scalar = fusedk__scalar_of(t[ix]->dtype), a.dequant = dequant;
+  a.scalar = fusedk__scalar_of(t[ix]->dtype), a.dequant = dequant, a.act = act;
   a.B = s.B, a.L = s.L, a.D = s.D, a.x = s.r[ix], a.q = s.r[iq], a.qs = s.r[is];
+  if (act >= 0) { /* the halves of x: x2 H elements further; x the act half */
+    a.D = s.D / 2, a.x2 = a.x;
+    a.x2.p = (void *)((uintptr_t)a.x.p + (uintptr_t)(a.D * (int64_t)fusedk__scalar_size(a.scalar)));
+    if (act_half == FUSEDK_GLU_SECOND) {
+      const fusedk__rows h = a.x;
+      a.x = a.x2, a.x2 = h;
+    }
+  }
   if (a.B * a.L == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_quant(&a, s.c.op, s.c.dev.device_id, stream);
   return fusedk__quant_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate a row of %lld doubles",
@@ -3437,13 +3476,19 @@ static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t
 FUSEDK_DEF fusedk_status fusedk_quantize_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
                                              struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out ? out->data : NULL, out ? out->scale : NULL, x};
-  return fusedk__quant_run(FUSEDK_OP_QUANTIZE_FP8, t, 0, stream);
+  return fusedk__quant_run(FUSEDK_OP_QUANTIZE_FP8, t, 0, -1, 0, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_dequantize_fp8(const fusedk_tensor *y, const fusedk_scaled_tensor *x,
                                                struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {y, x ? x->data : NULL, x ? x->scale : NULL};
-  return fusedk__quant_run(FUSEDK_OP_DEQUANTIZE_FP8, t, 1, stream);
+  return fusedk__quant_run(FUSEDK_OP_DEQUANTIZE_FP8, t, 1, -1, 0, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_glu_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x, fusedk_activation act,
+                                        fusedk_glu_half act_half, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {out ? out->data : NULL, out ? out->scale : NULL, x};
+  return fusedk__quant_run(FUSEDK_OP_GLU_FP8, t, 0, (int)act, (int)act_half, stream);
 }
 
 /* A float32 vector of n scales, contiguous (cuBLASLt reads it as one) */

@@ -1436,21 +1436,35 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
                                    [&](auto &q) { cache.template get<false>(kS, k, s2, j, q); });
   };
   if constexpr (EPI != kGated) {
-    if (a.q8) { // the _fp8 forms: the row's values twice from the cache, their amax, then e4m3
+    if (a.q8) { // the _fp8 forms: the row's values, their amax, then e4m3
+      // A register cache of up to 32 values a thread keeps them in registers between the two
+      // passes (the cached words die as they are made; more would cost the 16-bit path, which
+      // shares the kernel, its occupancy); a staged, deeper or uncached row makes them again.
+      constexpr bool kKeep = NV > 0 && NV * VEC <= 32 && !decltype(cache)::kShared;
+      float keep[kKeep ? NV : 1][VEC];
       float m = 0.f;
       for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
         float v[VEC], n[VEC];
         out_val(k, j, v, n);
+        if (kKeep && RES && ro) store_cs<T, VEC>(ro + j * VEC, v); // (else the second pass: ro may be res)
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) m = amax_nan(m, n[i]);
+        for (int i = 0; i < VEC; ++i) {
+          m = amax_nan(m, n[i]);
+          if constexpr (kKeep) keep[k][i] = n[i];
+        }
       });
       m = group_amax(m, G, red);
       const float inv = q_inv<448>(m);
       uint8_t *q = at<uint8_t>(a.y, b, l);
       for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
         float v[VEC], n[VEC];
-        out_val(k, j, v, n);
-        if (RES && ro) store_cs<T, VEC>(ro + j * VEC, v);
+        if constexpr (kKeep) {
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) n[i] = keep[k][i];
+        } else {
+          out_val(k, j, v, n);
+          if (RES && ro) store_cs<T, VEC>(ro + j * VEC, v);
+        }
         st_bytes<VEC>(q + j * VEC, e4m3_of<VEC>(n, inv));
       });
       if (live && threadIdx.x == 0) *at<float>(a.ys, b, l) = __fdiv_rn(m, 448.f);
@@ -3120,13 +3134,28 @@ fusedk_status act_pass(const fusedk__linear_args &a, fusedk__mat z, int dev, cud
 // quantized row is read twice (its amax, then its values: the second read hits L1/L2), so DRAM
 // sees one read and one write. The conversions: cvt.rn.satfinite to e4m3 (NaN to 0x7f), e4m3 to
 // f16 exactly; x * (448 / amax) and data * scale as single float32 products (fusedk.h's
-// reference computes the same).
+// reference computes the same). ACT >= 0 (glu_fp8): the row quantized is act(x) * x2, made as the
+// glu kernel makes it, from the act half x and the other half x2 of the row.
 
-template <typename T, int VEC, bool DEQ> __global__ void __launch_bounds__(256) quant_kernel(const fusedk__quant_args a) {
+// VEC values of the row a quantizer reads, at element d: x's, or glu_fp8's act(x) * x2
+template <typename T, int VEC, int ACT>
+__device__ __forceinline__ void quant_src(const T *x, const T *x2, int64_t d, float (&v)[VEC]) {
+  load<T, VEC>(x + d, v);
+  if constexpr (ACT >= 0) {
+    float u[VEC];
+    load<T, VEC>(x2 + d, u);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] = act_f32(v[i], ACT) * u[i];
+  }
+}
+
+template <typename T, int VEC, bool DEQ, int ACT>
+__global__ void __launch_bounds__(256) quant_kernel(const fusedk__quant_args a) {
   const int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31;
   if (row >= a.B * a.L) return;
   const int64_t b = row / a.L, l = row - b * a.L;
   T *x = static_cast<T *>(a.x.p) + b * a.x.sb + l * a.x.sl;
+  const T *x2 = ACT >= 0 ? static_cast<const T *>(a.x2.p) + b * a.x2.sb + l * a.x2.sl : nullptr;
   uint8_t *q = static_cast<uint8_t *>(a.q.p) + b * a.q.sb + l * a.q.sl;
   float *sc = static_cast<float *>(a.qs.p) + b * a.qs.sb + l * a.qs.sl;
   if constexpr (DEQ) {
@@ -3143,7 +3172,7 @@ template <typename T, int VEC, bool DEQ> __global__ void __launch_bounds__(256) 
   float m = 0.f;
   for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
     float v[VEC];
-    load<T, VEC>(x + d, v);
+    quant_src<T, VEC, ACT>(x, x2, d, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) m = amax_nan(m, v[i]);
   }
@@ -3151,7 +3180,7 @@ template <typename T, int VEC, bool DEQ> __global__ void __launch_bounds__(256) 
   const float inv = q_inv<448>(m);
   for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
     float v[VEC];
-    load<T, VEC>(x + d, v);
+    quant_src<T, VEC, ACT>(x, x2, d, v);
     st_bytes<VEC>(q + d, e4m3_of<VEC>(v, inv));
   }
   if (lane == 0) *sc = __fdiv_rn(m, 448.f);
@@ -3160,17 +3189,19 @@ template <typename T, int VEC, bool DEQ> __global__ void __launch_bounds__(256) 
 // Quantizing rows of up to 4 vectors a thread (D <= 8192 16-bit elements): a block of 256 threads
 // a row, the row held in registers between its amax and its values (one read of x, where the warp
 // a row kernel reads long rows twice and the second read misses L1 at the video models' rows)
-template <typename T, int NV> __global__ void __launch_bounds__(256) quant_block_kernel(const fusedk__quant_args a) {
+template <typename T, int NV, int ACT>
+__global__ void __launch_bounds__(256) quant_block_kernel(const fusedk__quant_args a) {
   constexpr int V = 16 / sizeof(T);
   __shared__ float red[1][32];
   const int64_t row = blockIdx.x, b = row / a.L, l = row - b * a.L;
   const T *x = static_cast<const T *>(a.x.p) + b * a.x.sb + l * a.x.sl;
+  const T *x2 = ACT >= 0 ? static_cast<const T *>(a.x2.p) + b * a.x2.sb + l * a.x2.sl : nullptr;
   uint8_t *q = static_cast<uint8_t *>(a.q.p) + b * a.q.sb + l * a.q.sl;
   float v[NV][V], m = 0.f;
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int64_t d = ((int64_t)k * 256 + threadIdx.x) * V;
-    if (d < a.D) load<T, V>(x + d, v[k]);
+    if (d < a.D) quant_src<T, V, ACT>(x, x2, d, v[k]);
 #pragma unroll
     for (int i = 0; i < V; ++i) m = d < a.D ? amax_nan(m, v[k][i]) : m;
   }
@@ -3184,23 +3215,35 @@ template <typename T, int NV> __global__ void __launch_bounds__(256) quant_block
   if (threadIdx.x == 0) *(static_cast<float *>(a.qs.p) + b * a.qs.sb + l * a.qs.sl) = __fdiv_rn(m, 448.f);
 }
 
-template <typename T> cudaError_t quant_launch(const fusedk__quant_args &a, cudaStream_t s) {
+template <typename T, int ACT> cudaError_t quant_launch_act(const fusedk__quant_args &a, cudaStream_t s) {
   constexpr int V = 16 / sizeof(T); // 8 (16-bit) or 4 (float32) elements: 16 bytes of T, V of e4m3
   const bool vec = a.D % V == 0 && aligned16(a.x.p) && (a.x.sb % V | a.x.sl % V) == 0 &&
+                   (ACT < 0 || (aligned16(a.x2.p) && (a.x2.sb % V | a.x2.sl % V) == 0)) &&
                    ((uintptr_t)a.q.p % V | a.q.sb % V | a.q.sl % V) == 0;
   const int64_t rows = a.B * a.L, grid = (rows + 7) / 8, nvec = a.D / V;
   if (vec && !a.dequant && nvec > 256 && nvec <= 1024 && rows <= 0x7fffffff) {
-    if (nvec <= 512) quant_block_kernel<T, 2><<<(unsigned)rows, 256, 0, s>>>(a);
-    else quant_block_kernel<T, 4><<<(unsigned)rows, 256, 0, s>>>(a);
+    if (nvec <= 512) quant_block_kernel<T, 2, ACT><<<(unsigned)rows, 256, 0, s>>>(a);
+    else quant_block_kernel<T, 4, ACT><<<(unsigned)rows, 256, 0, s>>>(a);
     return cudaGetLastError();
   }
   auto go = [&](auto vec_c) {
     constexpr int VC = decltype(vec_c)::value;
-    if (a.dequant) quant_kernel<T, VC, true><<<(unsigned)grid, 256, 0, s>>>(a);
-    else quant_kernel<T, VC, false><<<(unsigned)grid, 256, 0, s>>>(a);
+    if constexpr (ACT < 0) {
+      if (a.dequant) quant_kernel<T, VC, true, -1><<<(unsigned)grid, 256, 0, s>>>(a);
+      else quant_kernel<T, VC, false, -1><<<(unsigned)grid, 256, 0, s>>>(a);
+    } else {
+      quant_kernel<T, VC, false, ACT><<<(unsigned)grid, 256, 0, s>>>(a);
+    }
     return cudaGetLastError();
   };
   return vec ? go(int_c<V>()) : go(int_c<1>());
+}
+
+// quantize_fp8 and dequantize_fp8 (act -1), or glu_fp8 with its activation as a template argument
+template <typename T> cudaError_t quant_launch(const fusedk__quant_args &a, cudaStream_t s) {
+  if (a.act < 0) return quant_launch_act<T, -1>(a, s);
+  return dispatch_int<FUSEDK_ACT_GELU, FUSEDK_ACT_GELU_TANH, FUSEDK_ACT_SILU, FUSEDK_ACT_RELU>(
+      a.act, [&](auto act_c) { return quant_launch_act<T, decltype(act_c)::value>(a, s); });
 }
 
 fusedk_status no_algo(const char *op, const char *which, const fusedk__linear_args &a) {
@@ -3260,8 +3303,8 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
     z32.p = ar.scratch;
     if (fp8) {
       x = fusedk__mat{static_cast<char *>(ar.scratch) + zb, k32}, w = fusedk__mat{static_cast<char *>(ar.scratch) + zb + xb, k32};
-      const fusedk__quant_args qx{FUSEDK_F32, 1, 1, a.M, a.K, {x.p, 0, x.ld}, {a.x.p, 0, a.x.ld}, {(void *)a.xs, 0, 1}};
-      const fusedk__quant_args qw{FUSEDK_F32, 1, 1, a.N, a.K, {w.p, 0, w.ld}, {a.w.p, 0, a.w.ld}, {(void *)a.ws, 0, 1}};
+      const fusedk__quant_args qx{FUSEDK_F32, 1, -1, 1, a.M, a.K, {x.p, 0, x.ld}, {}, {a.x.p, 0, a.x.ld}, {(void *)a.xs, 0, 1}};
+      const fusedk__quant_args qw{FUSEDK_F32, 1, -1, 1, a.N, a.K, {w.p, 0, w.ld}, {}, {a.w.p, 0, a.w.ld}, {(void *)a.ws, 0, 1}};
       if ((e = quant_launch<float>(qx, s)) != cudaSuccess || (e = quant_launch<float>(qw, s)) != cudaSuccess)
         return on_error(e, op);
     }

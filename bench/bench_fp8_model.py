@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""[linear] fusedk.diffusers.apply(precision="fp8") on a real-width Flux (2 double + 4 single
-blocks, random bf16 weights, 1024x1024: 4096 image + 512 text tokens, B1): the transformer's
+"""[linear] fusedk.diffusers.apply(precision="fp8") on a real-width model of a few blocks, random
+bf16 weights (--model flux: 2 double + 4 single blocks at 1024x1024, 4096 image + 512 text tokens,
+B1; ltx, wan, mochi: 2 blocks at bench_dit's video shapes): the transformer's
 forward against stock torch.compile (regional: compile_repeated_blocks(fullgraph=True)) and
 torchao's Float8DynamicActivationFloat8WeightConfig(PerRow()) + the same compile, beside fusedk
 in bf16; fusedk's variants eager in a CUDA graph (its blocks need no compile to fuse). Each
 variant's output against the float32 model's (same weights and inputs): rel. L2. Memory: the
 transformer's parameters and buffers on the GPU before and after apply.
 
-    PYTHONPATH=bindings/python:bench python3 bench/bench_fp8_model.py [--out DIR] [--rounds 5] [--full]
+    PYTHONPATH=bindings/python:bench python3 bench/bench_fp8_model.py [--model flux] [--out DIR] [--rounds 5] [--full]
 
 --full: the whole Flux-dev transformer (19 double + 38 single blocks, the step's forward), stock
 compiled against fusedk FP8 in a CUDA graph, one after the other on one model's weights (the stock
 model is freed before the FP8 one is made: both do not fit beside a float32 copy), the FP8 output
-against the stock bf16 one. Writes DIR/bench_fp8_model[_full].json and .md."""
+against the stock bf16 one. Writes DIR/bench_fp8_model_MODEL.json and .md (DIR/bench_fp8_model_full.* for --full)."""
 import argparse
 import copy
 import datetime
@@ -32,6 +33,12 @@ def flux_2_4():
         patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
         axes_dims_rope=(16, 56, 56)))
+
+
+# --model: (the model, its inputs, the table's title)
+MODELS = {"flux": (flux_2_4, bd.flux_inputs, "Flux 2 double + 4 single blocks (real width), 1024x1024, B1"),
+          **{k: ((lambda build: lambda: build(2))(v[0]), v[1], f"{v[3]}; 2 blocks (real width)")
+             for k, v in bd.MODELS.items() if k != "flux"}}
 
 
 def gpu_bytes(m):
@@ -107,11 +114,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--full", action="store_true")
+    ap.add_argument("--model", choices=sorted(MODELS), default="flux")
     args = ap.parse_args()
     if args.full:
         return full_step(args)
-    base = flux_2_4()
-    x = bd.flux_inputs(base)
+    build, inputs, title = MODELS[args.model]
+    base = build()
+    x = inputs(base)
     ref = copy.deepcopy(base).float()
     x32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in x.items()}
     with torch.no_grad():
@@ -124,7 +133,11 @@ def main():
         with torch.no_grad():
             t0 = time.time()
             if how == "compile":
-                m.compile_repeated_blocks(fullgraph=True)
+                if getattr(m, "_repeated_blocks", None):
+                    m.compile_repeated_blocks(fullgraph=True)
+                else:  # Mochi names no repeated blocks: each block compiled as compile_repeated_blocks does
+                    for blk in m.transformer_blocks:
+                        blk.compile(fullgraph=True)
                 f = lambda: m(**x)  # noqa: E731
                 f(), f()
             else:
@@ -140,7 +153,7 @@ def main():
         mem["stock"] = gpu_bytes(base)
         kinds = (("fusedk bf16 graph", {}), ("fusedk fp8 graph", dict(precision="fp8")),
                  ("fusedk fp8 + attention graph", dict(precision="fp8", attention=True)),
-                 ("fusedk fp8, bf16 weights on the host, graph", dict(precision="fp8", bf16_weights="host")))
+                 ("fusedk fp8, bf16 weights kept, graph", dict(precision="fp8", bf16_weights="keep")))
         copies = [copy.deepcopy(base) for _ in kinds]  # before the stock one is compiled in place
         add("stock compile", base, "compile")
         for m, (name, kw) in zip(copies, kinds):
@@ -150,27 +163,29 @@ def main():
             add(name, m, "graph")
         try:
             from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
-            m = flux_2_4()
+            m = build()
             m.load_state_dict(base.state_dict())
-            quantize_(m, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+            quantize_(m, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),  # its bf16 Linears
+                      filter_fn=lambda mod, _: type(mod) is torch.nn.Linear and mod.weight.dtype == torch.bfloat16)
             mem["torchao fp8"] = gpu_bytes(m)
             add("torchao fp8 compile", m, "compile")
         except Exception as e:  # noqa: BLE001 - torchao missing or refusing: the table says so
             print("torchao:", type(e).__name__, str(e)[:300], flush=True)
         ms, all_ms = bd.rounds(variants, args.iters, args.rounds)
     s = ms["stock compile"]
-    meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+    meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                model=args.model)
     res = dict(meta=meta, ms=ms, rounds=all_ms, rel_l2=errs, gpu_bytes=mem, setup_s=compile_s)
-    with open(f"{args.out}/bench_fp8_model.json", "w") as f:
+    with open(f"{args.out}/bench_fp8_model_{args.model}.json", "w") as f:
         json.dump(res, f, indent=1)
-    L = [f"# Flux 2 double + 4 single blocks (real width), 1024x1024, B1 — {meta['gpu']}, {meta['date']}, torch "
+    L = [f"# {title} — {meta['gpu']}, {meta['date']}, torch "
          f"{meta['torch']}", "", "| variant | ms | vs stock compile | rel. L2 vs float32 | setup s |",
          "|---|---:|---:|---:|---:|"]
     for k, v in ms.items():
         L.append(f"| {k} | {v:.2f} | {s / v:.3f}x | {errs[k]:.4f} | {compile_s[k]:.0f} |")
     L += ["", "Transformer bytes on the GPU (parameters, buffers, fusedk's e4m3 weights): " +
           ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in mem.items())]
-    with open(f"{args.out}/bench_fp8_model.md", "w") as f:
+    with open(f"{args.out}/bench_fp8_model_{args.model}.md", "w") as f:
         f.write("\n".join(L) + "\n")
     print("\n".join(L))
 

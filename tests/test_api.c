@@ -253,7 +253,7 @@ static void registry_cases(void) {
                                         "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                                         "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8",
                                         "dequantize_fp8", "linear_fp8", "rmsnorm_fp8", "layernorm_fp8",
-                                        "adaln_fp8"};
+                                        "adaln_fp8", "glu_fp8"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -269,7 +269,8 @@ static void registry_cases(void) {
                  (t->scalar == -2 && t->kind == FUSEDK_ARG_IN && t->role == FUSEDK_ROLE_SAMPLE) ||
                  (t->scalar == FUSEDK_I32 && t->kind <= FUSEDK_ARG_IN_OPT && t->role == FUSEDK_ROLE_OWN) ||
                  (t->scalar == FUSEDK_I8 && t->role == FUSEDK_ROLE_OWN) ||
-                 (t->scalar == FUSEDK_E4M3 && (t->role == FUSEDK_ROLE_OWN || t->role == FUSEDK_ROLE_ROW)) ||
+                 (t->scalar == FUSEDK_E4M3 && (t->role == FUSEDK_ROLE_OWN || t->role == FUSEDK_ROLE_ROW ||
+                                                 t->role == FUSEDK_ROLE_ROW_HALF)) ||
                  (t->scalar == -3 && fusedk_op_out_scalar(i, k, NULL) == -1),
              "%s: %s has the call's dtype, float32, (a per-sample input) either, (an index input) int32, (a "
              "scaled tensor's data) int8 or e4m3, or out_dtype's",
@@ -1197,6 +1198,7 @@ static const shape_case shape_cases[] = {
     {FUSEDK_OP_RMSNORM_FP8, "x=2,3,16 residual=2,3,16", "", "y=2,3,16 y_scale=2,3 residual_out=2,3,16"},
     {FUSEDK_OP_LAYERNORM_FP8, "x=5,16", "", "y=5,16 y_scale=5"},
     {FUSEDK_OP_ADALN_FP8, "x=2,3,16 scale=2,16 shift=2,16", "", "y=2,3,16 y_scale=2,3"},
+    {FUSEDK_OP_GLU_FP8, "x=2,5,24", "act=1 act_half=1", "out=2,5,12 out_scale=2,5"},
 };
 
 /* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */
@@ -1448,6 +1450,47 @@ static void fp8_cases(void) {
     EXPECT(st2 == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "adaln_fp8: bias is given with FUSEDK_NORM_RMS"),
            "adaln_fp8: rms with a bias: %s", fusedk_failure_reason());
   }
+  { /* glu_fp8: byte for byte quantize_fp8 of glu's float32 result (both in double on the CPU), each
+       act and half; odd widths, a wrong half and bad act_half refused by name */
+    static float gx[3 * 2 * 40], gy[3 * 40], gs[3], gs2[3];
+    static uint8_t g8[3 * 40], g82[3 * 40];
+    int64_t sx[2] = {3, 80}, sy[2] = {3, 40}, s3[1] = {3}, sodd[2] = {3, 79};
+    for (int i = 0; i < 240; ++i) gx[i] = (float)sin(0.53 * i) * 4.0f;
+    fusedk_tensor tx = fusedk_tensor_cpu(gx, FUSEDK_F32, 2, sx), ty = fusedk_tensor_cpu(gy, FUSEDK_F32, 2, sy);
+    fusedk_tensor t8 = fusedk_tensor_cpu(g8, FUSEDK_E4M3, 2, sy), ts = fusedk_tensor_cpu(gs, FUSEDK_F32, 1, s3);
+    fusedk_tensor t82 = fusedk_tensor_cpu(g82, FUSEDK_E4M3, 2, sy), ts2 = fusedk_tensor_cpu(gs2, FUSEDK_F32, 1, s3);
+    const fusedk_scaled_tensor o = {&t8, &ts}, o2 = {&t82, &ts2};
+    for (int act = FUSEDK_ACT_GELU; act <= FUSEDK_ACT_RELU; ++act)
+      for (int half = 0; half < 2; ++half) {
+        ok = fusedk_glu(&ty, &tx, (fusedk_activation)act, (fusedk_glu_half)half, NULL) == FUSEDK_OK &&
+             fusedk_quantize_fp8(&o2, &ty, NULL) == FUSEDK_OK &&
+             fusedk_glu_fp8(&o, &tx, (fusedk_activation)act, (fusedk_glu_half)half, NULL) == FUSEDK_OK;
+        EXPECT(ok && !memcmp(g8, g82, sizeof g8) && !memcmp(gs, gs2, sizeof gs) && gs[0] > 0.0f,
+               "glu_fp8 act %d half %d: quantize_fp8 of glu's result: %s", act, half, fusedk_failure_reason());
+      }
+    fusedk_status st = fusedk_glu_fp8(&o, &tx, FUSEDK_ACT_SILU, (fusedk_glu_half)2, NULL);
+    EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "glu_fp8: act_half is 2, expected"),
+           "glu_fp8: act_half 2: %s", fusedk_failure_reason());
+    memset(g8, 0x55, sizeof g8);
+    st = fusedk_glu_fp8(&o, &tx, (fusedk_activation)-1, FUSEDK_GLU_FIRST, NULL); /* not quantize_fp8 of all of x */
+    EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "glu_fp8: act is -1, expected") &&
+               g8[0] == 0x55, "glu_fp8: act -1: %s", fusedk_failure_reason());
+    fusedk_tensor odd = fusedk_tensor_cpu(gx, FUSEDK_F32, 2, sodd);
+    st = fusedk_glu_fp8(&o, &odd, FUSEDK_ACT_SILU, FUSEDK_GLU_FIRST, NULL);
+    EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "glu_fp8: x has last dim 79, expected an even size"),
+           "glu_fp8: an odd x: %s", fusedk_failure_reason());
+    fusedk_tensor full = fusedk_tensor_cpu(g8, FUSEDK_E4M3, 2, sx);
+    const fusedk_scaled_tensor of = {&full, &ts};
+    st = fusedk_glu_fp8(&of, &tx, FUSEDK_ACT_SILU, FUSEDK_GLU_FIRST, NULL);
+    EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "glu_fp8: out has shape [3, 80], expected [3, 40]"),
+           "glu_fp8: out as wide as x: %s", fusedk_failure_reason());
+    const fusedk_tensor *gt[3] = {NULL, NULL, &tx};
+    const double ga[2] = {FUSEDK_ACT_SILU, FUSEDK_GLU_FIRST};
+    int64_t shape[FUSEDK_MAX_DIMS];
+    EXPECT(fusedk_op_out_shape(FUSEDK_OP_GLU_FP8, 0, gt, ga, shape) == 2 && shape[1] == 40 &&
+               fusedk_op_out_shape(FUSEDK_OP_GLU_FP8, 1, gt, ga, shape) == 1 && shape[0] == 3,
+           "out_shape glu_fp8");
+  }
   { /* the scales' shapes: x's leading dims, [1] for a 1-d x; a wrong one names out_scale */
     int64_t s1d[1] = {K}, one[1] = {1}, shape[FUSEDK_MAX_DIMS], x3[3] = {2, 2, K}, s2w[2] = {2, 2};
     fusedk_tensor v = fusedk_tensor_cpu(x, FUSEDK_F32, 1, s1d), vq = fusedk_tensor_cpu(q, FUSEDK_E4M3, 1, s1d);
@@ -1486,12 +1529,12 @@ int main(void) {
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.9.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.10.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.9.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.10.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);

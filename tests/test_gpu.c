@@ -2257,6 +2257,57 @@ static void quant_cases(fusedk_scalar s) {
     printf("ok   %s quantize_fp8, dequantize_fp8 (bitwise; zero, NaN, Inf, large rows; odd D, padded, shifted)\n", sname(s));
 }
 
+/* glu_fp8: x [R1, R2, 2H] (rows padded, base shifted) on both sides; the GPU makes the values in
+   float32 (the CPU in double), so a scale may differ in its last bits and a value at an e4m3
+   rounding boundary by a step: at most 1 % of the elements, none by more than a step */
+static void run_glu_quant(fusedk_scalar s, int64_t R1, int64_t R2, int64_t H, int64_t pad, size_t shift, int act,
+                          int half) {
+  char what[160];
+  snprintf(what, sizeof what, "glu_fp8 %s [%lld,%lld,%lld] act=%d half=%d pad=%lld shift=%zu", sname(s), (long long)R1,
+           (long long)R2, (long long)(2 * H), act, half, (long long)pad, shift);
+  const int64_t xs[3] = {R1, R2, 2 * H}, qs[3] = {R1, R2, H}, ss[2] = {R1, R2};
+  buf_t x = mk(s, 3, xs, pad, shift, 0, 2.0, 0.25), q = mk(FUSEDK_E4M3, 3, qs, pad, shift, 0, 0.0, 0.0);
+  buf_t sc = mk(FUSEDK_F32, 2, ss, 0, 0, 0, 0.0, 0.0);
+  poison(&q), poison(&sc);
+  const fusedk_scaled_tensor qh = {&q.th, &sc.th}, qd = {&q.td, &sc.td};
+  fusedk_status c = fusedk_glu_fp8(&qh, &x.th, (fusedk_activation)act, (fusedk_glu_half)half, NULL);
+  fusedk_status g = fusedk_glu_fp8(&qd, &x.td, (fusedk_activation)act, (fusedk_glu_half)half, NULL);
+  CK(cudaDeviceSynchronize());
+  if (!call_failed_counted(what, c, g)) {
+    uint8_t *gq = to_host(&q);
+    float *gs = to_host(&sc);
+    int64_t apart = 0, worse = 0, rows_bad = 0;
+    for (int64_t r = 0; r < R1 * R2; ++r) {
+      const float a = ((float *)sc.h)[r], b = gs[r];
+      rows_bad += !(fabsf(a - b) <= 1e-5f * a);
+      for (int64_t d = 0; d < H; ++d) {
+        const size_t i = q.off + (size_t)(r * (H + pad) + d);
+        const double u = get(q.h, i, FUSEDK_E4M3), v = get(gq, i, FUSEDK_E4M3);
+        apart += u != v;
+        worse += !(fabs(u - v) <= fmax(fabs(u), fabs(v)) / 8.0 + 1.0 / 512.0);
+      }
+    }
+    ++checks;
+    if (rows_bad || worse || apart > R1 * R2 * H / 100 + 2)
+      printf("FAIL %s: %lld scales off, %lld values a step apart, %lld further\n", what, (long long)rows_bad,
+             (long long)apart, (long long)worse), ++failures;
+    free(gq), free(gs);
+  }
+  drop(&x), drop(&q), drop(&sc);
+}
+
+static void glu_quant_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  run_glu_quant(s, 2, 5, 64, 0, 0, FUSEDK_ACT_SILU, FUSEDK_GLU_FIRST);
+  run_glu_quant(s, 3, 7, 24, 8, 0, FUSEDK_ACT_GELU_TANH, FUSEDK_GLU_SECOND); /* padded rows: the vector path */
+  run_glu_quant(s, 1, 9, 33, 2, 1, FUSEDK_ACT_GELU, FUSEDK_GLU_FIRST);     /* odd H, shifted: one element a lane */
+  run_glu_quant(s, 1, 1, 1, 0, 0, FUSEDK_ACT_RELU, FUSEDK_GLU_SECOND);
+  run_glu_quant(s, 1, 300, 8192 / (int)esize(s) * 2, 0, 0, FUSEDK_ACT_SILU, FUSEDK_GLU_SECOND); /* a block a row */
+  if (!small) run_glu_quant(s, 2, 2000, 3072, 0, 0, FUSEDK_ACT_SILU, FUSEDK_GLU_FIRST);
+  if (failures == n_before)
+    printf("ok   %s glu_fp8 (each act and half; odd H, padded, shifted; a block a row)\n", sname(s));
+}
+
 /* linear_fp8: x [B, L, K] and w [N, K] made as floats, quantized on the CPU (the data both sides
    read); y (and aux) against the CPU's, bound by the same GEMM on |data| (lin_tol with its
    reduced-precision term: FP8 tensor cores accumulate in fewer bits between promotions) */
@@ -2370,6 +2421,7 @@ static const unit_t units[] = {
     {"linear", "linear edges", linear_edges, FUSEDK_BF16},
     {"linear", "linear tuned", linear_tuned, FUSEDK_BF16},
     FOR_DTYPES("linear", "quantize_fp8", quant_cases),
+    FOR_DTYPES("linear", "glu_fp8", glu_quant_cases),
     FOR_16BIT("linear", "linear_fp8", linear_fp8_cases),
     FOR_16BIT("attention", "attention", attn_cases), /* the GPU kernels take f16 and bf16 */
     FOR_16BIT("attention", "attention edges", attn_edges),

@@ -364,6 +364,14 @@ def test_gpu_norm_fp8_against_the_reference(shape, dtype, name):
              "adaln": lambda t, dev: fusedk.adaln_fp8(t, sc.to(dev), sh.to(dev)),
              "adaln_rms": lambda t, dev: fusedk.adaln_fp8(t, sc.to(dev), sh.to(dev), norm="rms")}
     c, g = calls[name](xt, "cpu"), calls[name](xt.cuda(), "cuda")
+    if name == "rmsnorm":  # residual_out: x + residual rounded once, on both sides; then in place over residual
+        (c, cr), (g, gr) = fusedk.rmsnorm_fp8(xt, w, residual=r), fusedk.rmsnorm_fp8(xt.cuda(), w.cuda(),
+                                                                                       residual=r.cuda())
+        assert torch.equal(gr.cpu(), cr)
+        rin = r.cuda()
+        gi, gir = fusedk.rmsnorm_fp8(xt.cuda(), w.cuda(), residual=rin, residual_out=rin)
+        assert gir.data_ptr() == rin.data_ptr() and torch.equal(rin.cpu(), cr)
+        assert torch.equal(gi.data.view(torch.uint8), g.data.view(torch.uint8)) and torch.equal(gi.scale, g.scale)
     gs, cs = g.scale.cpu().double(), c.scale.double()
     assert torch.allclose(gs, cs, rtol=1e-5, atol=0)
     gd = g.data.cpu().float().double() * gs[..., None]
@@ -373,3 +381,67 @@ def test_gpu_norm_fp8_against_the_reference(shape, dtype, name):
                        min=2.0 ** -9) * cs[..., None]
     assert torch.all((gd - cd).abs() <= step * 1.0001 + 1e-30)
     assert (g.data.cpu().view(torch.uint8) != c.data.view(torch.uint8)).float().mean() < 0.01
+
+
+# --- glu_fp8 ----------------------------------------------------------------------------------------
+def glu_oracle(x, act, act_half):
+    """glu in float64, then the rows quantized by quantize_oracle (what fusedk.h's CPU reference does)"""
+    x = np.asarray(x, np.float64)
+    a, b = np.split(x, 2, -1)
+    g, v = (a, b) if act_half == "first" else (b, a)
+    f = {"silu": lambda t: t / (1 + np.exp(-t)), "relu": lambda t: np.maximum(t, 0),
+         "gelu_tanh": lambda t: 0.5 * t * (1 + np.tanh(0.7978845608028654 * (t + 0.044715 * t ** 3))),
+         "gelu": lambda t: 0.5 * t * (1 + np.vectorize(__import__("math").erf)(t / np.sqrt(2)))}[act]
+    return f(g) * v
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act,act_half", [("silu", "first"), ("gelu_tanh", "second"), ("gelu", "first"),
+                                          ("relu", "second")])
+@pytest.mark.parametrize("shape", [(2,), (3, 34), (2, 5, 128)], ids=str)
+def test_glu_fp8_is_glu_quantized(shape, act, act_half, dtype):
+    x = (2 * rng.standard_normal(shape)).astype(dtype)
+    q = fusedk.glu_fp8(x, act, act_half)
+    want = glu_oracle(x, act, act_half)
+    assert isinstance(q, fusedk.ScaledTensor) and q.data.dtype == E4M3 and q.data.shape == shape[:-1] + (shape[-1] // 2,)
+    scale = np.abs(want).max(-1) / 448
+    np.testing.assert_allclose(q.scale.reshape(scale.shape), scale, rtol=1e-6)
+    s = q.scale.reshape(scale.shape + (1,)).astype(np.float64)
+    assert within_a_step(q.data.astype(np.float64), want / np.where(s == 0, 1, s))  # a row of zeros: relu
+    if dtype == F32:  # the float32 glu quantized: the same bytes (both in double on the CPU)
+        g = fusedk.glu(x, act, act_half)
+        assert same_bits(q.data, fusedk.quantize_fp8(g).data) and same_bits(q.scale, fusedk.quantize_fp8(g).scale)
+
+
+def test_glu_fp8_bad_input():
+    x = rng.standard_normal((3, 9)).astype(F32)
+    with pytest.raises(fusedk.ShapeError, match="glu_fp8: x has last dim 9, expected an even size"):
+        fusedk.glu_fp8(x)
+    with pytest.raises(fusedk.InvalidArgumentError, match="glu_fp8: act_half is 'third'"):
+        fusedk.glu_fp8(x[:, :8], act_half="third")
+    with pytest.raises(fusedk.InvalidArgumentError, match="glu_fp8: out is a ndarray, expected a fusedk.ScaledTensor"):
+        fusedk.glu_fp8(x[:, :8], out=x)
+
+
+@needs_torch_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(3, 34), (2, 700, 6144), (1, 300, 16384), (1, 44, 2 * 9000)], ids=str)
+def test_gpu_glu_fp8_against_the_reference(shape, dtype):
+    """the GPU's float32 values quantized against the CPU reference's: scales to float32 rounding,
+    data within a step where a value lands the other side of a rounding boundary (under 1 %); and
+    what Mochi's MLP runs: glu_fp8 into linear against glu then linear_fp8 on quantize_fp8"""
+    torch = oracle.torch_cuda()[0]
+    x = (2 * torch.randn(shape)).to(getattr(torch, dtype))
+    g, c = fusedk.glu_fp8(x.cuda(), "silu", "second"), fusedk.glu_fp8(x, "silu", "second")
+    gs, cs = g.scale.cpu().double(), c.scale.double()
+    assert torch.allclose(gs, cs, rtol=1e-5, atol=0)
+    gd, cd = g.data.cpu().double() * gs[..., None], c.data.double() * cs[..., None]
+    step = torch.clamp(2.0 ** (torch.floor(torch.log2(torch.clamp(cd.abs() / cs[..., None], min=2.0 ** -6))) - 3),
+                       min=2.0 ** -9) * cs[..., None]
+    assert torch.all((gd - cd).abs() <= step * 1.0001 + 1e-30)
+    assert (g.data.cpu().view(torch.uint8) != c.data.view(torch.uint8)).float().mean() < 0.01
+    if dtype == "bfloat16" and shape[-1] % 32 == 0:
+        w = fusedk.quantize_fp8(0.02 * torch.randn(256, shape[-1] // 2, device="cuda", dtype=torch.bfloat16))
+        h = fusedk.glu(x.cuda(), "silu", "second")
+        y, y2 = fusedk.linear(g, w), fusedk.linear(fusedk.quantize_fp8(h), w)
+        assert rel_l2(y.float().cpu().numpy(), y2.float().cpu().numpy()) < 0.02

@@ -140,7 +140,7 @@ def test_fusedk_functions_route_jax_arrays_here():
                           "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
                           "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                           "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8",
-                          "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8"]
+                          "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8"]
 
 
 def test_every_registry_op_has_a_target():
@@ -223,6 +223,8 @@ def test_every_registry_op_has_a_target():
             assert all(isinstance(t, jax.Array) and t.shape == want and t.dtype == np.float32 for t in out), o.name
         elif o.name in ("quantize_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8"):  # e4m3 data, float32 scales
             assert [(t.shape, t.dtype.name) for t in out] == [((2, 3, D), "float8_e4m3fn"), ((2, 3), "float32")], o.name
+        elif o.name == "glu_fp8":  # half of x's last dim
+            assert [(t.shape, t.dtype.name) for t in out] == [((2, 3, D // 2), "float8_e4m3fn"), ((2, 3), "float32")]
         elif o.name in ("dequantize_fp8", "linear_fp8"):  # out_dtype's default: bfloat16
             assert isinstance(out, jax.Array) and out.shape == want and out.dtype.name == "bfloat16", o.name
         else:

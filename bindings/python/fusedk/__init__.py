@@ -20,7 +20,7 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "Argume
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "qk_norm_rope_int8", "diffusion_step", "linear", "linear_backward",
-           "quantize_fp8", "dequantize_fp8", "linear_fp8", "attention",
+           "quantize_fp8", "dequantize_fp8", "glu_fp8", "linear_fp8", "attention",
            "attention_int8", "attention_int8_scaled", "ScaledTensor",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
            "linear_lowrank_backward", "kernel_info",
@@ -42,6 +42,7 @@ _RMSNORM8, _LAYERNORM8, _ADALN8 = (_core.lib.FUSEDK_OP_RMSNORM_FP8, _core.lib.FU
                                    _core.lib.FUSEDK_OP_ADALN_FP8)
 _QUANT8, _DEQUANT8, _LINEAR8 = (_core.lib.FUSEDK_OP_QUANTIZE_FP8, _core.lib.FUSEDK_OP_DEQUANTIZE_FP8,
                                 _core.lib.FUSEDK_OP_LINEAR_FP8)
+_GLU8 = _core.lib.FUSEDK_OP_GLU_FP8
 _ATTENTION, _ATTENTION_INT8 = _core.lib.FUSEDK_OP_ATTENTION, _core.lib.FUSEDK_OP_ATTENTION_INT8
 _ATTENTION_SCALED = _core.lib.FUSEDK_OP_ATTENTION_INT8_SCALED
 _PRECISIONS = {None: _ATTENTION, "int8": _ATTENTION_INT8}
@@ -349,6 +350,15 @@ def quantize_fp8(x, out=None, stream=None):
     to write. fusedk.h's fusedk_quantize_fp8 has the rules (zero and NaN rows)."""
     d, sc = _scaled_out("quantize_fp8", out)
     return ScaledTensor(*_call(_QUANT8, x, (d, sc, x), (), stream))
+
+
+def glu_fp8(x, act="silu", act_half="first", out=None, stream=None):
+    """glu(x, act, act_half) written as an FP8 ScaledTensor [..., H] (each row quantized as
+    quantize_fp8 quantizes one): a SwiGLU MLP's hidden state for its second GEMM (linear on
+    ScaledTensors), without the 16-bit pass between. out=: a ScaledTensor to write."""
+    k, h = _choice("glu_fp8", "act", act, _ACTS), _choice("glu_fp8", "act_half", act_half, _HALVES)
+    d, sc = _scaled_out("glu_fp8", out)
+    return ScaledTensor(*_call(_GLU8, x, (d, sc, x), (k, h), stream))
 
 
 def dequantize_fp8(x, out_dtype=None, out=None, stream=None):

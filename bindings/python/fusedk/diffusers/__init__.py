@@ -18,8 +18,9 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
 
 apply(..., precision="fp8") runs the blocks' projections on FP8 tensor cores (linear_fp8: e4m3
 weights with a scale an output channel, inputs with a scale a row, made by adaln_fp8 where the
-block's norm feeds them, else by quantize_fp8); fp8_error(model, **inputs) prints how far that
-moves your model's output.
+block's norm feeds them, by glu_fp8 for a SwiGLU MLP's hidden state, else by quantize_fp8) and
+moves their bf16 weights to host memory until revert (bf16_weights="keep" leaves them);
+fp8_error(model, **inputs) prints how far that moves your model's output.
 
 - Exactness: a block is patched only when every part of it is one the fused forward reproduces;
   anything else (another attention processor, an unknown norm or activation, weights under

@@ -62,7 +62,7 @@ def _roots(model):
     return ts or [model]
 
 
-def apply(model, ops=None, attention=False, precision=None, bf16_weights="keep"):
+def apply(model, ops=None, attention=False, precision=None, bf16_weights="host"):
     """Swaps fusedk's fused forwards into every supported block of `model` (a diffusers
     transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
     use (a subset of fusedk.diffusers.OPS; None: all). attention=True: fusedk's attention kernel
@@ -72,16 +72,16 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="keep")
     ops without "qk_norm_rope" keep attention_int8's), fusedk's at the inputs' precision for
     other head sizes. precision="fp8": the blocks' projections on FP8 tensor cores (linear_fp8):
     each weight quantized once a row (e4m3, a scale an output channel), its input made in FP8 by
-    the op before it (adaln_fp8) or quantized a row at a time (quantize_fp8); the modulation
-    GEMMs (one row of temb), projections with LoRA adapters and everything outside the blocks
-    stay in the model's dtype. bf16_weights: "keep" (default) leaves the FP8 projections' bf16
-    weights where they are (revert and the stock forward use them: the e4m3 copies add half
-    their bytes); "host" moves them to host memory, freeing the device's (the parameters become
-    empty tensors on their device): revert copies them back, and whatever would run a block's
-    stock forward (autograd recording, a hook inside it, torch.export), a move of the model or a
-    change of its weights raises fusedk.Error until revert. Returns a Report: what was patched
-    and what was left alone, and why, and what runs the attention and the projections. Applying
-    twice patches nothing new."""
+    the op before it (adaln_fp8) or quantized a row at a time (quantize_fp8), the modulation
+    GEMMs' too (one row of temb: half their weight bytes); projections with LoRA adapters and
+    everything outside the blocks stay in the model's dtype. bf16_weights: "host" (default) moves
+    the FP8 projections' bf16 weights to host memory, freeing the device's (the parameters become
+    empty tensors on their device): revert copies them back bit for bit, and whatever would run a
+    block's stock forward (autograd recording, a hook inside it, torch.export), a move of the
+    model or a change of its weights raises fusedk.Error until revert; "keep" leaves them where
+    they are (the stock forward keeps working; the e4m3 copies add half their bytes). Returns a
+    Report: what was patched and what was left alone, and why, and what runs the attention and
+    the projections. Applying twice patches nothing new."""
     use = OPS if ops is None else frozenset(ops)
     if not use <= OPS:
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "
@@ -101,8 +101,8 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="keep")
     use = use | {"fp8_host"} if precision == "fp8" and bf16_weights == "host" else use
     table, report, hooked = _patchers(), Report(), 0
     if precision == "fp8":
-        report.projections = ("FP8 (e4m3 weights a scale an output channel, inputs a scale a row; the modulation "
-                              "GEMMs, LoRA'd projections and layers outside the blocks in the model's dtype)" +
+        report.projections = ("FP8 (e4m3 weights a scale an output channel, inputs a scale a row, the "
+                              "modulation GEMMs' too; LoRA'd projections and layers outside the blocks in the model's dtype)" +
                               ("; their bf16 weights in host memory" if bf16_weights == "host" else ""))
     report.attention = {True: "fusedk", "int8": "fusedk int8 (on the CPU, and Dh 64, 128 and 256 on sm_90a; "
                         "fusedk's at the inputs' precision for other head sizes)"}.get(attention, "diffusers' dispatch")
@@ -139,7 +139,7 @@ def fp8_error(model, *args, **kwargs):
         return out.double()
     with torch.no_grad():
         want = first(model(*args, **kwargs))
-        apply(model, precision="fp8")
+        apply(model, precision="fp8", bf16_weights="keep")  # reverted at once: no trip to the host
         try:
             got = first(model(*args, **kwargs))
         finally:
@@ -292,8 +292,9 @@ def _hosted(st, why):
     """A fusedk.Error when st's bf16 weights are in host memory (bf16_weights="host"): what would
     need them (why) cannot run until revert."""
     if st is not None and getattr(st, "host", None):
-        raise _core.Error("FUSEDK_ERR_UNSUPPORTED", f"fusedk.diffusers: {why}, but apply(bf16_weights='host') moved "
-                          "this block's bf16 weights to host memory; call fusedk.diffusers.revert(model) first")
+        raise _core.Error("FUSEDK_ERR_UNSUPPORTED", f"fusedk.diffusers: {why}, but apply(precision='fp8') moved this "
+                          "block's bf16 weights to host memory (bf16_weights='host', the default); call "
+                          "fusedk.diffusers.revert(model) first, or apply with bf16_weights='keep'")
 
 
 def _apply_then_fuse(self, fn, recurse=True):
@@ -568,8 +569,8 @@ class State:
         """p[name]: one GEMM for the projections lins (nn.Linear or peft LoRA layers over one), their
         adapters folded in (Proj)."""
         P, views = fuse_projections(lins)
-        if "fp8" in self.k.use and P.a is None and name != "mod" and P.w.dtype in (torch.float16, torch.bfloat16):
-            with torch.no_grad():  # the modulation GEMM (one row of temb) gains nothing in FP8
+        if "fp8" in self.k.use and P.a is None and P.w.dtype in (torch.float16, torch.bfloat16):
+            with torch.no_grad():
                 P.w8 = self.k.fk.quantize_fp8(P.w.detach())
             # w8 is a copy: the version of w and of each parameter viewing it (a parameter whose .data
             # became a view keeps a counter of its own) tells an in-place change since

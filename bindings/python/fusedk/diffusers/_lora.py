@@ -180,12 +180,12 @@ def normed(k, P, x, scale, shift, eps, norm="layer"):
 
 def feed_forward(k, n, p1, p2, act="gelu_tanh", glu_half=None):
     """p2(act(p1(n))) through Projs p1, p2 (Pieces k): act in p1's GEMM epilogue, or with glu_half
-    a gated unit (p1's output twice as wide, act on that half). What p2 reads is written with room
-    for its adapters' h where it has some."""
+    a gated unit (p1's output twice as wide, act on that half; in FP8 where p2 runs in FP8). What
+    p2 reads is written with room for its adapters' h where it has some."""
     hb = k.room(p2, n)
     h = None if hb is None else hb[..., :p2.w.shape[1]]
     if glu_half is None:
         h = k.proj(n, p1, act=act, out=h)
     else:
-        h = k.glu(k.proj(n, p1), act, glu_half, out=h)
+        h = k.glu(k.proj(n, p1), act, glu_half, out=h, fp8=hb is None and k.fp8(p2))
     return k.proj(h if hb is None else hb, p2)

@@ -162,10 +162,11 @@ class Pieces:
             o.copy_(t)
         return out
 
-    def glu(self, x, act, act_half, out=None):
-        """x[..., 2H] -> act(the act_half half) * the other half (silu, gelu, gelu_tanh)."""
+    def glu(self, x, act, act_half, out=None, fp8=False):
+        """x[..., 2H] -> act(the act_half half) * the other half (silu, gelu, gelu_tanh); fp8: as an
+        FP8 ScaledTensor where fusedk's glu runs (glu_fp8: no quantization pass after it)."""
         if "glu" in self.use:
-            return self.fk.glu(x, act, act_half, out=out)
+            return self.fk.glu_fp8(x, act, act_half) if fp8 else self.fk.glu(x, act, act_half, out=out)
         a, b = x.chunk(2, -1)
         g, v = (a, b) if act_half == "first" else (b, a)
         f = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
