@@ -1973,6 +1973,9 @@ FUSEDK_DEF int32_t fusedk_op_out_shape(int32_t i, int32_t out, const fusedk_tens
   return fusedk__out_shape(i, out, t, a, shape);
 }
 
+/* v names a float dtype fusedk computes in (what an out_dtype attribute takes) */
+static int fusedk__float_scalar(double v) { return v == FUSEDK_F32 || v == FUSEDK_F16 || v == FUSEDK_BF16; }
+
 /* The attribute that names the dtype of an op's tensors of scalar -3 (out_dtype), or -1 */
 static int fusedk__out_dtype_attr(const fusedk_op *o) {
   for (int k = 0; k < o->n_attrs; ++k)
@@ -1986,7 +1989,7 @@ FUSEDK_DEF int32_t fusedk_op_out_scalar(int32_t i, int32_t out, const double *a)
   if (sc >= 0) return sc;
   if (sc != -3 || k < 0 || !a) return -1;
   const double v = a[k]; /* a float dtype's value, or -1 (op_call then names the attribute) */
-  return v == FUSEDK_F32 || v == FUSEDK_F16 || v == FUSEDK_BF16 ? (int32_t)v : -1;
+  return fusedk__float_scalar(v) ? (int32_t)v : -1;
 }
 
 /* The out_dtype attribute (a float dtype) and the tensors it names, which must have it */
@@ -1994,7 +1997,7 @@ static fusedk_status fusedk__check_out_dtype(const fusedk_op *o, const fusedk_te
   const int k = fusedk__out_dtype_attr(o);
   if (k < 0) return FUSEDK_OK;
   const int want = (int)a[k];
-  if (want != FUSEDK_F32 && want != FUSEDK_F16 && want != FUSEDK_BF16)
+  if (!fusedk__float_scalar(a[k]))
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: out_dtype is %d, expected FUSEDK_F32 (0), FUSEDK_F16 (1) or "
                         "FUSEDK_BF16 (2)", o->name, want);
   for (int i = 0; i < o->n_tensors; ++i) {
@@ -3440,11 +3443,12 @@ static int fusedk__quant_cpu(const fusedk__quant_args *a) {
 }
 
 /* quantize_fp8, dequantize_fp8 and glu_fp8's one entry: t = {x (or y), data, scale} in the op's
-   order; act >= 0: glu_fp8's (x split in halves, act on the act_half one) */
-static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t, int dequant, int act, int act_half,
+   order; act and act_half: glu_fp8's (x split in halves, act on the act_half one) */
+static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t, int act, int act_half,
                                        struct CUstream_st *stream) {
+  const int dequant = id == FUSEDK_OP_DEQUANTIZE_FP8, glu = id == FUSEDK_OP_GLU_FP8;
   fusedk__rowset s;
-  fusedk_status st = id == FUSEDK_OP_GLU_FP8 ? fusedk__check_glu(fusedk__op(id)->name, act, act_half) : FUSEDK_OK;
+  fusedk_status st = glu ? fusedk__check_glu(fusedk__op(id)->name, act, act_half) : FUSEDK_OK;
   if (st || (st = fusedk__validate(fusedk__op(id), t, &s))) return st;
   const int ix = dequant ? 0 : 2, iq = dequant ? 1 : 0, is = dequant ? 2 : 1;
   if (!dequant && ((st = fusedk__check_disjoint(&s.c, t[0], "out", t[2], "x")) ||
@@ -3456,9 +3460,9 @@ static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t
     return st;
   fusedk__quant_args a;
   memset(&a, 0, sizeof a);
-  a.scalar = fusedk__scalar_of(t[ix]->dtype), a.dequant = dequant, a.act = act;
+  a.scalar = fusedk__scalar_of(t[ix]->dtype), a.dequant = dequant, a.act = glu ? act : -1;
   a.B = s.B, a.L = s.L, a.D = s.D, a.x = s.r[ix], a.q = s.r[iq], a.qs = s.r[is];
-  if (act >= 0) { /* the halves of x: x2 H elements further; x the act half */
+  if (glu) { /* the halves of x: x2 H elements further; x the act half */
     a.D = s.D / 2, a.x2 = a.x;
     a.x2.p = (void *)((uintptr_t)a.x.p + (uintptr_t)(a.D * (int64_t)fusedk__scalar_size(a.scalar)));
     if (act_half == FUSEDK_GLU_SECOND) {
@@ -3476,19 +3480,19 @@ static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t
 FUSEDK_DEF fusedk_status fusedk_quantize_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
                                              struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out ? out->data : NULL, out ? out->scale : NULL, x};
-  return fusedk__quant_run(FUSEDK_OP_QUANTIZE_FP8, t, 0, -1, 0, stream);
+  return fusedk__quant_run(FUSEDK_OP_QUANTIZE_FP8, t, -1, 0, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_dequantize_fp8(const fusedk_tensor *y, const fusedk_scaled_tensor *x,
                                                struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {y, x ? x->data : NULL, x ? x->scale : NULL};
-  return fusedk__quant_run(FUSEDK_OP_DEQUANTIZE_FP8, t, 1, -1, 0, stream);
+  return fusedk__quant_run(FUSEDK_OP_DEQUANTIZE_FP8, t, -1, 0, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_glu_fp8(const fusedk_scaled_tensor *out, const fusedk_tensor *x, fusedk_activation act,
                                         fusedk_glu_half act_half, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out ? out->data : NULL, out ? out->scale : NULL, x};
-  return fusedk__quant_run(FUSEDK_OP_GLU_FP8, t, 0, (int)act, (int)act_half, stream);
+  return fusedk__quant_run(FUSEDK_OP_GLU_FP8, t, (int)act, (int)act_half, stream);
 }
 
 /* A float32 vector of n scales, contiguous (cuBLASLt reads it as one) */

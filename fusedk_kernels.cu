@@ -1457,11 +1457,12 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
       const float inv = q_inv<448>(m);
       uint8_t *q = at<uint8_t>(a.y, b, l);
       for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-        float v[VEC], n[VEC];
+        float n[VEC];
         if constexpr (kKeep) {
 #pragma unroll
           for (int i = 0; i < VEC; ++i) n[i] = keep[k][i];
         } else {
+          float v[VEC];
           out_val(k, j, v, n);
           if (RES && ro) store_cs<T, VEC>(ro + j * VEC, v);
         }

@@ -72,20 +72,11 @@ def main():
                 impl["fusedk linear_fp8 bias+gelu_tanh"] = lambda i: fusedk.linear_fp8(fx, fw, bias, act="gelu_tanh")
                 impl["scaled_mm row bias"] = lambda i: torch._scaled_mm(xq, wq.t(), sx, sw.t(), bias=bias,
                                                                         out_dtype=BF)
-        err = {}
-        for k in ("bf16 F.linear", "scaled_mm row", "scaled_mm row fast"):
-            err[k] = float(((impl[k](0).double() - ref).norm() / ref.norm()).item())
-        for k in ("fusedk linear_fp8", "fusedk linear_fp8 precise"):
-            if k in impl:
-                err[k] = float(((impl[k](0).double() - ref).norm() / ref.norm()).item())
+        err = {k: float(((impl[k](0).double() - ref).norm() / ref.norm()).item())
+               for k in ("bf16 F.linear", "scaled_mm row", "scaled_mm row fast", "fusedk linear_fp8",
+                         "fusedk linear_fp8 precise") if k in impl}
         del ref
-        t = {k: [] for k in impl}
-        keys = list(impl)
-        for r in range(args.rounds):
-            for j in range(len(keys)):
-                k = keys[(j + r) % len(keys)]
-                t[k].append(bench.time_torch(impl[k], 4, 10)[0])
-        us = {k: statistics.median(v) for k, v in t.items()}
+        us = {k: statistics.median(v) for k, v in bench.time_rounds(impl, 4, 10, args.rounds)[0].items() if v}
         eager = {}  # the user's call: no graph, no out= (events around a loop of calls)
         for k in ("scaled_mm row", "fusedk linear_fp8"):
             if k in impl:
@@ -112,13 +103,7 @@ def main():
                     "rmsnorm_fp8": lambda i: fusedk.rmsnorm_fp8(x, w),
                     "layernorm_fp8": lambda i: fusedk.layernorm_fp8(x),
                     "quantize_fp8": lambda i: fusedk.quantize_fp8(x)}
-            t = {k: [] for k in impl}
-            keys = list(impl)
-            for r in range(args.rounds):
-                for j in range(len(keys)):
-                    k = keys[(j + r) % len(keys)]
-                    t[k].append(bench.time_torch(impl[k], 8, 10)[0])
-            us = {k: statistics.median(v) for k, v in t.items()}
+            us = {k: statistics.median(v) for k, v in bench.time_rounds(impl, 8, 10, args.rounds)[0].items() if v}
             norms.append(dict(name=name, shape=[M, D], us=us, of_copy={k: us["copy (same bytes)"] / v for k, v in
                                                                        us.items() if "fp8" in k}))
             bench.log(name, {k: round(v, 1) for k, v in us.items()})

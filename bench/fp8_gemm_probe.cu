@@ -1,8 +1,8 @@
 // Which FP8 (e4m3) scalings cuBLASLt's heuristic offers on this GPU, and how fast each runs at the
-// DiT GEMMs, against the bf16 GEMM of the same shape: the evidence for fusedk's FP8 linear
-// (bench/NOTES.md, [linear]). y[M, N] = x[M, K] w[N, K]^T, called as fusedk calls cuBLASLt: column
-// major y^T = op_T(w) x^T, so A = w (its scales: one an output channel, OUTER_VEC's "M" vector)
-// and B = x (one a token row, OUTER_VEC's "N" vector). Scalings:
+// DiT GEMMs, against the bf16 GEMM of the same shape: the evidence for fusedk's FP8 linear.
+// y[M, N] = x[M, K] w[N, K]^T, called as fusedk calls cuBLASLt: column major y^T = op_T(w) x^T,
+// so A = w (its scales: one an output channel, OUTER_VEC's "M" vector) and B = x (one a token
+// row, OUTER_VEC's "N" vector). Scalings:
 //   tensor     one float32 scale each (SCALAR_32F)
 //   outer      a scale per output channel of w and per row of x (OUTER_VEC_32F: torchao's PerRow)
 //   blk        x per 1x128 block of a row (VEC128_32F), w per 128x128 block (BLK128x128_32F)
