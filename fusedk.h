@@ -61,6 +61,8 @@
      fusedk_glu_fp8      glu written as a scaled e4m3 tensor (a SwiGLU MLP's hidden state)
      fusedk_linear_fp8   y = act(x w^T + bias) from scaled e4m3 x and w (a scale a row of x and an
                          output channel of w) on FP8 tensor cores, 16-bit y
+     fusedk_quantize_int8 / fusedk_linear_w8   weights to scaled int8 (amax / 127 a row), and the
+                         weight-only GEMM of few rows that reads them (16-bit x, W8A16)
 
      fusedk_attention    softmax(q k^T * scale) v over [B,S,H,Dh] views: GQA, causal (bottom-right),
                          per-sample kv_len, lse; flash attention on the GPU (Hopper: TMA + wgmma)
@@ -140,8 +142,8 @@
      0.5 12 tensors an op (qk_norm_rope takes 10), 0.6 outputs asked for by an attribute
      (when <= -2) and FUSEDK_ACT_NONE, 0.7 int8 arguments (FUSEDK_I8, fusedk_scaled_tensor), 0.8
      int8 outputs (qk_norm_rope_int8), 0.9 float8 e4m3 (FUSEDK_E4M3), row scales
-     (FUSEDK_ROLE_ROW_SCALE) and outputs of an attribute's dtype (scalar -3, fusedk_op_out_scalar);
-     rebuild against the header you link.
+     (FUSEDK_ROLE_ROW_SCALE) and outputs of an attribute's dtype (scalar -3, fusedk_op_out_scalar),
+     0.11 int8 weights (quantize_int8, linear_w8); rebuild against the header you link.
 */
 #ifndef FUSEDK_H
 #define FUSEDK_H
@@ -150,7 +152,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 10
+#define FUSEDK_VERSION_MINOR 11
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -582,6 +584,28 @@ FUSEDK_DEF fusedk_status fusedk_linear_fp8(const fusedk_tensor *y, const fusedk_
                                            const fusedk_scaled_tensor *x, const fusedk_scaled_tensor *w,
                                            const fusedk_tensor *bias, fusedk_activation act, int32_t fast_accum,
                                            struct CUstream_st *stream);
+/* Weight-only int8 (W8A16): for GEMMs of few rows, a matrix-vector product whose time is the
+   weight's bytes, where quantizing x gains no speed and costs error (a DiT's modulation GEMM,
+   one row a sample; decoding).
+   quantize_int8: x[..., K] (f32/f16/bf16) -> out.data int8 [..., K], out.scale float32 [...], a
+     row at a time as quantize_fp8's with 127 for 448: amax the row's largest magnitude (a NaN
+     wins), data = x * (127 / amax) in float32 rounded to nearest, ties to even (|data| <= 127),
+     scale = amax / 127; a row of zeros: data 0, scale 0; a NaN or Inf in the row: data 0 where
+     x is finite or not, scale non-finite. For a weight [N, K], a scale an output channel: its
+     step is amax / 127 everywhere, where e4m3's is relative (3 bits), so Gaussian-like weights
+     keep about 3 times less error in int8.
+   linear_w8: z = w.scale[n] * (x . w.data^T)[m, n] + bias[n], y[..., N] = act(z), aux_out = z
+     rounded (optional); x [..., K] f32/f16/bf16 with y, aux_out and bias of its dtype; w.data
+     int8 [N, K] (any row stride), w.scale float32 [N] contiguous; GELU and SILU act on z
+     rounded to y's dtype, as linear's. GPU: each warp streams four
+     weight rows once per four rows of x (float32 sums, shuffled across its lanes) into float32
+     scratch, then linear's bias-and-activation pass rounds once; its time grows with M / 4
+     passes over w, so past a few rows quantize x and use linear_fp8. CPU: double sums. */
+FUSEDK_DEF fusedk_status fusedk_quantize_int8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
+                                              struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_linear_w8(const fusedk_tensor *y, const fusedk_tensor *aux_out, const fusedk_tensor *x,
+                                          const fusedk_scaled_tensor *w, const fusedk_tensor *bias,
+                                          fusedk_activation act, struct CUstream_st *stream);
 /* Frees what the GPU ops keep between calls (cuBLASLt handles, plans, workspaces, scratch,
    linear_lowrank's [x | h] buffers, attention's split buffers, lowrank_update's partial sums).
    Call it with no op in flight and no captured CUDA graph of a linear, linear_lowrank, attention
@@ -795,9 +819,11 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_RMSNORM_FP8 = 30,
   FUSEDK_OP_LAYERNORM_FP8 = 31,
   FUSEDK_OP_ADALN_FP8 = 32,
-  FUSEDK_OP_GLU_FP8 = 33
+  FUSEDK_OP_GLU_FP8 = 33,
+  FUSEDK_OP_QUANTIZE_INT8 = 34,
+  FUSEDK_OP_LINEAR_W8 = 35
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 34
+#define FUSEDK_OP_COUNT 36
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -1009,26 +1035,29 @@ typedef struct fusedk__mat {
   int64_t ld;
 } fusedk__mat;
 typedef struct fusedk__linear_args {
-  int32_t op;       /* FUSEDK_OP_LINEAR, FUSEDK_OP_LINEAR_BACKWARD or FUSEDK_OP_LINEAR_FP8 */
+  int32_t op;       /* FUSEDK_OP_LINEAR, _LINEAR_BACKWARD, _LINEAR_FP8 or _LINEAR_W8 */
   int32_t scalar;   /* fusedk_scalar (y's for LINEAR_FP8) */
   int32_t act;      /* fusedk_activation */
   int32_t tf32;     /* float32: 1 = TF32 tensor cores */
   int64_t M, N, K;
   fusedk__mat y, aux, x, w, dx, dw, dy;
   void *bias, *db;  /* [N] contiguous */
-  const float *xs, *ws; /* LINEAR_FP8: x's scales [M] and w's [N] (x, w: e4m3 data), contiguous */
+  const float *xs, *ws; /* LINEAR_FP8: x's scales [M] and w's [N] (x, w: e4m3 data), contiguous;
+                           LINEAR_W8: w's (int8 data), x of `scalar` */
   int32_t fast_accum;   /* LINEAR_FP8: the tensor cores' own accumulation over all of K */
 } fusedk__linear_args;
 
 /* quantize_fp8 (dequant 0): x rows -> e4m3 rows q and float32 scales qs; dequantize_fp8
    (dequant 1): (q, qs) -> x rows. B x L rows of D; qs's strides in floats, its sl the scale's.
-   glu_fp8: act >= 0 (a fusedk_activation), the rows quantized are act(x) * x2 (x the act half). */
+   glu_fp8: act >= 0 (a fusedk_activation), the rows quantized are act(x) * x2 (x the act half).
+   quantize_int8 (i8 1): int8 data, 127 for 448. */
 typedef struct fusedk__quant_args {
   int32_t scalar;   /* x's fusedk_scalar */
   int32_t dequant;
   int32_t act;      /* glu_fp8's activation, else -1 */
   int64_t B, L, D;
   fusedk__rows x, x2, q, qs;
+  int32_t i8;       /* quantize_int8: q is int8 */
 } fusedk__quant_args;
 
 /* attention: q [B, Sq, Hq, Dh], k, v [B, Sk, Hkv, Dh], out like q, as element strides over
@@ -1915,6 +1944,16 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
       {{"out", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_ROW_HALF, FUSEDK_E4M3},
        {"out_scale", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32}, FUSEDK__IN("x", FUSEDK__ROW)},
       {{"act", FUSEDK_ATTR_I32, FUSEDK_ACT_SILU}, {"act_half", FUSEDK_ATTR_I32, FUSEDK_GLU_FIRST}}}, NULL},
+    /* [linear] (after the ops before it): int8 weights, data and scale; y takes x's dtype */
+    {{"quantize_int8", 3, 0, 0,
+      {{"out", FUSEDK_ARG_OUT, 2, -1, FUSEDK__ROW, FUSEDK_I8},
+       {"out_scale", FUSEDK_ARG_OUT, 2, -1, FUSEDK_ROLE_ROW_SCALE, FUSEDK_F32}, FUSEDK__IN("x", FUSEDK__ROW)},
+      {FUSEDK__NO_ATTR}}, NULL},
+    {{"linear_w8", 6, 2, -1,
+      {FUSEDK__OWN_OUT("y", 2, -1), FUSEDK__OWN_OUT("aux_out", 2, -2 - 1), FUSEDK__IN("x", FUSEDK_ROLE_OWN),
+       {"w", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I8}, FUSEDK__F32_IN("w_scale"),
+       FUSEDK__OPT("bias", FUSEDK_ROLE_OWN)},
+      {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("want_aux", 0)}}, fusedk__shape_linear},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2093,6 +2132,14 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_LINEAR_FP8: {
       const fusedk_scaled_tensor x = {t[2], t[3]}, w = {t[4], t[5]};
       return fusedk_linear_fp8(t[0], t[1], &x, &w, t[6], (fusedk_activation)(int)a[0], (int32_t)a[3], s);
+    }
+    case FUSEDK_OP_QUANTIZE_INT8: {
+      const fusedk_scaled_tensor q = {t[0], t[1]};
+      return fusedk_quantize_int8(&q, t[2], s);
+    }
+    case FUSEDK_OP_LINEAR_W8: {
+      const fusedk_scaled_tensor w = {t[3], t[4]};
+      return fusedk_linear_w8(t[0], t[1], t[2], &w, t[5], (fusedk_activation)(int)a[0], s);
     }
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
@@ -2334,6 +2381,7 @@ static uint8_t fusedk__f32_to_e4m3(float f) {
 static double fusedk__load(const void *p, int64_t i, int s) {
   if (s == FUSEDK_F32) return ((const float *)p)[i];
   if (s == FUSEDK_E4M3) return fusedk__e4m3_to_f64(((const uint8_t *)p)[i]);
+  if (s == FUSEDK_I8) return ((const int8_t *)p)[i];
   uint16_t h = ((const uint16_t *)p)[i];
   return s == FUSEDK_F16 ? fusedk__f16_to_f32(h) : fusedk__bf16_to_f32(h);
 }
@@ -3226,20 +3274,21 @@ static void fusedk__mat_rows(const fusedk__mat *m, int64_t rows, int64_t n, int 
    contiguous rows, one rounding (dz rounded to the dtype before the backward GEMMs, as the GPU
    keeps it). 0, or -1 when a buffer cannot be allocated (nothing written then). */
 static int fusedk__linear_cpu(const fusedk__linear_args *a) {
-  const int s = a->scalar, is = a->op == FUSEDK_OP_LINEAR_FP8 ? FUSEDK_E4M3 : s; /* x's and w's dtype */
+  const int s = a->scalar, is = a->op == FUSEDK_OP_LINEAR_FP8 ? FUSEDK_E4M3 : s; /* x's dtype */
+  const int ws = a->op == FUSEDK_OP_LINEAR_W8 ? FUSEDK_I8 : is;                     /* w's */
   const int64_t M = a->M, N = a->N, K = a->K;
   double *w = (double *)malloc((size_t)(N * K + K + N) * sizeof(double) + 1), *xr = w + N * K, *b = xr + K;
   if (!w) return -1;
-  fusedk__mat_rows(&a->w, N, K, is, w);
+  fusedk__mat_rows(&a->w, N, K, ws, w);
   for (int64_t n = 0; n < N; ++n) b[n] = a->bias ? fusedk__load(a->bias, n, s) : 0.0;
   for (int64_t m = 0; m < M; ++m) {
     fusedk__mat row = {fusedk__mat_row(&a->x, m, is), 0};
     fusedk__mat_rows(&row, 1, K, is, xr);
     for (int64_t n = 0; n < N; ++n) {
-      double z = a->xs ? 0.0 : b[n];
+      double z = a->ws ? 0.0 : b[n];
       for (int64_t k = 0; k < K; ++k) z += xr[k] * w[n * K + k];
-      if (a->xs && K > 0) z = b[n] + z * (double)a->xs[m] * (double)a->ws[n]; /* FP8: the scales after the sum */
-      else if (a->xs) z = b[n]; /* K = 0: the bias alone, as the GPU (no scale read) */
+      if (a->ws && K > 0) z = b[n] + z * (a->xs ? (double)a->xs[m] : 1.0) * (double)a->ws[n]; /* the scales after the sum */
+      else if (a->ws) z = b[n]; /* K = 0: the bias alone, as the GPU (no scale read) */
       if (a->aux.p) fusedk__store(fusedk__mat_row(&a->aux, m, s), n, z, s);
       fusedk__store(fusedk__mat_row(&a->y, m, s), n, fusedk__linear_act(z, a->act, s), s);
     }
@@ -3419,7 +3468,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_backward(const fusedk_tensor *dx, const f
   return fusedk__linear_run(&a, &s.c, stream);
 }
 
-/* quantize_fp8 and dequantize_fp8: a row at a time, in float32 as the GPU computes it */
+/* quantize_fp8, dequantize_fp8 and quantize_int8: a row at a time, in float32 as the GPU computes it */
 static int fusedk__quant_cpu(const fusedk__quant_args *a) {
   const int s = a->scalar;
   double *v = (double *)malloc((size_t)(a->D ? a->D : 1) * sizeof(double));
@@ -3436,14 +3485,22 @@ static int fusedk__quant_cpu(const fusedk__quant_args *a) {
       const void *x2 = a->act >= 0 ? fusedk__at(&a->x2, b, l, s) : NULL;
       for (int64_t d = 0; d < a->D; ++d) /* glu_fp8: glu's values (in double) */
         v[d] = x2 ? fusedk__act_f64(fusedk__load(x, d, s), a->act) * fusedk__load(x2, d, s) : fusedk__load(x, d, s);
-      fusedk__quantize_row(v, a->D, q, sc);
+      if (!a->i8) {
+        fusedk__quantize_row(v, a->D, q, sc);
+        continue;
+      }
+      float amax = 0.0f; /* quantize_int8: x is float32 or 16-bit, so (float)v is x */
+      for (int64_t d = 0; d < a->D; ++d) amax = fusedk__amax(amax, (float)v[d]);
+      const float inv = fusedk__q_inv(amax, 127.0f);
+      for (int64_t d = 0; d < a->D; ++d) ((int8_t *)q)[d] = (int8_t)fusedk__i8((float)v[d], inv);
+      *sc = amax / 127.0f;
     }
   free(v);
   return 0;
 }
 
-/* quantize_fp8, dequantize_fp8 and glu_fp8's one entry: t = {x (or y), data, scale} in the op's
-   order; act and act_half: glu_fp8's (x split in halves, act on the act_half one) */
+/* quantize_fp8, dequantize_fp8, glu_fp8 and quantize_int8's one entry: t = {x (or y), data,
+   scale} in the op's order; act and act_half: glu_fp8's (x split in halves, act on the act_half one) */
 static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t, int act, int act_half,
                                        struct CUstream_st *stream) {
   const int dequant = id == FUSEDK_OP_DEQUANTIZE_FP8, glu = id == FUSEDK_OP_GLU_FP8;
@@ -3461,6 +3518,7 @@ static fusedk_status fusedk__quant_run(int32_t id, const fusedk_tensor *const *t
   fusedk__quant_args a;
   memset(&a, 0, sizeof a);
   a.scalar = fusedk__scalar_of(t[ix]->dtype), a.dequant = dequant, a.act = glu ? act : -1;
+  a.i8 = id == FUSEDK_OP_QUANTIZE_INT8;
   a.B = s.B, a.L = s.L, a.D = s.D, a.x = s.r[ix], a.q = s.r[iq], a.qs = s.r[is];
   if (glu) { /* the halves of x: x2 H elements further; x the act half */
     a.D = s.D / 2, a.x2 = a.x;
@@ -3481,6 +3539,12 @@ FUSEDK_DEF fusedk_status fusedk_quantize_fp8(const fusedk_scaled_tensor *out, co
                                              struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out ? out->data : NULL, out ? out->scale : NULL, x};
   return fusedk__quant_run(FUSEDK_OP_QUANTIZE_FP8, t, -1, 0, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_quantize_int8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
+                                              struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {out ? out->data : NULL, out ? out->scale : NULL, x};
+  return fusedk__quant_run(FUSEDK_OP_QUANTIZE_INT8, t, -1, 0, stream);
 }
 
 FUSEDK_DEF fusedk_status fusedk_dequantize_fp8(const fusedk_tensor *y, const fusedk_scaled_tensor *x,
@@ -3536,6 +3600,32 @@ FUSEDK_DEF fusedk_status fusedk_linear_fp8(const fusedk_tensor *y, const fusedk_
         (i > 1 && (st = fusedk__check_disjoint(&s.c, aux_out, "aux_out", t[i], names[i]))))
       return st;
   a.bias = fusedk__base(bias), a.xs = (const float *)fusedk__base(t[3]), a.ws = (const float *)fusedk__base(t[5]);
+  if (a.M == 0 || a.N == 0) return FUSEDK_OK;
+  return fusedk__linear_run(&a, &s.c, stream);
+}
+
+FUSEDK_DEF fusedk_status fusedk_linear_w8(const fusedk_tensor *y, const fusedk_tensor *aux_out, const fusedk_tensor *x,
+                                          const fusedk_scaled_tensor *w, const fusedk_tensor *bias,
+                                          fusedk_activation act, struct CUstream_st *stream) {
+  const fusedk_tensor *wd = w ? w->data : NULL, *t[] = {y, aux_out, x, wd, w ? w->scale : NULL, bias};
+  fusedk__rowset s;
+  fusedk__linear_args a;
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_LINEAR_W8), t, &s);
+  if (st || (st = fusedk__linear_common(&s.c, (int)act, 0, x, wd, 0, &a))) return st;
+  a.op = FUSEDK_OP_LINEAR_W8;
+  if ((st = fusedk__check_shape(&s.c, t[4], "w_scale", 1, &a.N, "[N] (the first dim of w)")) ||
+      (bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &a.N, "[N] (the first dim of w)"))) ||
+      (st = fusedk__scale_vec(&s.c, t[4], "w_scale", a.N)) ||
+      (st = fusedk__linear_rows(&s.c, x, "x", x, "x", a.K, &a.x)) ||
+      (st = fusedk__linear_rows(&s.c, y, "y", x, "x", a.N, &a.y)) ||
+      (aux_out && (st = fusedk__linear_rows(&s.c, aux_out, "aux_out", x, "x", a.N, &a.aux))))
+    return st;
+  const char *names[] = {"y", "aux_out", "x", "w", "w_scale", "bias"};
+  for (int i = 1; i < 6; ++i)
+    if ((st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i])) ||
+        (i > 1 && (st = fusedk__check_disjoint(&s.c, aux_out, "aux_out", t[i], names[i]))))
+      return st;
+  a.bias = fusedk__base(bias), a.ws = (const float *)fusedk__base(t[4]);
   if (a.M == 0 || a.N == 0) return FUSEDK_OK;
   return fusedk__linear_run(&a, &s.c, stream);
 }

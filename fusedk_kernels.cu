@@ -44,7 +44,9 @@
 //   [gemm]      cuBLASLt GEMMs for any family: plans, tuning, per-stream workspace and scratch
 //               (LtState), gemm_locked (a family's entry: device, lock), lt_arena, lt_matmul
 //   [linear]    linear, linear_backward on [gemm]: the act and bias passes, linear_dz_kernel and
-//               linear_db_kernel
+//               linear_db_kernel; the 8-bit rows (quant_kernel, quant_block_kernel: quantize_fp8,
+//               dequantize_fp8, glu_fp8, quantize_int8), linear_fp8 on [gemm], and linear_w8's
+//               matrix-vector kernel (linear_w8_kernel)
 //   [attention] flash attention forward: attn_kernel (sm_80+: warp_mma, a stage ring, online
 //               softmax) and attn_tma_kernel (sm_90a: producer attn_tma_produce, the consumers'
 //               mainloop attn_tma_mainloop taking turns on wgmma, the epilogue's stores; the
@@ -624,6 +626,14 @@ template <int QMAX> __device__ __forceinline__ float q_inv(float amax) {
   return amax > 0.f && r < INFINITY ? r : 0.f;
 }
 __device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
+// VEC bytes of a quantized row: e4m3, or int8 (quantize_int8: i8_of)
+template <int VEC> __device__ __forceinline__ Bytes<VEC> q8_of(const float (&v)[VEC], float inv, bool i8) {
+  if (!i8) return e4m3_of<VEC>(v, inv);
+  Bytes<VEC> o;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) o.b[i] = (uint8_t)i8_of(v[i], inv);
+  return o;
+}
 // amax_nan over aligned groups of `width` lanes (a power of two <= 32), as lanes_sum
 __device__ __forceinline__ float lanes_amax(float v, int width) {
 #pragma unroll
@@ -3130,7 +3140,8 @@ fusedk_status act_pass(const fusedk__linear_args &a, fusedk__mat z, int dev, cud
   return fusedk__cuda_elementwise(&e, op, dev, s);
 }
 
-// FP8 rows (quantize_fp8, dequantize_fp8, linear_fp8's exact route): a warp a row, 16-byte loads
+// FP8 rows (quantize_fp8, dequantize_fp8, linear_fp8's exact route; quantize_int8 the same with
+// int8 data, 127 for 448): a warp a row, 16-byte loads
 // of the 16-bit or float32 side and 8- or 4-byte accesses of the e4m3 side (VEC elements); a
 // quantized row is read twice (its amax, then its values: the second read hits L1/L2), so DRAM
 // sees one read and one write. The conversions: cvt.rn.satfinite to e4m3 (NaN to 0x7f), e4m3 to
@@ -3178,13 +3189,13 @@ __global__ void __launch_bounds__(256) quant_kernel(const fusedk__quant_args a) 
     for (int i = 0; i < VEC; ++i) m = amax_nan(m, v[i]);
   }
   m = lanes_amax(m, 32);
-  const float inv = q_inv<448>(m);
+  const float inv = a.i8 ? q_inv<127>(m) : q_inv<448>(m);
   for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
     float v[VEC];
     quant_src<T, VEC, ACT>(x, x2, d, v);
-    st_bytes<VEC>(q + d, e4m3_of<VEC>(v, inv));
+    st_bytes<VEC>(q + d, q8_of<VEC>(v, inv, a.i8));
   }
-  if (lane == 0) *sc = __fdiv_rn(m, 448.f);
+  if (lane == 0) *sc = __fdiv_rn(m, a.i8 ? 127.f : 448.f);
 }
 
 // Quantizing rows of up to 4 vectors a thread (D <= 8192 16-bit elements): a block of 256 threads
@@ -3207,13 +3218,13 @@ __global__ void __launch_bounds__(256) quant_block_kernel(const fusedk__quant_ar
     for (int i = 0; i < V; ++i) m = d < a.D ? amax_nan(m, v[k][i]) : m;
   }
   m = group_amax(m, 256, red);
-  const float inv = q_inv<448>(m);
+  const float inv = a.i8 ? q_inv<127>(m) : q_inv<448>(m);
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int64_t d = ((int64_t)k * 256 + threadIdx.x) * V;
-    if (d < a.D) st_bytes<V>(q + d, e4m3_of<V>(v[k], inv));
+    if (d < a.D) st_bytes<V>(q + d, q8_of<V>(v[k], inv, a.i8));
   }
-  if (threadIdx.x == 0) *(static_cast<float *>(a.qs.p) + b * a.qs.sb + l * a.qs.sl) = __fdiv_rn(m, 448.f);
+  if (threadIdx.x == 0) *(static_cast<float *>(a.qs.p) + b * a.qs.sb + l * a.qs.sl) = __fdiv_rn(m, a.i8 ? 127.f : 448.f);
 }
 
 template <typename T, int ACT> cudaError_t quant_launch_act(const fusedk__quant_args &a, cudaStream_t s) {
@@ -3254,8 +3265,76 @@ fusedk_status no_algo(const char *op, const char *which, const fusedk__linear_ar
                       (long long)a.w.ld);
 }
 
+// linear_w8: z[m, n] = w_scale[n] * sum_k x[m, k] w[n, k] in float32 for few rows of x. A warp
+// owns kW8Cols weight rows and streams them once per kW8Rows rows of x, 16 int8 weights a lane
+// at a time (one 16-byte load each; VEC 1: a byte, for unaligned rows or K % 16); x's rows are
+// re-read by every warp from L1. The time is the weight's bytes (a GEMV): at M = 1 the x
+// conversions and FMAs are 2 instructions a weight.
+constexpr int kW8Cols = 4, kW8Rows = 4;
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) linear_w8_kernel(const fusedk__linear_args a, float *z, int64_t zld) {
+  constexpr int XV = VEC < 16 / (int)sizeof(T) ? VEC : 16 / (int)sizeof(T); // x elements a load
+  const int lane = threadIdx.x & 31;
+  const int64_t n0 = ((int64_t)blockIdx.x * 8 + threadIdx.x / 32) * kW8Cols;
+  if (n0 >= a.N) return;
+  const int nc = a.N - n0 < kW8Cols ? (int)(a.N - n0) : kW8Cols;
+  const int8_t *w = static_cast<const int8_t *>(a.w.p) + n0 * a.w.ld;
+  for (int64_t m0 = 0; m0 < a.M; m0 += kW8Rows) {
+    const int mr = a.M - m0 < kW8Rows ? (int)(a.M - m0) : kW8Rows;
+    const T *x = static_cast<const T *>(a.x.p) + m0 * a.x.ld;
+    float acc[kW8Rows][kW8Cols] = {};
+    for (int64_t k = lane * VEC; k < a.K; k += 32 * VEC) {
+      Bytes<VEC> wr[kW8Cols]; // the rows past N read row n0's bytes again (their sums are dropped)
+#pragma unroll
+      for (int c = 0; c < kW8Cols; ++c) {
+        const int8_t *p = w + (c < nc ? c : 0) * a.w.ld + k;
+        if constexpr (VEC == 16) *reinterpret_cast<uint4 *>(wr[c].b) = __ldcs(reinterpret_cast<const uint4 *>(p));
+        else wr[c].b[0] = (uint8_t)*p;
+      }
+#pragma unroll
+      for (int r = 0; r < kW8Rows; ++r) {
+        if (r >= mr) break;
+        float xv[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; j += XV) load<T, XV, true>(x + r * a.x.ld + k + j, reinterpret_cast<float(&)[XV]>(xv[j]));
+#pragma unroll
+        for (int c = 0; c < kW8Cols; ++c)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) acc[r][c] = fmaf(xv[i], (float)(int8_t)wr[c].b[i], acc[r][c]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kW8Rows; ++r)
+#pragma unroll
+      for (int c = 0; c < kW8Cols; ++c) {
+        const float t = lanes_sum(acc[r][c], 32);
+        if (lane == 0 && r < mr && c < nc) z[(m0 + r) * zld + n0 + c] = t * a.ws[n0 + c];
+      }
+  }
+}
+
+// linear_w8: the sums into float32 scratch, then linear's bias-and-activation pass (aux, one rounding)
+template <typename T>
+fusedk_status linear_w8(LtState &st, const fusedk__linear_args &a, int dev, cudaStream_t s, const char *op) {
+  LtArena ar;
+  const fusedk__mat z32{nullptr, (a.N + 3) / 4 * 4};
+  cudaError_t e = lt_arena(st, dev, s, a.K > 0 ? pad256((size_t)(a.M * z32.ld) * sizeof(float)) : 0, &ar);
+  if (e != cudaSuccess) return arena_fail(e, op);
+  const fusedk__mat z{a.K > 0 ? ar.scratch : nullptr, z32.ld};
+  if (a.K > 0) {
+    const unsigned grid = (unsigned)((a.N + 8 * kW8Cols - 1) / (8 * kW8Cols));
+    const bool vec = a.K % 16 == 0 && aligned16(a.w.p) && a.w.ld % 16 == 0 && aligned16(a.x.p) &&
+                     a.x.ld % (16 / (int64_t)sizeof(T)) == 0;
+    if (vec) linear_w8_kernel<T, 16><<<grid, 256, 0, s>>>(a, static_cast<float *>(z.p), z.ld);
+    else linear_w8_kernel<T, 1><<<grid, 256, 0, s>>>(a, static_cast<float *>(z.p), z.ld);
+    if ((e = cudaGetLastError()) != cudaSuccess) return on_error(e, op);
+  }
+  return on_error(launch_bias_act<T>(a.y, a.aux, z, true, a.bias, a.act, a.M, a.N, s, dev), op);
+}
+
 template <typename T>
 fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev, cudaStream_t s, const char *op) {
+  if (a.op == FUSEDK_OP_LINEAR_W8) return linear_w8<T>(st, a, dev, s, op);
   LtArena ar;
   cudaError_t e = lt_arena(st, dev, s, 0, &ar);
   if (e != cudaSuccess) return arena_fail(e, op);
@@ -3304,8 +3383,8 @@ fusedk_status linear_forward(LtState &st, const fusedk__linear_args &a, int dev,
     z32.p = ar.scratch;
     if (fp8) {
       x = fusedk__mat{static_cast<char *>(ar.scratch) + zb, k32}, w = fusedk__mat{static_cast<char *>(ar.scratch) + zb + xb, k32};
-      const fusedk__quant_args qx{FUSEDK_F32, 1, -1, 1, a.M, a.K, {x.p, 0, x.ld}, {}, {a.x.p, 0, a.x.ld}, {(void *)a.xs, 0, 1}};
-      const fusedk__quant_args qw{FUSEDK_F32, 1, -1, 1, a.N, a.K, {w.p, 0, w.ld}, {}, {a.w.p, 0, a.w.ld}, {(void *)a.ws, 0, 1}};
+      const fusedk__quant_args qx{FUSEDK_F32, 1, -1, 1, a.M, a.K, {x.p, 0, x.ld}, {}, {a.x.p, 0, a.x.ld}, {(void *)a.xs, 0, 1}, 0};
+      const fusedk__quant_args qw{FUSEDK_F32, 1, -1, 1, a.N, a.K, {w.p, 0, w.ld}, {}, {a.w.p, 0, a.w.ld}, {(void *)a.ws, 0, 1}, 0};
       if ((e = quant_launch<float>(qx, s)) != cudaSuccess || (e = quant_launch<float>(qw, s)) != cudaSuccess)
         return on_error(e, op);
     }

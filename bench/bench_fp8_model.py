@@ -4,11 +4,13 @@ bf16 weights (--model flux: 2 double + 4 single blocks at 1024x1024, 4096 image 
 B1; ltx, wan, mochi: 2 blocks at bench_dit's video shapes): the transformer's
 forward against stock torch.compile (regional: compile_repeated_blocks(fullgraph=True)) and
 torchao's Float8DynamicActivationFloat8WeightConfig(PerRow()) + the same compile, beside fusedk
-in bf16; fusedk's variants eager in a CUDA graph (its blocks need no compile to fuse). Each
+in bf16; fusedk's variants eager in a CUDA graph (its blocks need no compile to fuse), FP8 with
+fusedk's bf16 attention and with its int8 attention (attention="int8") among them. Each
 variant's output against the float32 model's (same weights and inputs): rel. L2. Memory: the
 transformer's parameters and buffers on the GPU before and after apply.
 
     PYTHONPATH=bindings/python:bench python3 bench/bench_fp8_model.py [--model flux] [--out DIR] [--rounds 5] [--full]
+        [--no-torchao]
 
 --full: the whole Flux-dev transformer (19 double + 38 single blocks, the step's forward), stock
 compiled against fusedk FP8 in a CUDA graph, one after the other on one model's weights (the stock
@@ -115,6 +117,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--model", choices=sorted(MODELS), default="flux")
+    ap.add_argument("--no-torchao", action="store_true", help="leave torchao out (its compile takes minutes)")
     args = ap.parse_args()
     if args.full:
         return full_step(args)
@@ -153,6 +156,7 @@ def main():
         mem["stock"] = gpu_bytes(base)
         kinds = (("fusedk bf16 graph", {}), ("fusedk fp8 graph", dict(precision="fp8")),
                  ("fusedk fp8 + attention graph", dict(precision="fp8", attention=True)),
+                 ("fusedk fp8 + int8 attention graph", dict(precision="fp8", attention="int8")),
                  ("fusedk fp8, bf16 weights kept, graph", dict(precision="fp8", bf16_weights="keep")))
         copies = [copy.deepcopy(base) for _ in kinds]  # before the stock one is compiled in place
         add("stock compile", base, "compile")
@@ -162,6 +166,8 @@ def main():
             print(name, rep, flush=True)
             add(name, m, "graph")
         try:
+            if args.no_torchao:
+                raise RuntimeError("--no-torchao")
             from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
             m = build()
             m.load_state_dict(base.state_dict())

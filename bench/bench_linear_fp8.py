@@ -3,8 +3,10 @@
 runs it, and "precise": without) against torch._scaled_mm per row (what torchao's
 Float8DynamicActivationFloat8WeightConfig(PerRow()) runs, fast accumulation by default), per tensor,
 and the bf16 GEMM (F.linear); the cost of making x's FP8 copy where nothing fuses it (torch eager
-and compiled per-row quantization, fusedk.quantize_fp8); and the norms writing FP8 against a copy
-of the same bytes.
+and compiled per-row quantization, fusedk.quantize_fp8); the norms writing FP8 against a copy
+of the same bytes; and the modulation GEMMs (one row of temb a sample: Flux's double and single
+blocks at B 1 and 2) as linear_w8 runs them (int8 weights, x in bf16) against bf16 F.linear,
+quantize_fp8 + linear_fp8 and torchao's _scaled_mm, with a copy of the weight's bytes.
 
     PYTHONPATH=bindings/python:bench python3 bench/bench_linear_fp8.py [--out DIR] [--quick]
 
@@ -22,6 +24,18 @@ import bench
 
 SHAPES = [("flux qkv", 4608, 3072, 9216), ("flux ff up", 4608, 3072, 12288), ("flux ff down", 4608, 12288, 3072),
           ("wan proj", 32760, 5120, 5120), ("wan ffn up", 32760, 5120, 13824), ("wan ffn down", 32760, 13824, 5120)]
+
+
+def side_table(title, what, dims, rows, extra, fmt):
+    """A Markdown table of rows' µs (columns: the first row's calls; "refused" where one raised), each
+    with rows[extra][call] in brackets where there is one"""
+    cols = list(rows[0]["us"])
+    L = ["", title, "", f"| {what} | {dims} | " + " | ".join(cols) + " |", "|---|---|" + "---:|" * len(cols)]
+    for r in rows:
+        L.append(f"| {r['name']} | {'x'.join(map(str, r['shape']))} | " + " | ".join(
+            (f"{r['us'][c]:.1f}" if c in r["us"] else "refused") +
+            (f" ({r[extra][c]:{fmt}})" if c in r[extra] else "") for c in cols) + " |")
+    return L
 
 
 def main():
@@ -108,10 +122,35 @@ def main():
                                                                        us.items() if "fp8" in k}))
             bench.log(name, {k: round(v, 1) for k, v in us.items()})
             del x, src, dst
+    mods = []
+    if has_fusedk and hasattr(fusedk, "linear_w8"):
+        for name, M, K, N in [("flux double mod", 1, 3072, 18432), ("flux double mod B2", 2, 3072, 18432),
+                              ("flux single mod", 1, 3072, 9216)]:
+            x, w = torch.randn(M, K, device="cuda", dtype=BF), torch.randn(N, K, device="cuda", dtype=BF) / K ** 0.5
+            b = torch.randn(N, device="cuda", dtype=BF)
+            w8, w4 = fusedk.quantize_int8(w), fusedk.quantize_fp8(w)
+            (wq, sw), src = q_row(w), torch.empty(N * K // 2, device="cuda", dtype=torch.uint8)
+            dst, ref = torch.empty_like(src), x.double() @ w.double().t() + b.double()
+            impl = {"copy (weight bytes)": lambda i: dst.copy_(src),
+                    "bf16 F.linear": lambda i: torch.nn.functional.linear(x, w, b),
+                    "fusedk linear_w8": lambda i: fusedk.linear_w8(x, w8, b),
+                    "fusedk quantize_fp8 + linear_fp8": lambda i: fusedk.linear_fp8(fusedk.quantize_fp8(x), w4, b),
+                    "torchao scaled_mm row (x quantized)": lambda i: torch._scaled_mm(
+                        *(lambda q: (q[0], wq.t(), q[1], sw.t()))(q_row(x)), bias=b, out_dtype=BF, use_fast_accum=True)}
+            err = {}
+            for k in list(impl)[1:]:
+                try:
+                    err[k] = float(((impl[k](0).double() - ref).norm() / ref.norm()).item())
+                except Exception as ex:  # noqa: BLE001 - _scaled_mm refuses some shapes: time_rounds says so
+                    bench.log(f"  {k}: {type(ex).__name__} {str(ex)[:150]}")
+            us = {k: statistics.median(v) for k, v in bench.time_rounds(impl, 8, 10, args.rounds)[0].items() if v}
+            mods.append(dict(name=name, shape=[M, K, N], us=us, rel_l2=err,
+                             eager_us={k: bench.time_loop(impl[k], 20, 5) for k in ("bf16 F.linear", "fusedk linear_w8")}))
+            bench.log(name, {k: round(v, 1) for k, v in us.items()}, {k: round(v, 4) for k, v in err.items()})
     meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__)
     name = "bench_linear_fp8"
     with open(f"{args.out}/{name}.json", "w") as f:
-        json.dump(dict(meta=meta, rows=rows, norms=norms), f, indent=1)
+        json.dump(dict(meta=meta, rows=rows, norms=norms, modulation=mods), f, indent=1)
     cols = list(rows[0]["us"])
     L = [f"# FP8 linear, {meta['gpu']}, {meta['date']}, torch {meta['torch']}", "",
          "µs a call (graph replays, median); in brackets the rate against bf16 F.linear", "",
@@ -127,13 +166,14 @@ def main():
     for r in rows:
         L.append(f"- {r['name']}: " + ", ".join(f"{k} {v:.4f}" for k, v in r["rel_l2"].items()))
     if norms:
-        cols = list(norms[0]["us"])
-        L += ["", "Norms writing FP8 (bf16 x [1, M, D] in; e4m3 y and float32 row scales out), µs (graph replays); "
-              "in brackets the rate of a copy of the same bytes (read 3 M D + 4 M, half read, half written)", "",
-              "| shape | M x D | " + " | ".join(cols) + " |", "|---|---|" + "---:|" * len(cols)]
-        for r in norms:
-            L.append(f"| {r['name']} | {r['shape'][0]}x{r['shape'][1]} | " + " | ".join(
-                f"{r['us'][c]:.1f}" + (f" ({r['of_copy'][c]:.2f})" if c in r["of_copy"] else "") for c in cols) + " |")
+        L += side_table("Norms writing FP8 (bf16 x [1, M, D] in; e4m3 y and float32 row scales out), µs (graph "
+                        "replays); in brackets the rate of a copy of the same bytes (read 3 M D + 4 M, half read, "
+                        "half written)", "shape", "M x D", norms, "of_copy", ".2f")
+    if mods:
+        L += side_table("The modulation GEMMs (M rows of temb), µs (graph replays); rel. L2 against float64 of the "
+                        "unquantized x, w in brackets; the user's eager call after the table", "GEMM", "M x K x N",
+                        mods, "rel_l2", ".4f")
+        L += [""] + [f"- {r['name']} eager: " + ", ".join(f"{k} {v:.1f}" for k, v in r["eager_us"].items()) for r in mods]
     with open(f"{args.out}/{name}.md", "w") as f:
         f.write("\n".join(L) + "\n")
     print("\n".join(L))

@@ -253,7 +253,7 @@ static void registry_cases(void) {
                                         "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                                         "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8",
                                         "dequantize_fp8", "linear_fp8", "rmsnorm_fp8", "layernorm_fp8",
-                                        "adaln_fp8", "glu_fp8"};
+                                        "adaln_fp8", "glu_fp8", "quantize_int8", "linear_w8"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -268,7 +268,7 @@ static void registry_cases(void) {
       EXPECT(t->scalar == -1 || t->scalar == FUSEDK_F32 ||
                  (t->scalar == -2 && t->kind == FUSEDK_ARG_IN && t->role == FUSEDK_ROLE_SAMPLE) ||
                  (t->scalar == FUSEDK_I32 && t->kind <= FUSEDK_ARG_IN_OPT && t->role == FUSEDK_ROLE_OWN) ||
-                 (t->scalar == FUSEDK_I8 && t->role == FUSEDK_ROLE_OWN) ||
+                 (t->scalar == FUSEDK_I8 && (t->role == FUSEDK_ROLE_OWN || t->role == FUSEDK_ROLE_ROW)) ||
                  (t->scalar == FUSEDK_E4M3 && (t->role == FUSEDK_ROLE_OWN || t->role == FUSEDK_ROLE_ROW ||
                                                  t->role == FUSEDK_ROLE_ROW_HALF)) ||
                  (t->scalar == -3 && fusedk_op_out_scalar(i, k, NULL) == -1),
@@ -1199,6 +1199,8 @@ static const shape_case shape_cases[] = {
     {FUSEDK_OP_LAYERNORM_FP8, "x=5,16", "", "y=5,16 y_scale=5"},
     {FUSEDK_OP_ADALN_FP8, "x=2,3,16 scale=2,16 shift=2,16", "", "y=2,3,16 y_scale=2,3"},
     {FUSEDK_OP_GLU_FP8, "x=2,5,24", "act=1 act_half=1", "out=2,5,12 out_scale=2,5"},
+    {FUSEDK_OP_QUANTIZE_INT8, "x=48,32", "", "out=48,32 out_scale=48"},
+    {FUSEDK_OP_LINEAR_W8, "x=2,7,32 w=48,32 w_scale=48", "want_aux=1", "y=2,7,48 aux_out=2,7,48"},
 };
 
 /* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */
@@ -1523,21 +1525,119 @@ static void fp8_cases(void) {
   }
 }
 
+/* int8 weights: quantize_int8's values (exact cases, ties to even, zero and NaN rows) and
+   linear_w8 against sums computed here in double, with its bad input */
+static void int8_weight_cases(void) {
+  enum { R = 4, K = 8, M = 3 };
+  /* row 0: amax 127 (x as it is) with ties at 2.5, -3.5, 0.5; row 1: amax 254 (x / 2); row 2
+     zeros; row 3 a NaN */
+  static float x[R * K] = {127, 2.5f, -3.5f, 0.5f, -127, 1, 0, 64,
+                           254, 5, 7, -3, 1, 0, -254, 100,
+                           0, 0, 0, 0, 0, 0, 0, 0,
+                           1, 2, NAN, 3, 4, 5, 6, 7};
+  const int8_t want[2][K] = {{127, 2, -4, 0, -127, 1, 0, 64}, {127, 2, 4, -2, 0, 0, -127, 50}};
+  static int8_t q[R * K];
+  static float sc[R];
+  int64_t xs[2] = {R, K}, ss[1] = {R};
+  fusedk_tensor tx = fusedk_tensor_cpu(x, FUSEDK_F32, 2, xs), tq = fusedk_tensor_cpu(q, FUSEDK_I8, 2, xs);
+  fusedk_tensor ts = fusedk_tensor_cpu(sc, FUSEDK_F32, 1, ss);
+  fusedk_scaled_tensor sq = {&tq, &ts};
+  fusedk_status st = fusedk_quantize_int8(&sq, &tx, NULL);
+  int ok = st == FUSEDK_OK && sc[0] == 1.0f && sc[1] == 2.0f && sc[2] == 0.0f && sc[3] != sc[3];
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < K; ++k) ok = ok && q[r * K + k] == want[r][k];
+  for (int k = 0; k < K; ++k) ok = ok && q[2 * K + k] == 0 && q[3 * K + k] == 0;
+  EXPECT(ok, "quantize_int8: exact values, ties to even, zero and NaN rows: %s %s", fusedk_status_name(st),
+         fusedk_failure_reason());
+  fusedk_tensor te = tq;
+  te.dtype = fusedk_dtype_of(FUSEDK_E4M3);
+  const fusedk_scaled_tensor se = {&te, &ts};
+  st = fusedk_quantize_int8(&se, &tx, NULL);
+  EXPECT(st == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "quantize_int8: out has dtype float8_e4m3fn, expected int8"),
+         "quantize_int8: e4m3 data: %s", fusedk_failure_reason());
+  { /* linear_w8 (CPU): x [3, 8] bf16, w rows 0 and 1 of q (N 2), gelu_tanh with aux_out */
+    static uint16_t xb[M * K], yb[M * 2], ab[M * 2], bias[2] = {0x3f80, 0xbf00}; /* bf16 1, -0.5 */
+    for (int i = 0; i < M * K; ++i) {
+      union { float f; uint32_t u; } v = {(float)sin(0.7 * i + 0.3)};
+      xb[i] = (uint16_t)(v.u >> 16); /* truncated: exact in bf16 */
+    }
+    int64_t x2[2] = {M, K}, y2[2] = {M, 2}, w2[2] = {2, K}, n1[1] = {2};
+    fusedk_tensor txb = fusedk_tensor_cpu(xb, FUSEDK_BF16, 2, x2), tyb = fusedk_tensor_cpu(yb, FUSEDK_BF16, 2, y2);
+    fusedk_tensor tab = fusedk_tensor_cpu(ab, FUSEDK_BF16, 2, y2), tb = fusedk_tensor_cpu(bias, FUSEDK_BF16, 1, n1);
+    fusedk_tensor twd = fusedk_tensor_cpu(q, FUSEDK_I8, 2, w2), tws = fusedk_tensor_cpu(sc, FUSEDK_F32, 1, n1);
+    const fusedk_scaled_tensor sw = {&twd, &tws};
+    st = fusedk_linear_w8(&tyb, &tab, &txb, &sw, &tb, FUSEDK_ACT_GELU_TANH, NULL);
+    ok = st == FUSEDK_OK;
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < 2; ++n) {
+        double z = 0;
+        for (int k = 0; k < K; ++k) {
+          union { uint32_t u; float f; } v = {(uint32_t)xb[m * K + k] << 16};
+          z += v.f * (double)q[n * K + k];
+        }
+        z = z * sc[n] + (n ? -0.5 : 1.0);
+        const double g = 0.5 * z * (1 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+        union { uint32_t u; float f; } y = {(uint32_t)yb[m * 2 + n] << 16}, a = {(uint32_t)ab[m * 2 + n] << 16};
+        ok = ok && fabs(y.f - g) <= fabs(g) * 0.004 + 1e-6 && fabs(a.f - z) <= fabs(z) * 0.004;
+      }
+    EXPECT(ok, "linear_w8 (CPU): gelu_tanh(x w^T scale + bias), aux: %s %s", fusedk_status_name(st), fusedk_failure_reason());
+    /* bad input: each names its argument, nothing written */
+    for (int i = 0; i < M * 2; ++i) yb[i] = 0x7777;
+    const fusedk_scaled_tensor se8 = {&te, &tws};
+    st = fusedk_linear_w8(&tyb, NULL, &txb, &se8, NULL, FUSEDK_ACT_NONE, NULL);
+    EXPECT(st == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "linear_w8: w has dtype float8_e4m3fn, expected int8"),
+           "linear_w8: e4m3 w: %s", fusedk_failure_reason());
+    int64_t s3[1] = {3};
+    fusedk_tensor t3 = fusedk_tensor_cpu(sc, FUSEDK_F32, 1, s3);
+    const fusedk_scaled_tensor sw3 = {&twd, &t3};
+    st = fusedk_linear_w8(&tyb, NULL, &txb, &sw3, NULL, FUSEDK_ACT_NONE, NULL);
+    EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "linear_w8: w_scale has shape [3], expected [2]"),
+           "linear_w8: w_scale's shape: %s", fusedk_failure_reason());
+    fusedk_tensor f16b = tb;
+    f16b.dtype = fusedk_dtype_of(FUSEDK_F16);
+    st = fusedk_linear_w8(&tyb, NULL, &txb, &sw, &f16b, FUSEDK_ACT_NONE, NULL);
+    EXPECT(st == FUSEDK_ERR_DTYPE && strstr(fusedk_failure_reason(), "linear_w8: ") && strstr(fusedk_failure_reason(), "float16"),
+           "linear_w8: bias of another dtype: %s", fusedk_failure_reason());
+    int64_t k7[2] = {2, 7};
+    fusedk_tensor tw7 = fusedk_tensor_cpu(q, FUSEDK_I8, 2, k7);
+    const fusedk_scaled_tensor sw7 = {&tw7, &tws};
+    st = fusedk_linear_w8(&tyb, NULL, &txb, &sw7, NULL, FUSEDK_ACT_NONE, NULL);
+    EXPECT(st == FUSEDK_ERR_SHAPE && strstr(fusedk_failure_reason(), "linear_w8: w has shape [2, 7], expected [N, 8]"),
+           "linear_w8: w's K: %s", fusedk_failure_reason());
+    st = fusedk_linear_w8(&tyb, NULL, &txb, NULL, NULL, FUSEDK_ACT_NONE, NULL);
+    EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "linear_w8: w is NULL"),
+           "linear_w8: no w: %s", fusedk_failure_reason());
+    st = fusedk_linear_w8(&tyb, NULL, &txb, &sw, NULL, (fusedk_activation)9, NULL);
+    EXPECT(st == FUSEDK_ERR_INVALID_ARGUMENT && strstr(fusedk_failure_reason(), "linear_w8: act is 9"),
+           "linear_w8: act 9: %s", fusedk_failure_reason());
+    ok = 1;
+    for (int i = 0; i < M * 2; ++i) ok = ok && yb[i] == 0x7777;
+    EXPECT(ok, "linear_w8: bad calls write nothing");
+    int64_t shape[FUSEDK_MAX_DIMS];
+    const fusedk_tensor *lt[6] = {NULL, NULL, &txb, &twd, &tws, NULL};
+    const double a0[2] = {FUSEDK_ACT_NONE, 0};
+    EXPECT(fusedk_op_out_shape(FUSEDK_OP_LINEAR_W8, 0, lt, a0, shape) == 2 && shape[0] == M && shape[1] == 2 &&
+               fusedk_op_out_scalar(FUSEDK_OP_QUANTIZE_INT8, 0, a0) == FUSEDK_I8,
+           "out_shape linear_w8, out_scalar quantize_int8");
+  }
+}
+
 int main(void) {
   for (int i = 0; i < N; ++i) bx[i] = bres[i] = (float)sin(i + 1.0);
   for (int i = 0; i < D; ++i) bw[i] = bb[i] = 0.5f;
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.10.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.11.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.10.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.11.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);
+  int8_weight_cases();
   registry_cases();
   out_shape_cases();
   attention_cases();

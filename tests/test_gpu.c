@@ -2198,14 +2198,17 @@ static int same_bits(const buf_t *b, const void *g) {
 }
 
 /* x [R1, R2, D] (rows padded, base shifted) quantized on both sides, data and scales compared
-   bit for bit, then dequantized back on both sides from the CPU's data; specials: a row of
-   zeros, one with a NaN, one with an Inf, one of values near the dtype's largest */
-static void run_quant(fusedk_scalar s, int64_t R1, int64_t R2, int64_t D, int64_t pad, size_t shift, int specials) {
+   bit for bit, then (e4m3) dequantized back on both sides from the CPU's data; specials: a row
+   of zeros, one with a NaN, one with an Inf, one of values near the dtype's largest. i8:
+   quantize_int8 */
+static void run_quant(fusedk_scalar s, int64_t R1, int64_t R2, int64_t D, int64_t pad, size_t shift, int specials,
+                      int i8) {
   char what[160];
-  snprintf(what, sizeof what, "quantize_fp8 %s [%lld,%lld,%lld] pad=%lld shift=%zu%s", sname(s), (long long)R1,
-           (long long)R2, (long long)D, (long long)pad, shift, specials ? " zero/NaN/Inf/large rows" : "");
+  snprintf(what, sizeof what, "%s %s [%lld,%lld,%lld] pad=%lld shift=%zu%s", i8 ? "quantize_int8" : "quantize_fp8",
+           sname(s), (long long)R1, (long long)R2, (long long)D, (long long)pad, shift,
+           specials ? " zero/NaN/Inf/large rows" : "");
   const int64_t xs[3] = {R1, R2, D}, ss[2] = {R1, R2};
-  buf_t x = mk(s, 3, xs, pad, shift, 0, 3.0, 0.5), q = mk(FUSEDK_E4M3, 3, xs, pad, shift, 0, 0.0, 0.0);
+  buf_t x = mk(s, 3, xs, pad, shift, 0, 3.0, 0.5), q = mk(i8 ? FUSEDK_I8 : FUSEDK_E4M3, 3, xs, pad, shift, 0, 0.0, 0.0);
   buf_t sc = mk(FUSEDK_F32, 2, ss, 0, 0, 0, 0.0, 0.0), y = mk(s, 3, xs, pad, shift, 0, 0.0, 0.0);
   if (specials && R1 * R2 >= 4) {
     const int64_t ld = D + pad;
@@ -2221,13 +2224,16 @@ static void run_quant(fusedk_scalar s, int64_t R1, int64_t R2, int64_t D, int64_
   }
   poison(&q), poison(&sc), poison(&y);
   const fusedk_scaled_tensor qh = {&q.th, &sc.th}, qd = {&q.td, &sc.td};
-  fusedk_status c = fusedk_quantize_fp8(&qh, &x.th, NULL), g = fusedk_quantize_fp8(&qd, &x.td, NULL);
+  fusedk_status c = i8 ? fusedk_quantize_int8(&qh, &x.th, NULL) : fusedk_quantize_fp8(&qh, &x.th, NULL);
+  fusedk_status g = i8 ? fusedk_quantize_int8(&qd, &x.td, NULL) : fusedk_quantize_fp8(&qd, &x.td, NULL);
   CK(cudaDeviceSynchronize());
   if (!call_failed_counted(what, c, g)) {
     void *gq = to_host(&q), *gs = to_host(&sc);
     ++checks;
     if (!same_bits(&q, gq) || !same_bits(&sc, gs)) printf("FAIL %s: the GPU's data or scales differ\n", what), ++failures;
     free(gq), free(gs);
+  }
+  if (!i8 && !c && !g) {
     /* dequantize from the CPU's data on both sides */
     CK(cudaMemcpy(q.d, q.h, q.n_alloc, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(sc.d, sc.h, sc.n_alloc * 4, cudaMemcpyHostToDevice));
@@ -2247,14 +2253,17 @@ static void run_quant(fusedk_scalar s, int64_t R1, int64_t R2, int64_t D, int64_
 
 static void quant_cases(fusedk_scalar s) {
   const int n_before = failures;
-  run_quant(s, 2, 5, 64, 0, 0, 1);
-  run_quant(s, 3, 7, 24, 8, 0, 1);    /* padded rows: the vector path */
-  run_quant(s, 1, 9, 33, 2, 1, 1);    /* odd D, shifted: one element a lane */
-  run_quant(s, 1, 1, 1, 0, 0, 0);
-  run_quant(s, 2, 1000, 3072, 0, 0, 1);
-  if (!small) run_quant(s, 1, 1500, 13824, 0, 0, 0);
+  for (int i8 = 0; i8 < 2; ++i8) {
+    run_quant(s, 2, 5, 64, 0, 0, 1, i8);
+    run_quant(s, 3, 7, 24, 8, 0, 1, i8);    /* padded rows: the vector path */
+    run_quant(s, 1, 9, 33, 2, 1, 1, i8);    /* odd D, shifted: one element a lane */
+    run_quant(s, 1, 1, 1, 0, 0, 0, i8);
+    run_quant(s, 2, 1000, 3072, 0, 0, 1, i8);
+    if (!small) run_quant(s, 1, 1500, 13824, 0, 0, 0, i8);
+  }
   if (failures == n_before)
-    printf("ok   %s quantize_fp8, dequantize_fp8 (bitwise; zero, NaN, Inf, large rows; odd D, padded, shifted)\n", sname(s));
+    printf("ok   %s quantize_fp8, dequantize_fp8, quantize_int8 (bitwise; zero, NaN, Inf, large rows; odd D, padded, "
+           "shifted)\n", sname(s));
 }
 
 /* glu_fp8: x [R1, R2, 2H] (rows padded, base shifted) on both sides; the GPU makes the values in
@@ -2382,6 +2391,56 @@ static void linear_fp8_cases(fusedk_scalar s) {
     printf("ok   %s linear_fp8 (5 acts, bias, aux, odd N, K 3 and 1000 (exact route), strided, misaligned, tuned)\n", sname(s));
 }
 
+/* linear_w8: x [B, L, K] of s, w [N, K] quantize_int8'd on the CPU (the data both sides read);
+   y (and aux) against the CPU's, bound by the same product on |x| and |w| (float32 sums) */
+static void run_linear_w8(fusedk_scalar s, int64_t B, int64_t L, int64_t N, int64_t K, int act, int bias, int aux,
+                          int64_t pad, size_t shift) {
+  char what[200];
+  snprintf(what, sizeof what, "linear_w8 %s [%lld,%lld,%lld] N=%lld act=%s%s%s pad=%lld shift=%zu", sname(s),
+           (long long)B, (long long)L, (long long)K, (long long)N, act_name(act), bias ? " bias" : "", aux ? " aux" : "",
+           (long long)pad, shift);
+  const int64_t xs[3] = {B, L, K}, ws[2] = {N, K}, bs[1] = {N}, ys[3] = {B, L, N};
+  buf_t x = mk(s, 3, xs, pad, shift, 0, 1.0, 0.0), wf = mk(FUSEDK_F32, 2, ws, 0, 0, 0, 1.0 / sqrt((double)K), 0.0);
+  buf_t w = mk(FUSEDK_I8, 2, ws, pad, 0, 0, 0.0, 0.0), wsc = mk(FUSEDK_F32, 1, bs, 0, 0, 0, 0.0, 0.0);
+  buf_t b = mk(s, 1, bs, 0, 0, 0, 0.5, 0.0), y = mk(s, 3, ys, pad, shift, 0, 0.0, 0.0), z = mk(s, 3, ys, 0, 0, 0, 0.0, 0.0);
+  const fusedk_scaled_tensor qw = {&w.th, &wsc.th}, dw = {&w.td, &wsc.td};
+  fusedk_status st = fusedk_quantize_int8(&qw, &wf.th, NULL);
+  CK(cudaMemcpy(w.d, w.h, w.n_alloc, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(wsc.d, wsc.h, wsc.n_alloc * 4, cudaMemcpyHostToDevice));
+  poison(&y), poison(&z);
+  const int two_pass = act == FUSEDK_ACT_GELU || act == FUSEDK_ACT_SILU; /* act of z rounded, as linear's */
+  fusedk_status sc = st ? st : fusedk_linear_w8(&y.th, aux || two_pass ? &z.th : NULL, &x.th, &qw, bias ? &b.th : NULL,
+                                                 (fusedk_activation)act, NULL);
+  fusedk_status sg = fusedk_linear_w8(&y.td, aux ? &z.td : NULL, &x.td, &dw, bias ? &b.td : NULL, (fusedk_activation)act, NULL);
+  CK(cudaDeviceSynchronize());
+  if (!call_failed_counted(what, sc, sg)) {
+    buf_t xa = lin_abs(&x, 1.0), wa = lin_abs(&w, 1.0), ba = lin_abs(&b, 1.0), s1 = lin_abs(&y, 0.0);
+    const fusedk_scaled_tensor aw = {&wa.th, &wsc.th};
+    fusedk_linear_w8(&s1.th, NULL, &xa.th, &aw, bias ? &ba.th : NULL, FUSEDK_ACT_NONE, NULL);
+    const double g = act == FUSEDK_ACT_NONE || act == FUSEDK_ACT_RELU ? 1.0 : 1.13;
+    lin_compare(what, "", &y, y.h, &s1, g, K, 0, 0, two_pass ? &z : NULL);
+    if (aux) lin_compare(what, " (aux)", &z, z.h, &s1, 1.0, K, 0, 0, NULL);
+    free(xa.h), free(wa.h), free(ba.h), free(s1.h);
+  }
+  drop(&x), drop(&wf), drop(&w), drop(&wsc), drop(&b), drop(&y), drop(&z);
+}
+
+static void linear_w8_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  for (int act = FUSEDK_ACT_GELU; act <= FUSEDK_ACT_NONE; ++act) {
+    run_linear_w8(s, 1, 1, 96, 64, act, 1, 1, 0, 0);
+    run_linear_w8(s, 2, 3, 72, 40, act, act % 2, act % 2, 3, 1); /* K % 16, padded, shifted: a byte a lane */
+  }
+  run_linear_w8(s, 1, 1, 1, 16, FUSEDK_ACT_RELU, 1, 0, 0, 0);
+  run_linear_w8(s, 1, 1, 8, 3, FUSEDK_ACT_NONE, 1, 0, 0, 0);
+  run_linear_w8(s, 1, 5, 4093, 256, FUSEDK_ACT_NONE, 1, 0, 16, 0); /* odd N, 5 rows: a second row block */
+  run_linear_w8(s, 2, 1, 18432, 3072, FUSEDK_ACT_NONE, 1, 0, 0, 0); /* Flux's modulation, B 2 */
+  if (!small) run_linear_w8(s, 1, 40, 1024, 5120, FUSEDK_ACT_SILU, 1, 1, 0, 0);
+  if (failures == n_before)
+    printf("ok   %s linear_w8 (5 acts, bias, aux, odd N, K 3 and 40 (a byte a lane), strided, misaligned, 1-40 rows)\n",
+           sname(s));
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
@@ -2423,6 +2482,7 @@ static const unit_t units[] = {
     FOR_DTYPES("linear", "quantize_fp8", quant_cases),
     FOR_DTYPES("linear", "glu_fp8", glu_quant_cases),
     FOR_16BIT("linear", "linear_fp8", linear_fp8_cases),
+    FOR_DTYPES("linear", "linear_w8", linear_w8_cases),
     FOR_16BIT("attention", "attention", attn_cases), /* the GPU kernels take f16 and bf16 */
     FOR_16BIT("attention", "attention edges", attn_edges),
     FOR_16BIT("attention", "attention big", attn_big),

@@ -862,11 +862,13 @@ def test_fp8_projections_within_the_peers_error(name, device, monkeypatch):
     want = m.output(run(ref, x32)).double()
     stock = m.output(run(low, xl))
     calls, glu8 = counting(monkeypatch, "linear_fp8"), counting(monkeypatch, "glu_fp8")
+    w8 = counting(monkeypatch, "linear_w8")
     report = fd.apply(low, precision="fp8")
     assert len(report.patched) == len(m.blocks(low)) and "FP8" in repr(report), report
     got = m.output(run(low, xl))
     assert calls[0] >= 2 * len(m.blocks(low)), calls  # the blocks' projections on FP8 GEMMs
     assert glu8[0] >= (len(m.blocks(low)) if name == "mochi" else 0), glu8  # SwiGLU's hidden state
+    assert w8[0] == (len(m.blocks(low)) if name in ("flux", "mochi") else 0), w8  # the modulation, weight-only
     fd.revert(low)
     assert torch.equal(m.output(run(low, xl)), stock)  # revert: the stock forwards, bit for bit
     _torchao_like(low, m.blocks(low))

@@ -16,18 +16,23 @@ rng = np.random.default_rng()
 F32, E4M3 = np.float32, np.dtype(ml_dtypes.float8_e4m3fn)
 
 
-def quantize_oracle(x):
-    """fusedk.h's quantize_fp8 in NumPy: amax (a NaN wins), x * float32(448 / amax) in float32,
-    rounded to e4m3 (ties to even, saturating), scale amax / 448"""
+def scaled_rows(x, qmax):
+    """The 8-bit rows' rule of fusedk.h in NumPy: amax (a NaN wins), x * float32(qmax / amax) in
+    float32 (0 where that factor is not finite), and the scale amax / qmax"""
     x = np.asarray(x).astype(F32)
     amax = np.abs(x).max(-1, keepdims=True)
     amax = np.where(np.isnan(x).any(-1, keepdims=True), F32(np.nan), amax).astype(F32)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        r = (F32(448) / amax).astype(F32)
+        r = (F32(qmax) / amax).astype(F32)
         inv = np.where((amax > 0) & np.isfinite(r), r, F32(0)).astype(F32)
-        v = (x * inv).astype(F32)
+        return (x * inv).astype(F32), (amax / F32(qmax)).astype(F32)[..., 0]
+
+
+def quantize_oracle(x):
+    """fusedk.h's quantize_fp8 in NumPy: scaled_rows to 448, rounded to e4m3 (ties to even, saturating)"""
+    v, scale = scaled_rows(x, 448)
     v = np.where(np.isnan(v), v, np.clip(v, -448, 448))  # ml_dtypes does not saturate
-    return v.astype(E4M3), (amax / F32(448)).astype(F32)[..., 0]
+    return v.astype(E4M3), scale
 
 
 def rel_l2(a, b):
@@ -445,3 +450,113 @@ def test_gpu_glu_fp8_against_the_reference(shape, dtype):
         h = fusedk.glu(x.cuda(), "silu", "second")
         y, y2 = fusedk.linear(g, w), fusedk.linear(fusedk.quantize_fp8(h), w)
         assert rel_l2(y.float().cpu().numpy(), y2.float().cpu().numpy()) < 0.02
+
+
+# --- int8 weights: quantize_int8 and linear_w8 (weight-only, for few rows) ----------------------
+def quantize_int8_oracle(x):
+    """fusedk.h's quantize_int8 in NumPy: scaled_rows to 127, rounded to nearest even (|q| <= 127;
+    NaN and Inf rows 0)"""
+    v, scale = scaled_rows(x, 127)
+    return np.where(np.isnan(v), 0, np.clip(np.rint(v), -127, 127)).astype(np.int8), scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 33), (2, 5, 64), (4, 1, 3072)], ids=str)
+def test_quantize_int8_matches_the_oracle(shape, dtype):
+    x = (rng.standard_normal(shape) * np.exp(rng.uniform(-3, 3, shape[:-1] + (1,)))).astype(dtype)
+    if len(shape) > 1 and shape[-2] >= 3:  # a zero row, a NaN row, an Inf row
+        x[..., 0, :], x[..., 1, 0], x[..., 2, -1] = 0, np.nan, np.inf
+    q = fusedk.quantize_int8(x)
+    want, scale = quantize_int8_oracle(x)
+    assert isinstance(q, fusedk.ScaledTensor) and q.data.dtype == np.int8 and q.scale.dtype == F32
+    assert same_bits(q.data, want), "data"
+    assert same_bits(q.scale.reshape(scale.shape), scale), "scale"
+    fin = np.isfinite(scale)[..., None] & np.ones(shape, bool)
+    d = q.data.astype(np.float64) * q.scale.reshape(shape[:-1] + (1,))
+    assert np.all(np.abs(d - x.astype(np.float64))[fin] <= np.broadcast_to(q.scale.reshape(shape[:-1] + (1,)), shape)[fin]
+                  * (0.5 + 1e-4) + 1e-30)  # within half a step (and float32 products' ulps)
+
+
+def w8_oracle(x, w, bias=None, act="none", dtype=F32):
+    """linear_w8 in float64 on x as given and the dequantized weight; GELU and SILU of z rounded
+    to dtype (y's), as linear's"""
+    z = np.asarray(x, np.float64) @ (w.data.astype(np.float64) * w.scale.astype(np.float64)[:, None]).T
+    z = z + (0 if bias is None else np.asarray(bias, np.float64))
+    if act in ("gelu", "silu"):
+        z = z.astype(dtype).astype(np.float64)
+    return oracle.act(z, act) if act != "none" else z
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", ["none", "relu", "gelu_tanh", "gelu", "silu"])
+@pytest.mark.parametrize("M,K,N", [(1, 16, 8), (5, 40, 33), (2, 3, 4)], ids=str)
+def test_linear_w8_reference(M, K, N, act, dtype):
+    x = rng.standard_normal((M, K)).astype(dtype)
+    w = fusedk.quantize_int8((rng.standard_normal((N, K)) / np.sqrt(K)).astype(F32))
+    b = rng.standard_normal(N).astype(dtype)
+    y, z = fusedk.linear(x, w, b, act=act, aux=True)
+    assert y.dtype == x.dtype and y.shape == (M, N)
+    tol = 2.0 ** -7 if dtype != np.float32 else 2.0 ** -20
+    for got, want in ((z, w8_oracle(x, w, b)), (y, w8_oracle(x, w, b, act, x.dtype))):
+        assert np.all(np.abs(got.astype(np.float64) - want) <= np.abs(want) * tol * 1.01 + 1e-6)
+
+
+def test_linear_w8_error_against_float64():
+    """the modulation's case: int8 weights against e4m3 on the same N(0, 1/K) weight, x in float32"""
+    x, w = rng.standard_normal((2, 3072)).astype(F32), (rng.standard_normal((3072, 3072)) / 55.4).astype(F32)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    e8 = rel_l2(fusedk.linear_w8(x, fusedk.quantize_int8(w)), want)
+    e4 = rel_l2(fusedk.linear(fusedk.quantize_fp8(x), fusedk.quantize_fp8(w), out_dtype="bfloat16").astype(F32), want)
+    assert e8 < 0.012 and e8 < e4 / 2, (e8, e4)
+
+
+def test_linear_w8_bad_input():
+    x, w = np.ones((2, 16), F32), fusedk.quantize_int8(np.ones((4, 16), F32))
+    with pytest.raises(fusedk.DTypeError, match="linear_w8: w has dtype float8_e4m3fn, expected int8"):
+        fusedk.linear_w8(x, fusedk.quantize_fp8(np.ones((4, 16), F32)))
+    with pytest.raises(fusedk.InvalidArgumentError, match="linear_w8: w is a ndarray, expected a fusedk.ScaledTensor"):
+        fusedk.linear_w8(x, np.ones((4, 16), np.int8))
+    with pytest.raises(fusedk.ShapeError, match="linear_w8: w has shape \\[4, 16\\], expected \\[N, 8\\]"):
+        fusedk.linear_w8(np.ones((2, 8), F32), w)
+    with pytest.raises(fusedk.InvalidArgumentError, match="linear_w8: act is 'tanh'"):
+        fusedk.linear_w8(x, w, act="tanh")
+    with pytest.raises(fusedk.DTypeError, match="quantize_int8"):
+        fusedk.quantize_int8(np.ones((2, 4), np.int32))
+
+
+@needs_torch_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("M,K,N", [(1, 3072, 18432), (2, 3072, 9216), (5, 40, 33), (4, 3, 8), (17, 256, 100)], ids=str)
+def test_gpu_linear_w8_and_quantize_int8_against_the_reference(M, K, N, dtype):
+    torch = oracle.torch_cuda()[0]
+    dt = getattr(torch, dtype)
+    wf = (torch.randn(N, K) / K ** 0.5).to(dt)
+    w, wg = fusedk.quantize_int8(wf), fusedk.quantize_int8(wf.cuda())
+    assert torch.equal(wg.data.cpu(), w.data) and torch.equal(wg.scale.cpu(), w.scale)
+    x, b = torch.randn(M, K).to(dt), torch.randn(N).to(dt)
+    for act in ("none", "silu"):
+        y, yg = fusedk.linear(x, w, b, act=act), fusedk.linear(x.cuda(), wg, b.cuda(), act=act)
+        want = torch.from_numpy(w8_oracle(x.double().numpy(), fusedk.ScaledTensor(w.data.numpy(), w.scale.numpy()),
+                                          b.double().numpy(), act))
+        mag = x.double().abs() @ (w.data.double().abs() * w.scale.double()[:, None]).t()
+        eps = 2.0 ** -7 if dt != torch.float32 else 2.0 ** -20
+        # silu acts on z rounded to dt (linear's act pass): a z a rounding apart moves y by |act'| roundings
+        zr = (mag + b.double().abs()) * eps * 1.13 if act == "silu" else 0.0
+        tol = want.abs() * eps + mag * 2.0 ** -20 + 1e-6 + zr
+        assert torch.all((yg.cpu().double() - want).abs() <= tol * 1.2), act
+        assert torch.all((y.double() - want).abs() <= tol * 1.2), act
+    # strided x and y (rows padded), in a CUDA graph, under torch.compile
+    xs = torch.randn(M, K + 8, device="cuda", dtype=dt)[:, :K]
+    out = torch.empty(M, N + 4, device="cuda", dtype=dt)[:, :N]
+    fusedk.linear_w8(xs, wg, out=out)
+    assert torch.equal(out, fusedk.linear_w8(xs.contiguous(), wg))
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        yc = fusedk.linear_w8(xs, wg)
+    gr.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(yc, out)
+    if dtype == "bfloat16":  # under torch.compile (a fresh cache: the other cases' graphs count against its limit)
+        torch._dynamo.reset()
+        f = torch.compile(lambda a: fusedk.linear_w8(a, wg, act="silu"), fullgraph=True)
+        assert torch.equal(f(xs), fusedk.linear_w8(xs, wg, act="silu"))

@@ -63,6 +63,8 @@ VALID = {
     "dequantize_fp8": lambda: ([None, f8(B, L, D), f32(B, L)], ()),
     "glu_fp8": lambda: ([None, None, f32(B, L, D)], (2, 1)),
     "linear_fp8": lambda: ([None, None, f8(3, 16), f32(3), f8(5, 16), f32(5), None], ()),
+    "quantize_int8": lambda: ([None, None, f32(B, L, D)], ()),
+    "linear_w8": lambda: ([None, None, f32(3, 16), i8(5, 16), f32(5), None], ()),
     "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
     "lowrank_prepare": lambda: ([None, f32(6, D), f32(6, 3)], (0.5,)),
     "linear_lowrank": lambda: ([None, None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3),
@@ -194,7 +196,8 @@ def _public_calls():
                                         fusedk.ScaledTensor(i8(B, L, 1, DH), f32(B, L, 1)), f32(B, L, 1, DH))),
         (fusedk.quantize_fp8, (x,)), (fusedk.rmsnorm_fp8, (x,)), (fusedk.layernorm_fp8, (x,)),
         (fusedk.adaln_fp8, (x, g, g)), (fusedk.dequantize_fp8, (fusedk.ScaledTensor(f8(B, L, D), f32(B, L)),)),
-        (fusedk.glu_fp8, (x,)),
+        (fusedk.glu_fp8, (x,)), (fusedk.quantize_int8, (x,)),
+        (fusedk.linear_w8, (f32(3, 16), fusedk.ScaledTensor(i8(5, 16), f32(5)))),
         (fusedk.linear_fp8, (fusedk.ScaledTensor(f8(3, 16), f32(3)), fusedk.ScaledTensor(f8(5, 16), f32(5)))),
         (fusedk.lowrank_update, (x, f32(D, 4), f32(4, 6))), (fusedk.lowrank_prepare, (f32(6, D), f32(6, 3))),
         (fusedk.linear_lowrank, (x, f32(6, D + 8), f32(3, D))),
@@ -226,7 +229,8 @@ def test_scalar_arguments_that_are_not_numbers_raise_type_error(fn, args):
                                      .parameters and c[0] not in (fusedk.qk_norm_rope, fusedk.qk_norm_rope_int8, fusedk.quantize_fp8,
                                                                 fusedk.dequantize_fp8, fusedk.linear_fp8,
                                                                 fusedk.rmsnorm_fp8, fusedk.layernorm_fp8,
-                                                                fusedk.adaln_fp8, fusedk.glu_fp8)],
+                                                                fusedk.adaln_fp8, fusedk.glu_fp8,
+                                                                fusedk.quantize_int8)],
                          # (theirs: tuples, (q_out, ...) and (ScaledTensor, ScaledTensor); the FP8 ops' out
                          # takes out_dtype from out= itself: test_fp8 has their out= cases)
                          ids=lambda v: getattr(v, "__name__", ""))

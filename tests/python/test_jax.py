@@ -140,7 +140,8 @@ def test_fusedk_functions_route_jax_arrays_here():
                           "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
                           "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                           "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8",
-                          "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8"]
+                          "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8", "quantize_int8",
+                          "linear_w8"]
 
 
 def test_every_registry_op_has_a_target():
@@ -206,6 +207,9 @@ def test_every_registry_op_has_a_target():
             ins = dict(x=np.ones((2, 3, D), f8), x_scale=np.ones((2, 3), np.float32), w=np.ones((5, D), f8),
                        w_scale=np.ones(5, np.float32))
             want = (2, 3, 5) if o.name == "linear_fp8" else want
+        elif o.name == "linear_w8":  # float32 x [2, 3, D], int8 w [5, D] with a scale a row
+            ins = dict(x=ins["x"], w=np.ones((5, D), np.int8), w_scale=np.ones(5, np.float32))
+            want = (2, 3, 5)
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
         if o.name == "lowrank_update_backward":
             assert [t.shape for t in out] == [(2, 3, D), (D, 4), (4, 5)], o.name
@@ -223,6 +227,8 @@ def test_every_registry_op_has_a_target():
             assert all(isinstance(t, jax.Array) and t.shape == want and t.dtype == np.float32 for t in out), o.name
         elif o.name in ("quantize_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8"):  # e4m3 data, float32 scales
             assert [(t.shape, t.dtype.name) for t in out] == [((2, 3, D), "float8_e4m3fn"), ((2, 3), "float32")], o.name
+        elif o.name == "quantize_int8":  # int8 data, float32 scales
+            assert [(t.shape, t.dtype.name) for t in out] == [((2, 3, D), "int8"), ((2, 3), "float32")], o.name
         elif o.name == "glu_fp8":  # half of x's last dim
             assert [(t.shape, t.dtype.name) for t in out] == [((2, 3, D // 2), "float8_e4m3fn"), ((2, 3), "float32")]
         elif o.name in ("dequantize_fp8", "linear_fp8"):  # out_dtype's default: bfloat16

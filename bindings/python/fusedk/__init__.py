@@ -20,7 +20,8 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "Argume
            "OutOfMemoryError", "rmsnorm", "layernorm", "adaln", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
            "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx",
            "rope_table_mixed", "qk_norm_rope", "qk_norm_rope_int8", "diffusion_step", "linear", "linear_backward",
-           "quantize_fp8", "dequantize_fp8", "glu_fp8", "linear_fp8", "attention",
+           "quantize_fp8", "dequantize_fp8", "glu_fp8", "linear_fp8", "quantize_int8", "linear_w8",
+           "attention",
            "attention_int8", "attention_int8_scaled", "ScaledTensor",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
            "linear_lowrank_backward", "kernel_info",
@@ -43,6 +44,7 @@ _RMSNORM8, _LAYERNORM8, _ADALN8 = (_core.lib.FUSEDK_OP_RMSNORM_FP8, _core.lib.FU
 _QUANT8, _DEQUANT8, _LINEAR8 = (_core.lib.FUSEDK_OP_QUANTIZE_FP8, _core.lib.FUSEDK_OP_DEQUANTIZE_FP8,
                                 _core.lib.FUSEDK_OP_LINEAR_FP8)
 _GLU8 = _core.lib.FUSEDK_OP_GLU_FP8
+_QUANT_I8, _LINEAR_W8 = _core.lib.FUSEDK_OP_QUANTIZE_INT8, _core.lib.FUSEDK_OP_LINEAR_W8
 _ATTENTION, _ATTENTION_INT8 = _core.lib.FUSEDK_OP_ATTENTION, _core.lib.FUSEDK_OP_ATTENTION_INT8
 _ATTENTION_SCALED = _core.lib.FUSEDK_OP_ATTENTION_INT8_SCALED
 _PRECISIONS = {None: _ATTENTION, "int8": _ATTENTION_INT8}
@@ -321,7 +323,10 @@ def linear(x, w, bias=None, act="none", aux=False, tf32=False, out=None, aux_out
     [N]; act "none", "relu", "gelu_tanh" (in cuBLASLt's epilogue), "gelu" (erf) or "silu" (the
     GEMM, then one fusedk pass). aux=True also returns the pre-activation x @ w.T + bias, what
     linear_backward needs: (y, aux). float32 inputs use TF32 tensor cores only with tf32=True.
-    x and w given as FP8 ScaledTensors (quantize_fp8's): linear_fp8, y of out_dtype."""
+    x and w given as FP8 ScaledTensors (quantize_fp8's): linear_fp8, y of out_dtype. w an int8
+    ScaledTensor (quantize_int8's) and x a plain array: linear_w8 (weight-only, y of x's dtype)."""
+    if isinstance(w, ScaledTensor) and not isinstance(x, ScaledTensor) and _is_int8(w.data):
+        return linear_w8(x, w, bias, act, aux, out, aux_out, stream)
     if isinstance(x, ScaledTensor) or isinstance(w, ScaledTensor):
         return linear_fp8(x, w, bias, act, aux, out, aux_out, stream, out_dtype)
     a = _choice("linear", "act", act, _LINEAR_ACTS)
@@ -387,6 +392,30 @@ def linear_fp8(x, w, bias=None, act="none", aux=False, out=None, aux_out=None, s
                  (a, want, dt, _flag("linear_fp8", "fast_accum", fast_accum)), stream)
 
 
+def quantize_int8(x, out=None, stream=None):
+    """x [..., K] (float32, float16, bfloat16) as an int8 ScaledTensor: data int8 [..., K], scale
+    float32 [...], a row at a time: scale = amax / 127, data = x / scale rounded to nearest even.
+    For weights (a scale an output channel) that linear_w8 reads. out=: a ScaledTensor to write."""
+    d, sc = _scaled_out("quantize_int8", out)
+    return ScaledTensor(*_call(_QUANT_I8, x, (d, sc, x), (), stream))
+
+
+def linear_w8(x, w, bias=None, act="none", aux=False, out=None, aux_out=None, stream=None):
+    """Weight-only int8 linear for few rows (a DiT's modulation, decoding): y = act((x @ w.data.T)
+    * w.scale + bias), x [..., K] float32/float16/bfloat16 as it is, w an int8 ScaledTensor [N, K]
+    (quantize_int8 of nn.Linear's weight), y [..., N] of x's dtype. A matrix-vector kernel whose
+    time is w's bytes, once per 4 rows of x: past a few rows, quantize x and use linear_fp8.
+    act and aux as linear's."""
+    _scaled_in("linear_w8", "w", w)
+    a = _choice("linear_w8", "act", act, _LINEAR_ACTS)
+    want = 1 if _flag("linear_w8", "aux", aux) or aux_out is not None else 0
+    return _call(_LINEAR_W8, x, (out, aux_out, x, w.data, w.scale, bias), (a, want), stream)
+
+
+def _is_int8(a):
+    return str(getattr(a, "dtype", "")).replace("torch.", "") == "int8"
+
+
 def _scaled_in(op, name, x):
     if not isinstance(x, ScaledTensor):
         raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"{op}: {name} is a {type(x).__name__}, expected a "
@@ -446,7 +475,8 @@ class ScaledTensor(_collections.namedtuple("ScaledTensor", ["data", "scale"])):
     int8 q and k of attention: data [B, S, H, Dh], scale float32 [B, S, H] (attention_int8's
     quantization of q: scale = amax / 127 of the row, data = round(x / scale); qk_norm_rope_int8
     writes them). FP8 operands of linear: data float8_e4m3fn [..., K], scale float32 [...]
-    (quantize_fp8: scale = amax / 448). Any strides with a contiguous last dim, in the caller's
+    (quantize_fp8: scale = amax / 448); int8 weights of linear_w8 (quantize_int8: scale = amax /
+    127, a scale an output channel). Any strides with a contiguous last dim, in the caller's
     framework (NumPy through ml_dtypes, torch, JAX)."""
     __slots__ = ()
 

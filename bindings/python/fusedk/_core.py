@@ -223,7 +223,7 @@ class Op:
             return (like[0], like[2], like[1], like[3]) if values[3] == lib.FUSEDK_LAYOUT_BHSD else like
         if n == "qk_norm_rope_int8":  # the data its input's [B, S, H, Dh], the scales [B, S, H]
             return like[:3] if self.tensors[i][0].endswith("_scale") else like
-        if n in ("linear", "linear_lowrank"):  # x's rows of N (w's or w_cat's rows)
+        if n in ("linear", "linear_lowrank", "linear_w8"):  # x's rows of N (w's or w_cat's rows)
             return like[:-1] + (shapes[3][0],)
         if n == "linear_fp8":
             return like[:-1] + (shapes[4][0],)

@@ -18,7 +18,8 @@ on the CPU; a call the kernel does not take, float32 on the GPU, goes to the dis
 
 apply(..., precision="fp8") runs the blocks' projections on FP8 tensor cores (linear_fp8: e4m3
 weights with a scale an output channel, inputs with a scale a row, made by adaln_fp8 where the
-block's norm feeds them, by glu_fp8 for a SwiGLU MLP's hidden state, else by quantize_fp8) and
+block's norm feeds them, by glu_fp8 for a SwiGLU MLP's hidden state, else by quantize_fp8; the
+modulation GEMMs, one row a sample, weight-only int8 through linear_w8) and
 moves their bf16 weights to host memory until revert (bf16_weights="keep" leaves them);
 fp8_error(model, **inputs) prints how far that moves your model's output.
 

@@ -72,10 +72,12 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="host")
     ops without "qk_norm_rope" keep attention_int8's), fusedk's at the inputs' precision for
     other head sizes. precision="fp8": the blocks' projections on FP8 tensor cores (linear_fp8):
     each weight quantized once a row (e4m3, a scale an output channel), its input made in FP8 by
-    the op before it (adaln_fp8) or quantized a row at a time (quantize_fp8), the modulation
-    GEMMs' too (one row of temb: half their weight bytes); projections with LoRA adapters and
-    everything outside the blocks stay in the model's dtype. bf16_weights: "host" (default) moves
-    the FP8 projections' bf16 weights to host memory, freeing the device's (the parameters become
+    the op before it (adaln_fp8) or quantized a row at a time (quantize_fp8); the modulation
+    GEMMs (one row of temb a sample) weight-only in int8 (linear_w8: half their weight bytes, temb
+    in the model's dtype; Gaussian-like rows keep a third of e4m3's error: 0.0085 against 0.026);
+    projections with LoRA adapters and everything outside the blocks stay in the model's dtype.
+    bf16_weights: "host" (default) moves the 8-bit projections' bf16 weights to host memory,
+    freeing the device's (the parameters become
     empty tensors on their device): revert copies them back bit for bit, and whatever would run a
     block's stock forward (autograd recording, a hook inside it, torch.export), a move of the
     model or a change of its weights raises fusedk.Error until revert; "keep" leaves them where
@@ -101,8 +103,9 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="host")
     use = use | {"fp8_host"} if precision == "fp8" and bf16_weights == "host" else use
     table, report, hooked = _patchers(), Report(), 0
     if precision == "fp8":
-        report.projections = ("FP8 (e4m3 weights a scale an output channel, inputs a scale a row, the "
-                              "modulation GEMMs' too; LoRA'd projections and layers outside the blocks in the model's dtype)" +
+        report.projections = ("FP8 (e4m3 weights a scale an output channel, inputs a scale a row; the "
+                              "modulation GEMMs weight-only int8, their one row a sample in the model's dtype; "
+                              "LoRA'd projections and layers outside the blocks in the model's dtype)" +
                               ("; their bf16 weights in host memory" if bf16_weights == "host" else ""))
     report.attention = {True: "fusedk", "int8": "fusedk int8 (on the CPU, and Dh 64, 128 and 256 on sm_90a; "
                         "fusedk's at the inputs' precision for other head sizes)"}.get(attention, "diffusers' dispatch")
@@ -567,11 +570,12 @@ class State:
 
     def proj(self, name, lins):
         """p[name]: one GEMM for the projections lins (nn.Linear or peft LoRA layers over one), their
-        adapters folded in (Proj)."""
+        adapters folded in (Proj). precision="fp8": w8, its e4m3 weight, or int8 for the modulation
+        ("mod": one row a sample, a matrix-vector product that reads x in 16 bits: linear_w8)."""
         P, views = fuse_projections(lins)
         if "fp8" in self.k.use and P.a is None and P.w.dtype in (torch.float16, torch.bfloat16):
             with torch.no_grad():
-                P.w8 = self.k.fk.quantize_fp8(P.w.detach())
+                P.w8 = (self.k.fk.quantize_int8 if name == "mod" else self.k.fk.quantize_fp8)(P.w.detach())
             # w8 is a copy: the version of w and of each parameter viewing it (a parameter whose .data
             # became a view keeps a counter of its own) tells an in-place change since
             self.fp8 = self.fp8 + [(t, _version(t)) for t in [P.w, *views, *(x.weight for x in lins

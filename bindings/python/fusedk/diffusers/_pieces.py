@@ -46,7 +46,8 @@ class Pieces:
         return self.fk.quantize_fp8(y) if fp8 else y
 
     def fp8(self, P):
-        """Whether Proj P runs on FP8 tensor cores: apply(precision="fp8") gave it an e4m3 weight"""
+        """Whether Proj P runs on 8-bit weights: apply(precision="fp8") gave it an e4m3 weight (FP8
+        tensor cores) or an int8 one (the modulation: linear_w8)"""
         return P.w8 is not None
 
     def room(self, P, like):
@@ -67,6 +68,10 @@ class Pieces:
     def proj(self, x, P, act="none", out=None):
         """x through Proj P: linear, or with adapters linear_lowrank (the stock expression: the base
         linear plus each adapter's (x a_q^T) (s b_q)^T, in the block's dtype)."""
+        if self.fp8(P) and P.w8.data.dtype == torch.int8:  # weight-only: x as it is
+            if isinstance(x, self.fk.ScaledTensor):
+                x = self.fk.dequantize_fp8(x, out_dtype=P.w.dtype)
+            return self.fk.linear_w8(x, P.w8, P.b, act=act, out=out)
         if self.fp8(P):  # x quantized a row at a time unless its producer wrote it in FP8
             x8 = x if isinstance(x, self.fk.ScaledTensor) else self.fk.quantize_fp8(x)
             return self.fk.linear_fp8(x8, P.w8, P.b, act=act, out=out, out_dtype=P.w.dtype)
