@@ -2432,6 +2432,8 @@ static void linear_w8_cases(fusedk_scalar s) {
     run_linear_w8(s, 2, 3, 72, 40, act, act % 2, act % 2, 3, 1); /* K % 16, padded, shifted: a byte a lane */
   }
   run_linear_w8(s, 1, 1, 1, 16, FUSEDK_ACT_RELU, 1, 0, 0, 0);
+  run_linear_w8(s, 1, 3, 40, 64, FUSEDK_ACT_NONE, 1, 0, 0, 1); /* K % 16 == 0, x's base misaligned: a byte a lane */
+  run_linear_w8(s, 1, 3, 40, 64, FUSEDK_ACT_NONE, 1, 0, 3, 0); /* K % 16 == 0, rows of 67: a byte a lane */
   run_linear_w8(s, 1, 1, 8, 3, FUSEDK_ACT_NONE, 1, 0, 0, 0);
   run_linear_w8(s, 1, 5, 4093, 256, FUSEDK_ACT_NONE, 1, 0, 16, 0); /* odd N, 5 rows: a second row block */
   run_linear_w8(s, 2, 1, 18432, 3072, FUSEDK_ACT_NONE, 1, 0, 0, 0); /* Flux's modulation, B 2 */

@@ -520,6 +520,8 @@ def test_linear_w8_bad_input():
         fusedk.linear_w8(np.ones((2, 8), F32), w)
     with pytest.raises(fusedk.InvalidArgumentError, match="linear_w8: act is 'tanh'"):
         fusedk.linear_w8(x, w, act="tanh")
+    with pytest.raises(fusedk.InvalidArgumentError, match="linear: out_dtype is 'bfloat16' with int8 weights"):
+        fusedk.linear(x, w, out_dtype="bfloat16")  # y takes x's dtype
     with pytest.raises(fusedk.DTypeError, match="quantize_int8"):
         fusedk.quantize_int8(np.ones((2, 4), np.int32))
 

@@ -326,6 +326,9 @@ def linear(x, w, bias=None, act="none", aux=False, tf32=False, out=None, aux_out
     x and w given as FP8 ScaledTensors (quantize_fp8's): linear_fp8, y of out_dtype. w an int8
     ScaledTensor (quantize_int8's) and x a plain array: linear_w8 (weight-only, y of x's dtype)."""
     if isinstance(w, ScaledTensor) and not isinstance(x, ScaledTensor) and _is_int8(w.data):
+        if out_dtype is not None and _core.scalar_of(out_dtype) != _core.scalar_of(x.dtype):
+            raise Error("FUSEDK_ERR_INVALID_ARGUMENT", f"linear: out_dtype is {out_dtype!r} with int8 weights "
+                        f"(linear_w8), expected None or x's dtype {x.dtype}")
         return linear_w8(x, w, bias, act, aux, out, aux_out, stream)
     if isinstance(x, ScaledTensor) or isinstance(w, ScaledTensor):
         return linear_fp8(x, w, bias, act, aux, out, aux_out, stream, out_dtype)
@@ -405,7 +408,7 @@ def linear_w8(x, w, bias=None, act="none", aux=False, out=None, aux_out=None, st
     * w.scale + bias), x [..., K] float32/float16/bfloat16 as it is, w an int8 ScaledTensor [N, K]
     (quantize_int8 of nn.Linear's weight), y [..., N] of x's dtype. A matrix-vector kernel whose
     time is w's bytes, once per 4 rows of x: past a few rows, quantize x and use linear_fp8.
-    act and aux as linear's."""
+    act and aux as linear's. An inference op: no gradient flows through it (as linear_fp8's)."""
     _scaled_in("linear_w8", "w", w)
     a = _choice("linear_w8", "act", act, _LINEAR_ACTS)
     want = 1 if _flag("linear_w8", "aux", aux) or aux_out is not None else 0

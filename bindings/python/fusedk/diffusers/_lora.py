@@ -135,7 +135,8 @@ def fuse_linears(lins, into=None):
 class Proj:
     """A projection's GEMM: w [N, K] and bias b (None) of the base layers; with adapters, w_cat
     [N, K + A rp] (w its first K columns) and a [A, r, K] for linear_lowrank, else None. w8: w as an
-    FP8 ScaledTensor (apply(precision="fp8"): a scale an output channel), else None."""
+    8-bit ScaledTensor (apply(precision="fp8"): a scale an output channel; e4m3, or int8 for the
+    modulation), else None."""
 
     def __init__(self, w, b, w_cat=None, a=None):
         self.w, self.b, self.w_cat, self.a, self.w8 = w, b, w_cat, a, None

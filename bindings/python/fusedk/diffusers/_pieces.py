@@ -46,9 +46,14 @@ class Pieces:
         return self.fk.quantize_fp8(y) if fp8 else y
 
     def fp8(self, P):
-        """Whether Proj P runs on 8-bit weights: apply(precision="fp8") gave it an e4m3 weight (FP8
-        tensor cores) or an int8 one (the modulation: linear_w8)"""
-        return P.w8 is not None
+        """Whether Proj P runs on FP8 tensor cores (its input made in FP8): apply(precision="fp8")
+        gave it an e4m3 weight"""
+        return P.w8 is not None and not self.w8(P)
+
+    def w8(self, P):
+        """Whether Proj P runs weight-only in int8 (linear_w8, its input as it is): the modulation
+        under apply(precision="fp8")"""
+        return P.w8 is not None and P.w8.data.dtype == torch.int8
 
     def room(self, P, like):
         """Where Proj P has adapters and runs as linear_lowrank: a [*like's leading dims, K + A rp]
@@ -68,7 +73,7 @@ class Pieces:
     def proj(self, x, P, act="none", out=None):
         """x through Proj P: linear, or with adapters linear_lowrank (the stock expression: the base
         linear plus each adapter's (x a_q^T) (s b_q)^T, in the block's dtype)."""
-        if self.fp8(P) and P.w8.data.dtype == torch.int8:  # weight-only: x as it is
+        if self.w8(P):  # weight-only: x as it is
             if isinstance(x, self.fk.ScaledTensor):
                 x = self.fk.dequantize_fp8(x, out_dtype=P.w.dtype)
             return self.fk.linear_w8(x, P.w8, P.b, act=act, out=out)
