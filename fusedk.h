@@ -597,10 +597,10 @@ FUSEDK_DEF fusedk_status fusedk_linear_fp8(const fusedk_tensor *y, const fusedk_
    linear_w8: z = w.scale[n] * (x . w.data^T)[m, n] + bias[n], y[..., N] = act(z), aux_out = z
      rounded (optional); x [..., K] f32/f16/bf16 with y, aux_out and bias of its dtype; w.data
      int8 [N, K] (any row stride), w.scale float32 [N] contiguous; GELU and SILU act on z
-     rounded to y's dtype, as linear's. GPU: each warp streams four
-     weight rows once per four rows of x (float32 sums, shuffled across its lanes) into float32
-     scratch, then linear's bias-and-activation pass rounds once; its time grows with M / 4
-     passes over w, so past a few rows quantize x and use linear_fp8. CPU: double sums. */
+     rounded to y's dtype, as linear's. GPU: each warp streams four weight rows once per four
+     rows of x (float32 sums, shuffled across its lanes) into float32 scratch, then linear's
+     bias-and-activation pass; its time grows with M / 4 passes over w, so past a few rows
+     quantize x and use linear_fp8. CPU: double sums. */
 FUSEDK_DEF fusedk_status fusedk_quantize_int8(const fusedk_scaled_tensor *out, const fusedk_tensor *x,
                                               struct CUstream_st *stream);
 FUSEDK_DEF fusedk_status fusedk_linear_w8(const fusedk_tensor *y, const fusedk_tensor *aux_out, const fusedk_tensor *x,
