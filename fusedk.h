@@ -61,7 +61,7 @@
      fusedk_glu_fp8      glu written as a scaled e4m3 tensor (a SwiGLU MLP's hidden state)
      fusedk_linear_fp8   y = act(x w^T + bias) from scaled e4m3 x and w (a scale a row of x and an
                          output channel of w) on FP8 tensor cores, 16-bit y
-     fusedk_quantize_int8 / fusedk_linear_w8   weights to scaled int8 (amax / 127 a row), and the
+     fusedk_quantize_int8 / fusedk_linear_w8   weights to scaled int8 (amax / 127.5 a row), and the
                          weight-only GEMM of few rows that reads them (16-bit x, W8A16)
 
      fusedk_attention    softmax(q k^T * scale) v over [B,S,H,Dh] views: GQA, causal (bottom-right),
@@ -588,12 +588,13 @@ FUSEDK_DEF fusedk_status fusedk_linear_fp8(const fusedk_tensor *y, const fusedk_
    weight's bytes, where quantizing x gains no speed and costs error (a DiT's modulation GEMM,
    one row a sample; decoding).
    quantize_int8: x[..., K] (f32/f16/bf16) -> out.data int8 [..., K], out.scale float32 [...], a
-     row at a time as quantize_fp8's with 127 for 448: amax the row's largest magnitude (a NaN
-     wins), data = x * (127 / amax) in float32 rounded to nearest, ties to even (|data| <= 127),
-     scale = amax / 127; a row of zeros: data 0, scale 0; a NaN or Inf in the row: data 0 where
-     x is finite or not, scale non-finite. For a weight [N, K], a scale an output channel: its
-     step is amax / 127 everywhere, where e4m3's is relative (3 bits), so Gaussian-like weights
-     keep about 3 times less error in int8.
+     row at a time as quantize_fp8's with 127.5 for 448 (torchao's symmetric int8, what its
+     Int8WeightOnlyConfig stores): amax the row's largest magnitude (a NaN wins), data = x *
+     (127.5 / amax) in float32 rounded to nearest, ties to even, within [-128, 127], scale =
+     amax / 127.5; a row of zeros: data 0, scale 0; a NaN or Inf in the row: data 0 where x is
+     finite or not, scale non-finite. For a weight [N, K], a scale an output channel: its step is
+     amax / 127.5 everywhere, where e4m3's is relative (3 bits), so Gaussian-like weights keep
+     about 3 times less error in int8, and rows with outliers (amax far above the rest) more.
    linear_w8: z = w.scale[n] * (x . w.data^T)[m, n] + bias[n], y[..., N] = act(z), aux_out = z
      rounded (optional); x [..., K] f32/f16/bf16 with y, aux_out and bias of its dtype; w.data
      int8 [N, K] (any row stride), w.scale float32 [N] contiguous; GELU and SILU act on z
@@ -1050,7 +1051,7 @@ typedef struct fusedk__linear_args {
 /* quantize_fp8 (dequant 0): x rows -> e4m3 rows q and float32 scales qs; dequantize_fp8
    (dequant 1): (q, qs) -> x rows. B x L rows of D; qs's strides in floats, its sl the scale's.
    glu_fp8: act >= 0 (a fusedk_activation), the rows quantized are act(x) * x2 (x the act half).
-   quantize_int8 (i8 1): int8 data, 127 for 448. */
+   quantize_int8 (i8 1): int8 data in [-128, 127], 127.5 for 448. */
 typedef struct fusedk__quant_args {
   int32_t scalar;   /* x's fusedk_scalar */
   int32_t dequant;
@@ -2349,12 +2350,22 @@ static double fusedk__round_prec(double v, int p, int emin) {
   return ldexp(nearbyint(ldexp(v, -q)), q);
 }
 
-/* The 8-bit rows' quantization (int8: qmax 127; e4m3: 448), in float32 as the GPU's: the row's
+/* The 8-bit rows' quantization (int8: qmax 127, weights 127.5; e4m3: 448), in float32 as the GPU's: the row's
    largest magnitude (a NaN wins), and qmax / amax where that is finite and amax > 0, else 0 */
 static float fusedk__amax(float m, float x) { return m != m || x != x ? NAN : fabsf(x) > m ? fabsf(x) : m; }
 static float fusedk__q_inv(float amax, float qmax) {
   const float r = qmax / amax;
   return amax > 0.0f && r < HUGE_VALF ? r : 0.0f;
+}
+
+/* The int8 rows' quantization, in float32 as the GPU's: fusedk__amax, x * fusedk__q_inv(amax,
+   qmax) rounded to nearest, ties to even, within [lo, 127] (attention_int8 and
+   qk_norm_rope_int8: qmax 127, lo -127; quantize_int8's weights: qmax 127.5, lo -128, torchao's
+   symmetric int8); where qmax / amax is not finite every value is 0; amax Inf or NaN: every
+   value 0 and the scale non-finite, so the row dequantizes to NaN */
+static double fusedk__i8(float x, float inv, float lo) {
+  const float r = rintf(x * inv);
+  return r != r ? 0.0 : r > 127.0f ? 127.0 : r < lo ? (double)lo : (double)r;
 }
 
 /* float8 e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; subnormals step 2^-9, no Inf,
@@ -2402,15 +2413,18 @@ static void fusedk__store(void *p, int64_t i, double v, int s) {
 
 /* --- [norm] CPU reference and entry points ---------------------------------------------- */
 
-/* A row of float32 values (given as doubles, rounded to float32 here) quantized to e4m3 with its
-   scale as quantize_fp8 states it (fusedk.h's FP8 rules): the amax (a NaN wins), x * (448 / amax)
-   in float32, rounded; scale amax / 448 */
-static void fusedk__quantize_row(const double *v, int64_t D, uint8_t *q, float *scale) {
+/* A row of float32 values (given as doubles, rounded to float32 here) quantized with its scale as
+   quantize_fp8 states it (fusedk.h's FP8 rules): the amax (a NaN wins), x * (448 / amax) in
+   float32, rounded to e4m3; scale amax / 448. i8 (quantize_int8): 127.5 for 448, int8 data
+   in [-128, 127]. */
+static void fusedk__quantize_row(const double *v, int64_t D, uint8_t *q, float *scale, int i8) {
+  const float qmax = i8 ? 127.5f : 448.0f;
   float amax = 0.0f;
   for (int64_t d = 0; d < D; ++d) amax = fusedk__amax(amax, (float)v[d]);
-  const float inv = fusedk__q_inv(amax, 448.0f);
-  for (int64_t d = 0; d < D; ++d) q[d] = fusedk__f32_to_e4m3((float)v[d] * inv);
-  *scale = amax / 448.0f;
+  const float inv = fusedk__q_inv(amax, qmax);
+  for (int64_t d = 0; d < D; ++d)
+    q[d] = i8 ? (uint8_t)(int8_t)fusedk__i8((float)v[d], inv, -128.0f) : fusedk__f32_to_e4m3((float)v[d] * inv);
+  *scale = amax / qmax;
 }
 
 static void *fusedk__at(const fusedk__rows *r, int64_t b, int64_t l, int s) {
@@ -2467,7 +2481,7 @@ static int fusedk__norm_cpu(const fusedk__norm_args *a) {
         if (a->q8) out[d] = n;
         else fusedk__store(y, d, n, s);
       }
-      if (a->q8) fusedk__quantize_row(out, D, (uint8_t *)y, (float *)fusedk__at(&a->ys, b, l, FUSEDK_F32));
+      if (a->q8) fusedk__quantize_row(out, D, (uint8_t *)y, (float *)fusedk__at(&a->ys, b, l, FUSEDK_F32), 0);
     }
   free(v);
   return 0;
@@ -2836,15 +2850,6 @@ FUSEDK_DEF fusedk_status fusedk_diffusion_step(const fusedk_tensor *out, const f
 
 /* --- [position] rope and its tables: CPU references and entry points ----------------------- */
 
-/* The int8 rows' quantization (attention_int8, qk_norm_rope_int8), in float32 as the GPU's:
-   fusedk__amax, x * fusedk__q_inv(amax, 127) rounded to nearest, ties to even; where 127 / amax
-   is not finite every value is 0; amax Inf or NaN: every value 0 and the scale non-finite, so
-   the row dequantizes to NaN */
-static double fusedk__i8(float x, float inv) {
-  const float r = rintf(x * inv);
-  return r != r ? 0.0 : r > 127.0f ? 127.0 : r < -127.0f ? -127.0 : (double)r;
-}
-
 /* rope and qk_norm_rope: per token and tensor, the rstd (one of the row, or of each head), then
    each head normalized and rotated (pass-through channels normalized) in double, one rounding;
    q8: q' and k' rounded to float32 and quantized a head. */
@@ -2882,7 +2887,7 @@ static void fusedk__rope_amax(void *ctx, int64_t d, double v) {
 }
 static void fusedk__rope_i8(void *ctx, int64_t d, double v) {
   const fusedk__rope_sink *k = (const fusedk__rope_sink *)ctx;
-  ((int8_t *)k->out)[d] = (int8_t)fusedk__i8((float)v, k->inv);
+  ((int8_t *)k->out)[d] = (int8_t)fusedk__i8((float)v, k->inv, -127.0f);
 }
 
 static void fusedk__rope_cpu(const fusedk__rope_args *a) {
@@ -3485,15 +3490,7 @@ static int fusedk__quant_cpu(const fusedk__quant_args *a) {
       const void *x2 = a->act >= 0 ? fusedk__at(&a->x2, b, l, s) : NULL;
       for (int64_t d = 0; d < a->D; ++d) /* glu_fp8: glu's values (in double) */
         v[d] = x2 ? fusedk__act_f64(fusedk__load(x, d, s), a->act) * fusedk__load(x2, d, s) : fusedk__load(x, d, s);
-      if (!a->i8) {
-        fusedk__quantize_row(v, a->D, q, sc);
-        continue;
-      }
-      float amax = 0.0f; /* quantize_int8: x is float32 or 16-bit, so (float)v is x */
-      for (int64_t d = 0; d < a->D; ++d) amax = fusedk__amax(amax, (float)v[d]);
-      const float inv = fusedk__q_inv(amax, 127.0f);
-      for (int64_t d = 0; d < a->D; ++d) ((int8_t *)q)[d] = (int8_t)fusedk__i8((float)v[d], inv);
-      *sc = amax / 127.0f;
+      fusedk__quantize_row(v, a->D, q, sc, a->i8);
     }
   free(v);
   return 0;
@@ -3705,7 +3702,7 @@ static void fusedk__i8_rows(const fusedk__attn_args *a, const void *p, int64_t s
           amax = fusedk__amax(amax, x[d]);
         const float inv = fusedk__q_inv(amax, 127.0f), scale = mu ? fusedk__cut22(amax / 127.0f) : amax / 127.0f;
         double *o = out + ((b * S + i) * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = fusedk__i8(x[d], inv) * (double)scale + (mu ? mu[d] : 0.0f);
+        for (int64_t d = 0; d < D; ++d) o[d] = fusedk__i8(x[d], inv, -127.0f) * (double)scale + (mu ? mu[d] : 0.0f);
       }
 }
 

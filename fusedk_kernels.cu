@@ -621,19 +621,26 @@ __device__ __forceinline__ float amax_nan(float m, float x) {
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
   return r;
 }
-template <int QMAX> __device__ __forceinline__ float q_inv(float amax) {
-  const float r = __fdiv_rn((float)QMAX, amax);
+__device__ __forceinline__ float q_inv(float qmax, float amax) {
+  const float r = __fdiv_rn(qmax, amax);
   return amax > 0.f && r < INFINITY ? r : 0.f;
 }
-__device__ __forceinline__ int i8_of(float x, float inv) { return max(-127, min(127, __float2int_rn(x * inv))); }
-// VEC bytes of a quantized row: e4m3, or int8 (quantize_int8: i8_of)
+template <int QMAX> __device__ __forceinline__ float q_inv(float amax) { return q_inv((float)QMAX, amax); }
+// x * inv rounded to nearest even within [lo, 127]: q and k of attention_int8 (lo -127), and
+// quantize_int8's weights (lo -128: torchao's symmetric int8)
+__device__ __forceinline__ int i8_of(float x, float inv, int lo = -127) {
+  return max(lo, min(127, __float2int_rn(x * inv)));
+}
+// VEC bytes of a quantized row: e4m3, or quantize_int8's int8
 template <int VEC> __device__ __forceinline__ Bytes<VEC> q8_of(const float (&v)[VEC], float inv, bool i8) {
   if (!i8) return e4m3_of<VEC>(v, inv);
   Bytes<VEC> o;
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) o.b[i] = (uint8_t)i8_of(v[i], inv);
+  for (int i = 0; i < VEC; ++i) o.b[i] = (uint8_t)i8_of(v[i], inv, -128);
   return o;
 }
+// a quantized row's qmax: its data x * (qmax / amax), its scale amax / qmax
+__device__ __forceinline__ float q8_max(bool i8) { return i8 ? 127.5f : 448.f; }
 // amax_nan over aligned groups of `width` lanes (a power of two <= 32), as lanes_sum
 __device__ __forceinline__ float lanes_amax(float v, int width) {
 #pragma unroll
@@ -3141,7 +3148,7 @@ fusedk_status act_pass(const fusedk__linear_args &a, fusedk__mat z, int dev, cud
 }
 
 // FP8 rows (quantize_fp8, dequantize_fp8, linear_fp8's exact route; quantize_int8 the same with
-// int8 data, 127 for 448): a warp a row, 16-byte loads
+// int8 data, 127.5 for 448): a warp a row, 16-byte loads
 // of the 16-bit or float32 side and 8- or 4-byte accesses of the e4m3 side (VEC elements); a
 // quantized row is read twice (its amax, then its values: the second read hits L1/L2), so DRAM
 // sees one read and one write. The conversions: cvt.rn.satfinite to e4m3 (NaN to 0x7f), e4m3 to
@@ -3189,13 +3196,13 @@ __global__ void __launch_bounds__(256) quant_kernel(const fusedk__quant_args a) 
     for (int i = 0; i < VEC; ++i) m = amax_nan(m, v[i]);
   }
   m = lanes_amax(m, 32);
-  const float inv = a.i8 ? q_inv<127>(m) : q_inv<448>(m);
+  const float inv = q_inv(q8_max(a.i8), m);
   for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
     float v[VEC];
     quant_src<T, VEC, ACT>(x, x2, d, v);
     st_bytes<VEC>(q + d, q8_of<VEC>(v, inv, a.i8));
   }
-  if (lane == 0) *sc = __fdiv_rn(m, a.i8 ? 127.f : 448.f);
+  if (lane == 0) *sc = __fdiv_rn(m, q8_max(a.i8));
 }
 
 // Quantizing rows of up to 4 vectors a thread (D <= 8192 16-bit elements): a block of 256 threads
@@ -3218,13 +3225,13 @@ __global__ void __launch_bounds__(256) quant_block_kernel(const fusedk__quant_ar
     for (int i = 0; i < V; ++i) m = d < a.D ? amax_nan(m, v[k][i]) : m;
   }
   m = group_amax(m, 256, red);
-  const float inv = a.i8 ? q_inv<127>(m) : q_inv<448>(m);
+  const float inv = q_inv(q8_max(a.i8), m);
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int64_t d = ((int64_t)k * 256 + threadIdx.x) * V;
     if (d < a.D) st_bytes<V>(q + d, q8_of<V>(v[k], inv, a.i8));
   }
-  if (threadIdx.x == 0) *(static_cast<float *>(a.qs.p) + b * a.qs.sb + l * a.qs.sl) = __fdiv_rn(m, a.i8 ? 127.f : 448.f);
+  if (threadIdx.x == 0) *(static_cast<float *>(a.qs.p) + b * a.qs.sb + l * a.qs.sl) = __fdiv_rn(m, q8_max(a.i8));
 }
 
 template <typename T, int ACT> cudaError_t quant_launch_act(const fusedk__quant_args &a, cudaStream_t s) {
@@ -3313,14 +3320,13 @@ __global__ void __launch_bounds__(256) linear_w8_kernel(const fusedk__linear_arg
   }
 }
 
-// linear_w8: the sums into float32 scratch, then linear's bias-and-activation pass (aux, one rounding)
+// linear_w8: the sums into the stream's float32 scratch (no cuBLASLt call, so not its arena: no
+// workspace), then linear's bias-and-activation pass (aux; GELU and SILU of z rounded)
 template <typename T>
 fusedk_status linear_w8(LtState &st, const fusedk__linear_args &a, int dev, cudaStream_t s, const char *op) {
-  LtArena ar;
-  const fusedk__mat z32{nullptr, (a.N + 3) / 4 * 4};
-  cudaError_t e = lt_arena(st, dev, s, a.K > 0 ? pad256((size_t)(a.M * z32.ld) * sizeof(float)) : 0, &ar);
+  fusedk__mat z{nullptr, (a.N + 3) / 4 * 4}; // 16-byte float32 rows; none where K = 0 (z = bias)
+  cudaError_t e = a.K > 0 ? st.scratch.get(dev, s, pad256((size_t)(a.M * z.ld) * sizeof(float)), 0, &z.p) : cudaSuccess;
   if (e != cudaSuccess) return arena_fail(e, op);
-  const fusedk__mat z{a.K > 0 ? ar.scratch : nullptr, z32.ld};
   if (a.K > 0) {
     const unsigned grid = (unsigned)((a.N + 8 * kW8Cols - 1) / (8 * kW8Cols));
     const bool vec = a.K % 16 == 0 && aligned16(a.w.p) && a.w.ld % 16 == 0 && aligned16(a.x.p) &&

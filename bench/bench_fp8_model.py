@@ -166,15 +166,14 @@ def main():
             print(name, rep, flush=True)
             add(name, m, "graph")
         try:
-            if args.no_torchao:
-                raise RuntimeError("--no-torchao")
-            from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
-            m = build()
-            m.load_state_dict(base.state_dict())
-            quantize_(m, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),  # its bf16 Linears
-                      filter_fn=lambda mod, _: type(mod) is torch.nn.Linear and mod.weight.dtype == torch.bfloat16)
-            mem["torchao fp8"] = gpu_bytes(m)
-            add("torchao fp8 compile", m, "compile")
+            if not args.no_torchao:
+                from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+                m = build()
+                m.load_state_dict(base.state_dict())
+                quantize_(m, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),  # its bf16 Linears
+                          filter_fn=lambda mod, _: type(mod) is torch.nn.Linear and mod.weight.dtype == torch.bfloat16)
+                mem["torchao fp8"] = gpu_bytes(m)
+                add("torchao fp8 compile", m, "compile")
         except Exception as e:  # noqa: BLE001 - torchao missing or refusing: the table says so
             print("torchao:", type(e).__name__, str(e)[:300], flush=True)
         ms, all_ms = bd.rounds(variants, args.iters, args.rounds)

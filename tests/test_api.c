@@ -1529,13 +1529,13 @@ static void fp8_cases(void) {
    linear_w8 against sums computed here in double, with its bad input */
 static void int8_weight_cases(void) {
   enum { R = 4, K = 8, M = 3 };
-  /* row 0: amax 127 (x as it is) with ties at 2.5, -3.5, 0.5; row 1: amax 254 (x / 2); row 2
-     zeros; row 3 a NaN */
-  static float x[R * K] = {127, 2.5f, -3.5f, 0.5f, -127, 1, 0, 64,
-                           254, 5, 7, -3, 1, 0, -254, 100,
+  /* row 0: amax 127.5 (x as it is) with ties at 2.5, -3.5, 0.5, and +-127.5 (128 kept at 127,
+     -128 kept); row 1: amax 255 (x / 2); row 2 zeros; row 3 a NaN */
+  static float x[R * K] = {127.5f, 2.5f, -3.5f, 0.5f, -127.5f, 1, 0, 64,
+                           255, 5, 7, -3, 1, 0, -255, 100,
                            0, 0, 0, 0, 0, 0, 0, 0,
                            1, 2, NAN, 3, 4, 5, 6, 7};
-  const int8_t want[2][K] = {{127, 2, -4, 0, -127, 1, 0, 64}, {127, 2, 4, -2, 0, 0, -127, 50}};
+  const int8_t want[2][K] = {{127, 2, -4, 0, -128, 1, 0, 64}, {127, 2, 4, -2, 0, 0, -128, 50}};
   static int8_t q[R * K];
   static float sc[R];
   int64_t xs[2] = {R, K}, ss[1] = {R};

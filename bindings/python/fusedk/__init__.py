@@ -397,8 +397,9 @@ def linear_fp8(x, w, bias=None, act="none", aux=False, out=None, aux_out=None, s
 
 def quantize_int8(x, out=None, stream=None):
     """x [..., K] (float32, float16, bfloat16) as an int8 ScaledTensor: data int8 [..., K], scale
-    float32 [...], a row at a time: scale = amax / 127, data = x / scale rounded to nearest even.
-    For weights (a scale an output channel) that linear_w8 reads. out=: a ScaledTensor to write."""
+    float32 [...], a row at a time as torchao's symmetric int8 (Int8WeightOnlyConfig): scale =
+    amax / 127.5, data = x / scale rounded to nearest even within [-128, 127]. For weights (a
+    scale an output channel) that linear_w8 reads. out=: a ScaledTensor to write."""
     d, sc = _scaled_out("quantize_int8", out)
     return ScaledTensor(*_call(_QUANT_I8, x, (d, sc, x), (), stream))
 
@@ -479,7 +480,7 @@ class ScaledTensor(_collections.namedtuple("ScaledTensor", ["data", "scale"])):
     quantization of q: scale = amax / 127 of the row, data = round(x / scale); qk_norm_rope_int8
     writes them). FP8 operands of linear: data float8_e4m3fn [..., K], scale float32 [...]
     (quantize_fp8: scale = amax / 448); int8 weights of linear_w8 (quantize_int8: scale = amax /
-    127, a scale an output channel). Any strides with a contiguous last dim, in the caller's
+    127.5, a scale an output channel). Any strides with a contiguous last dim, in the caller's
     framework (NumPy through ml_dtypes, torch, JAX)."""
     __slots__ = ()
 

@@ -73,15 +73,13 @@ class Pieces:
     def proj(self, x, P, act="none", out=None):
         """x through Proj P: linear, or with adapters linear_lowrank (the stock expression: the base
         linear plus each adapter's (x a_q^T) (s b_q)^T, in the block's dtype)."""
-        if self.w8(P):  # weight-only: x as it is
-            if isinstance(x, self.fk.ScaledTensor):
-                x = self.fk.dequantize_fp8(x, out_dtype=P.w.dtype)
-            return self.fk.linear_w8(x, P.w8, P.b, act=act, out=out)
         if self.fp8(P):  # x quantized a row at a time unless its producer wrote it in FP8
             x8 = x if isinstance(x, self.fk.ScaledTensor) else self.fk.quantize_fp8(x)
             return self.fk.linear_fp8(x8, P.w8, P.b, act=act, out=out, out_dtype=P.w.dtype)
         if isinstance(x, self.fk.ScaledTensor):  # an FP8 input shared with a projection that is not
             x = self.fk.dequantize_fp8(x, out_dtype=P.w.dtype)
+        if self.w8(P):  # weight-only: x as it is
+            return self.fk.linear_w8(x, P.w8, P.b, act=act, out=out)
         if P.a is None:
             return self.linear(x, P.w, P.b, act=act, out=out)
         if "linear" in self.use:
