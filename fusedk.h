@@ -589,10 +589,12 @@ FUSEDK_DEF fusedk_status fusedk_linear_fp8(const fusedk_tensor *y, const fusedk_
    one row a sample; decoding).
    quantize_int8: x[..., K] (f32/f16/bf16) -> out.data int8 [..., K], out.scale float32 [...], a
      row at a time as quantize_fp8's with 127.5 for 448 (torchao's symmetric int8, what its
-     Int8WeightOnlyConfig stores): amax the row's largest magnitude (a NaN wins), data = x *
-     (127.5 / amax) in float32 rounded to nearest, ties to even, within [-128, 127], scale =
-     amax / 127.5; a row of zeros: data 0, scale 0; a NaN or Inf in the row: data 0 where x is
-     finite or not, scale non-finite. For a weight [N, K], a scale an output channel: its step is
+     Int8WeightOnlyConfig stores, bit for bit for float32 rows of amax >= 127.5 x float32's
+     epsilon; torchao clamps a smaller scale there, and rounds a 16-bit row's scale to its
+     dtype): amax the row's largest magnitude (a NaN wins), scale = amax / 127.5, data = x * (1 /
+     scale) in float32 rounded to nearest, ties to even, within [-128, 127]; a row of zeros:
+     data 0, scale 0; a NaN or Inf in the row: data 0 where x is finite or not, scale
+     non-finite. For a weight [N, K], a scale an output channel: its step is
      amax / 127.5 everywhere, where e4m3's is relative (3 bits), so Gaussian-like weights keep
      about 3 times less error in int8, and rows with outliers (amax far above the rest) more.
    linear_w8: z = w.scale[n] * (x . w.data^T)[m, n] + bias[n], y[..., N] = act(z), aux_out = z
@@ -2213,14 +2215,18 @@ static fusedk_status fusedk__flatten_rows(const fusedk_op *o, const fusedk_tenso
                       o->tensors[k].role == FUSEDK_ROLE_ROW_SCALE ? t[k] : NULL;
   int m = fusedk__levels(t[ref], o->n_tensors, rows, size, st);
   if (m > 2) {
-    char shp[160];
-    int who = -1; /* a tensor that cannot flatten on its own, else they cannot jointly */
-    for (int k = 0; k < o->n_tensors && who < 0; ++k)
-      if (rows[k] && fusedk__levels(t[ref], 1, &rows[k], size, st) > 2) who = k;
-    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: the leading dims of %s (shape %s) have strides that do not "
+    char shp[160], who[128] = "";
+    int one = -1; /* a tensor that cannot flatten on its own, else they cannot jointly: named together */
+    for (int k = 0; k < o->n_tensors && one < 0; ++k)
+      if (rows[k] && fusedk__levels(t[ref], 1, &rows[k], size, st) > 2) one = k;
+    for (int k = 0; k < o->n_tensors; ++k)
+      if (one < 0 ? rows[k] != NULL : k == one) {
+        const size_t n = strlen(who);
+        snprintf(who + n, sizeof who - n, "%s%s", n ? ", " : "", o->tensors[k].name);
+      }
+    return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: the leading dims of %s%s (shape %s) have strides that do not "
                         "flatten to at most two levels of rows; pass views with mergeable leading dims",
-                        o->name, who >= 0 ? o->tensors[who].name : "the row tensors jointly",
-                        fusedk__shape_str(t[ref], shp, sizeof shp));
+                        o->name, who, one < 0 ? " jointly" : "", fusedk__shape_str(t[ref], shp, sizeof shp));
   }
   s->B = m == 2 ? size[0] : 1;
   s->L = m >= 1 ? size[m - 1] : 1;
@@ -2415,16 +2421,16 @@ static void fusedk__store(void *p, int64_t i, double v, int s) {
 
 /* A row of float32 values (given as doubles, rounded to float32 here) quantized with its scale as
    quantize_fp8 states it (fusedk.h's FP8 rules): the amax (a NaN wins), x * (448 / amax) in
-   float32, rounded to e4m3; scale amax / 448. i8 (quantize_int8): 127.5 for 448, int8 data
-   in [-128, 127]. */
+   float32, rounded to e4m3; scale amax / 448. i8 (quantize_int8): scale amax / 127.5, int8 data
+   x * (1 / scale) in [-128, 127]. */
 static void fusedk__quantize_row(const double *v, int64_t D, uint8_t *q, float *scale, int i8) {
   const float qmax = i8 ? 127.5f : 448.0f;
   float amax = 0.0f;
   for (int64_t d = 0; d < D; ++d) amax = fusedk__amax(amax, (float)v[d]);
-  const float inv = fusedk__q_inv(amax, qmax);
+  *scale = amax / qmax;
+  const float inv = i8 ? fusedk__q_inv(*scale, 1.0f) : fusedk__q_inv(amax, qmax); /* int8: 1 / scale, torchao's */
   for (int64_t d = 0; d < D; ++d)
     q[d] = i8 ? (uint8_t)(int8_t)fusedk__i8((float)v[d], inv, -128.0f) : fusedk__f32_to_e4m3((float)v[d] * inv);
-  *scale = amax / qmax;
 }
 
 static void *fusedk__at(const fusedk__rows *r, int64_t b, int64_t l, int s) {

@@ -543,8 +543,8 @@ template <int NV, typename F> __device__ __forceinline__ void for_each_vec(int64
   if constexpr (NV > 0) {
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-      const int j = t + k * G; // < 16 * 1024: cached rows are short
-      if (j < nvec) f(k, (int64_t)j);
+      const int j = t + k * G; // < 16 * 1024: cached rows are short (a 32-bit test)
+      if (j < (int)nvec) f(k, (int64_t)j);
     }
   } else {
     for (int64_t j = t; j < nvec; j += G) f(0, j);
@@ -578,11 +578,16 @@ template <int VEC> __device__ __forceinline__ void st_bytes(uint8_t *p, const By
 // float32 product each, as the CPU reference); e4m3 to f16 is exact
 template <int VEC> __device__ __forceinline__ Bytes<VEC> e4m3_of(const float (&v)[VEC], float inv) {
   Bytes<VEC> o;
-  if constexpr (VEC % 2 == 0) {
+  auto two = [&](int i) -> uint32_t {
+    return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(v[i], inv), __fmul_rn(v[i + 1], inv)), __NV_SATFINITE,
+                                    __NV_E4M3);
+  };
+  if constexpr (VEC % 4 == 0) { // whole words (one byte permute a word, not a byte at a time)
 #pragma unroll
-    for (int i = 0; i < VEC; i += 2)
-      reinterpret_cast<uint16_t *>(o.b)[i / 2] = __nv_cvt_float2_to_fp8x2(
-          make_float2(__fmul_rn(v[i], inv), __fmul_rn(v[i + 1], inv)), __NV_SATFINITE, __NV_E4M3);
+    for (int i = 0; i < VEC; i += 4) reinterpret_cast<uint32_t *>(o.b)[i / 4] = two(i) | two(i + 2) << 16;
+  } else if constexpr (VEC % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 2) reinterpret_cast<uint16_t *>(o.b)[i / 2] = (uint16_t)two(i);
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) o.b[i] = __nv_cvt_float_to_fp8(__fmul_rn(v[i], inv), __NV_SATFINITE, __NV_E4M3);
@@ -641,6 +646,11 @@ template <int VEC> __device__ __forceinline__ Bytes<VEC> q8_of(const float (&v)[
 }
 // a quantized row's qmax: its data x * (qmax / amax), its scale amax / qmax
 __device__ __forceinline__ float q8_max(bool i8) { return i8 ? 127.5f : 448.f; }
+// the row's inverse step: e4m3's 448 / amax; int8's 1 / (amax / 127.5), the reciprocal of its
+// float32 scale, as torchao rounds it (its int8 data then the same bits)
+__device__ __forceinline__ float q8_inv(float amax, bool i8) {
+  return i8 ? q_inv(1.f, __fdiv_rn(amax, 127.5f)) : q_inv(448.f, amax);
+}
 // amax_nan over aligned groups of `width` lanes (a power of two <= 32), as lanes_sum
 __device__ __forceinline__ float lanes_amax(float v, int width) {
 #pragma unroll
@@ -1198,14 +1208,19 @@ constexpr size_t stage_bytes(int nv, int vb, int cm, int streams, int threads) {
 // Register budget: ~40 registers of addressing, statistics and epilogue, plus a register cache
 // of one register per 32-bit word of a slot, per stream. Deeper caches are capped at fewer
 // threads per block so that each thread gets what it needs (no spills), and beyond 200 registers
-// they are not instantiated.
-constexpr int cache_regs(int nv, int vb, int cm, int streams) {
-  return 40 + (staged(vb, cm) ? 0 : nv * streams * ((vb + 3) / 4));
+// they are not instantiated. hold: the floats a slot the _fp8 forms hold (VEC; norm_rows' kHold:
+// a register row of up to 32 values).
+__host__ __device__ constexpr bool holds(int nv, int vb, int cm, int hold) {
+  return hold > 0 && nv > 0 && nv * hold <= 32 && !staged(vb, cm);
 }
-constexpr int max_threads(int nv, int vb, int cm, int streams) {
-  return cache_regs(nv, vb, cm, streams) <= 64 ? 1024 : cache_regs(nv, vb, cm, streams) <= 128 ? 512 : 256;
+constexpr int cache_regs(int nv, int vb, int cm, int streams, int hold) {
+  return 40 + (staged(vb, cm) ? 0 : nv * streams * ((vb + 3) / 4)) + (holds(nv, vb, cm, hold) ? nv * hold : 0);
 }
-constexpr bool fits(int nv, int vb, int cm, int streams) { return cache_regs(nv, vb, cm, streams) <= 200; }
+constexpr int max_threads(int nv, int vb, int cm, int streams, int hold) {
+  const int r = cache_regs(nv, vb, cm, streams, hold);
+  return r <= 64 ? 1024 : r <= 128 ? 512 : 256;
+}
+constexpr bool fits(int nv, int vb, int cm, int streams, int hold) { return cache_regs(nv, vb, cm, streams, hold) <= 200; }
 
 extern __shared__ uint4 norm_stage[]; // the shared-memory cache, sized at launch
 constexpr int kRedSums = 4; // LayerNorm's sums: two in pass 1, two in its second pass (RMS: one)
@@ -1323,21 +1338,22 @@ __device__ __forceinline__ NormStats norm_stats(RowVal &&row_val, const fusedk__
   return {K, dm, rsqrtf(var + a.eps)};
 }
 
-// One vector's epilogue after the normalization n: adaln's optional affine inside the norm (rare:
-// not cached), then the modulation n (1 + scale) + shift; the gated form's base + n tanh(gate)
-// (PyTorch's roundings when exact); else weight and bias where given. col0, col1: the vector's
-// per-column operands (cached or loaded); base: the gated form's base
-template <typename T, int VEC, int EPI, bool C1, typename Col0, typename Col1, typename Base>
+// One vector's epilogue after the normalization n: adaln's optional affine inside the norm (AFF:
+// the row's kernel path with it, rare: not cached), then the modulation n (1 + scale) + shift;
+// the gated form's base + n tanh(gate) (PyTorch's roundings when exact); else weight and bias
+// where given. col0, col1: the vector's per-column operands (cached or loaded); base: the gated
+// form's base
+template <typename T, int VEC, int EPI, bool C1, bool AFF, typename Col0, typename Col1, typename Base>
 __device__ __forceinline__ void norm_epilogue(float (&n)[VEC], const fusedk__norm_args &a, int64_t d, bool has_c0,
                                             bool has_c1, Col0 &&col0, Col1 &&col1, Base &&base) {
   float q[VEC];
   if constexpr (is_adaln(EPI)) {
-    if (a.weight) {
+    if (AFF && a.weight) {
       load<T, VEC, true>(static_cast<const T *>(a.weight) + d, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) n[i] *= q[i];
     }
-    if (a.bias) {
+    if (AFF && a.bias) {
       load<T, VEC, true>(static_cast<const T *>(a.bias) + d, q);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) n[i] += q[i];
@@ -1374,8 +1390,9 @@ __device__ __forceinline__ void norm_epilogue(float (&n)[VEC], const fusedk__nor
   }
 }
 
-// The kernel body; norm_rows_kernel and norm_rows_reg_kernel below are its entry points.
-template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM>
+// The kernel body; norm_rows_kernel and norm_rows_reg_kernel below are its entry points. Q8: the
+// _fp8 forms (e4m3 y and a float32 scale a row), a kernel of their own.
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM, bool Q8>
 __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t rows, float inv_d) {
   constexpr bool S2 = RES || EPI == kGated;                     // second row stream: residual or base
   constexpr bool C1 = is_adaln(EPI) || (EPI == kAffine && LN); // second column operand: bias or shift
@@ -1437,47 +1454,81 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 
   cache.wait();
 
-  const NormStats st = norm_stats<VEC, LN, EPI, NV>(row_val, a, nvec, G, inv_d, red);
+  // Q8 with a register row of up to 32 values a thread (kHold): v = x (+ residual) made once as
+  // floats and held, its normalized values then in its place until the e4m3 pass (the 16-bit
+  // kernels keep only the packed words and convert them each pass: their occupancy). A staged,
+  // deeper or uncached row makes its values again each pass.
+  constexpr bool kHold = holds(NV, VEC * (int)sizeof(T), CM, Q8 ? VEC : 0);
+  T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
+  float hold[kHold ? NV : 1][VEC];
+  if constexpr (kHold)
+    for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+      row_val(k, j, hold[k]);
+      if (RES && ro) store_cs<T, VEC>(ro + j * VEC, hold[k]); // (else the last pass: ro may be res)
+    });
+  auto val = [&](int k, int64_t j, float(&v)[VEC]) {
+    if constexpr (kHold) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[i] = hold[k][i];
+    } else {
+      row_val(k, j, v);
+    }
+  };
+  const NormStats st = norm_stats<VEC, LN, EPI, NV>(val, a, nvec, G, inv_d, red);
   const float K = st.K, dm = st.dm, rstd = st.rstd;
 
   // final pass: epilogue and stores
-  T *y = at<T>(a.y, b, l);
-  T *ro = RES && a.res_out.p ? at<T>(a.res_out, b, l) : nullptr;
   const float c = -dm * rstd; // LayerNorm: (v - K - dm) * rstd as one FMA; v - K is exact near K = M
-  auto out_val = [&](int k, int64_t j, float(&v)[VEC], float(&n)[VEC]) {
-    row_val(k, j, v);
+  // n of v; KZ: K is +0 (no second statistics pass: v - K is v, one instruction less a value)
+  auto norm_of = [&](auto kz, const float(&v)[VEC], float(&n)[VEC]) {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) n[i] = LN ? fmaf(v[i] - K, rstd, c) : v[i] * rstd;
-    norm_epilogue<T, VEC, EPI, C1>(n, a, j * VEC, c0 != nullptr, c1 != nullptr,
-                                   [&](auto &q) { col(kC0, k, c0, j, q); }, [&](auto &q) { col(kC1, k, c1, j, q); },
-                                   [&](auto &q) { cache.template get<false>(kS, k, s2, j, q); });
+    for (int i = 0; i < VEC; ++i) n[i] = LN ? fmaf(decltype(kz)::value ? v[i] : v[i] - K, rstd, c) : v[i] * rstd;
   };
-  if constexpr (EPI != kGated) {
-    if (a.q8) { // the _fp8 forms: the row's values, their amax, then e4m3
-      // A register cache of up to 32 values a thread keeps them in registers between the two
-      // passes (the cached words die as they are made; more would cost the 16-bit path, which
-      // shares the kernel, its occupancy); a staged, deeper or uncached row makes them again.
-      constexpr bool kKeep = NV > 0 && NV * VEC <= 32 && !decltype(cache)::kShared;
-      float keep[kKeep ? NV : 1][VEC];
+  // AFF: adaln with its affine inside the norm; in the _fp8 forms a uniform branch picks the path
+  // (not a predicate a vector)
+  auto finish = [&](auto aff) {
+    constexpr bool AFF = decltype(aff)::value;
+    auto epilogue = [&](int k, int64_t j, float(&n)[VEC]) {
+      norm_epilogue<T, VEC, EPI, C1, AFF>(n, a, j * VEC, c0 != nullptr, c1 != nullptr,
+                                          [&](auto &q) { col(kC0, k, c0, j, q); },
+                                          [&](auto &q) { col(kC1, k, c1, j, q); },
+                                          [&](auto &q) { cache.template get<false>(kS, k, s2, j, q); });
+    };
+    auto out_val = [&](int k, int64_t j, float(&v)[VEC], float(&n)[VEC]) {
+      row_val(k, j, v);
+      norm_of(std::false_type(), v, n);
+      epilogue(k, j, n);
+    };
+    if constexpr (Q8) { // the row's values, their amax, then e4m3
       float m = 0.f;
-      for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-        float v[VEC], n[VEC];
-        out_val(k, j, v, n);
-        if (kKeep && RES && ro) store_cs<T, VEC>(ro + j * VEC, v); // (else the second pass: ro may be res)
+      if constexpr (kHold) {
+        auto pass = [&](auto kz) {
+          for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+            float n[VEC];
+            norm_of(kz, hold[k], n);
+            epilogue(k, j, n);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          m = amax_nan(m, n[i]);
-          if constexpr (kKeep) keep[k][i] = n[i];
-        }
-      });
+            for (int i = 0; i < VEC; ++i) m = amax_nan(m, n[i]), hold[k][i] = n[i];
+          });
+        };
+        if (__float_as_uint(K) == 0u) pass(std::true_type()); // uniform: the group's statistics
+        else pass(std::false_type());
+      } else {
+        for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+          float v[VEC], n[VEC];
+          out_val(k, j, v, n);
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) m = amax_nan(m, n[i]);
+        });
+      }
       m = group_amax(m, G, red);
       const float inv = q_inv<448>(m);
       uint8_t *q = at<uint8_t>(a.y, b, l);
       for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
         float n[VEC];
-        if constexpr (kKeep) {
+        if constexpr (kHold) {
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) n[i] = keep[k][i];
+          for (int i = 0; i < VEC; ++i) n[i] = hold[k][i];
         } else {
           float v[VEC];
           out_val(k, j, v, n);
@@ -1486,15 +1537,19 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
         st_bytes<VEC>(q + j * VEC, e4m3_of<VEC>(n, inv));
       });
       if (live && threadIdx.x == 0) *at<float>(a.ys, b, l) = __fdiv_rn(m, 448.f);
-      return;
+    } else {
+      T *y = at<T>(a.y, b, l);
+      for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
+        float v[VEC], n[VEC];
+        out_val(k, j, v, n);
+        if (RES && ro) store_cs<T, VEC>(ro + j * VEC, v);
+        store_cs<T, VEC>(y + j * VEC, n);
+      });
     }
-  }
-  for_each_vec<NV>(nvec, G, [&](int k, int64_t j) {
-    float v[VEC], n[VEC];
-    out_val(k, j, v, n);
-    if (RES && ro) store_cs<T, VEC>(ro + j * VEC, v);
-    store_cs<T, VEC>(y + j * VEC, n);
-  });
+  };
+  if constexpr (!Q8) finish(std::true_type()); // (the 16-bit kernels' registers: as they were tuned)
+  else if (is_adaln(EPI) && (a.weight || a.bias)) finish(std::true_type());
+  else finish(std::false_type());
 }
 
 // Entry points. LayerNorm's rows of two and four vectors a thread cached in registers with their
@@ -1502,20 +1557,21 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
 // resident (ptxas -v, sm_90a): four vectors (48 registers of row, scale and shift) take 75 a
 // thread left alone, 24 warps an SM; at 72, 28 (9 blocks of 96 threads at D = 3072), with at
 // most 16 bytes of spill, not reloaded on the common path. Two vectors take 50; at 48, 14 blocks
-// of 96 threads (D = 1152), not 12.
-constexpr int reg_cap(int nv) { return nv == 4 ? 72 : nv == 2 ? 48 : 0; } // 0: no cap (norm_rows_kernel)
-template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM>
-__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), CM, cached_streams(LN, RES, EPI, CM)))
+// of 96 threads (D = 1152), not 12. The _fp8 forms hold their row as floats (32 registers more
+// at four vectors): uncapped.
+constexpr int reg_cap(int nv, bool q8) { return q8 ? 0 : nv == 4 ? 72 : nv == 2 ? 48 : 0; } // 0: no cap
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM, bool Q8>
+__global__ void __launch_bounds__(max_threads(NV, VEC * (int)sizeof(T), CM, cached_streams(LN, RES, EPI, CM), Q8 ? VEC : 0))
     norm_rows_kernel(const fusedk__norm_args a, int64_t rows, float inv_d) {
-  norm_rows<T, VEC, NV, LN, RES, EPI, CM>(a, rows, inv_d);
+  norm_rows<T, VEC, NV, LN, RES, EPI, CM, Q8>(a, rows, inv_d);
 }
-template <typename T, int VEC, int NV, bool RES, int EPI>
-__global__ void __maxnreg__(reg_cap(NV)) norm_rows_reg_kernel(const fusedk__norm_args a, int64_t rows, float inv_d) {
-  norm_rows<T, VEC, NV, true, RES, EPI, kRegs>(a, rows, inv_d);
+template <typename T, int VEC, int NV, bool RES, int EPI, bool Q8>
+__global__ void __maxnreg__(reg_cap(NV, Q8)) norm_rows_reg_kernel(const fusedk__norm_args a, int64_t rows, float inv_d) {
+  norm_rows<T, VEC, NV, true, RES, EPI, kRegs, Q8>(a, rows, inv_d);
 }
-template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM> constexpr auto norm_entry() {
-  if constexpr (CM == kRegs && reg_cap(NV) > 0) return norm_rows_reg_kernel<T, VEC, NV, RES, EPI>;
-  else return norm_rows_kernel<T, VEC, NV, LN, RES, EPI, CM>;
+template <typename T, int VEC, int NV, bool LN, bool RES, int EPI, int CM, bool Q8> constexpr auto norm_entry() {
+  if constexpr (CM == kRegs && reg_cap(NV, Q8) > 0) return norm_rows_reg_kernel<T, VEC, NV, RES, EPI, Q8>;
+  else return norm_rows_kernel<T, VEC, NV, LN, RES, EPI, CM, Q8>;
 }
 
 // The launch shape for rows of nvec vectors: NV vectors cached per thread, G threads per row.
@@ -1528,7 +1584,7 @@ struct NormPlan {
 // blocks of >= 128 threads. Every shape that caches the row runs close to the best plan, so
 // g_max 128 (256 past 512 vectors, for rows of one wave and layernorm's past 256: see
 // launch_norm_vec) needs no per-shape table.
-NormPlan plan_norm(int64_t nvec, int vb, int cm, int streams, int g_max, size_t smem_max) {
+NormPlan plan_norm(int64_t nvec, int vb, int cm, int streams, int hold, int g_max, size_t smem_max) {
   NormPlan p{1, 1, 1};
   if (nvec < 32) { // a sub-warp group per row, 256 threads per block
     while (p.g < nvec) p.g *= 2;
@@ -1536,11 +1592,11 @@ NormPlan plan_norm(int64_t nvec, int vb, int cm, int streams, int g_max, size_t 
     return p;
   }
   int nv_max = 16; // the deepest cache that fits; only it may use more than g_max threads
-  while (!fits(nv_max, vb, cm, streams)) nv_max /= 2;
+  while (!fits(nv_max, vb, cm, streams, hold)) nv_max /= 2;
   for (int nv : {1, 2, 4, 8, 16}) {
     const int64_t g = (nvec + nv - 1) / nv;
     const int g32 = (int)((g + 31) / 32 * 32), rpb = g32 < 128 ? 128 / g32 : 1;
-    if (nv <= nv_max && g <= std::min<int64_t>(nv == nv_max ? 1024 : g_max, max_threads(nv, vb, cm, streams)) &&
+    if (nv <= nv_max && g <= std::min<int64_t>(nv == nv_max ? 1024 : g_max, max_threads(nv, vb, cm, streams, hold)) &&
         stage_bytes(nv, vb, cm, streams, g32 * rpb) <= smem_max)
       return NormPlan{nv, g32, rpb};
   }
@@ -1553,12 +1609,12 @@ NormPlan plan_norm(int64_t nvec, int vb, int cm, int streams, int g_max, size_t 
 // nv = -2 sets only g_max. Built only with -Dtuning=true (meson), i.e. -DFUSEDK_TUNING.
 NormPlan g_tune_plan{-1, 0, 0};
 
-bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int cm, int streams, size_t smem_max) {
+bool plan_valid(const NormPlan &p, int64_t nvec, int vb, int cm, int streams, int hold, size_t smem_max) {
   const bool gok = p.g > 32 ? p.g % 32 == 0 : (p.g & (p.g - 1)) == 0;
   const bool nvok = p.nv == 0 || p.nv == 1 || p.nv == 2 || p.nv == 4 || p.nv == 8 || p.nv == 16;
-  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, cm, streams) &&
+  return gok && nvok && p.g >= 1 && p.rows_per_block >= 1 && p.g * p.rows_per_block <= max_threads(p.nv, vb, cm, streams, hold) &&
          (p.g >= 32 || p.rows_per_block * p.g % 32 == 0) && (p.nv == 0 || (int64_t)p.nv * p.g >= nvec) &&
-         (p.nv == 0 || fits(p.nv, vb, cm, streams)) && stage_bytes(p.nv, vb, cm, streams, p.g * p.rows_per_block) <= smem_max;
+         (p.nv == 0 || fits(p.nv, vb, cm, streams, hold)) && stage_bytes(p.nv, vb, cm, streams, p.g * p.rows_per_block) <= smem_max;
 }
 #endif
 
@@ -1572,7 +1628,7 @@ struct NormLaunch {
   int device;
 };
 
-template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_norm_vec(const NormLaunch &L) {
+template <typename T, int VEC, bool LN, bool RES, int EPI, bool Q8> cudaError_t launch_norm_vec(const NormLaunch &L) {
   constexpr int vb = VEC * (int)sizeof(T);
   // LayerNorm statistics are issue-bound, so a register cache pays for layernorm and adaln and
   // not for rmsnorm, whose rows stream. A row too long for registers is
@@ -1601,11 +1657,12 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   if (g_tune_plan.nv == -2) g_max = g_tune_plan.g;
 #endif
   int st = cached_streams(LN, RES, EPI, cm);
-  NormPlan p = plan_norm(nvec, vb, cm, st, g_max, L.smem_max);
+  constexpr int hold = Q8 ? VEC : 0;
+  NormPlan p = plan_norm(nvec, vb, cm, st, hold, g_max, L.smem_max);
   if (cm != kStaged && p.nv == 0)
-    cm = kStaged, st = cached_streams(LN, RES, EPI, cm), p = plan_norm(nvec, vb, cm, st, g_max, L.smem_max);
+    cm = kStaged, st = cached_streams(LN, RES, EPI, cm), p = plan_norm(nvec, vb, cm, st, hold, g_max, L.smem_max);
 #ifdef FUSEDK_TUNING
-  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, cm, st, L.smem_max)) p = g_tune_plan;
+  if (g_tune_plan.nv >= 0 && plan_valid(g_tune_plan, nvec, vb, cm, st, hold, L.smem_max)) p = g_tune_plan;
 #endif
   const dim3 block(p.g, p.rows_per_block);
   const int64_t grid = (L.rows + p.rows_per_block - 1) / p.rows_per_block;
@@ -1617,8 +1674,8 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
     return dispatch_int<0, 1, 2, 4, 8, 16>(p.nv, [&](auto nv) {
       constexpr int NV = decltype(nv)::value;
       // only the cache depths that fit (plan never picks others)
-      if constexpr (NV == 0 || fits(NV, vb, CM, cached_streams(LN, RES, EPI, CM))) {
-        constexpr auto kernel = norm_entry<T, VEC, NV, LN, RES, EPI, CM>();
+      if constexpr (NV == 0 || fits(NV, vb, CM, cached_streams(LN, RES, EPI, CM), hold)) {
+        constexpr auto kernel = norm_entry<T, VEC, NV, LN, RES, EPI, CM, Q8>();
         const cudaError_t err = smem_opt_in<kernel>(smem, kRedBytes, L.device);
         if (err == cudaSuccess) kernel<<<gr, block, smem, L.s>>>(a, L.rows, 1.f / (float)a.D); // 1/D: as the device rounds it
         return err;
@@ -1634,10 +1691,17 @@ template <typename T, int VEC, bool LN, bool RES, int EPI> cudaError_t launch_no
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-// The 16-byte vector path or the scalar one (same kernel, one element per access).
+// The 16-byte vector path or the scalar one (same kernel, one element per access); the 16-bit
+// output or (q8) the _fp8 forms' e4m3 one (Mochi's gated form has none).
 template <typename T, bool LN, bool RES, int EPI>
 cudaError_t launch_epi(bool vec, const NormLaunch &L) {
-  return vec ? launch_norm_vec<T, 16 / sizeof(T), LN, RES, EPI>(L) : launch_norm_vec<T, 1, LN, RES, EPI>(L);
+  auto go = [&](auto q8) {
+    constexpr bool Q8 = decltype(q8)::value;
+    return vec ? launch_norm_vec<T, 16 / sizeof(T), LN, RES, EPI, Q8>(L) : launch_norm_vec<T, 1, LN, RES, EPI, Q8>(L);
+  };
+  if constexpr (EPI != kGated)
+    if (L.a.q8) return go(std::true_type());
+  return go(std::false_type());
 }
 
 // 16-byte vectors need every pointer 16-byte aligned, every row stride and D a multiple of
@@ -3196,7 +3260,7 @@ __global__ void __launch_bounds__(256) quant_kernel(const fusedk__quant_args a) 
     for (int i = 0; i < VEC; ++i) m = amax_nan(m, v[i]);
   }
   m = lanes_amax(m, 32);
-  const float inv = q_inv(q8_max(a.i8), m);
+  const float inv = q8_inv(m, a.i8);
   for (int64_t d = lane * VEC; d < a.D; d += 32 * VEC) {
     float v[VEC];
     quant_src<T, VEC, ACT>(x, x2, d, v);
@@ -3225,7 +3289,7 @@ __global__ void __launch_bounds__(256) quant_block_kernel(const fusedk__quant_ar
     for (int i = 0; i < V; ++i) m = d < a.D ? amax_nan(m, v[k][i]) : m;
   }
   m = group_amax(m, 256, red);
-  const float inv = q_inv(q8_max(a.i8), m);
+  const float inv = q8_inv(m, a.i8);
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int64_t d = ((int64_t)k * 256 + threadIdx.x) * V;

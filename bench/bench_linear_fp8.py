@@ -6,7 +6,8 @@ and the bf16 GEMM (F.linear); the cost of making x's FP8 copy where nothing fuse
 and compiled per-row quantization, fusedk.quantize_fp8); the norms writing FP8 against a copy
 of the same bytes; and the modulation GEMMs (one row of temb a sample: Flux's double and single
 blocks at B 1 and 2) as linear_w8 runs them (int8 weights, x in bf16) against bf16 F.linear,
-quantize_fp8 + linear_fp8 and torchao's _scaled_mm, with a copy of the weight's bytes.
+quantize_fp8 + linear_fp8, torchao's _scaled_mm and torchao's Int8WeightOnlyConfig under torch.compile
+(the same int8 weights), with a copy of the weight's bytes.
 
     PYTHONPATH=bindings/python:bench python3 bench/bench_linear_fp8.py [--out DIR] [--quick]
 
@@ -36,6 +37,22 @@ def side_table(title, what, dims, rows, extra, fmt):
             (f"{r['us'][c]:.1f}" if c in r["us"] else "refused") +
             (f" ({r[extra][c]:{fmt}})" if c in r[extra] else "") for c in cols) + " |")
     return L
+
+
+def torchao_int8_weight_only(w, b):
+    """torchao's Int8WeightOnlyConfig on a Linear of w, b under torch.compile (the peer of linear_w8;
+    eager it dequantizes the weight a call); None without torchao"""
+    import torch
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w), lin.bias.copy_(b)
+        quantize_(lin, Int8WeightOnlyConfig())
+        return torch.compile(lin, mode="max-autotune-no-cudagraphs")
+    except Exception as e:  # noqa: BLE001 - torchao missing or refusing: the log says so
+        bench.log("torchao int8 weight-only:", type(e).__name__, str(e)[:200])
+        return None
 
 
 def main():
@@ -137,6 +154,9 @@ def main():
                     "fusedk quantize_fp8 + linear_fp8": lambda i: fusedk.linear_fp8(fusedk.quantize_fp8(x), w4, b),
                     "torchao scaled_mm row (x quantized)": lambda i: torch._scaled_mm(
                         *(lambda q: (q[0], wq.t(), q[1], sw.t()))(q_row(x)), bias=b, out_dtype=BF, use_fast_accum=True)}
+            ao = torchao_int8_weight_only(w, b)
+            if ao is not None:
+                impl["torchao int8 weight-only compile"] = lambda i: ao(x)
             err = {}
             for k in list(impl)[1:]:
                 try:

@@ -13,8 +13,10 @@
    FP8 run (beside the bf16 one): the four projections on FP8 tensor cores (linear_fp8), their
    weights quantized once (e4m3, a scale an output channel); adaln_fp8 writes the q/k/v and MLP
    inputs in FP8 (a scale a row), attention's output and the MLP's hidden state go through
-   quantize_fp8. Checked on the CPU against the bf16 block and on the GPU against the CPU's FP8
-   block, and timed beside the bf16 block.
+   quantize_fp8; the modulation reads its weight as int8 (linear_w8: one row of temb a sample, so
+   the weight's bytes are its cost, and int8's step is a third of e4m3's error there). Checked on
+   the CPU against the bf16 block and on the GPU against the CPU's FP8 block, and timed beside
+   the bf16 block.
    Build: part of `meson compile -C build`; run: build/fusedk_dit_block (tools/demo.sh runs it;
    --check: the small checks only, as `meson test` runs it; --dump FILE: the CPU block's output
    as raw bf16 into FILE, nothing else: tests/python/test_dit_block.py checks it against NumPy). */
@@ -32,7 +34,7 @@
 typedef struct { int64_t B, St, gh, gw, D, H, F; } dims; /* S = St text + gh * gw image tokens */
 typedef struct {                                         /* as nn.Linear keeps them: w [N, K], b [N] */
   void *mod_w, *mod_b, *qkv_w, *qkv_b, *q_norm, *k_norm, *o_w, *o_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
-  void *w8[4], *s8[4]; /* FP8: qkv, o, fc1, fc2 as e4m3 [N, K] and a float32 scale an output channel */
+  void *w8[5], *s8[5]; /* FP8: qkv, o, fc1, fc2 as e4m3 [N, K], mod as int8, a float32 scale an output channel */
 } weights;
 typedef struct { void *t, *mod, *n, *qkv, *q, *k, *v, *o, *y, *x1, *h, *cos, *sin, *x8, *xs; } acts; /* x8, xs: FP8 inputs */
 typedef struct { int gpu, fp8; struct CUstream_st *stream; } where;
@@ -56,7 +58,7 @@ static const fusedk_tensor *mk(view *v, const where *w, void *p, fusedk_scalar s
   memcpy(v->shape, shape, nd * sizeof *shape);
   v->t = w->gpu ? fusedk_tensor_cuda(p, s, nd, v->shape, 0) : fusedk_tensor_cpu(p, s, nd, v->shape);
   if (strides) memcpy(v->strides, strides, nd * sizeof *strides), v->t.strides = v->strides;
-  v->t.byte_offset = (uint64_t)offset * (s == FUSEDK_F32 ? 4 : s == FUSEDK_E4M3 ? 1 : 2);
+  v->t.byte_offset = (uint64_t)offset * (s == FUSEDK_F32 ? 4 : s == FUSEDK_E4M3 || s == FUSEDK_I8 ? 1 : 2);
   return &v->t;
 }
 #define BF(v, p, nd, ...) mk(v, w, p, FUSEDK_BF16, nd, DIMS(__VA_ARGS__), NULL, 0)
@@ -106,8 +108,16 @@ static fusedk_status block(const where *w, const dims *d, const weights *p, cons
   struct CUstream_st *s = w->stream;
 
   CHECK(fusedk_act(BF(&ta, a->t, 2, B, D), BF(&t, temb, 2, B, D), FUSEDK_ACT_SILU, s));
-  CHECK(fusedk_linear(BF(&mod, a->mod, 2, B, 6 * D), NULL, &ta.t, BF(&wt, p->mod_w, 2, 6 * D, D),
-                      BF(&bias, p->mod_b, 1, 6 * D), FUSEDK_ACT_NONE, 0, s));
+  if (w->fp8) {
+    view m8, ms;
+    const fusedk_scaled_tensor wq = {mk(&m8, w, p->w8[4], FUSEDK_I8, 2, DIMS(6 * D, D), NULL, 0),
+                                     mk(&ms, w, p->s8[4], FUSEDK_F32, 1, DIMS(6 * D), NULL, 0)};
+    CHECK(fusedk_linear_w8(BF(&mod, a->mod, 2, B, 6 * D), NULL, &ta.t, &wq, BF(&bias, p->mod_b, 1, 6 * D),
+                           FUSEDK_ACT_NONE, s));
+  } else {
+    CHECK(fusedk_linear(BF(&mod, a->mod, 2, B, 6 * D), NULL, &ta.t, BF(&wt, p->mod_w, 2, 6 * D, D),
+                        BF(&bias, p->mod_b, 1, 6 * D), FUSEDK_ACT_NONE, 0, s));
+  }
   BF(&n, a->n, 3, B, S, D);
   BF(&qkv, a->qkv, 3, B, S, 3 * D);
   CHECK(normed(w, a, d, &n, BF(&xo, x, 3, B, S, D), &chunk[1].t, &chunk[0].t, &n8, &n8s, &x8));
@@ -206,18 +216,19 @@ static int build(model *m, const where *w, const dims *d) {
   void **slots[] = {&a->t, &a->mod, &a->n, &a->qkv, &a->q, &a->k, &a->v, &a->o, &a->y, &a->x1, &a->h};
   for (int i = 0; i < 11; ++i) *slots[i] = put(m, w, NULL, sizes[i] * 2);
   m->out = put(m, w, NULL, B * S * D * 2);
-  if (w->fp8) { /* the projections' e4m3 weights, quantized here once; the FP8 inputs' buffer */
-    void *w16[4] = {p->qkv_w, p->o_w, p->fc1_w, p->fc2_w};
-    const int64_t nk[4][2] = {{3 * (int64_t)D, (int64_t)D}, {(int64_t)D, (int64_t)D}, {(int64_t)F, (int64_t)D},
-                              {(int64_t)D, (int64_t)F}};
+  if (w->fp8) { /* the projections' e4m3 (mod: int8) weights, quantized here once; the FP8 inputs' buffer */
+    void *w16[5] = {p->qkv_w, p->o_w, p->fc1_w, p->fc2_w, p->mod_w};
+    const int64_t nk[5][2] = {{3 * (int64_t)D, (int64_t)D}, {(int64_t)D, (int64_t)D}, {(int64_t)F, (int64_t)D},
+                              {(int64_t)D, (int64_t)F}, {6 * (int64_t)D, (int64_t)D}};
     a->x8 = put(m, w, NULL, B * S * F), a->xs = put(m, w, NULL, B * S * 4);
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 5; ++i) {
       p->w8[i] = put(m, w, NULL, (size_t)(nk[i][0] * nk[i][1])), p->s8[i] = put(m, w, NULL, (size_t)nk[i][0] * 4);
       if (!w16[i] || !p->w8[i] || !p->s8[i]) return fprintf(stderr, "dit_block: out of memory\n"), 1;
       view v16, v8, vs;
-      const fusedk_scaled_tensor q = {mk(&v8, w, p->w8[i], FUSEDK_E4M3, 2, nk[i], NULL, 0),
+      const fusedk_scaled_tensor q = {mk(&v8, w, p->w8[i], i < 4 ? FUSEDK_E4M3 : FUSEDK_I8, 2, nk[i], NULL, 0),
                                       mk(&vs, w, p->s8[i], FUSEDK_F32, 1, nk[i], NULL, 0)};
-      CHECK(fusedk_quantize_fp8(&q, mk(&v16, w, w16[i], FUSEDK_BF16, 2, nk[i], NULL, 0), w->stream));
+      const fusedk_tensor *x16 = mk(&v16, w, w16[i], FUSEDK_BF16, 2, nk[i], NULL, 0);
+      CHECK(i < 4 ? fusedk_quantize_fp8(&q, x16, w->stream) : fusedk_quantize_int8(&q, x16, w->stream));
     }
   }
   a->cos = put(m, w, NULL, S * Dh / 2 * 4), a->sin = put(m, w, NULL, S * Dh / 2 * 4);

@@ -16,16 +16,19 @@ rng = np.random.default_rng()
 F32, E4M3 = np.float32, np.dtype(ml_dtypes.float8_e4m3fn)
 
 
-def scaled_rows(x, qmax):
+def scaled_rows(x, qmax, of_scale=False):
     """The 8-bit rows' rule of fusedk.h in NumPy: amax (a NaN wins), x * float32(qmax / amax) in
-    float32 (0 where that factor is not finite), and the scale amax / qmax"""
+    float32 (of_scale, int8's: x * float32(1 / scale)), 0 where that factor is not finite, and
+    the scale amax / qmax"""
     x = np.asarray(x).astype(F32)
     amax = np.abs(x).max(-1, keepdims=True)
     amax = np.where(np.isnan(x).any(-1, keepdims=True), F32(np.nan), amax).astype(F32)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        r = (F32(qmax) / amax).astype(F32)
-        inv = np.where((amax > 0) & np.isfinite(r), r, F32(0)).astype(F32)
-        return (x * inv).astype(F32), (amax / F32(qmax)).astype(F32)[..., 0]
+        scale = (amax / F32(qmax)).astype(F32)
+        d = scale if of_scale else amax
+        r = ((F32(1) if of_scale else F32(qmax)) / d).astype(F32)
+        inv = np.where((d > 0) & np.isfinite(r), r, F32(0)).astype(F32)
+        return (x * inv).astype(F32), scale[..., 0]
 
 
 def quantize_oracle(x):
@@ -377,6 +380,12 @@ def test_gpu_norm_fp8_against_the_reference(shape, dtype, name):
         gi, gir = fusedk.rmsnorm_fp8(xt.cuda(), w.cuda(), residual=rin, residual_out=rin)
         assert gir.data_ptr() == rin.data_ptr() and torch.equal(rin.cpu(), cr)
         assert torch.equal(gi.data.view(torch.uint8), g.data.view(torch.uint8)) and torch.equal(gi.scale, g.scale)
+    _assert_fp8_as_cpu(torch, g, c)
+
+
+def _assert_fp8_as_cpu(torch, g, c):
+    """a GPU ScaledTensor against the CPU reference's: the scales to float32 rounding, the data within
+    one e4m3 step (the GPU's float32 math may land the other side of a tie) and 99 % the same bytes"""
     gs, cs = g.scale.cpu().double(), c.scale.double()
     assert torch.allclose(gs, cs, rtol=1e-5, atol=0)
     gd = g.data.cpu().float().double() * gs[..., None]
@@ -386,6 +395,36 @@ def test_gpu_norm_fp8_against_the_reference(shape, dtype, name):
                        min=2.0 ** -9) * cs[..., None]
     assert torch.all((gd - cd).abs() <= step * 1.0001 + 1e-30)
     assert (g.data.cpu().view(torch.uint8) != c.data.view(torch.uint8)).float().mean() < 0.01
+
+
+@needs_torch_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(1, 1000, 3072), (2, 300, 1536), (1, 40, 1001)], ids=str)
+def test_gpu_norm_fp8_kernel_paths(shape, dtype):
+    """the paths a row of the _fp8 kernels takes: every other row far from zero (mean 50, sd 0.01:
+    LayerNorm's second statistics pass) beside rows that are not; adaln with its affine inside the
+    norm and with float32 scale and shift; rows cached a vector a thread (past one wave of rows),
+    and odd D (one element an access) with rmsnorm's residual written as it goes"""
+    torch = oracle.torch_cuda()[0]
+    dt = getattr(torch, dtype)
+    B, L, D = shape
+    x = rng.standard_normal(shape).astype(F32)
+    x[:, ::2] = 50 + 0.01 * x[:, ::2]
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, F32)).to(dt)  # noqa: E731
+    xt, w, b, r = t(x), t(1 + 0.1 * rng.standard_normal(D)), t(0.1 * rng.standard_normal(D)), t(rng.standard_normal(shape))
+    sc, sh = 0.2 * rng.standard_normal((B, D)), rng.standard_normal((B, D))
+    calls = {"layernorm": lambda x, dev: fusedk.layernorm_fp8(x, w.to(dev), b.to(dev)),
+             "adaln affine": lambda x, dev: fusedk.adaln_fp8(x, t(sc).to(dev), t(sh).to(dev), weight=w.to(dev),
+                                                             bias=b.to(dev)),
+             "adaln": lambda x, dev: fusedk.adaln_fp8(x, t(sc).to(dev), t(sh).to(dev))}
+    if dtype != "float32":  # 16-bit rows with float32 modulation (Wan's)
+        m32 = lambda a, dev: torch.from_numpy(a.astype(F32)).to(dev)  # noqa: E731
+        calls["adaln f32 modulation"] = lambda x, dev: fusedk.adaln_fp8(x, m32(sc, dev), m32(sh, dev))
+    for name, f in calls.items():
+        _assert_fp8_as_cpu(torch, f(xt.cuda(), "cuda"), f(xt, "cpu"))
+    (g, gr), (c, cr) = fusedk.rmsnorm_fp8(xt.cuda(), w.cuda(), residual=r.cuda()), fusedk.rmsnorm_fp8(xt, w, residual=r)
+    assert torch.equal(gr.cpu(), cr)
+    _assert_fp8_as_cpu(torch, g, c)
 
 
 # --- glu_fp8 ----------------------------------------------------------------------------------------
@@ -454,9 +493,9 @@ def test_gpu_glu_fp8_against_the_reference(shape, dtype):
 
 # --- int8 weights: quantize_int8 and linear_w8 (weight-only, for few rows) ----------------------
 def quantize_int8_oracle(x):
-    """fusedk.h's quantize_int8 in NumPy: scaled_rows to 127.5, rounded to nearest even within
-    [-128, 127] (NaN and Inf rows 0)"""
-    v, scale = scaled_rows(x, 127.5)
+    """fusedk.h's quantize_int8 in NumPy: scaled_rows to 127.5 (x * (1 / scale)), rounded to
+    nearest even within [-128, 127] (NaN and Inf rows 0)"""
+    v, scale = scaled_rows(x, 127.5, of_scale=True)
     return np.where(np.isnan(v), 0, np.clip(np.rint(v), -128, 127)).astype(np.int8), scale
 
 
@@ -514,9 +553,9 @@ def test_linear_w8_error_against_float64():
 def test_linear_w8_error_against_torchao_int8_weight_only(family):
     """the contract's families (x: N(0,1), a mean per channel, 0.1 % of entries x20; and 0.1 % of
     w's entries x20, the weight-only path's own risk) against float64 of the unquantized inputs,
-    beside the peer: torchao's Int8WeightOnlyConfig (per channel, symmetric: scale amax / 127.5,
-    data in [-128, 127], the rule quantize_int8 follows), its product in float64: the same
-    weights but where float32's x * (127.5 / amax) and float64's x / scale round a tie apart"""
+    beside the peer: torchao's Int8WeightOnlyConfig (per channel, symmetric: scale amax / 127.5 and
+    data round(w * (1 / scale)) in [-128, 127], in float32), its product in float64; quantize_int8
+    stores the peer's bits, so the errors differ by linear_w8's float32 sums alone"""
     M, K, N = 64, 3072, 256
     x, w = rng.standard_normal((M, K)), rng.standard_normal((N, K)) / np.sqrt(K)
     if family == "offset":
@@ -527,9 +566,12 @@ def test_linear_w8_error_against_torchao_int8_weight_only(family):
         w[rng.random((N, K)) < 0.001] *= 20
     x, w = x.astype(F32), w.astype(F32)
     want = x.astype(np.float64) @ w.astype(np.float64).T
-    e = rel_l2(fusedk.linear_w8(x, fusedk.quantize_int8(w)), want)
-    s = np.abs(w.astype(np.float64)).max(1, keepdims=True) / 127.5
-    ep = rel_l2(x.astype(np.float64) @ (np.clip(np.rint(w / s), -128, 127) * s).T, want)
+    w8 = fusedk.quantize_int8(w)
+    e = rel_l2(fusedk.linear_w8(x, w8), want)
+    s = (np.abs(w).max(1, keepdims=True) / F32(127.5)).astype(F32)  # torchao's rule, float32 throughout
+    q = np.clip(np.rint(w * (F32(1) / s)), -128, 127)
+    assert same_bits(w8.data, q.astype(np.int8)) and same_bits(w8.scale, s[:, 0])
+    ep = rel_l2(x.astype(np.float64) @ (q.astype(np.float64) * s).T, want)
     assert e <= 1.001 * ep + 1e-6, (e, ep)
     # per-channel int8 beats e4m3 where w has no outliers (a uniform step against 3 mantissa
     # bits), and loses to it where 0.1 % of w is 20 times the rest (the step grows with amax)
