@@ -49,7 +49,7 @@ def torchao_int8_weight_only(w, b):
         with torch.no_grad():
             lin.weight.copy_(w), lin.bias.copy_(b)
         quantize_(lin, Int8WeightOnlyConfig())
-        return torch.compile(lin, mode="max-autotune-no-cudagraphs")
+        return torch.compile(lin)
     except Exception as e:  # noqa: BLE001 - torchao missing or refusing: the log says so
         bench.log("torchao int8 weight-only:", type(e).__name__, str(e)[:200])
         return None
