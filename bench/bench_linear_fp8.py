@@ -9,7 +9,8 @@ blocks at B 1 and 2) as linear_w8 runs them (int8 weights, x in bf16) against bf
 quantize_fp8 + linear_fp8, torchao's _scaled_mm and torchao's Int8WeightOnlyConfig under torch.compile
 (the same int8 weights), with a copy of the weight's bytes.
 
-    PYTHONPATH=bindings/python:bench python3 bench/bench_linear_fp8.py [--out DIR] [--quick]
+    PYTHONPATH=bindings/python:bench python3 bench/bench_linear_fp8.py [--out DIR] [--quick] [--no-gemm]
+        [--no-torchao]
 
 Shapes M x K x N: Flux at 1024² (4608 tokens, width 3072): qkv 9216, ff up 12288, ff down;
 Wan 14B at 480p x 81 frames (32760 tokens, width 5120): a projection, ffn up 13824, ffn down.
@@ -60,6 +61,8 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-torchao", action="store_true", help="leave torchao's compiled int8 weight-only peer out")
+    ap.add_argument("--no-gemm", action="store_true", help="the norms and the modulation GEMMs only")
     args = ap.parse_args()
     import torch
 
@@ -77,7 +80,7 @@ def main():
 
     q_row_c = torch.compile(q_row)
     rows = []
-    for name, M, K, N in SHAPES[:2] if args.quick else SHAPES:
+    for name, M, K, N in [] if args.no_gemm else SHAPES[:2] if args.quick else SHAPES:
         x = torch.randn(M, K, device="cuda", dtype=BF)
         w = torch.randn(N, K, device="cuda", dtype=BF) / K ** 0.5
         xq, sx = q_row(x)
@@ -154,7 +157,7 @@ def main():
                     "fusedk quantize_fp8 + linear_fp8": lambda i: fusedk.linear_fp8(fusedk.quantize_fp8(x), w4, b),
                     "torchao scaled_mm row (x quantized)": lambda i: torch._scaled_mm(
                         *(lambda q: (q[0], wq.t(), q[1], sw.t()))(q_row(x)), bias=b, out_dtype=BF, use_fast_accum=True)}
-            ao = torchao_int8_weight_only(w, b)
+            ao = None if args.no_torchao else torchao_int8_weight_only(w, b)
             if ao is not None:
                 impl["torchao int8 weight-only compile"] = lambda i: ao(x)
             err = {}
@@ -171,7 +174,7 @@ def main():
     name = "bench_linear_fp8"
     with open(f"{args.out}/{name}.json", "w") as f:
         json.dump(dict(meta=meta, rows=rows, norms=norms, modulation=mods), f, indent=1)
-    cols = list(rows[0]["us"])
+    cols = list(rows[0]["us"]) if rows else []
     L = [f"# FP8 linear, {meta['gpu']}, {meta['date']}, torch {meta['torch']}", "",
          "µs a call (graph replays, median); in brackets the rate against bf16 F.linear", "",
          "| shape | M x K x N | " + " | ".join(cols) + " |", "|---|---|" + "---:|" * len(cols)]
