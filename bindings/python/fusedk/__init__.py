@@ -398,8 +398,9 @@ def linear_fp8(x, w, bias=None, act="none", aux=False, out=None, aux_out=None, s
 def quantize_int8(x, out=None, stream=None):
     """x [..., K] (float32, float16, bfloat16) as an int8 ScaledTensor: data int8 [..., K], scale
     float32 [...], a row at a time as torchao's symmetric int8 (Int8WeightOnlyConfig): scale =
-    amax / 127.5, data = x / scale rounded to nearest even within [-128, 127]. For weights (a
-    scale an output channel) that linear_w8 reads. out=: a ScaledTensor to write."""
+    amax / 127.5, data = x * (1 / scale) in float32 rounded to nearest even within [-128, 127]
+    (torchao's bits for float32 rows). For weights (a scale an output channel) that linear_w8
+    reads. out=: a ScaledTensor to write."""
     d, sc = _scaled_out("quantize_int8", out)
     return ScaledTensor(*_call(_QUANT_I8, x, (d, sc, x), (), stream))
 
