@@ -1547,7 +1547,7 @@ __device__ __forceinline__ void norm_rows(const fusedk__norm_args &a, int64_t ro
       });
     }
   };
-  if constexpr (!Q8) finish(std::true_type()); // 16-bit kernels: the affine tested a vector (their tuned registers)
+  if constexpr (!Q8) finish(std::true_type()); // 16-bit kernels: the affine tests stay a vector (their registers tuned)
   else if (is_adaln(EPI) && (a.weight || a.bias)) finish(std::true_type());
   else finish(std::false_type());
 }
