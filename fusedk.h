@@ -78,6 +78,10 @@
                          as one GEMM over [x | h]
      fusedk_lowrank_update_backward / fusedk_linear_lowrank_backward   their gradients: dx, dv or
                          da, du_t or db, dcodes (and dbias), the frozen w not differentiated
+     fusedk_conv         out = act(conv(x, w) + bias) + residual over NHWC images and NDHWC videos
+                         (causal time padding of the video VAEs), an implicit GEMM on tensor cores
+     fusedk_fold_batchnorm   BatchNorm's statistics folded into the conv's w and bias (Conv+BN+act
+                         is then one conv)
 
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
@@ -114,17 +118,18 @@
                       [sampler] diffusion_step         [position] rope, its tables, qk_norm_rope
                       [linear] linear, linear_backward (cuBLASLt)   [attention] attention
                       [lowrank] lowrank_update, linear_lowrank, their backward
+                      [conv] conv, fold_batchnorm
                       [registry] every op's arguments as data, output shapes
      internal         the argument structs the entry points hand fusedk_kernels.cu, family by
                       family, and its fusedk__cuda_* functions
      implementation   [errors] [tensors] [registry] (each op's entry and output shape rule, lookup,
                       fusedk_op_call) [validate] [numerics]
-                      [norm] [elementwise] [sampler] [position] [linear] [attention] [lowrank]
+                      [norm] [elementwise] [sampler] [position] [linear] [attention] [lowrank] [conv]
                       (CPU references and entry points)
                       [dlpack] [info]
      GPU half         fusedk_kernels.cu: [runtime] [dispatch] [numerics] [memory] [reduce] [tile]
                       [norm] [elementwise] (with [sampler]) [position] [gemm] [linear] [attention]
-                      [lowrank] [entry]
+                      [lowrank] [conv] [entry]
 
    ADDING AN OP
      An fusedk_op_id at the end of the enum, its registry entry (arguments in C order with kind
@@ -143,7 +148,7 @@
      (when <= -2) and FUSEDK_ACT_NONE, 0.7 int8 arguments (FUSEDK_I8, fusedk_scaled_tensor), 0.8
      int8 outputs (qk_norm_rope_int8), 0.9 float8 e4m3 (FUSEDK_E4M3), row scales
      (FUSEDK_ROLE_ROW_SCALE) and outputs of an attribute's dtype (scalar -3, fusedk_op_out_scalar),
-     0.11 int8 weights (quantize_int8, linear_w8); rebuild against the header you link.
+     0.11 int8 weights (quantize_int8, linear_w8), 0.12 conv and fold_batchnorm; rebuild against the header you link.
 */
 #ifndef FUSEDK_H
 #define FUSEDK_H
@@ -152,7 +157,7 @@
 #include <stdint.h>
 
 #define FUSEDK_VERSION_MAJOR 0
-#define FUSEDK_VERSION_MINOR 11
+#define FUSEDK_VERSION_MINOR 12
 #define FUSEDK_VERSION_PATCH 0
 
 #ifndef FUSEDK_MAX_DIMS
@@ -781,6 +786,41 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
                                                         fusedk_activation act, float scaling,
                                                         struct CUstream_st *stream);
 
+/* ---- [conv] convolution over channels-last images and videos ----
+   conv: out[n, t, h, w, co] = act(z) + residual[n, t, h, w, co], with
+     z = bias[co] + sum over taps (i, j, k) and ci of
+         x[n, t stride_t + i - pad_t, h stride + j - pad, w stride + k - pad, ci] w[co, i, j, k, ci]
+   x [N, T, H, W, Ci] (NDHWC, a video) or [N, H, W, Ci] (NHWC, an image: no t, i, and the time
+   attributes left at their defaults); w [Co, kt, kh, kw, Ci] or [Co, kh, kw, Ci], any kernel size
+   (torch's Conv weight [Co, Ci, kh, kw] is w.permute(0, 2, 3, 1)); bias [Co] and residual (out's
+   shape) optional; out [N, To, Ho, Wo, Co] with Ho = (H + 2 pad - kh) / stride + 1 (floor; Wo
+   likewise) and To = (T + pad_t + pad_t_back - kt) / stride_t + 1. Spatial padding is zeros
+   (`pad` each side). Time: pad_t frames in front and pad_t_back behind, zeros, or with
+   time_replicate = 1 the first frame repeated in front and the last behind: the video VAEs'
+   causal convs are pad_t = kt - 1, pad_t_back = 0, zeros (Wan) or the first frame (LTX-Video).
+   act: FUSEDK_ACT_NONE (default), SILU, RELU, GELU, GELU_TANH on z in full precision; one
+   rounding to the dtype after the residual (a ResNet block's conv2 + shortcut). Any strides but
+   a contiguous channel dim (x, out, residual: NHWC views of a larger buffer work); out may not
+   overlap an input. CPU: every dtype, double accumulation. GPU: f16/bf16 (float32 is refused),
+   an implicit GEMM over M = N To Ho Wo rows, Co columns and K = kt kh kw Ci on the tensor cores,
+   float32 accumulation in a fixed order (the same bits every run); channels that are multiples of
+   8 with 16-byte aligned pixels take 16-byte asynchronous copies, any other the element path.
+   fold_batchnorm: BatchNorm's running statistics folded into the conv before it, so Conv + BN
+   (+ act) is one conv: s[co] = gamma[co] / sqrt(var[co] + eps), w_out[co, ...] = w[co, ...] s[co],
+   b_out[co] = (bias[co] - mean[co]) s[co] + beta[co]; gamma, beta (affine = False: 1 and 0) and
+   bias optional; w [Co, ...] in any layout whose dims after the first are compact (torch's
+   NCHW weight or its channels-last permutation), w_out like it (w itself: in place), the rest
+   [Co]. Double math, one rounding of each output, CPU and GPU alike. */
+FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *w,
+                                     const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
+                                     int32_t pad, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
+                                     int32_t time_replicate, fusedk_activation act, struct CUstream_st *stream);
+FUSEDK_DEF fusedk_status fusedk_fold_batchnorm(const fusedk_tensor *w_out, const fusedk_tensor *b_out,
+                                               const fusedk_tensor *w, const fusedk_tensor *bias,
+                                               const fusedk_tensor *gamma, const fusedk_tensor *beta,
+                                               const fusedk_tensor *mean, const fusedk_tensor *var, float eps,
+                                               struct CUstream_st *stream);
+
 /* ---- [registry] every op's tensors and attributes, for bindings (Python, XLA FFI) ----
    fusedk_op_call(i, tensors, attrs, stream) runs op i with its tensors in the order of
    fusedk_op_get(i)->tensors (= the C function's argument order; NULL = an absent optional one)
@@ -824,9 +864,11 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_ADALN_FP8 = 32,
   FUSEDK_OP_GLU_FP8 = 33,
   FUSEDK_OP_QUANTIZE_INT8 = 34,
-  FUSEDK_OP_LINEAR_W8 = 35
+  FUSEDK_OP_LINEAR_W8 = 35,
+  FUSEDK_OP_CONV = 36,
+  FUSEDK_OP_FOLD_BATCHNORM = 37
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 36
+#define FUSEDK_OP_COUNT 38
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -1114,6 +1156,28 @@ typedef struct fusedk__lowrank_grad_args {
   void *dbias;              /* [N] contiguous, or NULL */
 } fusedk__lowrank_grad_args;
 
+/* conv, as fusedk.h's [conv] comment writes it, images as videos of one frame (T = To = kt = 1):
+   x [N, T, H, W, Ci], w [Co, kt, kh, kw, Ci], out and res [N, To, Ho, Wo, Co], each by its strides
+   (elements) of the four leading dims, the channels contiguous. */
+typedef struct fusedk__conv_args {
+  int32_t scalar, act, replicate;
+  int32_t stride, pad, stride_t, pad_t;
+  int64_t N, T, H, W, Ci, To, Ho, Wo, Co, kt, kh, kw;
+  const void *x, *w, *bias, *res;
+  void *out;
+  int64_t xs[4], ws[4], os[4], rs[4];
+} fusedk__conv_args;
+
+/* fold_batchnorm: w and w_out [Co, R] rows (R compact elements, row strides ws and wos); the
+   vectors [Co] contiguous, gamma, beta and bias NULL when absent. */
+typedef struct fusedk__fold_args {
+  int32_t scalar;
+  float eps;
+  int64_t Co, R, ws, wos;
+  const void *w, *bias, *gamma, *beta, *mean, *var;
+  void *w_out, *b_out;
+} fusedk__fold_args;
+
 fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t device_id,
                                 struct CUstream_st *stream);
 fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t device_id,
@@ -1143,6 +1207,10 @@ fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, cons
 fusedk_status fusedk__cuda_lowrank_grad_pass(const fusedk__lowrank_grad_args *a, float *sv, int64_t ldv, float *su,
                                              int64_t ldu, const char *op, int32_t device_id,
                                              struct CUstream_st *stream);
+fusedk_status fusedk__cuda_conv(const fusedk__conv_args *a, const char *op, int32_t device_id,
+                                struct CUstream_st *stream);
+fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char *op, int32_t device_id,
+                                          struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -1277,6 +1345,15 @@ fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fu
 }
 fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, const char *op, int32_t id,
                                         struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_conv(const fusedk__conv_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char *op, int32_t id,
+                                          struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
@@ -1755,6 +1832,64 @@ static int fusedk__shape_linear_lowrank_backward(const fusedk_op *o, int out, co
   return nd;
 }
 
+/* [conv] */
+
+/* conv's geometry from x, w and the attributes (stride, pad, stride_t, pad_t, pad_t_back,
+   time_replicate, act): a->N ... a->kw, stride and padding (what the registry's shape rule and the
+   entry point both need; the rest of a untouched). */
+static fusedk_status fusedk__conv_geometry(const char *op, const fusedk_tensor *x, const fusedk_tensor *w,
+                                           const double *at, fusedk__conv_args *a) {
+  char shp[160], wsh[160];
+  if (x->ndim != 4 && x->ndim != 5)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: x has shape %s, expected [N, H, W, Ci] (NHWC) or [N, T, H, W, Ci] "
+                        "(NDHWC)", op, fusedk__shape_str(x, shp, sizeof shp));
+  if (!w || !w->shape || w->ndim != x->ndim || w->shape[w->ndim - 1] != x->shape[x->ndim - 1])
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected [Co, %skh, kw, %lld] (x's channels last, "
+                        "as x's %d dims)", op, w && w->shape ? fusedk__shape_str(w, wsh, sizeof wsh) : "(none)",
+                        x->ndim == 5 ? "kt, " : "", (long long)x->shape[x->ndim - 1], (int)x->ndim);
+  const int v = x->ndim == 5;
+  for (int i = 0; i < 7; ++i) {
+    static const char *names[] = {"stride", "pad", "stride_t", "pad_t", "pad_t_back", "time_replicate", "act"};
+    const double lo = i == 0 || i == 2 ? 1 : 0, hi = i == 5 ? 1 : i == 6 ? FUSEDK_ACT_NONE : 1 << 20;
+    if (!(at[i] >= lo && at[i] <= hi) || at[i] != (double)(int64_t)at[i])
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g, expected an integer in %g..%g", op, names[i],
+                          at[i], lo, hi);
+    if (!v && i >= 2 && i <= 5 && at[i] != (i == 2))
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g for an image (x [N, H, W, Ci]), expected %d: "
+                          "the time attributes are a video's (x [N, T, H, W, Ci])", op, names[i], at[i], i == 2);
+  }
+  a->stride = (int32_t)at[0], a->pad = (int32_t)at[1], a->stride_t = (int32_t)at[2], a->pad_t = (int32_t)at[3];
+  a->replicate = (int32_t)at[5], a->act = (int32_t)at[6];
+  a->N = x->shape[0], a->T = v ? x->shape[1] : 1, a->H = x->shape[1 + v], a->W = x->shape[2 + v];
+  a->Ci = x->shape[3 + v], a->Co = w->shape[0];
+  a->kt = v ? w->shape[1] : 1, a->kh = w->shape[1 + v], a->kw = w->shape[2 + v];
+  if (a->Co < 1 || a->kt < 1 || a->kh < 1 || a->kw < 1)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: w has shape %s, expected sizes >= 1 but Ci's", op,
+                        fusedk__shape_str(w, wsh, sizeof wsh));
+  const int64_t pt = a->pad_t + (int64_t)at[4], t = a->T + pt, h = a->H + 2 * (int64_t)a->pad,
+                wd = a->W + 2 * (int64_t)a->pad;
+  if ((a->T && t < a->kt) || (a->H && h < a->kh) || (a->W && wd < a->kw))
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: x has shape %s and w %s: the kernel is larger than the padded "
+                        "input (T + pad_t + pad_t_back, H + 2 pad, W + 2 pad)", op, fusedk__shape_str(x, shp, sizeof shp),
+                        fusedk__shape_str(w, wsh, sizeof wsh));
+  a->To = a->T ? (t - a->kt) / a->stride_t + 1 : 0, a->Ho = a->H ? (h - a->kh) / a->stride + 1 : 0;
+  a->Wo = a->W ? (wd - a->kw) / a->stride + 1 : 0;
+  return FUSEDK_OK;
+}
+
+/* conv: out [N, (To,) Ho, Wo, Co] */
+static int fusedk__shape_conv(const fusedk_op *o, int out, const fusedk_tensor *like, const fusedk_tensor *const *t,
+                              const double *a, int64_t *shape) {
+  (void)out;
+  fusedk__conv_args g;
+  fusedk_status st = fusedk__conv_geometry(o->name, like, t[2], a, &g);
+  if (st) return -(int)st;
+  const int v = like->ndim == 5;
+  if (v) shape[1] = g.To;
+  shape[1 + v] = g.Ho, shape[2 + v] = g.Wo, shape[3 + v] = g.Co;
+  return like->ndim;
+}
+
 #define FUSEDK__IN(n, role) {n, FUSEDK_ARG_IN, -1, -1, role, -1}
 #define FUSEDK__OPT(n, role) {n, FUSEDK_ARG_IN_OPT, -1, -1, role, -1}
 #define FUSEDK__OUT(n, like) {n, FUSEDK_ARG_OUT, like, -1, FUSEDK_ROLE_ROW, -1}
@@ -1957,6 +2092,19 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
        {"w", FUSEDK_ARG_IN, -1, -1, FUSEDK_ROLE_OWN, FUSEDK_I8}, FUSEDK__F32_IN("w_scale"),
        FUSEDK__OPT("bias", FUSEDK_ROLE_OWN)},
       {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("want_aux", 0)}}, fusedk__shape_linear},
+    /* [conv] (after the ops before it) */
+    {{"conv", 5, 7, -1,
+      {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("w", FUSEDK_ROLE_OWN),
+       FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__OPT("residual", FUSEDK_ROLE_OWN)},
+      {FUSEDK__I32("stride", 1), FUSEDK__I32("pad", 0), FUSEDK__I32("stride_t", 1), FUSEDK__I32("pad_t", 0),
+       FUSEDK__I32("pad_t_back", 0), FUSEDK__I32("time_replicate", 0), FUSEDK__I32("act", FUSEDK_ACT_NONE)}},
+     fusedk__shape_conv},
+    /* w_out like w, b_out like mean ([Co]) */
+    {{"fold_batchnorm", 8, 1, -1,
+      {FUSEDK__OUT("w_out", 2), FUSEDK__OUT("b_out", 6), FUSEDK__IN("w", FUSEDK_ROLE_OWN),
+       FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__OPT("gamma", FUSEDK_ROLE_OWN), FUSEDK__OPT("beta", FUSEDK_ROLE_OWN),
+       FUSEDK__IN("mean", FUSEDK_ROLE_OWN), FUSEDK__IN("var", FUSEDK_ROLE_OWN)},
+      {FUSEDK__EPS(1e-5)}}, NULL},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2144,6 +2292,11 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
       const fusedk_scaled_tensor w = {t[3], t[4]};
       return fusedk_linear_w8(t[0], t[1], t[2], &w, t[5], (fusedk_activation)(int)a[0], s);
     }
+    case FUSEDK_OP_CONV:
+      return fusedk_conv(t[0], t[1], t[2], t[3], t[4], (int32_t)a[0], (int32_t)a[1], (int32_t)a[2], (int32_t)a[3],
+                         (int32_t)a[4], (int32_t)a[5], (fusedk_activation)(int)a[6], s);
+    case FUSEDK_OP_FOLD_BATCHNORM:
+      return fusedk_fold_batchnorm(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], (float)a[0], s);
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION_INT8_SCALED: {
@@ -4387,6 +4540,165 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
   g.dbias = fusedk__base(dbias);
   if (!dx && !da && !db && !dcodes && !dbias) return FUSEDK_OK;
   return fusedk__grad_run(&g, &s.c, stream);
+}
+
+/* --- [conv] CPU references and entry points ------------------------------------------------ */
+
+/* conv: w converted to double once ([Co][taps Ci]), then per output pixel its receptive field
+   gathered in double (zeros outside, the clamped frame for replicated time padding) and one dot
+   product a channel, accumulated in double and rounded once. */
+static int fusedk__conv_cpu(const fusedk__conv_args *a) {
+  const int s = a->scalar;
+  const int64_t taps = a->kt * a->kh * a->kw, K = taps * a->Ci, es = (int64_t)fusedk__scalar_size(s);
+  double *w = (double *)malloc((size_t)(a->Co * K + K) * sizeof(double) + 1), *f = w + a->Co * K;
+  if (!w) return -1;
+  for (int64_t co = 0; co < a->Co; ++co)
+    for (int64_t i = 0, k = 0; i < a->kt; ++i)
+      for (int64_t j = 0; j < a->kh; ++j)
+        for (int64_t l = 0; l < a->kw; ++l, k += a->Ci) {
+          const char *row = (const char *)a->w + es * (co * a->ws[0] + i * a->ws[1] + j * a->ws[2] + l * a->ws[3]);
+          for (int64_t c = 0; c < a->Ci; ++c) w[co * K + k + c] = fusedk__load(row, c, s);
+        }
+  for (int64_t n = 0; n < a->N; ++n)
+    for (int64_t t = 0; t < a->To; ++t)
+      for (int64_t h = 0; h < a->Ho; ++h)
+        for (int64_t x = 0; x < a->Wo; ++x) {
+          for (int64_t i = 0, k = 0; i < a->kt; ++i)
+            for (int64_t j = 0; j < a->kh; ++j)
+              for (int64_t l = 0; l < a->kw; ++l, k += a->Ci) {
+                int64_t ti = t * a->stride_t + i - a->pad_t;
+                const int64_t hi = h * a->stride + j - a->pad, wi = x * a->stride + l - a->pad;
+                if (a->replicate) ti = ti < 0 ? 0 : ti >= a->T ? a->T - 1 : ti;
+                const int in = ti >= 0 && ti < a->T && hi >= 0 && hi < a->H && wi >= 0 && wi < a->W;
+                const char *row = (const char *)a->x + es * (n * a->xs[0] + ti * a->xs[1] + hi * a->xs[2] + wi * a->xs[3]);
+                for (int64_t c = 0; c < a->Ci; ++c) f[k + c] = in ? fusedk__load(row, c, s) : 0.0;
+              }
+          char *o = (char *)a->out + es * (n * a->os[0] + t * a->os[1] + h * a->os[2] + x * a->os[3]);
+          const char *r = a->res ? (const char *)a->res + es * (n * a->rs[0] + t * a->rs[1] + h * a->rs[2] + x * a->rs[3])
+                                 : NULL;
+          for (int64_t co = 0; co < a->Co; ++co) {
+            double z = a->bias ? fusedk__load(a->bias, co, s) : 0.0;
+            for (int64_t k = 0; k < K; ++k) z += f[k] * w[co * K + k];
+            if (a->act != FUSEDK_ACT_NONE) z = fusedk__act_f64(z, a->act);
+            fusedk__store(o, co, r ? z + fusedk__load(r, co, s) : z, s);
+          }
+        }
+  free(w);
+  return 0;
+}
+
+/* A tensor's strides of its leading dims as [n, t, h, w] (an image's t: 0) */
+static void fusedk__conv_strides(const fusedk_tensor *t, int64_t *st) {
+  const int v = t->ndim == 5;
+  st[0] = fusedk__stride(t, 0), st[1] = v ? fusedk__stride(t, 1) : 0;
+  st[2] = fusedk__stride(t, 1 + v), st[3] = fusedk__stride(t, 2 + v);
+}
+
+FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *w,
+                                     const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
+                                     int32_t pad, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
+                                     int32_t time_replicate, fusedk_activation act, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {out, x, w, bias, residual};
+  const double at[] = {(double)stride, (double)pad, (double)stride_t, (double)pad_t, (double)pad_t_back,
+                       (double)time_replicate, (double)act};
+  fusedk__rowset s;
+  fusedk__conv_args a;
+  memset(&a, 0, sizeof a);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_CONV), t, &s);
+  if (st || (st = fusedk__conv_geometry(s.c.op, x, w, at, &a))) return st;
+  const int v = x->ndim == 5;
+  int64_t os[5] = {a.N, a.To, a.Ho, a.Wo, a.Co}, *o = v ? os : os + 1;
+  if (!v) o[0] = a.N;
+  if ((st = fusedk__check_shape(&s.c, out, "out", x->ndim, o, "x's images with w's channels: see fusedk_conv")) ||
+      (residual && (st = fusedk__check_shape(&s.c, residual, "residual", x->ndim, o, "out's shape"))) ||
+      (bias && (st = fusedk__check_shape(&s.c, bias, "bias", 1, &a.Co, "[Co] (the first dim of w)"))))
+    return st;
+  const char *names[] = {"out", "x", "w", "bias", "residual"};
+  for (int i = 1; i < 5; ++i)
+    if ((st = fusedk__check_disjoint(&s.c, out, "out", t[i], names[i]))) return st;
+  if (fusedk__is_gpu(s.c.dev.device_type) && s.c.scalar == FUSEDK_F32)
+    return fusedk__fail(FUSEDK_ERR_UNSUPPORTED, "%s: x is float32 on a GPU, expected float16 or bfloat16 (the "
+                        "tensor cores' conv; float32 runs on the CPU)", s.c.op);
+  a.scalar = s.c.scalar;
+  a.x = fusedk__base(x), a.w = fusedk__base(w), a.bias = fusedk__base(bias), a.res = fusedk__base(residual);
+  a.out = fusedk__base(out);
+  fusedk__conv_strides(x, a.xs), fusedk__conv_strides(out, a.os);
+  if (residual) fusedk__conv_strides(residual, a.rs);
+  a.ws[0] = fusedk__stride(w, 0), a.ws[1] = v ? fusedk__stride(w, 1) : 0;
+  a.ws[2] = fusedk__stride(w, 1 + v), a.ws[3] = fusedk__stride(w, 2 + v);
+  if (a.N == 0 || a.To == 0 || a.Ho == 0 || a.Wo == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_conv(&a, s.c.op, s.c.dev.device_id, stream);
+  return fusedk__conv_cpu(&a) ? fusedk__fail(FUSEDK_ERR_OUT_OF_MEMORY, "%s: cannot allocate the reference's buffers",
+                                             s.c.op) : FUSEDK_OK;
+}
+
+/* fold_batchnorm's scale of channel co, in double */
+static double fusedk__fold_scale(const fusedk__fold_args *a, int64_t co) {
+  const double g = a->gamma ? fusedk__load(a->gamma, co, a->scalar) : 1.0;
+  return g / sqrt(fusedk__load(a->var, co, a->scalar) + (double)a->eps);
+}
+
+static void fusedk__fold_cpu(const fusedk__fold_args *a) {
+  const int s = a->scalar;
+  const int64_t es = (int64_t)fusedk__scalar_size(s);
+  for (int64_t co = 0; co < a->Co; ++co) {
+    const double k = fusedk__fold_scale(a, co), b = a->bias ? fusedk__load(a->bias, co, s) : 0.0;
+    const char *wr = (const char *)a->w + es * co * a->ws;
+    char *wo = (char *)a->w_out + es * co * a->wos;
+    for (int64_t r = 0; r < a->R; ++r) fusedk__store(wo, r, fusedk__load(wr, r, s) * k, s);
+    fusedk__store(a->b_out, co, (b - fusedk__load(a->mean, co, s)) * k + (a->beta ? fusedk__load(a->beta, co, s) : 0.0), s);
+  }
+}
+
+/* w [Co, ...] as Co rows of R compact elements: the row stride, or a layout failure */
+static fusedk_status fusedk__fold_rows(const fusedk__check *c, const fusedk_tensor *t, const char *name, int64_t *R,
+                                       int64_t *rs) {
+  int64_t n = 1;
+  for (int i = t->ndim - 1; i >= 1; n *= t->shape[i--])
+    if (t->shape[i] > 1 && fusedk__stride(t, i) != n)
+      return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has stride %lld in dim %d, expected %lld: the dims after the "
+                          "first compact (a weight as its module holds it)", c->op, name,
+                          (long long)fusedk__stride(t, i), i, (long long)n);
+  *R = n, *rs = fusedk__stride(t, 0);
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_fold_batchnorm(const fusedk_tensor *w_out, const fusedk_tensor *b_out,
+                                               const fusedk_tensor *w, const fusedk_tensor *bias,
+                                               const fusedk_tensor *gamma, const fusedk_tensor *beta,
+                                               const fusedk_tensor *mean, const fusedk_tensor *var, float eps,
+                                               struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {w_out, b_out, w, bias, gamma, beta, mean, var};
+  const char *names[] = {"w_out", "b_out", "w", "bias", "gamma", "beta", "mean", "var"};
+  fusedk__rowset s;
+  fusedk__fold_args a;
+  memset(&a, 0, sizeof a);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_FOLD_BATCHNORM), t, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
+  a.Co = w->shape[0];
+  for (int k = 3; k < 9; ++k) { /* the inputs first: b_out was allocated like mean */
+    const int i = k < 8 ? k : 1;
+    if (t[i] && (st = fusedk__check_shape(&s.c, t[i], names[i], 1, &a.Co, "[Co] (the first dim of w)"))) return st;
+  }
+  int64_t R2, os;
+  if ((st = fusedk__fold_rows(&s.c, w, "w", &a.R, &a.ws)) || (st = fusedk__fold_rows(&s.c, w_out, "w_out", &R2, &os)))
+    return st;
+  a.wos = os;
+  uintptr_t l0, h0, l1, h1; /* w_out may be w exactly (in place), else apart from every input */
+  fusedk__extent(w_out, &l0, &h0), fusedk__extent(w, &l1, &h1);
+  const int same = l0 == l1 && h0 == h1 && a.ws == a.wos && fusedk__base(w_out) == fusedk__base(w);
+  for (int i = 2; i < 8; ++i)
+    if ((!(same && i == 2) && (st = fusedk__check_disjoint(&s.c, w_out, "w_out", t[i], names[i]))) ||
+        (st = fusedk__check_disjoint(&s.c, b_out, "b_out", t[i], names[i])))
+      return st;
+  if ((st = fusedk__check_disjoint(&s.c, b_out, "b_out", w_out, "w_out"))) return st;
+  a.scalar = s.c.scalar, a.eps = eps;
+  a.w = fusedk__base(w), a.w_out = fusedk__base(w_out), a.b_out = fusedk__base(b_out), a.bias = fusedk__base(bias);
+  a.gamma = fusedk__base(gamma), a.beta = fusedk__base(beta), a.mean = fusedk__base(mean), a.var = fusedk__base(var);
+  if (a.Co == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_fold_batchnorm(&a, s.c.op, s.c.dev.device_id, stream);
+  fusedk__fold_cpu(&a);
+  return FUSEDK_OK;
 }
 
 /* --- [dlpack] allocations and streams ---------------------------------------------------- */

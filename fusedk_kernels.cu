@@ -9,10 +9,10 @@
 //
 // Parts: a build may compile this file once per kernel family, in parallel, by defining one or
 // more of FUSEDK_ONLY_NORM, FUSEDK_ONLY_ELEMENTWISE (with [sampler]), FUSEDK_ONLY_POSITION,
-// FUSEDK_ONLY_LINEAR (with [gemm]), FUSEDK_ONLY_ATTENTION, FUSEDK_ONLY_LOWRANK and
+// FUSEDK_ONLY_LINEAR (with [gemm]), FUSEDK_ONLY_ATTENTION, FUSEDK_ONLY_LOWRANK, FUSEDK_ONLY_CONV and
 // FUSEDK_ONLY_RUNTIME (fusedk__cuda_alloc/free, _stream_wait, _device_count, _info, _shutdown) for
 // each object. Such an object holds the shared helpers ([runtime] to [tile]) and the named families
-// with their [entry] functions; the seven parts together define every fusedk__cuda_* function once
+// with their [entry] functions; the eight parts together define every fusedk__cuda_* function once
 // (meson.build links them into libfusedk). The linear part calls into two others: its act pass
 // into fusedk__cuda_elementwise, linear_lowrank into fusedk__cuda_lowrank and the low-rank
 // backward into fusedk__cuda_lowrank_grad_pass (the lowrank part's one-pass kernel; its GEMM path
@@ -58,10 +58,12 @@
 //               and unaligned views: CUDA cores); the backward's one-pass lowrank_grad_kernel.
 //               One section over two build parts: the shapes (both), the routing and the
 //               GEMM-path backward (the linear part: [gemm]), the kernels (the lowrank part)
+//   [conv]      conv: conv_kernel, an implicit GEMM on warp_mma (the receptive field gathered by
+//               cp.async a tap and 64 channels at a time); fold_batchnorm's fold_kernel
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
 //               fusedk__cuda_linear, fusedk__cuda_linear_lowrank, fusedk__cuda_lowrank_grad,
 //               fusedk__cuda_shutdown, fusedk__cuda_attention, fusedk__cuda_lowrank,
-//               fusedk__cuda_lowrank_grad_pass,
+//               fusedk__cuda_lowrank_grad_pass, fusedk__cuda_conv, fusedk__cuda_fold_batchnorm,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
@@ -87,7 +89,7 @@
 // The parts this object compiles (see Parts above): all of them unless FUSEDK_ONLY_* names some.
 #if defined(FUSEDK_ONLY_NORM) || defined(FUSEDK_ONLY_ELEMENTWISE) || defined(FUSEDK_ONLY_POSITION) || \
     defined(FUSEDK_ONLY_LINEAR) || defined(FUSEDK_ONLY_ATTENTION) || defined(FUSEDK_ONLY_LOWRANK) ||        \
-    defined(FUSEDK_ONLY_RUNTIME)
+    defined(FUSEDK_ONLY_CONV) || defined(FUSEDK_ONLY_RUNTIME)
 #define FUSEDK__PART_ALL 0
 #else
 #define FUSEDK__PART_ALL 1
@@ -121,6 +123,11 @@
 #define FUSEDK__PART_LOWRANK 1
 #else
 #define FUSEDK__PART_LOWRANK 0
+#endif
+#if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_CONV)
+#define FUSEDK__PART_CONV 1
+#else
+#define FUSEDK__PART_CONV 0
 #endif
 #if FUSEDK__PART_ALL || defined(FUSEDK_ONLY_RUNTIME)
 #define FUSEDK__PART_RUNTIME 1
@@ -5771,6 +5778,170 @@ template <typename T> cudaError_t launch_lowrank(const fusedk__lowrank_args &a, 
 }
 #endif // FUSEDK__PART_LOWRANK
 
+// ---------------------------------------------------------------------------------------------
+// [conv] conv as an implicit GEMM: rows m = the output pixels (n, t, h, w), columns the Co output
+// channels, k = (tap, ci). A k tile is one tap's 64 channels: a row's 128 bytes of A are one
+// input pixel's (zeros where the tap falls in the padding), B's the weights of that tap, so the
+// im2col matrix is never written. 128x128 tiles, 8 warps of 64x32, three cp.async stages; the
+// epilogue adds bias, applies act and the residual in float32 and rounds once.
+// ---------------------------------------------------------------------------------------------
+#if FUSEDK__PART_CONV
+constexpr int kCvM = 128, kCvN = 128, kCvCh = 8, kCvStages = 3, kCvThreads = 256;
+constexpr int kCvTile = kCvM * kCvCh * 16; // bytes of one operand's stage (A and B alike)
+constexpr int kCvRows = kCvM * kCvCh / kCvThreads; // the A (and B) rows one thread copies a stage
+
+// A pixel of the padded input: the tap's element offset, or -1 in the zero padding. Replicated
+// time padding reads the first (last) frame instead.
+__device__ __forceinline__ int64_t conv_pixel(const fusedk__conv_args &a, int64_t nb, int t, int h, int w) {
+  if (a.replicate) t = t < 0 ? 0 : t >= a.T ? (int)a.T - 1 : t;
+  if (t < 0 || t >= a.T || h < 0 || h >= a.H || w < 0 || w >= a.W) return -1;
+  return nb + t * a.xs[1] + h * a.xs[2] + w * a.xs[3];
+}
+
+// One thread's 8 elements (16 bytes) of a stage: by cp.async where VEC (every pixel 16-byte
+// aligned, Ci a multiple of 8), else element loads and a shared store (visible after the ring's
+// next barrier). `off` < 0 or channels past `cols` give zeros.
+template <typename T, bool VEC>
+__device__ __forceinline__ void conv_chunk(uint32_t dst, const T *base, int64_t off, int cols) {
+  if constexpr (VEC) {
+    const bool in = off >= 0 && cols > 0;
+    cp_async16(dst, in ? base + off : base, in ? 16 : 0);
+  } else {
+    uint16_t e[8];
+    const uint16_t *p = reinterpret_cast<const uint16_t *>(base) + (off < 0 ? 0 : off);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = off >= 0 && j < cols ? p[j] : (uint16_t)0;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(e[0] | (uint32_t)e[1] << 16),
+                 "r"(e[2] | (uint32_t)e[3] << 16), "r"(e[4] | (uint32_t)e[5] << 16), "r"(e[6] | (uint32_t)e[7] << 16)
+                 : "memory");
+  }
+}
+
+template <typename T, bool VEC> __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
+  const int64_t m0 = (int64_t)blockIdx.x * kCvM, n0 = (int64_t)blockIdx.y * kCvN;
+  const int64_t M = a.N * a.To * a.Ho * a.Wo, plane = a.Ho * a.Wo, frames = a.To * plane;
+  const int chunk = tid % kCvCh, nc = (int)((a.Ci + 63) / 64), taps = (int)(a.kt * a.kh * a.kw);
+  // this thread's A rows (output pixels: their padded input origin) and B rows (output channels)
+  int64_t nb[kCvRows];
+  int t0[kCvRows], h0[kCvRows], w0[kCvRows];
+#pragma unroll
+  for (int r = 0; r < kCvRows; ++r) {
+    const int64_t m = m0 + tid / kCvCh + r * (kCvThreads / kCvCh);
+    const int64_t mm = m < M ? m : 0, n = mm / frames, q = mm % frames, hw = q % plane;
+    nb[r] = m < M ? n * a.xs[0] : -1;
+    t0[r] = (int)(q / plane) * a.stride_t - a.pad_t, h0[r] = (int)(hw / a.Wo) * a.stride - a.pad;
+    w0[r] = (int)(hw % a.Wo) * a.stride - a.pad;
+  }
+  const T *x = static_cast<const T *>(a.x), *wt = static_cast<const T *>(a.w);
+  auto load = [&](int q, int stage) {
+    const int tap = q / nc, c = (q % nc) * 64 + chunk * 8, i = tap / (int)(a.kh * a.kw), j = tap / (int)a.kw % (int)a.kh,
+              l = tap % (int)a.kw, cols = (int)a.Ci - c;
+    const uint32_t sa = sbase + stage * 2 * kCvTile, sb = sa + kCvTile;
+#pragma unroll
+    for (int r = 0; r < kCvRows; ++r) {
+      const int row = tid / kCvCh + r * (kCvThreads / kCvCh);
+      const int64_t px = nb[r] < 0 ? -1 : conv_pixel(a, nb[r], t0[r] + i, h0[r] + j, w0[r] + l);
+      conv_chunk<T, VEC>(sa + swz<kCvCh>(row, chunk), x, px < 0 ? -1 : px + c, cols);
+      const int64_t co = n0 + row;
+      conv_chunk<T, VEC>(sb + swz<kCvCh>(row, chunk), wt,
+                         co < a.Co ? co * a.ws[0] + i * a.ws[1] + j * a.ws[2] + l * a.ws[3] + c : -1, cols);
+    }
+  };
+  float acc[4][4][4] = {};
+  const WarpOperand<kCvCh, kA> opa(sbase + wm * 64 * kCvCh * 16, lane);
+  const WarpOperand<kCvCh, kB> opb(sbase + kCvTile + wn * 32 * kCvCh * 16, lane);
+  ring_run<kCvStages>(taps * nc, load, [&](int, int stage) {
+    const uint32_t off = (uint32_t)stage * 2 * kCvTile;
+    WarpOperand<kCvCh, kA> sa = opa;
+    WarpOperand<kCvCh, kB> sb = opb;
+    sa.row += off, sb.row += off;
+    warp_mma<T, 4, 2, 4>([&](int i, int t) -> float(&)[4] { return acc[i][t]; }, sa, sb);
+  });
+  // epilogue: lane holds rows lane / 4 (+ 8) of each 16-row tile, channel pairs 2 (lane % 4)
+  const T *bias = static_cast<const T *>(a.bias), *res = static_cast<const T *>(a.res);
+  T *out = static_cast<T *>(a.out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int64_t m = m0 + wm * 64 + i * 16 + lane / 4 + hf * 8;
+      if (m >= M) continue;
+      const int64_t n = m / frames, q = m % frames, t = q / plane, hw = q % plane, h = hw / a.Wo, w = hw % a.Wo;
+      const int64_t o = n * a.os[0] + t * a.os[1] + h * a.os[2] + w * a.os[3];
+      const int64_t ro = res ? n * a.rs[0] + t * a.rs[1] + h * a.rs[2] + w * a.rs[3] : 0;
+#pragma unroll
+      for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t co = n0 + wn * 32 + tt * 8 + (lane % 4) * 2 + e;
+          if (co >= a.Co) continue;
+          float z = acc[i][tt][hf * 2 + e] + (bias ? to_f32<T>(bias[co]) : 0.f);
+          z = act_f32(z, a.act);
+          if (res) z += to_f32<T>(res[ro + co]);
+          out[o + co] = from_f32<T>(z);
+        }
+    }
+}
+
+cudaError_t launch_conv(const fusedk__conv_args &a, cudaStream_t s, int dev) {
+  const int64_t M = a.N * a.To * a.Ho * a.Wo;
+  const int64_t gx = (M + kCvM - 1) / kCvM, gy = (a.Co + kCvN - 1) / kCvN;
+  if (gx > 2147483647 || gy > 65535) return cudaErrorInvalidConfiguration;
+  // 16-byte chunks: channels in 8s and every pixel (and w's tap rows) on a 16-byte boundary
+  auto al = [](const void *p, const int64_t *st, int n) {
+    bool ok = (uintptr_t)p % 16 == 0;
+    for (int i = 0; i < n; ++i) ok = ok && st[i] % 8 == 0;
+    return ok;
+  };
+  const bool vec = a.Ci % 8 == 0 && al(a.x, a.xs, 4) && al(a.w, a.ws, 4);
+  const size_t smem = (size_t)kCvStages * 2 * kCvTile;
+  const dim3 grid((unsigned)gx, (unsigned)gy);
+  return dispatch_scalar(a.scalar, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same<T, float>::value) return cudaErrorInvalidValue; // refused by the entry point
+    else {
+      cudaError_t e;
+      if (vec) {
+        if ((e = smem_opt_in<conv_kernel<T, true>>(smem, 0, dev))) return e;
+        conv_kernel<T, true><<<grid, kCvThreads, smem, s>>>(a);
+      } else {
+        if ((e = smem_opt_in<conv_kernel<T, false>>(smem, 0, dev))) return e;
+        conv_kernel<T, false><<<grid, kCvThreads, smem, s>>>(a);
+      }
+      return cudaGetLastError();
+    }
+  });
+}
+
+// fold_batchnorm: one thread an element of w (and of b_out for the first Co threads), in double
+__global__ void fold_kernel(const fusedk__fold_args a) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, co = i / (a.R ? a.R : 1), r = i % (a.R ? a.R : 1);
+  auto ld = [&](const void *p, int64_t k) -> double {
+    if (a.scalar == FUSEDK_F32) return static_cast<const float *>(p)[k];
+    if (a.scalar == FUSEDK_F16) return __half2float(static_cast<const __half *>(p)[k]);
+    return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[k]);
+  };
+  auto st = [&](void *p, int64_t k, double v) { // one rounding: double to the dtype directly
+    if (a.scalar == FUSEDK_F32) static_cast<float *>(p)[k] = (float)v;
+    else if (a.scalar == FUSEDK_F16) static_cast<__half *>(p)[k] = __double2half(v);
+    else static_cast<__nv_bfloat16 *>(p)[k] = __double2bfloat16(v);
+  };
+  const int64_t n = a.R ? a.Co * a.R : a.Co;
+  if (i >= n && i >= a.Co) return;
+  if (i < a.Co) { // b_out[i]
+    const double k = (a.gamma ? ld(a.gamma, i) : 1.0) / sqrt(ld(a.var, i) + (double)a.eps);
+    st(a.b_out, i, ((a.bias ? ld(a.bias, i) : 0.0) - ld(a.mean, i)) * k + (a.beta ? ld(a.beta, i) : 0.0));
+  }
+  if (i < n && a.R) {
+    const double k = (a.gamma ? ld(a.gamma, co) : 1.0) / sqrt(ld(a.var, co) + (double)a.eps);
+    st(a.w_out, co * a.wos + r, ld(a.w, co * a.ws + r) * k);
+  }
+}
+#endif // FUSEDK__PART_CONV
+
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -6052,5 +6223,21 @@ size_t fusedk__cuda_info(char *buf, size_t size) {
   return k;
 }
 #endif // FUSEDK__PART_RUNTIME
+
+#if FUSEDK__PART_CONV
+fusedk_status fusedk__cuda_conv(const fusedk__conv_args *a, const char *op, int32_t device_id,
+                                struct CUstream_st *stream) {
+  return on_device(device_id, op, [&] { return launch_conv(*a, stream, device_id); });
+}
+
+fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char *op, int32_t device_id,
+                                          struct CUstream_st *stream) {
+  return on_device(device_id, op, [&] {
+    const int64_t n = std::max(a->Co * a->R, a->Co);
+    fold_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(*a);
+    return cudaGetLastError();
+  });
+}
+#endif // FUSEDK__PART_CONV
 
 } // extern "C"

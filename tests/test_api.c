@@ -253,7 +253,8 @@ static void registry_cases(void) {
                                         "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                                         "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8",
                                         "dequantize_fp8", "linear_fp8", "rmsnorm_fp8", "layernorm_fp8",
-                                        "adaln_fp8", "glu_fp8", "quantize_int8", "linear_w8"};
+                                        "adaln_fp8", "glu_fp8", "quantize_int8", "linear_w8", "conv",
+                                        "fold_batchnorm"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -1201,6 +1202,11 @@ static const shape_case shape_cases[] = {
     {FUSEDK_OP_GLU_FP8, "x=2,5,24", "act=1 act_half=1", "out=2,5,12 out_scale=2,5"},
     {FUSEDK_OP_QUANTIZE_INT8, "x=48,32", "", "out=48,32 out_scale=48"},
     {FUSEDK_OP_LINEAR_W8, "x=2,7,32 w=48,32 w_scale=48", "want_aux=1", "y=2,7,48 aux_out=2,7,48"},
+    {FUSEDK_OP_CONV, "x=2,9,7,5 w=6,3,3,5", "pad=1", "out=2,9,7,6"},
+    {FUSEDK_OP_CONV, "x=2,9,7,5 w=6,3,3,5", "stride=2", "out=2,4,3,6"},
+    {FUSEDK_OP_CONV, "x=1,5,9,8,4 w=3,3,1,3,4", "pad_t=2 pad=1 stride=2", "out=1,5,6,4,3"},
+    {FUSEDK_OP_CONV, "x=1,5,9,8,4 w=3,3,3,3,4", "stride_t=2 pad_t=1 pad_t_back=1", "out=1,3,7,6,3"},
+    {FUSEDK_OP_FOLD_BATCHNORM, "w=6,3,3,5 mean=6 var=6", "", "w_out=6,3,3,5 b_out=6"},
 };
 
 /* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */
@@ -1628,12 +1634,12 @@ int main(void) {
   for (int i = 0; i < B * 6 * D; ++i) bsc[i] = 0.1f;
   for (int i = 0; i < B * D; ++i) bsh[i] = bg[i] = 0.2f;
 
-  EXPECT(strcmp(fusedk_version(), "0.11.0") == 0, "version %s", fusedk_version());
+  EXPECT(strcmp(fusedk_version(), "0.12.0") == 0, "version %s", fusedk_version());
   EXPECT(strcmp(fusedk_status_name(FUSEDK_ERR_LAYOUT), "FUSEDK_ERR_LAYOUT") == 0, "status name");
   EXPECT(FUSEDK_ERR_OUT_OF_MEMORY == 10 && FUSEDK_ERR_NO_CUDA == 7, "status values are fixed");
   char info[4096];
   size_t n = fusedk_kernel_info(info, sizeof info);
-  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.11.0\""),
+  EXPECT(n > 0 && n < sizeof info && strstr(info, "\"rmsnorm\"") && strstr(info, "\"version\": \"0.12.0\""),
          "kernel_info: %s", info);
 
   for (int op = OP_RMS; op <= OP_MOCHI; ++op) cases_for((op_t)op);

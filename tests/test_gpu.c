@@ -128,8 +128,8 @@ static buf_t mk(fusedk_scalar s, int ndim, const int64_t *shape, int64_t pad, si
   memset(&b, 0, sizeof b);
   b.ndim = ndim;
   b.s = s;
-  b.shape = calloc(4, sizeof(int64_t)); /* up to 4 dims: rope's [B, S, H, Dh] */
-  b.strides = calloc(4, sizeof(int64_t));
+  b.shape = calloc(5, sizeof(int64_t)); /* up to 5 dims: conv's [N, T, H, W, C] */
+  b.strides = calloc(5, sizeof(int64_t));
   int64_t st = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     b.shape[i] = shape[i];
@@ -2443,6 +2443,71 @@ static void linear_w8_cases(fusedk_scalar s) {
            sname(s));
 }
 
+/* --- [conv] conv against the CPU reference: both load paths (16-byte chunks; channels not in 8s,
+   pixels off the 16-byte grid: `cpad` elements after each pixel, `shift` before the base), the
+   tile tails (pixels, channels, Co), strides, zero and replicated time padding, the epilogue ---- */
+typedef struct {
+  int nd;
+  int64_t x[5], w[5];
+  int stride, pad, stride_t, pad_t, pad_t_back, rep, act, bias, res;
+  int64_t cpad;
+  size_t shift;
+} conv_t;
+
+static void run_conv(fusedk_scalar s, conv_t c) {
+  char what[240];
+  const int v = c.nd == 5;
+  int64_t o[5], K = 1;
+  for (int i = 1; i < c.nd; ++i) K *= c.w[i];
+  o[0] = c.x[0], o[c.nd - 1] = c.w[0];
+  if (v) o[1] = (c.x[1] + c.pad_t + c.pad_t_back - c.w[1]) / c.stride_t + 1;
+  for (int i = 1 + v; i < c.nd - 1; ++i) o[i] = (c.x[i] + 2 * c.pad - c.w[i]) / c.stride + 1;
+  snprintf(what, sizeof what, "conv %s x [%lld,%lld,%lld,%lld%s] w [%lld,...,%lld] k %lld stride %d pad %d%s%s act %s%s%s "
+           "cpad %lld shift %zu", sname(s), (long long)c.x[0], (long long)c.x[1], (long long)c.x[2], (long long)c.x[3],
+           v ? ",..." : "", (long long)c.w[0], (long long)c.w[c.nd - 1], (long long)(K / c.w[c.nd - 1]), c.stride,
+           c.pad, v ? (c.rep ? " causal replicate" : " time pad") : "", c.stride_t > 1 ? " stride_t" : "",
+           act_name(c.act), c.bias ? " bias" : "", c.res ? " residual" : "", (long long)c.cpad, c.shift);
+  const int64_t co = c.w[0];
+  buf_t x = mk(s, c.nd, c.x, c.cpad, c.shift, 0, 1.0, 0.0), w = mk(s, c.nd, c.w, 0, 0, 0, 1.0 / sqrt((double)K), 0.0);
+  buf_t b = mk(s, 1, &co, 0, 0, 0, 0.5, 0.0), r = mk(s, c.nd, o, c.cpad, c.shift, 0, 1.0, 0.0);
+  buf_t y = mk(s, c.nd, o, c.cpad, c.shift, 0, 0.0, 0.0);
+  poison(&y);
+  fusedk_status st[2];
+  for (int d = 0; d < 2; ++d)
+    st[d] = fusedk_conv(d ? &y.td : &y.th, d ? &x.td : &x.th, d ? &w.td : &w.th, !c.bias ? NULL : d ? &b.td : &b.th,
+                        !c.res ? NULL : d ? &r.td : &r.th, c.stride, c.pad, c.stride_t, c.pad_t, c.pad_t_back, c.rep,
+                        (fusedk_activation)c.act, NULL);
+  if (!call_failed_counted(what, st[0], st[1])) {
+    ++checks;
+    if (compare(what, &y, c.res ? &r : NULL, 0, eps_of(s), 1)) ++failures;
+  }
+  drop(&x), drop(&w), drop(&b), drop(&r), drop(&y);
+}
+
+static void conv_cases(fusedk_scalar s) {
+  const int n_before = failures, N = FUSEDK_ACT_NONE, SILU = FUSEDK_ACT_SILU;
+  /* {nd, x, w, stride, pad, stride_t, pad_t, pad_t_back, replicate, act, bias, residual, cpad, shift} */
+  for (int act = FUSEDK_ACT_GELU; act <= N; ++act)
+    run_conv(s, (conv_t){4, {2, 9, 7, 64}, {40, 3, 3, 64}, 1, 1, 1, 0, 0, 0, act, act % 2, act % 2 == 0, 0, 0});
+  run_conv(s, (conv_t){4, {1, 17, 19, 72}, {130, 3, 3, 72}, 2, 1, 1, 0, 0, 0, N, 1, 1, 0, 0});   /* Ci, Co tails */
+  run_conv(s, (conv_t){4, {1, 9, 8, 12}, {7, 3, 3, 12}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0});       /* Ci % 8 */
+  run_conv(s, (conv_t){4, {2, 6, 5, 3}, {5, 3, 3, 3}, 1, 1, 1, 0, 0, 0, SILU, 1, 1, 0, 0});      /* RGB */
+  run_conv(s, (conv_t){4, {1, 7, 9, 32}, {24, 3, 3, 32}, 1, 1, 1, 0, 0, 0, N, 1, 1, 3, 0});      /* padded pixels */
+  run_conv(s, (conv_t){4, {1, 7, 9, 32}, {24, 1, 1, 32}, 1, 0, 1, 0, 0, 0, N, 0, 0, 0, 1});      /* shifted base */
+  run_conv(s, (conv_t){4, {1, 1, 1, 256}, {17, 3, 3, 256}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0});    /* a 1x1 image */
+  run_conv(s, (conv_t){4, {3, 1, 37, 16}, {8, 1, 5, 16}, 2, 2, 1, 0, 0, 0, N, 1, 1, 0, 0});      /* 1-row images */
+  run_conv(s, (conv_t){5, {1, 5, 9, 10, 32}, {48, 3, 3, 3, 32}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0}); /* Wan's */
+  run_conv(s, (conv_t){5, {2, 4, 6, 7, 24}, {16, 3, 3, 3, 24}, 1, 1, 1, 2, 0, 1, SILU, 1, 0, 0, 0}); /* LTX's */
+  run_conv(s, (conv_t){5, {1, 7, 6, 6, 16}, {16, 3, 1, 1, 16}, 1, 0, 2, 1, 1, 0, N, 1, 0, 5, 0}); /* time conv */
+  if (!small) {
+    run_conv(s, (conv_t){4, {2, 64, 64, 320}, {320, 3, 3, 320}, 1, 1, 1, 0, 0, 0, SILU, 1, 0, 0, 0}); /* the seed's */
+    run_conv(s, (conv_t){5, {1, 3, 20, 24, 384}, {384, 3, 3, 3, 384}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0});
+  }
+  if (failures == n_before)
+    printf("ok   %s conv (2D and 3D, k 1/3/5, stride 1/2, causal zero and replicate, 5 acts, bias, residual, Ci and "
+           "Co tails, padded and shifted pixels)\n", sname(s));
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
@@ -2493,6 +2558,7 @@ static const unit_t units[] = {
     FOR_DTYPES("lowrank", "lowrank", lowrank_cases),
     FOR_DTYPES("lowrank", "linear_lowrank", linear_lowrank_cases),
     FOR_DTYPES("lowrank", "lowrank_grad", lowrank_grad_cases),
+    FOR_16BIT("conv", "conv", conv_cases), /* the GPU kernel takes f16 and bf16 */
 };
 enum { N_UNITS = sizeof units / sizeof units[0] };
 
@@ -2598,7 +2664,7 @@ int main(void) {
   for (int i = 0; i < N_UNITS; ++i)
     if (unit ? !strcmp(units[i].name, unit) : selected(&units[i], only)) sel[n++] = i;
   if (n == 0) {
-    printf("FUSEDK_TEST_%s=%s names no unit; families: norm, elementwise, position, graph, huge, linear, attention, "
+    printf("FUSEDK_TEST_%s=%s names no unit; families: norm, elementwise, position, graph, huge, linear, attention, conv, "
            "lowrank; units:",
            unit ? "UNIT" : "ONLY", unit ? unit : only);
     for (int i = 0; i < N_UNITS; ++i) printf("%s %s", i ? "," : "", units[i].name);

@@ -491,3 +491,39 @@ def lowrank_grad(dy, x, ps, qs, codes=None, ids=None, scaling=1.0, w=None, aux=N
     if w is not None:
         dx += dz @ f64(w)
     return dx.reshape(np.shape(x)), dps, dqs, dc.reshape(np.shape(x)[:-1] + (-1,)), dz.sum(0)
+
+
+# --- [conv] --------------------------------------------------------------------------------
+def conv(x, w, bias=None, residual=None, stride=1, pad=0, stride_t=1, pad_t=0, pad_t_back=0, replicate=False,
+         act_kind="none"):
+    """fusedk_conv in float64: the padded input sliced once a tap, [N, To, Ho, Wo, Ci] @ w's tap"""
+    x, w = f64(x), f64(w)
+    video = x.ndim == 5
+    if not video:
+        x, w = x[:, None], w[:, None]
+    T, (Co, kt, kh, kw, _) = x.shape[1], w.shape
+    if replicate:
+        x = np.concatenate([x[:, :1]] * pad_t + [x] + [x[:, -1:]] * pad_t_back, axis=1)
+    else:
+        x = np.pad(x, ((0, 0), (pad_t, pad_t_back), (0, 0), (0, 0), (0, 0)))
+    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad), (0, 0)))
+    To, Ho, Wo = ((x.shape[1] - kt) // stride_t + 1, (x.shape[2] - kh) // stride + 1, (x.shape[3] - kw) // stride + 1)
+    out = np.zeros((x.shape[0], To, Ho, Wo, Co))
+    for i in range(kt):
+        for j in range(kh):
+            for k in range(kw):
+                p = x[:, i:i + stride_t * (To - 1) + 1:stride_t, j:j + stride * (Ho - 1) + 1:stride,
+                      k:k + stride * (Wo - 1) + 1:stride]
+                out += p @ w[:, i, j, k].T
+    out = out + (0 if bias is None else f64(bias))
+    if act_kind != "none":
+        out = act(out, act_kind)
+    out = out + (0 if residual is None else f64(residual).reshape(out.shape))
+    return out if video else out[:, 0]
+
+
+def fold_batchnorm(w, bias, gamma, beta, mean, var, eps=1e-5):
+    s = (1.0 if gamma is None else f64(gamma)) / np.sqrt(f64(var) + np.float64(np.float32(eps)))
+    w = f64(w) * s.reshape((-1,) + (1,) * (np.ndim(w) - 1))
+    b = ((0 if bias is None else f64(bias)) - f64(mean)) * s + (0 if beta is None else f64(beta))
+    return w, b

@@ -65,6 +65,8 @@ VALID = {
     "linear_fp8": lambda: ([None, None, f8(3, 16), f32(3), f8(5, 16), f32(5), None], ()),
     "quantize_int8": lambda: ([None, None, f32(B, L, D)], ()),
     "linear_w8": lambda: ([None, None, f32(3, 16), i8(5, 16), f32(5), None], ()),
+    "conv": lambda: ([None, f32(B, 5, 4, D), f32(3, 3, 3, D), f32(3), None], (1, 1)),
+    "fold_batchnorm": lambda: ([None, None, f32(3, 3, 3, D), f32(3), f32(3), f32(3), f32(3), f32(3) ** 2 + 0.5], ()),
     "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
     "lowrank_prepare": lambda: ([None, f32(6, D), f32(6, 3)], (0.5,)),
     "linear_lowrank": lambda: ([None, None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3),
@@ -203,6 +205,8 @@ def _public_calls():
         (fusedk.linear_lowrank, (x, f32(6, D + 8), f32(3, D))),
         (fusedk.lowrank_update_backward, (f32(B, L, 6), x, f32(D, 4), f32(4, 6))),
         (fusedk.linear_lowrank_backward, (f32(B, L, 6), x, f32(6, D + 8), f32(3, D))),
+        (fusedk.conv, (f32(B, 5, 4, D), f32(3, 3, 3, D))),
+        (fusedk.fold_batchnorm, (f32(3, 3, 3, D), None, None, None, f32(3), f32(3) ** 2 + 0.5)),
     ]
 
 
@@ -230,8 +234,8 @@ def test_scalar_arguments_that_are_not_numbers_raise_type_error(fn, args):
                                                                 fusedk.dequantize_fp8, fusedk.linear_fp8,
                                                                 fusedk.rmsnorm_fp8, fusedk.layernorm_fp8,
                                                                 fusedk.adaln_fp8, fusedk.glu_fp8,
-                                                                fusedk.quantize_int8)],
-                         # (theirs: tuples, (q_out, ...) and (ScaledTensor, ScaledTensor); the FP8 ops' out
+                                                                fusedk.quantize_int8, fusedk.fold_batchnorm)],
+                         # (theirs: tuples, (q_out, ...), (w_out, b_out) and (ScaledTensor, ScaledTensor); the FP8 ops' out
                          # takes out_dtype from out= itself: test_fp8 has their out= cases)
                          ids=lambda v: getattr(v, "__name__", ""))
 def test_out_errors_name_out(fn, args):

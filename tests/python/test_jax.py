@@ -141,7 +141,7 @@ def test_fusedk_functions_route_jax_arrays_here():
                           "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                           "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8",
                           "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8", "quantize_int8",
-                          "linear_w8"]
+                          "linear_w8", "conv", "fold_batchnorm"]
 
 
 def test_every_registry_op_has_a_target():
@@ -210,6 +210,11 @@ def test_every_registry_op_has_a_target():
         elif o.name == "linear_w8":  # float32 x [2, 3, D], int8 w [5, D] with a scale a row
             ins = dict(x=ins["x"], w=np.ones((5, D), np.int8), w_scale=np.ones(5, np.float32))
             want = (2, 3, 5)
+        elif o.name == "conv":  # x [2, 6, 5, D] by a 3x3 w [4, 3, 3, D], no padding
+            ins = dict(x=np.ones((2, 6, 5, D), np.float32), w=np.ones((4, 3, 3, D), np.float32))
+            want = (2, 4, 3, 4)
+        elif o.name == "fold_batchnorm":  # w [4, 3, 3, D], mean and var [4]: (w', b')
+            ins = dict(w=np.ones((4, 3, 3, D), np.float32), mean=np.zeros(4, np.float32), var=np.ones(4, np.float32))
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)
         if o.name == "lowrank_update_backward":
             assert [t.shape for t in out] == [(2, 3, D), (D, 4), (4, 5)], o.name
@@ -231,6 +236,8 @@ def test_every_registry_op_has_a_target():
             assert [(t.shape, t.dtype.name) for t in out] == [((2, 3, D), "int8"), ((2, 3), "float32")], o.name
         elif o.name == "glu_fp8":  # half of x's last dim
             assert [(t.shape, t.dtype.name) for t in out] == [((2, 3, D // 2), "float8_e4m3fn"), ((2, 3), "float32")]
+        elif o.name == "fold_batchnorm":
+            assert [t.shape for t in out] == [(4, 3, 3, D), (4,)], o.name
         elif o.name in ("dequantize_fp8", "linear_fp8"):  # out_dtype's default: bfloat16
             assert isinstance(out, jax.Array) and out.shape == want and out.dtype.name == "bfloat16", o.name
         else:

@@ -177,14 +177,14 @@ def test_errors_name_the_argument_and_leave_outputs_untouched():
 
 def test_kernel_info():
     info = fusedk.kernel_info()
-    assert info["version"] == fusedk.__version__ == "0.11.0"
+    assert info["version"] == fusedk.__version__ == "0.12.0"
     assert set(info["ops"]) == {"rmsnorm", "layernorm", "adaln", "residual_tanh_gated_rmsnorm", "act", "silu_fma",
                                 "gated_residual", "glu", "glu_pair", "rope", "rope_table_1d", "rope_table_axes", "rope_table_ltx", "rope_table_mixed", "qk_norm_rope", "diffusion_step", "linear",
                                 "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
                                 "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                                 "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8",
                                 "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8",
-                                "quantize_int8", "linear_w8"}
+                                "quantize_int8", "linear_w8", "conv", "fold_batchnorm"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert info["ops"]["linear_fp8"] == ["float16", "bfloat16"]  # y's: its x and w are e4m3
     assert info["ops"]["dequantize_fp8"] == ["float32", "float16", "bfloat16"]
@@ -243,7 +243,7 @@ def test_public_namespace():
                            "LoRA", "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                            "attention_int8_scaled", "ScaledTensor", "qk_norm_rope_int8", "quantize_fp8",
                            "dequantize_fp8", "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8",
-                           "quantize_int8", "linear_w8"}
+                           "quantize_int8", "linear_w8", "conv", "fold_batchnorm", "fused_conv_bn_silu"}
     for internal in ("json", "ffi", "lib", "check", "Call"):
         assert not hasattr(fusedk, internal), internal
 
@@ -256,7 +256,7 @@ def test_every_registry_op_is_a_python_function():
                      "linear_backward", "attention", "lowrank_update", "lowrank_prepare", "linear_lowrank",
                      "lowrank_update_backward", "linear_lowrank_backward", "attention_int8", "attention_int8_scaled",
                      "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8", "linear_fp8", "rmsnorm_fp8",
-                     "layernorm_fp8", "adaln_fp8", "glu_fp8", "quantize_int8", "linear_w8"]
+                     "layernorm_fp8", "adaln_fp8", "glu_fp8", "quantize_int8", "linear_w8", "conv", "fold_batchnorm"]
     assert set(names) <= set(fusedk.__all__) and set(names) == set(fusedk.kernel_info()["ops"])
 
 

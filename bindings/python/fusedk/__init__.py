@@ -24,7 +24,7 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "Argume
            "attention",
            "attention_int8", "attention_int8_scaled", "ScaledTensor",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
-           "linear_lowrank_backward", "kernel_info",
+           "linear_lowrank_backward", "conv", "fold_batchnorm", "fused_conv_bn_silu", "kernel_info",
            "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
@@ -52,6 +52,8 @@ _LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_UPDATE
 _LR_PREPARE, _LINEAR_LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_PREPARE, _core.lib.FUSEDK_OP_LINEAR_LOWRANK
 _LOWRANK_BWD, _LINEAR_LOWRANK_BWD = (_core.lib.FUSEDK_OP_LOWRANK_UPDATE_BACKWARD,
                                      _core.lib.FUSEDK_OP_LINEAR_LOWRANK_BACKWARD)
+_CONV, _FOLD_BN = _core.lib.FUSEDK_OP_CONV, _core.lib.FUSEDK_OP_FOLD_BATCHNORM
+_TIME_PADS = {"zeros": 0, "replicate": 1}
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
 _LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOUT_BSHD}
@@ -614,3 +616,40 @@ class LoRA:
 
     def __call__(self, x, codes=None, adapter_ids=None, out=None, stream=None):
         return linear_lowrank(x, self.w_cat, self.a, self.bias, codes, self.act, adapter_ids, out, stream)
+
+
+def conv(x, w, bias=None, residual=None, stride=1, padding=0, act="none", stride_t=1, pad_t=0, pad_t_back=0,
+         time_pad="zeros", out=None, stream=None):
+    """Convolution over channels-last images and videos, bias, activation and a residual in its
+    epilogue: out = act(conv(x, w) + bias) + residual. x [N, H, W, Ci] or [N, T, H, W, Ci] (a
+    torch NCHW tensor in channels_last memory is x.permute(0, 2, 3, 1), NCDHW in channels_last_3d
+    x.permute(0, 2, 3, 4, 1)); w [Co, kh, kw, Ci] or [Co, kt, kh, kw, Ci] (torch's weight permuted
+    the same way); out [N, (To,) Ho, Wo, Co]. stride and padding (zeros) act on H and W; stride_t,
+    pad_t frames in front and pad_t_back behind on T, as zeros or, time_pad="replicate", the first
+    and last frame repeated (a causal video conv: pad_t = kt - 1, pad_t_back = 0). act: "none",
+    "silu", "relu", "gelu", "gelu_tanh". GPU: float16/bfloat16 on tensor cores."""
+    a = _choice("conv", "act", act, _LINEAR_ACTS)
+    tp = _choice("conv", "time_pad", time_pad, _TIME_PADS)
+    for name, v in (("stride", stride), ("padding", padding), ("stride_t", stride_t), ("pad_t", pad_t),
+                    ("pad_t_back", pad_t_back)):
+        if not _core.is_number(v):
+            raise _core.ArgumentTypeError("FUSEDK_ERR_INVALID_ARGUMENT", f"conv: {name} is {v!r} (a "
+                                          f"{type(v).__name__}), expected an integer")
+    return _call(_CONV, x, (out, x, w, bias, residual), (stride, padding, stride_t, pad_t, pad_t_back, tp, a), stream)
+
+
+def fold_batchnorm(w, bias, gamma, beta, mean, var, eps=1e-5, out=None, stream=None):
+    """BatchNorm's running statistics folded into the conv (or linear) before it: returns (w', b')
+    with s = gamma / sqrt(var + eps), w' = w * s (per output channel, w's first dim), b' = (bias -
+    mean) * s + beta, so conv(x, w', b') = BatchNorm(conv(x, w, bias)) in eval mode. bias, gamma
+    and beta may be None (no conv bias; affine=False). Double math, one rounding. out=: (w_out,
+    b_out) to write (w_out may be w itself)."""
+    wo, bo = (None, None) if out is None else out
+    return tuple(_call(_FOLD_BN, w, (wo, bo, w, bias, gamma, beta, mean, var), (eps,), stream))
+
+
+def fused_conv_bn_silu(x, w, bias, gamma, beta, mean, var, eps=1e-5, stride=1, padding=1, out=None, stream=None):
+    """Conv + BatchNorm (eval) + SiLU as one conv: fold_batchnorm, then conv with the SiLU epilogue.
+    x, w channels-last as conv's. For a module used many times, fold once and call conv."""
+    wf, bf = fold_batchnorm(w, bias, gamma, beta, mean, var, eps, stream=stream)
+    return conv(x, wf, bf, stride=stride, padding=padding, act="silu", out=out, stream=stream)

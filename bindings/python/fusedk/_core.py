@@ -232,6 +232,12 @@ class Op:
         if n == "lowrank_prepare":  # [N, K + A r], r rounded up to 8
             b = shapes[2]
             return (like[0], like[1] + (b[0] if len(b) == 3 else 1) * ((b[-1] + 7) // 8 * 8))
+        if n == "conv":  # [N, (To,) Ho, Wo, Co] (fusedk__conv_geometry)
+            stride, pad, stride_t, pad_t, pad_t_back = (int(v) for v in values[:5])
+            w, v = shapes[2], len(like) == 5
+            sp = tuple((d + 2 * pad - k) // stride + 1 for d, k in zip(like[1 + v:3 + v], w[1 + v:3 + v]))
+            t = ((like[1] + pad_t + pad_t_back - w[1]) // stride_t + 1,) if v else ()
+            return (like[0],) + t + sp + (w[0],)
         if n == "lowrank_update":  # x's rows of K2 (u_t's columns)
             return like[:-1] + (shapes[4][1],)
         if n in ("attention", "attention_int8", "attention_int8_scaled"):
