@@ -82,6 +82,7 @@
                          (causal time padding of the video VAEs), an implicit GEMM on tensor cores
      fusedk_fold_batchnorm   BatchNorm's statistics folded into the conv's w and bias (Conv+BN+act
                          is then one conv)
+     fusedk_group_norm   channels-last GroupNorm (+ scale/shift, + act: GroupNorm + SiLU in one op)
 
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
@@ -118,7 +119,7 @@
                       [sampler] diffusion_step         [position] rope, its tables, qk_norm_rope
                       [linear] linear, linear_backward (cuBLASLt)   [attention] attention
                       [lowrank] lowrank_update, linear_lowrank, their backward
-                      [conv] conv, fold_batchnorm
+                      [conv] conv, fold_batchnorm, group_norm
                       [registry] every op's arguments as data, output shapes
      internal         the argument structs the entry points hand fusedk_kernels.cu, family by
                       family, and its fusedk__cuda_* functions
@@ -148,7 +149,7 @@
      (when <= -2) and FUSEDK_ACT_NONE, 0.7 int8 arguments (FUSEDK_I8, fusedk_scaled_tensor), 0.8
      int8 outputs (qk_norm_rope_int8), 0.9 float8 e4m3 (FUSEDK_E4M3), row scales
      (FUSEDK_ROLE_ROW_SCALE) and outputs of an attribute's dtype (scalar -3, fusedk_op_out_scalar),
-     0.11 int8 weights (quantize_int8, linear_w8), 0.12 conv and fold_batchnorm; rebuild against the header you link.
+     0.11 int8 weights (quantize_int8, linear_w8), 0.12 conv, fold_batchnorm and group_norm; rebuild against the header you link.
 */
 #ifndef FUSEDK_H
 #define FUSEDK_H
@@ -802,8 +803,9 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
    rounding to the dtype after the residual (a ResNet block's conv2 + shortcut). Any strides but
    a contiguous channel dim (x, out, residual: NHWC views of a larger buffer work); out may not
    overlap an input. CPU: every dtype, double accumulation. GPU: f16/bf16 (float32 is refused),
-   an implicit GEMM over M = N To Ho Wo rows, Co columns and K = kt kh kw Ci on the tensor cores,
-   float32 accumulation in a fixed order (the same bits every run); channels that are multiples of
+   an implicit GEMM over M = N To Ho Wo rows, Co columns and K = kt kh kw Ci on the tensor cores
+   (wgmma on sm_90a; mma.sync elsewhere, and with FUSEDK_NO_TMA=1 in the environment), float32
+   accumulation in a fixed order (the same bits every run); channels that are multiples of
    8 with 16-byte aligned pixels take 16-byte asynchronous copies, any other the element path.
    fold_batchnorm: BatchNorm's running statistics folded into the conv before it, so Conv + BN
    (+ act) is one conv: s[co] = gamma[co] / sqrt(var[co] + eps), w_out[co, ...] = w[co, ...] s[co],
@@ -815,6 +817,23 @@ FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tens
                                      const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
                                      int32_t pad, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
                                      int32_t time_replicate, fusedk_activation act, struct CUstream_st *stream);
+/* group_norm: channels-last GroupNorm, the VAEs' norm before each conv. x [N, ..., C] (the dims
+   between N and C are the L pixels: [N, H, W, C], [N, T, H, W, C]; they must flatten to one pixel
+   stride), `groups` G dividing C; per sample n and group g, mean and variance (biased) over its
+   L x C/G elements, then
+     y = act(((x - mean) rsqrt(var + eps) weight[c] + bias[c]) (1 + scale[n, c]) + shift[n, c])
+   weight, bias [C] and scale, shift [N, C] (any row stride: chunks of a conditioning projection)
+   optional; act NONE (default), SILU (the ResNet block's GroupNorm + SiLU), RELU, GELU, GELU_TANH.
+   One rounding. y may be x itself (in place) or any view of x's shape. CPU: double, the variance
+   from the mean (two passes). GPU: three launches, x read twice: per (sample, pixel chunk,
+   channel) float32 sums of x less its group's first element (a shift that keeps the variance's
+   cancellation small), reduced per group in double in a fixed order (bits the same every run on
+   a device), then the normalizing pass; the sums go in a buffer per (device, stream), made on
+   first use and kept until fusedk_shutdown, as attention's. */
+FUSEDK_DEF fusedk_status fusedk_group_norm(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *weight,
+                                           const fusedk_tensor *bias, const fusedk_tensor *scale,
+                                           const fusedk_tensor *shift, int32_t groups, float eps,
+                                           fusedk_activation act, struct CUstream_st *stream);
 FUSEDK_DEF fusedk_status fusedk_fold_batchnorm(const fusedk_tensor *w_out, const fusedk_tensor *b_out,
                                                const fusedk_tensor *w, const fusedk_tensor *bias,
                                                const fusedk_tensor *gamma, const fusedk_tensor *beta,
@@ -866,9 +885,10 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_QUANTIZE_INT8 = 34,
   FUSEDK_OP_LINEAR_W8 = 35,
   FUSEDK_OP_CONV = 36,
-  FUSEDK_OP_FOLD_BATCHNORM = 37
+  FUSEDK_OP_FOLD_BATCHNORM = 37,
+  FUSEDK_OP_GROUP_NORM = 38
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 38
+#define FUSEDK_OP_COUNT 39
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -1168,6 +1188,16 @@ typedef struct fusedk__conv_args {
   int64_t xs[4], ws[4], os[4], rs[4];
 } fusedk__conv_args;
 
+/* group_norm: x and y [N, L, C] by their sample and pixel strides (elements), C contiguous;
+   weight, bias [C] contiguous, scale, shift [N, C] by their sample strides; NULL when absent. */
+typedef struct fusedk__gn_args {
+  int32_t scalar, act, groups;
+  float eps;
+  int64_t N, L, C, xs[2], ys[2], ss[2];
+  const void *x, *weight, *bias, *scale, *shift;
+  void *y;
+} fusedk__gn_args;
+
 /* fold_batchnorm: w and w_out [Co, R] rows (R compact elements, row strides ws and wos); the
    vectors [Co] contiguous, gamma, beta and bias NULL when absent. */
 typedef struct fusedk__fold_args {
@@ -1211,6 +1241,8 @@ fusedk_status fusedk__cuda_conv(const fusedk__conv_args *a, const char *op, int3
                                 struct CUstream_st *stream);
 fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char *op, int32_t device_id,
                                           struct CUstream_st *stream);
+fusedk_status fusedk__cuda_group_norm(const fusedk__gn_args *a, const char *op, int32_t device_id,
+                                      struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -1354,6 +1386,10 @@ fusedk_status fusedk__cuda_conv(const fusedk__conv_args *a, const char *op, int3
 }
 fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char *op, int32_t id,
                                           struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_group_norm(const fusedk__gn_args *a, const char *op, int32_t id, struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
@@ -2105,6 +2141,10 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
        FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__OPT("gamma", FUSEDK_ROLE_OWN), FUSEDK__OPT("beta", FUSEDK_ROLE_OWN),
        FUSEDK__IN("mean", FUSEDK_ROLE_OWN), FUSEDK__IN("var", FUSEDK_ROLE_OWN)},
       {FUSEDK__EPS(1e-5)}}, NULL},
+    {{"group_norm", 6, 3, -1,
+      {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL),
+       FUSEDK__OPT("bias", FUSEDK__COL), FUSEDK__OPT("scale", FUSEDK_ROLE_OWN), FUSEDK__OPT("shift", FUSEDK_ROLE_OWN)},
+      {FUSEDK__I32("groups", 32), FUSEDK__EPS(1e-6), FUSEDK__I32("act", FUSEDK_ACT_NONE)}}, NULL},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2297,6 +2337,9 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
                          (int32_t)a[4], (int32_t)a[5], (fusedk_activation)(int)a[6], s);
     case FUSEDK_OP_FOLD_BATCHNORM:
       return fusedk_fold_batchnorm(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], (float)a[0], s);
+    case FUSEDK_OP_GROUP_NORM:
+      return fusedk_group_norm(t[0], t[1], t[2], t[3], t[4], t[5], (int32_t)a[0], (float)a[1],
+                               (fusedk_activation)(int)a[2], s);
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION_INT8_SCALED: {
@@ -4698,6 +4741,98 @@ FUSEDK_DEF fusedk_status fusedk_fold_batchnorm(const fusedk_tensor *w_out, const
   if (a.Co == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_fold_batchnorm(&a, s.c.op, s.c.dev.device_id, stream);
   fusedk__fold_cpu(&a);
+  return FUSEDK_OK;
+}
+
+/* group_norm: per (sample, group) the mean, then the variance about it, in double; one rounding */
+static void fusedk__gn_cpu(const fusedk__gn_args *a) {
+  const int s = a->scalar;
+  const int64_t es = (int64_t)fusedk__scalar_size(s), cg = a->C / a->groups;
+  for (int64_t n = 0; n < a->N; ++n)
+    for (int64_t g = 0; g < a->groups; ++g) {
+      double sum = 0.0, sq = 0.0;
+      const char *xn = (const char *)a->x + es * n * a->xs[0];
+      char *yn = (char *)a->y + es * n * a->ys[0];
+      for (int64_t l = 0; l < a->L; ++l)
+        for (int64_t c = g * cg; c < (g + 1) * cg; ++c) sum += fusedk__load(xn + es * l * a->xs[1], c, s);
+      const double mean = sum / (double)(a->L * cg);
+      for (int64_t l = 0; l < a->L; ++l)
+        for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+          const double d = fusedk__load(xn + es * l * a->xs[1], c, s) - mean;
+          sq += d * d;
+        }
+      const double rstd = 1.0 / sqrt(sq / (double)(a->L * cg) + (double)a->eps);
+      for (int64_t l = 0; l < a->L; ++l)
+        for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+          double v = (fusedk__load(xn + es * l * a->xs[1], c, s) - mean) * rstd;
+          if (a->weight) v *= fusedk__load(a->weight, c, s);
+          if (a->bias) v += fusedk__load(a->bias, c, s);
+          if (a->scale) v *= 1.0 + fusedk__load((const char *)a->scale + es * n * a->ss[0], c, s);
+          if (a->shift) v += fusedk__load((const char *)a->shift + es * n * a->ss[1], c, s);
+          if (a->act != FUSEDK_ACT_NONE) v = fusedk__act_f64(v, a->act);
+          fusedk__store(yn + es * l * a->ys[1], c, v, s);
+        }
+    }
+}
+
+/* t [N, ..., C] as [N, L, C]: its sample stride and its pixel stride, or a layout failure */
+static fusedk_status fusedk__gn_pixels(const fusedk__check *c, const fusedk_tensor *t, const char *name,
+                                       int64_t *st) {
+  int64_t ps = 0, want = 0; /* the innermost pixel dim's stride, and what the next one out must be */
+  for (int i = t->ndim - 2; i >= 1; --i) {
+    if (t->shape[i] == 1) continue;
+    if (want && fusedk__stride(t, i) != want)
+      return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has stride %lld in dim %d, expected %lld: the dims between N "
+                          "and C must flatten to one pixel stride", c->op, name, (long long)fusedk__stride(t, i), i,
+                          (long long)want);
+    if (!want) ps = fusedk__stride(t, i);
+    want = fusedk__stride(t, i) * t->shape[i];
+  }
+  st[0] = fusedk__stride(t, 0), st[1] = ps;
+  return FUSEDK_OK;
+}
+
+FUSEDK_DEF fusedk_status fusedk_group_norm(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *weight,
+                                           const fusedk_tensor *bias, const fusedk_tensor *scale,
+                                           const fusedk_tensor *shift, int32_t groups, float eps,
+                                           fusedk_activation act, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, x, weight, bias, scale, shift};
+  fusedk__rowset s;
+  fusedk__gn_args a;
+  memset(&a, 0, sizeof a);
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_GROUP_NORM), t, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
+  char shp[160];
+  if (x->ndim < 2)
+    return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: x has shape %s, expected [N, ..., C] (channels last)", s.c.op,
+                        fusedk__shape_str(x, shp, sizeof shp));
+  a.N = x->shape[0], a.C = x->shape[x->ndim - 1], a.L = 1;
+  for (int i = 1; i < x->ndim - 1; ++i) a.L *= x->shape[i];
+  if (groups < 1 || a.C % groups)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: groups is %d, expected a divisor of C = %lld (x's last dim)",
+                        s.c.op, (int)groups, (long long)a.C);
+  if ((int)act < 0 || (int)act > FUSEDK_ACT_NONE)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected a fusedk_activation (0..%d)", s.c.op,
+                        (int)act, FUSEDK_ACT_NONE);
+  const int64_t nc[2] = {a.N, a.C};
+  const char *mods[2] = {"scale", "shift"};
+  for (int k = 0; k < 2; ++k)
+    if (t[4 + k]) {
+      if ((st = fusedk__check_shape(&s.c, t[4 + k], mods[k], 2, nc, "[N, C] of x"))) return st;
+      a.ss[k] = fusedk__stride(t[4 + k], 0);
+    }
+  if ((st = fusedk__gn_pixels(&s.c, x, "x", a.xs)) || (st = fusedk__gn_pixels(&s.c, y, "y", a.ys))) return st;
+  /* y is x exactly (in place) or apart from every input */
+  const int same = fusedk__base(y) == fusedk__base(x) && a.xs[0] == a.ys[0] && a.xs[1] == a.ys[1];
+  const char *names[] = {"y", "x", "weight", "bias", "scale", "shift"};
+  for (int i = 1; i < 6; ++i)
+    if (!(same && i == 1) && (st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i]))) return st;
+  a.scalar = s.c.scalar, a.act = (int32_t)act, a.groups = groups, a.eps = eps;
+  a.x = fusedk__base(x), a.y = fusedk__base(y), a.weight = fusedk__base(weight), a.bias = fusedk__base(bias);
+  a.scale = fusedk__base(scale), a.shift = fusedk__base(shift);
+  if (a.N == 0 || a.L == 0 || a.C == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_group_norm(&a, s.c.op, s.c.dev.device_id, stream);
+  fusedk__gn_cpu(&a);
   return FUSEDK_OK;
 }
 

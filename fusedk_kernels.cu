@@ -58,12 +58,14 @@
 //               and unaligned views: CUDA cores); the backward's one-pass lowrank_grad_kernel.
 //               One section over two build parts: the shapes (both), the routing and the
 //               GEMM-path backward (the linear part: [gemm]), the kernels (the lowrank part)
-//   [conv]      conv: conv_kernel, an implicit GEMM on warp_mma (the receptive field gathered by
-//               cp.async a tap and 64 channels at a time); fold_batchnorm's fold_kernel
+//   [conv]      conv: conv_kernel, an implicit GEMM (the receptive field gathered by cp.async a tap
+//               and 64 channels at a time) on wgmma (sm_90a) or warp_mma; fold_batchnorm's
+//               fold_kernel; group_norm's gn_sums_kernel, gn_stats_kernel, gn_apply_kernel
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
 //               fusedk__cuda_linear, fusedk__cuda_linear_lowrank, fusedk__cuda_lowrank_grad,
 //               fusedk__cuda_shutdown, fusedk__cuda_attention, fusedk__cuda_lowrank,
 //               fusedk__cuda_lowrank_grad_pass, fusedk__cuda_conv, fusedk__cuda_fold_batchnorm,
+//               fusedk__cuda_group_norm,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
@@ -5817,13 +5819,17 @@ __device__ __forceinline__ void conv_chunk(uint32_t dst, const T *base, int64_t 
   }
 }
 
-template <typename T, bool VEC> __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_args a) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp & 1, wn = warp >> 1;
+// The 128x128 output tile of block (x, y). WG (sm_90a): two warpgroups of 64 rows each issue
+// wgmma over the stage (its rows are the 128-byte-swizzled K-major tiles wgmma reads); else 8
+// warps of 64x32 on mma.sync (warp_mma). The same loads and epilogue either way.
+template <typename T, bool VEC, bool WG>
+__global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_args a) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t sbase = (smem_u32(smem) + 1023) & ~1023u; // wgmma's swizzle atoms: 1024-byte aligned
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t m0 = (int64_t)blockIdx.x * kCvM, n0 = (int64_t)blockIdx.y * kCvN;
   const int64_t M = a.N * a.To * a.Ho * a.Wo, plane = a.Ho * a.Wo, frames = a.To * plane;
-  const int chunk = tid % kCvCh, nc = (int)((a.Ci + 63) / 64), taps = (int)(a.kt * a.kh * a.kw);
+  const int chunk = tid % kCvCh, nc = (int)((a.Ci + 63) / 64), nk = (int)(a.kt * a.kh * a.kw) * nc;
   // this thread's A rows (output pixels: their padded input origin) and B rows (output channels)
   int64_t nb[kCvRows];
   int t0[kCvRows], h0[kCvRows], w0[kCvRows];
@@ -5850,40 +5856,80 @@ template <typename T, bool VEC> __global__ void __launch_bounds__(kCvThreads) co
                          co < a.Co ? co * a.ws[0] + i * a.ws[1] + j * a.ws[2] + l * a.ws[3] + c : -1, cols);
     }
   };
-  float acc[4][4][4] = {};
-  const WarpOperand<kCvCh, kA> opa(sbase + wm * 64 * kCvCh * 16, lane);
-  const WarpOperand<kCvCh, kB> opb(sbase + kCvTile + wn * 32 * kCvCh * 16, lane);
-  ring_run<kCvStages>(taps * nc, load, [&](int, int stage) {
-    const uint32_t off = (uint32_t)stage * 2 * kCvTile;
-    WarpOperand<kCvCh, kA> sa = opa;
-    WarpOperand<kCvCh, kB> sb = opb;
-    sa.row += off, sb.row += off;
-    warp_mma<T, 4, 2, 4>([&](int i, int t) -> float(&)[4] { return acc[i][t]; }, sa, sb);
-  });
-  // epilogue: lane holds rows lane / 4 (+ 8) of each 16-row tile, channel pairs 2 (lane % 4)
+  // epilogue of output row m: emit(co, z) for each of the thread's values of that row
   const T *bias = static_cast<const T *>(a.bias), *res = static_cast<const T *>(a.res);
   T *out = static_cast<T *>(a.out);
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int64_t m = m0 + wm * 64 + i * 16 + lane / 4 + hf * 8;
-      if (m >= M) continue;
-      const int64_t n = m / frames, q = m % frames, t = q / plane, hw = q % plane, h = hw / a.Wo, w = hw % a.Wo;
-      const int64_t o = n * a.os[0] + t * a.os[1] + h * a.os[2] + w * a.os[3];
-      const int64_t ro = res ? n * a.rs[0] + t * a.rs[1] + h * a.rs[2] + w * a.rs[3] : 0;
-#pragma unroll
-      for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t co = n0 + wn * 32 + tt * 8 + (lane % 4) * 2 + e;
-          if (co >= a.Co) continue;
-          float z = acc[i][tt][hf * 2 + e] + (bias ? to_f32<T>(bias[co]) : 0.f);
-          z = act_f32(z, a.act);
-          if (res) z += to_f32<T>(res[ro + co]);
-          out[o + co] = from_f32<T>(z);
-        }
+  auto row_out = [&](int64_t m, auto &&values) {
+    if (m >= M) return;
+    const int64_t n = m / frames, q = m % frames, t = q / plane, hw = q % plane, h = hw / a.Wo, w = hw % a.Wo;
+    const int64_t o = n * a.os[0] + t * a.os[1] + h * a.os[2] + w * a.os[3];
+    const int64_t ro = res ? n * a.rs[0] + t * a.rs[1] + h * a.rs[2] + w * a.rs[3] : 0;
+    values([&](int64_t co, float z) {
+      if (co >= a.Co) return;
+      z = act_f32(z + (bias ? to_f32<T>(bias[co]) : 0.f), a.act);
+      out[o + co] = from_f32<T>(res ? z + to_f32<T>(res[ro + co]) : z);
+    });
+  };
+  if constexpr (WG) {
+#if defined(FUSEDK__SM90A)
+    // wgmma reads the stages through the async proxy: each thread's copies (and stores) are
+    // fenced into it before the barrier that hands the stage over
+    const int wg = warp / 4;
+    float acc[kCvN / 8][4] = {};
+    for (int q = 0; q < kCvStages - 1; ++q) {
+      if (q < nk) load(q, q);
+      cp_async_commit();
     }
+    for (int q = 0; q < nk; ++q) {
+      cp_async_wait<kCvStages - 2>();
+      fence_async_smem();
+      __syncthreads();
+      if (q + kCvStages - 1 < nk) load(q + kCvStages - 1, (q + kCvStages - 1) % kCvStages);
+      cp_async_commit();
+      const uint32_t sa = sbase + (q % kCvStages) * 2 * kCvTile + wg * 64 * 128, sb = sa - wg * 64 * 128 + kCvTile;
+      wgmma_hold(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss<T, kCvN>(acc, wgmma_desc(sa + kk * 32, 16, 1024), wgmma_desc(sb + kk * 32, 16, 1024), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold(acc);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      row_out(m0 + wg * 64 + (warp % 4) * 16 + lane / 4 + hf * 8, [&](auto &&emit) {
+#pragma unroll
+        for (int t = 0; t < kCvN / 8; ++t)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) emit(n0 + t * 8 + (lane % 4) * 2 + e, acc[t][hf * 2 + e]);
+      });
+#endif
+  } else {
+    const int wm = warp & 1, wn = warp >> 1;
+    float acc[4][4][4] = {};
+    const WarpOperand<kCvCh, kA> opa(sbase + wm * 64 * kCvCh * 16, lane);
+    const WarpOperand<kCvCh, kB> opb(sbase + kCvTile + wn * 32 * kCvCh * 16, lane);
+    ring_run<kCvStages>(nk, load, [&](int, int stage) {
+      const uint32_t off = (uint32_t)stage * 2 * kCvTile;
+      WarpOperand<kCvCh, kA> sa = opa;
+      WarpOperand<kCvCh, kB> sb = opb;
+      sa.row += off, sb.row += off;
+      warp_mma<T, 4, 2, 4>([&](int i, int t) -> float(&)[4] { return acc[i][t]; }, sa, sb);
+    });
+    // lane holds rows lane / 4 (+ 8) of each 16-row tile, channel pairs 2 (lane % 4)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        row_out(m0 + wm * 64 + i * 16 + lane / 4 + hf * 8, [&](auto &&emit) {
+#pragma unroll
+          for (int t = 0; t < 4; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) emit(n0 + wn * 32 + t * 8 + (lane % 4) * 2 + e, acc[i][t][hf * 2 + e]);
+        });
+  }
 }
 
 cudaError_t launch_conv(const fusedk__conv_args &a, cudaStream_t s, int dev) {
@@ -5897,21 +5943,24 @@ cudaError_t launch_conv(const fusedk__conv_args &a, cudaStream_t s, int dev) {
     return ok;
   };
   const bool vec = a.Ci % 8 == 0 && al(a.x, a.xs, 4) && al(a.w, a.ws, 4);
-  const size_t smem = (size_t)kCvStages * 2 * kCvTile;
+  const size_t smem = (size_t)kCvStages * 2 * kCvTile + 1024;
   const dim3 grid((unsigned)gx, (unsigned)gy);
   return dispatch_scalar(a.scalar, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same<T, float>::value) return cudaErrorInvalidValue; // refused by the entry point
     else {
-      cudaError_t e;
-      if (vec) {
-        if ((e = smem_opt_in<conv_kernel<T, true>>(smem, 0, dev))) return e;
-        conv_kernel<T, true><<<grid, kCvThreads, smem, s>>>(a);
-      } else {
-        if ((e = smem_opt_in<conv_kernel<T, false>>(smem, 0, dev))) return e;
-        conv_kernel<T, false><<<grid, kCvThreads, smem, s>>>(a);
-      }
-      return cudaGetLastError();
+      auto go = [&](auto kernel) -> cudaError_t {
+        cudaError_t e = smem_opt_in<decltype(kernel)::value>(smem, 0, dev);
+        if (e) return e;
+        decltype(kernel)::value<<<grid, kCvThreads, smem, s>>>(a);
+        return cudaGetLastError();
+      };
+      // FUSEDK_NO_TMA=1: the portable mma.sync kernel on Hopper too (its tests)
+      const bool wg = !tma_disabled() && tma_code<conv_kernel<T, true, true>>(dev);
+      if (vec) return wg ? go(std::integral_constant<decltype(&conv_kernel<T, true, true>), conv_kernel<T, true, true>>{})
+                         : go(std::integral_constant<decltype(&conv_kernel<T, true, false>), conv_kernel<T, true, false>>{});
+      return wg ? go(std::integral_constant<decltype(&conv_kernel<T, false, true>), conv_kernel<T, false, true>>{})
+                : go(std::integral_constant<decltype(&conv_kernel<T, false, false>), conv_kernel<T, false, false>>{});
     }
   });
 }
@@ -5940,6 +5989,112 @@ __global__ void fold_kernel(const fusedk__fold_args a) {
     st(a.w_out, co * a.wos + r, ld(a.w, co * a.ws + r) * k);
   }
 }
+
+// group_norm in three launches (x read twice). gn_sums_kernel: block (chunk, n, z) sums x - K over
+// its chunk of pixels, a thread a V-channel vector of one pixel lane (vectors z 256 .. + 256),
+// then the lanes of a vector are added in a fixed order: per channel float32 (S1, S2) into part
+// [N, chunks, C]. K: the first element of the channel's group in the sample's first pixel, so
+// S2 / n - (S1 / n)^2 keeps its cancellation small wherever a group's values sit.
+// gn_stats_kernel: a thread a (n, g), the chunks' sums over the group's channels in double, in
+// order: (mean, rstd). gn_apply_kernel: the normalizing pass, a thread a vector.
+constexpr int kGnThreads = 256;
+
+__device__ __forceinline__ int gn_lanes(int64_t cv) { return cv >= kGnThreads ? 1 : kGnThreads / (int)cv; }
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_args a, int64_t ppc, float2 *part) {
+  __shared__ float2 red[kGnThreads][V];
+  const int64_t n = blockIdx.y, cv = a.C / V, cvs = cv < kGnThreads ? cv : kGnThreads;
+  const int lanes = gn_lanes(cv), tid = threadIdx.x, pl = tid / (int)cvs;
+  const int64_t v = (int64_t)blockIdx.z * kGnThreads + tid % cvs, cg = a.C / a.groups;
+  const bool on = pl < lanes && v < cv;
+  const T *x = static_cast<const T *>(a.x) + n * a.xs[0];
+  float k[V], s1[V] = {}, s2[V] = {};
+#pragma unroll
+  for (int e = 0; e < V; ++e) k[e] = on ? to_f32<T>(x[(v * V + e) / cg * cg]) : 0.f;
+  const int64_t e1 = (int64_t)(blockIdx.x + 1) * ppc, p1 = e1 < a.L ? e1 : a.L;
+  for (int64_t p = (int64_t)blockIdx.x * ppc + pl; on && p < p1; p += lanes) {
+    float f[V];
+    load<T, V>(x + p * a.xs[1] + v * V, f);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float d = f[e] - k[e];
+      s1[e] += d, s2[e] = fmaf(d, d, s2[e]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) red[tid][e] = make_float2(s1[e], s2[e]);
+  __syncthreads();
+  if (!on || pl) return;
+  for (int l = 1; l < lanes; ++l)
+#pragma unroll
+    for (int e = 0; e < V; ++e) s1[e] += red[tid + l * cvs][e].x, s2[e] += red[tid + l * cvs][e].y;
+  float2 *o = part + (n * gridDim.x + blockIdx.x) * a.C + v * V;
+#pragma unroll
+  for (int e = 0; e < V; ++e) o[e] = make_float2(s1[e], s2[e]);
+}
+
+template <typename T>
+__global__ void gn_stats_kernel(const fusedk__gn_args a, int64_t chunks, const float2 *part, float2 *stats) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = i / a.groups, g = i % a.groups;
+  if (n >= a.N) return;
+  const int64_t cg = a.C / a.groups;
+  double s1 = 0.0, s2 = 0.0;
+  for (int64_t q = 0; q < chunks; ++q)
+    for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+      const float2 v = part[(n * chunks + q) * a.C + c];
+      s1 += v.x, s2 += v.y;
+    }
+  const double cnt = (double)a.L * (double)cg, m = s1 / cnt, var = fmax(s2 / cnt - m * m, 0.0);
+  const double k = to_f32<T>(static_cast<const T *>(a.x)[n * a.xs[0] + g * cg]);
+  stats[i] = make_float2((float)(k + m), (float)(1.0 / sqrt(var + (double)a.eps)));
+}
+
+template <typename T, int V> __global__ void gn_apply_kernel(const fusedk__gn_args a, const float2 *stats) {
+  const int64_t cv = a.C / V, cg = a.C / a.groups;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, v = i % cv, p = i / cv % a.L, n = i / cv / a.L;
+  if (n >= a.N) return;
+  float f[V];
+  load<T, V>(static_cast<const T *>(a.x) + n * a.xs[0] + p * a.xs[1] + v * V, f);
+  const T *w = static_cast<const T *>(a.weight), *b = static_cast<const T *>(a.bias);
+  const T *sc = static_cast<const T *>(a.scale), *sh = static_cast<const T *>(a.shift);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const int64_t c = v * V + e;
+    const float2 st = stats[n * a.groups + c / cg];
+    float z = (f[e] - st.x) * st.y;
+    if (w) z *= to_f32<T>(w[c]);
+    if (b) z += to_f32<T>(b[c]);
+    if (sc) z *= 1.f + to_f32<T>(sc[n * a.ss[0] + c]);
+    if (sh) z += to_f32<T>(sh[n * a.ss[1] + c]);
+    f[e] = act_f32(z, a.act);
+  }
+  store_cs<T, V>(static_cast<T *>(a.y) + n * a.ys[0] + p * a.ys[1] + v * V, f);
+}
+
+StreamBuffers &gn_buffers() {
+  static StreamBuffers *b = new StreamBuffers; // never destroyed: no teardown order at exit
+  return *b;
+}
+
+template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cudaStream_t s, int dev) {
+  const int64_t cv = a.C / V, zb = (cv + kGnThreads - 1) / kGnThreads, lanes = cv >= kGnThreads ? 1 : kGnThreads / cv;
+  // about four blocks an SM for the sums, chunks of whole lane rounds
+  const int64_t want = std::max<int64_t>(1, 4 * (int64_t)device_sms(dev) / std::max<int64_t>(1, a.N * zb));
+  const int64_t chunks = std::min(want, (a.L + lanes - 1) / lanes), ppc = (a.L + chunks - 1) / chunks;
+  const int64_t nchunks = (a.L + ppc - 1) / ppc;
+  if (a.N > 65535 || zb > 65535) return cudaErrorInvalidConfiguration;
+  void *buf = nullptr;
+  const size_t part = (size_t)(a.N * nchunks * a.C) * sizeof(float2);
+  cudaError_t e = gn_buffers().get(dev, s, part + (size_t)(a.N * a.groups) * sizeof(float2), 0, &buf);
+  if (e) return e;
+  float2 *pp = static_cast<float2 *>(buf), *stats = pp + a.N * nchunks * a.C;
+  gn_sums_kernel<T, V><<<dim3((unsigned)nchunks, (unsigned)a.N, (unsigned)zb), kGnThreads, 0, s>>>(a, ppc, pp);
+  gn_stats_kernel<T><<<(unsigned)((a.N * a.groups + 127) / 128), 128, 0, s>>>(a, nchunks, pp, stats);
+  const int64_t nv = a.N * a.L * cv;
+  gn_apply_kernel<T, V><<<(unsigned)((nv + 255) / 256), 256, 0, s>>>(a, stats);
+  return cudaGetLastError();
+}
 #endif // FUSEDK__PART_CONV
 
 } // namespace
@@ -5953,6 +6108,7 @@ extern "C" {
 void fusedk__cuda_gemm_release(void);
 void fusedk__cuda_attention_release(void);
 void fusedk__cuda_lowrank_release(void);
+void fusedk__cuda_conv_release(void);
 
 #if FUSEDK__PART_NORM
 #ifdef FUSEDK_TUNING
@@ -6153,11 +6309,13 @@ void fusedk__cuda_lowrank_release(void) { lr_buffers().release(); }
 #endif // FUSEDK__PART_LOWRANK
 
 #if FUSEDK__PART_RUNTIME
-// Frees every cached cuBLASLt object, workspace, attention and lowrank buffer (no work in flight).
+// Frees every cached cuBLASLt object, workspace, attention, lowrank and group_norm buffer (no work
+// in flight).
 void fusedk__cuda_shutdown(void) {
   fusedk__cuda_gemm_release();
   fusedk__cuda_attention_release();
   fusedk__cuda_lowrank_release();
+  fusedk__cuda_conv_release();
 }
 
 // Stream-ordered, from the device's default memory pool: no device-wide synchronization, and
@@ -6230,6 +6388,20 @@ fusedk_status fusedk__cuda_conv(const fusedk__conv_args *a, const char *op, int3
   return on_device(device_id, op, [&] { return launch_conv(*a, stream, device_id); });
 }
 
+fusedk_status fusedk__cuda_group_norm(const fusedk__gn_args *a, const char *op, int32_t device_id,
+                                      struct CUstream_st *stream) {
+  return on_device(device_id, op, [&] {
+    // 16-byte vectors: channels in 8s, every pixel of x and y on a 16-byte boundary
+    const int64_t es = a->scalar == FUSEDK_F32 ? 4 : 2;
+    const bool vec = a->C % 8 == 0 && aligned16(a->x) && aligned16(a->y) && (a->xs[0] * es) % 16 == 0 &&
+                     (a->xs[1] * es) % 16 == 0 && (a->ys[0] * es) % 16 == 0 && (a->ys[1] * es) % 16 == 0;
+    return dispatch_scalar(a->scalar, [&](auto t) {
+      using T = typename decltype(t)::type;
+      return vec ? launch_gn<T, 8>(*a, stream, device_id) : launch_gn<T, 1>(*a, stream, device_id);
+    });
+  });
+}
+
 fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char *op, int32_t device_id,
                                           struct CUstream_st *stream) {
   return on_device(device_id, op, [&] {
@@ -6238,6 +6410,8 @@ fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char
     return cudaGetLastError();
   });
 }
+
+void fusedk__cuda_conv_release(void) { gn_buffers().release(); }
 #endif // FUSEDK__PART_CONV
 
 } // extern "C"

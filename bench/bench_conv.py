@@ -5,7 +5,9 @@ fusedk's one conv (BN folded, SiLU in the epilogue) against cuDNN's conv alone a
 compiled chain conv -> BN (eval) -> SiLU; then the VAE decoders' own layers (Flux's AutoencoderKL
 at 1024^2: 512/256/128 channels at 128^2..1024^2; Wan 2.1's causal 3x3x3 convs at 480p, 4
 latent frames' worth) as fusedk.conv against cuDNN (Conv3d with the causal padding done by F.pad
-for Wan, as diffusers runs it, and on a pre-padded input: the conv alone).
+for Wan, as diffusers runs it, and on a pre-padded input: the conv alone); and GroupNorm + SiLU
+at the Flux decoder's shapes (32 groups) as fusedk.group_norm(act="silu") against torch eager on
+channels-last, torch.compile, and a copy of the same bytes (read + write).
 
     PYTHONPATH=bindings/python:bench python3 bench/bench_conv.py [--out DIR] [--quick] [--rounds 5]
 
@@ -49,10 +51,13 @@ def main():
     rows = []
 
     def run(name, calls, flop, ref, outs):
-        K = 4 if flop < 2e11 else 1
+        K = 4 if flop < 2e11 else 1  # (memory-bound rows: flop 0)
         us, meth, err = bench.time_rounds(calls, K, 20 if K > 1 else 10, args.rounds)
         r = {"name": name, "gflop": flop / 1e9, "us": {k: statistics.median(v) for k, v in us.items() if v},
              "errors": err, "rel_l2": {}}
+        fk = next((k for k in r["us"] if k.startswith("fusedk")), None)
+        if "copy" in r["us"] and fk:  # a memory-bound op's time against a copy of its bytes
+            r["of_copy"] = r["us"]["copy"] / r["us"][fk]
         for k, f in outs.items():
             if k not in err:
                 o = f().double()
@@ -92,7 +97,6 @@ def main():
             outs = {} if ref is None else {"cudnn": lambda: conv(x).permute(0, 2, 3, 1),
                                            "fusedk": lambda: fusedk.conv(xv, wv, conv.bias, padding=k // 2)}
             run(name, calls, flop, ref, outs)
-            del x, xv, ref
             torch.cuda.empty_cache()
         for name, N, T, C, H, W, Co, kt in WAN[:1] if args.quick else WAN:
             ks = (kt, 1, 1) if "time_conv" in name else (kt, 3, 3)
@@ -107,7 +111,22 @@ def main():
                      "fusedk (causal zeros)": lambda i: fusedk.conv(xv, wv, conv.bias, padding=sp, pad_t=kt - 1)}
             run(name, calls, flop, conv(xp).double().permute(0, 2, 3, 4, 1),
                 {"fusedk (causal zeros)": lambda: fusedk.conv(xv, wv, conv.bias, padding=sp, pad_t=kt - 1)})
-            del x, xp, xv
+            torch.cuda.empty_cache()
+        for name, C, H in [("gn+silu 512 128^2", 512, 128), ("gn+silu 512 256^2", 512, 256),
+                           ("gn+silu 256 512^2", 256, 512), ("gn+silu 128 1024^2", 128, 1024)][:2 if args.quick else 4]:
+            gn = torch.nn.GroupNorm(32, C, eps=1e-6).cuda().to(BF)
+            x = torch.randn(1, C, H, H, device="cuda", dtype=BF).to(memory_format=torch.channels_last)
+            xv, y = x.permute(0, 2, 3, 1), torch.empty_like(x)
+            chain = lambda: F.silu(gn(x))  # noqa: E731
+            chain_c = torch.compile(chain)
+            ref = F.silu(F.group_norm(x.double(), 32, gn.weight.double(), gn.bias.double(), 1e-6)).permute(0, 2, 3, 1)
+            calls = {"eager gn+silu": lambda i: chain(), "compiled gn+silu": lambda i: chain_c(),
+                     "copy": lambda i: y.copy_(x),
+                     "fusedk group_norm silu": lambda i: fusedk.group_norm(xv, 32, gn.weight, gn.bias, 1e-6, act="silu")}
+            outs = {"eager gn+silu": lambda: chain().permute(0, 2, 3, 1),
+                    "compiled gn+silu": lambda: chain_c().permute(0, 2, 3, 1),
+                    "fusedk group_norm silu": lambda: fusedk.group_norm(xv, 32, gn.weight, gn.bias, 1e-6, act="silu")}
+            run(name, calls, 0.0, ref, outs)
             torch.cuda.empty_cache()
     meta = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version()}
@@ -120,9 +139,10 @@ def main():
         cols = list(r["us"])
         fk = next((c for c in cols if c.startswith("fusedk")), None)
         L.append(f"**{r['name']}** ({r['gflop']:.1f} GFLOP): " + ", ".join(
-            f"{c} {r['us'][c]:.1f} ({r['gflop'] / r['us'][c] * 1e-3:.0f})" for c in cols) +
+            f"{c} {r['us'][c]:.1f}" + (f" ({r['gflop'] / r['us'][c] * 1e-3:.0f})" if r["gflop"] else "") for c in cols) +
             (f"; {cols[0]} / fusedk = {r['us'][cols[0]] / r['us'][fk]:.3f}" if fk and fk != cols[0] else "") +
-            ("; rel. L2 vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in r["rel_l2"].items()) if r["rel_l2"] else ""))
+            ("; rel. L2 vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in r["rel_l2"].items()) if r["rel_l2"] else "") +
+            (f"; fusedk at {r['of_copy']:.2f} of a copy's rate (it reads x twice)" if "of_copy" in r else ""))
         L.append("")
     with open(f"{args.out}/bench_conv.md", "w") as f:
         f.write("\n".join(L) + "\n")

@@ -2508,6 +2508,49 @@ static void conv_cases(fusedk_scalar s) {
            "Co tails, padded and shifted pixels)\n", sname(s));
 }
 
+/* group_norm against the CPU reference: 4D and 5D, groups of 1 to C channels, off-center groups,
+   the modulation and act, both load paths (padded pixels), in place */
+static void run_gn(fusedk_scalar s, int nd, const int64_t *shape, int groups, int mod, int act, int64_t cpad,
+                   int inplace) {
+  char what[200];
+  snprintf(what, sizeof what, "group_norm %s [%lld,%lld,%lld,%lld%s] groups %d%s act %s cpad %lld%s", sname(s),
+           (long long)shape[0], (long long)shape[1], (long long)shape[2], (long long)shape[3], nd == 5 ? ",..." : "",
+           groups, mod ? " weight bias scale shift" : "", act_name(act), (long long)cpad, inplace ? " in place" : "");
+  const int64_t C = shape[nd - 1], nc[2] = {shape[0], C};
+  buf_t x = mk(s, nd, shape, cpad, 0, 0, 2.0, 3.0), w = mk(s, 1, &C, 0, 0, 0, 1.0, 0.0), b = mk(s, 1, &C, 0, 0, 0, 1.0, 0.0);
+  buf_t sc = mk(s, 2, nc, 0, 0, 0, 0.2, 0.0), sh = mk(s, 2, nc, 0, 0, 0, 1.0, 0.0), y = mk(s, nd, shape, cpad, 0, 0, 0.0, 0.0);
+  buf_t *o = inplace ? &x : &y;
+  if (!inplace) poison(&y);
+  fusedk_status st[2];
+  for (int d = 1; d >= 0; --d) /* the GPU first: in place, the host copy still holds x */
+    st[d] = fusedk_group_norm(d ? &o->td : &o->th, d ? &x.td : &x.th, !mod ? NULL : d ? &w.td : &w.th,
+                              !mod ? NULL : d ? &b.td : &b.th, !mod ? NULL : d ? &sc.td : &sc.th,
+                              !mod ? NULL : d ? &sh.td : &sh.th, groups, 1e-6f, (fusedk_activation)act, NULL);
+  if (!call_failed_counted(what, st[0], st[1])) {
+    ++checks;
+    if (compare(what, o, NULL, 0, eps_of(s), 1)) ++failures;
+  }
+  drop(&x), drop(&w), drop(&b), drop(&sc), drop(&sh), drop(&y);
+}
+
+static void gn_cases(fusedk_scalar s) {
+  const int n_before = failures, N = FUSEDK_ACT_NONE, SILU = FUSEDK_ACT_SILU;
+  run_gn(s, 4, (int64_t[]){2, 9, 7, 64}, 32, 1, SILU, 0, 0);
+  run_gn(s, 4, (int64_t[]){2, 9, 7, 64}, 32, 0, N, 3, 0);   /* padded pixels: the element path */
+  run_gn(s, 4, (int64_t[]){1, 5, 5, 24}, 6, 1, SILU, 0, 1); /* in place */
+  run_gn(s, 4, (int64_t[]){3, 1, 1, 12}, 12, 1, N, 0, 0);   /* one pixel, a channel a group */
+  run_gn(s, 4, (int64_t[]){1, 13, 11, 40}, 1, 0, FUSEDK_ACT_GELU, 0, 0);
+  run_gn(s, 5, (int64_t[]){1, 3, 6, 7, 48}, 16, 1, SILU, 0, 0);
+  run_gn(s, 4, (int64_t[]){1, 3, 3, 4096}, 32, 1, SILU, 0, 0); /* vectors past one block */
+  if (!small) {
+    run_gn(s, 4, (int64_t[]){1, 256, 256, 128}, 32, 1, SILU, 0, 0);
+    run_gn(s, 5, (int64_t[]){1, 4, 30, 52, 384}, 32, 1, SILU, 0, 0);
+  }
+  if (failures == n_before)
+    printf("ok   %s group_norm (4D and 5D, 1 to C channels a group, modulation, 3 acts, padded pixels, in place)\n",
+           sname(s));
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
@@ -2559,6 +2602,7 @@ static const unit_t units[] = {
     FOR_DTYPES("lowrank", "linear_lowrank", linear_lowrank_cases),
     FOR_DTYPES("lowrank", "lowrank_grad", lowrank_grad_cases),
     FOR_16BIT("conv", "conv", conv_cases), /* the GPU kernel takes f16 and bf16 */
+    FOR_DTYPES("conv", "group_norm", gn_cases),
 };
 enum { N_UNITS = sizeof units / sizeof units[0] };
 

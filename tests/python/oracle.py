@@ -527,3 +527,16 @@ def fold_batchnorm(w, bias, gamma, beta, mean, var, eps=1e-5):
     w = f64(w) * s.reshape((-1,) + (1,) * (np.ndim(w) - 1))
     b = ((0 if bias is None else f64(bias)) - f64(mean)) * s + (0 if beta is None else f64(beta))
     return w, b
+
+
+def group_norm(x, groups, weight=None, bias=None, eps=1e-6, scale=None, shift=None, act_kind="none"):
+    x = f64(x)
+    N, C = x.shape[0], x.shape[-1]
+    g = x.reshape(N, -1, groups, C // groups)
+    mean = g.mean(axis=(1, 3), keepdims=True)
+    var = ((g - mean) ** 2).mean(axis=(1, 3), keepdims=True)
+    y = ((g - mean) / np.sqrt(var + np.float64(np.float32(eps)))).reshape(x.shape)
+    bc = (N,) + (1,) * (x.ndim - 2) + (C,)
+    y = y * (1 if weight is None else f64(weight)) + (0 if bias is None else f64(bias))
+    y = y * (1 if scale is None else 1 + f64(scale).reshape(bc)) + (0 if shift is None else f64(shift).reshape(bc))
+    return y if act_kind == "none" else act(y, act_kind)

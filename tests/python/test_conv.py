@@ -1,4 +1,4 @@
-"""[conv] conv and fold_batchnorm: the C references against float64 NumPy oracles (every dtype,
+"""[conv] conv, fold_batchnorm and group_norm: the C references against float64 NumPy oracles (every dtype,
 2D and 3D, strides, zero and replicated causal time padding, bias, act, residual, strided views,
 odd channels), bad input; on a GPU, the tensor-core kernel against the reference (both load
 paths, channel and pixel tails, 1x1 images, batch 1), against torch's cuDNN conv, in a CUDA
@@ -154,6 +154,47 @@ def test_bad_input():
         fusedk.conv(x, rand((4, 1, 1, 4), np.float32), out=x)
 
 
+GN_CASES = [((2, 5, 4, 64), 32), ((1, 3, 3, 4, 48), 16), ((3, 7, 10), 5), ((1, 1, 1, 12), 12), ((2, 9, 6, 128), 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,groups", GN_CASES, ids=str)
+@pytest.mark.parametrize("act", ["none", "silu"])
+def test_group_norm_reference_against_the_oracle(shape, groups, act, dtype):
+    C, N = shape[-1], shape[0]
+    x = (rand(shape, np.float32) * 2 + 3).astype(dtype)  # off-center groups: the variance's cancellation
+    w, b, sc, sh = rand((C,), dtype), rand((C,), dtype), rand((N, C), dtype, 0.2), rand((N, C), dtype)
+    got = fusedk.group_norm(x, groups, w, b, 1e-5, sc, sh, act=act)
+    oracle.assert_close(got, oracle.group_norm(x, groups, w, b, 1e-5, sc, sh, act), dtype, what=f"gn {shape}")
+    got = fusedk.group_norm(x, groups, act=act)
+    oracle.assert_close(got, oracle.group_norm(x, groups, act_kind=act), dtype, what=f"gn plain {shape}")
+
+
+def test_group_norm_views_in_place_and_bad_input():
+    big = rand((2, 6, 9, 40), np.float32)
+    x = big[:, :, 1:8, 4:36]  # pixels by a stride, channels contiguous: [2, 6, 7, 32]
+    with pytest.raises(fusedk.LayoutError, match="flatten to one pixel stride"):
+        fusedk.group_norm(x, 8)
+    x = big[:, 1:5, :, 4:36]  # [2, 4, 9, 32]: rows of whole images (their pixels flatten)
+    mod = rand((2, 64), np.float32)
+    want = oracle.group_norm(x, 8, scale=mod[:, :32], shift=mod[:, 32:], act_kind="silu")
+    oracle.assert_close(fusedk.group_norm(x, 8, scale=mod[:, :32], shift=mod[:, 32:], act="silu"), want, np.float32)
+    y = x.copy()
+    fusedk.group_norm(y, 8, act="silu", scale=mod[:, :32], shift=mod[:, 32:], out=y)
+    oracle.assert_close(y, want, np.float32, what="in place")
+    bad = [(lambda: fusedk.group_norm(x, 5), fusedk.InvalidArgumentError, "groups is 5"),
+           (lambda: fusedk.group_norm(x, 0), fusedk.InvalidArgumentError, "groups is 0"),
+           (lambda: fusedk.group_norm(x, 8, rand((31,), np.float32)), fusedk.ShapeError, "weight"),
+           (lambda: fusedk.group_norm(x, 8, scale=rand((3, 32), np.float32)), fusedk.ShapeError, "scale"),
+           (lambda: fusedk.group_norm(x[..., 0], 1), fusedk.LayoutError, "stride"),
+           (lambda: fusedk.group_norm(x, 8, eps=-1.0), fusedk.InvalidArgumentError, "eps"),
+           (lambda: fusedk.group_norm(x, 8, act="tanh"), fusedk.InvalidArgumentError, "act"),
+           (lambda: fusedk.group_norm(x, "8"), fusedk.InvalidArgumentError, "groups")]
+    for f, err, text in bad:
+        with pytest.raises(err, match=text):
+            f()
+
+
 # --- GPU ---------------------------------------------------------------------------------------
 needs_torch_gpu = pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")
 
@@ -257,3 +298,52 @@ def test_gpu_conv_past_2_31_elements():
     tail = x[:, -3:].cpu()  # the last two output rows read input rows -3..-1 (and the zero padding below)
     want = fusedk.conv(torch.nn.functional.pad(tail, (0, 0, 1, 1, 0, 1)), w.cpu())
     oracle.assert_close_gpu(oracle.np_of(got[:, -2:].float()), oracle.np_of(want[:, -2:].float()), BF16, what="huge")
+
+
+@needs_torch_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape,groups", GN_CASES + [((1, 256, 256, 128), 32), ((1, 4, 60, 104, 384), 32),
+                                                     ((2, 33, 17, 24), 6)], ids=str)
+def test_gpu_group_norm_against_the_reference(shape, groups, dtype):
+    torch = oracle.torch_cuda()[0]
+    dt = getattr(torch, dtype)
+    C, N = shape[-1], shape[0]
+    np_dt = np.dtype({"float32": np.float32, "float16": np.float16, "bfloat16": BF16}[dtype])
+    x = (torch.randn(shape) * 2 + 3).to(dt)
+    w, b, sc, sh = (torch.randn(C).to(dt), torch.randn(C).to(dt), (torch.randn(N, C) * 0.2).to(dt),
+                    torch.randn(N, C).to(dt))
+    for args, act in (((w, b, 1e-6, sc, sh), "silu"), ((None, None, 1e-6, None, None), "none")):
+        ref = fusedk.group_norm(x, groups, *args, act=act)
+        got = fusedk.group_norm(x.cuda(), groups, *(a.cuda() if hasattr(a, "cuda") else a for a in args), act=act)
+        oracle.assert_close_gpu(oracle.np_of(got.float()), oracle.np_of(ref.float()), np_dt,
+                                what=f"gpu group_norm {shape} {act}")
+    if C % 8 == 0:  # the element path: pixels off the 16-byte grid
+        xv = torch.randn(shape[:-1] + (C + 1,)).to(dt)[..., 1:]
+        ref = fusedk.group_norm(xv, groups, act="silu")
+        got = fusedk.group_norm(xv.cuda(), groups, act="silu")
+        oracle.assert_close_gpu(oracle.np_of(got.float()), oracle.np_of(ref.float()), np_dt,
+                                what=f"gpu group_norm {shape} unaligned")
+
+
+@needs_torch_gpu
+def test_gpu_group_norm_matches_torch_and_runs_in_a_graph():
+    torch = oracle.torch_cuda()[0]
+    gn = torch.nn.GroupNorm(32, 128, eps=1e-6).cuda().to(torch.bfloat16)
+    with torch.no_grad():
+        gn.weight.normal_(), gn.bias.normal_()
+        x = torch.randn(1, 128, 128, 128, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+        want = torch.nn.functional.silu(gn(x)).permute(0, 2, 3, 1)
+        exact = torch.nn.functional.silu(torch.nn.functional.group_norm(x.double(), 32, gn.weight.double(),
+                                                                         gn.bias.double(), 1e-6)).permute(0, 2, 3, 1)
+        got = fusedk.group_norm(x.permute(0, 2, 3, 1), 32, gn.weight, gn.bias, 1e-6, act="silu")
+        err = lambda t: float((t.double() - exact).norm() / exact.norm())  # noqa: E731
+        assert err(got) <= err(want) * 1.05 + 1e-4, (err(got), err(want))
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            fusedk.group_norm(x.permute(0, 2, 3, 1), 32, gn.weight, gn.bias, 1e-6, act="silu")
+            with torch.cuda.graph(g):
+                out = fusedk.group_norm(x.permute(0, 2, 3, 1), 32, gn.weight, gn.bias, 1e-6, act="silu")
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, got)

@@ -67,6 +67,7 @@ VALID = {
     "linear_w8": lambda: ([None, None, f32(3, 16), i8(5, 16), f32(5), None], ()),
     "conv": lambda: ([None, f32(B, 5, 4, D), f32(3, 3, 3, D), f32(3), None], (1, 1)),
     "fold_batchnorm": lambda: ([None, None, f32(3, 3, 3, D), f32(3), f32(3), f32(3), f32(3), f32(3) ** 2 + 0.5], ()),
+    "group_norm": lambda: ([None, f32(B, 5, 4, D), f32(D), f32(D), f32(B, D), f32(B, D)], (4,)),
     "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
     "lowrank_prepare": lambda: ([None, f32(6, D), f32(6, 3)], (0.5,)),
     "linear_lowrank": lambda: ([None, None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3),
@@ -207,6 +208,7 @@ def _public_calls():
         (fusedk.linear_lowrank_backward, (f32(B, L, 6), x, f32(6, D + 8), f32(3, D))),
         (fusedk.conv, (f32(B, 5, 4, D), f32(3, 3, 3, D))),
         (fusedk.fold_batchnorm, (f32(3, 3, 3, D), None, None, None, f32(3), f32(3) ** 2 + 0.5)),
+        (fusedk.group_norm, (f32(B, 5, 4, D), 4)),
     ]
 
 

@@ -141,7 +141,7 @@ def test_fusedk_functions_route_jax_arrays_here():
                           "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                           "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8",
                           "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8", "quantize_int8",
-                          "linear_w8", "conv", "fold_batchnorm"]
+                          "linear_w8", "conv", "fold_batchnorm", "group_norm"]
 
 
 def test_every_registry_op_has_a_target():
@@ -213,6 +213,9 @@ def test_every_registry_op_has_a_target():
         elif o.name == "conv":  # x [2, 6, 5, D] by a 3x3 w [4, 3, 3, D], no padding
             ins = dict(x=np.ones((2, 6, 5, D), np.float32), w=np.ones((4, 3, 3, D), np.float32))
             want = (2, 4, 3, 4)
+        elif o.name == "group_norm":  # x [2, 5, 4, D] channels-last, 32 groups by default: 4 here
+            ins = dict(x=np.ones((2, 5, 4, D), np.float32))
+            attrs, want = (4,) + attrs[1:], (2, 5, 4, D)
         elif o.name == "fold_batchnorm":  # w [4, 3, 3, D], mean and var [4]: (w', b')
             ins = dict(w=np.ones((4, 3, 3, D), np.float32), mean=np.zeros(4, np.float32), var=np.ones(4, np.float32))
         out = fk.call(o, [ins.get(o.tensors[i][0]) for i in o.inputs], attrs)

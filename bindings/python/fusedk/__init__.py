@@ -24,7 +24,7 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "Argume
            "attention",
            "attention_int8", "attention_int8_scaled", "ScaledTensor",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
-           "linear_lowrank_backward", "conv", "fold_batchnorm", "fused_conv_bn_silu", "kernel_info",
+           "linear_lowrank_backward", "conv", "fold_batchnorm", "fused_conv_bn_silu", "group_norm", "kernel_info",
            "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
@@ -52,7 +52,7 @@ _LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_UPDATE
 _LR_PREPARE, _LINEAR_LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_PREPARE, _core.lib.FUSEDK_OP_LINEAR_LOWRANK
 _LOWRANK_BWD, _LINEAR_LOWRANK_BWD = (_core.lib.FUSEDK_OP_LOWRANK_UPDATE_BACKWARD,
                                      _core.lib.FUSEDK_OP_LINEAR_LOWRANK_BACKWARD)
-_CONV, _FOLD_BN = _core.lib.FUSEDK_OP_CONV, _core.lib.FUSEDK_OP_FOLD_BATCHNORM
+_CONV, _FOLD_BN, _GN = _core.lib.FUSEDK_OP_CONV, _core.lib.FUSEDK_OP_FOLD_BATCHNORM, _core.lib.FUSEDK_OP_GROUP_NORM
 _TIME_PADS = {"zeros": 0, "replicate": 1}
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
@@ -653,3 +653,18 @@ def fused_conv_bn_silu(x, w, bias, gamma, beta, mean, var, eps=1e-5, stride=1, p
     x, w channels-last as conv's. For a module used many times, fold once and call conv."""
     wf, bf = fold_batchnorm(w, bias, gamma, beta, mean, var, eps, stream=stream)
     return conv(x, wf, bf, stride=stride, padding=padding, act="silu", out=out, stream=stream)
+
+
+def group_norm(x, groups, weight=None, bias=None, eps=1e-6, scale=None, shift=None, act="none", out=None,
+               stream=None):
+    """Channels-last GroupNorm: x [N, ..., C] (a torch NCHW tensor in channels_last memory:
+    x.permute(0, 2, 3, 1)), per sample and group of C / groups channels the mean and (biased)
+    variance over all its pixels; y = act(((x - mean) / sqrt(var + eps) * weight + bias) * (1 +
+    scale) + shift), weight and bias [C], scale and shift [N, C] (a conditioned norm), each
+    optional; act "none", "silu" (GroupNorm + SiLU in one op), "relu", "gelu", "gelu_tanh". out=x:
+    in place."""
+    a = _choice("group_norm", "act", act, _LINEAR_ACTS)
+    if not _core.is_number(groups):
+        raise _core.ArgumentTypeError("FUSEDK_ERR_INVALID_ARGUMENT", f"group_norm: groups is {groups!r} (a "
+                                      f"{type(groups).__name__}), expected an integer")
+    return _call(_GN, x, (out, x, weight, bias, scale, shift), (groups, eps, a), stream)
