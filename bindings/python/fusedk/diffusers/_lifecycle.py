@@ -15,6 +15,7 @@ from ._block_op import compiling, exporting, new_handle, register
 from ._common import PerForward, eps_of, records_grad, warn_once
 from ._lora import fuse_projections, groups_why_not, lora_signature
 from ._pieces import OPS, Pieces
+from . import vae as _vae
 
 
 class Report:
@@ -62,7 +63,7 @@ def _roots(model):
     return ts or [model]
 
 
-def apply(model, ops=None, attention=False, precision=None, bf16_weights="host"):
+def apply(model, ops=None, attention=False, precision=None, bf16_weights="host", vae=True):
     """Swaps fusedk's fused forwards into every supported block of `model` (a diffusers
     transformer, one of its blocks, or a pipeline with a .transformer). ops: the fused pieces to
     use (a subset of fusedk.diffusers.OPS; None: all). attention=True: fusedk's attention kernel
@@ -81,9 +82,11 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="host")
     empty tensors on their device): revert copies them back bit for bit, and whatever would run a
     block's stock forward (autograd recording, a hook inside it, torch.export), a move of the
     model or a change of its weights raises fusedk.Error until revert; "keep" leaves them where
-    they are (the stock forward keeps working; the e4m3 copies add half their bytes). Returns a
-    Report: what was patched and what was left alone, and why, and what runs the attention and
-    the projections. Applying twice patches nothing new."""
+    they are (the stock forward keeps working; the e4m3 copies add half their bytes). vae (True):
+    also the pipeline's VAE decoder (pipe.vae, or model itself, an AutoencoderKL): its ResNet blocks
+    and convs through fusedk's channels-last conv and group_norm (vae.py; the VAE runs in its own
+    dtype whatever precision says). Returns a Report: what was patched and what was left alone,
+    and why, and what runs the attention and the projections. Applying twice patches nothing new."""
     use = OPS if ops is None else frozenset(ops)
     if not use <= OPS:
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: ops has {sorted(use - OPS)}, "
@@ -122,6 +125,11 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="host")
                 continue
             _patch(m, patcher, Pieces(use), chain)
             report.patched.append((name or type(m).__name__, type(m).__name__))
+    if vae not in (True, False):
+        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: vae is {vae!r}, expected True "
+                          "or False")
+    for name, v in _vae.vaes(model) if vae else ():
+        _vae.apply(v, name, report)
     if hooked:  # a cache, offloading or casting enabled before apply(): say so where users look
         first = next(f"{n}: {why}" for n, _, why in report.skipped if "hooks" in why)
         warnings.warn(f"fusedk.diffusers.apply: {hooked} blocks left alone (they run their stock forward) because of "
@@ -438,8 +446,8 @@ def _forward_of(cls):
 
 
 def revert(model):
-    """Undoes apply(): the stock forwards, each parameter in its own storage again. Returns the
-    number of blocks reverted."""
+    """Undoes apply(): the stock forwards, each parameter in its own storage again (the VAE's conv
+    weights contiguous again). Returns the number of blocks (and VAE modules) reverted."""
     n = 0
     for m in (m for root in _roots(model) for m in root.modules()):
         st = getattr(m, "_fusedk", None)
@@ -461,6 +469,8 @@ def revert(model):
                 del mod._apply
     for cache in PerForward.every:
         cache.entry = (None, None, None)  # the last forward's tables go with the patch
+    for _, v in _vae.vaes(model):
+        n += _vae.revert(v)
     return n
 
 

@@ -1,0 +1,93 @@
+"""[conv] fusedk.diffusers on a VAE decoder (AutoencoderKL): the patched decode against the stock one
+(CPU: fusedk's references; GPU: bf16 against the float32 decoder, no worse than stock bf16's), the
+report, revert bit for bit, tiled decoding, torch.compile."""
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+diffusers = pytest.importorskip("diffusers")
+
+import fusedk.diffusers as fd  # noqa: E402
+import oracle  # noqa: E402
+
+TINY = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+            up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(32, 64), layers_per_block=1,
+            latent_channels=4, norm_num_groups=16, sample_size=32)
+# Flux's AutoencoderKL (16 latent channels, 128..512), at a size a test can afford
+FLUX = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+            latent_channels=16, norm_num_groups=32, sample_size=1024, use_quant_conv=False, use_post_quant_conv=False)
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def make(config, dtype=torch.float32, device="cpu", seed=0):
+    torch.manual_seed(seed)
+    vae = diffusers.AutoencoderKL(**config).eval()
+    with torch.no_grad():  # random norms' affine too: the stock init (1, 0) would hide a swapped pair
+        for m in vae.modules():
+            if isinstance(m, torch.nn.GroupNorm):
+                m.weight.normal_(1.0, 0.2), m.bias.normal_(0.0, 0.2)
+    return vae.to(device=device) if dtype == torch.float32 else vae.to(device=device, dtype=dtype)
+
+
+def decode(vae, z):
+    with torch.no_grad():
+        return vae.decode(z).sample
+
+
+def test_cpu_patched_decode_report_and_revert():
+    vae = make(TINY)
+    z = torch.randn(2, 4, 8, 8)
+    want = decode(vae, z)
+    before = {n: p.detach().clone() for n, p in vae.named_parameters()}
+    report = fd.apply(types.SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=vae))
+    names = dict(report.patched)
+    assert sum(c == "ResnetBlock2D" for c in names.values()) == 6  # the mid block 2, the up blocks 2 x (1 + 1)
+    assert names.get("vae.decoder.conv_in") == "Conv2d" and names.get("vae.decoder.conv_out") == "Conv2d"
+    got = decode(vae, z)
+    assert got.shape == want.shape and rel(got, want) < 1e-5, rel(got, want)
+    assert fd.revert(types.SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=vae)) == len(report.patched)
+    assert torch.equal(decode(vae, z), want)  # the stock forward again
+    for n, p in vae.named_parameters():
+        assert torch.equal(p, before[n]) and p.is_contiguous(), n
+
+
+def test_cpu_tiled_decode_and_fallbacks():
+    vae = make(TINY)
+    vae.enable_tiling()
+    z = torch.randn(1, 4, 24, 24)  # past the tile size (16 latents): tiles and their blending
+    want = decode(vae, z)
+    fd.apply(vae)
+    assert rel(decode(vae, z), want) < 1e-5
+    # autograd recording runs the stock forwards
+    zg = z.clone().requires_grad_()
+    out = vae.decode(zg).sample
+    out.sum().backward()
+    assert zg.grad is not None
+    fd.revert(vae)
+
+
+@pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_decode_error_against_float32(dtype):
+    """the contract: the patched 16-bit decode's error against the float32 decoder no more than
+    1.5x stock 16-bit's (Flux's VAE config, random weights, a 256^2 image)"""
+    ref = make(FLUX, torch.float32, "cuda")
+    z = torch.randn(1, 16, 32, 32, device="cuda")
+    exact = decode(ref, z)
+    vae = make(FLUX, dtype, "cuda")
+    stock = decode(vae, z.to(dtype))
+    report = fd.apply(vae)
+    assert len(report.patched) > 10 and not report.skipped, report
+    got = decode(vae, z.to(dtype))
+    assert rel(got, exact) <= 1.5 * rel(stock, exact), (rel(got, exact), rel(stock, exact))
+    compiled = torch.compile(vae.decoder)
+    with torch.no_grad():
+        assert rel(compiled(z.to(dtype)), got) < 1e-2
+    fd.revert(vae)
+    assert torch.equal(decode(vae, z.to(dtype)), stock)
