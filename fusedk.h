@@ -83,6 +83,7 @@
      fusedk_fold_batchnorm   BatchNorm's statistics folded into the conv's w and bias (Conv+BN+act
                          is then one conv)
      fusedk_group_norm   channels-last GroupNorm (+ scale/shift, + act: GroupNorm + SiLU in one op)
+     fusedk_channel_rmsnorm   the video VAEs' RMSNorm over a pixel's channels, + act
 
    TENSORS
      fusedk_tensor is layout-identical to DLPack's DLTensor: a DLTensor* from any framework can
@@ -119,7 +120,7 @@
                       [sampler] diffusion_step         [position] rope, its tables, qk_norm_rope
                       [linear] linear, linear_backward (cuBLASLt)   [attention] attention
                       [lowrank] lowrank_update, linear_lowrank, their backward
-                      [conv] conv, fold_batchnorm, group_norm
+                      [conv] conv, fold_batchnorm, group_norm, channel_rmsnorm
                       [registry] every op's arguments as data, output shapes
      internal         the argument structs the entry points hand fusedk_kernels.cu, family by
                       family, and its fusedk__cuda_* functions
@@ -149,7 +150,7 @@
      (when <= -2) and FUSEDK_ACT_NONE, 0.7 int8 arguments (FUSEDK_I8, fusedk_scaled_tensor), 0.8
      int8 outputs (qk_norm_rope_int8), 0.9 float8 e4m3 (FUSEDK_E4M3), row scales
      (FUSEDK_ROLE_ROW_SCALE) and outputs of an attribute's dtype (scalar -3, fusedk_op_out_scalar),
-     0.11 int8 weights (quantize_int8, linear_w8), 0.12 conv, fold_batchnorm and group_norm; rebuild against the header you link.
+     0.11 int8 weights (quantize_int8, linear_w8), 0.12 conv, fold_batchnorm, group_norm and channel_rmsnorm; rebuild against the header you link.
 */
 #ifndef FUSEDK_H
 #define FUSEDK_H
@@ -834,6 +835,16 @@ FUSEDK_DEF fusedk_status fusedk_group_norm(const fusedk_tensor *y, const fusedk_
                                            const fusedk_tensor *bias, const fusedk_tensor *scale,
                                            const fusedk_tensor *shift, int32_t groups, float eps,
                                            fusedk_activation act, struct CUstream_st *stream);
+/* channel_rmsnorm: the video VAEs' RMSNorm over the channels of each pixel (x [..., C] channels
+   last: the rows), with their activation: y = act(x r weight[c] + bias[c]), r = rsqrt(mean(x^2) +
+   eps) (clamp 0: torch's RMSNorm, LTX-Video's VAE, eps 1e-8), or r = 1 / max(sqrt(mean(x^2)), eps)
+   (clamp 1: F.normalize's form, Wan's VAE: its x / max(|x|, 1e-12) sqrt(C) is eps = 1e-12 /
+   sqrt(C) with weight = gamma); weight, bias [C] optional; act NONE (default) ... as conv's. One
+   rounding. Rows as the norm family's (leading dims that flatten to at most two levels); y may
+   be x itself. GPU: a warp a row, x read once from memory (the row again from L1). */
+FUSEDK_DEF fusedk_status fusedk_channel_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *weight,
+                                                const fusedk_tensor *bias, float eps, int32_t clamp,
+                                                fusedk_activation act, struct CUstream_st *stream);
 FUSEDK_DEF fusedk_status fusedk_fold_batchnorm(const fusedk_tensor *w_out, const fusedk_tensor *b_out,
                                                const fusedk_tensor *w, const fusedk_tensor *bias,
                                                const fusedk_tensor *gamma, const fusedk_tensor *beta,
@@ -886,9 +897,10 @@ typedef enum fusedk_op_id {
   FUSEDK_OP_LINEAR_W8 = 35,
   FUSEDK_OP_CONV = 36,
   FUSEDK_OP_FOLD_BATCHNORM = 37,
-  FUSEDK_OP_GROUP_NORM = 38
+  FUSEDK_OP_GROUP_NORM = 38,
+  FUSEDK_OP_CHANNEL_RMSNORM = 39
 } fusedk_op_id;                 /* new ops go at the end: the ids are ABI */
-#define FUSEDK_OP_COUNT 39
+#define FUSEDK_OP_COUNT 40
 #define FUSEDK_OP_MAX_TENSORS 12
 #define FUSEDK_OP_MAX_ATTRS 8
 
@@ -1198,6 +1210,15 @@ typedef struct fusedk__gn_args {
   void *y;
 } fusedk__gn_args;
 
+/* channel_rmsnorm: B x L rows of D channels (x, y by their row strides), weight, bias [D] or NULL */
+typedef struct fusedk__crms_args {
+  int32_t scalar, act, clamp;
+  float eps;
+  int64_t B, L, D;
+  fusedk__rows x, y;
+  const void *weight, *bias;
+} fusedk__crms_args;
+
 /* fold_batchnorm: w and w_out [Co, R] rows (R compact elements, row strides ws and wos); the
    vectors [Co] contiguous, gamma, beta and bias NULL when absent. */
 typedef struct fusedk__fold_args {
@@ -1243,6 +1264,8 @@ fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char
                                           struct CUstream_st *stream);
 fusedk_status fusedk__cuda_group_norm(const fusedk__gn_args *a, const char *op, int32_t device_id,
                                       struct CUstream_st *stream);
+fusedk_status fusedk__cuda_channel_rmsnorm(const fusedk__crms_args *a, const char *op, int32_t device_id,
+                                           struct CUstream_st *stream);
 /* stream-ordered device memory (cudaMallocAsync/cudaFreeAsync on `stream`) */
 fusedk_status fusedk__cuda_alloc(int32_t device_id, size_t bytes, struct CUstream_st *stream, void **p);
 void fusedk__cuda_free(int32_t device_id, void *p, struct CUstream_st *stream);
@@ -1390,6 +1413,11 @@ fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char
   return fusedk__no_cuda(op);
 }
 fusedk_status fusedk__cuda_group_norm(const fusedk__gn_args *a, const char *op, int32_t id, struct CUstream_st *s) {
+  (void)a, (void)id, (void)s;
+  return fusedk__no_cuda(op);
+}
+fusedk_status fusedk__cuda_channel_rmsnorm(const fusedk__crms_args *a, const char *op, int32_t id,
+                                           struct CUstream_st *s) {
   (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
@@ -2145,6 +2173,10 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
       {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL),
        FUSEDK__OPT("bias", FUSEDK__COL), FUSEDK__OPT("scale", FUSEDK_ROLE_OWN), FUSEDK__OPT("shift", FUSEDK_ROLE_OWN)},
       {FUSEDK__I32("groups", 32), FUSEDK__EPS(1e-6), FUSEDK__I32("act", FUSEDK_ACT_NONE)}}, NULL},
+    {{"channel_rmsnorm", 4, 3, 0,
+      {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL),
+       FUSEDK__OPT("bias", FUSEDK__COL)},
+      {FUSEDK__EPS(1e-6), FUSEDK__I32("clamp", 0), FUSEDK__I32("act", FUSEDK_ACT_NONE)}}, NULL},
 };
 #undef FUSEDK__IN
 #undef FUSEDK__OPT
@@ -2340,6 +2372,8 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     case FUSEDK_OP_GROUP_NORM:
       return fusedk_group_norm(t[0], t[1], t[2], t[3], t[4], t[5], (int32_t)a[0], (float)a[1],
                                (fusedk_activation)(int)a[2], s);
+    case FUSEDK_OP_CHANNEL_RMSNORM:
+      return fusedk_channel_rmsnorm(t[0], t[1], t[2], t[3], (float)a[0], (int32_t)a[1], (fusedk_activation)(int)a[2], s);
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION_INT8_SCALED: {
@@ -4833,6 +4867,56 @@ FUSEDK_DEF fusedk_status fusedk_group_norm(const fusedk_tensor *y, const fusedk_
   if (a.N == 0 || a.L == 0 || a.C == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_group_norm(&a, s.c.op, s.c.dev.device_id, stream);
   fusedk__gn_cpu(&a);
+  return FUSEDK_OK;
+}
+
+/* channel_rmsnorm: a row's mean square in double, one rounding */
+static void fusedk__crms_cpu(const fusedk__crms_args *a) {
+  const int s = a->scalar;
+  const int64_t es = (int64_t)fusedk__scalar_size(s);
+  for (int64_t b = 0; b < a->B; ++b)
+    for (int64_t l = 0; l < a->L; ++l) {
+      const char *x = (const char *)a->x.p + es * (b * a->x.sb + l * a->x.sl);
+      char *y = (char *)a->y.p + es * (b * a->y.sb + l * a->y.sl);
+      double ms = 0.0;
+      for (int64_t d = 0; d < a->D; ++d) ms += fusedk__load(x, d, s) * fusedk__load(x, d, s);
+      ms /= (double)a->D;
+      const double r = a->clamp ? 1.0 / fmax(sqrt(ms), (double)a->eps) : 1.0 / sqrt(ms + (double)a->eps);
+      for (int64_t d = 0; d < a->D; ++d) {
+        double v = fusedk__load(x, d, s) * r;
+        if (a->weight) v *= fusedk__load(a->weight, d, s);
+        if (a->bias) v += fusedk__load(a->bias, d, s);
+        fusedk__store(y, d, a->act == FUSEDK_ACT_NONE ? v : fusedk__act_f64(v, a->act), s);
+      }
+    }
+}
+
+FUSEDK_DEF fusedk_status fusedk_channel_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *weight,
+                                                const fusedk_tensor *bias, float eps, int32_t clamp,
+                                                fusedk_activation act, struct CUstream_st *stream) {
+  const fusedk_tensor *t[] = {y, x, weight, bias};
+  fusedk__rowset s;
+  fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_CHANNEL_RMSNORM), t, &s);
+  if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
+  if (clamp != 0 && clamp != 1)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: clamp is %d, expected 0 (rsqrt(mean + eps)) or 1 (1 / "
+                        "max(rms, eps))", s.c.op, (int)clamp);
+  if ((int)act < 0 || (int)act > FUSEDK_ACT_NONE)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected a fusedk_activation (0..%d)", s.c.op,
+                        (int)act, FUSEDK_ACT_NONE);
+  for (int i = 2; i < 4; ++i) /* y may be x exactly (in place), nothing else */
+    if ((st = fusedk__check_disjoint(&s.c, y, "y", t[i], i == 2 ? "weight" : "bias"))) return st;
+  if (fusedk__base(y) != fusedk__base(x) || s.r[0].sb != s.r[1].sb || s.r[0].sl != s.r[1].sl)
+    if ((st = fusedk__check_disjoint(&s.c, y, "y", x, "x"))) return st;
+  fusedk__crms_args a;
+  memset(&a, 0, sizeof a);
+  a.scalar = s.c.scalar, a.act = (int32_t)act, a.clamp = clamp, a.eps = eps;
+  a.B = s.B, a.L = s.L, a.D = s.D, a.x = s.r[1], a.y = s.r[0];
+  a.weight = fusedk__base(weight), a.bias = fusedk__base(bias);
+  for (int i = 0; i < x->ndim - 1; ++i)
+    if (x->shape[i] == 0) return FUSEDK_OK;
+  if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_channel_rmsnorm(&a, s.c.op, s.c.dev.device_id, stream);
+  fusedk__crms_cpu(&a);
   return FUSEDK_OK;
 }
 

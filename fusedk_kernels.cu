@@ -60,12 +60,13 @@
 //               GEMM-path backward (the linear part: [gemm]), the kernels (the lowrank part)
 //   [conv]      conv: conv_kernel, an implicit GEMM (the receptive field gathered by cp.async a tap
 //               and 64 channels at a time) on wgmma (sm_90a) or warp_mma; fold_batchnorm's
-//               fold_kernel; group_norm's gn_sums_kernel, gn_stats_kernel, gn_apply_kernel
+//               fold_kernel; group_norm's gn_sums_kernel, gn_stats_kernel, gn_apply_kernel;
+//               channel_rmsnorm's crms_kernel
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
 //               fusedk__cuda_linear, fusedk__cuda_linear_lowrank, fusedk__cuda_lowrank_grad,
 //               fusedk__cuda_shutdown, fusedk__cuda_attention, fusedk__cuda_lowrank,
 //               fusedk__cuda_lowrank_grad_pass, fusedk__cuda_conv, fusedk__cuda_fold_batchnorm,
-//               fusedk__cuda_group_norm,
+//               fusedk__cuda_group_norm, fusedk__cuda_channel_rmsnorm,
 //               fusedk__cuda_alloc/free, fusedk__cuda_stream_wait, fusedk__cuda_device_count, fusedk__cuda_info
 #define FUSEDK__INTERNAL
 #include "fusedk.h"
@@ -6095,6 +6096,39 @@ template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cud
   gn_apply_kernel<T, V><<<(unsigned)((nv + 255) / 256), 256, 0, s>>>(a, stats);
   return cudaGetLastError();
 }
+
+// channel_rmsnorm: a warp a row (a pixel's channels: tens to hundreds of vectors), the mean square
+// from the first read, the output from the second (the row from L1)
+template <typename T, int V> __global__ void crms_kernel(const fusedk__crms_args a) {
+  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, nv = a.D / V;
+  const int lane = threadIdx.x % 32;
+  if (row >= a.B * a.L) return;
+  const int64_t b = row / a.L, l = row % a.L;
+  const T *x = at<const T>(a.x, b, l);
+  T *y = at<T>(a.y, b, l);
+  float ss = 0.f;
+  for (int64_t v = lane; v < nv; v += 32) {
+    float f[V];
+    load<T, V>(x + v * V, f);
+#pragma unroll
+    for (int e = 0; e < V; ++e) ss = fmaf(f[e], f[e], ss);
+  }
+  const float ms = lanes_sum(ss, 32) / (float)a.D;
+  const float r = a.clamp ? 1.f / fmaxf(sqrtf(ms), a.eps) : rsqrtf(ms + a.eps);
+  const T *w = static_cast<const T *>(a.weight), *bi = static_cast<const T *>(a.bias);
+  for (int64_t v = lane; v < nv; v += 32) {
+    float f[V];
+    load<T, V>(x + v * V, f);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      float z = f[e] * r;
+      if (w) z *= to_f32<T>(w[v * V + e]);
+      if (bi) z += to_f32<T>(bi[v * V + e]);
+      f[e] = act_f32(z, a.act);
+    }
+    store_cs<T, V>(y + v * V, f);
+  }
+}
 #endif // FUSEDK__PART_CONV
 
 } // namespace
@@ -6398,6 +6432,24 @@ fusedk_status fusedk__cuda_group_norm(const fusedk__gn_args *a, const char *op, 
     return dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
       return vec ? launch_gn<T, 8>(*a, stream, device_id) : launch_gn<T, 1>(*a, stream, device_id);
+    });
+  });
+}
+
+fusedk_status fusedk__cuda_channel_rmsnorm(const fusedk__crms_args *a, const char *op, int32_t device_id,
+                                           struct CUstream_st *stream) {
+  return on_device(device_id, op, [&] {
+    const int64_t es = a->scalar == FUSEDK_F32 ? 4 : 2, rows = a->B * a->L;
+    auto al = [&](const fusedk__rows &r) {
+      return aligned16(r.p) && (r.sb * es) % 16 == 0 && (r.sl * es) % 16 == 0;
+    };
+    const bool vec = a->D % 8 == 0 && al(a->x) && al(a->y);
+    const unsigned grid = (unsigned)((rows + 7) / 8);
+    return dispatch_scalar(a->scalar, [&](auto t) {
+      using T = typename decltype(t)::type;
+      if (vec) crms_kernel<T, 8><<<grid, 256, 0, stream>>>(*a);
+      else crms_kernel<T, 1><<<grid, 256, 0, stream>>>(*a);
+      return cudaGetLastError();
     });
   });
 }

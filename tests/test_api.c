@@ -254,7 +254,7 @@ static void registry_cases(void) {
                                         "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8",
                                         "dequantize_fp8", "linear_fp8", "rmsnorm_fp8", "layernorm_fp8",
                                         "adaln_fp8", "glu_fp8", "quantize_int8", "linear_w8", "conv",
-                                        "fold_batchnorm", "group_norm"};
+                                        "fold_batchnorm", "group_norm", "channel_rmsnorm"};
   for (int i = 0; i < FUSEDK_OP_COUNT; ++i) {
     const fusedk_op *o = fusedk_op_get(i);
     EXPECT(o && !strcmp(o->name, names[i]) && fusedk_op_find(names[i]) == i, "registry entry %d", i);
@@ -1208,6 +1208,7 @@ static const shape_case shape_cases[] = {
     {FUSEDK_OP_CONV, "x=1,5,9,8,4 w=3,3,3,3,4", "stride_t=2 pad_t=1 pad_t_back=1", "out=1,3,7,6,3"},
     {FUSEDK_OP_FOLD_BATCHNORM, "w=6,3,3,5 mean=6 var=6", "", "w_out=6,3,3,5 b_out=6"},
     {FUSEDK_OP_GROUP_NORM, "x=2,5,4,64 weight=64 bias=64", "groups=32", "y=2,5,4,64"},
+    {FUSEDK_OP_CHANNEL_RMSNORM, "x=2,3,5,4,96 weight=96", "clamp=1", "y=2,3,5,4,96"},
 };
 
 /* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */

@@ -2551,6 +2551,37 @@ static void gn_cases(fusedk_scalar s) {
            sname(s));
 }
 
+/* channel_rmsnorm against the CPU reference: both eps forms, the act, both load paths */
+static void run_crms(fusedk_scalar s, int nd, const int64_t *shape, int clamp, int act, int64_t cpad) {
+  char what[200];
+  snprintf(what, sizeof what, "channel_rmsnorm %s [%lld,...,%lld] clamp %d act %s cpad %lld", sname(s),
+           (long long)shape[0], (long long)shape[nd - 1], clamp, act_name(act), (long long)cpad);
+  const int64_t C = shape[nd - 1];
+  const float eps = clamp ? (float)(1e-12 / sqrt((double)C)) : 1e-8f;
+  buf_t x = mk(s, nd, shape, cpad, 0, 0, 1.0, 0.0), w = mk(s, 1, &C, 0, 0, 0, 1.0, 0.0), b = mk(s, 1, &C, 0, 0, 0, 1.0, 0.0);
+  buf_t y = mk(s, nd, shape, cpad, 0, 0, 0.0, 0.0);
+  poison(&y);
+  fusedk_status st[2];
+  for (int d = 0; d < 2; ++d)
+    st[d] = fusedk_channel_rmsnorm(d ? &y.td : &y.th, d ? &x.td : &x.th, d ? &w.td : &w.th, d ? &b.td : &b.th, eps,
+                                   clamp, (fusedk_activation)act, NULL);
+  if (!call_failed_counted(what, st[0], st[1])) {
+    ++checks;
+    if (compare(what, &y, NULL, 0, eps_of(s), 1)) ++failures;
+  }
+  drop(&x), drop(&w), drop(&b), drop(&y);
+}
+
+static void crms_cases(fusedk_scalar s) {
+  const int n_before = failures;
+  run_crms(s, 5, (int64_t[]){1, 4, 30, 52, 384}, 1, FUSEDK_ACT_SILU, 0); /* Wan's */
+  run_crms(s, 5, (int64_t[]){2, 3, 5, 4, 96}, 0, FUSEDK_ACT_SILU, 0);   /* LTX-Video's */
+  run_crms(s, 4, (int64_t[]){1, 7, 5, 96}, 1, FUSEDK_ACT_NONE, 3);      /* padded pixels: the element path */
+  run_crms(s, 4, (int64_t[]){2, 3, 3, 2050}, 0, FUSEDK_ACT_GELU, 0);     /* rows past a warp's vectors */
+  run_crms(s, 2, (int64_t[]){5, 3}, 1, FUSEDK_ACT_SILU, 0);
+  if (failures == n_before) printf("ok   %s channel_rmsnorm (both eps forms, acts, padded pixels)\n", sname(s));
+}
+
 /* --- units and how they run ------------------------------------------------------------------
    A unit is a family's cases for one dtype or one group. FUSEDK_TEST_ONLY (comma-separated)
    selects units by family, full name or the name's first word (norm, elementwise, position,
@@ -2603,6 +2634,7 @@ static const unit_t units[] = {
     FOR_DTYPES("lowrank", "lowrank_grad", lowrank_grad_cases),
     FOR_16BIT("conv", "conv", conv_cases), /* the GPU kernel takes f16 and bf16 */
     FOR_DTYPES("conv", "group_norm", gn_cases),
+    FOR_DTYPES("conv", "channel_rmsnorm", crms_cases),
 };
 enum { N_UNITS = sizeof units / sizeof units[0] };
 

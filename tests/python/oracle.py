@@ -540,3 +540,12 @@ def group_norm(x, groups, weight=None, bias=None, eps=1e-6, scale=None, shift=No
     y = y * (1 if weight is None else f64(weight)) + (0 if bias is None else f64(bias))
     y = y * (1 if scale is None else 1 + f64(scale).reshape(bc)) + (0 if shift is None else f64(shift).reshape(bc))
     return y if act_kind == "none" else act(y, act_kind)
+
+
+def channel_rmsnorm(x, weight=None, bias=None, eps=1e-6, clamp=False, act_kind="none"):
+    x = f64(x)
+    ms = (x * x).mean(-1, keepdims=True)
+    e = np.float64(np.float32(eps))
+    y = x / np.maximum(np.sqrt(ms), e) if clamp else x / np.sqrt(ms + e)
+    y = y * (1 if weight is None else f64(weight)) + (0 if bias is None else f64(bias))
+    return y if act_kind == "none" else act(y, act_kind)

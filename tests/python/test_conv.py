@@ -1,4 +1,4 @@
-"""[conv] conv, fold_batchnorm and group_norm: the C references against float64 NumPy oracles (every dtype,
+"""[conv] conv, fold_batchnorm, group_norm and channel_rmsnorm: the C references against float64 NumPy oracles (every dtype,
 2D and 3D, strides, zero and replicated causal time padding, bias, act, residual, strided views,
 odd channels), bad input; on a GPU, the tensor-core kernel against the reference (both load
 paths, channel and pixel tails, 1x1 images, batch 1), against torch's cuDNN conv, in a CUDA
@@ -195,6 +195,25 @@ def test_group_norm_views_in_place_and_bad_input():
             f()
 
 
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4, 96), (1, 7, 384), (3, 5), (2, 1, 1, 13)], ids=str)
+@pytest.mark.parametrize("clamp,act", [(False, "silu"), (True, "silu"), (True, "none")])
+def test_channel_rmsnorm_reference_against_the_oracle(shape, clamp, act, dtype):
+    C = shape[-1]
+    x, w, b = rand(shape, dtype), rand((C,), dtype), rand((C,), dtype)
+    eps = 1e-12 / np.sqrt(C) if clamp else 1e-8
+    got = fusedk.channel_rmsnorm(x, w, b, eps, clamp, act)
+    oracle.assert_close(got, oracle.channel_rmsnorm(x, w, b, eps, clamp, act), dtype, what=f"crms {shape}")
+    z = np.zeros(shape, dtype)  # Wan's all-zero pixels: 0, not NaN
+    assert not np.isnan(np.asarray(fusedk.channel_rmsnorm(z, w, None, eps, True), np.float32)).any()
+    y = x.copy()
+    fusedk.channel_rmsnorm(y, w, b, eps, clamp, act, out=y)
+    assert oracle.bits(y).tobytes() == oracle.bits(got).tobytes()
+    with pytest.raises(fusedk.ShapeError, match="weight"):
+        fusedk.channel_rmsnorm(x, rand((C + 1,), dtype))
+
+
 # --- GPU ---------------------------------------------------------------------------------------
 needs_torch_gpu = pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")
 
@@ -347,3 +366,20 @@ def test_gpu_group_norm_matches_torch_and_runs_in_a_graph():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, got)
+
+
+@needs_torch_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(1, 4, 60, 104, 384), (2, 3, 5, 4, 96), (7, 3), (1, 2, 5, 2050)], ids=str)
+def test_gpu_channel_rmsnorm_against_the_reference(shape, dtype):
+    torch = oracle.torch_cuda()[0]
+    dt = getattr(torch, dtype)
+    np_dt = np.dtype({"float32": np.float32, "float16": np.float16, "bfloat16": BF16}[dtype])
+    C = shape[-1]
+    for x in (torch.randn(shape).to(dt), torch.randn(shape[:-1] + (C + 1,)).to(dt)[..., 1:]):  # aligned, not
+        w, b = torch.randn(C).to(dt), torch.randn(C).to(dt)
+        for clamp, eps in ((False, 1e-8), (True, 1e-12 / C ** 0.5)):
+            ref = fusedk.channel_rmsnorm(x, w, b, eps, clamp, "silu")
+            got = fusedk.channel_rmsnorm(x.cuda(), w.cuda(), b.cuda(), eps, clamp, "silu")
+            oracle.assert_close_gpu(oracle.np_of(got.float()), oracle.np_of(ref.float()), np_dt,
+                                    what=f"gpu channel_rmsnorm {shape} clamp {clamp}")

@@ -141,7 +141,7 @@ def test_fusedk_functions_route_jax_arrays_here():
                           "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                           "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8",
                           "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8", "quantize_int8",
-                          "linear_w8", "conv", "fold_batchnorm", "group_norm"]
+                          "linear_w8", "conv", "fold_batchnorm", "group_norm", "channel_rmsnorm"]
 
 
 def test_every_registry_op_has_a_target():

@@ -184,7 +184,8 @@ def test_kernel_info():
                                 "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                                 "attention_int8_scaled", "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8",
                                 "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8",
-                                "quantize_int8", "linear_w8", "conv", "fold_batchnorm", "group_norm"}
+                                "quantize_int8", "linear_w8", "conv", "fold_batchnorm", "group_norm",
+                                "channel_rmsnorm"}
     assert info["ops"]["rmsnorm"] == ["float32", "float16", "bfloat16"]
     assert info["ops"]["linear_fp8"] == ["float16", "bfloat16"]  # y's: its x and w are e4m3
     assert info["ops"]["dequantize_fp8"] == ["float32", "float16", "bfloat16"]
@@ -243,7 +244,7 @@ def test_public_namespace():
                            "LoRA", "lowrank_update_backward", "linear_lowrank_backward", "attention_int8",
                            "attention_int8_scaled", "ScaledTensor", "qk_norm_rope_int8", "quantize_fp8",
                            "dequantize_fp8", "linear_fp8", "rmsnorm_fp8", "layernorm_fp8", "adaln_fp8", "glu_fp8",
-                           "quantize_int8", "linear_w8", "conv", "fold_batchnorm", "fused_conv_bn_silu", "group_norm"}
+                           "quantize_int8", "linear_w8", "conv", "fold_batchnorm", "fused_conv_bn_silu", "group_norm", "channel_rmsnorm"}
     for internal in ("json", "ffi", "lib", "check", "Call"):
         assert not hasattr(fusedk, internal), internal
 
@@ -257,7 +258,7 @@ def test_every_registry_op_is_a_python_function():
                      "lowrank_update_backward", "linear_lowrank_backward", "attention_int8", "attention_int8_scaled",
                      "qk_norm_rope_int8", "quantize_fp8", "dequantize_fp8", "linear_fp8", "rmsnorm_fp8",
                      "layernorm_fp8", "adaln_fp8", "glu_fp8", "quantize_int8", "linear_w8", "conv", "fold_batchnorm",
-                     "group_norm"]
+                     "group_norm", "channel_rmsnorm"]
     assert set(names) <= set(fusedk.__all__) and set(names) == set(fusedk.kernel_info()["ops"])
 
 

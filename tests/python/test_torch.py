@@ -243,7 +243,7 @@ def test_python_output_shapes_agree_with_the_c_rule():
                                      "codes": (2, 3, 3)}, (4, 0.5, 1, 1, 1, 1)),
         "conv": ({"x": (2, 9, 7, 5), "w": (6, 3, 3, 5)}, (2, 1)),
         "fold_batchnorm": ({"w": (6, 3, 3, 5), "mean": (6,), "var": (6,)}, ()),
-        "group_norm": ({"x": (2, 5, 4, 8)}, (4,)),
+        "group_norm": ({"x": (2, 5, 4, 8)}, (4,)), "channel_rmsnorm": ({"x": (2, 3, 5, 4, 8)}, ()),
     }
     for i, v in enumerate(((1, 0, 1, 0, 0), (2, 1, 2, 2, 1), (1, 1, 1, 2, 0))):  # videos: stride, pad, time
         cases[f"conv{i}"] = ({"x": (1, 7, 9, 8, 4), "w": (3, 3, 3, 1, 4)}, v)

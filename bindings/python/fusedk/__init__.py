@@ -24,7 +24,7 @@ __all__ = ["Error", "ShapeError", "LayoutError", "InvalidArgumentError", "Argume
            "attention",
            "attention_int8", "attention_int8_scaled", "ScaledTensor",
            "lowrank_update", "lowrank_prepare", "linear_lowrank", "LoRA", "lowrank_update_backward",
-           "linear_lowrank_backward", "conv", "fold_batchnorm", "fused_conv_bn_silu", "group_norm", "kernel_info",
+           "linear_lowrank_backward", "conv", "fold_batchnorm", "fused_conv_bn_silu", "group_norm", "channel_rmsnorm", "kernel_info",
            "__version__"]
 __version__ = _core.ffi.string(_core.lib.fusedk_version()).decode()
 
@@ -53,6 +53,7 @@ _LR_PREPARE, _LINEAR_LOWRANK = _core.lib.FUSEDK_OP_LOWRANK_PREPARE, _core.lib.FU
 _LOWRANK_BWD, _LINEAR_LOWRANK_BWD = (_core.lib.FUSEDK_OP_LOWRANK_UPDATE_BACKWARD,
                                      _core.lib.FUSEDK_OP_LINEAR_LOWRANK_BACKWARD)
 _CONV, _FOLD_BN, _GN = _core.lib.FUSEDK_OP_CONV, _core.lib.FUSEDK_OP_FOLD_BATCHNORM, _core.lib.FUSEDK_OP_GROUP_NORM
+_CRMS = _core.lib.FUSEDK_OP_CHANNEL_RMSNORM
 _TIME_PADS = {"zeros": 0, "replicate": 1}
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
@@ -668,3 +669,13 @@ def group_norm(x, groups, weight=None, bias=None, eps=1e-6, scale=None, shift=No
         raise _core.ArgumentTypeError("FUSEDK_ERR_INVALID_ARGUMENT", f"group_norm: groups is {groups!r} (a "
                                       f"{type(groups).__name__}), expected an integer")
     return _call(_GN, x, (out, x, weight, bias, scale, shift), (groups, eps, a), stream)
+
+
+def channel_rmsnorm(x, weight=None, bias=None, eps=1e-6, clamp=False, act="none", out=None, stream=None):
+    """The video VAEs' RMSNorm over each pixel's channels (x [..., C] channels-last) with their
+    activation: y = act(x * r * weight + bias), r = rsqrt(mean(x^2) + eps) (torch's RMSNorm:
+    LTX-Video's VAE, eps 1e-8), or with clamp=True r = 1 / max(sqrt(mean(x^2)), eps) (Wan's
+    F.normalize(x) * sqrt(C) * gamma: eps = 1e-12 / sqrt(C), weight = gamma). weight, bias [C]
+    optional; act "none", "silu", "relu", "gelu", "gelu_tanh". out=x: in place."""
+    a = _choice("channel_rmsnorm", "act", act, _LINEAR_ACTS)
+    return _call(_CRMS, x, (out, x, weight, bias), (eps, _flag("channel_rmsnorm", "clamp", clamp), a), stream)
