@@ -5906,6 +5906,8 @@ __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_arg
 #pragma unroll
           for (int e = 0; e < 2; ++e) emit(n0 + t * 8 + (lane % 4) * 2 + e, acc[t][hf * 2 + e]);
       });
+#else
+    __trap(); // never launched without sm_90a code (launch_conv's tma_code): loud if it were
 #endif
   } else {
     const int wm = warp & 1, wn = warp >> 1;

@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
+import fusedk  # noqa: E402
 import fusedk.diffusers as fd  # noqa: E402
 import oracle  # noqa: E402
 
@@ -40,6 +41,11 @@ def decode(vae, z):
         return vae.decode(z).sample
 
 
+@pytest.fixture(autouse=True)
+def cpu_reference(monkeypatch):
+    monkeypatch.setattr(fd.vae, "CPU_REFERENCE", True)  # the patched math on CPU tensors (slow: tiny models)
+
+
 def test_cpu_patched_decode_report_and_revert():
     vae = make(TINY)
     z = torch.randn(2, 4, 8, 8)
@@ -70,6 +76,31 @@ def test_cpu_tiled_decode_and_fallbacks():
     out.sum().backward()
     assert zg.grad is not None
     fd.revert(vae)
+
+
+def test_cpu_hooks_float64_and_bad_input(monkeypatch):
+    vae = make(TINY)
+    z = torch.randn(1, 4, 8, 8)
+    vae.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
+    want = decode(vae, z)
+    report = fd.apply(vae)  # every module the casting hooks wrap is left alone, and says why
+    assert any("hooks" in why for _, _, why in report.skipped)
+    assert torch.equal(decode(vae, z), want)
+    fd.revert(vae)
+    assert torch.equal(decode(vae, z), want)  # the hooks still there
+    v64 = make(TINY).double()
+    want = decode(v64, z.double())
+    fd.apply(v64)
+    assert rel(decode(v64, z.double()), want) < 1e-13  # float64: the stock forwards (weights stored NHWC)
+    fd.revert(v64)
+    monkeypatch.setattr(fd.vae, "CPU_REFERENCE", False)
+    v = make(TINY)
+    want = decode(v, z)
+    fd.apply(v)
+    assert rel(decode(v, z), want) < 1e-5  # CPU tensors: the stock forwards unless CPU_REFERENCE
+    fd.revert(v)
+    with pytest.raises(fusedk.Error, match="vae is"):
+        fd.apply(torch.nn.Linear(2, 2), vae="yes")
 
 
 @pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")

@@ -104,6 +104,9 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="host",
         raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: bf16_weights is "
                           f"{bf16_weights!r}, expected 'keep' or 'host'")
     use = use | {"fp8_host"} if precision == "fp8" and bf16_weights == "host" else use
+    if vae is not True and vae is not False:
+        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: vae is {vae!r}, expected True "
+                          "or False")
     table, report, hooked = _patchers(), Report(), 0
     if precision == "fp8":
         report.projections = ("FP8 (e4m3 weights a scale an output channel, inputs a scale a row; the "
@@ -125,9 +128,6 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="host",
                 continue
             _patch(m, patcher, Pieces(use), chain)
             report.patched.append((name or type(m).__name__, type(m).__name__))
-    if vae not in (True, False):
-        raise _core.Error("FUSEDK_ERR_INVALID_ARGUMENT", f"fusedk.diffusers.apply: vae is {vae!r}, expected True "
-                          "or False")
     for name, v in _vae.vaes(model) if vae else ():
         _vae.apply(v, name, report)
     if hooked:  # a cache, offloading or casting enabled before apply(): say so where users look

@@ -13,9 +13,13 @@ torch, NHWC to fusedk: a permuted view, no copy); an input in another layout is 
 channels-last once, at the first patched module. The attention of the mid block, the
 upsamplers' nearest-neighbour interpolation and the final GroupNorm + SiLU stay torch's.
 
-A module runs its stock forward when fusedk cannot reproduce the call: float32 CUDA tensors (the
-conv kernel takes f16/bf16), parameters of another dtype than the input, autograd recording, a
-time embedding given, hooks on the module. The weights are the model's: a conv's weight is read
+A module runs its stock forward when fusedk cannot reproduce the call: CUDA tensors other than
+float16/bfloat16 (the conv kernel's), parameters of another dtype than the input, autograd
+recording, a time embedding given, torch hooks on the module. On CPU tensors the stock forwards
+run too: fusedk's CPU references are double-precision loops, minutes a decode (the tests set
+CPU_REFERENCE = True to check the patched math against them). Modules with a forward of their own
+(diffusers' hooks: layerwise casting, group offloading; accelerate's) are left alone, and the
+report says why. The weights are the model's: a conv's weight is read
 as a channels-last view where it is stored so, else its NHWC copy is made at the call and kept
 until the weight changes (apply() stores the decoder's conv weights channels-last; revert()
 stores them back contiguous, the same values bit for bit)."""
@@ -26,6 +30,7 @@ import torch
 import fusedk
 
 _CL = torch.channels_last
+CPU_REFERENCE = False  # True: CPU tensors through fusedk's C references (slow; for tests)
 
 
 def vaes(model):
@@ -48,10 +53,20 @@ def _conv_why_not(c):
     return None
 
 
+def _hooked(m):
+    """why module m keeps its forward: an instance forward (diffusers' and accelerate's hooks
+    replace it), else None"""
+    if "forward" in vars(m) or "_diffusers_hook" in vars(m) or "_hf_hook" in vars(m):
+        return "hooks replace its forward (layerwise casting, offloading, accelerate)"
+    return None
+
+
 def _resnet_why_not(m):
     from diffusers.models.resnet import ResnetBlock2D
     if type(m) is not ResnetBlock2D:
         return f"{type(m).__name__}, expected ResnetBlock2D"
+    if m.time_embedding_norm not in ("default", "group"):  # (without temb both are norm2 alone)
+        return f"time_embedding_norm {m.time_embedding_norm!r}, expected 'default' or 'group'"
     if m.upsample is not None or m.downsample is not None:
         return "resamples inside the block"
     if m.time_emb_proj is not None:
@@ -91,9 +106,10 @@ def _weight(c):
 
 
 def _runs(x, mods):
-    """whether fusedk reproduces the call: x [N, C, H, W], 16-bit on CUDA (any float on the CPU),
+    """whether fusedk runs the call: x [N, C, H, W] 16-bit on CUDA (or on the CPU, CPU_REFERENCE),
     every parameter of x's dtype and device, no autograd recording, no hooks"""
-    if x.dim() != 4 or not x.is_floating_point() or (x.is_cuda and x.dtype == torch.float32):
+    ok = (torch.float16, torch.bfloat16) if x.is_cuda else (torch.float32, torch.float16, torch.bfloat16)
+    if x.dim() != 4 or x.dtype not in ok or not (x.is_cuda or (CPU_REFERENCE and x.device.type == "cpu")):
         return False
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for m in mods for p in m.parameters())):
         return False
@@ -142,7 +158,7 @@ def apply(vae, prefix, report):
     for name, m in mods:
         if m is None or type(m).__name__ != "ResnetBlock2D":
             continue
-        why = _resnet_why_not(m)
+        why = _resnet_why_not(m) or _hooked(m)
         if why:
             report.skipped.append((dot + name, type(m).__name__, why))
             continue
@@ -153,7 +169,7 @@ def apply(vae, prefix, report):
     for name, m in mods:
         if m is None or type(m) is not torch.nn.Conv2d:
             continue
-        why = _conv_why_not(m)
+        why = _conv_why_not(m) or _hooked(m)
         if why:
             report.skipped.append((dot + name, "Conv2d", why))
             continue
