@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU checks of a build made on the development machine and carried to the lent GPU machine,
+# where a whole build-gpu/ is past the carry limit: libfusedk.so, tests/test_gpu and
+# fusedk_dit_block copied into $FUSEDK_CARRIED (default .gpulib/b, ignored by git), with the
+# wheels of ../shared/device/wheels.sh in .whl/. On this machine:
+#   ninja -C build-gpu && mkdir -p .gpulib/b && cp build-gpu/{libfusedk.so,tests/test_gpu,fusedk_dit_block} .gpulib/b/
+# then the device tool's run with carry [".whl", ".gpulib"] and the command
+#   bash tools/gpu_carried.sh [conv] [fp8] [bench-conv] [bench-norms] [vae] [demo]
+# conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma and, with
+# FUSEDK_NO_TMA=1, on mma.sync) and tests/python/test_conv.py; fp8: the C units of the FP8 ops and
+# the norms, test_fp8.py's GPU norm and int8 tests; vae: test_diffusers_vae.py; bench-conv:
+# bench/bench_conv.py --quick; bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick
+# (the norms' FP8 forms against a copy); demo: the C DiT block. Logs and results in $OUT; a line
+# a step in $OUT/summary.txt, printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+B=$(cd "${FUSEDK_CARRIED:-.gpulib/b}" && pwd) || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} FUSEDK_LIBRARY=$B/libfusedk.so FUSEDK_HEADER=$PWD/fusedk.h
+export PYTHONPATH=$PWD/bindings/python:$PWD/tests/python:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+say() { echo "== $1" | tee -a "$OUT/summary.txt"; }
+step() { # step NAME SECONDS CMD...: runs CMD under a timeout into $OUT/NAME.txt, says how it went
+  local name=$1 secs=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout "$secs" "$@" >"$OUT/$name.txt" 2>&1
+  rc=$?
+  say "$name rc=$rc $(($(date +%s) - t0))s: $(grep -E '^[0-9]+ passed|passed|failed' "$OUT/$name.txt" | tail -1)"
+  grep -E "^FAIL|^FAILED|^E  " "$OUT/$name.txt" | head -8
+}
+for what in "${@:-conv}"; do
+  case $what in
+    conv)
+      step units-conv 120 env FUSEDK_TEST_ONLY=conv "$B/test_gpu"
+      step units-conv-mma 90 env FUSEDK_TEST_ONLY=conv FUSEDK_NO_TMA=1 "$B/test_gpu"
+      step py-conv 150 python3 -m pytest -q -W ignore -p no:cacheprovider tests/python/test_conv.py -k gpu ;;
+    fp8)
+      step units-fp8 150 env FUSEDK_TEST_ONLY=quantize_fp8,glu_fp8,linear_fp8,linear_w8,norm "$B/test_gpu"
+      step py-fp8 120 python3 -m pytest -q -W ignore -p no:cacheprovider tests/python/test_fp8.py -k "gpu and (norm or int8 or w8)" ;;
+    vae) step py-vae 150 python3 -m pytest -q -W ignore -p no:cacheprovider tests/python/test_diffusers_vae.py ;;
+    bench-conv) step bench-conv 200 python3 bench/bench_conv.py --quick --rounds 3 --out "$OUT"
+      cat "$OUT/bench_conv.md" 2>/dev/null ;;
+    bench-norms) step bench-norms 120 python3 bench/bench_linear_fp8.py --no-gemm --no-torchao --quick --out "$OUT"
+      tail -25 "$OUT/bench-norms.txt" ;;
+    demo) step demo 60 "$B/fusedk_dit_block"
+      tail -14 "$OUT/demo.txt" ;;
+    *) say "unknown step $what (conv, fp8, vae, bench-conv, bench-norms, demo)" ;;
+  esac
+done
+cat "$OUT/summary.txt"
