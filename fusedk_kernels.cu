@@ -5998,8 +5998,8 @@ __global__ void fold_kernel(const fusedk__fold_args a) {
 // then the lanes of a vector are added in a fixed order: per channel float32 (S1, S2) into part
 // [N, chunks, C]. K: the first element of the channel's group in the sample's first pixel, so
 // S2 / n - (S1 / n)^2 keeps its cancellation small wherever a group's values sit.
-// gn_stats_kernel: a thread a (n, g), the chunks' sums over the group's channels in double, in
-// order: (mean, rstd). gn_apply_kernel: the normalizing pass, a thread a vector.
+// gn_stats_kernel: a block a (n, g), the chunks' sums over the group's channels in double, in a
+// fixed order: (mean, rstd). gn_apply_kernel: the normalizing pass, a thread a vector.
 constexpr int kGnThreads = 256;
 
 __device__ __forceinline__ int gn_lanes(int64_t cv) { return cv >= kGnThreads ? 1 : kGnThreads / (int)cv; }
@@ -6038,17 +6038,24 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
 }
 
 template <typename T>
-__global__ void gn_stats_kernel(const fusedk__gn_args a, int64_t chunks, const float2 *part, float2 *stats) {
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = i / a.groups, g = i % a.groups;
-  if (n >= a.N) return;
-  const int64_t cg = a.C / a.groups;
+__global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_args a, int64_t chunks,
+                                                              const float2 *part, float2 *stats) {
+  __shared__ double red[2][kGnThreads];
+  const int tid = threadIdx.x;
+  const int64_t i = blockIdx.x, n = i / a.groups, g = i % a.groups, cg = a.C / a.groups;
   double s1 = 0.0, s2 = 0.0;
-  for (int64_t q = 0; q < chunks; ++q)
-    for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
-      const float2 v = part[(n * chunks + q) * a.C + c];
-      s1 += v.x, s2 += v.y;
-    }
-  const double cnt = (double)a.L * (double)cg, m = s1 / cnt, var = fmax(s2 / cnt - m * m, 0.0);
+  for (int64_t k = tid; k < chunks * cg; k += kGnThreads) {
+    const float2 v = part[(n * chunks + k / cg) * a.C + g * cg + k % cg];
+    s1 += v.x, s2 += v.y;
+  }
+  red[0][tid] = s1, red[1][tid] = s2;
+  __syncthreads();
+  for (int o = kGnThreads / 2; o > 0; o /= 2) { // a fixed tree: the same bits every run
+    if (tid < o) red[0][tid] += red[0][tid + o], red[1][tid] += red[1][tid + o];
+    __syncthreads();
+  }
+  if (tid) return;
+  const double cnt = (double)a.L * (double)cg, m = red[0][0] / cnt, var = fmax(red[1][0] / cnt - m * m, 0.0);
   const double k = to_f32<T>(static_cast<const T *>(a.x)[n * a.xs[0] + g * cg]);
   stats[i] = make_float2((float)(k + m), (float)(1.0 / sqrt(var + (double)a.eps)));
 }
@@ -6093,7 +6100,7 @@ template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cud
   if (e) return e;
   float2 *pp = static_cast<float2 *>(buf), *stats = pp + a.N * nchunks * a.C;
   gn_sums_kernel<T, V><<<dim3((unsigned)nchunks, (unsigned)a.N, (unsigned)zb), kGnThreads, 0, s>>>(a, ppc, pp);
-  gn_stats_kernel<T><<<(unsigned)((a.N * a.groups + 127) / 128), 128, 0, s>>>(a, nchunks, pp, stats);
+  gn_stats_kernel<T><<<(unsigned)(a.N * a.groups), kGnThreads, 0, s>>>(a, nchunks, pp, stats);
   const int64_t nv = a.N * a.L * cv;
   gn_apply_kernel<T, V><<<(unsigned)((nv + 255) / 256), 256, 0, s>>>(a, stats);
   return cudaGetLastError();
