@@ -791,13 +791,13 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
 /* ---- [conv] convolution over channels-last images and videos ----
    conv: out[n, t, h, w, co] = act(z) + residual[n, t, h, w, co], with
      z = bias[co] + sum over taps (i, j, k) and ci of
-         x[n, t stride_t + i - pad_t, h stride + j - pad, w stride + k - pad, ci] w[co, i, j, k, ci]
+         x[n, t stride_t + i - pad_t, h stride + j - padding, w stride + k - padding, ci] w[co, i, j, k, ci]
    x [N, T, H, W, Ci] (NDHWC, a video) or [N, H, W, Ci] (NHWC, an image: no t, i, and the time
    attributes left at their defaults); w [Co, kt, kh, kw, Ci] or [Co, kh, kw, Ci], any kernel size
    (torch's Conv weight [Co, Ci, kh, kw] is w.permute(0, 2, 3, 1)); bias [Co] and residual (out's
-   shape) optional; out [N, To, Ho, Wo, Co] with Ho = (H + 2 pad - kh) / stride + 1 (floor; Wo
+   shape) optional; out [N, To, Ho, Wo, Co] with Ho = (H + 2 padding - kh) / stride + 1 (floor; Wo
    likewise) and To = (T + pad_t + pad_t_back - kt) / stride_t + 1. Spatial padding is zeros
-   (`pad` each side). Time: pad_t frames in front and pad_t_back behind, zeros, or with
+   (`padding` each side). Time: pad_t frames in front and pad_t_back behind, zeros, or with
    time_replicate = 1 the first frame repeated in front and the last behind: the video VAEs'
    causal convs are pad_t = kt - 1, pad_t_back = 0, zeros (Wan) or the first frame (LTX-Video).
    act: FUSEDK_ACT_NONE (default), SILU, RELU, GELU, GELU_TANH on z in full precision; one
@@ -816,7 +816,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
    [Co]. Double math, one rounding of each output, CPU and GPU alike. */
 FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *w,
                                      const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
-                                     int32_t pad, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
+                                     int32_t padding, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
                                      int32_t time_replicate, fusedk_activation act, struct CUstream_st *stream);
 /* group_norm: channels-last GroupNorm, the VAEs' norm before each conv. x [N, ..., C] (the dims
    between N and C are the L pixels: [N, H, W, C], [N, T, H, W, C]; they must flatten to one pixel
@@ -1360,65 +1360,30 @@ static fusedk_status fusedk__no_cuda(const char *op) {
                       "with nvcc, link cudart and cublasLt, and define FUSEDK_CUDA where "
                       "FUSEDK_IMPLEMENTATION is defined", op);
 }
-fusedk_status fusedk__cuda_norm(const fusedk__norm_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_elementwise(const fusedk__ew_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_rope(const fusedk__rope_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_rope_table(const fusedk__table_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_linear(const fusedk__linear_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_quant(const fusedk__quant_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
+/* an entry point of one argument struct: NO_CUDA */
+#define FUSEDK__NO_CUDA_OP(fn, args_t)                                                       \
+  fusedk_status fn(const args_t *a, const char *op, int32_t id, struct CUstream_st *s) { \
+    (void)a, (void)id, (void)s;                                                            \
+    return fusedk__no_cuda(op);                                                            \
+  }
+FUSEDK__NO_CUDA_OP(fusedk__cuda_norm, fusedk__norm_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_elementwise, fusedk__ew_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_rope, fusedk__rope_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_rope_table, fusedk__table_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_linear, fusedk__linear_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_quant, fusedk__quant_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_attention, fusedk__attn_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_lowrank, fusedk__lowrank_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_lowrank_grad, fusedk__lowrank_grad_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_conv, fusedk__conv_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_fold_batchnorm, fusedk__fold_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_group_norm, fusedk__gn_args)
+FUSEDK__NO_CUDA_OP(fusedk__cuda_channel_rmsnorm, fusedk__crms_args)
+#undef FUSEDK__NO_CUDA_OP
 void fusedk__cuda_shutdown(void) {}
-fusedk_status fusedk__cuda_attention(const fusedk__attn_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_lowrank(const fusedk__lowrank_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
 fusedk_status fusedk__cuda_linear_lowrank(const fusedk__linear_args *l, const fusedk__lowrank_args *h, const char *op,
                                           int32_t id, struct CUstream_st *s) {
   (void)l, (void)h, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_lowrank_grad(const fusedk__lowrank_grad_args *a, const char *op, int32_t id,
-                                        struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_conv(const fusedk__conv_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_fold_batchnorm(const fusedk__fold_args *a, const char *op, int32_t id,
-                                          struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_group_norm(const fusedk__gn_args *a, const char *op, int32_t id, struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
-  return fusedk__no_cuda(op);
-}
-fusedk_status fusedk__cuda_channel_rmsnorm(const fusedk__crms_args *a, const char *op, int32_t id,
-                                           struct CUstream_st *s) {
-  (void)a, (void)id, (void)s;
   return fusedk__no_cuda(op);
 }
 fusedk_status fusedk__cuda_alloc(int32_t id, size_t bytes, struct CUstream_st *s, void **p) {
@@ -1913,7 +1878,7 @@ static fusedk_status fusedk__conv_geometry(const char *op, const fusedk_tensor *
                         x->ndim == 5 ? "kt, " : "", (long long)x->shape[x->ndim - 1], (int)x->ndim);
   const int v = x->ndim == 5;
   for (int i = 0; i < 7; ++i) {
-    static const char *names[] = {"stride", "pad", "stride_t", "pad_t", "pad_t_back", "time_replicate", "act"};
+    static const char *names[] = {"stride", "padding", "stride_t", "pad_t", "pad_t_back", "time_replicate", "act"};
     const double lo = i == 0 || i == 2 ? 1 : 0, hi = i == 5 ? 1 : i == 6 ? FUSEDK_ACT_NONE : 1 << 20;
     if (!(at[i] >= lo && at[i] <= hi) || at[i] != (double)(int64_t)at[i])
       return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g, expected an integer in %g..%g", op, names[i],
@@ -1934,7 +1899,7 @@ static fusedk_status fusedk__conv_geometry(const char *op, const fusedk_tensor *
                 wd = a->W + 2 * (int64_t)a->pad;
   if ((a->T && t < a->kt) || (a->H && h < a->kh) || (a->W && wd < a->kw))
     return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: x has shape %s and w %s: the kernel is larger than the padded "
-                        "input (T + pad_t + pad_t_back, H + 2 pad, W + 2 pad)", op, fusedk__shape_str(x, shp, sizeof shp),
+                        "input (T + pad_t + pad_t_back, H + 2 padding, W + 2 padding)", op, fusedk__shape_str(x, shp, sizeof shp),
                         fusedk__shape_str(w, wsh, sizeof wsh));
   a->To = a->T ? (t - a->kt) / a->stride_t + 1 : 0, a->Ho = a->H ? (h - a->kh) / a->stride + 1 : 0;
   a->Wo = a->W ? (wd - a->kw) / a->stride + 1 : 0;
@@ -2160,7 +2125,7 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
     {{"conv", 5, 7, -1,
       {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("w", FUSEDK_ROLE_OWN),
        FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__OPT("residual", FUSEDK_ROLE_OWN)},
-      {FUSEDK__I32("stride", 1), FUSEDK__I32("pad", 0), FUSEDK__I32("stride_t", 1), FUSEDK__I32("pad_t", 0),
+      {FUSEDK__I32("stride", 1), FUSEDK__I32("padding", 0), FUSEDK__I32("stride_t", 1), FUSEDK__I32("pad_t", 0),
        FUSEDK__I32("pad_t_back", 0), FUSEDK__I32("time_replicate", 0), FUSEDK__I32("act", FUSEDK_ACT_NONE)}},
      fusedk__shape_conv},
     /* w_out like w, b_out like mean ([Co]) */
@@ -4673,10 +4638,10 @@ static void fusedk__conv_strides(const fusedk_tensor *t, int64_t *st) {
 
 FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *w,
                                      const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
-                                     int32_t pad, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
+                                     int32_t padding, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
                                      int32_t time_replicate, fusedk_activation act, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out, x, w, bias, residual};
-  const double at[] = {(double)stride, (double)pad, (double)stride_t, (double)pad_t, (double)pad_t_back,
+  const double at[] = {(double)stride, (double)padding, (double)stride_t, (double)pad_t, (double)pad_t_back,
                        (double)time_replicate, (double)act};
   fusedk__rowset s;
   fusedk__conv_args a;
@@ -4757,13 +4722,10 @@ FUSEDK_DEF fusedk_status fusedk_fold_batchnorm(const fusedk_tensor *w_out, const
     const int i = k < 8 ? k : 1;
     if (t[i] && (st = fusedk__check_shape(&s.c, t[i], names[i], 1, &a.Co, "[Co] (the first dim of w)"))) return st;
   }
-  int64_t R2, os;
-  if ((st = fusedk__fold_rows(&s.c, w, "w", &a.R, &a.ws)) || (st = fusedk__fold_rows(&s.c, w_out, "w_out", &R2, &os)))
+  int64_t R_out;
+  if ((st = fusedk__fold_rows(&s.c, w, "w", &a.R, &a.ws)) || (st = fusedk__fold_rows(&s.c, w_out, "w_out", &R_out, &a.wos)))
     return st;
-  a.wos = os;
-  uintptr_t l0, h0, l1, h1; /* w_out may be w exactly (in place), else apart from every input */
-  fusedk__extent(w_out, &l0, &h0), fusedk__extent(w, &l1, &h1);
-  const int same = l0 == l1 && h0 == h1 && a.ws == a.wos && fusedk__base(w_out) == fusedk__base(w);
+  const int same = fusedk__same_view(w_out, w); /* in place, else apart from every input */
   for (int i = 2; i < 8; ++i)
     if ((!(same && i == 2) && (st = fusedk__check_disjoint(&s.c, w_out, "w_out", t[i], names[i]))) ||
         (st = fusedk__check_disjoint(&s.c, b_out, "b_out", t[i], names[i])))
@@ -4856,8 +4818,7 @@ FUSEDK_DEF fusedk_status fusedk_group_norm(const fusedk_tensor *y, const fusedk_
       a.ss[k] = fusedk__stride(t[4 + k], 0);
     }
   if ((st = fusedk__gn_pixels(&s.c, x, "x", a.xs)) || (st = fusedk__gn_pixels(&s.c, y, "y", a.ys))) return st;
-  /* y is x exactly (in place) or apart from every input */
-  const int same = fusedk__base(y) == fusedk__base(x) && a.xs[0] == a.ys[0] && a.xs[1] == a.ys[1];
+  const int same = fusedk__same_view(y, x); /* in place, else apart from every input */
   const char *names[] = {"y", "x", "weight", "bias", "scale", "shift"};
   for (int i = 1; i < 6; ++i)
     if (!(same && i == 1) && (st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i]))) return st;
@@ -4904,10 +4865,9 @@ FUSEDK_DEF fusedk_status fusedk_channel_rmsnorm(const fusedk_tensor *y, const fu
   if ((int)act < 0 || (int)act > FUSEDK_ACT_NONE)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected a fusedk_activation (0..%d)", s.c.op,
                         (int)act, FUSEDK_ACT_NONE);
-  for (int i = 2; i < 4; ++i) /* y may be x exactly (in place), nothing else */
-    if ((st = fusedk__check_disjoint(&s.c, y, "y", t[i], i == 2 ? "weight" : "bias"))) return st;
-  if (fusedk__base(y) != fusedk__base(x) || s.r[0].sb != s.r[1].sb || s.r[0].sl != s.r[1].sl)
-    if ((st = fusedk__check_disjoint(&s.c, y, "y", x, "x"))) return st;
+  const char *names[] = {"y", "x", "weight", "bias"};
+  for (int i = 1; i < 4; ++i) /* in place, else apart from every input */
+    if (!(i == 1 && fusedk__same_view(y, x)) && (st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i]))) return st;
   fusedk__crms_args a;
   memset(&a, 0, sizeof a);
   a.scalar = s.c.scalar, a.act = (int32_t)act, a.clamp = clamp, a.eps = eps;

@@ -892,6 +892,13 @@ template <typename T, int N> __device__ __forceinline__ void pack_a(uint32_t (&a
   }
 }
 
+// 8 16-bit values as one 16-byte shared-memory store (a tile chunk the element loads filled)
+__device__ __forceinline__ void sts_chunk(uint32_t dst, const uint16_t (&e)[8]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(e[0] | (uint32_t)e[1] << 16),
+               "r"(e[2] | (uint32_t)e[3] << 16), "r"(e[4] | (uint32_t)e[5] << 16), "r"(e[6] | (uint32_t)e[7] << 16)
+               : "memory");
+}
+
 // Rows [0, R) of a [R, CH * 8] tile from global rows `src + r * stride` (element stride), by
 // all `THREADS` threads, chunk by chunk. Rows r >= `valid` and chunks past `cols` elements fill
 // zeros. VEC: rows 16-byte aligned and cols a multiple of 8, one cp.async a chunk (completing
@@ -912,10 +919,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T *src, int64_t st
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         e[j] = r < valid && c * 8 + j < cols ? reinterpret_cast<const uint16_t *>(p)[j] : (uint16_t)0;
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst + swz<CH>(r, c)),
-                   "r"(e[0] | (uint32_t)e[1] << 16), "r"(e[2] | (uint32_t)e[3] << 16),
-                   "r"(e[4] | (uint32_t)e[5] << 16), "r"(e[6] | (uint32_t)e[7] << 16)
-                   : "memory");
+      sts_chunk(dst + swz<CH>(r, c), e);
     }
   }
 }
@@ -5814,9 +5818,7 @@ __device__ __forceinline__ void conv_chunk(uint32_t dst, const T *base, int64_t 
     const uint16_t *p = reinterpret_cast<const uint16_t *>(base) + (off < 0 ? 0 : off);
 #pragma unroll
     for (int j = 0; j < 8; ++j) e[j] = off >= 0 && j < cols ? p[j] : (uint16_t)0;
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(e[0] | (uint32_t)e[1] << 16),
-                 "r"(e[2] | (uint32_t)e[3] << 16), "r"(e[4] | (uint32_t)e[5] << 16), "r"(e[6] | (uint32_t)e[7] << 16)
-                 : "memory");
+    sts_chunk(dst, e);
   }
 }
 
@@ -5935,17 +5937,20 @@ __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_arg
   }
 }
 
+// Every element a strided view starts with is on a 16-byte boundary: the base and each of the n
+// strides (elements of es bytes). Where it holds (and the channels come in 8s), 16-byte vectors.
+inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) {
+  bool ok = aligned16(p);
+  for (int i = 0; i < n; ++i) ok = ok && st[i] * es % 16 == 0;
+  return ok;
+}
+
 cudaError_t launch_conv(const fusedk__conv_args &a, cudaStream_t s, int dev) {
   const int64_t M = a.N * a.To * a.Ho * a.Wo;
   const int64_t gx = (M + kCvM - 1) / kCvM, gy = (a.Co + kCvN - 1) / kCvN;
   if (gx > 2147483647 || gy > 65535) return cudaErrorInvalidConfiguration;
   // 16-byte chunks: channels in 8s and every pixel (and w's tap rows) on a 16-byte boundary
-  auto al = [](const void *p, const int64_t *st, int n) {
-    bool ok = (uintptr_t)p % 16 == 0;
-    for (int i = 0; i < n; ++i) ok = ok && st[i] % 8 == 0;
-    return ok;
-  };
-  const bool vec = a.Ci % 8 == 0 && al(a.x, a.xs, 4) && al(a.w, a.ws, 4);
+  const bool vec = a.Ci % 8 == 0 && vec16(a.x, a.xs, 4, 2) && vec16(a.w, a.ws, 4, 2);
   const size_t smem = (size_t)kCvStages * 2 * kCvTile + 1024;
   const dim3 grid((unsigned)gx, (unsigned)gy);
   return dispatch_scalar(a.scalar, [&](auto tag) -> cudaError_t {
@@ -6436,8 +6441,7 @@ fusedk_status fusedk__cuda_group_norm(const fusedk__gn_args *a, const char *op, 
   return on_device(device_id, op, [&] {
     // 16-byte vectors: channels in 8s, every pixel of x and y on a 16-byte boundary
     const int64_t es = a->scalar == FUSEDK_F32 ? 4 : 2;
-    const bool vec = a->C % 8 == 0 && aligned16(a->x) && aligned16(a->y) && (a->xs[0] * es) % 16 == 0 &&
-                     (a->xs[1] * es) % 16 == 0 && (a->ys[0] * es) % 16 == 0 && (a->ys[1] * es) % 16 == 0;
+    const bool vec = a->C % 8 == 0 && vec16(a->x, a->xs, 2, es) && vec16(a->y, a->ys, 2, es);
     return dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
       return vec ? launch_gn<T, 8>(*a, stream, device_id) : launch_gn<T, 1>(*a, stream, device_id);
@@ -6449,10 +6453,8 @@ fusedk_status fusedk__cuda_channel_rmsnorm(const fusedk__crms_args *a, const cha
                                            struct CUstream_st *stream) {
   return on_device(device_id, op, [&] {
     const int64_t es = a->scalar == FUSEDK_F32 ? 4 : 2, rows = a->B * a->L;
-    auto al = [&](const fusedk__rows &r) {
-      return aligned16(r.p) && (r.sb * es) % 16 == 0 && (r.sl * es) % 16 == 0;
-    };
-    const bool vec = a->D % 8 == 0 && al(a->x) && al(a->y);
+    const int64_t xs[2] = {a->x.sb, a->x.sl}, ys[2] = {a->y.sb, a->y.sl};
+    const bool vec = a->D % 8 == 0 && vec16(a->x.p, xs, 2, es) && vec16(a->y.p, ys, 2, es);
     const unsigned grid = (unsigned)((rows + 7) / 8);
     return dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;

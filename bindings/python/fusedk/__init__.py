@@ -631,11 +631,6 @@ def conv(x, w, bias=None, residual=None, stride=1, padding=0, act="none", stride
     "silu", "relu", "gelu", "gelu_tanh". GPU: float16/bfloat16 on tensor cores."""
     a = _choice("conv", "act", act, _LINEAR_ACTS)
     tp = _choice("conv", "time_pad", time_pad, _TIME_PADS)
-    for name, v in (("stride", stride), ("padding", padding), ("stride_t", stride_t), ("pad_t", pad_t),
-                    ("pad_t_back", pad_t_back)):
-        if not _core.is_number(v):
-            raise _core.ArgumentTypeError("FUSEDK_ERR_INVALID_ARGUMENT", f"conv: {name} is {v!r} (a "
-                                          f"{type(v).__name__}), expected an integer")
     return _call(_CONV, x, (out, x, w, bias, residual), (stride, padding, stride_t, pad_t, pad_t_back, tp, a), stream)
 
 
@@ -665,9 +660,6 @@ def group_norm(x, groups, weight=None, bias=None, eps=1e-6, scale=None, shift=No
     optional; act "none", "silu" (GroupNorm + SiLU in one op), "relu", "gelu", "gelu_tanh". out=x:
     in place."""
     a = _choice("group_norm", "act", act, _LINEAR_ACTS)
-    if not _core.is_number(groups):
-        raise _core.ArgumentTypeError("FUSEDK_ERR_INVALID_ARGUMENT", f"group_norm: groups is {groups!r} (a "
-                                      f"{type(groups).__name__}), expected an integer")
     return _call(_GN, x, (out, x, weight, bias, scale, shift), (groups, eps, a), stream)
 
 
