@@ -4685,9 +4685,11 @@ static void fusedk__fold_cpu(const fusedk__fold_args *a) {
   const int64_t es = (int64_t)fusedk__scalar_size(s);
   for (int64_t co = 0; co < a->Co; ++co) {
     const double k = fusedk__fold_scale(a, co), b = a->bias ? fusedk__load(a->bias, co, s) : 0.0;
-    const char *wr = (const char *)a->w + es * co * a->ws;
-    char *wo = (char *)a->w_out + es * co * a->wos;
-    for (int64_t r = 0; r < a->R; ++r) fusedk__store(wo, r, fusedk__load(wr, r, s) * k, s);
+    if (a->R) { /* an empty w may have no data to offset */
+      const char *wr = (const char *)a->w + es * co * a->ws;
+      char *wo = (char *)a->w_out + es * co * a->wos;
+      for (int64_t r = 0; r < a->R; ++r) fusedk__store(wo, r, fusedk__load(wr, r, s) * k, s);
+    }
     fusedk__store(a->b_out, co, (b - fusedk__load(a->mean, co, s)) * k + (a->beta ? fusedk__load(a->beta, co, s) : 0.0), s);
   }
 }
@@ -4775,13 +4777,14 @@ static void fusedk__gn_cpu(const fusedk__gn_args *a) {
 static fusedk_status fusedk__gn_pixels(const fusedk__check *c, const fusedk_tensor *t, const char *name,
                                        int64_t *st) {
   int64_t ps = 0, want = 0; /* the innermost pixel dim's stride, and what the next one out must be */
+  int seen = 0;              /* want may be 0: a broadcast pixel dim */
   for (int i = t->ndim - 2; i >= 1; --i) {
     if (t->shape[i] == 1) continue;
-    if (want && fusedk__stride(t, i) != want)
+    if (seen && fusedk__stride(t, i) != want)
       return fusedk__fail(FUSEDK_ERR_LAYOUT, "%s: %s has stride %lld in dim %d, expected %lld: the dims between N "
                           "and C must flatten to one pixel stride", c->op, name, (long long)fusedk__stride(t, i), i,
                           (long long)want);
-    if (!want) ps = fusedk__stride(t, i);
+    if (!seen) ps = fusedk__stride(t, i), seen = 1;
     want = fusedk__stride(t, i) * t->shape[i];
   }
   st[0] = fusedk__stride(t, 0), st[1] = ps;

@@ -9,7 +9,7 @@ for Wan, as diffusers runs it, and on a pre-padded input: the conv alone); and G
 at the Flux decoder's shapes (32 groups) as fusedk.group_norm(act="silu") against torch eager on
 channels-last, torch.compile, and a copy of the same bytes (read + write).
 
-    PYTHONPATH=bindings/python:bench python3 bench/bench_conv.py [--out DIR] [--quick] [--rounds 5]
+    PYTHONPATH=bindings/python:bench python3 bench/bench_conv.py [--out DIR] [--quick] [--no-compile] [--rounds 5]
 
 Method (bench.py's): each call captured K times in a CUDA graph, replays timed by events, median;
 implementations in rotated rounds; TFLOP/s from 2 M Co K. Writes DIR/bench_conv.json and .md."""
@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile columns (their compile time)")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -72,7 +73,7 @@ def main():
             bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2.0), bn.weight.normal_(), bn.bias.normal_()
             x = torch.randn(N, C, H, W, device="cuda", dtype=BF).to(memory_format=torch.channels_last)
             chain = lambda: F.silu(bn(conv(x)))  # noqa: E731
-            chain_c = torch.compile(chain)
+            chain_c = None if args.no_compile else torch.compile(chain)
             wf, bf = fusedk.fold_batchnorm(conv.weight.permute(0, 2, 3, 1), conv.bias, bn.weight, bn.bias,
                                            bn.running_mean, bn.running_var, bn.eps)
             xv = x.permute(0, 2, 3, 1)
@@ -85,6 +86,8 @@ def main():
             outs = {"eager conv+bn+silu": lambda: chain().permute(0, 2, 3, 1),
                     "compiled conv+bn+silu": lambda: chain_c().permute(0, 2, 3, 1),
                     "fusedk conv (bn folded, silu)": lambda: fusedk.conv(xv, wf, bf, padding=k // 2, act="silu")}
+            if chain_c is None:
+                del calls["compiled conv+bn+silu"], outs["compiled conv+bn+silu"]
             run(name, calls, 2.0 * N * H * W * Co * C * k * k, ref, outs)
         for name, N, C, H, W, Co, k in FLUX[:3] if args.quick else FLUX:
             conv = torch.nn.Conv2d(C, Co, k, 1, k // 2).cuda().to(BF).to(memory_format=torch.channels_last)
@@ -118,7 +121,7 @@ def main():
             x = torch.randn(1, C, H, H, device="cuda", dtype=BF).to(memory_format=torch.channels_last)
             xv, y = x.permute(0, 2, 3, 1), torch.empty_like(x)
             chain = lambda: F.silu(gn(x))  # noqa: E731
-            chain_c = torch.compile(chain)
+            chain_c = None if args.no_compile else torch.compile(chain)
             ref = F.silu(F.group_norm(x.double(), 32, gn.weight.double(), gn.bias.double(), 1e-6)).permute(0, 2, 3, 1)
             calls = {"eager gn+silu": lambda i: chain(), "compiled gn+silu": lambda i: chain_c(),
                      "copy": lambda i: y.copy_(x),
@@ -126,6 +129,8 @@ def main():
             outs = {"eager gn+silu": lambda: chain().permute(0, 2, 3, 1),
                     "compiled gn+silu": lambda: chain_c().permute(0, 2, 3, 1),
                     "fusedk group_norm silu": lambda: fusedk.group_norm(xv, 32, gn.weight, gn.bias, 1e-6, act="silu")}
+            if chain_c is None:
+                del calls["compiled gn+silu"], outs["compiled gn+silu"]
             run(name, calls, 0.0, ref, outs)
             torch.cuda.empty_cache()
     meta = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,

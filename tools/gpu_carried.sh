@@ -5,11 +5,12 @@
 # wheels of ../shared/device/wheels.sh in .whl/. On this machine:
 #   ninja -C build-gpu && mkdir -p .gpulib/b && cp build-gpu/{libfusedk.so,tests/test_gpu,fusedk_dit_block} .gpulib/b/
 # then the device tool's run with carry [".whl", ".gpulib"] and the command
-#   bash tools/gpu_carried.sh [conv] [fp8] [bench-conv] [bench-norms] [vae] [demo]
+#   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-norms] [vae] [demo]
 # conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma and, with
-# FUSEDK_NO_TMA=1, on mma.sync) and tests/python/test_conv.py; fp8: the C units of the FP8 ops and
+# FUSEDK_NO_TMA=1, on mma.sync) and tests/python/test_conv.py; conv-units: those C units at the
+# small shapes only; fp8: the C units of the FP8 ops and
 # the norms, test_fp8.py's GPU norm and int8 tests; vae: test_diffusers_vae.py; bench-conv:
-# bench/bench_conv.py --quick; bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick
+# bench/bench_conv.py --quick (bench-conv-fast: without the torch.compile columns); bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick
 # (the norms' FP8 forms against a copy); demo: the C DiT block. Logs and results in $OUT; a line
 # a step in $OUT/summary.txt, printed last.
 set -uo pipefail
@@ -37,6 +38,9 @@ step() { # step NAME SECONDS CMD...: runs CMD under a timeout into $OUT/NAME.txt
 }
 for what in "${@:-conv}"; do
   case $what in
+    conv-units)
+      step units-conv 40 env FUSEDK_TEST_ONLY=conv FUSEDK_TEST_SMALL=1 "$B/test_gpu"
+      step units-conv-mma 30 env FUSEDK_TEST_ONLY=conv FUSEDK_NO_TMA=1 FUSEDK_TEST_SMALL=1 "$B/test_gpu" ;;
     conv)
       step units-conv 120 env FUSEDK_TEST_ONLY=conv "$B/test_gpu"
       step units-conv-mma 90 env FUSEDK_TEST_ONLY=conv FUSEDK_NO_TMA=1 "$B/test_gpu"
@@ -47,11 +51,16 @@ for what in "${@:-conv}"; do
     vae) step py-vae 150 python3 -m pytest -q -W ignore -p no:cacheprovider tests/python/test_diffusers_vae.py ;;
     bench-conv) step bench-conv 200 python3 bench/bench_conv.py --quick --rounds 3 --out "$OUT"
       cat "$OUT/bench_conv.md" 2>/dev/null ;;
+    bench-conv-fast) step bench-conv 90 python3 bench/bench_conv.py --quick --no-compile --rounds 3 --out "$OUT"
+      grep -E "^(seed|flux|wan|gn)" "$OUT/bench-conv.txt" ;;
     bench-norms) step bench-norms 120 python3 bench/bench_linear_fp8.py --no-gemm --no-torchao --quick --out "$OUT"
       tail -25 "$OUT/bench-norms.txt" ;;
+    bench-vae) step bench-vae-flux 240 python3 bench/bench_vae.py --only flux --out "$OUT"
+      step bench-vae-wan 300 python3 bench/bench_vae.py --only wan --no-compile --out "$OUT"
+      grep -hE "ms, first call|failed" "$OUT"/bench-vae-*.txt ;;
     demo) step demo 60 "$B/fusedk_dit_block"
       tail -14 "$OUT/demo.txt" ;;
-    *) say "unknown step $what (conv, fp8, vae, bench-conv, bench-norms, demo)" ;;
+    *) say "unknown step $what (conv-units, conv, fp8, vae, bench-conv-fast, bench-conv, bench-vae, bench-norms, demo)" ;;
   esac
 done
 cat "$OUT/summary.txt"

@@ -1,6 +1,7 @@
-"""[conv] fusedk.diffusers on a VAE decoder (AutoencoderKL): the patched decode against the stock one
-(CPU: fusedk's references; GPU: bf16 against the float32 decoder, no worse than stock bf16's), the
-report, revert bit for bit, tiled decoding, torch.compile."""
+"""[conv] fusedk.diffusers on a VAE decoder (AutoencoderKL, AutoencoderKLWan): the patched decode
+against the stock one (CPU: fusedk's references; GPU: 16-bit against the float32 decoder, no worse
+than stock 16-bit's), the report, revert bit for bit, tiled decoding, Wan's frame-by-frame cache,
+torch.compile."""
 import types
 
 import pytest
@@ -21,6 +22,13 @@ FLUX = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D
             latent_channels=16, norm_num_groups=32, sample_size=1024, use_quant_conv=False, use_post_quant_conv=False)
 
 
+# Wan 2.1's AutoencoderKLWan (z 16, 96..384 channels, a mid attention) and a tiny one of its shape
+WAN = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+           temperal_downsample=[False, True, True])
+WAN_TINY = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
+                temperal_downsample=[False, True, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+
+
 def rel(a, b):
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm())
@@ -34,6 +42,32 @@ def make(config, dtype=torch.float32, device="cpu", seed=0):
             if isinstance(m, torch.nn.GroupNorm):
                 m.weight.normal_(1.0, 0.2), m.bias.normal_(0.0, 0.2)
     return vae.to(device=device) if dtype == torch.float32 else vae.to(device=device, dtype=dtype)
+
+
+def make_wan(config, dtype=torch.float32, device="cpu", seed=0):
+    torch.manual_seed(seed)
+    vae = diffusers.AutoencoderKLWan(**config).eval()
+    with torch.no_grad():  # the RMSNorms' gamma random too (stock: ones)
+        for m in vae.modules():
+            if type(m).__name__ == "WanRMS_norm":
+                m.gamma.normal_(1.0, 0.2)
+    return vae.to(device=device, dtype=dtype)
+
+
+class Calls:
+    """counts fusedk's conv and norm calls and torch's stock conv3d calls while it is on"""
+
+    def __init__(self, monkeypatch):
+        self.n = {"fusedk": 0, "conv3d": 0}
+        for mod, name, key in ((fusedk, "conv", "fusedk"), (fusedk, "channel_rmsnorm", "fusedk"),
+                               (torch.nn.functional, "conv3d", "conv3d")):
+            monkeypatch.setattr(mod, name, self.counted(getattr(mod, name), key))
+
+    def counted(self, f, key):
+        def g(*a, **k):
+            self.n[key] += 1
+            return f(*a, **k)
+        return g
 
 
 def decode(vae, z):
@@ -101,6 +135,65 @@ def test_cpu_hooks_float64_and_bad_input(monkeypatch):
     fd.revert(v)
     with pytest.raises(fusedk.Error, match="vae is"):
         fd.apply(torch.nn.Linear(2, 2), vae="yes")
+
+
+def test_cpu_wan_decode_cache_report_and_revert(monkeypatch):
+    """Wan: three latent frames (the chunk cache: none, then one and two frames cached, the
+    upsamplers' time convs), every conv through fusedk, the stock decode to float32 rounding"""
+    vae = make_wan(WAN_TINY)
+    z = torch.randn(1, 4, 3, 6, 5)
+    want = decode(vae, z)
+    before = {n: p.detach().clone() for n, p in vae.named_parameters()}
+    report = fd.apply(types.SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=vae))
+    kinds = [c for _, c in report.patched]
+    assert kinds.count("WanResidualBlock") == 10 and not report.skipped, report  # mid 2, up 4 x 2
+    names = dict(report.patched)
+    for n in ("post_quant_conv", "decoder.conv_in", "decoder.conv_out", "decoder.up_blocks.0.upsamplers.0.time_conv"):
+        assert names.get("vae." + n) == "WanCausalConv3d", n
+    assert names.get("vae.decoder.norm_out") == "WanRMS_norm"
+    calls = Calls(monkeypatch)
+    got = decode(vae, z)
+    assert calls.n["conv3d"] == 0 and calls.n["fusedk"] > 50, calls.n
+    assert got.shape == want.shape == (1, 3, 9, 48, 40) and rel(got, want) < 1e-5, rel(got, want)
+    monkeypatch.undo()
+    assert fd.revert(vae) == len(report.patched)
+    assert torch.equal(decode(vae, z), want)
+    for n, p in vae.named_parameters():
+        assert torch.equal(p, before[n]) and p.is_contiguous(), n
+
+
+def test_cpu_wan_tiled_batch_and_fallbacks(monkeypatch):
+    vae = make_wan(WAN_TINY)
+    vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16,
+                      tile_sample_stride_width=16)
+    z = torch.randn(2, 4, 2, 6, 7)  # two samples, tiles of 4 x 4 latents and their blending
+    want = decode(vae, z)
+    fd.apply(vae)
+    calls = Calls(monkeypatch)
+    assert rel(decode(vae, z), want) < 1e-5
+    assert calls.n["conv3d"] == 0 and calls.n["fusedk"] > 0
+    monkeypatch.setattr(fd.vae, "CPU_REFERENCE", False)
+    calls.n.update(fusedk=0, conv3d=0)
+    assert rel(decode(vae, z), want) < 1e-6  # CPU tensors: the stock forwards
+    assert calls.n["fusedk"] == 0 and calls.n["conv3d"] > 0
+    fd.revert(vae)
+
+
+@pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")
+def test_gpu_wan_decode_error_against_float32():
+    """Wan 2.1's config, random weights, 3 latent frames of 16 x 24 (9 frames of 128 x 192): bf16
+    patched against the float32 decoder no worse than 1.5x stock bf16's"""
+    ref = make_wan(WAN, torch.float32, "cuda")
+    z = torch.randn(1, 16, 3, 16, 24, device="cuda")
+    exact = decode(ref, z)
+    vae = make_wan(WAN, torch.bfloat16, "cuda")
+    stock = decode(vae, z.bfloat16())
+    report = fd.apply(vae)
+    assert len(report.patched) > 20 and not report.skipped, report
+    got = decode(vae, z.bfloat16())
+    assert rel(got, exact) <= 1.5 * rel(stock, exact), (rel(got, exact), rel(stock, exact))
+    fd.revert(vae)
+    assert torch.equal(decode(vae, z.bfloat16()), stock)
 
 
 @pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")

@@ -1,17 +1,24 @@
-"""fusedk inside diffusers' VAE decoders (AutoencoderKL: Flux, SD3, SDXL): the decoder's ResNet
-blocks and convolutions through fusedk's channels-last ops.
+"""fusedk inside diffusers' VAE decoders: AutoencoderKL (Flux, SD3, SDXL) and AutoencoderKLWan
+(Wan 2.1 / 2.2), their ResNet blocks and convolutions through fusedk's channels-last ops.
 
-Per ResnetBlock2D (the decoder's: no time embedding, no resampling inside):
+Per ResnetBlock2D (AutoencoderKL's decoder: no time embedding, no resampling inside):
   group_norm(x, act="silu")                 GroupNorm + SiLU, one op
   conv(., W1, b1)                           3x3, an implicit GEMM (no im2col copy)
   group_norm(., act="silu")
   conv(x, Ws, bs) where the block has a 1x1 shortcut
   conv(., W2, b2, residual=shortcut)        the block's add in conv2's epilogue
-Every other Conv2d of the decoder (conv_in, the upsamplers' convs, conv_out) and the VAE's
-post_quant_conv run as fusedk.conv. Activations flow in channels-last memory (a tensor NCHW to
-torch, NHWC to fusedk: a permuted view, no copy); an input in another layout is made
-channels-last once, at the first patched module. The attention of the mid block, the
-upsamplers' nearest-neighbour interpolation and the final GroupNorm + SiLU stay torch's.
+Per WanResidualBlock (the same with Wan's causal 3x3x3 convs and its RMSNorm):
+  channel_rmsnorm(x, clamp, act="silu")     F.normalize(x) * sqrt(C) * gamma + SiLU, one op,
+                                            written behind the frames cached from the last chunk
+  conv(., W1, b1, pad_t=2 - cached)         causal in time: zeros where no frames are cached
+  channel_rmsnorm(., act="silu"), conv(., W2, b2, residual=shortcut)
+The frame-by-frame cache (feat_cache) keeps the stock protocol: the same entries, the last two
+frames of each conv's input. Every other conv of the decoder (conv_in, the resamplers' and
+time convs, conv_out, the attention's 1x1s) and the VAE's post_quant_conv run as fusedk.conv,
+Wan's other RMSNorms as fusedk.channel_rmsnorm. Activations flow in channels-last memory (a
+tensor NC[T]HW to torch, N[T]HWC to fusedk: a permuted view, no copy); an input in another
+layout is made channels-last once, at the first patched module. The attention of the mid block,
+the nearest-neighbour upsampling and AutoencoderKL's final GroupNorm + SiLU stay torch's.
 
 A module runs its stock forward when fusedk cannot reproduce the call: CUDA tensors other than
 float16/bfloat16 (the conv kernel's), parameters of another dtype than the input, autograd
@@ -20,7 +27,7 @@ run too: fusedk's CPU references are double-precision loops, minutes a decode (t
 CPU_REFERENCE = True to check the patched math against them). Modules with a forward of their own
 (diffusers' hooks: layerwise casting, group offloading; accelerate's) are left alone, and the
 report says why. The weights are the model's: a conv's weight is read
-as a channels-last view where it is stored so, else its NHWC copy is made at the call and kept
+as a channels-last view where it is stored so, else its N[T]HWC copy is made at the call and kept
 until the weight changes (apply() stores the decoder's conv weights channels-last; revert()
 stores them back contiguous, the same values bit for bit)."""
 import types
@@ -29,17 +36,22 @@ import torch
 
 import fusedk
 
-_CL = torch.channels_last
+_CL = {4: torch.channels_last, 5: torch.channels_last_3d}
 CPU_REFERENCE = False  # True: CPU tensors through fusedk's C references (slow; for tests)
 
 
-def vaes(model):
-    """(name, AutoencoderKL) of a pipeline's .vae, or of the model itself"""
+def _classes():
     try:
-        from diffusers import AutoencoderKL
+        from diffusers import AutoencoderKL, AutoencoderKLWan
     except ImportError:  # pragma: no cover
-        return []
-    out = [(n, v) for n, v in (("vae", getattr(model, "vae", None)), ("", model)) if isinstance(v, AutoencoderKL)]
+        return ()
+    return AutoencoderKL, AutoencoderKLWan
+
+
+def vaes(model):
+    """(name, VAE) of a pipeline's .vae, or of the model itself: an AutoencoderKL or AutoencoderKLWan"""
+    kinds = _classes()
+    out = [(n, v) for n, v in (("vae", getattr(model, "vae", None)), ("", model)) if kinds and isinstance(v, kinds)]
     return out[:1]
 
 
@@ -50,6 +62,29 @@ def _conv_why_not(c):
         return "grouped, dilated, string-padded or non-zero-padded conv"
     if c.stride[0] != c.stride[1] or c.padding[0] != c.padding[1] or c.stride[0] not in (1, 2):
         return f"stride {tuple(c.stride)}, padding {tuple(c.padding)}: expected one of 1 or 2, and one padding"
+    return None
+
+
+def _causal_why_not(c):
+    """why WanCausalConv3d c is not fusedk.conv's: its padding (w, w, h, h, 2 pt, 0) after the
+    frames cached"""
+    if type(c).__name__ != "WanCausalConv3d":
+        return f"{type(c).__name__}, expected WanCausalConv3d"
+    p = tuple(getattr(c, "_padding", ()))
+    if c.groups != 1 or tuple(c.dilation) != (1, 1, 1) or c.padding_mode != "zeros" or tuple(c.padding) != (0, 0, 0):
+        return "grouped, dilated or padded other than WanCausalConv3d's causal padding"
+    if len(p) != 6 or p[0] != p[1] or p[2] != p[3] or p[0] != p[2] or p[5] != 0:
+        return f"causal padding {p}, expected (p, p, p, p, t, 0)"
+    if c.stride[1] != c.stride[2] or c.stride[1] not in (1, 2):
+        return f"stride {tuple(c.stride)}: expected one of 1 or 2 on H and W"
+    return None
+
+
+def _rms_why_not(n):
+    if type(n).__name__ != "WanRMS_norm" or not n.channel_first:
+        return f"{type(n).__name__}, expected a channel-first WanRMS_norm"
+    if not isinstance(n.bias, (float, torch.Tensor)) or (isinstance(n.bias, float) and n.bias != 0.0):
+        return f"bias {n.bias!r}, expected a parameter or 0"
     return None
 
 
@@ -85,31 +120,48 @@ def _resnet_why_not(m):
     return None
 
 
-def _nhwc(t):
-    """t [N, C, H, W] as fusedk's [N, H, W, C] view of its channels-last memory (one copy if it is
-    stored otherwise)"""
-    return t.contiguous(memory_format=_CL).permute(0, 2, 3, 1)
+def _wan_block_why_not(m):
+    if type(m).__name__ != "WanResidualBlock":
+        return f"{type(m).__name__}, expected WanResidualBlock"
+    if type(m.nonlinearity) is not torch.nn.SiLU:
+        return f"nonlinearity {type(m.nonlinearity).__name__}, expected SiLU"
+    for c in (m.conv1, m.conv2):
+        why = _causal_why_not(c) or ("" if c._padding[4] == 2 and tuple(c.stride) == (1, 1, 1) else
+                                     f"{c._padding}, stride {tuple(c.stride)}: expected a causal 3x3x3 conv")
+        if why:
+            return why
+    if type(m.conv_shortcut) is not torch.nn.Identity:
+        why = _causal_why_not(m.conv_shortcut)
+        if why or m.conv_shortcut.kernel_size != (1, 1, 1) or tuple(m.conv_shortcut.stride) != (1, 1, 1):
+            return why or "a shortcut other than a 1x1x1 conv"
+    return _rms_why_not(m.norm1) or _rms_why_not(m.norm2)
+
+
+def _cl(t):
+    """t [N, C, (T,) H, W] as fusedk's [N, (T,) H, W, C] view of its channels-last memory (one copy
+    if it is stored otherwise)"""
+    return t.contiguous(memory_format=_CL[t.dim()]).movedim(1, -1)
 
 
 def _weight(c):
-    """conv c's weight [Co, kh, kw, Ci]: a view where it is stored channels-last, else a copy kept
-    until the weight changes"""
+    """conv c's weight [Co, (kt,) kh, kw, Ci]: a view where it is stored channels-last, else a copy
+    kept until the weight changes"""
     w = c.weight
-    if w.is_contiguous(memory_format=_CL):
-        return w.detach().permute(0, 2, 3, 1)
+    if w.is_contiguous(memory_format=_CL[w.dim()]):
+        return w.detach().movedim(1, -1)
     key = (w.data_ptr(), w._version, w.dtype, w.device)
     st = vars(c).get("_fusedk_w")
     if st is None or st[0] != key:
-        st = (key, w.detach().permute(0, 2, 3, 1).contiguous())
+        st = (key, w.detach().movedim(1, -1).contiguous())
         c._fusedk_w = st
     return st[1]
 
 
 def _runs(x, mods):
-    """whether fusedk runs the call: x [N, C, H, W] 16-bit on CUDA (or on the CPU, CPU_REFERENCE),
-    every parameter of x's dtype and device, no autograd recording, no hooks"""
+    """whether fusedk runs the call: x [N, C, (T,) H, W] 16-bit on CUDA (or on the CPU,
+    CPU_REFERENCE), every parameter of x's dtype and device, no autograd recording, no hooks"""
     ok = (torch.float16, torch.bfloat16) if x.is_cuda else (torch.float32, torch.float16, torch.bfloat16)
-    if x.dim() != 4 or x.dtype not in ok or not (x.is_cuda or (CPU_REFERENCE and x.device.type == "cpu")):
+    if x.dim() not in (4, 5) or x.dtype not in ok or not (x.is_cuda or (CPU_REFERENCE and x.device.type == "cpu")):
         return False
     if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for m in mods for p in m.parameters())):
         return False
@@ -123,27 +175,128 @@ def _runs(x, mods):
 
 
 def _conv(c, x, residual=None):
-    """conv c on the NHWC view x (residual: NHWC, added in the epilogue)"""
+    """Conv2d c on the NHWC view x (residual: NHWC, added in the epilogue)"""
     return fusedk.conv(x, _weight(c), c.bias, residual, stride=c.stride[0], padding=c.padding[0])
 
 
 def _conv_forward(self, x):
-    if not _runs(x, (self,)):
+    if not _runs(x, (self,)) or x.dim() != 4:
         return type(self).forward(self, x)
-    return _conv(self, _nhwc(x)).permute(0, 3, 1, 2)
+    return _conv(self, _cl(x)).movedim(-1, 1)
 
 
 def _resnet_forward(self, input_tensor, temb=None, *args, **kwargs):
     subs = (self, self.norm1, self.norm2, self.conv1, self.conv2) + (
         (self.conv_shortcut,) if self.conv_shortcut is not None else ())
-    if temb is not None or args or kwargs or (self.training and self.dropout.p > 0) or not _runs(input_tensor, subs):
+    if temb is not None or args or kwargs or (self.training and self.dropout.p > 0) or not _runs(input_tensor, subs) \
+            or input_tensor.dim() != 4:
         return type(self).forward(self, input_tensor, temb, *args, **kwargs)
-    x = _nhwc(input_tensor)
+    x = _cl(input_tensor)
     n1, n2 = self.norm1, self.norm2
     h = fusedk.group_norm(x, n1.num_groups, n1.weight, n1.bias, n1.eps, act="silu")
     h = fusedk.group_norm(_conv(self.conv1, h), n2.num_groups, n2.weight, n2.bias, n2.eps, act="silu")
     shortcut = x if self.conv_shortcut is None else _conv(self.conv_shortcut, x)
-    return _conv(self.conv2, h, shortcut).permute(0, 3, 1, 2)
+    return _conv(self.conv2, h, shortcut).movedim(-1, 1)
+
+
+# [Wan] causal convs over N T H W C; a conv's input buffer holds the frames cached from the last
+# chunk in front of the new ones, so the norm writes behind them and no concatenation is copied
+
+
+def _rms(n, x, act, out=None):
+    """WanRMS_norm n (+ act) on the N...C view x: F.normalize(x) * sqrt(C) * gamma + bias"""
+    C = x.shape[-1]
+    return fusedk.channel_rmsnorm(x, n.gamma.view(C), n.bias if isinstance(n.bias, torch.Tensor) else None,
+                                  1e-12 / C ** 0.5, clamp=True, act=act, out=out)
+
+
+def _cached(c, cache):
+    """the frames of cache (NCTHW, a previous chunk's, or None) that conv c puts in front of its
+    input: at most its causal padding's"""
+    return 0 if cache is None or not isinstance(cache, torch.Tensor) else min(cache.shape[2], c._padding[4])
+
+
+def _causal(c, buf, n, residual=None):
+    """WanCausalConv3d c on buf [N, n + T, H, W, C] whose first n frames are cached ones"""
+    st, p = c.stride, c._padding
+    return fusedk.conv(buf, _weight(c), c.bias, residual, stride=st[1], padding=p[2], stride_t=st[0],
+                       pad_t=p[4] - n)
+
+
+def _framed(c, cache, x, norm=None):
+    """conv c's input buffer for the new frames x (N T H W C): cache's last frames in front, then x,
+    or norm(x) written there when norm is given; with the number of cached frames"""
+    n = _cached(c, cache)
+    if n == 0 and norm is None:
+        return x, 0
+    N, T, H, W, C = x.shape
+    buf = torch.empty((N, n + T, H, W, C), dtype=x.dtype, device=x.device)
+    if n:
+        buf[:, :n].copy_(cache[:, :, cache.shape[2] - n:].movedim(1, -1))
+    if norm is None:
+        buf[:, n:].copy_(x)
+    else:
+        norm(x, out=buf[:, n:])
+    return buf, n
+
+
+def _keep(buf, n, prev):
+    """the stock cache entry for the next chunk: the last two frames of this conv's new input, the
+    previous entry's last frame in front when only one is new (NCTHW, channels-last memory)"""
+    new = buf[:, n:]
+    if new.shape[1] >= 2 or prev is None:
+        keep = new[:, -2:].clone()
+    else:
+        keep = torch.cat([prev[:, :, -1:].movedim(1, -1).to(new.device, new.dtype), new], 1)
+    return keep.movedim(-1, 1)
+
+
+def _causal_forward(self, x, cache_x=None):
+    if not _runs(x, (self,)) or x.dim() != 5 or (cache_x is not None and not isinstance(cache_x, torch.Tensor)):
+        return type(self).forward(self, x, cache_x)
+    buf, n = _framed(self, cache_x, _cl(x))
+    return _causal(self, buf, n).movedim(-1, 1)
+
+
+def _rms_forward(self, x):
+    if not _runs(x, (self,)) or x.shape[1] != self.gamma.shape[0]:
+        return type(self).forward(self, x)
+    return _rms(self, _cl(x), "none").movedim(-1, 1)
+
+
+def _wan_step(conv, norm, x, feat_cache, feat_idx, residual=None):
+    """norm + SiLU, then the causal conv, through the chunk cache as WanResidualBlock does it"""
+    prev = None
+    if feat_cache is not None:
+        prev = feat_cache[feat_idx[0]]
+    buf, n = _framed(conv, prev, x, lambda v, out: _rms(norm, v, "silu", out))
+    if feat_cache is not None:
+        feat_cache[feat_idx[0]] = _keep(buf, n, prev)
+        feat_idx[0] += 1
+    return _causal(conv, buf, n, residual)
+
+
+def _wan_block_forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 (the stock signature)
+    subs = (self, self.norm1, self.norm2, self.conv1, self.conv2) + (
+        (self.conv_shortcut,) if type(self.conv_shortcut) is not torch.nn.Identity else ())
+    prevs = [] if feat_cache is None else feat_cache[feat_idx[0]:feat_idx[0] + 2]
+    if (self.training and self.dropout.p > 0) or not _runs(x, subs) or x.dim() != 5 or \
+            any(p is not None and not isinstance(p, torch.Tensor) for p in prevs):
+        return type(self).forward(self, x, feat_cache, feat_idx)
+    xv = _cl(x)
+    h = xv if len(subs) == 5 else _causal(self.conv_shortcut, xv, 0)
+    a = _wan_step(self.conv1, self.norm1, xv, feat_cache, feat_idx)
+    return _wan_step(self.conv2, self.norm2, a, feat_cache, feat_idx, residual=h).movedim(-1, 1)
+
+
+def _targets(vae):
+    """(fused blocks, the block kind and its check, the standalone modules and their checks and
+    forwards) for vae's kind"""
+    if type(vae).__name__ == "AutoencoderKLWan":
+        return ("WanResidualBlock", _wan_block_why_not, _wan_block_forward), [
+            ("WanCausalConv3d", _causal_why_not, _causal_forward), ("Conv2d", _conv_why_not, _conv_forward),
+            ("WanRMS_norm", _rms_why_not, _rms_forward)]
+    return ("ResnetBlock2D", _resnet_why_not, _resnet_forward), [("Conv2d", _conv_why_not, _conv_forward)]
 
 
 def apply(vae, prefix, report):
@@ -154,32 +307,35 @@ def apply(vae, prefix, report):
     mods = [("post_quant_conv", getattr(vae, "post_quant_conv", None))] + [
         ("decoder." + n if n else "decoder", m) for n, m in vae.decoder.named_modules()]
     dot = prefix + "." if prefix else ""
-    resnet_convs = set()
+    (kind, why_not, forward), singles = _targets(vae)
+    inside = set()  # the modules a fused block runs itself
     for name, m in mods:
-        if m is None or type(m).__name__ != "ResnetBlock2D":
+        if m is None or type(m).__name__ != kind:
             continue
-        why = _resnet_why_not(m) or _hooked(m)
+        why = why_not(m) or _hooked(m)
         if why:
-            report.skipped.append((dot + name, type(m).__name__, why))
+            report.skipped.append((dot + name, kind, why))
             continue
-        m.forward = types.MethodType(_resnet_forward, m)
+        m.forward = types.MethodType(forward, m)
         patched.append(m)
-        resnet_convs.update(id(c) for c in m.modules() if type(c) is torch.nn.Conv2d)
-        report.patched.append((dot + name, "ResnetBlock2D"))
+        inside.update(id(c) for c in m.modules() if c is not m)
+        report.patched.append((dot + name, kind))
     for name, m in mods:
-        if m is None or type(m) is not torch.nn.Conv2d:
+        single = next((t for t in singles if m is not None and type(m).__name__ == t[0]), None)
+        if single is None:
             continue
-        why = _conv_why_not(m) or _hooked(m)
+        why = single[1](m) or _hooked(m)
         if why:
-            report.skipped.append((dot + name, "Conv2d", why))
+            report.skipped.append((dot + name, single[0], why))
             continue
-        if m.weight.dim() == 4 and not m.weight.is_contiguous(memory_format=_CL):
-            m.weight.data = m.weight.data.contiguous(memory_format=_CL)  # the same values, NHWC storage
+        w = getattr(m, "weight", None)
+        if isinstance(w, torch.Tensor) and w.dim() in _CL and not w.is_contiguous(memory_format=_CL[w.dim()]):
+            m.weight.data = w.data.contiguous(memory_format=_CL[w.dim()])  # the same values, channels-last
             stored.append(m)
-        if id(m) not in resnet_convs:  # (a block's convs run inside its fused forward)
-            m.forward = types.MethodType(_conv_forward, m)
+        if id(m) not in inside:
+            m.forward = types.MethodType(single[2], m)
             patched.append(m)
-            report.patched.append((dot + name, "Conv2d"))
+            report.patched.append((dot + name, single[0]))
     vae._fusedk_vae = (patched, stored)
 
 
@@ -197,4 +353,3 @@ def revert(vae):
         c.weight.data = c.weight.data.contiguous()
         vars(c).pop("_fusedk_w", None)
     return len(patched)
-
