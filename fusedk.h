@@ -796,10 +796,12 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
    attributes left at their defaults); w [Co, kt, kh, kw, Ci] or [Co, kh, kw, Ci], any kernel size
    (torch's Conv weight [Co, Ci, kh, kw] is w.permute(0, 2, 3, 1)); bias [Co] and residual (out's
    shape) optional; out [N, To, Ho, Wo, Co] with Ho = (H + 2 padding - kh) / stride + 1 (floor; Wo
-   likewise) and To = (T + pad_t + pad_t_back - kt) / stride_t + 1. Spatial padding is zeros
-   (`padding` each side). Time: pad_t frames in front and pad_t_back behind, zeros, or with
-   time_replicate = 1 the first frame repeated in front and the last behind: the video VAEs'
-   causal convs are pad_t = kt - 1, pad_t_back = 0, zeros (Wan) or the first frame (LTX-Video).
+   likewise) and To = (T + pad_t + pad_t_back - kt) / stride_t + 1. Spatial padding: `padding`
+   each side; time: pad_t frames in front and pad_t_back behind. Both are zeros unless `replicate`
+   says otherwise, a bit mask: 1, the time padding repeats the first frame in front and the last
+   behind; 2, the spatial padding repeats the edge pixels (torch's padding_mode "replicate").
+   The video VAEs' causal convs are pad_t = kt - 1, pad_t_back = 0, with zeros (Wan), the first
+   frame (LTX-Video: replicate 1) or edge pixels and first frame alike (Mochi: replicate 3).
    act: FUSEDK_ACT_NONE (default), SILU, RELU, GELU, GELU_TANH on z in full precision; one
    rounding to the dtype after the residual (a ResNet block's conv2 + shortcut). Any strides but
    a contiguous channel dim (x, out, residual: NHWC views of a larger buffer work); out may not
@@ -817,7 +819,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
 FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *w,
                                      const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
                                      int32_t padding, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
-                                     int32_t time_replicate, fusedk_activation act, struct CUstream_st *stream);
+                                     int32_t replicate, fusedk_activation act, struct CUstream_st *stream);
 /* group_norm: channels-last GroupNorm, the VAEs' norm before each conv. x [N, ..., C] (the dims
    between N and C are the L pixels: [N, H, W, C], [N, T, H, W, C]; they must flatten to one pixel
    stride), `groups` G dividing C; per sample n and group g, mean and variance (biased) over its
@@ -835,15 +837,18 @@ FUSEDK_DEF fusedk_status fusedk_group_norm(const fusedk_tensor *y, const fusedk_
                                            const fusedk_tensor *bias, const fusedk_tensor *scale,
                                            const fusedk_tensor *shift, int32_t groups, float eps,
                                            fusedk_activation act, struct CUstream_st *stream);
-/* channel_rmsnorm: the video VAEs' RMSNorm over the channels of each pixel (x [..., C] channels
-   last: the rows), with their activation: y = act(x r weight[c] + bias[c]), r = rsqrt(mean(x^2) +
-   eps) (clamp 0: torch's RMSNorm, LTX-Video's VAE, eps 1e-8), or r = 1 / max(sqrt(mean(x^2)), eps)
-   (clamp 1: F.normalize's form, Wan's VAE: its x / max(|x|, 1e-12) sqrt(C) is eps = 1e-12 /
-   sqrt(C) with weight = gamma); weight, bias [C] optional; act NONE (default) ... as conv's. One
-   rounding. Rows as the norm family's (leading dims that flatten to at most two levels); y may
-   be x itself. GPU: a warp a row, x read once from memory (the row again from L1). */
+/* channel_rmsnorm: the video VAEs' RMSNorm over the channels of each pixel (x [N, ..., C] channels
+   last: the rows), with their modulation and activation:
+     y = act((x r weight[c] + bias[c]) (1 + scale[n, c]) + shift[n, c])
+   r = rsqrt(mean(x^2) + eps) (clamp 0: torch's RMSNorm, LTX-Video's VAE, eps 1e-8), or r = 1 /
+   max(sqrt(mean(x^2)), eps) (clamp 1: F.normalize's form, Wan's VAE: its x / max(|x|, 1e-12)
+   sqrt(C) is eps = 1e-12 / sqrt(C) with weight = gamma); weight, bias [C] and scale, shift [N, C]
+   (n: x's first dim; LTX-Video's timestep-conditioned blocks) optional; act NONE (default) ... as
+   conv's. One rounding. Rows as the norm family's (leading dims that flatten to at most two
+   levels); y may be x itself. GPU: a warp a row, x read once from memory (the row again from L1). */
 FUSEDK_DEF fusedk_status fusedk_channel_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *weight,
-                                                const fusedk_tensor *bias, float eps, int32_t clamp,
+                                                const fusedk_tensor *bias, const fusedk_tensor *scale,
+                                                const fusedk_tensor *shift, float eps, int32_t clamp,
                                                 fusedk_activation act, struct CUstream_st *stream);
 FUSEDK_DEF fusedk_status fusedk_fold_batchnorm(const fusedk_tensor *w_out, const fusedk_tensor *b_out,
                                                const fusedk_tensor *w, const fusedk_tensor *bias,
@@ -1210,13 +1215,14 @@ typedef struct fusedk__gn_args {
   void *y;
 } fusedk__gn_args;
 
-/* channel_rmsnorm: B x L rows of D channels (x, y by their row strides), weight, bias [D] or NULL */
+/* channel_rmsnorm: B x L rows of D channels (x, y by their row strides), weight, bias [D] or NULL;
+   scale, shift [N, D] by their sample strides ss, row r (b L + l) of sample r / P, or NULL */
 typedef struct fusedk__crms_args {
   int32_t scalar, act, clamp;
   float eps;
-  int64_t B, L, D;
+  int64_t B, L, D, P, ss[2];
   fusedk__rows x, y;
-  const void *weight, *bias;
+  const void *weight, *bias, *scale, *shift;
 } fusedk__crms_args;
 
 /* fold_batchnorm: w and w_out [Co, R] rows (R compact elements, row strides ws and wos); the
@@ -1864,7 +1870,7 @@ static int fusedk__shape_linear_lowrank_backward(const fusedk_op *o, int out, co
 /* [conv] */
 
 /* conv's geometry from x, w and the attributes (stride, pad, stride_t, pad_t, pad_t_back,
-   time_replicate, act): a->N ... a->kw, stride and padding (what the registry's shape rule and the
+   replicate, act): a->N ... a->kw, stride and padding (what the registry's shape rule and the
    entry point both need; the rest of a untouched). */
 static fusedk_status fusedk__conv_geometry(const char *op, const fusedk_tensor *x, const fusedk_tensor *w,
                                            const double *at, fusedk__conv_args *a) {
@@ -1878,14 +1884,16 @@ static fusedk_status fusedk__conv_geometry(const char *op, const fusedk_tensor *
                         x->ndim == 5 ? "kt, " : "", (long long)x->shape[x->ndim - 1], (int)x->ndim);
   const int v = x->ndim == 5;
   for (int i = 0; i < 7; ++i) {
-    static const char *names[] = {"stride", "padding", "stride_t", "pad_t", "pad_t_back", "time_replicate", "act"};
-    const double lo = i == 0 || i == 2 ? 1 : 0, hi = i == 5 ? 1 : i == 6 ? FUSEDK_ACT_NONE : 1 << 20;
+    static const char *names[] = {"stride", "padding", "stride_t", "pad_t", "pad_t_back", "replicate", "act"};
+    const double lo = i == 0 || i == 2 ? 1 : 0, hi = i == 5 ? 3 : i == 6 ? FUSEDK_ACT_NONE : 1 << 20;
     if (!(at[i] >= lo && at[i] <= hi) || at[i] != (double)(int64_t)at[i])
       return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g, expected an integer in %g..%g", op, names[i],
                           at[i], lo, hi);
-    if (!v && i >= 2 && i <= 5 && at[i] != (i == 2))
-      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g for an image (x [N, H, W, Ci]), expected %d: "
-                          "the time attributes are a video's (x [N, T, H, W, Ci])", op, names[i], at[i], i == 2);
+    const int time_set = i == 5 ? ((int64_t)at[i] & 1) != 0 : at[i] != (i == 2); /* replicate: its time bit */
+    if (!v && i >= 2 && i <= 5 && time_set)
+      return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g for an image (x [N, H, W, Ci]), expected %s: "
+                          "the time attributes are a video's (x [N, T, H, W, Ci])", op, names[i], at[i],
+                          i == 5 ? "0 or 2" : i == 2 ? "1" : "0");
   }
   a->stride = (int32_t)at[0], a->pad = (int32_t)at[1], a->stride_t = (int32_t)at[2], a->pad_t = (int32_t)at[3];
   a->replicate = (int32_t)at[5], a->act = (int32_t)at[6];
@@ -2126,7 +2134,7 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
       {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("w", FUSEDK_ROLE_OWN),
        FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__OPT("residual", FUSEDK_ROLE_OWN)},
       {FUSEDK__I32("stride", 1), FUSEDK__I32("padding", 0), FUSEDK__I32("stride_t", 1), FUSEDK__I32("pad_t", 0),
-       FUSEDK__I32("pad_t_back", 0), FUSEDK__I32("time_replicate", 0), FUSEDK__I32("act", FUSEDK_ACT_NONE)}},
+       FUSEDK__I32("pad_t_back", 0), FUSEDK__I32("replicate", 0), FUSEDK__I32("act", FUSEDK_ACT_NONE)}},
      fusedk__shape_conv},
     /* w_out like w, b_out like mean ([Co]) */
     {{"fold_batchnorm", 8, 1, -1,
@@ -2138,9 +2146,9 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
       {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL),
        FUSEDK__OPT("bias", FUSEDK__COL), FUSEDK__OPT("scale", FUSEDK_ROLE_OWN), FUSEDK__OPT("shift", FUSEDK_ROLE_OWN)},
       {FUSEDK__I32("groups", 32), FUSEDK__EPS(1e-6), FUSEDK__I32("act", FUSEDK_ACT_NONE)}}, NULL},
-    {{"channel_rmsnorm", 4, 3, 0,
+    {{"channel_rmsnorm", 6, 3, 0,
       {FUSEDK__OUT("y", 1), FUSEDK__IN("x", FUSEDK__ROW), FUSEDK__OPT("weight", FUSEDK__COL),
-       FUSEDK__OPT("bias", FUSEDK__COL)},
+       FUSEDK__OPT("bias", FUSEDK__COL), FUSEDK__OPT("scale", FUSEDK_ROLE_OWN), FUSEDK__OPT("shift", FUSEDK_ROLE_OWN)},
       {FUSEDK__EPS(1e-6), FUSEDK__I32("clamp", 0), FUSEDK__I32("act", FUSEDK_ACT_NONE)}}, NULL},
 };
 #undef FUSEDK__IN
@@ -2338,7 +2346,8 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
       return fusedk_group_norm(t[0], t[1], t[2], t[3], t[4], t[5], (int32_t)a[0], (float)a[1],
                                (fusedk_activation)(int)a[2], s);
     case FUSEDK_OP_CHANNEL_RMSNORM:
-      return fusedk_channel_rmsnorm(t[0], t[1], t[2], t[3], (float)a[0], (int32_t)a[1], (fusedk_activation)(int)a[2], s);
+      return fusedk_channel_rmsnorm(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1],
+                                    (fusedk_activation)(int)a[2], s);
     case FUSEDK_OP_ATTENTION:
       return fusedk_attention(t[0], t[1], t[2], t[3], t[4], t[5], (float)a[0], (int32_t)a[1], s);
     case FUSEDK_OP_ATTENTION_INT8_SCALED: {
@@ -4587,7 +4596,7 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
 /* --- [conv] CPU references and entry points ------------------------------------------------ */
 
 /* conv: w converted to double once ([Co][taps Ci]), then per output pixel its receptive field
-   gathered in double (zeros outside, the clamped frame for replicated time padding) and one dot
+   gathered in double (zeros outside, the clamped frame or pixel for replicated padding) and one dot
    product a channel, accumulated in double and rounded once. */
 static int fusedk__conv_cpu(const fusedk__conv_args *a) {
   const int s = a->scalar;
@@ -4608,9 +4617,13 @@ static int fusedk__conv_cpu(const fusedk__conv_args *a) {
           for (int64_t i = 0, k = 0; i < a->kt; ++i)
             for (int64_t j = 0; j < a->kh; ++j)
               for (int64_t l = 0; l < a->kw; ++l, k += a->Ci) {
-                int64_t ti = t * a->stride_t + i - a->pad_t;
-                const int64_t hi = h * a->stride + j - a->pad, wi = x * a->stride + l - a->pad;
-                if (a->replicate) ti = ti < 0 ? 0 : ti >= a->T ? a->T - 1 : ti;
+                int64_t ti = t * a->stride_t + i - a->pad_t, hi = h * a->stride + j - a->pad;
+                int64_t wi = x * a->stride + l - a->pad;
+                if (a->replicate & 1) ti = ti < 0 ? 0 : ti >= a->T ? a->T - 1 : ti;
+                if (a->replicate & 2) {
+                  hi = hi < 0 ? 0 : hi >= a->H ? a->H - 1 : hi;
+                  wi = wi < 0 ? 0 : wi >= a->W ? a->W - 1 : wi;
+                }
                 const int in = ti >= 0 && ti < a->T && hi >= 0 && hi < a->H && wi >= 0 && wi < a->W;
                 const char *row = (const char *)a->x + es * (n * a->xs[0] + ti * a->xs[1] + hi * a->xs[2] + wi * a->xs[3]);
                 for (int64_t c = 0; c < a->Ci; ++c) f[k + c] = in ? fusedk__load(row, c, s) : 0.0;
@@ -4639,10 +4652,10 @@ static void fusedk__conv_strides(const fusedk_tensor *t, int64_t *st) {
 FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *w,
                                      const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
                                      int32_t padding, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
-                                     int32_t time_replicate, fusedk_activation act, struct CUstream_st *stream) {
+                                     int32_t replicate, fusedk_activation act, struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out, x, w, bias, residual};
   const double at[] = {(double)stride, (double)padding, (double)stride_t, (double)pad_t, (double)pad_t_back,
-                       (double)time_replicate, (double)act};
+                       (double)replicate, (double)act};
   fusedk__rowset s;
   fusedk__conv_args a;
   memset(&a, 0, sizeof a);
@@ -4842,6 +4855,7 @@ static void fusedk__crms_cpu(const fusedk__crms_args *a) {
     for (int64_t l = 0; l < a->L; ++l) {
       const char *x = (const char *)a->x.p + es * (b * a->x.sb + l * a->x.sl);
       char *y = (char *)a->y.p + es * (b * a->y.sb + l * a->y.sl);
+      const int64_t n = (b * a->L + l) / a->P;
       double ms = 0.0;
       for (int64_t d = 0; d < a->D; ++d) ms += fusedk__load(x, d, s) * fusedk__load(x, d, s);
       ms /= (double)a->D;
@@ -4850,15 +4864,18 @@ static void fusedk__crms_cpu(const fusedk__crms_args *a) {
         double v = fusedk__load(x, d, s) * r;
         if (a->weight) v *= fusedk__load(a->weight, d, s);
         if (a->bias) v += fusedk__load(a->bias, d, s);
+        if (a->scale) v *= 1.0 + fusedk__load((const char *)a->scale + es * n * a->ss[0], d, s);
+        if (a->shift) v += fusedk__load((const char *)a->shift + es * n * a->ss[1], d, s);
         fusedk__store(y, d, a->act == FUSEDK_ACT_NONE ? v : fusedk__act_f64(v, a->act), s);
       }
     }
 }
 
 FUSEDK_DEF fusedk_status fusedk_channel_rmsnorm(const fusedk_tensor *y, const fusedk_tensor *x, const fusedk_tensor *weight,
-                                                const fusedk_tensor *bias, float eps, int32_t clamp,
+                                                const fusedk_tensor *bias, const fusedk_tensor *scale,
+                                                const fusedk_tensor *shift, float eps, int32_t clamp,
                                                 fusedk_activation act, struct CUstream_st *stream) {
-  const fusedk_tensor *t[] = {y, x, weight, bias};
+  const fusedk_tensor *t[] = {y, x, weight, bias, scale, shift};
   fusedk__rowset s;
   fusedk_status st = fusedk__validate(fusedk__op(FUSEDK_OP_CHANNEL_RMSNORM), t, &s);
   if (st || (st = fusedk__check_eps(&s.c, eps))) return st;
@@ -4868,14 +4885,27 @@ FUSEDK_DEF fusedk_status fusedk_channel_rmsnorm(const fusedk_tensor *y, const fu
   if ((int)act < 0 || (int)act > FUSEDK_ACT_NONE)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected a fusedk_activation (0..%d)", s.c.op,
                         (int)act, FUSEDK_ACT_NONE);
-  const char *names[] = {"y", "x", "weight", "bias"};
-  for (int i = 1; i < 4; ++i) /* in place, else apart from every input */
-    if (!(i == 1 && fusedk__same_view(y, x)) && (st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i]))) return st;
   fusedk__crms_args a;
   memset(&a, 0, sizeof a);
+  a.P = 1; /* the rows a sample: x's dims between the first and C */
+  for (int i = 1; i < x->ndim - 1; ++i) a.P *= x->shape[i];
+  const char *mods[2] = {"scale", "shift"};
+  for (int k = 0; k < 2; ++k)
+    if (t[4 + k]) {
+      char shp[160];
+      if (x->ndim < 2)
+        return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s is given and x has shape %s, expected [N, ..., C]: scale and "
+                            "shift are per sample (x's first dim)", s.c.op, mods[k], fusedk__shape_str(x, shp, sizeof shp));
+      const int64_t nc[2] = {x->shape[0], x->shape[x->ndim - 1]};
+      if ((st = fusedk__check_shape(&s.c, t[4 + k], mods[k], 2, nc, "[N, C] of x"))) return st;
+      a.ss[k] = fusedk__stride(t[4 + k], 0);
+    }
+  const char *names[] = {"y", "x", "weight", "bias", "scale", "shift"};
+  for (int i = 1; i < 6; ++i) /* in place, else apart from every input */
+    if (!(i == 1 && fusedk__same_view(y, x)) && (st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i]))) return st;
   a.scalar = s.c.scalar, a.act = (int32_t)act, a.clamp = clamp, a.eps = eps;
   a.B = s.B, a.L = s.L, a.D = s.D, a.x = s.r[1], a.y = s.r[0];
-  a.weight = fusedk__base(weight), a.bias = fusedk__base(bias);
+  a.weight = fusedk__base(weight), a.bias = fusedk__base(bias), a.scale = fusedk__base(scale), a.shift = fusedk__base(shift);
   for (int i = 0; i < x->ndim - 1; ++i)
     if (x->shape[i] == 0) return FUSEDK_OK;
   if (fusedk__is_gpu(s.c.dev.device_type)) return fusedk__cuda_channel_rmsnorm(&a, s.c.op, s.c.dev.device_id, stream);

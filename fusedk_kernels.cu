@@ -5798,9 +5798,13 @@ constexpr int kCvTile = kCvM * kCvCh * 16; // bytes of one operand's stage (A an
 constexpr int kCvRows = kCvM * kCvCh / kCvThreads; // the A (and B) rows one thread copies a stage
 
 // A pixel of the padded input: the tap's element offset, or -1 in the zero padding. Replicated
-// time padding reads the first (last) frame instead.
+// padding (bit 1 time, bit 2 H and W) reads the nearest frame or edge pixel instead.
 __device__ __forceinline__ int64_t conv_pixel(const fusedk__conv_args &a, int64_t nb, int t, int h, int w) {
-  if (a.replicate) t = t < 0 ? 0 : t >= a.T ? (int)a.T - 1 : t;
+  if (a.replicate & 1) t = t < 0 ? 0 : t >= a.T ? (int)a.T - 1 : t;
+  if (a.replicate & 2) {
+    h = h < 0 ? 0 : h >= a.H ? (int)a.H - 1 : h;
+    w = w < 0 ? 0 : w >= a.W ? (int)a.W - 1 : w;
+  }
   if (t < 0 || t >= a.T || h < 0 || h >= a.H || w < 0 || w >= a.W) return -1;
   return nb + t * a.xs[1] + h * a.xs[2] + w * a.xs[3];
 }
@@ -6129,7 +6133,10 @@ template <typename T, int V> __global__ void crms_kernel(const fusedk__crms_args
   }
   const float ms = lanes_sum(ss, 32) / (float)a.D;
   const float r = a.clamp ? 1.f / fmaxf(sqrtf(ms), a.eps) : rsqrtf(ms + a.eps);
+  const int64_t n = row / a.P;
   const T *w = static_cast<const T *>(a.weight), *bi = static_cast<const T *>(a.bias);
+  const T *sc = a.scale ? static_cast<const T *>(a.scale) + n * a.ss[0] : nullptr;
+  const T *sh = a.shift ? static_cast<const T *>(a.shift) + n * a.ss[1] : nullptr;
   for (int64_t v = lane; v < nv; v += 32) {
     float f[V];
     load<T, V>(x + v * V, f);
@@ -6138,6 +6145,8 @@ template <typename T, int V> __global__ void crms_kernel(const fusedk__crms_args
       float z = f[e] * r;
       if (w) z *= to_f32<T>(w[v * V + e]);
       if (bi) z += to_f32<T>(bi[v * V + e]);
+      if (sc) z *= 1.f + to_f32<T>(sc[v * V + e]);
+      if (sh) z += to_f32<T>(sh[v * V + e]);
       f[e] = act_f32(z, a.act);
     }
     store_cs<T, V>(y + v * V, f);

@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
 """[conv] Whole VAE decodes, bf16, random weights at the real configs, as users run them (eager
-calls, events around each decode, median): Flux's AutoencoderKL at 1024^2 (latent 16 x 128 x
-128) and Wan 2.1's AutoencoderKLWan at 480p x 81 frames (latent 16 x 21 x 60 x 104, decoded frame
-by frame through its cache) -- stock eager, stock torch.compile of the decoder (its compile time
-said), fusedk.diffusers.apply(vae) eager. Per row the peak memory over the decode's own inputs
+calls, events around each decode, median):
+- Flux's AutoencoderKL at 1024^2 (latent 16 x 128 x 128);
+- Wan 2.1's AutoencoderKLWan at 480p x 81 frames (latent 16 x 21 x 60 x 104, decoded frame by
+  frame through its cache);
+- LTX-Video 0.9.5+'s AutoencoderKLLTXVideo (timestep-conditioned, residual upsamplers) at 704 x
+  480 x 33 frames (latent 128 x 5 x 15 x 22: its decoder takes all frames at once, and the float32
+  reference of 161 frames does not fit beside it);
+- Mochi's AutoencoderKLMochi at 848 x 480 x 13 frames (latent 12 x 3 x 60 x 106; its decoder too
+  takes all frames at once unless framewise decoding is switched on).
+Each as stock eager, stock torch.compile of the decoder (its compile time said) and
+fusedk.diffusers.apply(vae) eager; per row the peak memory over the decode's own inputs
 (torch.cuda.max_memory_allocated) and the output's rel. L2 against the float32 decoder (the same
-weights; its norms' affine random, as the tests make them).
+weights; the norms' affine and LTX's timestep tables random, as the tests make them).
 
     PYTHONPATH=bindings/python:bench python3 bench/bench_vae.py [--out DIR] [--quick] [--no-compile]
-        [--only flux|wan]
+        [--only flux|wan|ltx|mochi]
 
---quick: Wan at 5 latent frames (17 frames) and fewer repeats. Writes DIR/bench_vae.json and .md
-(bench_vae_flux.* with --only flux, and so on)."""
+--quick: Wan at 5 latent frames, LTX at 3, and fewer repeats. Writes DIR/bench_vae.json and
+.md (bench_vae_flux.* with --only flux, and so on)."""
 import argparse
 import datetime
 import json
@@ -25,6 +32,19 @@ FLUX = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D
             latent_channels=16, norm_num_groups=32, sample_size=1024, use_quant_conv=False, use_post_quant_conv=False)
 WAN = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
            temperal_downsample=[False, True, True])
+LTX = dict(in_channels=3, out_channels=3, latent_channels=128, block_out_channels=(128, 256, 512, 1024, 2048),
+           down_block_types=("LTXVideo095DownBlock3D",) * 4, decoder_block_out_channels=(256, 512, 1024),
+           layers_per_block=(4, 6, 6, 2, 2), decoder_layers_per_block=(5, 5, 5, 5),
+           spatio_temporal_scaling=(True,) * 4, decoder_spatio_temporal_scaling=(True,) * 3,
+           decoder_inject_noise=(False,) * 4,
+           downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+           upsample_residual=(True,) * 3, upsample_factor=(2,) * 3, timestep_conditioning=True, patch_size=4,
+           patch_size_t=1, encoder_causal=True, decoder_causal=False)
+
+
+def decode(vae, z, temb):
+    """the decoded sample; temb: LTX-Video's decode timestep (the other VAEs take none)"""
+    return (vae.decode(z) if temb is None else vae.decode(z, temb)).sample
 
 
 def main():
@@ -32,7 +52,7 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--only", choices=["flux", "wan"])
+    ap.add_argument("--only", choices=["flux", "wan", "ltx", "mochi"])
     args = ap.parse_args()
     import diffusers
     import torch
@@ -44,13 +64,19 @@ def main():
 
     def make(kind, dtype):
         torch.manual_seed(0)
-        vae = (diffusers.AutoencoderKL(**FLUX) if kind == "flux" else diffusers.AutoencoderKLWan(**WAN)).eval()
+        cls = {"flux": (diffusers.AutoencoderKL, FLUX), "wan": (diffusers.AutoencoderKLWan, WAN),
+               "ltx": (diffusers.AutoencoderKLLTXVideo, LTX),
+               "mochi": (diffusers.AutoencoderKLMochi, dict(in_channels=15, out_channels=3, latent_channels=12))}[kind]
+        vae = cls[0](**cls[1]).eval()
         with torch.no_grad():
             for m in vae.modules():
                 if isinstance(m, torch.nn.GroupNorm):
                     m.weight.normal_(1.0, 0.2), m.bias.normal_(0.0, 0.2)
                 elif type(m).__name__ == "WanRMS_norm":
                     m.gamma.normal_(1.0, 0.2)
+            for n, p in vae.named_parameters():  # LTX's timestep tables
+                if "scale_shift" in n:
+                    p.normal_(0.0, 0.2)
         return vae.to(device="cuda", dtype=dtype)
 
     def measure(name, fn, iters, exact):
@@ -66,6 +92,7 @@ def main():
             torch.cuda.reset_peak_memory_stats()
             ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
             for a, b in ev:
+                out = None  # the last output freed first: the peak is one decode's
                 a.record()
                 out = fn()
                 b.record()
@@ -80,25 +107,29 @@ def main():
         del out
         torch.cuda.empty_cache()
 
-    for kind in ("flux", "wan"):
+    for kind in ("flux", "wan", "ltx", "mochi"):
         if args.only and args.only != kind:
             continue
-        z = (torch.randn(1, 16, 128, 128, device="cuda") if kind == "flux" else
-             torch.randn(1, 16, 5 if args.quick else 21, 60, 104, device="cuda"))
+        frames = 5 if args.quick else 21
+        z = {"flux": lambda: torch.randn(1, 16, 128, 128, device="cuda"),
+             "wan": lambda: torch.randn(1, 16, frames, 60, 104, device="cuda"),
+             "ltx": lambda: torch.randn(1, 128, 3 if args.quick else 5, 15, 22, device="cuda"),
+             "mochi": lambda: torch.randn(1, 12, 3, 60, 106, device="cuda")}[kind]()
+        temb = torch.tensor([0.05], device="cuda") if kind == "ltx" else None  # LTX: the decode timestep
         iters = (3 if args.quick else 10) if kind == "flux" else (1 if args.quick else 3)
         ref = make(kind, torch.float32)
         with torch.no_grad():
-            exact = ref.decode(z).sample.double()
+            exact = decode(ref, z, temb).double()
         del ref
         torch.cuda.empty_cache()
         vae = make(kind, torch.bfloat16)
-        zb = z.bfloat16()
-        measure(f"{kind} stock eager", lambda: vae.decode(zb).sample, iters, exact)
+        zb, tb = z.bfloat16(), None if temb is None else temb.bfloat16()
+        measure(f"{kind} stock eager", lambda: decode(vae, zb, tb), iters, exact)
         if not args.no_compile:
             dec = vae.decoder
             vae.decoder = torch.compile(dec)
             try:
-                measure(f"{kind} stock torch.compile(decoder)", lambda: vae.decode(zb).sample, iters, exact)
+                measure(f"{kind} stock torch.compile(decoder)", lambda: decode(vae, zb, tb), iters, exact)
             except Exception as e:  # say so: Wan's cached decode may not compile
                 bench.log(f"{kind} stock torch.compile(decoder) failed: {bench.err_str(e)[:300]}")
                 rows.append({"name": f"{kind} stock torch.compile(decoder)", "error": bench.err_str(e)})
@@ -106,7 +137,7 @@ def main():
             torch._dynamo.reset()
         report = fd.apply(vae)
         bench.log(f"{kind}: {len(report.patched)} modules patched, {len(report.skipped)} skipped")
-        measure(f"{kind} fusedk.diffusers.apply eager", lambda: vae.decode(zb).sample, iters, exact)
+        measure(f"{kind} fusedk.diffusers.apply eager", lambda: decode(vae, zb, tb), iters, exact)
         fd.revert(vae)
         del vae, exact
         torch.cuda.empty_cache()

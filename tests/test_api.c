@@ -1209,6 +1209,7 @@ static const shape_case shape_cases[] = {
     {FUSEDK_OP_FOLD_BATCHNORM, "w=6,3,3,5 mean=6 var=6", "", "w_out=6,3,3,5 b_out=6"},
     {FUSEDK_OP_GROUP_NORM, "x=2,5,4,64 weight=64 bias=64", "groups=32", "y=2,5,4,64"},
     {FUSEDK_OP_CHANNEL_RMSNORM, "x=2,3,5,4,96 weight=96", "clamp=1", "y=2,3,5,4,96"},
+    {FUSEDK_OP_CHANNEL_RMSNORM, "x=2,3,5,4,96 scale=2,96 shift=2,96", "", "y=2,3,5,4,96"},
 };
 
 /* The next "name=v,v,..." of *spec into name and v (at most FUSEDK_MAX_DIMS of them); 0 at the end. */

@@ -2465,7 +2465,8 @@ static void run_conv(fusedk_scalar s, conv_t c) {
   snprintf(what, sizeof what, "conv %s x [%lld,%lld,%lld,%lld%s] w [%lld,...,%lld] k %lld stride %d pad %d%s%s act %s%s%s "
            "cpad %lld shift %zu", sname(s), (long long)c.x[0], (long long)c.x[1], (long long)c.x[2], (long long)c.x[3],
            v ? ",..." : "", (long long)c.w[0], (long long)c.w[c.nd - 1], (long long)(K / c.w[c.nd - 1]), c.stride,
-           c.pad, v ? (c.rep ? " causal replicate" : " time pad") : "", c.stride_t > 1 ? " stride_t" : "",
+           c.pad, c.rep & 2 ? " edge-replicated" : v ? (c.rep & 1 ? " causal replicate" : " time pad") : "",
+           c.stride_t > 1 ? " stride_t" : "",
            act_name(c.act), c.bias ? " bias" : "", c.res ? " residual" : "", (long long)c.cpad, c.shift);
   const int64_t co = c.w[0];
   buf_t x = mk(s, c.nd, c.x, c.cpad, c.shift, 0, 1.0, 0.0), w = mk(s, c.nd, c.w, 0, 0, 0, 1.0 / sqrt((double)K), 0.0);
@@ -2499,13 +2500,15 @@ static void conv_cases(fusedk_scalar s) {
   run_conv(s, (conv_t){5, {1, 5, 9, 10, 32}, {48, 3, 3, 3, 32}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0}); /* Wan's */
   run_conv(s, (conv_t){5, {2, 4, 6, 7, 24}, {16, 3, 3, 3, 24}, 1, 1, 1, 2, 0, 1, SILU, 1, 0, 0, 0}); /* LTX's */
   run_conv(s, (conv_t){5, {1, 7, 6, 6, 16}, {16, 3, 1, 1, 16}, 1, 0, 2, 1, 1, 0, N, 1, 0, 5, 0}); /* time conv */
+  run_conv(s, (conv_t){5, {2, 4, 9, 7, 64}, {24, 3, 3, 3, 64}, 1, 1, 1, 2, 0, 3, N, 1, 1, 0, 0}); /* Mochi's */
+  run_conv(s, (conv_t){4, {1, 6, 5, 12}, {9, 5, 5, 12}, 2, 3, 1, 0, 0, 2, SILU, 1, 0, 0, 0});   /* edges, Ci % 8 */
   if (!small) {
     run_conv(s, (conv_t){4, {2, 64, 64, 320}, {320, 3, 3, 320}, 1, 1, 1, 0, 0, 0, SILU, 1, 0, 0, 0}); /* the seed's */
     run_conv(s, (conv_t){5, {1, 3, 20, 24, 384}, {384, 3, 3, 3, 384}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0});
   }
   if (failures == n_before)
-    printf("ok   %s conv (2D and 3D, k 1/3/5, stride 1/2, causal zero and replicate, 5 acts, bias, residual, Ci and "
-           "Co tails, padded and shifted pixels)\n", sname(s));
+    printf("ok   %s conv (2D and 3D, k 1/3/5, stride 1/2, causal zero and replicate, edge-replicated padding, 5 "
+           "acts, bias, residual, Ci and Co tails, padded and shifted pixels)\n", sname(s));
 }
 
 /* group_norm against the CPU reference: 4D and 5D, groups of 1 to C channels, off-center groups,
@@ -2551,35 +2554,40 @@ static void gn_cases(fusedk_scalar s) {
            sname(s));
 }
 
-/* channel_rmsnorm against the CPU reference: both eps forms, the act, both load paths */
-static void run_crms(fusedk_scalar s, int nd, const int64_t *shape, int clamp, int act, int64_t cpad) {
+/* channel_rmsnorm against the CPU reference: both eps forms, the act, both load paths, the
+   per-sample modulation (scale rows strided as chunks of a wider projection) */
+static void run_crms(fusedk_scalar s, int nd, const int64_t *shape, int clamp, int act, int64_t cpad, int mod) {
   char what[200];
-  snprintf(what, sizeof what, "channel_rmsnorm %s [%lld,...,%lld] clamp %d act %s cpad %lld", sname(s),
-           (long long)shape[0], (long long)shape[nd - 1], clamp, act_name(act), (long long)cpad);
-  const int64_t C = shape[nd - 1];
+  snprintf(what, sizeof what, "channel_rmsnorm %s [%lld,...,%lld] clamp %d act %s cpad %lld%s", sname(s),
+           (long long)shape[0], (long long)shape[nd - 1], clamp, act_name(act), (long long)cpad,
+           mod ? " scale shift" : "");
+  const int64_t C = shape[nd - 1], nc[2] = {shape[0], C};
   const float eps = clamp ? (float)(1e-12 / sqrt((double)C)) : 1e-8f;
   buf_t x = mk(s, nd, shape, cpad, 0, 0, 1.0, 0.0), w = mk(s, 1, &C, 0, 0, 0, 1.0, 0.0), b = mk(s, 1, &C, 0, 0, 0, 1.0, 0.0);
-  buf_t y = mk(s, nd, shape, cpad, 0, 0, 0.0, 0.0);
+  buf_t sc = mk(s, 2, nc, 5, 0, 0, 0.2, 0.0), sh = mk(s, 2, nc, 0, 0, 0, 1.0, 0.0), y = mk(s, nd, shape, cpad, 0, 0, 0.0, 0.0);
   poison(&y);
   fusedk_status st[2];
   for (int d = 0; d < 2; ++d)
-    st[d] = fusedk_channel_rmsnorm(d ? &y.td : &y.th, d ? &x.td : &x.th, d ? &w.td : &w.th, d ? &b.td : &b.th, eps,
-                                   clamp, (fusedk_activation)act, NULL);
+    st[d] = fusedk_channel_rmsnorm(d ? &y.td : &y.th, d ? &x.td : &x.th, d ? &w.td : &w.th, d ? &b.td : &b.th,
+                                   !mod ? NULL : d ? &sc.td : &sc.th, !mod ? NULL : d ? &sh.td : &sh.th, eps, clamp,
+                                   (fusedk_activation)act, NULL);
   if (!call_failed_counted(what, st[0], st[1])) {
     ++checks;
     if (compare(what, &y, NULL, 0, eps_of(s), 1)) ++failures;
   }
-  drop(&x), drop(&w), drop(&b), drop(&y);
+  drop(&x), drop(&w), drop(&b), drop(&sc), drop(&sh), drop(&y);
 }
 
 static void crms_cases(fusedk_scalar s) {
   const int n_before = failures;
-  run_crms(s, 5, (int64_t[]){1, 4, 30, 52, 384}, 1, FUSEDK_ACT_SILU, 0); /* Wan's */
-  run_crms(s, 5, (int64_t[]){2, 3, 5, 4, 96}, 0, FUSEDK_ACT_SILU, 0);   /* LTX-Video's */
-  run_crms(s, 4, (int64_t[]){1, 7, 5, 96}, 1, FUSEDK_ACT_NONE, 3);      /* padded pixels: the element path */
-  run_crms(s, 4, (int64_t[]){2, 3, 3, 2050}, 0, FUSEDK_ACT_GELU, 0);     /* rows past a warp's vectors */
-  run_crms(s, 2, (int64_t[]){5, 3}, 1, FUSEDK_ACT_SILU, 0);
-  if (failures == n_before) printf("ok   %s channel_rmsnorm (both eps forms, acts, padded pixels)\n", sname(s));
+  run_crms(s, 5, (int64_t[]){1, 4, 30, 52, 384}, 1, FUSEDK_ACT_SILU, 0, 0); /* Wan's */
+  run_crms(s, 5, (int64_t[]){2, 3, 5, 4, 96}, 0, FUSEDK_ACT_SILU, 0, 0);   /* LTX-Video's */
+  run_crms(s, 5, (int64_t[]){3, 3, 5, 4, 128}, 0, FUSEDK_ACT_SILU, 0, 1);  /* LTX's timestep-conditioned */
+  run_crms(s, 4, (int64_t[]){1, 7, 5, 96}, 1, FUSEDK_ACT_NONE, 3, 0);      /* padded pixels: the element path */
+  run_crms(s, 4, (int64_t[]){2, 3, 3, 2050}, 0, FUSEDK_ACT_GELU, 0, 1);     /* rows past a warp's vectors */
+  run_crms(s, 2, (int64_t[]){5, 3}, 1, FUSEDK_ACT_SILU, 0, 1);
+  if (failures == n_before)
+    printf("ok   %s channel_rmsnorm (both eps forms, acts, padded pixels, modulation)\n", sname(s));
 }
 
 /* --- units and how they run ------------------------------------------------------------------

@@ -57,6 +57,8 @@ for what in "${@:-conv}"; do
       tail -25 "$OUT/bench-norms.txt" ;;
     bench-vae) step bench-vae-flux 240 python3 bench/bench_vae.py --only flux --out "$OUT"
       step bench-vae-wan 300 python3 bench/bench_vae.py --only wan --no-compile --out "$OUT"
+      step bench-vae-ltx 200 python3 bench/bench_vae.py --only ltx --out "$OUT"
+      step bench-vae-mochi 200 python3 bench/bench_vae.py --only mochi --out "$OUT"
       grep -hE "ms, first call|failed" "$OUT"/bench-vae-*.txt ;;
     demo) step demo 60 "$B/fusedk_dit_block"
       tail -14 "$OUT/demo.txt" ;;

@@ -97,6 +97,7 @@ static int natural(const fusedk_op *o, int k, const fusedk_tensor *ref, int64_t 
   if (nd == 4 && (!strcmp(n, "q_weight") || !strcmp(n, "k_weight"))) { sh[0] = last; return 1; }
   if (!strcmp(n, "ids") || !strcmp(n, "coords") || !strcmp(n, "pos")) { sh[0] = r[0], sh[1] = 3; return 2; }
   if (!strcmp(n, "freqs")) { sh[0] = 3, sh[1] = 2, sh[2] = 4; return 3; }
+  if (!strcmp(n, "scale") || !strcmp(n, "shift")) { sh[0] = r[0], sh[1] = last; return 2; } /* [N, C] */
   if (!strcmp(n, "w") && nd >= 1) { sh[0] = 1 + (last * 7) % 5, sh[1] = last; return 2; }
   return 0; /* left to the bytes */
 }

@@ -495,7 +495,7 @@ def lowrank_grad(dy, x, ps, qs, codes=None, ids=None, scaling=1.0, w=None, aux=N
 
 # --- [conv] --------------------------------------------------------------------------------
 def conv(x, w, bias=None, residual=None, stride=1, pad=0, stride_t=1, pad_t=0, pad_t_back=0, replicate=False,
-         act_kind="none"):
+         act_kind="none", pad_replicate=False):
     """fusedk_conv in float64: the padded input sliced once a tap, [N, To, Ho, Wo, Ci] @ w's tap"""
     x, w = f64(x), f64(w)
     video = x.ndim == 5
@@ -506,7 +506,7 @@ def conv(x, w, bias=None, residual=None, stride=1, pad=0, stride_t=1, pad_t=0, p
         x = np.concatenate([x[:, :1]] * pad_t + [x] + [x[:, -1:]] * pad_t_back, axis=1)
     else:
         x = np.pad(x, ((0, 0), (pad_t, pad_t_back), (0, 0), (0, 0), (0, 0)))
-    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad), (0, 0)))
+    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge" if pad_replicate else "constant")
     To, Ho, Wo = ((x.shape[1] - kt) // stride_t + 1, (x.shape[2] - kh) // stride + 1, (x.shape[3] - kw) // stride + 1)
     out = np.zeros((x.shape[0], To, Ho, Wo, Co))
     for i in range(kt):
@@ -542,10 +542,12 @@ def group_norm(x, groups, weight=None, bias=None, eps=1e-6, scale=None, shift=No
     return y if act_kind == "none" else act(y, act_kind)
 
 
-def channel_rmsnorm(x, weight=None, bias=None, eps=1e-6, clamp=False, act_kind="none"):
+def channel_rmsnorm(x, weight=None, bias=None, eps=1e-6, clamp=False, act_kind="none", scale=None, shift=None):
     x = f64(x)
     ms = (x * x).mean(-1, keepdims=True)
     e = np.float64(np.float32(eps))
     y = x / np.maximum(np.sqrt(ms), e) if clamp else x / np.sqrt(ms + e)
     y = y * (1 if weight is None else f64(weight)) + (0 if bias is None else f64(bias))
+    bc = (x.shape[0],) + (1,) * (x.ndim - 2) + (x.shape[-1],)  # scale, shift [N, C] per sample
+    y = y * (1 if scale is None else 1 + f64(scale).reshape(bc)) + (0 if shift is None else f64(shift).reshape(bc))
     return y if act_kind == "none" else act(y, act_kind)

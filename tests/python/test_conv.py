@@ -35,6 +35,7 @@ def conv_args(kw):
     m = dict(kw)
     out = {"stride": m.pop("stride", 1), "padding": m.pop("pad", 0), "act": m.pop("act_kind", "none")}
     out["time_pad"] = "replicate" if m.pop("replicate", False) else "zeros"
+    out["pad"] = "replicate" if m.pop("pad_replicate", False) else "zeros"
     out.update(m)
     return out
 
@@ -46,6 +47,8 @@ IMAGE_CASES = [  # x [N, H, W, Ci], w [Co, kh, kw, Ci], keywords
     ((1, 1, 1, 8), (3, 3, 3, 8), dict(pad=1)),
     ((2, 10, 11, 12), (7, 3, 3, 12), dict(stride=2)),
     ((1, 4, 4, 4), (2, 2, 3, 4), dict(pad=2, stride=3)),
+    ((2, 5, 6, 8), (3, 3, 3, 8), dict(pad=1, pad_replicate=True)),
+    ((1, 3, 2, 4), (2, 5, 5, 4), dict(pad=3, stride=2, pad_replicate=True)),  # padding past the image
 ]
 VIDEO_CASES = [  # x [N, T, H, W, Ci], w [Co, kt, kh, kw, Ci]
     ((1, 5, 6, 7, 4), (3, 3, 3, 3, 4), dict(pad=1, pad_t=2)),
@@ -53,6 +56,8 @@ VIDEO_CASES = [  # x [N, T, H, W, Ci], w [Co, kt, kh, kw, Ci]
     ((1, 6, 4, 4, 8), (8, 3, 1, 1, 8), dict(pad_t=2)),
     ((1, 7, 5, 6, 3), (2, 3, 3, 3, 3), dict(stride_t=2, pad_t=1, pad_t_back=1, stride=2, pad=1)),
     ((1, 3, 4, 4, 5), (4, 3, 3, 3, 5), dict(pad=1, pad_t=1, pad_t_back=2, replicate=True)),
+    ((2, 4, 5, 6, 8), (4, 3, 3, 3, 8), dict(pad=1, pad_t=2, replicate=True, pad_replicate=True)),  # Mochi's
+    ((1, 3, 4, 5, 4), (3, 3, 3, 3, 4), dict(pad=1, pad_t=2, pad_replicate=True)),
 ]
 
 
@@ -133,6 +138,8 @@ def test_bad_input():
         (lambda: fusedk.conv(x, w, residual=rand((1, 6, 6, 3), np.float32)), fusedk.ShapeError, "residual"),
         (lambda: fusedk.conv(x, w, act="tanh"), fusedk.InvalidArgumentError, "act"),
         (lambda: fusedk.conv(x, w, time_pad="reflect"), fusedk.InvalidArgumentError, "time_pad"),
+        (lambda: fusedk.conv(x, w, pad="reflect"), fusedk.InvalidArgumentError, "pad"),
+        (lambda: fusedk.conv(x, w, time_pad="replicate"), fusedk.InvalidArgumentError, "replicate is 1 for an image"),
         (lambda: fusedk.conv(x, w.astype(np.float16)), fusedk.DTypeError, "dtype"),
         (lambda: fusedk.conv(x, w, out=np.empty((1, 6, 6, 3), np.float32)), fusedk.ShapeError, "out"),
         (lambda: fusedk.fold_batchnorm(w, None, None, None, rand((4,), np.float32), rand((3,), np.float32)),
@@ -198,20 +205,30 @@ def test_group_norm_views_in_place_and_bad_input():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(2, 3, 5, 4, 96), (1, 7, 384), (3, 5), (2, 1, 1, 13)], ids=str)
-@pytest.mark.parametrize("clamp,act", [(False, "silu"), (True, "silu"), (True, "none")])
-def test_channel_rmsnorm_reference_against_the_oracle(shape, clamp, act, dtype):
-    C = shape[-1]
+@pytest.mark.parametrize("clamp,act,mod", [(False, "silu", False), (True, "silu", False), (True, "none", False),
+                                           (False, "silu", True)])
+def test_channel_rmsnorm_reference_against_the_oracle(shape, clamp, act, mod, dtype):
+    C, N = shape[-1], shape[0]
     x, w, b = rand(shape, dtype), rand((C,), dtype), rand((C,), dtype)
+    # LTX-Video's timestep modulation: scale and shift per sample (rows of a wider [N, 4C] projection)
+    sc, sh = (rand((N, 4 * C), dtype)[:, C:2 * C], rand((N, C), dtype)) if mod else (None, None)
     eps = 1e-12 / np.sqrt(C) if clamp else 1e-8
-    got = fusedk.channel_rmsnorm(x, w, b, eps, clamp, act)
-    oracle.assert_close(got, oracle.channel_rmsnorm(x, w, b, eps, clamp, act), dtype, what=f"crms {shape}")
+    got = fusedk.channel_rmsnorm(x, w, b, eps, sc, sh, clamp=clamp, act=act)
+    want = oracle.channel_rmsnorm(x, w, b, eps, clamp, act, sc, sh)
+    oracle.assert_close(got, want, dtype, what=f"crms {shape}")
     z = np.zeros(shape, dtype)  # Wan's all-zero pixels: 0, not NaN
-    assert not np.isnan(np.asarray(fusedk.channel_rmsnorm(z, w, None, eps, True), np.float32)).any()
+    assert not np.isnan(np.asarray(fusedk.channel_rmsnorm(z, w, None, eps, clamp=True), np.float32)).any()
     y = x.copy()
-    fusedk.channel_rmsnorm(y, w, b, eps, clamp, act, out=y)
+    fusedk.channel_rmsnorm(y, w, b, eps, sc, sh, clamp=clamp, act=act, out=y)
     assert oracle.bits(y).tobytes() == oracle.bits(got).tobytes()
     with pytest.raises(fusedk.ShapeError, match="weight"):
         fusedk.channel_rmsnorm(x, rand((C + 1,), dtype))
+    before = x.copy()
+    for bad, what in (({"scale": rand((N + 1, C), dtype)}, "scale has shape"), ({"shift": rand((N, C + 1), dtype)},
+                      "shift has shape"), ({"shift": rand((C,), dtype)}, "shift has shape")):
+        with pytest.raises(fusedk.ShapeError, match=what):
+            fusedk.channel_rmsnorm(x, out=x, **bad)
+        assert oracle.bits(x).tobytes() == oracle.bits(before).tobytes()  # nothing written
 
 
 # --- GPU ---------------------------------------------------------------------------------------
@@ -378,8 +395,11 @@ def test_gpu_channel_rmsnorm_against_the_reference(shape, dtype):
     C = shape[-1]
     for x in (torch.randn(shape).to(dt), torch.randn(shape[:-1] + (C + 1,)).to(dt)[..., 1:]):  # aligned, not
         w, b = torch.randn(C).to(dt), torch.randn(C).to(dt)
-        for clamp, eps in ((False, 1e-8), (True, 1e-12 / C ** 0.5)):
-            ref = fusedk.channel_rmsnorm(x, w, b, eps, clamp, "silu")
-            got = fusedk.channel_rmsnorm(x.cuda(), w.cuda(), b.cuda(), eps, clamp, "silu")
+        sc, sh = torch.randn(shape[0], 3 * C).to(dt)[:, C:2 * C], torch.randn(shape[0], C).to(dt)  # LTX's
+        for clamp, eps, mod in ((False, 1e-8, False), (True, 1e-12 / C ** 0.5, False), (False, 1e-8, True)):
+            m = (sc, sh) if mod else (None, None)
+            ref = fusedk.channel_rmsnorm(x, w, b, eps, *m, clamp=clamp, act="silu")
+            got = fusedk.channel_rmsnorm(x.cuda(), w.cuda(), b.cuda(), eps, *(t if t is None else t.cuda() for t in m),
+                                         clamp=clamp, act="silu")
             oracle.assert_close_gpu(oracle.np_of(got.float()), oracle.np_of(ref.float()), np_dt,
-                                    what=f"gpu channel_rmsnorm {shape} clamp {clamp}")
+                                    what=f"gpu channel_rmsnorm {shape} clamp {clamp} modulated {mod}")

@@ -1,4 +1,5 @@
-"""[conv] fusedk.diffusers on a VAE decoder (AutoencoderKL, AutoencoderKLWan): the patched decode
+"""[conv] fusedk.diffusers on a VAE decoder (AutoencoderKL, AutoencoderKLWan, AutoencoderKLLTXVideo,
+AutoencoderKLMochi): the patched decode
 against the stock one (CPU: fusedk's references; GPU: 16-bit against the float32 decoder, no worse
 than stock 16-bit's), the report, revert bit for bit, tiled decoding, Wan's frame-by-frame cache,
 torch.compile."""
@@ -28,30 +29,45 @@ WAN = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_
 WAN_TINY = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, attn_scales=[],
                 temperal_downsample=[False, True, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
 
+# LTX-Video's AutoencoderKLLTXVideo, tiny: 0.9.0's form (no timestep conditioning, centred time
+# padding, shortcut LayerNorm + conv where channels change) and 0.9.5's (timestep-conditioned
+# blocks, residual upsamplers)
+LTX_090 = dict(in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 16, 16),
+               decoder_block_out_channels=(8, 8, 16, 16), layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 5,
+               patch_size=4)
+LTX_095 = dict(in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 16, 32, 32),
+               decoder_block_out_channels=(8, 16, 32), layers_per_block=(1,) * 5, decoder_layers_per_block=(1,) * 4,
+               spatio_temporal_scaling=(True, True, True, False), decoder_spatio_temporal_scaling=(True,) * 3,
+               decoder_inject_noise=(False,) * 4, upsample_residual=(True,) * 3, upsample_factor=(2,) * 3,
+               timestep_conditioning=True, patch_size=4)
+
+# Mochi's AutoencoderKLMochi, tiny (its convs pad H, W and time by repetition, GroupNorm a frame)
+MOCHI_TINY = dict(in_channels=15, out_channels=3, latent_channels=4, encoder_block_out_channels=(32, 32, 64, 64),
+                  decoder_block_out_channels=(32, 32, 64, 64), layers_per_block=(1, 1, 1, 1, 1), act_fn="silu")
+
 
 def rel(a, b):
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm())
 
 
-def make(config, dtype=torch.float32, device="cpu", seed=0):
+def make(config, dtype=torch.float32, device="cpu", seed=0, kind="AutoencoderKL"):
+    """diffusers' `kind` at config, eval, its norms' affine (GroupNorm, Wan's gamma, LTX's RMSNorms)
+    and LTX's timestep tables random: the stock init (1, 0) would hide a swapped pair"""
     torch.manual_seed(seed)
-    vae = diffusers.AutoencoderKL(**config).eval()
-    with torch.no_grad():  # random norms' affine too: the stock init (1, 0) would hide a swapped pair
+    vae = getattr(diffusers, kind)(**config).eval()
+    with torch.no_grad():
         for m in vae.modules():
-            if isinstance(m, torch.nn.GroupNorm):
-                m.weight.normal_(1.0, 0.2), m.bias.normal_(0.0, 0.2)
-    return vae.to(device=device) if dtype == torch.float32 else vae.to(device=device, dtype=dtype)
-
-
-def make_wan(config, dtype=torch.float32, device="cpu", seed=0):
-    torch.manual_seed(seed)
-    vae = diffusers.AutoencoderKLWan(**config).eval()
-    with torch.no_grad():  # the RMSNorms' gamma random too (stock: ones)
-        for m in vae.modules():
-            if type(m).__name__ == "WanRMS_norm":
+            if isinstance(m, (torch.nn.GroupNorm, torch.nn.LayerNorm)) or type(m).__name__ == "RMSNorm":
+                for p, mean in ((m.weight, 1.0), (m.bias, 0.0)):
+                    if isinstance(p, torch.Tensor):
+                        p.normal_(mean, 0.2)
+            elif type(m).__name__ == "WanRMS_norm":
                 m.gamma.normal_(1.0, 0.2)
-    return vae.to(device=device, dtype=dtype)
+        for n, p in vae.named_parameters():
+            if "scale_shift" in n:
+                p.normal_(0.0, 0.2)
+    return vae.to(device=device) if dtype == torch.float32 else vae.to(device=device, dtype=dtype)
 
 
 class Calls:
@@ -140,7 +156,7 @@ def test_cpu_hooks_float64_and_bad_input(monkeypatch):
 def test_cpu_wan_decode_cache_report_and_revert(monkeypatch):
     """Wan: three latent frames (the chunk cache: none, then one and two frames cached, the
     upsamplers' time convs), every conv through fusedk, the stock decode to float32 rounding"""
-    vae = make_wan(WAN_TINY)
+    vae = make(WAN_TINY, kind="AutoencoderKLWan")
     z = torch.randn(1, 4, 3, 6, 5)
     want = decode(vae, z)
     before = {n: p.detach().clone() for n, p in vae.named_parameters()}
@@ -163,7 +179,7 @@ def test_cpu_wan_decode_cache_report_and_revert(monkeypatch):
 
 
 def test_cpu_wan_tiled_batch_and_fallbacks(monkeypatch):
-    vae = make_wan(WAN_TINY)
+    vae = make(WAN_TINY, kind="AutoencoderKLWan")
     vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16,
                       tile_sample_stride_width=16)
     z = torch.randn(2, 4, 2, 6, 7)  # two samples, tiles of 4 x 4 latents and their blending
@@ -179,21 +195,84 @@ def test_cpu_wan_tiled_batch_and_fallbacks(monkeypatch):
     fd.revert(vae)
 
 
-@pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")
-def test_gpu_wan_decode_error_against_float32():
-    """Wan 2.1's config, random weights, 3 latent frames of 16 x 24 (9 frames of 128 x 192): bf16
-    patched against the float32 decoder no worse than 1.5x stock bf16's"""
-    ref = make_wan(WAN, torch.float32, "cuda")
-    z = torch.randn(1, 16, 3, 16, 24, device="cuda")
-    exact = decode(ref, z)
-    vae = make_wan(WAN, torch.bfloat16, "cuda")
-    stock = decode(vae, z.bfloat16())
+@pytest.mark.parametrize("config,causal,blocks", [(LTX_090, False, 6), (LTX_095, True, 4)],
+                         ids=["0.9.0", "0.9.5-causal"])
+def test_cpu_ltx_decode_report_and_revert(monkeypatch, config, causal, blocks):
+    """LTX-Video: two samples, three latent frames (the time padding repeating the first and last
+    frame), the timestep modulation in the norms, every conv through fusedk"""
+    vae = make(dict(config, decoder_causal=causal), kind="AutoencoderKLLTXVideo")
+    z = torch.randn(2, 8, 3, 4, 5)
+    temb = torch.tensor([0.05, 0.3]) if config.get("timestep_conditioning") else None
+    with torch.no_grad():
+        want = vae.decode(z, temb).sample
     report = fd.apply(vae)
-    assert len(report.patched) > 20 and not report.skipped, report
-    got = decode(vae, z.bfloat16())
+    assert [c for _, c in report.patched].count("LTXVideoResnetBlock3d") == blocks and not report.skipped, report
+    calls = Calls(monkeypatch)
+    with torch.no_grad():
+        got = vae.decode(z, temb).sample
+    assert calls.n["conv3d"] == 0 and calls.n["fusedk"] > 10, calls.n
+    assert got.shape == want.shape == (2, 3, 17, 128, 160) and rel(got, want) < 1e-5, rel(got, want)
+    monkeypatch.undo()
+    assert fd.revert(vae) == len(report.patched)
+    with torch.no_grad():
+        assert torch.equal(vae.decode(z, temb).sample, want)
+
+
+def test_cpu_mochi_decode_report_and_revert(monkeypatch):
+    """Mochi: two samples, three latent frames (13 frames out), the edge-replicated convs and the
+    per-frame GroupNorm through fusedk; framewise decoding too"""
+    vae = make(MOCHI_TINY, kind="AutoencoderKLMochi")
+    z = torch.randn(2, 4, 3, 4, 5)
+    want = decode(vae, z)
+    report = fd.apply(vae)
+    names = dict(report.patched)
+    assert list(names.values()).count("MochiResnetBlock3D") == 5 and not report.skipped, report
+    assert names.get("decoder.conv_in") == "Conv3d"
+    calls = Calls(monkeypatch)
+    got = decode(vae, z)
+    assert calls.n["conv3d"] == 0 and calls.n["fusedk"] > 10, calls.n
+    assert got.shape == want.shape == (2, 3, 13, 32, 40) and rel(got, want) < 1e-5, rel(got, want)
+    vae.use_framewise_decoding, vae.num_latent_frames_batch_size = True, 2
+    monkeypatch.undo()
+    fd.revert(vae)
+    want = decode(vae, z)  # framewise: each batch of latent frames padded on its own
+    fd.apply(vae)
+    assert rel(decode(vae, z), want) < 1e-5
+    assert fd.revert(vae) == len(report.patched)
+    assert torch.equal(decode(vae, z), want)
+
+
+VIDEO_GPU = {  # kind, config, latent shape, decode timestep: the real configs at small sizes
+    "wan": ("AutoencoderKLWan", WAN, (1, 16, 3, 16, 24), None),  # 9 frames of 128 x 192
+    "ltx": ("AutoencoderKLLTXVideo", dict(LTX_095, latent_channels=128, block_out_channels=(128, 256, 512, 512),
+                                          decoder_block_out_channels=(128, 256, 512), decoder_layers_per_block=(2,) * 4),
+            (1, 128, 3, 8, 12), 0.05),  # 0.9.5's decoder form at 128..512 channels
+    "mochi": ("AutoencoderKLMochi", dict(in_channels=15, out_channels=3, latent_channels=12), (1, 12, 3, 8, 12), None),
+}
+
+
+@pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")
+@pytest.mark.parametrize("which", list(VIDEO_GPU))
+def test_gpu_video_decode_error_against_float32(which):
+    """the contract for the video VAEs: random weights, 3 latent frames, bf16 patched against the
+    float32 decoder no worse than 1.5x stock bf16's; revert gives stock's bits back"""
+    kind, cfg, zs, t = VIDEO_GPU[which]
+    z = torch.randn(zs, device="cuda")
+    temb = None if t is None else torch.tensor([t], device="cuda")
+
+    def run(vae, dtype):
+        with torch.no_grad():
+            return (vae.decode(z.to(dtype)) if t is None else vae.decode(z.to(dtype), temb.to(dtype))).sample
+
+    exact = run(make(cfg, torch.float32, "cuda", kind=kind), torch.float32)
+    vae = make(cfg, torch.bfloat16, "cuda", kind=kind)
+    stock = run(vae, torch.bfloat16)
+    report = fd.apply(vae)
+    assert len(report.patched) > 5 and not report.skipped, report
+    got = run(vae, torch.bfloat16)
     assert rel(got, exact) <= 1.5 * rel(stock, exact), (rel(got, exact), rel(stock, exact))
     fd.revert(vae)
-    assert torch.equal(decode(vae, z.bfloat16()), stock)
+    assert torch.equal(run(vae, torch.bfloat16), stock)
 
 
 @pytest.mark.skipif(not oracle.torch_cuda()[1], reason="no CUDA device, torch or fusedk GPU half")

@@ -68,7 +68,7 @@ VALID = {
     "conv": lambda: ([None, f32(B, 5, 4, D), f32(3, 3, 3, D), f32(3), None], (1, 1)),
     "fold_batchnorm": lambda: ([None, None, f32(3, 3, 3, D), f32(3), f32(3), f32(3), f32(3), f32(3) ** 2 + 0.5], ()),
     "group_norm": lambda: ([None, f32(B, 5, 4, D), f32(D), f32(D), f32(B, D), f32(B, D)], (4,)),
-    "channel_rmsnorm": lambda: ([None, f32(B, 5, 4, D), f32(D), f32(D)], ()),
+    "channel_rmsnorm": lambda: ([None, f32(B, 5, 4, D), f32(D), f32(D), f32(B, D), f32(B, D)], ()),
     "lowrank_update": lambda: ([None, f32(B, L, D), f32(D, 4), f32(B, L, 4), f32(4, 6), f32(B, L, 6)], (0.5, 1.0)),
     "lowrank_prepare": lambda: ([None, f32(6, D), f32(6, 3)], (0.5,)),
     "linear_lowrank": lambda: ([None, None, f32(B, L, D), f32(6, D + 8), f32(6), f32(3, D), f32(B, L, 3),

@@ -54,7 +54,7 @@ _LOWRANK_BWD, _LINEAR_LOWRANK_BWD = (_core.lib.FUSEDK_OP_LOWRANK_UPDATE_BACKWARD
                                      _core.lib.FUSEDK_OP_LINEAR_LOWRANK_BACKWARD)
 _CONV, _FOLD_BN, _GN = _core.lib.FUSEDK_OP_CONV, _core.lib.FUSEDK_OP_FOLD_BATCHNORM, _core.lib.FUSEDK_OP_GROUP_NORM
 _CRMS = _core.lib.FUSEDK_OP_CHANNEL_RMSNORM
-_TIME_PADS = {"zeros": 0, "replicate": 1}
+_PADS = {"zeros": 0, "replicate": 1}
 _QK_NORMS = {"head": _core.lib.FUSEDK_QK_NORM_HEAD, "full": _core.lib.FUSEDK_QK_NORM_FULL,
              "none": _core.lib.FUSEDK_QK_NORM_NONE}
 _LAYOUTS = {"bhsd": _core.lib.FUSEDK_LAYOUT_BHSD, "bshd": _core.lib.FUSEDK_LAYOUT_BSHD}
@@ -620,18 +620,19 @@ class LoRA:
 
 
 def conv(x, w, bias=None, residual=None, stride=1, padding=0, act="none", stride_t=1, pad_t=0, pad_t_back=0,
-         time_pad="zeros", out=None, stream=None):
+         time_pad="zeros", pad="zeros", out=None, stream=None):
     """Convolution over channels-last images and videos, bias, activation and a residual in its
     epilogue: out = act(conv(x, w) + bias) + residual. x [N, H, W, Ci] or [N, T, H, W, Ci] (a
     torch NCHW tensor in channels_last memory is x.permute(0, 2, 3, 1), NCDHW in channels_last_3d
     x.permute(0, 2, 3, 4, 1)); w [Co, kh, kw, Ci] or [Co, kt, kh, kw, Ci] (torch's weight permuted
-    the same way); out [N, (To,) Ho, Wo, Co]. stride and padding (zeros) act on H and W; stride_t,
+    the same way); out [N, (To,) Ho, Wo, Co]. stride and padding act on H and W, the padding zeros
+    or, pad="replicate", the edge pixels repeated (torch's padding_mode="replicate"); stride_t,
     pad_t frames in front and pad_t_back behind on T, as zeros or, time_pad="replicate", the first
     and last frame repeated (a causal video conv: pad_t = kt - 1, pad_t_back = 0). act: "none",
     "silu", "relu", "gelu", "gelu_tanh". GPU: float16/bfloat16 on tensor cores."""
     a = _choice("conv", "act", act, _LINEAR_ACTS)
-    tp = _choice("conv", "time_pad", time_pad, _TIME_PADS)
-    return _call(_CONV, x, (out, x, w, bias, residual), (stride, padding, stride_t, pad_t, pad_t_back, tp, a), stream)
+    rep = _choice("conv", "time_pad", time_pad, _PADS) | 2 * _choice("conv", "pad", pad, _PADS)
+    return _call(_CONV, x, (out, x, w, bias, residual), (stride, padding, stride_t, pad_t, pad_t_back, rep, a), stream)
 
 
 def fold_batchnorm(w, bias, gamma, beta, mean, var, eps=1e-5, out=None, stream=None):
@@ -663,11 +664,14 @@ def group_norm(x, groups, weight=None, bias=None, eps=1e-6, scale=None, shift=No
     return _call(_GN, x, (out, x, weight, bias, scale, shift), (groups, eps, a), stream)
 
 
-def channel_rmsnorm(x, weight=None, bias=None, eps=1e-6, clamp=False, act="none", out=None, stream=None):
-    """The video VAEs' RMSNorm over each pixel's channels (x [..., C] channels-last) with their
-    activation: y = act(x * r * weight + bias), r = rsqrt(mean(x^2) + eps) (torch's RMSNorm:
-    LTX-Video's VAE, eps 1e-8), or with clamp=True r = 1 / max(sqrt(mean(x^2)), eps) (Wan's
-    F.normalize(x) * sqrt(C) * gamma: eps = 1e-12 / sqrt(C), weight = gamma). weight, bias [C]
-    optional; act "none", "silu", "relu", "gelu", "gelu_tanh". out=x: in place."""
+def channel_rmsnorm(x, weight=None, bias=None, eps=1e-6, scale=None, shift=None, clamp=False, act="none", out=None,
+                    stream=None):
+    """The video VAEs' RMSNorm over each pixel's channels (x [N, ..., C] channels-last) with their
+    modulation and activation: y = act((x * r * weight + bias) * (1 + scale) + shift), r =
+    rsqrt(mean(x^2) + eps) (torch's RMSNorm: LTX-Video's VAE, eps 1e-8), or with clamp=True r = 1
+    / max(sqrt(mean(x^2)), eps) (Wan's F.normalize(x) * sqrt(C) * gamma: eps = 1e-12 / sqrt(C),
+    weight = gamma). weight, bias [C], scale, shift [N, C] (per sample: LTX-Video's timestep
+    conditioning) optional; act "none", "silu", "relu", "gelu", "gelu_tanh". out=x: in place."""
     a = _choice("channel_rmsnorm", "act", act, _LINEAR_ACTS)
-    return _call(_CRMS, x, (out, x, weight, bias), (eps, _flag("channel_rmsnorm", "clamp", clamp), a), stream)
+    return _call(_CRMS, x, (out, x, weight, bias, scale, shift), (eps, _flag("channel_rmsnorm", "clamp", clamp), a),
+                 stream)
