@@ -6002,7 +6002,7 @@ __global__ void fold_kernel(const fusedk__fold_args a) {
   }
 }
 
-// group_norm in three launches (x read twice). gn_sums_kernel: block (chunk, n, z) sums x - K over
+// group_norm in three launches (x read twice). gn_sums_kernel: block (n chunks + chunk, z) sums x - K over
 // its chunk of pixels, a thread a V-channel vector of one pixel lane (vectors z 256 .. + 256),
 // then the lanes of a vector are added in a fixed order: per channel float32 (S1, S2) into part
 // [N, chunks, C]. K: the first element of the channel's group in the sample's first pixel, so
@@ -6014,9 +6014,11 @@ constexpr int kGnThreads = 256;
 __device__ __forceinline__ int gn_lanes(int64_t cv) { return cv >= kGnThreads ? 1 : kGnThreads / (int)cv; }
 
 template <typename T, int V>
-__global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_args a, int64_t ppc, float2 *part) {
+__global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_args a, int64_t ppc, int64_t chunks,
+                                                             float2 *part) {
   __shared__ float2 red[kGnThreads][V];
-  const int64_t n = blockIdx.y, cv = a.C / V, cvs = cv < kGnThreads ? cv : kGnThreads;
+  const int64_t n = blockIdx.x / chunks, chunk = blockIdx.x % chunks, cv = a.C / V;
+  const int64_t cvs = cv < kGnThreads ? cv : kGnThreads;
   const int lanes = gn_lanes(cv), tid = threadIdx.x, pl = tid / (int)cvs;
   const int64_t v = (int64_t)blockIdx.z * kGnThreads + tid % cvs, cg = a.C / a.groups;
   const bool on = pl < lanes && v < cv;
@@ -6024,8 +6026,8 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
   float k[V], s1[V] = {}, s2[V] = {};
 #pragma unroll
   for (int e = 0; e < V; ++e) k[e] = on ? to_f32<T>(x[(v * V + e) / cg * cg]) : 0.f;
-  const int64_t e1 = (int64_t)(blockIdx.x + 1) * ppc, p1 = e1 < a.L ? e1 : a.L;
-  for (int64_t p = (int64_t)blockIdx.x * ppc + pl; on && p < p1; p += lanes) {
+  const int64_t e1 = (chunk + 1) * ppc, p1 = e1 < a.L ? e1 : a.L;
+  for (int64_t p = chunk * ppc + pl; on && p < p1; p += lanes) {
     float f[V];
     load<T, V>(x + p * a.xs[1] + v * V, f);
 #pragma unroll
@@ -6041,7 +6043,7 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
   for (int l = 1; l < lanes; ++l)
 #pragma unroll
     for (int e = 0; e < V; ++e) s1[e] += red[tid + l * cvs][e].x, s2[e] += red[tid + l * cvs][e].y;
-  float2 *o = part + (n * gridDim.x + blockIdx.x) * a.C + v * V;
+  float2 *o = part + (int64_t)blockIdx.x * a.C + v * V; // part[n, chunk]
 #pragma unroll
   for (int e = 0; e < V; ++e) o[e] = make_float2(s1[e], s2[e]);
 }
@@ -6102,13 +6104,13 @@ template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cud
   const int64_t want = std::max<int64_t>(1, 4 * (int64_t)device_sms(dev) / std::max<int64_t>(1, a.N * zb));
   const int64_t chunks = std::min(want, (a.L + lanes - 1) / lanes), ppc = (a.L + chunks - 1) / chunks;
   const int64_t nchunks = (a.L + ppc - 1) / ppc;
-  if (a.N > 65535 || zb > 65535) return cudaErrorInvalidConfiguration;
+  if (a.N * nchunks > 2147483647 || a.N * a.groups > 2147483647 || zb > 65535) return cudaErrorInvalidConfiguration;
   void *buf = nullptr;
   const size_t part = (size_t)(a.N * nchunks * a.C) * sizeof(float2);
   cudaError_t e = gn_buffers().get(dev, s, part + (size_t)(a.N * a.groups) * sizeof(float2), 0, &buf);
   if (e) return e;
   float2 *pp = static_cast<float2 *>(buf), *stats = pp + a.N * nchunks * a.C;
-  gn_sums_kernel<T, V><<<dim3((unsigned)nchunks, (unsigned)a.N, (unsigned)zb), kGnThreads, 0, s>>>(a, ppc, pp);
+  gn_sums_kernel<T, V><<<dim3((unsigned)(a.N * nchunks), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, ppc, nchunks, pp);
   gn_stats_kernel<T><<<(unsigned)(a.N * a.groups), kGnThreads, 0, s>>>(a, nchunks, pp, stats);
   const int64_t nv = a.N * a.L * cv;
   gn_apply_kernel<T, V><<<(unsigned)((nv + 255) / 256), 256, 0, s>>>(a, stats);

@@ -2545,6 +2545,7 @@ static void gn_cases(fusedk_scalar s) {
   run_gn(s, 4, (int64_t[]){1, 13, 11, 40}, 1, 0, FUSEDK_ACT_GELU, 0, 0);
   run_gn(s, 5, (int64_t[]){1, 3, 6, 7, 48}, 16, 1, SILU, 0, 0);
   run_gn(s, 4, (int64_t[]){1, 3, 3, 4096}, 32, 1, SILU, 0, 0); /* vectors past one block */
+  run_gn(s, 4, (int64_t[]){70000, 1, 2, 8}, 2, 1, SILU, 0, 0);  /* samples past a grid's y (65535) */
   if (!small) {
     run_gn(s, 4, (int64_t[]){1, 256, 256, 128}, 32, 1, SILU, 0, 0);
     run_gn(s, 5, (int64_t[]){1, 4, 30, 52, 384}, 32, 1, SILU, 0, 0);
