@@ -5,14 +5,16 @@
 # wheels of ../shared/device/wheels.sh in .whl/. On this machine:
 #   ninja -C build-gpu && mkdir -p .gpulib/b && cp build-gpu/{libfusedk.so,tests/test_gpu,fusedk_dit_block} .gpulib/b/
 # then the device tool's run with carry [".whl", ".gpulib"] and the command
-#   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-norms] [vae] [demo]
+#   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-vae] [bench-norms]
+#                             [vae] [demo]
 # conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma and, with
 # FUSEDK_NO_TMA=1, on mma.sync) and tests/python/test_conv.py; conv-units: those C units at the
-# small shapes only; fp8: the C units of the FP8 ops and
-# the norms, test_fp8.py's GPU norm and int8 tests; vae: test_diffusers_vae.py; bench-conv:
-# bench/bench_conv.py --quick (bench-conv-fast: without the torch.compile columns); bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick
-# (the norms' FP8 forms against a copy); demo: the C DiT block. Logs and results in $OUT; a line
-# a step in $OUT/summary.txt, printed last.
+# small shapes only; fp8: the C units of the FP8 ops and the norms, test_fp8.py's GPU norm and
+# int8 tests; vae: test_diffusers_vae.py; bench-conv: bench/bench_conv.py --quick
+# (bench-conv-fast: without the torch.compile columns); bench-vae: bench/bench_vae.py a VAE a
+# step; bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick (the norms' FP8 forms
+# against a copy); demo: the C DiT block. Logs and results in $OUT; a line a step in
+# $OUT/summary.txt, printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}

@@ -232,9 +232,16 @@ def test_cpu_mochi_decode_report_and_revert(monkeypatch):
     got = decode(vae, z)
     assert calls.n["conv3d"] == 0 and calls.n["fusedk"] > 10, calls.n
     assert got.shape == want.shape == (2, 3, 13, 32, 40) and rel(got, want) < 1e-5, rel(got, want)
+    block = vae.decoder.block_in.resnets[0]
+    assert block.conv1.conv.weight.is_contiguous(memory_format=torch.channels_last_3d)  # stored NDHWC: no copy
+    fired = []  # a hook inside a fused block: the block runs its stock forward, and the hook fires
+    handle = block.conv1.register_forward_hook(lambda *a: fired.append(1))
+    assert rel(decode(vae, z), want) < 1e-5 and fired
+    handle.remove()
     vae.use_framewise_decoding, vae.num_latent_frames_batch_size = True, 2
     monkeypatch.undo()
     fd.revert(vae)
+    assert not [n for n, m in vae.named_modules() if "_fusedk_w" in vars(m)]  # no weight copy left behind
     want = decode(vae, z)  # framewise: each batch of latent frames padded on its own
     fd.apply(vae)
     assert rel(decode(vae, z), want) < 1e-5

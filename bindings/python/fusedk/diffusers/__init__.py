@@ -56,10 +56,10 @@ fp8_error(model, **inputs) prints how far that moves your model's output.
 - A patched block moved after apply (.to(), .cuda(), .half()) fuses its weights again at once, so
   the first call of a compiled model built, patched and then moved runs fused.
 
-- The VAE: apply(pipe) also patches pipe.vae's decoder where it is an AutoencoderKL or an
-  AutoencoderKLWan (vae.py: its ResNet blocks as fusedk's channels-last group_norm or
-  channel_rmsnorm + SiLU and conv, the residual in conv2's epilogue, Wan's frame cache kept; its
-  other convs as fusedk.conv); vae=False leaves it alone.
+- The VAE: apply(pipe) also patches pipe.vae's decoder where it is an AutoencoderKL,
+  AutoencoderKLWan, AutoencoderKLLTXVideo or AutoencoderKLMochi (vae.py: its ResNet blocks as
+  fusedk's channels-last group_norm or channel_rmsnorm + SiLU and conv, the residual in conv2's
+  epilogue, Wan's frame cache kept; its other convs as fusedk.conv); vae=False leaves it alone.
 
 The package: _lifecycle.py (apply, revert, each block's State and checks), _lora.py (the
 projections' fusion, LoRA adapters folded in), vae.py (the VAE decoder), _pieces.py (the fused pieces and their torch

@@ -83,7 +83,8 @@ def apply(model, ops=None, attention=False, precision=None, bf16_weights="host",
     block's stock forward (autograd recording, a hook inside it, torch.export), a move of the
     model or a change of its weights raises fusedk.Error until revert; "keep" leaves them where
     they are (the stock forward keeps working; the e4m3 copies add half their bytes). vae (True):
-    also the pipeline's VAE decoder (pipe.vae, or model itself: an AutoencoderKL or AutoencoderKLWan):
+    also the pipeline's VAE decoder (pipe.vae, or model itself: an AutoencoderKL, AutoencoderKLWan,
+    AutoencoderKLLTXVideo or AutoencoderKLMochi):
     its ResNet blocks and convs through fusedk's channels-last conv, group_norm and channel_rmsnorm
     (vae.py; the VAE runs in its own dtype whatever precision says). Returns a Report: what was patched and what was left alone,
     and why, and what runs the attention and the projections. Applying twice patches nothing new."""

@@ -184,21 +184,19 @@ def _weight(c):
     return st[1]
 
 
-def _runs(x, mods):
-    """whether fusedk runs the call: x [N, C, (T,) H, W] 16-bit on CUDA (or on the CPU,
-    CPU_REFERENCE), every parameter of x's dtype and device, no autograd recording, no hooks"""
+def _runs(x, root):
+    """whether fusedk runs the call of module root: x [N, C, (T,) H, W] 16-bit on CUDA (or on the
+    CPU, CPU_REFERENCE), every parameter in root of x's dtype and device, no autograd recording,
+    no torch hooks on root or any module inside it"""
     ok = (torch.float16, torch.bfloat16) if x.is_cuda else (torch.float32, torch.float16, torch.bfloat16)
     if x.dim() not in (4, 5) or x.dtype not in ok or not (x.is_cuda or (CPU_REFERENCE and x.device.type == "cpu")):
         return False
-    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for m in mods for p in m.parameters())):
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in root.parameters())):
         return False
-    for m in mods:
+    for m in root.modules():
         if m._forward_hooks or m._forward_pre_hooks:
             return False
-        for p in m.parameters(recurse=False):
-            if p.dtype != x.dtype or p.device != x.device:
-                return False
-    return True
+    return all(p.dtype == x.dtype and p.device == x.device for p in root.parameters())
 
 
 def _conv(c, x, residual=None):
@@ -207,7 +205,7 @@ def _conv(c, x, residual=None):
 
 
 def _conv_forward(self, x):
-    if not _runs(x, (self,)) or x.dim() != self.weight.dim():
+    if not _runs(x, self) or x.dim() != self.weight.dim():
         return type(self).forward(self, x)
     if x.dim() == 4:
         return _conv(self, _cl(x)).movedim(-1, 1)
@@ -217,9 +215,7 @@ def _conv_forward(self, x):
 
 
 def _resnet_forward(self, input_tensor, temb=None, *args, **kwargs):
-    subs = (self, self.norm1, self.norm2, self.conv1, self.conv2) + (
-        (self.conv_shortcut,) if self.conv_shortcut is not None else ())
-    if temb is not None or args or kwargs or (self.training and self.dropout.p > 0) or not _runs(input_tensor, subs) \
+    if temb is not None or args or kwargs or (self.training and self.dropout.p > 0) or not _runs(input_tensor, self) \
             or input_tensor.dim() != 4:
         return type(self).forward(self, input_tensor, temb, *args, **kwargs)
     x = _cl(input_tensor)
@@ -237,7 +233,8 @@ def _resnet_forward(self, input_tensor, temb=None, *args, **kwargs):
 def _rms(n, x, act, out=None):
     """WanRMS_norm n (+ act) on the N...C view x: F.normalize(x) * sqrt(C) * gamma + bias"""
     C = x.shape[-1]
-    return fusedk.channel_rmsnorm(x, n.gamma.view(C), n.bias if isinstance(n.bias, torch.Tensor) else None,
+    bias = n.bias.reshape(C) if isinstance(n.bias, torch.Tensor) else None
+    return fusedk.channel_rmsnorm(x, n.gamma.reshape(C), bias,
                                   1e-12 / C ** 0.5, clamp=True, act=act, out=out)
 
 
@@ -283,14 +280,14 @@ def _keep(buf, n, prev):
 
 
 def _causal_forward(self, x, cache_x=None):
-    if not _runs(x, (self,)) or x.dim() != 5 or (cache_x is not None and not isinstance(cache_x, torch.Tensor)):
+    if not _runs(x, self) or x.dim() != 5 or (cache_x is not None and not isinstance(cache_x, torch.Tensor)):
         return type(self).forward(self, x, cache_x)
     buf, n = _framed(self, cache_x, _cl(x))
     return _causal(self, buf, n).movedim(-1, 1)
 
 
 def _rms_forward(self, x):
-    if not _runs(x, (self,)) or x.shape[1] != self.gamma.shape[0]:
+    if not _runs(x, self) or x.shape[1] != self.gamma.shape[0]:
         return type(self).forward(self, x)
     return _rms(self, _cl(x), "none").movedim(-1, 1)
 
@@ -308,14 +305,12 @@ def _wan_step(conv, norm, x, feat_cache, feat_idx, residual=None):
 
 
 def _wan_block_forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 (the stock signature)
-    subs = (self, self.norm1, self.norm2, self.conv1, self.conv2) + (
-        (self.conv_shortcut,) if type(self.conv_shortcut) is not torch.nn.Identity else ())
     prevs = [] if feat_cache is None else feat_cache[feat_idx[0]:feat_idx[0] + 2]
-    if (self.training and self.dropout.p > 0) or not _runs(x, subs) or x.dim() != 5 or \
+    if (self.training and self.dropout.p > 0) or not _runs(x, self) or x.dim() != 5 or \
             any(p is not None and not isinstance(p, torch.Tensor) for p in prevs):
         return type(self).forward(self, x, feat_cache, feat_idx)
     xv = _cl(x)
-    h = xv if len(subs) == 5 else _causal(self.conv_shortcut, xv, 0)
+    h = xv if type(self.conv_shortcut) is torch.nn.Identity else _causal(self.conv_shortcut, xv, 0)
     a = _wan_step(self.conv1, self.norm1, xv, feat_cache, feat_idx)
     return _wan_step(self.conv2, self.norm2, a, feat_cache, feat_idx, residual=h).movedim(-1, 1)
 
@@ -345,7 +340,7 @@ def _ltx_conv(c, x, residual=None):
 
 
 def _ltx_conv_forward(self, hidden_states):
-    if not _runs(hidden_states, (self, self.conv)) or hidden_states.dim() != 5:
+    if not _runs(hidden_states, self) or hidden_states.dim() != 5:
         return type(self).forward(self, hidden_states)
     return _ltx_conv(self, _cl(hidden_states)).movedim(-1, 1)
 
@@ -369,10 +364,9 @@ def _ltx_block_why_not(m):
 
 
 def _ltx_block_forward(self, inputs, temb=None, generator=None):
-    subs = (self, self.norm1, self.norm2, self.conv1.conv, self.conv2.conv) + tuple(
-        m for m in (self.norm3, self.conv_shortcut and self.conv_shortcut.conv) if m is not None)
-    if (self.training and self.dropout.p > 0) or not _runs(inputs, subs) or inputs.dim() != 5 or \
-            (self.scale_shift_table is not None and (temb is None or temb.dtype != inputs.dtype)):
+    if (self.training and self.dropout.p > 0) or not _runs(inputs, self) or inputs.dim() != 5 or \
+            (self.scale_shift_table is not None and (temb is None or temb.dtype != inputs.dtype or
+                                                     (temb.requires_grad and torch.is_grad_enabled()))):
         return type(self).forward(self, inputs, temb, generator)
     mod = [None] * 4  # shift 1, scale 1, shift 2, scale 2: [N, C] each
     if self.scale_shift_table is not None:
@@ -400,8 +394,8 @@ def _mochi_conv_why_not(c):
     k = c.conv
     if k.groups != 1 or tuple(k.dilation) != (1, 1, 1) or tuple(k.padding) != (0, 0, 0) or \
             tuple(k.stride) != (1, 1, 1) or c.height_pad != c.width_pad:
-        return f"stride {tuple(k.stride)}, dilation {tuple(k.dilation)}, padding {c.time_causal_padding}: expected 1, " \
-               "1 and the same padding on H and W"
+        return (f"stride {tuple(k.stride)}, dilation {tuple(k.dilation)}, padding {c.time_causal_padding}: "
+                "expected 1, 1 and the same padding on H and W")
     return None
 
 
@@ -428,8 +422,7 @@ def _mochi_conv(c, x, residual=None):
 
 
 def _mochi_block_forward(self, inputs, conv_cache=None):
-    subs = (self, self.norm1.norm_layer, self.norm2.norm_layer, self.conv1.conv, self.conv2.conv)
-    if not _runs(inputs, subs) or inputs.dim() != 5 or any(v is not None for v in (conv_cache or {}).values()):
+    if not _runs(inputs, self) or inputs.dim() != 5 or any(v is not None for v in (conv_cache or {}).values()):
         return type(self).forward(self, inputs, conv_cache)
     x = _cl(inputs)
     a = _frames_gn(self.norm1, x, "silu")
@@ -482,15 +475,16 @@ def apply(vae, prefix, report):
         if why:
             report.skipped.append((dot + name, single[0], why))
             continue
-        for c in m.modules():  # the conv weights, its own or inside it, stored channels-last: the same values
-            w = c.weight if isinstance(c, (torch.nn.Conv2d, torch.nn.Conv3d)) else None
-            if w is not None and not w.is_contiguous(memory_format=_CL[w.dim()]):
-                c.weight.data = w.data.contiguous(memory_format=_CL[w.dim()])
-                stored.append(c)
         if id(m) not in inside:
             m.forward = types.MethodType(single[2], m)
             patched.append(m)
             report.patched.append((dot + name, single[0]))
+    for m in patched:  # the conv weights in what runs fused, stored channels-last: the same values
+        for c in m.modules():  # (not those hooks recast: they stay as the hooks keep them)
+            w = c.weight if isinstance(c, (torch.nn.Conv2d, torch.nn.Conv3d)) and not _hooked(c) else None
+            if w is not None and not w.is_contiguous(memory_format=_CL[w.dim()]):
+                c.weight.data = w.data.contiguous(memory_format=_CL[w.dim()])
+                stored.append(c)
     vae._fusedk_vae = (patched, stored)
 
 
@@ -503,8 +497,8 @@ def revert(vae):
     patched, stored = st
     for m in patched:
         vars(m).pop("forward", None)
-        vars(m).pop("_fusedk_w", None)
     for c in stored:
         c.weight.data = c.weight.data.contiguous()
-        vars(c).pop("_fusedk_w", None)
+    for m in vae.modules():  # the NHWC weight copies made at calls
+        vars(m).pop("_fusedk_w", None)
     return len(patched)
