@@ -802,6 +802,9 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
    behind; 2, the spatial padding repeats the edge pixels (torch's padding_mode "replicate").
    The video VAEs' causal convs are pad_t = kt - 1, pad_t_back = 0, with zeros (Wan), the first
    frame (LTX-Video: replicate 1) or edge pixels and first frame alike (Mochi: replicate 3).
+   upsample u >= 1 reads x as its nearest-neighbour upsampling by u on H and W (x[.., h / u, w / u,
+   .], the decoders' Upsample2D + conv: the upsampled image is never written); H and W above are
+   then the upsampled ones.
    act: FUSEDK_ACT_NONE (default), SILU, RELU, GELU, GELU_TANH on z in full precision; one
    rounding to the dtype after the residual (a ResNet block's conv2 + shortcut). Any strides but
    a contiguous channel dim (x, out, residual: NHWC views of a larger buffer work); out may not
@@ -819,7 +822,8 @@ FUSEDK_DEF fusedk_status fusedk_linear_lowrank_backward(const fusedk_tensor *dx,
 FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *w,
                                      const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
                                      int32_t padding, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
-                                     int32_t replicate, fusedk_activation act, struct CUstream_st *stream);
+                                     int32_t replicate, fusedk_activation act, int32_t upsample,
+                                     struct CUstream_st *stream);
 /* group_norm: channels-last GroupNorm, the VAEs' norm before each conv. x [N, ..., C] (the dims
    between N and C are the L pixels: [N, H, W, C], [N, T, H, W, C]; they must flatten to one pixel
    stride), `groups` G dividing C; per sample n and group g, mean and variance (biased) over its
@@ -1197,7 +1201,7 @@ typedef struct fusedk__lowrank_grad_args {
    x [N, T, H, W, Ci], w [Co, kt, kh, kw, Ci], out and res [N, To, Ho, Wo, Co], each by its strides
    (elements) of the four leading dims, the channels contiguous. */
 typedef struct fusedk__conv_args {
-  int32_t scalar, act, replicate;
+  int32_t scalar, act, replicate, up; /* up: x's nearest upsampling; H and W are the upsampled dims */
   int32_t stride, pad, stride_t, pad_t;
   int64_t N, T, H, W, Ci, To, Ho, Wo, Co, kt, kh, kw;
   const void *x, *w, *bias, *res;
@@ -1870,7 +1874,7 @@ static int fusedk__shape_linear_lowrank_backward(const fusedk_op *o, int out, co
 /* [conv] */
 
 /* conv's geometry from x, w and the attributes (stride, pad, stride_t, pad_t, pad_t_back,
-   replicate, act): a->N ... a->kw, stride and padding (what the registry's shape rule and the
+   replicate, act, upsample): a->N ... a->kw, stride and padding (what the registry's shape rule and the
    entry point both need; the rest of a untouched). */
 static fusedk_status fusedk__conv_geometry(const char *op, const fusedk_tensor *x, const fusedk_tensor *w,
                                            const double *at, fusedk__conv_args *a) {
@@ -1883,9 +1887,11 @@ static fusedk_status fusedk__conv_geometry(const char *op, const fusedk_tensor *
                         "as x's %d dims)", op, w && w->shape ? fusedk__shape_str(w, wsh, sizeof wsh) : "(none)",
                         x->ndim == 5 ? "kt, " : "", (long long)x->shape[x->ndim - 1], (int)x->ndim);
   const int v = x->ndim == 5;
-  for (int i = 0; i < 7; ++i) {
-    static const char *names[] = {"stride", "padding", "stride_t", "pad_t", "pad_t_back", "replicate", "act"};
-    const double lo = i == 0 || i == 2 ? 1 : 0, hi = i == 5 ? 3 : i == 6 ? FUSEDK_ACT_NONE : 1 << 20;
+  for (int i = 0; i < 8; ++i) {
+    static const char *names[] = {"stride", "padding", "stride_t", "pad_t", "pad_t_back", "replicate", "act",
+                                  "upsample"};
+    const double lo = i == 0 || i == 2 || i == 7 ? 1 : 0;
+    const double hi = i == 5 ? 3 : i == 6 ? FUSEDK_ACT_NONE : i == 7 ? 16 : 1 << 20;
     if (!(at[i] >= lo && at[i] <= hi) || at[i] != (double)(int64_t)at[i])
       return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: %s is %g, expected an integer in %g..%g", op, names[i],
                           at[i], lo, hi);
@@ -1896,8 +1902,8 @@ static fusedk_status fusedk__conv_geometry(const char *op, const fusedk_tensor *
                           i == 5 ? "0 or 2" : i == 2 ? "1" : "0");
   }
   a->stride = (int32_t)at[0], a->pad = (int32_t)at[1], a->stride_t = (int32_t)at[2], a->pad_t = (int32_t)at[3];
-  a->replicate = (int32_t)at[5], a->act = (int32_t)at[6];
-  a->N = x->shape[0], a->T = v ? x->shape[1] : 1, a->H = x->shape[1 + v], a->W = x->shape[2 + v];
+  a->replicate = (int32_t)at[5], a->act = (int32_t)at[6], a->up = (int32_t)at[7];
+  a->N = x->shape[0], a->T = v ? x->shape[1] : 1, a->H = x->shape[1 + v] * a->up, a->W = x->shape[2 + v] * a->up;
   a->Ci = x->shape[3 + v], a->Co = w->shape[0];
   a->kt = v ? w->shape[1] : 1, a->kh = w->shape[1 + v], a->kw = w->shape[2 + v];
   if (a->Co < 1 || a->kt < 1 || a->kh < 1 || a->kw < 1)
@@ -2130,11 +2136,12 @@ static const fusedk__entry fusedk__registry[FUSEDK_OP_COUNT] = {
        FUSEDK__OPT("bias", FUSEDK_ROLE_OWN)},
       {FUSEDK__I32("act", FUSEDK_ACT_NONE), FUSEDK__I32("want_aux", 0)}}, fusedk__shape_linear},
     /* [conv] (after the ops before it) */
-    {{"conv", 5, 7, -1,
+    {{"conv", 5, 8, -1,
       {FUSEDK__OWN_OUT("out", 1, -1), FUSEDK__IN("x", FUSEDK_ROLE_OWN), FUSEDK__IN("w", FUSEDK_ROLE_OWN),
        FUSEDK__OPT("bias", FUSEDK_ROLE_OWN), FUSEDK__OPT("residual", FUSEDK_ROLE_OWN)},
       {FUSEDK__I32("stride", 1), FUSEDK__I32("padding", 0), FUSEDK__I32("stride_t", 1), FUSEDK__I32("pad_t", 0),
-       FUSEDK__I32("pad_t_back", 0), FUSEDK__I32("replicate", 0), FUSEDK__I32("act", FUSEDK_ACT_NONE)}},
+       FUSEDK__I32("pad_t_back", 0), FUSEDK__I32("replicate", 0), FUSEDK__I32("act", FUSEDK_ACT_NONE),
+       FUSEDK__I32("upsample", 1)}},
      fusedk__shape_conv},
     /* w_out like w, b_out like mean ([Co]) */
     {{"fold_batchnorm", 8, 1, -1,
@@ -2339,7 +2346,7 @@ FUSEDK_DEF fusedk_status fusedk_op_call(int32_t i, const fusedk_tensor *const *t
     }
     case FUSEDK_OP_CONV:
       return fusedk_conv(t[0], t[1], t[2], t[3], t[4], (int32_t)a[0], (int32_t)a[1], (int32_t)a[2], (int32_t)a[3],
-                         (int32_t)a[4], (int32_t)a[5], (fusedk_activation)(int)a[6], s);
+                         (int32_t)a[4], (int32_t)a[5], (fusedk_activation)(int)a[6], (int32_t)a[7], s);
     case FUSEDK_OP_FOLD_BATCHNORM:
       return fusedk_fold_batchnorm(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], (float)a[0], s);
     case FUSEDK_OP_GROUP_NORM:
@@ -4625,7 +4632,8 @@ static int fusedk__conv_cpu(const fusedk__conv_args *a) {
                   wi = wi < 0 ? 0 : wi >= a->W ? a->W - 1 : wi;
                 }
                 const int in = ti >= 0 && ti < a->T && hi >= 0 && hi < a->H && wi >= 0 && wi < a->W;
-                const char *row = (const char *)a->x + es * (n * a->xs[0] + ti * a->xs[1] + hi * a->xs[2] + wi * a->xs[3]);
+                const char *row = (const char *)a->x + es * (n * a->xs[0] + ti * a->xs[1] + hi / a->up * a->xs[2] +
+                                                             wi / a->up * a->xs[3]);
                 for (int64_t c = 0; c < a->Ci; ++c) f[k + c] = in ? fusedk__load(row, c, s) : 0.0;
               }
           char *o = (char *)a->out + es * (n * a->os[0] + t * a->os[1] + h * a->os[2] + x * a->os[3]);
@@ -4652,10 +4660,11 @@ static void fusedk__conv_strides(const fusedk_tensor *t, int64_t *st) {
 FUSEDK_DEF fusedk_status fusedk_conv(const fusedk_tensor *out, const fusedk_tensor *x, const fusedk_tensor *w,
                                      const fusedk_tensor *bias, const fusedk_tensor *residual, int32_t stride,
                                      int32_t padding, int32_t stride_t, int32_t pad_t, int32_t pad_t_back,
-                                     int32_t replicate, fusedk_activation act, struct CUstream_st *stream) {
+                                     int32_t replicate, fusedk_activation act, int32_t upsample,
+                                     struct CUstream_st *stream) {
   const fusedk_tensor *t[] = {out, x, w, bias, residual};
   const double at[] = {(double)stride, (double)padding, (double)stride_t, (double)pad_t, (double)pad_t_back,
-                       (double)replicate, (double)act};
+                       (double)replicate, (double)act, (double)upsample};
   fusedk__rowset s;
   fusedk__conv_args a;
   memset(&a, 0, sizeof a);

@@ -5797,8 +5797,8 @@ constexpr int kCvM = 128, kCvN = 128, kCvCh = 8, kCvStages = 3, kCvThreads = 256
 constexpr int kCvTile = kCvM * kCvCh * 16; // bytes of one operand's stage (A and B alike)
 constexpr int kCvRows = kCvM * kCvCh / kCvThreads; // the A (and B) rows one thread copies a stage
 
-// A pixel of the padded input: the tap's element offset, or -1 in the zero padding. Replicated
-// padding (bit 1 time, bit 2 H and W) reads the nearest frame or edge pixel instead.
+// A pixel of the padded (and upsampled) input: the tap's element offset, or -1 in the zero
+// padding. Replicated padding (bit 1 time, bit 2 H and W) reads the nearest frame or edge pixel.
 __device__ __forceinline__ int64_t conv_pixel(const fusedk__conv_args &a, int64_t nb, int t, int h, int w) {
   if (a.replicate & 1) t = t < 0 ? 0 : t >= a.T ? (int)a.T - 1 : t;
   if (a.replicate & 2) {
@@ -5806,6 +5806,7 @@ __device__ __forceinline__ int64_t conv_pixel(const fusedk__conv_args &a, int64_
     w = w < 0 ? 0 : w >= a.W ? (int)a.W - 1 : w;
   }
   if (t < 0 || t >= a.T || h < 0 || h >= a.H || w < 0 || w >= a.W) return -1;
+  if (a.up > 1) h /= a.up, w /= a.up; // the nearest-upsampled image's pixel in x
   return nb + t * a.xs[1] + h * a.xs[2] + w * a.xs[3];
 }
 

@@ -7,7 +7,8 @@ at 1024^2: 512/256/128 channels at 128^2..1024^2; Wan 2.1's causal 3x3x3 convs a
 latent frames' worth) as fusedk.conv against cuDNN (Conv3d with the causal padding done by F.pad
 for Wan, as diffusers runs it, and on a pre-padded input: the conv alone); and GroupNorm + SiLU
 at the Flux decoder's shapes (32 groups) as fusedk.group_norm(act="silu") against torch eager on
-channels-last, torch.compile, and a copy of the same bytes (read + write).
+channels-last, torch.compile, and a copy of the same bytes (read + write); the Flux decoder's
+upsamplers (nearest 2x + 3x3 conv, as diffusers' Upsample2D runs them) against conv(upsample=2).
 
     PYTHONPATH=bindings/python:bench python3 bench/bench_conv.py [--out DIR] [--quick] [--no-compile] [--rounds 5]
 
@@ -29,6 +30,9 @@ FLUX = [("flux conv_in 16->512 128^2", 1, 16, 128, 128, 512, 3), ("flux 512 128^
         ("flux 256 1024^2", 1, 256, 1024, 1024, 256, 3), ("flux 256->128 1024^2", 1, 256, 1024, 1024, 128, 3),
         ("flux 128 1024^2", 1, 128, 1024, 1024, 128, 3), ("flux shortcut 1x1 512->256 512^2", 1, 512, 512, 512, 256, 1),
         ("flux conv_out 128->3 1024^2", 1, 128, 1024, 1024, 3, 3)]
+# the Flux decoder's upsamplers: nearest 2x then a 3x3 conv, (name, Ci, H before, Co)
+FLUX_UP = [("flux up 512 128^2->256^2", 512, 128, 512), ("flux up 512 256^2->512^2", 512, 256, 512),
+           ("flux up 256 512^2->1024^2", 256, 512, 256)]
 # Wan 2.1 VAE decoder at 480p (60x104 latent, dims 384/384/192/96 over 4 frames' chunk): (name, N, T, Ci, H, W, Co, kt)
 WAN = [("wan 384 60x104 t4", 1, 4, 384, 60, 104, 384, 3), ("wan 384 120x208 t4", 1, 4, 384, 120, 208, 384, 3),
        ("wan 192 240x416 t4", 1, 4, 192, 240, 416, 192, 3), ("wan 96 480x832 t4", 1, 4, 96, 480, 832, 96, 3),
@@ -100,6 +104,17 @@ def main():
             outs = {} if ref is None else {"cudnn": lambda: conv(x).permute(0, 2, 3, 1),
                                            "fusedk": lambda: fusedk.conv(xv, wv, conv.bias, padding=k // 2)}
             run(name, calls, flop, ref, outs)
+            torch.cuda.empty_cache()
+        for name, C, H, Co in FLUX_UP[:1] if args.quick else FLUX_UP:
+            conv = torch.nn.Conv2d(C, Co, 3, 1, 1).cuda().to(BF).to(memory_format=torch.channels_last)
+            x = torch.randn(1, C, H, H, device="cuda", dtype=BF).to(memory_format=torch.channels_last)
+            xv, wv = x.permute(0, 2, 3, 1), conv.weight.permute(0, 2, 3, 1)
+            up = lambda: conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))  # noqa: E731  (Upsample2D's)
+            fk = lambda: fusedk.conv(xv, wv, conv.bias, padding=1, upsample=2)  # noqa: E731
+            calls = {"cudnn (interpolate + conv, diffusers)": lambda i: up(), "fusedk (upsample=2)": lambda i: fk()}
+            ref = F.conv2d(F.interpolate(x.double(), scale_factor=2.0, mode="nearest"), conv.weight.double(),
+                           conv.bias.double(), 1, 1).permute(0, 2, 3, 1) if H < 512 else None
+            run(name, calls, 2.0 * 4 * H * H * Co * C * 9, ref, {"fusedk (upsample=2)": fk} if ref is not None else {})
             torch.cuda.empty_cache()
         for name, N, T, C, H, W, Co, kt in WAN[:1] if args.quick else WAN:
             ks = (kt, 1, 1) if "time_conv" in name else (kt, 3, 3)

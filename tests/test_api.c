@@ -1206,6 +1206,7 @@ static const shape_case shape_cases[] = {
     {FUSEDK_OP_CONV, "x=2,9,7,5 w=6,3,3,5", "stride=2", "out=2,4,3,6"},
     {FUSEDK_OP_CONV, "x=1,5,9,8,4 w=3,3,1,3,4", "pad_t=2 padding=1 stride=2", "out=1,5,6,4,3"},
     {FUSEDK_OP_CONV, "x=1,5,9,8,4 w=3,3,3,3,4", "stride_t=2 pad_t=1 pad_t_back=1", "out=1,3,7,6,3"},
+    {FUSEDK_OP_CONV, "x=2,9,7,5 w=6,3,3,5", "padding=1 upsample=2", "out=2,18,14,6"},
     {FUSEDK_OP_FOLD_BATCHNORM, "w=6,3,3,5 mean=6 var=6", "", "w_out=6,3,3,5 b_out=6"},
     {FUSEDK_OP_GROUP_NORM, "x=2,5,4,64 weight=64 bias=64", "groups=32", "y=2,5,4,64"},
     {FUSEDK_OP_CHANNEL_RMSNORM, "x=2,3,5,4,96 weight=96", "clamp=1", "y=2,3,5,4,96"},

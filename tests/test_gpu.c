@@ -2452,6 +2452,7 @@ typedef struct {
   int stride, pad, stride_t, pad_t, pad_t_back, rep, act, bias, res;
   int64_t cpad;
   size_t shift;
+  int up; /* x's nearest upsampling (0: none) */
 } conv_t;
 
 static void run_conv(fusedk_scalar s, conv_t c) {
@@ -2461,13 +2462,14 @@ static void run_conv(fusedk_scalar s, conv_t c) {
   for (int i = 1; i < c.nd; ++i) K *= c.w[i];
   o[0] = c.x[0], o[c.nd - 1] = c.w[0];
   if (v) o[1] = (c.x[1] + c.pad_t + c.pad_t_back - c.w[1]) / c.stride_t + 1;
-  for (int i = 1 + v; i < c.nd - 1; ++i) o[i] = (c.x[i] + 2 * c.pad - c.w[i]) / c.stride + 1;
+  const int up = c.up > 1 ? c.up : 1;
+  for (int i = 1 + v; i < c.nd - 1; ++i) o[i] = (c.x[i] * up + 2 * c.pad - c.w[i]) / c.stride + 1;
   snprintf(what, sizeof what, "conv %s x [%lld,%lld,%lld,%lld%s] w [%lld,...,%lld] k %lld stride %d pad %d%s%s act %s%s%s "
-           "cpad %lld shift %zu", sname(s), (long long)c.x[0], (long long)c.x[1], (long long)c.x[2], (long long)c.x[3],
+           "cpad %lld shift %zu up %d", sname(s), (long long)c.x[0], (long long)c.x[1], (long long)c.x[2], (long long)c.x[3],
            v ? ",..." : "", (long long)c.w[0], (long long)c.w[c.nd - 1], (long long)(K / c.w[c.nd - 1]), c.stride,
            c.pad, c.rep & 2 ? " edge-replicated" : v ? (c.rep & 1 ? " causal replicate" : " time pad") : "",
            c.stride_t > 1 ? " stride_t" : "",
-           act_name(c.act), c.bias ? " bias" : "", c.res ? " residual" : "", (long long)c.cpad, c.shift);
+           act_name(c.act), c.bias ? " bias" : "", c.res ? " residual" : "", (long long)c.cpad, c.shift, up);
   const int64_t co = c.w[0];
   buf_t x = mk(s, c.nd, c.x, c.cpad, c.shift, 0, 1.0, 0.0), w = mk(s, c.nd, c.w, 0, 0, 0, 1.0 / sqrt((double)K), 0.0);
   buf_t b = mk(s, 1, &co, 0, 0, 0, 0.5, 0.0), r = mk(s, c.nd, o, c.cpad, c.shift, 0, 1.0, 0.0);
@@ -2477,7 +2479,7 @@ static void run_conv(fusedk_scalar s, conv_t c) {
   for (int d = 0; d < 2; ++d)
     st[d] = fusedk_conv(d ? &y.td : &y.th, d ? &x.td : &x.th, d ? &w.td : &w.th, !c.bias ? NULL : d ? &b.td : &b.th,
                         !c.res ? NULL : d ? &r.td : &r.th, c.stride, c.pad, c.stride_t, c.pad_t, c.pad_t_back, c.rep,
-                        (fusedk_activation)c.act, NULL);
+                        (fusedk_activation)c.act, up, NULL);
   if (!call_failed_counted(what, st[0], st[1])) {
     ++checks;
     if (compare(what, &y, c.res ? &r : NULL, 0, eps_of(s), 1)) ++failures;
@@ -2502,13 +2504,16 @@ static void conv_cases(fusedk_scalar s) {
   run_conv(s, (conv_t){5, {1, 7, 6, 6, 16}, {16, 3, 1, 1, 16}, 1, 0, 2, 1, 1, 0, N, 1, 0, 5, 0}); /* time conv */
   run_conv(s, (conv_t){5, {2, 4, 9, 7, 64}, {24, 3, 3, 3, 64}, 1, 1, 1, 2, 0, 3, N, 1, 1, 0, 0}); /* Mochi's */
   run_conv(s, (conv_t){4, {1, 6, 5, 12}, {9, 5, 5, 12}, 2, 3, 1, 0, 0, 2, SILU, 1, 0, 0, 0});   /* edges, Ci % 8 */
+  run_conv(s, (conv_t){4, {2, 7, 9, 64}, {40, 3, 3, 64}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 2});   /* Upsample2D + conv */
+  run_conv(s, (conv_t){4, {1, 5, 4, 12}, {8, 3, 3, 12}, 1, 1, 1, 0, 0, 2, N, 1, 1, 3, 0, 2});    /* element path */
+  run_conv(s, (conv_t){5, {1, 3, 5, 6, 32}, {16, 1, 3, 3, 32}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 2}); /* Wan's frames */
   if (!small) {
     run_conv(s, (conv_t){4, {2, 64, 64, 320}, {320, 3, 3, 320}, 1, 1, 1, 0, 0, 0, SILU, 1, 0, 0, 0}); /* the seed's */
     run_conv(s, (conv_t){5, {1, 3, 20, 24, 384}, {384, 3, 3, 3, 384}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0});
   }
   if (failures == n_before)
-    printf("ok   %s conv (2D and 3D, k 1/3/5, stride 1/2, causal zero and replicate, edge-replicated padding, 5 "
-           "acts, bias, residual, Ci and Co tails, padded and shifted pixels)\n", sname(s));
+    printf("ok   %s conv (2D and 3D, k 1/3/5, stride 1/2, causal zero and replicate, edge-replicated padding, "
+           "upsampled input, 5 acts, bias, residual, Ci and Co tails, padded and shifted pixels)\n", sname(s));
 }
 
 /* group_norm against the CPU reference: 4D and 5D, groups of 1 to C channels, off-center groups,

@@ -10,8 +10,9 @@
    - no crash, no sanitizer report;
    - a refusal has a status in range and a reason that starts with the op's name and names one of
      its arguments or attributes; it writes nothing (the arena and its guards are unchanged);
-   - an accepted call writes only inside its outputs' described memory, and each output's shape
-     is the one fusedk_op_out_shape gives for the inputs (what every binding allocates by). */
+   - an accepted call writes only inside its outputs' described memory (and linear_lowrank's x
+     with room for h, whose room is the call's to write), and each output's shape is the one
+     fusedk_op_out_shape gives for the inputs (what every binding allocates by). */
 #define FUSEDK_IMPLEMENTATION
 #include "fusedk.h"
 
@@ -242,6 +243,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (wn != t[k].ndim) BROKEN("an accepted output of another rank than fusedk_op_out_shape gives");
     for (int i = 0; i < wn; ++i)
       if (want[i] != t[k].shape[i]) BROKEN("an accepted output of another shape than fusedk_op_out_shape gives");
+  }
+  if (op == FUSEDK_OP_LINEAR_LOWRANK && p[2] && p[5] && t[2].data && t[2].ndim >= 1 && t[5].ndim >= 2) {
+    /* x with room for h ([..., K + A rp], K a's last dim): its last A rp columns are the call's to write */
+    const fusedk_tensor *a = &t[5];
+    const int64_t K = a->shape[a->ndim - 1], r = a->shape[a->ndim - 2], A = a->ndim == 3 ? a->shape[0] : 1;
+    int64_t lo, hi;
+    int empty;
+    if (t[2].shape[t[2].ndim - 1] == K + A * ((r + 7) / 8 * 8) && extent(&t[2], &lo, &hi, &empty) && !empty)
+      memset(mine + ((unsigned char *)t[2].data + t[2].byte_offset - mem) + lo, 1, (size_t)(hi - lo));
   }
   for (size_t i = 0; i < sizeof mem; ++i)
     if (!mine[i] && mem[i] != before[i]) BROKEN("a write outside every output");

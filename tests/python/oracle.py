@@ -495,12 +495,13 @@ def lowrank_grad(dy, x, ps, qs, codes=None, ids=None, scaling=1.0, w=None, aux=N
 
 # --- [conv] --------------------------------------------------------------------------------
 def conv(x, w, bias=None, residual=None, stride=1, pad=0, stride_t=1, pad_t=0, pad_t_back=0, replicate=False,
-         act_kind="none", pad_replicate=False):
+         act_kind="none", pad_replicate=False, upsample=1):
     """fusedk_conv in float64: the padded input sliced once a tap, [N, To, Ho, Wo, Ci] @ w's tap"""
     x, w = f64(x), f64(w)
     video = x.ndim == 5
     if not video:
         x, w = x[:, None], w[:, None]
+    x = x.repeat(upsample, axis=2).repeat(upsample, axis=3)  # nearest-neighbour upsampling of H and W
     T, (Co, kt, kh, kw, _) = x.shape[1], w.shape
     if replicate:
         x = np.concatenate([x[:, :1]] * pad_t + [x] + [x[:, -1:]] * pad_t_back, axis=1)

@@ -49,6 +49,8 @@ IMAGE_CASES = [  # x [N, H, W, Ci], w [Co, kh, kw, Ci], keywords
     ((1, 4, 4, 4), (2, 2, 3, 4), dict(pad=2, stride=3)),
     ((2, 5, 6, 8), (3, 3, 3, 8), dict(pad=1, pad_replicate=True)),
     ((1, 3, 2, 4), (2, 5, 5, 4), dict(pad=3, stride=2, pad_replicate=True)),  # padding past the image
+    ((2, 4, 3, 8), (5, 3, 3, 8), dict(pad=1, upsample=2)),  # Upsample2D + conv
+    ((1, 3, 5, 4), (3, 3, 3, 4), dict(pad=2, stride=2, upsample=3, pad_replicate=True)),
 ]
 VIDEO_CASES = [  # x [N, T, H, W, Ci], w [Co, kt, kh, kw, Ci]
     ((1, 5, 6, 7, 4), (3, 3, 3, 3, 4), dict(pad=1, pad_t=2)),
@@ -58,6 +60,7 @@ VIDEO_CASES = [  # x [N, T, H, W, Ci], w [Co, kt, kh, kw, Ci]
     ((1, 3, 4, 4, 5), (4, 3, 3, 3, 5), dict(pad=1, pad_t=1, pad_t_back=2, replicate=True)),
     ((2, 4, 5, 6, 8), (4, 3, 3, 3, 8), dict(pad=1, pad_t=2, replicate=True, pad_replicate=True)),  # Mochi's
     ((1, 3, 4, 5, 4), (3, 3, 3, 3, 4), dict(pad=1, pad_t=2, pad_replicate=True)),
+    ((1, 2, 3, 4, 8), (4, 1, 3, 3, 8), dict(pad=1, upsample=2)),  # Wan's upsamplers, frame by frame
 ]
 
 
@@ -139,6 +142,7 @@ def test_bad_input():
         (lambda: fusedk.conv(x, w, act="tanh"), fusedk.InvalidArgumentError, "act"),
         (lambda: fusedk.conv(x, w, time_pad="reflect"), fusedk.InvalidArgumentError, "time_pad"),
         (lambda: fusedk.conv(x, w, pad="reflect"), fusedk.InvalidArgumentError, "pad"),
+        (lambda: fusedk.conv(x, w, upsample=0), fusedk.InvalidArgumentError, "upsample"),
         (lambda: fusedk.conv(x, w, time_pad="replicate"), fusedk.InvalidArgumentError, "replicate is 1 for an image"),
         (lambda: fusedk.conv(x, w.astype(np.float16)), fusedk.DTypeError, "dtype"),
         (lambda: fusedk.conv(x, w, out=np.empty((1, 6, 6, 3), np.float32)), fusedk.ShapeError, "out"),

@@ -71,12 +71,14 @@ def make(config, dtype=torch.float32, device="cpu", seed=0, kind="AutoencoderKL"
 
 
 class Calls:
-    """counts fusedk's conv and norm calls and torch's stock conv3d calls while it is on"""
+    """counts fusedk's conv and norm calls and torch's stock conv3d and interpolate calls while it
+    is on"""
 
     def __init__(self, monkeypatch):
-        self.n = {"fusedk": 0, "conv3d": 0}
+        self.n = {"fusedk": 0, "conv3d": 0, "interpolate": 0}
         for mod, name, key in ((fusedk, "conv", "fusedk"), (fusedk, "channel_rmsnorm", "fusedk"),
-                               (torch.nn.functional, "conv3d", "conv3d")):
+                               (torch.nn.functional, "conv3d", "conv3d"),
+                               (torch.nn.functional, "interpolate", "interpolate")):
             monkeypatch.setattr(mod, name, self.counted(getattr(mod, name), key))
 
     def counted(self, f, key):
@@ -96,7 +98,7 @@ def cpu_reference(monkeypatch):
     monkeypatch.setattr(fd.vae, "CPU_REFERENCE", True)  # the patched math on CPU tensors (slow: tiny models)
 
 
-def test_cpu_patched_decode_report_and_revert():
+def test_cpu_patched_decode_report_and_revert(monkeypatch):
     vae = make(TINY)
     z = torch.randn(2, 4, 8, 8)
     want = decode(vae, z)
@@ -105,7 +107,11 @@ def test_cpu_patched_decode_report_and_revert():
     names = dict(report.patched)
     assert sum(c == "ResnetBlock2D" for c in names.values()) == 6  # the mid block 2, the up blocks 2 x (1 + 1)
     assert names.get("vae.decoder.conv_in") == "Conv2d" and names.get("vae.decoder.conv_out") == "Conv2d"
+    assert names.get("vae.decoder.up_blocks.0.upsamplers.0") == "Upsample2D"
+    calls = Calls(monkeypatch)
     got = decode(vae, z)
+    assert calls.n["interpolate"] == 0 and calls.n["fusedk"] > 0, calls.n  # the upsampling inside the conv
+    monkeypatch.undo()
     assert got.shape == want.shape and rel(got, want) < 1e-5, rel(got, want)
     assert fd.revert(types.SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=vae)) == len(report.patched)
     assert torch.equal(decode(vae, z), want)  # the stock forward again
@@ -167,9 +173,10 @@ def test_cpu_wan_decode_cache_report_and_revert(monkeypatch):
     for n in ("post_quant_conv", "decoder.conv_in", "decoder.conv_out", "decoder.up_blocks.0.upsamplers.0.time_conv"):
         assert names.get("vae." + n) == "WanCausalConv3d", n
     assert names.get("vae.decoder.norm_out") == "WanRMS_norm"
+    assert kinds.count("WanUpsample + Conv2d") == 3
     calls = Calls(monkeypatch)
     got = decode(vae, z)
-    assert calls.n["conv3d"] == 0 and calls.n["fusedk"] > 50, calls.n
+    assert calls.n["conv3d"] == calls.n["interpolate"] == 0 and calls.n["fusedk"] > 50, calls.n
     assert got.shape == want.shape == (1, 3, 9, 48, 40) and rel(got, want) < 1e-5, rel(got, want)
     monkeypatch.undo()
     assert fd.revert(vae) == len(report.patched)

@@ -620,7 +620,7 @@ class LoRA:
 
 
 def conv(x, w, bias=None, residual=None, stride=1, padding=0, act="none", stride_t=1, pad_t=0, pad_t_back=0,
-         time_pad="zeros", pad="zeros", out=None, stream=None):
+         time_pad="zeros", pad="zeros", upsample=1, out=None, stream=None):
     """Convolution over channels-last images and videos, bias, activation and a residual in its
     epilogue: out = act(conv(x, w) + bias) + residual. x [N, H, W, Ci] or [N, T, H, W, Ci] (a
     torch NCHW tensor in channels_last memory is x.permute(0, 2, 3, 1), NCDHW in channels_last_3d
@@ -628,11 +628,14 @@ def conv(x, w, bias=None, residual=None, stride=1, padding=0, act="none", stride
     the same way); out [N, (To,) Ho, Wo, Co]. stride and padding act on H and W, the padding zeros
     or, pad="replicate", the edge pixels repeated (torch's padding_mode="replicate"); stride_t,
     pad_t frames in front and pad_t_back behind on T, as zeros or, time_pad="replicate", the first
-    and last frame repeated (a causal video conv: pad_t = kt - 1, pad_t_back = 0). act: "none",
-    "silu", "relu", "gelu", "gelu_tanh". GPU: float16/bfloat16 on tensor cores."""
+    and last frame repeated (a causal video conv: pad_t = kt - 1, pad_t_back = 0). upsample=u: x
+    read as its nearest-neighbour upsampling by u on H and W (Upsample2D + conv in one op, the
+    upsampled image never written). act: "none", "silu", "relu", "gelu", "gelu_tanh". GPU:
+    float16/bfloat16 on tensor cores."""
     a = _choice("conv", "act", act, _LINEAR_ACTS)
     rep = _choice("conv", "time_pad", time_pad, _PADS) | 2 * _choice("conv", "pad", pad, _PADS)
-    return _call(_CONV, x, (out, x, w, bias, residual), (stride, padding, stride_t, pad_t, pad_t_back, rep, a), stream)
+    return _call(_CONV, x, (out, x, w, bias, residual), (stride, padding, stride_t, pad_t, pad_t_back, rep, a, upsample),
+                 stream)
 
 
 def fold_batchnorm(w, bias, gamma, beta, mean, var, eps=1e-5, out=None, stream=None):

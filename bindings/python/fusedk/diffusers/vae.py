@@ -22,13 +22,13 @@ frames of each conv's input. Per LTXVideoResnetBlock3d:
 (blocks that inject noise, LTX-Video 0.9.1's, run their stock forward). Per MochiResnetBlock3D:
   group_norm(x, act="silu") a frame at a time, conv(., pad="replicate", time_pad="replicate"),
   the same, conv(., residual=x)                    edge pixels and the first frame as padding
-Every other conv of the decoder (conv_in, the resamplers' and time convs, LTX's upsampler convs,
-conv_out, the attention's 1x1s) and the VAE's post_quant_conv run as fusedk.conv, Wan's other
-RMSNorms as fusedk.channel_rmsnorm. Activations flow in channels-last memory (a tensor NC[T]HW
+The upsamplers' nearest 2x + conv (Upsample2D; Wan's resample Sequential) run as one
+conv(upsample=2), the upsampled image never written. Every other conv of the decoder (conv_in,
+the time convs, LTX's upsampler convs, conv_out, the attention's 1x1s) and the VAE's
+post_quant_conv run as fusedk.conv, Wan's other RMSNorms as fusedk.channel_rmsnorm. Activations flow in channels-last memory (a tensor NC[T]HW
 to torch, N[T]HWC to fusedk: a permuted view, no copy); an input in another layout is made
-channels-last once, at the first patched module. The attention of the mid block, the
-nearest-neighbour upsampling, LTX's and Mochi's depth-to-space reshapes and projections and the
-final norms stay torch's.
+channels-last once, at the first patched module. The attention of the mid block, LTX's and
+Mochi's depth-to-space reshapes and projections and the final norms stay torch's.
 
 A module runs its stock forward when fusedk cannot reproduce the call: CUDA tensors other than
 float16/bfloat16 (the conv kernel's), parameters of another dtype than the input, autograd
@@ -430,20 +430,62 @@ def _mochi_block_forward(self, inputs, conv_cache=None):
     return _mochi_conv(self.conv2, a, x).movedim(-1, 1), {"conv1": None, "conv2": None}
 
 
+# [upsamplers] nearest 2x + conv as one conv reading x upsampled: the 4x larger image never
+# written (AutoencoderKL's Upsample2D; Wan's resample Sequential(WanUpsample, Conv2d))
+
+
+def _up_conv(m):
+    """the conv of an upsampler m (Upsample2D's conv or Conv2d_0; the Sequential's second)"""
+    if isinstance(m, torch.nn.Sequential):
+        return m[1]
+    return m.conv if m.name == "conv" else m.Conv2d_0
+
+
+def _upsample2d_why_not(m):
+    if m.norm is not None or m.use_conv_transpose or not m.interpolate or not m.use_conv:
+        return "a norm, a transposed conv, or no interpolation or conv"
+    return _conv_why_not(_up_conv(m))
+
+
+def _wan_up_why_not(m):
+    u = m[0]
+    if tuple(float(f) for f in u.scale_factor) != (2.0, 2.0) or u.mode not in ("nearest", "nearest-exact") or \
+            u.size is not None:
+        return f"WanUpsample scale {u.scale_factor}, mode {u.mode!r}: expected 2, nearest(-exact)"
+    return _conv_why_not(m[1])
+
+
+def _up_forward(self, x, output_size=None, *args, **kwargs):
+    """Upsample2D's forward (or the Sequential's) with the 2x nearest upsampling read by the conv;
+    nearest and nearest-exact pick the same pixels at an integer scale"""
+    if output_size is not None or args or kwargs or not _runs(x, self) or x.dim() != 4:
+        return type(self).forward(self, x, *((output_size,) if output_size is not None else ()), *args, **kwargs)
+    c = _up_conv(self)
+    return fusedk.conv(_cl(x), _weight(c), c.bias, stride=c.stride[0], padding=c.padding[0], upsample=2).movedim(-1, 1)
+
+
+def _is(kind):
+    return lambda m: type(m).__name__ == kind
+
+
 def _targets(vae):
-    """(fused blocks, the block kind and its check, the standalone modules and their checks and
-    forwards) for vae's kind"""
+    """the fused blocks (a label, a match, the check, the forward) and the standalone modules (a
+    type name, the check, the forward) for vae's kind"""
+    up2d = ("Upsample2D", _is("Upsample2D"), _upsample2d_why_not, _up_forward)
     if type(vae).__name__ == "AutoencoderKLWan":
-        return ("WanResidualBlock", _wan_block_why_not, _wan_block_forward), [
+        wan_up = ("WanUpsample + Conv2d", lambda m: type(m) is torch.nn.Sequential and len(m) == 2 and
+                  type(m[0]).__name__ == "WanUpsample", _wan_up_why_not, _up_forward)
+        return [("WanResidualBlock", _is("WanResidualBlock"), _wan_block_why_not, _wan_block_forward), wan_up], [
             ("WanCausalConv3d", _causal_why_not, _causal_forward), ("Conv2d", _conv_why_not, _conv_forward),
             ("WanRMS_norm", _rms_why_not, _rms_forward)]
     if type(vae).__name__ == "AutoencoderKLLTXVideo":
-        return ("LTXVideoResnetBlock3d", _ltx_block_why_not, _ltx_block_forward), [
+        return [("LTXVideoResnetBlock3d", _is("LTXVideoResnetBlock3d"), _ltx_block_why_not, _ltx_block_forward)], [
             ("LTXVideoCausalConv3d", _ltx_conv_why_not, _ltx_conv_forward)]
     if type(vae).__name__ == "AutoencoderKLMochi":
-        return ("MochiResnetBlock3D", _mochi_block_why_not, _mochi_block_forward), [
+        return [("MochiResnetBlock3D", _is("MochiResnetBlock3D"), _mochi_block_why_not, _mochi_block_forward)], [
             ("Conv3d", _conv3d_why_not, _conv_forward)]
-    return ("ResnetBlock2D", _resnet_why_not, _resnet_forward), [("Conv2d", _conv_why_not, _conv_forward)]
+    return [("ResnetBlock2D", _is("ResnetBlock2D"), _resnet_why_not, _resnet_forward), up2d], [
+        ("Conv2d", _conv_why_not, _conv_forward)]
 
 
 def apply(vae, prefix, report):
@@ -454,19 +496,20 @@ def apply(vae, prefix, report):
     mods = [("post_quant_conv", getattr(vae, "post_quant_conv", None))] + [
         ("decoder." + n if n else "decoder", m) for n, m in vae.decoder.named_modules()]
     dot = prefix + "." if prefix else ""
-    (kind, why_not, forward), singles = _targets(vae)
+    blocks, singles = _targets(vae)
     inside = set()  # the modules a fused block runs itself
     for name, m in mods:
-        if m is None or type(m).__name__ != kind:
+        block = next((b for b in blocks if m is not None and id(m) not in inside and b[1](m)), None)
+        if block is None:
             continue
-        why = why_not(m) or _hooked(m)
+        why = block[2](m) or _hooked(m)
         if why:
-            report.skipped.append((dot + name, kind, why))
+            report.skipped.append((dot + name, block[0], why))
             continue
-        m.forward = types.MethodType(forward, m)
+        m.forward = types.MethodType(block[3], m)
         patched.append(m)
         inside.update(id(c) for c in m.modules() if c is not m)
-        report.patched.append((dot + name, kind))
+        report.patched.append((dot + name, block[0]))
     for name, m in mods:
         single = next((t for t in singles if m is not None and type(m).__name__ == t[0]), None)
         if single is None:
