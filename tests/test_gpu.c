@@ -2452,7 +2452,7 @@ typedef struct {
   int stride, pad, stride_t, pad_t, pad_t_back, rep, act, bias, res;
   int64_t cpad;
   size_t shift;
-  int up; /* x's nearest upsampling (0: none) */
+  int up; /* x's nearest upsampling (1: none) */
 } conv_t;
 
 static void run_conv(fusedk_scalar s, conv_t c) {
@@ -2491,25 +2491,25 @@ static void conv_cases(fusedk_scalar s) {
   const int n_before = failures, N = FUSEDK_ACT_NONE, SILU = FUSEDK_ACT_SILU;
   /* {nd, x, w, stride, pad, stride_t, pad_t, pad_t_back, replicate, act, bias, residual, cpad, shift} */
   for (int act = FUSEDK_ACT_GELU; act <= N; ++act)
-    run_conv(s, (conv_t){4, {2, 9, 7, 64}, {40, 3, 3, 64}, 1, 1, 1, 0, 0, 0, act, act % 2, act % 2 == 0, 0, 0});
-  run_conv(s, (conv_t){4, {1, 17, 19, 72}, {130, 3, 3, 72}, 2, 1, 1, 0, 0, 0, N, 1, 1, 0, 0});   /* Ci, Co tails */
-  run_conv(s, (conv_t){4, {1, 9, 8, 12}, {7, 3, 3, 12}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0});       /* Ci % 8 */
-  run_conv(s, (conv_t){4, {2, 6, 5, 3}, {5, 3, 3, 3}, 1, 1, 1, 0, 0, 0, SILU, 1, 1, 0, 0});      /* RGB */
-  run_conv(s, (conv_t){4, {1, 7, 9, 32}, {24, 3, 3, 32}, 1, 1, 1, 0, 0, 0, N, 1, 1, 3, 0});      /* padded pixels */
-  run_conv(s, (conv_t){4, {1, 7, 9, 32}, {24, 1, 1, 32}, 1, 0, 1, 0, 0, 0, N, 0, 0, 0, 1});      /* shifted base */
-  run_conv(s, (conv_t){4, {1, 1, 1, 256}, {17, 3, 3, 256}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0});    /* a 1x1 image */
-  run_conv(s, (conv_t){4, {3, 1, 37, 16}, {8, 1, 5, 16}, 2, 2, 1, 0, 0, 0, N, 1, 1, 0, 0});      /* 1-row images */
-  run_conv(s, (conv_t){5, {1, 5, 9, 10, 32}, {48, 3, 3, 3, 32}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0}); /* Wan's */
-  run_conv(s, (conv_t){5, {2, 4, 6, 7, 24}, {16, 3, 3, 3, 24}, 1, 1, 1, 2, 0, 1, SILU, 1, 0, 0, 0}); /* LTX's */
-  run_conv(s, (conv_t){5, {1, 7, 6, 6, 16}, {16, 3, 1, 1, 16}, 1, 0, 2, 1, 1, 0, N, 1, 0, 5, 0}); /* time conv */
-  run_conv(s, (conv_t){5, {2, 4, 9, 7, 64}, {24, 3, 3, 3, 64}, 1, 1, 1, 2, 0, 3, N, 1, 1, 0, 0}); /* Mochi's */
-  run_conv(s, (conv_t){4, {1, 6, 5, 12}, {9, 5, 5, 12}, 2, 3, 1, 0, 0, 2, SILU, 1, 0, 0, 0});   /* edges, Ci % 8 */
+    run_conv(s, (conv_t){4, {2, 9, 7, 64}, {40, 3, 3, 64}, 1, 1, 1, 0, 0, 0, act, act % 2, act % 2 == 0, 0, 0, 1});
+  run_conv(s, (conv_t){4, {1, 17, 19, 72}, {130, 3, 3, 72}, 2, 1, 1, 0, 0, 0, N, 1, 1, 0, 0, 1});   /* Ci, Co tails */
+  run_conv(s, (conv_t){4, {1, 9, 8, 12}, {7, 3, 3, 12}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 1});       /* Ci % 8 */
+  run_conv(s, (conv_t){4, {2, 6, 5, 3}, {5, 3, 3, 3}, 1, 1, 1, 0, 0, 0, SILU, 1, 1, 0, 0, 1});      /* RGB */
+  run_conv(s, (conv_t){4, {1, 7, 9, 32}, {24, 3, 3, 32}, 1, 1, 1, 0, 0, 0, N, 1, 1, 3, 0, 1});      /* padded pixels */
+  run_conv(s, (conv_t){4, {1, 7, 9, 32}, {24, 1, 1, 32}, 1, 0, 1, 0, 0, 0, N, 0, 0, 0, 1, 1});      /* shifted base */
+  run_conv(s, (conv_t){4, {1, 1, 1, 256}, {17, 3, 3, 256}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 1});    /* a 1x1 image */
+  run_conv(s, (conv_t){4, {3, 1, 37, 16}, {8, 1, 5, 16}, 2, 2, 1, 0, 0, 0, N, 1, 1, 0, 0, 1});      /* 1-row images */
+  run_conv(s, (conv_t){5, {1, 5, 9, 10, 32}, {48, 3, 3, 3, 32}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0, 1}); /* Wan's */
+  run_conv(s, (conv_t){5, {2, 4, 6, 7, 24}, {16, 3, 3, 3, 24}, 1, 1, 1, 2, 0, 1, SILU, 1, 0, 0, 0, 1}); /* LTX's */
+  run_conv(s, (conv_t){5, {1, 7, 6, 6, 16}, {16, 3, 1, 1, 16}, 1, 0, 2, 1, 1, 0, N, 1, 0, 5, 0, 1}); /* time conv */
+  run_conv(s, (conv_t){5, {2, 4, 9, 7, 64}, {24, 3, 3, 3, 64}, 1, 1, 1, 2, 0, 3, N, 1, 1, 0, 0, 1}); /* Mochi's */
+  run_conv(s, (conv_t){4, {1, 6, 5, 12}, {9, 5, 5, 12}, 2, 3, 1, 0, 0, 2, SILU, 1, 0, 0, 0, 1});   /* edges, Ci % 8 */
   run_conv(s, (conv_t){4, {2, 7, 9, 64}, {40, 3, 3, 64}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 2});   /* Upsample2D + conv */
   run_conv(s, (conv_t){4, {1, 5, 4, 12}, {8, 3, 3, 12}, 1, 1, 1, 0, 0, 2, N, 1, 1, 3, 0, 2});    /* element path */
   run_conv(s, (conv_t){5, {1, 3, 5, 6, 32}, {16, 1, 3, 3, 32}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 2}); /* Wan's frames */
   if (!small) {
-    run_conv(s, (conv_t){4, {2, 64, 64, 320}, {320, 3, 3, 320}, 1, 1, 1, 0, 0, 0, SILU, 1, 0, 0, 0}); /* the seed's */
-    run_conv(s, (conv_t){5, {1, 3, 20, 24, 384}, {384, 3, 3, 3, 384}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0});
+    run_conv(s, (conv_t){4, {2, 64, 64, 320}, {320, 3, 3, 320}, 1, 1, 1, 0, 0, 0, SILU, 1, 0, 0, 0, 1}); /* the seed's */
+    run_conv(s, (conv_t){5, {1, 3, 20, 24, 384}, {384, 3, 3, 3, 384}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0, 1});
   }
   if (failures == n_before)
     printf("ok   %s conv (2D and 3D, k 1/3/5, stride 1/2, causal zero and replicate, edge-replicated padding, "
