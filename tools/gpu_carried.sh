@@ -5,16 +5,16 @@
 # wheels of ../shared/device/wheels.sh in .whl/. On this machine:
 #   ninja -C build-gpu && mkdir -p .gpulib/b && cp build-gpu/{libfusedk.so,tests/test_gpu,fusedk_dit_block} .gpulib/b/
 # then the device tool's run with carry [".whl", ".gpulib"] and the command
-#   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-vae] [bench-norms]
-#                             [vae] [demo]
+#   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-vae-flux]
+#                             [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi] [bench-norms] [vae] [demo]
 # conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma and, with
 # FUSEDK_NO_TMA=1, on mma.sync) and tests/python/test_conv.py; conv-units: those C units at the
 # small shapes only; fp8: the C units of the FP8 ops and the norms, test_fp8.py's GPU norm and
 # int8 tests; vae: test_diffusers_vae.py; bench-conv: bench/bench_conv.py --quick
-# (bench-conv-fast: without the torch.compile columns); bench-vae: bench/bench_vae.py a VAE a
-# step; bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick (the norms' FP8 forms
-# against a copy); demo: the C DiT block. Logs and results in $OUT; a line a step in
-# $OUT/summary.txt, printed last.
+# (bench-conv-fast: without the torch.compile columns); bench-vae-KIND: bench/bench_vae.py --only
+# KIND (Wan without torch.compile); bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick
+# (the norms' FP8 forms against a copy); demo: the C DiT block. Logs and results in $OUT; a line
+# a step in $OUT/summary.txt, printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -57,14 +57,13 @@ for what in "${@:-conv}"; do
       grep -E "^(seed|flux|wan|gn)" "$OUT/bench-conv.txt" ;;
     bench-norms) step bench-norms 120 python3 bench/bench_linear_fp8.py --no-gemm --no-torchao --quick --out "$OUT"
       tail -25 "$OUT/bench-norms.txt" ;;
-    bench-vae) step bench-vae-flux 240 python3 bench/bench_vae.py --only flux --out "$OUT"
-      step bench-vae-wan 300 python3 bench/bench_vae.py --only wan --no-compile --out "$OUT"
-      step bench-vae-ltx 200 python3 bench/bench_vae.py --only ltx --out "$OUT"
-      step bench-vae-mochi 200 python3 bench/bench_vae.py --only mochi --out "$OUT"
-      grep -hE "ms, first call|failed" "$OUT"/bench-vae-*.txt ;;
+    bench-vae-flux | bench-vae-wan | bench-vae-ltx | bench-vae-mochi) # a VAE's whole decodes: up to 5 min
+      step "$what" 300 python3 bench/bench_vae.py --only "${what#bench-vae-}" $([ "$what" = bench-vae-wan ] &&
+        echo --no-compile) --out "$OUT"
+      grep -hE "ms, first call|failed" "$OUT/$what.txt" ;;
     demo) step demo 60 "$B/fusedk_dit_block"
       tail -14 "$OUT/demo.txt" ;;
-    *) say "unknown step $what (conv-units, conv, fp8, vae, bench-conv-fast, bench-conv, bench-vae, bench-norms, demo)" ;;
+    *) say "unknown step $what (conv-units, conv, fp8, vae, bench-conv-fast, bench-conv, bench-vae-KIND, bench-norms, demo)" ;;
   esac
 done
 cat "$OUT/summary.txt"
