@@ -4764,6 +4764,45 @@ FUSEDK_DEF fusedk_status fusedk_fold_batchnorm(const fusedk_tensor *w_out, const
   return FUSEDK_OK;
 }
 
+/* group_norm's and channel_rmsnorm's shared checks (t: y, x, weight, bias, scale, shift): act a
+   fusedk_activation; scale and shift [N, C] of x (their sample strides into ss); y x itself or
+   apart from every input */
+static fusedk_status fusedk__cnorm_checks(const fusedk__check *c, const fusedk_tensor *const *t, int act,
+                                          int64_t *ss) {
+  static const char *names[] = {"y", "x", "weight", "bias", "scale", "shift"};
+  const fusedk_tensor *x = t[1];
+  fusedk_status st;
+  char shp[160];
+  if (act < 0 || act > FUSEDK_ACT_NONE)
+    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected a fusedk_activation (0..%d)", c->op,
+                        act, FUSEDK_ACT_NONE);
+  for (int k = 4; k < 6; ++k)
+    if (t[k]) {
+      if (x->ndim < 2)
+        return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s is given and x has shape %s, expected [N, ..., C]: scale and "
+                            "shift are per sample (x's first dim)", c->op, names[k],
+                            fusedk__shape_str(x, shp, sizeof shp));
+      const int64_t nc[2] = {x->shape[0], x->shape[x->ndim - 1]};
+      if ((st = fusedk__check_shape(c, t[k], names[k], 2, nc, "[N, C] of x"))) return st;
+      ss[k - 4] = fusedk__stride(t[k], 0);
+    }
+  for (int i = 1; i < 6; ++i)
+    if (!(i == 1 && fusedk__same_view(t[0], x)) && (st = fusedk__check_disjoint(c, t[0], "y", t[i], names[i])))
+      return st;
+  return FUSEDK_OK;
+}
+
+/* the norms' output at channel c of a normalized v: weight, bias, the sample's scale and shift rows
+   (or NULL), act; in double */
+static double fusedk__cnorm_out(double v, int64_t c, const void *w, const void *b, const char *sc, const char *sh,
+                                int act, int s) {
+  if (w) v *= fusedk__load(w, c, s);
+  if (b) v += fusedk__load(b, c, s);
+  if (sc) v *= 1.0 + fusedk__load(sc, c, s);
+  if (sh) v += fusedk__load(sh, c, s);
+  return act == FUSEDK_ACT_NONE ? v : fusedk__act_f64(v, act);
+}
+
 /* group_norm: per (sample, group) the mean, then the variance about it, in double; one rounding */
 static void fusedk__gn_cpu(const fusedk__gn_args *a) {
   const int s = a->scalar;
@@ -4782,15 +4821,12 @@ static void fusedk__gn_cpu(const fusedk__gn_args *a) {
           sq += d * d;
         }
       const double rstd = 1.0 / sqrt(sq / (double)(a->L * cg) + (double)a->eps);
+      const char *sc = a->scale ? (const char *)a->scale + es * n * a->ss[0] : NULL;
+      const char *sh = a->shift ? (const char *)a->shift + es * n * a->ss[1] : NULL;
       for (int64_t l = 0; l < a->L; ++l)
         for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
-          double v = (fusedk__load(xn + es * l * a->xs[1], c, s) - mean) * rstd;
-          if (a->weight) v *= fusedk__load(a->weight, c, s);
-          if (a->bias) v += fusedk__load(a->bias, c, s);
-          if (a->scale) v *= 1.0 + fusedk__load((const char *)a->scale + es * n * a->ss[0], c, s);
-          if (a->shift) v += fusedk__load((const char *)a->shift + es * n * a->ss[1], c, s);
-          if (a->act != FUSEDK_ACT_NONE) v = fusedk__act_f64(v, a->act);
-          fusedk__store(yn + es * l * a->ys[1], c, v, s);
+          const double v = (fusedk__load(xn + es * l * a->xs[1], c, s) - mean) * rstd;
+          fusedk__store(yn + es * l * a->ys[1], c, fusedk__cnorm_out(v, c, a->weight, a->bias, sc, sh, a->act, s), s);
         }
     }
 }
@@ -4832,21 +4868,9 @@ FUSEDK_DEF fusedk_status fusedk_group_norm(const fusedk_tensor *y, const fusedk_
   if (groups < 1 || a.C % groups)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: groups is %d, expected a divisor of C = %lld (x's last dim)",
                         s.c.op, (int)groups, (long long)a.C);
-  if ((int)act < 0 || (int)act > FUSEDK_ACT_NONE)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected a fusedk_activation (0..%d)", s.c.op,
-                        (int)act, FUSEDK_ACT_NONE);
-  const int64_t nc[2] = {a.N, a.C};
-  const char *mods[2] = {"scale", "shift"};
-  for (int k = 0; k < 2; ++k)
-    if (t[4 + k]) {
-      if ((st = fusedk__check_shape(&s.c, t[4 + k], mods[k], 2, nc, "[N, C] of x"))) return st;
-      a.ss[k] = fusedk__stride(t[4 + k], 0);
-    }
-  if ((st = fusedk__gn_pixels(&s.c, x, "x", a.xs)) || (st = fusedk__gn_pixels(&s.c, y, "y", a.ys))) return st;
-  const int same = fusedk__same_view(y, x); /* in place, else apart from every input */
-  const char *names[] = {"y", "x", "weight", "bias", "scale", "shift"};
-  for (int i = 1; i < 6; ++i)
-    if (!(same && i == 1) && (st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i]))) return st;
+  if ((st = fusedk__cnorm_checks(&s.c, t, (int)act, a.ss)) || (st = fusedk__gn_pixels(&s.c, x, "x", a.xs)) ||
+      (st = fusedk__gn_pixels(&s.c, y, "y", a.ys)))
+    return st;
   a.scalar = s.c.scalar, a.act = (int32_t)act, a.groups = groups, a.eps = eps;
   a.x = fusedk__base(x), a.y = fusedk__base(y), a.weight = fusedk__base(weight), a.bias = fusedk__base(bias);
   a.scale = fusedk__base(scale), a.shift = fusedk__base(shift);
@@ -4865,18 +4889,14 @@ static void fusedk__crms_cpu(const fusedk__crms_args *a) {
       const char *x = (const char *)a->x.p + es * (b * a->x.sb + l * a->x.sl);
       char *y = (char *)a->y.p + es * (b * a->y.sb + l * a->y.sl);
       const int64_t n = (b * a->L + l) / a->P;
+      const char *sc = a->scale ? (const char *)a->scale + es * n * a->ss[0] : NULL;
+      const char *sh = a->shift ? (const char *)a->shift + es * n * a->ss[1] : NULL;
       double ms = 0.0;
       for (int64_t d = 0; d < a->D; ++d) ms += fusedk__load(x, d, s) * fusedk__load(x, d, s);
       ms /= (double)a->D;
       const double r = a->clamp ? 1.0 / fmax(sqrt(ms), (double)a->eps) : 1.0 / sqrt(ms + (double)a->eps);
-      for (int64_t d = 0; d < a->D; ++d) {
-        double v = fusedk__load(x, d, s) * r;
-        if (a->weight) v *= fusedk__load(a->weight, d, s);
-        if (a->bias) v += fusedk__load(a->bias, d, s);
-        if (a->scale) v *= 1.0 + fusedk__load((const char *)a->scale + es * n * a->ss[0], d, s);
-        if (a->shift) v += fusedk__load((const char *)a->shift + es * n * a->ss[1], d, s);
-        fusedk__store(y, d, a->act == FUSEDK_ACT_NONE ? v : fusedk__act_f64(v, a->act), s);
-      }
+      for (int64_t d = 0; d < a->D; ++d)
+        fusedk__store(y, d, fusedk__cnorm_out(fusedk__load(x, d, s) * r, d, a->weight, a->bias, sc, sh, a->act, s), s);
     }
 }
 
@@ -4891,27 +4911,11 @@ FUSEDK_DEF fusedk_status fusedk_channel_rmsnorm(const fusedk_tensor *y, const fu
   if (clamp != 0 && clamp != 1)
     return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: clamp is %d, expected 0 (rsqrt(mean + eps)) or 1 (1 / "
                         "max(rms, eps))", s.c.op, (int)clamp);
-  if ((int)act < 0 || (int)act > FUSEDK_ACT_NONE)
-    return fusedk__fail(FUSEDK_ERR_INVALID_ARGUMENT, "%s: act is %d, expected a fusedk_activation (0..%d)", s.c.op,
-                        (int)act, FUSEDK_ACT_NONE);
   fusedk__crms_args a;
   memset(&a, 0, sizeof a);
+  if ((st = fusedk__cnorm_checks(&s.c, t, (int)act, a.ss))) return st;
   a.P = 1; /* the rows a sample: x's dims between the first and C */
   for (int i = 1; i < x->ndim - 1; ++i) a.P *= x->shape[i];
-  const char *mods[2] = {"scale", "shift"};
-  for (int k = 0; k < 2; ++k)
-    if (t[4 + k]) {
-      char shp[160];
-      if (x->ndim < 2)
-        return fusedk__fail(FUSEDK_ERR_SHAPE, "%s: %s is given and x has shape %s, expected [N, ..., C]: scale and "
-                            "shift are per sample (x's first dim)", s.c.op, mods[k], fusedk__shape_str(x, shp, sizeof shp));
-      const int64_t nc[2] = {x->shape[0], x->shape[x->ndim - 1]};
-      if ((st = fusedk__check_shape(&s.c, t[4 + k], mods[k], 2, nc, "[N, C] of x"))) return st;
-      a.ss[k] = fusedk__stride(t[4 + k], 0);
-    }
-  const char *names[] = {"y", "x", "weight", "bias", "scale", "shift"};
-  for (int i = 1; i < 6; ++i) /* in place, else apart from every input */
-    if (!(i == 1 && fusedk__same_view(y, x)) && (st = fusedk__check_disjoint(&s.c, y, "y", t[i], names[i]))) return st;
   a.scalar = s.c.scalar, a.act = (int32_t)act, a.clamp = clamp, a.eps = eps;
   a.B = s.B, a.L = s.L, a.D = s.D, a.x = s.r[1], a.y = s.r[0];
   a.weight = fusedk__base(weight), a.bias = fusedk__base(bias), a.scale = fusedk__base(scale), a.shift = fusedk__base(shift);

@@ -66,24 +66,20 @@ def vaes(model):
     return out[:1]
 
 
-def _conv_why_not(c):
-    if type(c) is not torch.nn.Conv2d:
-        return f"{type(c).__name__}, expected torch.nn.Conv2d"
-    if c.groups != 1 or tuple(c.dilation) != (1, 1) or c.padding_mode != "zeros" or isinstance(c.padding, str):
+def _conv_why_not(c, cls=torch.nn.Conv2d):
+    """why c, a torch conv of type cls, is not fusedk.conv's: groups 1, no dilation, zero padding,
+    the same stride (1 or 2) and padding on H and W (its last two dims)"""
+    if type(c) is not cls and not (cls is None and isinstance(c, (torch.nn.Conv2d, torch.nn.Conv3d))):
+        return f"{type(c).__name__}, expected torch.nn.{(cls or torch.nn.Conv3d).__name__}"
+    if c.groups != 1 or any(d != 1 for d in c.dilation) or c.padding_mode != "zeros" or isinstance(c.padding, str):
         return "grouped, dilated, string-padded or non-zero-padded conv"
-    if c.stride[0] != c.stride[1] or c.padding[0] != c.padding[1] or c.stride[0] not in (1, 2):
-        return f"stride {tuple(c.stride)}, padding {tuple(c.padding)}: expected one of 1 or 2, and one padding"
+    if c.stride[-2] != c.stride[-1] or c.padding[-2] != c.padding[-1] or c.stride[-1] not in (1, 2):
+        return f"stride {tuple(c.stride)}, padding {tuple(c.padding)}: expected one of 1 or 2, one padding on H and W"
     return None
 
 
 def _conv3d_why_not(c):
-    if type(c) is not torch.nn.Conv3d:
-        return f"{type(c).__name__}, expected torch.nn.Conv3d"
-    if c.groups != 1 or tuple(c.dilation) != (1, 1, 1) or c.padding_mode != "zeros" or isinstance(c.padding, str):
-        return "grouped, dilated, string-padded or non-zero-padded conv"
-    if c.stride[1] != c.stride[2] or c.padding[1] != c.padding[2] or c.stride[1] not in (1, 2):
-        return f"stride {tuple(c.stride)}, padding {tuple(c.padding)}: expected one of 1 or 2, one padding on H and W"
-    return None
+    return _conv_why_not(c, torch.nn.Conv3d)
 
 
 def _causal_why_not(c):
@@ -92,13 +88,9 @@ def _causal_why_not(c):
     if type(c).__name__ != "WanCausalConv3d":
         return f"{type(c).__name__}, expected WanCausalConv3d"
     p = tuple(getattr(c, "_padding", ()))
-    if c.groups != 1 or tuple(c.dilation) != (1, 1, 1) or c.padding_mode != "zeros" or tuple(c.padding) != (0, 0, 0):
-        return "grouped, dilated or padded other than WanCausalConv3d's causal padding"
-    if len(p) != 6 or p[0] != p[1] or p[2] != p[3] or p[0] != p[2] or p[5] != 0:
+    if len(p) != 6 or p[0] != p[1] or p[2] != p[3] or p[0] != p[2] or p[5] != 0 or tuple(c.padding) != (0, 0, 0):
         return f"causal padding {p}, expected (p, p, p, p, t, 0)"
-    if c.stride[1] != c.stride[2] or c.stride[1] not in (1, 2):
-        return f"stride {tuple(c.stride)}: expected one of 1 or 2 on H and W"
-    return None
+    return _conv_why_not(c, None)
 
 
 def _rms_why_not(n):
@@ -322,12 +314,9 @@ def _wan_block_forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 (t
 def _ltx_conv_why_not(c):
     if type(c).__name__ != "LTXVideoCausalConv3d":
         return f"{type(c).__name__}, expected LTXVideoCausalConv3d"
-    k = c.conv
-    if k.groups != 1 or tuple(k.dilation) != (1, 1, 1) or k.padding_mode != "zeros" or isinstance(k.padding, str):
-        return "grouped, dilated or non-zero-padded conv"
-    if k.padding[0] != 0 or k.padding[1] != k.padding[2] or k.stride[1] != k.stride[2] or k.stride[1] not in (1, 2):
-        return f"stride {tuple(k.stride)}, padding {tuple(k.padding)}: expected one of 1 or 2, one padding on H and W"
-    return None
+    if not isinstance(c.conv.padding, str) and c.conv.padding[0] != 0:
+        return f"padding {tuple(c.conv.padding)}: expected none in time (the frames repeat)"
+    return _conv_why_not(c.conv, None)
 
 
 def _ltx_conv(c, x, residual=None):
@@ -392,11 +381,9 @@ def _mochi_conv_why_not(c):
     if type(c).__name__ != "CogVideoXCausalConv3d" or c.pad_mode != "replicate":
         return f"{type(c).__name__} ({getattr(c, 'pad_mode', '')}), expected a replicate-padded CogVideoXCausalConv3d"
     k = c.conv
-    if k.groups != 1 or tuple(k.dilation) != (1, 1, 1) or tuple(k.padding) != (0, 0, 0) or \
-            tuple(k.stride) != (1, 1, 1) or c.height_pad != c.width_pad:
-        return (f"stride {tuple(k.stride)}, dilation {tuple(k.dilation)}, padding {c.time_causal_padding}: "
-                "expected 1, 1 and the same padding on H and W")
-    return None
+    if tuple(k.padding) != (0, 0, 0) or tuple(k.stride) != (1, 1, 1) or c.height_pad != c.width_pad:
+        return f"stride {tuple(k.stride)}, padding {c.time_causal_padding}: expected 1 and the same on H and W"
+    return _conv_why_not(k, None)
 
 
 def _mochi_block_why_not(m):
