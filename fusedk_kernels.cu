@@ -58,8 +58,9 @@
 //               and unaligned views: CUDA cores); the backward's one-pass lowrank_grad_kernel.
 //               One section over two build parts: the shapes (both), the routing and the
 //               GEMM-path backward (the linear part: [gemm]), the kernels (the lowrank part)
-//   [conv]      conv: conv_kernel, an implicit GEMM (the receptive field gathered by cp.async a tap
-//               and 64 channels at a time) on wgmma (sm_90a) or warp_mma; fold_batchnorm's
+//   [conv]      conv: an implicit GEMM a tap and 64 channels at a time; on sm_90a conv_tma_kernel
+//               (each tap's input patch a TMA box, wgmma, a producer thread), else conv_kernel
+//               (the taps gathered by cp.async) on wgmma (sm_90a) or warp_mma; fold_batchnorm's
 //               fold_kernel; group_norm's gn_sums_kernel, gn_stats_kernel, gn_apply_kernel;
 //               channel_rmsnorm's crms_kernel
 //   [entry]     fusedk__cuda_norm, fusedk__cuda_elementwise, fusedk__cuda_rope, fusedk__cuda_rope_table,
@@ -384,6 +385,17 @@ __device__ __forceinline__ float act_f32(float v, int kind) {
     case FUSEDK_ACT_SILU: return v * __frcp_rn(1.f + expf(-v));
     case FUSEDK_ACT_NONE: return v; // linear's identity
     default: return v > 0.f ? v : v == v ? 0.f : v; // relu; NaN stays NaN (fmaxf would drop it)
+  }
+}
+// f(integral_constant<int, act>) for the runtime act: a kernel's loop over many elements compiled
+// once per activation (a switch an element spreads the loop over the instruction cache)
+template <typename F> __device__ __forceinline__ void with_act(int act, F &&f) {
+  switch (act) {
+    case FUSEDK_ACT_GELU: f(std::integral_constant<int, FUSEDK_ACT_GELU>{}); break;
+    case FUSEDK_ACT_GELU_TANH: f(std::integral_constant<int, FUSEDK_ACT_GELU_TANH>{}); break;
+    case FUSEDK_ACT_SILU: f(std::integral_constant<int, FUSEDK_ACT_SILU>{}); break;
+    case FUSEDK_ACT_RELU: f(std::integral_constant<int, FUSEDK_ACT_RELU>{}); break;
+    default: f(std::integral_constant<int, FUSEDK_ACT_NONE>{}); break;
   }
 }
 
@@ -974,28 +986,33 @@ PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder() {
   return fn;
 }
 
-// A tensor map over a 4-dim tensor of `type` (dims innermost first, the inner one contiguous;
-// byte strides of dims 1..3) that loads boxes of box0 x box1 elements in the 128-byte swizzle;
-// elements past the tensor's ends load as zeros. False when TMA cannot describe it (base not
-// 16-byte aligned, a stride not a multiple of 16 bytes).
-bool tmap_4d(CUtensorMap *m, const void *p, CUtensorMapDataType type, const int64_t (&dm)[4], const int64_t (&st)[3],
-             int box0, int box1, CUtensorMapSwizzle swz = CU_TENSOR_MAP_SWIZZLE_128B) {
+// A tensor map over an R-dim tensor of `type` (dims innermost first, the inner one contiguous;
+// byte strides of dims 1 .. R-1) that loads boxes of box[0] x .. x box[R-1] elements in the
+// 128-byte swizzle; elements past the tensor's ends (negative coordinates too) load as zeros.
+// False when TMA cannot describe it (base not 16-byte aligned, a stride not a multiple of 16 bytes).
+template <int R>
+bool tmap_nd(CUtensorMap *m, const void *p, CUtensorMapDataType type, const int64_t (&dm)[R],
+             const int64_t (&st)[R - 1], const int (&bx)[R], CUtensorMapSwizzle swz = CU_TENSOR_MAP_SWIZZLE_128B) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
   if (!encode || !aligned16(p)) return false;
-  cuuint64_t dims[4], strides[3];
-  for (int i = 0; i < 4; ++i) {
+  cuuint64_t dims[R], strides[R - 1];
+  cuuint32_t box[R], one[R];
+  for (int i = 0; i < R; ++i) {
     if (dm[i] < 1 || dm[i] > ((int64_t)1 << 32)) return false;
-    dims[i] = (cuuint64_t)dm[i];
+    dims[i] = (cuuint64_t)dm[i], box[i] = (cuuint32_t)bx[i], one[i] = 1;
   }
-  for (int i = 0; i < 3; ++i) { // a dim of one is never stepped: any valid stride describes it
+  for (int i = 0; i < R - 1; ++i) { // a dim of one is never stepped: any valid stride describes it
     const int64_t b = dm[i + 1] == 1 ? 16 : st[i];
     if (b <= 0 || b % 16 || b >= ((int64_t)1 << 40)) return false;
     strides[i] = (cuuint64_t)b;
   }
-  const cuuint32_t box[4] = {(cuuint32_t)box0, (cuuint32_t)box1, 1, 1}, one[4] = {1, 1, 1, 1};
-  return encode(m, type, 4, const_cast<void *>(p), dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode(m, type, R, const_cast<void *>(p), dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+bool tmap_4d(CUtensorMap *m, const void *p, CUtensorMapDataType type, const int64_t (&dm)[4], const int64_t (&st)[3],
+             int box0, int box1, CUtensorMapSwizzle swz = CU_TENSOR_MAP_SWIZZLE_128B) {
+  const int bx[4] = {box0, box1, 1, 1};
+  return tmap_nd<4>(m, p, type, dm, st, bx, swz);
 }
 
 // tmap_4d over a [B, S, H, D] tensor of 16-bit elements (element strides sb, ss, sh), boxes of
@@ -1013,6 +1030,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *m, 
                                             uint64_t *bar) {
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
                "%4, %5}], [%6];" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar))
+               : "memory");
+}
+// the 5-dim form (conv's [N, T, H, W, C] and [Co, kt, kh, kw, Ci] boxes)
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, int c3, int c4,
+                                            uint64_t *bar) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+               "%4, %5, %6}], [%7];" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+               "r"(smem_u32(bar))
                : "memory");
 }
 // shared-memory writes by threads, made visible to the async proxy (wgmma's and TMA's reads)
@@ -1124,12 +1149,13 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int acc) {
-  static_assert(N == 64 || N == 80 || N == 128 || N == 192, "score tiles of 64, 80, 128 or 192 keys");
+  static_assert(N == 64 || N == 80 || N == 128 || N == 192 || N == 256, "tiles of 64, 80, 128, 192 or 256 columns");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 64, 32, 33, 34) }
   else if constexpr (N == 80) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 80, 40, 41, 42) }
   else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 128, 64, 65, 66) }
-  else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 192, 96, 97, 98) }
+  else if constexpr (N == 192) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 192, 96, 97, 98) }
+  else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 256, 128, 129, 130) }
 }
 // d = a b: wgmma_ss with the accumulator written, not read (no registers to prepare for it)
 template <typename T, int N> __device__ __forceinline__ void wgmma_ss0(float (&d)[N / 8][4], uint64_t a, uint64_t b) {
@@ -5790,7 +5816,8 @@ template <typename T> cudaError_t launch_lowrank(const fusedk__lowrank_args &a, 
 // channels, k = (tap, ci). A k tile is one tap's 64 channels: a row's 128 bytes of A are one
 // input pixel's (zeros where the tap falls in the padding), B's the weights of that tap, so the
 // im2col matrix is never written. 128x128 tiles, 8 warps of 64x32, three cp.async stages; the
-// epilogue adds bias, applies act and the residual in float32 and rounds once.
+// epilogue adds bias, applies act and the residual in float32 and rounds once. On sm_90a the
+// patches TMA can describe run conv_tma_kernel (below conv_kernel).
 // ---------------------------------------------------------------------------------------------
 #if FUSEDK__PART_CONV
 constexpr int kCvM = 128, kCvN = 128, kCvCh = 8, kCvStages = 3, kCvThreads = 256;
@@ -5942,6 +5969,211 @@ __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_arg
   }
 }
 
+// Hopper path (sm_90a, conv_tma_kernel): an output tile is 128 pixels of one frame, a bh x bw
+// patch (CvTile: the shape that wastes fewest rows), by BN output channels. A k step is one tap's
+// 64 channels: A is the TMA box of the input patch that tap reads (the output patch shifted by
+// the tap; TMA loads what falls off the image as zeros, which is the zero padding), B the box of
+// the tap's weights; neither an im2col matrix nor a padded copy is ever written. Warpgroup 0's
+// first thread issues the boxes into a ring of stages; warpgroups 1 and 2 take 64 rows each
+// (wgmma from shared memory) and release a stage once their product of it is done, one product
+// staying in flight. A nearest-upsampled input (up > 1) runs as up^2 phases: output pixel
+// (up i + ph, up j + pw) reads source pixel i + floor((ph + tap - pad) / up), a box again, so the
+// upsampled image is never formed. Time padding that repeats the first frame clamps the box's frame.
+template <int BN> struct CvTma {
+  static constexpr int kStages = BN == 256 ? 4 : BN == 192 ? 5 : BN == 128 ? 6 : 8; // about 192 KB
+  static constexpr int kA = 128 * 128, kStage = kA + BN * 128, kBars = kStages * kStage,
+                       kBytes = kBars + 2 * kStages * 8 + 1024;
+  // registers a thread: the launch's, the producer's, and what the producer gives the consumers
+  static constexpr int kThreads = 384, kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 40,
+                       kRegs = std::min(240, (kLaunchRegs * 3 - kProdRegs) / 2 / 8 * 8);
+};
+struct CvTile { // the grid's order, fastest first: channel tile, patch column, patch row, phase, frame
+  int64_t tiles_w, tiles_h;
+  int bw, up, gy, pair; // pair: out (and res) take 4-byte pairs of channels
+};
+__host__ __device__ constexpr int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+template <typename T, int BN>
+__global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
+    conv_tma_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
+                    const fusedk__conv_args a, const CvTile g) {
+#if FUSEDK__SM90A
+  using L = CvTma<BN>;
+  constexpr int ST = L::kStages;
+  extern __shared__ __align__(1024) unsigned char cv_smem[];
+  const uint32_t raw = smem_u32(cv_smem), base = (raw + 1023) & ~1023u;
+  uint64_t *full = reinterpret_cast<uint64_t *>(cv_smem + (base - raw) + L::kBars), *empty = full + ST;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ST; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 8); // empty: a consumer warp each
+    fence_mbar_init();
+  }
+  __syncthreads();
+  int64_t id = blockIdx.x;
+  const int co0 = (int)(id % g.gy) * BN, bh = 128 / g.bw;
+  id /= g.gy;
+  const int j0 = (int)(id % g.tiles_w) * g.bw;
+  id /= g.tiles_w;
+  const int i0 = (int)(id % g.tiles_h) * bh;
+  id /= g.tiles_h;
+  const int pw = (int)(id % g.up), ph = (int)(id / g.up % g.up);
+  id /= g.up * g.up;
+  const int t = (int)(id % a.To), n = (int)(id / a.To);
+  const int nc = (int)((a.Ci + 63) / 64), khw = (int)(a.kh * a.kw), nk = (int)a.kt * khw * nc;
+  if (threadIdx.x < 128) {
+    regs_lower<L::kProdRegs>();
+    if (threadIdx.x) return;
+    // one thread walks the taps (frame, row, column) and each tap's channel chunks with counters:
+    // a k step costs it a wait, two adds and two copies, so it keeps ahead of the products
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&tx) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&tw) : "memory");
+    int q = 0;
+    for (int ti = 0; ti < (int)a.kt; ++ti) {
+      int ts = t - a.pad_t + ti;
+      if (a.replicate & 1) ts = ts < 0 ? 0 : ts >= a.T ? (int)a.T - 1 : ts;
+      for (int tj = 0; tj < (int)a.kh; ++tj) {
+        const int y = i0 + floor_div(ph + tj - a.pad, g.up);
+        for (int tl = 0; tl < (int)a.kw; ++tl) {
+          const int xw = j0 + floor_div(pw + tl - a.pad, g.up);
+          for (int c = 0; c < nc * 64; c += 64, ++q) {
+            const int s = q % ST;
+            if (q >= ST) mbar_wait(&empty[s], (uint32_t)(q / ST - 1) & 1);
+            const uint32_t sa = base + s * L::kStage;
+            mbar_expect(&full[s], L::kStage);
+            tma_load_5d(sa, &tx, c, xw, y, ts, n, &full[s]);
+            tma_load_5d(sa + L::kA, &tw, c, tl, tj, ti, co0, &full[s]);
+          }
+        }
+      }
+    }
+    return;
+  }
+  regs_raise<L::kRegs>();
+  const int w = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
+  float acc[BN / 8][4] = {};
+  wgmma_hold(acc);
+  for (int q = 0; q < nk; ++q) {
+    const int s = q % ST;
+    mbar_wait(&full[s], (uint32_t)(q / ST) & 1);
+    const uint32_t sa = base + s * L::kStage + w * 64 * 128, sb = base + s * L::kStage + L::kA;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_ss<T, BN>(acc, wgmma_desc(sa + kk * 32, 16, 1024), wgmma_desc(sb + kk * 32, 16, 1024), q | kk);
+    wgmma_commit();
+    wgmma_wait<1>(); // step q - 1's product is done: its stage goes back to the producer
+    if (q && lane == 0) mbar_arrive(&empty[(q - 1) % ST]);
+  }
+  wgmma_wait<0>();
+  wgmma_hold(acc);
+  // lane holds rows lane / 4 (+ 8) of its warp's 16, channel pairs 2 (lane % 4) of each 8; the
+  // epilogue compiled once per activation (with_act), and without a test an element where the
+  // tile's channels all exist
+  const T *bias = static_cast<const T *>(a.bias), *res = static_cast<const T *>(a.res);
+  T *out = static_cast<T *>(a.out);
+  const int64_t Hp = a.Ho / g.up, Wp = a.Wo / g.up;
+  int64_t o[2], ro[2];
+  bool on[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = w * 64 + warp * 16 + lane / 4 + hf * 8, i = i0 + r / g.bw, j = j0 + r % g.bw;
+    const int64_t oh = (int64_t)i * g.up + ph, ow = (int64_t)j * g.up + pw;
+    on[hf] = i < Hp && j < Wp;
+    o[hf] = n * a.os[0] + t * a.os[1] + oh * a.os[2] + ow * a.os[3];
+    ro[hf] = res ? n * a.rs[0] + t * a.rs[1] + oh * a.rs[2] + ow * a.rs[3] : 0;
+  }
+  // FULL: every channel of the tile exists and pairs store as 4 bytes (no test an element)
+  auto epilogue = [&](auto act, auto full) {
+    constexpr bool FULL = decltype(full)::value;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      if (!on[hf]) continue;
+#pragma unroll
+      for (int c8 = 0; c8 < BN / 8; ++c8) {
+        const int co = co0 + c8 * 8 + (lane % 4) * 2;
+        const bool in0 = FULL || co < a.Co, in1 = FULL || co + 1 < a.Co;
+        float z0 = acc[c8][hf * 2] + (bias && in0 ? to_f32<T>(bias[co]) : 0.f);
+        float z1 = acc[c8][hf * 2 + 1] + (bias && in1 ? to_f32<T>(bias[co + 1]) : 0.f);
+        z0 = act_f32(z0, decltype(act)::value), z1 = act_f32(z1, decltype(act)::value);
+        if (res) {
+          z0 += in0 ? to_f32<T>(res[ro[hf] + co]) : 0.f;
+          z1 += in1 ? to_f32<T>(res[ro[hf] + co + 1]) : 0.f;
+        }
+        if (FULL) {
+          *reinterpret_cast<uint32_t *>(out + o[hf] + co) = pack2<T>(z0, z1);
+        } else {
+          if (in0) out[o[hf] + co] = from_f32<T>(z0);
+          if (in1) out[o[hf] + co + 1] = from_f32<T>(z1);
+        }
+      }
+    }
+  };
+  const bool whole = g.pair && co0 + BN <= a.Co;
+  auto run = [&](auto act) { whole ? epilogue(act, std::true_type{}) : epilogue(act, std::false_type{}); };
+  with_act(a.act, run);
+#endif
+}
+
+// The Hopper kernel where it applies: sm_90a code on the device, FUSEDK_NO_TMA unset, stride 1,
+// zero (or time-replicated) padding, channels in 8s, TMA can describe x and w, and the patch
+// tiles waste under half their rows. *used says.
+template <typename T>
+cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev, bool *used) {
+  *used = false;
+  const int up = a.up > 1 ? a.up : 1;
+  if (tma_disabled() || a.stride != 1 || a.stride_t != 1 || (a.replicate & 2) || a.Ci % 8 ||
+      a.H % up || a.W % up || a.Ho % up || a.Wo % up || a.N > INT32_MAX || a.T > INT32_MAX || a.Co > INT32_MAX)
+    return cudaSuccess;
+  const int64_t Hp = a.Ho / up, Wp = a.Wo / up;
+  CvTile g{0, 0, 0, up, 0, 0};
+  int64_t best = INT64_MAX;
+  for (int bw = 64; bw >= 8; bw /= 2) { // fewest padded rows; ties: the squarer patch (fewer halo reads)
+    const int64_t th = (Hp + 128 / bw - 1) / (128 / bw), tw = (Wp + bw - 1) / bw;
+    if (th * tw * 128 <= best) best = th * tw * 128, g.tiles_h = th, g.tiles_w = tw, g.bw = bw;
+  }
+  if (best > 2 * Hp * Wp) return cudaSuccess;
+  // the channel tile: the waves of blocks it takes, a block's work its channels and 16 more (its
+  // A reads and its share of the ring: a wide tile feeds the tensor cores better)
+  const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
+  auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 16); };
+  int bn = 64;
+  for (int c : {128, 192, 256})
+    if (cost(c) <= cost(bn)) bn = c;
+  g.gy = (int)((a.Co + bn - 1) / bn);
+  const int64_t grid = patches * g.gy;
+  if (grid > INT32_MAX) return cudaSuccess;
+  auto even = [](const void *p, const int64_t *st) {
+    return ((uintptr_t)p & 3u) == 0 && st[0] % 2 == 0 && st[1] % 2 == 0 && st[2] % 2 == 0 && st[3] % 2 == 0;
+  };
+  g.pair = a.Co % 2 == 0 && even(a.out, a.os) && (!a.res || even(a.res, a.rs));
+  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
+  const CUtensorMapDataType ty = bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUtensorMap tx, tw;
+  const int64_t xd[5] = {a.Ci, a.W / up, a.H / up, a.T, a.N}, xst[4] = {a.xs[3] * 2, a.xs[2] * 2, a.xs[1] * 2, a.xs[0] * 2};
+  const int64_t wd[5] = {a.Ci, a.kw, a.kh, a.kt, a.Co}, wst[4] = {a.ws[3] * 2, a.ws[2] * 2, a.ws[1] * 2, a.ws[0] * 2};
+  const int xb[5] = {64, g.bw, 128 / g.bw, 1, 1};
+  auto go = [&](auto kernel, auto bnc) -> cudaError_t {
+    constexpr int BN = decltype(bnc)::value;
+    const int wb[5] = {64, 1, 1, 1, BN};
+    if (!tma_code<decltype(kernel)::value>(dev) || (size_t)CvTma<BN>::kBytes > device_smem_optin(dev) ||
+        !tmap_nd<5>(&tx, a.x, ty, xd, xst, xb) || !tmap_nd<5>(&tw, a.w, ty, wd, wst, wb))
+      return cudaSuccess;
+    const cudaError_t e = smem_opt_in<decltype(kernel)::value>(CvTma<BN>::kBytes, 0, dev);
+    if (e != cudaSuccess) return e;
+    decltype(kernel)::value<<<(unsigned)grid, CvTma<BN>::kThreads, CvTma<BN>::kBytes, s>>>(tx, tw, a, g);
+    *used = true;
+    return cudaGetLastError();
+  };
+#define FUSEDK__CV_TMA(BN)                                                                                          \
+  go(std::integral_constant<decltype(&conv_tma_kernel<T, BN>), conv_tma_kernel<T, BN>>{}, std::integral_constant<int, BN>{})
+  switch (bn) {
+    case 256: return FUSEDK__CV_TMA(256);
+    case 192: return FUSEDK__CV_TMA(192);
+    case 128: return FUSEDK__CV_TMA(128);
+    default: return FUSEDK__CV_TMA(64);
+  }
+#undef FUSEDK__CV_TMA
+}
+
 // Every element a strided view starts with is on a 16-byte boundary: the base and each of the n
 // strides (elements of es bytes). Where it holds (and the channels come in 8s), 16-byte vectors.
 inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) {
@@ -5968,6 +6200,9 @@ cudaError_t launch_conv(const fusedk__conv_args &a, cudaStream_t s, int dev) {
         decltype(kernel)::value<<<grid, kCvThreads, smem, s>>>(a);
         return cudaGetLastError();
       };
+      bool used = false;
+      const cudaError_t e = launch_conv_tma<T>(a, s, dev, &used);
+      if (e != cudaSuccess || used) return e;
       // FUSEDK_NO_TMA=1: the portable mma.sync kernel on Hopper too (its tests)
       const bool wg = !tma_disabled() && tma_code<conv_kernel<T, true, true>>(dev);
       if (vec) return wg ? go(std::integral_constant<decltype(&conv_kernel<T, true, true>), conv_kernel<T, true, true>>{})
@@ -6003,48 +6238,77 @@ __global__ void fold_kernel(const fusedk__fold_args a) {
   }
 }
 
-// group_norm in three launches (x read twice). gn_sums_kernel: block (n chunks + chunk, z) sums x - K over
-// its chunk of pixels, a thread a V-channel vector of one pixel lane (vectors z 256 .. + 256),
-// then the lanes of a vector are added in a fixed order: per channel float32 (S1, S2) into part
-// [N, chunks, C]. K: the first element of the channel's group in the sample's first pixel, so
-// S2 / n - (S1 / n)^2 keeps its cancellation small wherever a group's values sit.
-// gn_stats_kernel: a block a (n, g), the chunks' sums over the group's channels in double, in a
-// fixed order: (mean, rstd). gn_apply_kernel: the normalizing pass, a thread a vector.
+// group_norm in three launches (x read twice). gn_sums_kernel and gn_apply_kernel share a grid:
+// block (n chunks + chunk, z) walks its chunk of pixels, a thread a V-channel vector (vectors z 256
+// .. + 256) of one pixel lane, four pixels' loads in flight (gn_walk). The sums: x - K per channel
+// in float32 (S1, S2), the lanes of a vector added in a fixed order into part [N, chunks, C]. K:
+// the first element of the channel's group in the sample's first pixel, so S2 / n - (S1 / n)^2
+// keeps its cancellation small wherever a group's values sit. gn_stats_kernel: a block a (n, g),
+// the chunks' sums over the group's channels in double, in a fixed order: (mean, rstd). The apply:
+// each channel's scale and shift folded once a thread, (x - mean) A + B a pixel.
 constexpr int kGnThreads = 256;
 
 __device__ __forceinline__ int gn_lanes(int64_t cv) { return cv >= kGnThreads ? 1 : kGnThreads / (int)cv; }
+
+// the block's (sample, vector, lane) and f(p, x[p]) over its pixels p, in order per thread
+struct GnThread {
+  int64_t n, v, p0, p1;
+  int lanes, pl;
+  bool on;
+};
+template <int V> __device__ __forceinline__ GnThread gn_thread(const fusedk__gn_args &a, int64_t ppc, int64_t chunks) {
+  const int64_t cv = a.C / V, cvs = cv < kGnThreads ? cv : kGnThreads, chunk = blockIdx.x % chunks;
+  GnThread g;
+  g.n = blockIdx.x / chunks, g.lanes = gn_lanes(cv), g.pl = threadIdx.x / (int)cvs;
+  g.v = (int64_t)blockIdx.z * kGnThreads + threadIdx.x % cvs;
+  g.on = g.pl < g.lanes && g.v < cv;
+  const int64_t e1 = (chunk + 1) * ppc;
+  g.p0 = chunk * ppc + g.pl, g.p1 = e1 < a.L ? e1 : a.L;
+  return g;
+}
+template <typename T, int V, typename F>
+__device__ __forceinline__ void gn_walk(const GnThread &g, const T *x, int64_t xp, F &&f) {
+  if (!g.on) return;
+  int64_t p = g.p0;
+  for (; p + 3 * g.lanes < g.p1; p += 4 * g.lanes) {
+    float v[4][V];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) load<T, V>(x + (p + u * g.lanes) * xp, v[u]);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) f(p + u * g.lanes, v[u]);
+  }
+  for (; p < g.p1; p += g.lanes) {
+    float v[V];
+    load<T, V>(x + p * xp, v);
+    f(p, v);
+  }
+}
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_args a, int64_t ppc, int64_t chunks,
                                                              float2 *part) {
   __shared__ float2 red[kGnThreads][V];
-  const int64_t n = blockIdx.x / chunks, chunk = blockIdx.x % chunks, cv = a.C / V;
-  const int64_t cvs = cv < kGnThreads ? cv : kGnThreads;
-  const int lanes = gn_lanes(cv), tid = threadIdx.x, pl = tid / (int)cvs;
-  const int64_t v = (int64_t)blockIdx.z * kGnThreads + tid % cvs, cg = a.C / a.groups;
-  const bool on = pl < lanes && v < cv;
-  const T *x = static_cast<const T *>(a.x) + n * a.xs[0];
+  const GnThread g = gn_thread<V>(a, ppc, chunks);
+  const int64_t cg = a.C / a.groups, cvs = a.C / V < kGnThreads ? a.C / V : kGnThreads;
+  const T *x = static_cast<const T *>(a.x) + g.n * a.xs[0];
   float k[V], s1[V] = {}, s2[V] = {};
 #pragma unroll
-  for (int e = 0; e < V; ++e) k[e] = on ? to_f32<T>(x[(v * V + e) / cg * cg]) : 0.f;
-  const int64_t e1 = (chunk + 1) * ppc, p1 = e1 < a.L ? e1 : a.L;
-  for (int64_t p = chunk * ppc + pl; on && p < p1; p += lanes) {
-    float f[V];
-    load<T, V>(x + p * a.xs[1] + v * V, f);
+  for (int e = 0; e < V; ++e) k[e] = g.on ? to_f32<T>(x[(g.v * V + e) / cg * cg]) : 0.f;
+  gn_walk<T, V>(g, x + g.v * V, a.xs[1], [&](int64_t, const float(&f)[V]) {
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       const float d = f[e] - k[e];
       s1[e] += d, s2[e] = fmaf(d, d, s2[e]);
     }
-  }
+  });
 #pragma unroll
-  for (int e = 0; e < V; ++e) red[tid][e] = make_float2(s1[e], s2[e]);
+  for (int e = 0; e < V; ++e) red[threadIdx.x][e] = make_float2(s1[e], s2[e]);
   __syncthreads();
-  if (!on || pl) return;
-  for (int l = 1; l < lanes; ++l)
+  if (!g.on || g.pl) return;
+  for (int l = 1; l < g.lanes; ++l)
 #pragma unroll
-    for (int e = 0; e < V; ++e) s1[e] += red[tid + l * cvs][e].x, s2[e] += red[tid + l * cvs][e].y;
-  float2 *o = part + (int64_t)blockIdx.x * a.C + v * V; // part[n, chunk]
+    for (int e = 0; e < V; ++e) s1[e] += red[threadIdx.x + l * cvs][e].x, s2[e] += red[threadIdx.x + l * cvs][e].y;
+  float2 *o = part + (int64_t)blockIdx.x * a.C + g.v * V; // part[n, chunk]
 #pragma unroll
   for (int e = 0; e < V; ++e) o[e] = make_float2(s1[e], s2[e]);
 }
@@ -6055,12 +6319,19 @@ __global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_a
   __shared__ double red[2][kGnThreads];
   const int tid = threadIdx.x;
   const int64_t i = blockIdx.x, n = i / a.groups, g = i % a.groups, cg = a.C / a.groups;
-  double s1 = 0.0, s2 = 0.0;
-  for (int64_t k = tid; k < chunks * cg; k += kGnThreads) {
-    const float2 v = part[(n * chunks + k / cg) * a.C + g * cg + k % cg];
-    s1 += v.x, s2 += v.y;
+  double s1[4] = {}, s2[4] = {}; // four loads in flight a thread, added in a fixed order
+  const int64_t nk = chunks * cg;
+  for (int64_t k0 = tid; k0 < nk; k0 += 4 * kGnThreads) {
+    float2 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t k = k0 + u * kGnThreads;
+      v[u] = k < nk ? part[(n * chunks + k / cg) * a.C + g * cg + k % cg] : make_float2(0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) s1[u] += v[u].x, s2[u] += v[u].y;
   }
-  red[0][tid] = s1, red[1][tid] = s2;
+  red[0][tid] = (s1[0] + s1[1]) + (s1[2] + s1[3]), red[1][tid] = (s2[0] + s2[1]) + (s2[2] + s2[3]);
   __syncthreads();
   for (int o = kGnThreads / 2; o > 0; o /= 2) { // a fixed tree: the same bits every run
     if (tid < o) red[0][tid] += red[0][tid + o], red[1][tid] += red[1][tid + o];
@@ -6072,26 +6343,33 @@ __global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_a
   stats[i] = make_float2((float)(k + m), (float)(1.0 / sqrt(var + (double)a.eps)));
 }
 
-template <typename T, int V> __global__ void gn_apply_kernel(const fusedk__gn_args a, const float2 *stats) {
-  const int64_t cv = a.C / V, cg = a.C / a.groups;
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, v = i % cv, p = i / cv % a.L, n = i / cv / a.L;
-  if (n >= a.N) return;
-  float f[V];
-  load<T, V>(static_cast<const T *>(a.x) + n * a.xs[0] + p * a.xs[1] + v * V, f);
+template <typename T, int V>
+__global__ void __launch_bounds__(kGnThreads) gn_apply_kernel(const fusedk__gn_args a, int64_t ppc, int64_t chunks,
+                                                              const float2 *stats) {
+  const GnThread g = gn_thread<V>(a, ppc, chunks);
+  if (!g.on) return;
+  const int64_t cg = a.C / a.groups;
   const T *w = static_cast<const T *>(a.weight), *b = static_cast<const T *>(a.bias);
   const T *sc = static_cast<const T *>(a.scale), *sh = static_cast<const T *>(a.shift);
+  float mean[V], A[V], B[V]; // z = ((x - mean) rstd w + b)(1 + scale) + shift = (x - mean) A + B
 #pragma unroll
   for (int e = 0; e < V; ++e) {
-    const int64_t c = v * V + e;
-    const float2 st = stats[n * a.groups + c / cg];
-    float z = (f[e] - st.x) * st.y;
-    if (w) z *= to_f32<T>(w[c]);
-    if (b) z += to_f32<T>(b[c]);
-    if (sc) z *= 1.f + to_f32<T>(sc[n * a.ss[0] + c]);
-    if (sh) z += to_f32<T>(sh[n * a.ss[1] + c]);
-    f[e] = act_f32(z, a.act);
+    const int64_t c = g.v * V + e;
+    const float2 st = stats[g.n * a.groups + c / cg];
+    const float m = sc ? 1.f + to_f32<T>(sc[g.n * a.ss[0] + c]) : 1.f;
+    mean[e] = st.x, A[e] = st.y * (w ? to_f32<T>(w[c]) : 1.f) * m;
+    B[e] = (b ? to_f32<T>(b[c]) : 0.f) * m + (sh ? to_f32<T>(sh[g.n * a.ss[1] + c]) : 0.f);
   }
-  store_cs<T, V>(static_cast<T *>(a.y) + n * a.ys[0] + p * a.ys[1] + v * V, f);
+  T *y = static_cast<T *>(a.y) + g.n * a.ys[0] + g.v * V;
+  auto walk = [&](auto act) {
+    gn_walk<T, V>(g, static_cast<const T *>(a.x) + g.n * a.xs[0] + g.v * V, a.xs[1], [&](int64_t p, const float(&f)[V]) {
+      float z[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) z[e] = act_f32(fmaf(f[e] - mean[e], A[e], B[e]), decltype(act)::value);
+      store_cs<T, V>(y + p * a.ys[1], z);
+    });
+  };
+  with_act(a.act, walk);
 }
 
 StreamBuffers &gn_buffers() {
@@ -6113,8 +6391,13 @@ template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cud
   float2 *pp = static_cast<float2 *>(buf), *stats = pp + a.N * nchunks * a.C;
   gn_sums_kernel<T, V><<<dim3((unsigned)(a.N * nchunks), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, ppc, nchunks, pp);
   gn_stats_kernel<T><<<(unsigned)(a.N * a.groups), kGnThreads, 0, s>>>(a, nchunks, pp, stats);
-  const int64_t nv = a.N * a.L * cv;
-  gn_apply_kernel<T, V><<<(unsigned)((nv + 255) / 256), 256, 0, s>>>(a, stats);
+  // the apply in whole waves of the blocks an SM holds (two): a part-filled last wave would cost
+  // a whole block's time for a few blocks
+  const int64_t full = 2 * resident_blocks<gn_apply_kernel<T, V>>(dev, kGnThreads, 0) * (int64_t)device_sms(dev);
+  const int64_t ach = std::min(std::max<int64_t>(1, full / std::max<int64_t>(1, a.N * zb)), (a.L + lanes - 1) / lanes),
+                appc = (a.L + ach - 1) / ach, anch = (a.L + appc - 1) / appc;
+  if (a.N * anch > 2147483647) return cudaErrorInvalidConfiguration;
+  gn_apply_kernel<T, V><<<dim3((unsigned)(a.N * anch), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, appc, anch, stats);
   return cudaGetLastError();
 }
 

@@ -2507,6 +2507,14 @@ static void conv_cases(fusedk_scalar s) {
   run_conv(s, (conv_t){4, {2, 7, 9, 64}, {40, 3, 3, 64}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 2});   /* Upsample2D + conv */
   run_conv(s, (conv_t){4, {1, 5, 4, 12}, {8, 3, 3, 12}, 1, 1, 1, 0, 0, 2, N, 1, 1, 3, 0, 2});    /* element path */
   run_conv(s, (conv_t){5, {1, 3, 5, 6, 32}, {16, 1, 3, 3, 32}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 2}); /* Wan's frames */
+  /* patches the Hopper kernel takes (TMA boxes): each channel tile width, both tile tails, the
+     upsampled phases, causal zero and replicated frames, a 1x1 kernel */
+  run_conv(s, (conv_t){4, {2, 16, 24, 72}, {130, 3, 3, 72}, 1, 1, 1, 0, 0, 0, SILU, 1, 1, 0, 0, 1});
+  run_conv(s, (conv_t){4, {1, 20, 36, 64}, {64, 3, 3, 64}, 1, 1, 1, 0, 0, 0, FUSEDK_ACT_GELU, 1, 0, 0, 0, 2});
+  run_conv(s, (conv_t){5, {1, 5, 12, 20, 32}, {48, 3, 3, 3, 32}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0, 1});
+  run_conv(s, (conv_t){5, {2, 4, 16, 8, 24}, {96, 3, 3, 3, 24}, 1, 1, 1, 2, 0, 1, SILU, 1, 0, 0, 0, 1});
+  run_conv(s, (conv_t){4, {2, 16, 16, 256}, {512, 1, 1, 256}, 1, 0, 1, 0, 0, 0, N, 1, 1, 0, 0, 1});
+  run_conv(s, (conv_t){4, {1, 12, 16, 128}, {256, 3, 3, 128}, 1, 1, 1, 0, 0, 0, N, 0, 1, 8, 0, 2}); /* padded pixels */
   if (!small) {
     run_conv(s, (conv_t){4, {2, 64, 64, 320}, {320, 3, 3, 320}, 1, 1, 1, 0, 0, 0, SILU, 1, 0, 0, 0, 1}); /* the seed's */
     run_conv(s, (conv_t){5, {1, 3, 20, 24, 384}, {384, 3, 3, 3, 384}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0, 1});

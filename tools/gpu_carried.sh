@@ -6,14 +6,15 @@
 #   ninja -C build-gpu && mkdir -p .gpulib/b && cp build-gpu/{libfusedk.so,tests/test_gpu,fusedk_dit_block} .gpulib/b/
 # then the device tool's run with carry [".whl", ".gpulib"] and the command
 #   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-vae-flux]
-#                             [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi] [bench-norms] [vae] [demo]
+#                             [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi] [bench-norms] [vae] [profile] [demo]
 # conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma and, with
 # FUSEDK_NO_TMA=1, on mma.sync) and tests/python/test_conv.py; conv-units: those C units at the
 # small shapes only; fp8: the C units of the FP8 ops and the norms, test_fp8.py's GPU norm and
 # int8 tests; vae: test_diffusers_vae.py; bench-conv: bench/bench_conv.py --quick
 # (bench-conv-fast: without the torch.compile columns); bench-vae-KIND: bench/bench_vae.py --only
 # KIND (Wan without torch.compile); bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick
-# (the norms' FP8 forms against a copy); demo: the C DiT block. Logs and results in $OUT; a line
+# (the norms' FP8 forms against a copy); profile: bench/profile_conv.py under ncu, and its decode
+# table; demo: the C DiT block. Logs and results in $OUT; a line
 # a step in $OUT/summary.txt, printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,9 +62,16 @@ for what in "${@:-conv}"; do
       step "$what" 300 python3 bench/bench_vae.py --only "${what#bench-vae-}" $([ "$what" = bench-vae-wan ] &&
         echo --no-compile) --out "$OUT"
       grep -hE "ms, first call|failed" "$OUT/$what.txt" ;;
+    profile) # ncu over the conv layers and group_norm (one call each), then torch.profiler's table of a decode
+      step ncu 200 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
+        --section Occupancy --section WarpStateStats -k "regex:conv_tma|conv_kernel|gn_" --launch-count 14 \
+        python3 bench/profile_conv.py --layers
+      grep -E "^  [a-z_]+.*conv|^  gn_|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput" "$OUT/ncu.txt" | head -80
+      step prof-table 150 python3 bench/profile_conv.py --table
+      grep -A32 "^== " "$OUT/prof-table.txt" | cut -c1-150 ;;
     demo) step demo 60 "$B/fusedk_dit_block"
       tail -14 "$OUT/demo.txt" ;;
-    *) say "unknown step $what (conv-units, conv, fp8, vae, bench-conv-fast, bench-conv, bench-vae-KIND, bench-norms, demo)" ;;
+    *) say "unknown step $what (conv-units, conv, fp8, vae, bench-conv-fast, bench-conv, bench-vae-KIND, bench-norms, profile, demo)" ;;
   esac
 done
 cat "$OUT/summary.txt"

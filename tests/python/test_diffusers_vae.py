@@ -71,13 +71,13 @@ def make(config, dtype=torch.float32, device="cpu", seed=0, kind="AutoencoderKL"
 
 
 class Calls:
-    """counts fusedk's conv and norm calls and torch's stock conv3d and interpolate calls while it
-    is on"""
+    """counts fusedk's conv and norm calls and torch's stock conv3d, interpolate and silu calls
+    while it is on"""
 
     def __init__(self, monkeypatch):
-        self.n = {"fusedk": 0, "conv3d": 0, "interpolate": 0}
+        self.n = {"fusedk": 0, "conv3d": 0, "interpolate": 0, "silu": 0}
         for mod, name, key in ((fusedk, "conv", "fusedk"), (fusedk, "channel_rmsnorm", "fusedk"),
-                               (torch.nn.functional, "conv3d", "conv3d"),
+                               (torch.nn.functional, "conv3d", "conv3d"), (torch.nn.functional, "silu", "silu"),
                                (torch.nn.functional, "interpolate", "interpolate")):
             monkeypatch.setattr(mod, name, self.counted(getattr(mod, name), key))
 
@@ -108,9 +108,11 @@ def test_cpu_patched_decode_report_and_revert(monkeypatch):
     assert sum(c == "ResnetBlock2D" for c in names.values()) == 6  # the mid block 2, the up blocks 2 x (1 + 1)
     assert names.get("vae.decoder.conv_in") == "Conv2d" and names.get("vae.decoder.conv_out") == "Conv2d"
     assert names.get("vae.decoder.up_blocks.0.upsamplers.0") == "Upsample2D"
+    assert names.get("vae.decoder.conv_norm_out + conv_act") == "GroupNorm + SiLU"
     calls = Calls(monkeypatch)
     got = decode(vae, z)
     assert calls.n["interpolate"] == 0 and calls.n["fusedk"] > 0, calls.n  # the upsampling inside the conv
+    assert calls.n["silu"] == 0, calls.n  # every SiLU inside a norm
     monkeypatch.undo()
     assert got.shape == want.shape and rel(got, want) < 1e-5, rel(got, want)
     assert fd.revert(types.SimpleNamespace(transformer=torch.nn.Linear(2, 2), vae=vae)) == len(report.patched)
@@ -141,7 +143,9 @@ def test_cpu_hooks_float64_and_bad_input(monkeypatch):
     want = decode(vae, z)
     report = fd.apply(vae)  # every module the casting hooks wrap is left alone, and says why
     assert any("hooks" in why for _, _, why in report.skipped)
-    assert torch.equal(decode(vae, z), want)
+    # blocks with hooked modules inside run stock; the casting leaves norms alone, so the closing
+    # GroupNorm + SiLU runs fused (float32: the same values to rounding)
+    assert rel(decode(vae, z), want) < 1e-5
     fd.revert(vae)
     assert torch.equal(decode(vae, z), want)  # the hooks still there
     v64 = make(TINY).double()
@@ -172,11 +176,11 @@ def test_cpu_wan_decode_cache_report_and_revert(monkeypatch):
     names = dict(report.patched)
     for n in ("post_quant_conv", "decoder.conv_in", "decoder.conv_out", "decoder.up_blocks.0.upsamplers.0.time_conv"):
         assert names.get("vae." + n) == "WanCausalConv3d", n
-    assert names.get("vae.decoder.norm_out") == "WanRMS_norm"
+    assert names.get("vae.decoder.norm_out + nonlinearity") == "WanRMS_norm + SiLU"
     assert kinds.count("WanUpsample + Conv2d") == 3
     calls = Calls(monkeypatch)
     got = decode(vae, z)
-    assert calls.n["conv3d"] == calls.n["interpolate"] == 0 and calls.n["fusedk"] > 50, calls.n
+    assert calls.n["conv3d"] == calls.n["interpolate"] == calls.n["silu"] == 0 and calls.n["fusedk"] > 50, calls.n
     assert got.shape == want.shape == (1, 3, 9, 48, 40) and rel(got, want) < 1e-5, rel(got, want)
     monkeypatch.undo()
     assert fd.revert(vae) == len(report.patched)
@@ -303,8 +307,8 @@ def test_gpu_decode_error_against_float32(dtype):
     assert len(report.patched) > 10 and not report.skipped, report
     got = decode(vae, z.to(dtype))
     assert rel(got, exact) <= 1.5 * rel(stock, exact), (rel(got, exact), rel(stock, exact))
-    compiled = torch.compile(vae.decoder)
+    compiled = torch.compile(vae.decoder)  # the patched ops traced: the same contract
     with torch.no_grad():
-        assert rel(compiled(z.to(dtype)), got) < 1e-2
+        assert rel(compiled(z.to(dtype)), exact) <= 1.5 * rel(stock, exact)
     fd.revert(vae)
     assert torch.equal(decode(vae, z.to(dtype)), stock)

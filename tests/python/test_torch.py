@@ -245,13 +245,14 @@ def test_python_output_shapes_agree_with_the_c_rule():
         "fold_batchnorm": ({"w": (6, 3, 3, 5), "mean": (6,), "var": (6,)}, ()),
         "group_norm": ({"x": (2, 5, 4, 8)}, (4,)), "channel_rmsnorm": ({"x": (2, 3, 5, 4, 8)}, ()),
     }
-    for i, v in enumerate(((1, 0, 1, 0, 0), (2, 1, 2, 2, 1), (1, 1, 1, 2, 0))):  # videos: stride, pad, time
-        cases[f"conv{i}"] = ({"x": (1, 7, 9, 8, 4), "w": (3, 3, 3, 1, 4)}, v)
+    for i, v in enumerate(((1, 0, 1, 0, 0), (2, 1, 2, 2, 1), (1, 1, 1, 2, 0), (1, 1, 1, 2, 0, 0, 0, 2))):
+        cases[f"conv#{i}"] = ({"x": (1, 7, 9, 8, 4), "w": (3, 3, 3, 1, 4)}, v)  # videos: stride, pad, time, upsample
+    cases["conv#4"] = ({"x": (2, 9, 7, 5), "w": (6, 3, 3, 5)}, (1, 1, 1, 0, 0, 0, 0, 2))  # nearest 2x input
     for layout in (0, 1):
-        cases[f"qk_norm_rope{layout}"] = ({"q": qkv, "k": qkv, "v": qkv, "cos": (5, 8), "sin": (5, 8)},
+        cases[f"qk_norm_rope#{layout}"] = ({"q": qkv, "k": qkv, "v": qkv, "cos": (5, 8), "sin": (5, 8)},
                                           (1e-6, 0, 0, layout, 0))
     for key, (named, attrs) in cases.items():
-        o = _core.OPS[next(i for i, op in enumerate(_core.OPS) if op.name == key.rstrip("012"))]
+        o = _core.OPS[next(i for i, op in enumerate(_core.OPS) if op.name == key.split("#")[0])]
         shapes = [named.get(t[0]) for t in o.tensors]
         values = o.values(attrs)
         for i, _, _ in o.outputs:

@@ -234,8 +234,9 @@ class Op:
             return (like[0], like[1] + (b[0] if len(b) == 3 else 1) * ((b[-1] + 7) // 8 * 8))
         if n == "conv":  # [N, (To,) Ho, Wo, Co] (fusedk__conv_geometry)
             stride, pad, stride_t, pad_t, pad_t_back = (int(v) for v in values[:5])
-            w, v = shapes[2], len(like) == 5
-            sp = tuple((d + 2 * pad - k) // stride + 1 if d else 0 for d, k in zip(like[1 + v:3 + v], w[1 + v:3 + v]))
+            w, v, up = shapes[2], len(like) == 5, max(int(values[7]), 1)  # H, W of x upsampled by up
+            sp = tuple((d * up + 2 * pad - k) // stride + 1 if d else 0
+                       for d, k in zip(like[1 + v:3 + v], w[1 + v:3 + v]))
             t = ((like[1] + pad_t + pad_t_back - w[1]) // stride_t + 1 if like[1] else 0,) if v else ()
             return (like[0],) + t + sp + (w[0],)
         if n == "lowrank_update":  # x's rows of K2 (u_t's columns)

@@ -25,10 +25,13 @@ frames of each conv's input. Per LTXVideoResnetBlock3d:
 The upsamplers' nearest 2x + conv (Upsample2D; Wan's resample Sequential) run as one
 conv(upsample=2), the upsampled image never written. Every other conv of the decoder (conv_in,
 the time convs, LTX's upsampler convs, conv_out, the attention's 1x1s) and the VAE's
-post_quant_conv run as fusedk.conv, Wan's other RMSNorms as fusedk.channel_rmsnorm. Activations flow in channels-last memory (a tensor NC[T]HW
-to torch, N[T]HWC to fusedk: a permuted view, no copy); an input in another layout is made
-channels-last once, at the first patched module. The attention of the mid block, LTX's and
-Mochi's depth-to-space reshapes and projections and the final norms stay torch's.
+post_quant_conv run as fusedk.conv, Wan's other RMSNorms as fusedk.channel_rmsnorm. The closing
+norm and SiLU (AutoencoderKL's conv_norm_out + conv_act, Wan's norm_out + nonlinearity) run as one group_norm or
+channel_rmsnorm with act="silu": the norm module applies the SiLU and the SiLU module passes its
+input on. Activations flow in channels-last memory (a tensor NC[T]HW to torch, N[T]HWC to fusedk:
+a permuted view, no copy); an input in another layout is made channels-last once, at the first
+patched module. The attention of the mid block, LTX's and Mochi's depth-to-space reshapes and
+projections and their final norms stay torch's.
 
 A module runs its stock forward when fusedk cannot reproduce the call: CUDA tensors other than
 float16/bfloat16 (the conv kernel's), parameters of another dtype than the input, autograd
@@ -451,6 +454,41 @@ def _up_forward(self, x, output_size=None, *args, **kwargs):
     return fusedk.conv(_cl(x), _weight(c), c.bias, stride=c.stride[0], padding=c.padding[0], upsample=2).movedim(-1, 1)
 
 
+# The decoder's closing norm and the SiLU after it: the norm applies the SiLU itself (fused, or
+# stock where fusedk does not run the call) and the SiLU module passes its input on
+
+
+def _gn_silu_forward(self, x):
+    if not _runs(x, self) or x.dim() != 4:
+        return torch.nn.functional.silu(type(self).forward(self, x))
+    return fusedk.group_norm(_cl(x), self.num_groups, self.weight, self.bias, self.eps, act="silu").movedim(-1, 1)
+
+
+def _rms_silu_forward(self, x):
+    if not _runs(x, self) or x.shape[1] != self.gamma.shape[0]:
+        return torch.nn.functional.silu(type(self).forward(self, x))
+    return _rms(self, _cl(x), "silu").movedim(-1, 1)
+
+
+def _passes(self, x):
+    return x
+
+
+def _tail(vae):
+    """(name, label, norm, act, the norm's forward) of the decoder's closing norm + SiLU where
+    fusedk fuses them, else None"""
+    d = vae.decoder
+    if type(vae).__name__ == "AutoencoderKLWan":  # WanDecoder3d's nonlinearity serves its head alone
+        n, a = getattr(d, "norm_out", None), getattr(d, "nonlinearity", None)
+        if type(d).__name__ == "WanDecoder3d" and type(a) is torch.nn.SiLU and not _rms_why_not(n):
+            return "decoder.norm_out + nonlinearity", "WanRMS_norm + SiLU", n, a, _rms_silu_forward
+        return None
+    n, a = getattr(d, "conv_norm_out", None), getattr(d, "conv_act", None)
+    if type(vae).__name__ == "AutoencoderKL" and type(n) is torch.nn.GroupNorm and n.affine and type(a) is torch.nn.SiLU:
+        return "decoder.conv_norm_out + conv_act", "GroupNorm + SiLU", n, a, _gn_silu_forward
+    return None
+
+
 def _is(kind):
     return lambda m: type(m).__name__ == kind
 
@@ -479,7 +517,7 @@ def apply(vae, prefix, report):
     """Patches vae's decoder (and post_quant_conv); adds what it did to report."""
     if getattr(vae, "_fusedk_vae", None) is not None:
         return
-    patched, stored = [], []
+    patched, stored, passes = [], [], []
     mods = [("post_quant_conv", getattr(vae, "post_quant_conv", None))] + [
         ("decoder." + n if n else "decoder", m) for n, m in vae.decoder.named_modules()]
     dot = prefix + "." if prefix else ""
@@ -497,9 +535,21 @@ def apply(vae, prefix, report):
         patched.append(m)
         inside.update(id(c) for c in m.modules() if c is not m)
         report.patched.append((dot + name, block[0]))
+    tail = _tail(vae)
+    if tail is not None:
+        name, label, norm, act, fwd = tail
+        why = _hooked(norm) or _hooked(act)
+        if why:
+            report.skipped.append((dot + name, label, why))
+        else:
+            norm.forward, act.forward = types.MethodType(fwd, norm), types.MethodType(_passes, act)
+            patched.append(norm)  # (one entry of the report: act goes with it)
+            passes.append(act)
+            inside.update((id(norm), id(act)))
+            report.patched.append((dot + name, label))
     for name, m in mods:
         single = next((t for t in singles if m is not None and type(m).__name__ == t[0]), None)
-        if single is None:
+        if single is None or (tail is not None and m is tail[2]):
             continue
         why = single[1](m) or _hooked(m)
         if why:
@@ -515,7 +565,7 @@ def apply(vae, prefix, report):
             if w is not None and not w.is_contiguous(memory_format=_CL[w.dim()]):
                 c.weight.data = w.data.contiguous(memory_format=_CL[w.dim()])
                 stored.append(c)
-    vae._fusedk_vae = (patched, stored)
+    vae._fusedk_vae = (patched, stored, passes)
 
 
 def revert(vae):
@@ -524,8 +574,8 @@ def revert(vae):
     st = vars(vae).pop("_fusedk_vae", None)
     if st is None:
         return 0
-    patched, stored = st
-    for m in patched:
+    patched, stored, passes = st
+    for m in patched + passes:
         vars(m).pop("forward", None)
     for c in stored:
         c.weight.data = c.weight.data.contiguous()

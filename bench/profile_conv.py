@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""[conv] Where a patched Flux VAE decode spends its time, and the conv layers one call each for
+ncu. `--table`: torch.profiler's CUDA time by kernel over one patched decode at 1024^2 (Flux's
+AutoencoderKL, bf16, random weights) and over one stock torch.compile decode, top rows of each.
+`--layers`: one fusedk.conv (and group_norm) call per listed shape after a warm-up, for
+`ncu -k regex:conv_tma|gn_ --launch-skip ...` to read. Writes nothing; prints."""
+import argparse
+
+import bench_vae
+
+
+def table(torch, fd, diffusers, rows):
+    def make():
+        torch.manual_seed(0)
+        return diffusers.AutoencoderKL(**bench_vae.FLUX).eval().to(device="cuda", dtype=torch.bfloat16)
+    z = torch.randn(1, 16, 128, 128, device="cuda", dtype=torch.bfloat16)
+    for name in ("patched eager", "stock compile"):
+        vae = make()
+        if name == "patched eager":
+            fd.apply(vae)
+            run = lambda: vae.decode(z).sample  # noqa: E731
+        else:
+            dec = torch.compile(vae.decoder)
+            run = lambda: dec(z)  # noqa: E731
+        with torch.no_grad():
+            for _ in range(3):
+                run()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                run()
+                torch.cuda.synchronize()
+        print(f"== {name}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
+        del vae
+        torch.cuda.empty_cache()
+
+
+def layers(torch, fusedk):
+    BF = torch.bfloat16
+    for N, C, H, Co, k, up in ((8, 128, 128, 128, 3, 1), (1, 512, 256, 512, 3, 1), (1, 512, 128, 512, 3, 2),
+                               (1, 128, 1024, 3, 3, 1)):
+        x = torch.randn(N, H, H, C, device="cuda", dtype=BF)
+        w = torch.randn(Co, k, k, C, device="cuda", dtype=BF) / (k * k * C) ** 0.5
+        for _ in range(2):
+            fusedk.conv(x, w, None, padding=k // 2, upsample=up)
+        torch.cuda.synchronize()
+        print(f"conv N{N} C{C} {H}^2 -> {Co} k{k} up{up}", flush=True)
+    x = torch.randn(1, 256, 256, 512, device="cuda", dtype=BF)
+    for _ in range(2):
+        fusedk.group_norm(x, 32, act="silu")
+    torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--layers", action="store_true")
+    ap.add_argument("--rows", type=int, default=25)
+    args = ap.parse_args()
+    import diffusers
+    import torch
+
+    import fusedk
+    import fusedk.diffusers as fd
+    torch.backends.cudnn.benchmark = True
+    if args.layers:
+        layers(torch, fusedk)
+    if args.table:
+        table(torch, fd, diffusers, args.rows)
+
+
+if __name__ == "__main__":
+    main()
