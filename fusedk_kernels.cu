@@ -5986,12 +5986,13 @@ template <int BN> struct CvTma {
   // registers a thread: the launch's, the producer's, and what the producer gives the consumers
   static constexpr int kThreads = 384, kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 40,
                        kRegs = std::min(240, (kLaunchRegs * 3 - kProdRegs) / 2 / 8 * 8);
+  static_assert(kRegs * 2 + kProdRegs <= kLaunchRegs * 3 && kRegs >= kLaunchRegs,
+                "setmaxnreg: the consumers' registers come from those the producer releases");
 };
 struct CvTile { // the grid's order, fastest first: channel tile, patch column, patch row, phase, frame
   int64_t tiles_w, tiles_h;
   int bw, up, gy, pair; // pair: out (and res) take 4-byte pairs of channels
 };
-__host__ __device__ constexpr int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 template <typename T, int BN>
 __global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
@@ -6024,6 +6025,7 @@ __global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
     if (threadIdx.x) return;
     // one thread walks the taps (frame, row, column) and each tap's channel chunks with counters:
     // a k step costs it a wait, two adds and two copies, so it keeps ahead of the products
+    auto floor_div = [](int v, int d) { return v >= 0 ? v / d : -((-v + d - 1) / d); };
     asm volatile("prefetch.tensormap [%0];" ::"l"(&tx) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(&tw) : "memory");
     int q = 0;
@@ -6110,18 +6112,22 @@ __global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
   const bool whole = g.pair && co0 + BN <= a.Co;
   auto run = [&](auto act) { whole ? epilogue(act, std::true_type{}) : epilogue(act, std::false_type{}); };
   with_act(a.act, run);
+#else
+  __trap(); // never launched without sm_90a code (launch_conv_tma's tma_code): loud if it were
 #endif
 }
 
 // The Hopper kernel where it applies: sm_90a code on the device, FUSEDK_NO_TMA unset, stride 1,
-// zero (or time-replicated) padding, channels in 8s, TMA can describe x and w, and the patch
-// tiles waste under half their rows. *used says.
+// zero (or time-replicated) padding, channels in 8s, whole phases (Ho, Wo and x's H, W multiples
+// of up), sizes that TMA's int32 coordinates hold, TMA can describe x and w, and the patch tiles
+// waste under half their rows. *used says.
 template <typename T>
 cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev, bool *used) {
   *used = false;
   const int up = a.up > 1 ? a.up : 1;
   if (tma_disabled() || a.stride != 1 || a.stride_t != 1 || (a.replicate & 2) || a.Ci % 8 ||
-      a.H % up || a.W % up || a.Ho % up || a.Wo % up || a.N > INT32_MAX || a.T > INT32_MAX || a.Co > INT32_MAX)
+      a.H % up || a.W % up || a.Ho % up || a.Wo % up || a.N > INT32_MAX || a.T > INT32_MAX || a.Co > INT32_MAX ||
+      a.To > INT32_MAX || a.Ho > INT32_MAX || a.Wo > INT32_MAX)
     return cudaSuccess;
   const int64_t Hp = a.Ho / up, Wp = a.Wo / up;
   CvTile g{0, 0, 0, up, 0, 0};
@@ -6391,10 +6397,11 @@ template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cud
   float2 *pp = static_cast<float2 *>(buf), *stats = pp + a.N * nchunks * a.C;
   gn_sums_kernel<T, V><<<dim3((unsigned)(a.N * nchunks), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, ppc, nchunks, pp);
   gn_stats_kernel<T><<<(unsigned)(a.N * a.groups), kGnThreads, 0, s>>>(a, nchunks, pp, stats);
-  // the apply in whole waves of the blocks an SM holds (two): a part-filled last wave would cost
-  // a whole block's time for a few blocks
-  const int64_t full = 2 * resident_blocks<gn_apply_kernel<T, V>>(dev, kGnThreads, 0) * (int64_t)device_sms(dev);
-  const int64_t ach = std::min(std::max<int64_t>(1, full / std::max<int64_t>(1, a.N * zb)), (a.L + lanes - 1) / lanes),
+  // the apply in at least two waves of the blocks the SMs hold, whole waves where one sample's
+  // blocks divide them: a part-filled last wave costs a whole block's time for a few blocks
+  const int64_t full = 2 * resident_blocks<gn_apply_kernel<T, V>>(dev, kGnThreads, 0) * (int64_t)device_sms(dev),
+                per = std::max<int64_t>(1, a.N * zb);
+  const int64_t ach = std::min(std::max<int64_t>(1, (full + per - 1) / per), (a.L + lanes - 1) / lanes),
                 appc = (a.L + ach - 1) / ach, anch = (a.L + appc - 1) / appc;
   if (a.N * anch > 2147483647) return cudaErrorInvalidConfiguration;
   gn_apply_kernel<T, V><<<dim3((unsigned)(a.N * anch), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, appc, anch, stats);

@@ -312,3 +312,20 @@ def test_gpu_decode_error_against_float32(dtype):
         assert rel(compiled(z.to(dtype)), exact) <= 1.5 * rel(stock, exact)
     fd.revert(vae)
     assert torch.equal(decode(vae, z.to(dtype)), stock)
+
+
+def test_cpu_tail_with_a_hooked_silu_leaves_the_pair_and_patches_the_norm():
+    """the closing norm + SiLU fuse only as a pair: a hooked SiLU leaves both modules' forwards to
+    the SiLU's hook and the norm patched on its own (Wan's norm_out as any other WanRMS_norm)"""
+    vae = make(WAN_TINY, kind="AutoencoderKLWan")
+    z = torch.randn(1, 4, 2, 6, 5)
+    want = decode(vae, z)
+    vae.decoder.nonlinearity._hf_hook = object()  # accelerate's marker: the module is someone else's
+    report = fd.apply(vae)
+    names = dict(report.patched)
+    assert names.get("decoder.norm_out") == "WanRMS_norm", report
+    assert [k for n, k, _ in report.skipped if n == "decoder.norm_out + nonlinearity"] == ["WanRMS_norm + SiLU"]
+    assert "forward" not in vars(vae.decoder.nonlinearity)
+    assert rel(decode(vae, z), want) < 1e-5
+    fd.revert(vae)
+    assert "forward" not in vars(vae.decoder.norm_out)

@@ -26,10 +26,11 @@ The upsamplers' nearest 2x + conv (Upsample2D; Wan's resample Sequential) run as
 conv(upsample=2), the upsampled image never written. Every other conv of the decoder (conv_in,
 the time convs, LTX's upsampler convs, conv_out, the attention's 1x1s) and the VAE's
 post_quant_conv run as fusedk.conv, Wan's other RMSNorms as fusedk.channel_rmsnorm. The closing
-norm and SiLU (AutoencoderKL's conv_norm_out + conv_act, Wan's norm_out + nonlinearity) run as one group_norm or
-channel_rmsnorm with act="silu": the norm module applies the SiLU and the SiLU module passes its
-input on. Activations flow in channels-last memory (a tensor NC[T]HW to torch, N[T]HWC to fusedk:
-a permuted view, no copy); an input in another layout is made channels-last once, at the first
+norm and SiLU (AutoencoderKL's conv_norm_out + conv_act, Wan's norm_out + nonlinearity) run as one
+group_norm or channel_rmsnorm with act="silu": the norm module applies the SiLU and the SiLU
+module passes its input on (a torch hook on that norm sees its output after the SiLU).
+Activations flow in channels-last memory (a tensor NC[T]HW to torch, N[T]HWC to fusedk: a
+permuted view, no copy); an input in another layout is made channels-last once, at the first
 patched module. The attention of the mid block, LTX's and Mochi's depth-to-space reshapes and
 projections and their final norms stay torch's.
 
@@ -535,7 +536,7 @@ def apply(vae, prefix, report):
         patched.append(m)
         inside.update(id(c) for c in m.modules() if c is not m)
         report.patched.append((dot + name, block[0]))
-    tail = _tail(vae)
+    tail, fused_tail = _tail(vae), None
     if tail is not None:
         name, label, norm, act, fwd = tail
         why = _hooked(norm) or _hooked(act)
@@ -547,9 +548,10 @@ def apply(vae, prefix, report):
             passes.append(act)
             inside.update((id(norm), id(act)))
             report.patched.append((dot + name, label))
+            fused_tail = norm
     for name, m in mods:
         single = next((t for t in singles if m is not None and type(m).__name__ == t[0]), None)
-        if single is None or (tail is not None and m is tail[2]):
+        if single is None or m is fused_tail:
             continue
         why = single[1](m) or _hooked(m)
         if why:
