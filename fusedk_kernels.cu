@@ -5969,6 +5969,16 @@ __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_arg
   }
 }
 
+// Every element a strided view starts with is on a b-byte boundary: the base and each of the n
+// strides (elements of es bytes). vec16: where it holds (and the channels come in 8s), 16-byte
+// vectors.
+inline bool on_grid(const void *p, const int64_t *st, int n, int64_t es, int64_t b) {
+  bool ok = (uintptr_t)p % (uintptr_t)b == 0;
+  for (int i = 0; i < n; ++i) ok = ok && st[i] * es % b == 0;
+  return ok;
+}
+inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) { return on_grid(p, st, n, es, 16); }
+
 // Hopper path (sm_90a, conv_tma_kernel): an output tile is 128 pixels of one frame, a bh x bw
 // patch (CvTile: the shape that wastes fewest rows), by BN output channels. A k step is one tap's
 // 64 channels: A is the TMA box of the input patch that tap reads (the output patch shifted by
@@ -5991,7 +6001,7 @@ template <int BN> struct CvTma {
 };
 struct CvTile { // the grid's order, fastest first: channel tile, patch column, patch row, phase, frame
   int64_t tiles_w, tiles_h;
-  int bw, up, gy, pair; // pair: out (and res) take 4-byte pairs of channels
+  int bw, up, gy, pair; // pair: out takes 4-byte pairs of channels
 };
 
 template <typename T, int BN>
@@ -6147,10 +6157,7 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   g.gy = (int)((a.Co + bn - 1) / bn);
   const int64_t grid = patches * g.gy;
   if (grid > INT32_MAX) return cudaSuccess;
-  auto even = [](const void *p, const int64_t *st) {
-    return ((uintptr_t)p & 3u) == 0 && st[0] % 2 == 0 && st[1] % 2 == 0 && st[2] % 2 == 0 && st[3] % 2 == 0;
-  };
-  g.pair = a.Co % 2 == 0 && even(a.out, a.os) && (!a.res || even(a.res, a.rs));
+  g.pair = a.Co % 2 == 0 && on_grid(a.out, a.os, 4, 2, 4);
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   const CUtensorMapDataType ty = bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap tx, tw;
@@ -6178,14 +6185,6 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
     default: return FUSEDK__CV_TMA(64);
   }
 #undef FUSEDK__CV_TMA
-}
-
-// Every element a strided view starts with is on a 16-byte boundary: the base and each of the n
-// strides (elements of es bytes). Where it holds (and the channels come in 8s), 16-byte vectors.
-inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) {
-  bool ok = aligned16(p);
-  for (int i = 0; i < n; ++i) ok = ok && st[i] * es % 16 == 0;
-  return ok;
 }
 
 cudaError_t launch_conv(const fusedk__conv_args &a, cudaStream_t s, int dev) {
@@ -6259,13 +6258,13 @@ __device__ __forceinline__ int gn_lanes(int64_t cv) { return cv >= kGnThreads ? 
 // the block's (sample, vector, lane) and f(p, x[p]) over its pixels p, in order per thread
 struct GnThread {
   int64_t n, v, p0, p1;
-  int lanes, pl;
+  int lanes, pl, cvs; // cvs: the vectors a lane round covers (a pixel's, at most the block's)
   bool on;
 };
 template <int V> __device__ __forceinline__ GnThread gn_thread(const fusedk__gn_args &a, int64_t ppc, int64_t chunks) {
   const int64_t cv = a.C / V, cvs = cv < kGnThreads ? cv : kGnThreads, chunk = blockIdx.x % chunks;
   GnThread g;
-  g.n = blockIdx.x / chunks, g.lanes = gn_lanes(cv), g.pl = threadIdx.x / (int)cvs;
+  g.n = blockIdx.x / chunks, g.lanes = gn_lanes(cv), g.cvs = (int)cvs, g.pl = threadIdx.x / (int)cvs;
   g.v = (int64_t)blockIdx.z * kGnThreads + threadIdx.x % cvs;
   g.on = g.pl < g.lanes && g.v < cv;
   const int64_t e1 = (chunk + 1) * ppc;
@@ -6295,7 +6294,7 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
                                                              float2 *part) {
   __shared__ float2 red[kGnThreads][V];
   const GnThread g = gn_thread<V>(a, ppc, chunks);
-  const int64_t cg = a.C / a.groups, cvs = a.C / V < kGnThreads ? a.C / V : kGnThreads;
+  const int64_t cg = a.C / a.groups;
   const T *x = static_cast<const T *>(a.x) + g.n * a.xs[0];
   float k[V], s1[V] = {}, s2[V] = {};
 #pragma unroll
@@ -6313,7 +6312,7 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
   if (!g.on || g.pl) return;
   for (int l = 1; l < g.lanes; ++l)
 #pragma unroll
-    for (int e = 0; e < V; ++e) s1[e] += red[threadIdx.x + l * cvs][e].x, s2[e] += red[threadIdx.x + l * cvs][e].y;
+    for (int e = 0; e < V; ++e) s1[e] += red[threadIdx.x + l * g.cvs][e].x, s2[e] += red[threadIdx.x + l * g.cvs][e].y;
   float2 *o = part + (int64_t)blockIdx.x * a.C + g.v * V; // part[n, chunk]
 #pragma unroll
   for (int e = 0; e < V; ++e) o[e] = make_float2(s1[e], s2[e]);
@@ -6383,13 +6382,28 @@ StreamBuffers &gn_buffers() {
   return *b;
 }
 
+// a sample's L pixels in about `want` chunks (at least one, none below a lane round): the
+// pixels a chunk and the chunks
+struct GnSplit {
+  int64_t ppc, chunks;
+};
+inline GnSplit gn_split(int64_t L, int64_t lanes, int64_t want) {
+  const int64_t c = std::min(std::max<int64_t>(1, want), (L + lanes - 1) / lanes), ppc = (L + c - 1) / c;
+  return {ppc, (L + ppc - 1) / ppc};
+}
+
 template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cudaStream_t s, int dev) {
   const int64_t cv = a.C / V, zb = (cv + kGnThreads - 1) / kGnThreads, lanes = cv >= kGnThreads ? 1 : kGnThreads / cv;
-  // about four blocks an SM for the sums, chunks of whole lane rounds
-  const int64_t want = std::max<int64_t>(1, 4 * (int64_t)device_sms(dev) / std::max<int64_t>(1, a.N * zb));
-  const int64_t chunks = std::min(want, (a.L + lanes - 1) / lanes), ppc = (a.L + chunks - 1) / chunks;
-  const int64_t nchunks = (a.L + ppc - 1) / ppc;
-  if (a.N * nchunks > 2147483647 || a.N * a.groups > 2147483647 || zb > 65535) return cudaErrorInvalidConfiguration;
+  const int64_t per = std::max<int64_t>(1, a.N * zb), sms = device_sms(dev);
+  // the sums: about four blocks an SM. The apply: at least two waves of the blocks the SMs hold,
+  // whole waves where one sample's blocks divide them (a part-filled last wave costs a whole
+  // block's time for a few blocks)
+  const GnSplit sp = gn_split(a.L, lanes, 4 * sms / per);
+  const int64_t full = 2 * resident_blocks<gn_apply_kernel<T, V>>(dev, kGnThreads, 0) * sms;
+  const GnSplit ap = gn_split(a.L, lanes, (full + per - 1) / per);
+  const int64_t nchunks = sp.chunks, ppc = sp.ppc;
+  if (a.N * std::max(nchunks, ap.chunks) > 2147483647 || a.N * a.groups > 2147483647 || zb > 65535)
+    return cudaErrorInvalidConfiguration;
   void *buf = nullptr;
   const size_t part = (size_t)(a.N * nchunks * a.C) * sizeof(float2);
   cudaError_t e = gn_buffers().get(dev, s, part + (size_t)(a.N * a.groups) * sizeof(float2), 0, &buf);
@@ -6397,14 +6411,8 @@ template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cud
   float2 *pp = static_cast<float2 *>(buf), *stats = pp + a.N * nchunks * a.C;
   gn_sums_kernel<T, V><<<dim3((unsigned)(a.N * nchunks), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, ppc, nchunks, pp);
   gn_stats_kernel<T><<<(unsigned)(a.N * a.groups), kGnThreads, 0, s>>>(a, nchunks, pp, stats);
-  // the apply in at least two waves of the blocks the SMs hold, whole waves where one sample's
-  // blocks divide them: a part-filled last wave costs a whole block's time for a few blocks
-  const int64_t full = 2 * resident_blocks<gn_apply_kernel<T, V>>(dev, kGnThreads, 0) * (int64_t)device_sms(dev),
-                per = std::max<int64_t>(1, a.N * zb);
-  const int64_t ach = std::min(std::max<int64_t>(1, (full + per - 1) / per), (a.L + lanes - 1) / lanes),
-                appc = (a.L + ach - 1) / ach, anch = (a.L + appc - 1) / appc;
-  if (a.N * anch > 2147483647) return cudaErrorInvalidConfiguration;
-  gn_apply_kernel<T, V><<<dim3((unsigned)(a.N * anch), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, appc, anch, stats);
+  gn_apply_kernel<T, V><<<dim3((unsigned)(a.N * ap.chunks), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, ap.ppc, ap.chunks,
+                                                                                                stats);
   return cudaGetLastError();
 }
 

@@ -234,7 +234,7 @@ class Op:
             return (like[0], like[1] + (b[0] if len(b) == 3 else 1) * ((b[-1] + 7) // 8 * 8))
         if n == "conv":  # [N, (To,) Ho, Wo, Co] (fusedk__conv_geometry)
             stride, pad, stride_t, pad_t, pad_t_back = (int(v) for v in values[:5])
-            w, v, up = shapes[2], len(like) == 5, max(int(values[7]), 1)  # H, W of x upsampled by up
+            w, v, up = shapes[2], len(like) == 5, int(values[7])  # H, W of x upsampled by up
             sp = tuple((d * up + 2 * pad - k) // stride + 1 if d else 0
                        for d, k in zip(like[1 + v:3 + v], w[1 + v:3 + v]))
             t = ((like[1] + pad_t + pad_t_back - w[1]) // stride_t + 1 if like[1] else 0,) if v else ()

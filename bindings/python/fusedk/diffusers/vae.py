@@ -282,10 +282,11 @@ def _causal_forward(self, x, cache_x=None):
     return _causal(self, buf, n).movedim(-1, 1)
 
 
-def _rms_forward(self, x):
+def _rms_forward(self, x, act="none"):
     if not _runs(x, self) or x.shape[1] != self.gamma.shape[0]:
-        return type(self).forward(self, x)
-    return _rms(self, _cl(x), "none").movedim(-1, 1)
+        y = type(self).forward(self, x)
+        return torch.nn.functional.silu(y) if act == "silu" else y
+    return _rms(self, _cl(x), act).movedim(-1, 1)
 
 
 def _wan_step(conv, norm, x, feat_cache, feat_idx, residual=None):
@@ -466,9 +467,7 @@ def _gn_silu_forward(self, x):
 
 
 def _rms_silu_forward(self, x):
-    if not _runs(x, self) or x.shape[1] != self.gamma.shape[0]:
-        return torch.nn.functional.silu(type(self).forward(self, x))
-    return _rms(self, _cl(x), "silu").movedim(-1, 1)
+    return _rms_forward(self, x, "silu")
 
 
 def _passes(self, x):
