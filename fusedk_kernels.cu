@@ -1092,13 +1092,14 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 // holding n8 tile t (FUSEDK__WG_C); and their placeholders in the instruction (FUSEDK__WG_D of
 // FUSEDK__WG_P). Each width's lists extend the next narrower width's.
 #define FUSEDK__WG_R(k, t) k(d[t][0]), k(d[t][1]), k(d[t][2]), k(d[t][3])
+#define FUSEDK__WG_C16(k) FUSEDK__WG_R(k, 0), FUSEDK__WG_R(k, 1)
 #define FUSEDK__WG_C64(k) \
-  FUSEDK__WG_R(k, 0), FUSEDK__WG_R(k, 1), FUSEDK__WG_R(k, 2), FUSEDK__WG_R(k, 3), \
+  FUSEDK__WG_C16(k), FUSEDK__WG_R(k, 2), FUSEDK__WG_R(k, 3), \
   FUSEDK__WG_R(k, 4), FUSEDK__WG_R(k, 5), FUSEDK__WG_R(k, 6), FUSEDK__WG_R(k, 7)
 #define FUSEDK__WG_C80(k) FUSEDK__WG_C64(k), FUSEDK__WG_R(k, 8), FUSEDK__WG_R(k, 9)
+#define FUSEDK__WG_C96(k) FUSEDK__WG_C80(k), FUSEDK__WG_R(k, 10), FUSEDK__WG_R(k, 11)
 #define FUSEDK__WG_C128(k) \
-  FUSEDK__WG_C80(k), FUSEDK__WG_R(k, 10), FUSEDK__WG_R(k, 11), FUSEDK__WG_R(k, 12), FUSEDK__WG_R(k, 13), \
-  FUSEDK__WG_R(k, 14), FUSEDK__WG_R(k, 15)
+  FUSEDK__WG_C96(k), FUSEDK__WG_R(k, 12), FUSEDK__WG_R(k, 13), FUSEDK__WG_R(k, 14), FUSEDK__WG_R(k, 15)
 #define FUSEDK__WG_C192(k) \
   FUSEDK__WG_C128(k), \
   FUSEDK__WG_R(k, 16), FUSEDK__WG_R(k, 17), FUSEDK__WG_R(k, 18), FUSEDK__WG_R(k, 19), \
@@ -1107,13 +1108,14 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
   FUSEDK__WG_C192(k), \
   FUSEDK__WG_R(k, 24), FUSEDK__WG_R(k, 25), FUSEDK__WG_R(k, 26), FUSEDK__WG_R(k, 27), \
   FUSEDK__WG_R(k, 28), FUSEDK__WG_R(k, 29), FUSEDK__WG_R(k, 30), FUSEDK__WG_R(k, 31)
+#define FUSEDK__WG_P16 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define FUSEDK__WG_P64 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  FUSEDK__WG_P16 ", %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FUSEDK__WG_P80 FUSEDK__WG_P64 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FUSEDK__WG_P96 FUSEDK__WG_P80 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define FUSEDK__WG_P128 \
-  FUSEDK__WG_P80 ", %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+  FUSEDK__WG_P96 ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define FUSEDK__WG_P192 \
   FUSEDK__WG_P128 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
@@ -1149,10 +1151,13 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int acc) {
-  static_assert(N == 64 || N == 80 || N == 128 || N == 192 || N == 256, "tiles of 64, 80, 128, 192 or 256 columns");
+  static_assert(N == 16 || N == 64 || N == 80 || N == 96 || N == 128 || N == 192 || N == 256,
+                "tiles of 16, 64, 80, 96, 128, 192 or 256 columns");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
-  if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 64, 32, 33, 34) }
+  if constexpr (N == 16) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 16, 8, 9, 10) }
+  else if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 64, 32, 33, 34) }
   else if constexpr (N == 80) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 80, 40, 41, 42) }
+  else if constexpr (N == 96) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 96, 48, 49, 50) }
   else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 128, 64, 65, 66) }
   else if constexpr (N == 192) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 192, 96, 97, 98) }
   else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 256, 128, 129, 130) }
@@ -5891,17 +5896,18 @@ __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_arg
                          co < a.Co ? co * a.ws[0] + i * a.ws[1] + j * a.ws[2] + l * a.ws[3] + c : -1, cols);
     }
   };
-  // epilogue of output row m: emit(co, z) for each of the thread's values of that row
+  // epilogue of output row m: emit(co, z) for each of the thread's values of that row, with the
+  // activation ACT a compile-time constant (with_act: one copy of the epilogue, not a switch each)
   const T *bias = static_cast<const T *>(a.bias), *res = static_cast<const T *>(a.res);
   T *out = static_cast<T *>(a.out);
-  auto row_out = [&](int64_t m, auto &&values) {
+  auto row_out = [&](auto act, int64_t m, auto &&values) {
     if (m >= M) return;
     const int64_t n = m / frames, q = m % frames, t = q / plane, hw = q % plane, h = hw / a.Wo, w = hw % a.Wo;
     const int64_t o = n * a.os[0] + t * a.os[1] + h * a.os[2] + w * a.os[3];
     const int64_t ro = res ? n * a.rs[0] + t * a.rs[1] + h * a.rs[2] + w * a.rs[3] : 0;
     values([&](int64_t co, float z) {
       if (co >= a.Co) return;
-      z = act_f32(z + (bias ? to_f32<T>(bias[co]) : 0.f), a.act);
+      z = act_f32(z + (bias ? to_f32<T>(bias[co]) : 0.f), decltype(act)::value);
       out[o + co] = from_f32<T>(res ? z + to_f32<T>(res[ro + co]) : z);
     });
   };
@@ -5932,14 +5938,16 @@ __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_arg
       wgmma_hold(acc);
     }
     cp_async_wait<0>();
+    with_act(a.act, [&](auto act) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-      row_out(m0 + wg * 64 + (warp % 4) * 16 + lane / 4 + hf * 8, [&](auto &&emit) {
+      for (int hf = 0; hf < 2; ++hf)
+        row_out(act, m0 + wg * 64 + (warp % 4) * 16 + lane / 4 + hf * 8, [&](auto &&emit) {
 #pragma unroll
-        for (int t = 0; t < kCvN / 8; ++t)
+          for (int t = 0; t < kCvN / 8; ++t)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) emit(n0 + t * 8 + (lane % 4) * 2 + e, acc[t][hf * 2 + e]);
-      });
+            for (int e = 0; e < 2; ++e) emit(n0 + t * 8 + (lane % 4) * 2 + e, acc[t][hf * 2 + e]);
+        });
+    });
 #else
     __trap(); // never launched without sm_90a code (launch_conv's tma_code): loud if it were
 #endif
@@ -5956,16 +5964,18 @@ __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_arg
       warp_mma<T, 4, 2, 4>([&](int i, int t) -> float(&)[4] { return acc[i][t]; }, sa, sb);
     });
     // lane holds rows lane / 4 (+ 8) of each 16-row tile, channel pairs 2 (lane % 4)
+    with_act(a.act, [&](auto act) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-        row_out(m0 + wm * 64 + i * 16 + lane / 4 + hf * 8, [&](auto &&emit) {
+        for (int hf = 0; hf < 2; ++hf)
+          row_out(act, m0 + wm * 64 + i * 16 + lane / 4 + hf * 8, [&](auto &&emit) {
 #pragma unroll
-          for (int t = 0; t < 4; ++t)
+            for (int t = 0; t < 4; ++t)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) emit(n0 + wn * 32 + t * 8 + (lane % 4) * 2 + e, acc[i][t][hf * 2 + e]);
-        });
+              for (int e = 0; e < 2; ++e) emit(n0 + wn * 32 + t * 8 + (lane % 4) * 2 + e, acc[i][t][hf * 2 + e]);
+          });
+    });
   }
 }
 
@@ -5980,7 +5990,9 @@ inline bool on_grid(const void *p, const int64_t *st, int n, int64_t es, int64_t
 inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) { return on_grid(p, st, n, es, 16); }
 
 // Hopper path (sm_90a, conv_tma_kernel): an output tile is 128 pixels of one frame, a bh x bw
-// patch (CvTile: the shape that wastes fewest rows), by BN output channels. A k step is one tap's
+// patch (CvTile: the shape that wastes fewest rows), by BN output channels (16 for an RGB
+// conv_out, 64 to 256; 96 for Wan's 96-channel layers). A block an SM walks tiles id, id + grid,
+// ... (persistent: the next tile's loads run under this tile's epilogue). A k step is one tap's
 // 64 channels: A is the TMA box of the input patch that tap reads (the output patch shifted by
 // the tap; TMA loads what falls off the image as zeros, which is the zero padding), B the box of
 // the tap's weights; neither an im2col matrix nor a padded copy is ever written. Warpgroup 0's
@@ -5990,7 +6002,7 @@ inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) { return 
 // (up i + ph, up j + pw) reads source pixel i + floor((ph + tap - pad) / up), a box again, so the
 // upsampled image is never formed. Time padding that repeats the first frame clamps the box's frame.
 template <int BN> struct CvTma {
-  static constexpr int kStages = BN == 256 ? 4 : BN == 192 ? 5 : BN == 128 ? 6 : 8; // about 192 KB
+  static constexpr int kStages = BN == 256 ? 4 : BN == 192 ? 5 : BN >= 96 ? 6 : BN == 64 ? 8 : 10; // about 192 KB
   static constexpr int kA = 128 * 128, kStage = kA + BN * 128, kBars = kStages * kStage,
                        kBytes = kBars + 2 * kStages * 8 + 1024;
   // registers a thread: the launch's, the producer's, and what the producer gives the consumers
@@ -5999,8 +6011,8 @@ template <int BN> struct CvTma {
   static_assert(kRegs * 2 + kProdRegs <= kLaunchRegs * 3 && kRegs >= kLaunchRegs,
                 "setmaxnreg: the consumers' registers come from those the producer releases");
 };
-struct CvTile { // the grid's order, fastest first: channel tile, patch column, patch row, phase, frame
-  int64_t tiles_w, tiles_h;
+struct CvTile { // the tiles' order, fastest first: channel tile, patch column, patch row, phase, frame
+  int64_t tiles_w, tiles_h, tiles;
   int bw, up, gy, pair; // pair: out takes 4-byte pairs of channels
 };
 
@@ -6019,40 +6031,47 @@ __global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
     fence_mbar_init();
   }
   __syncthreads();
-  int64_t id = blockIdx.x;
-  const int co0 = (int)(id % g.gy) * BN, bh = 128 / g.bw;
-  id /= g.gy;
-  const int j0 = (int)(id % g.tiles_w) * g.bw;
-  id /= g.tiles_w;
-  const int i0 = (int)(id % g.tiles_h) * bh;
-  id /= g.tiles_h;
-  const int pw = (int)(id % g.up), ph = (int)(id / g.up % g.up);
-  id /= g.up * g.up;
-  const int t = (int)(id % a.To), n = (int)(id / a.To);
+  // tile id's channel tile, patch origin, phase and frame (the grid's order: CvTile's)
+  struct At {
+    int co0, j0, i0, pw, ph, t, n;
+  };
+  auto tile = [&](int64_t id) {
+    At u;
+    u.co0 = (int)(id % g.gy) * BN, id /= g.gy;
+    u.j0 = (int)(id % g.tiles_w) * g.bw, id /= g.tiles_w;
+    u.i0 = (int)(id % g.tiles_h) * (128 / g.bw), id /= g.tiles_h;
+    u.pw = (int)(id % g.up), u.ph = (int)(id / g.up % g.up), id /= g.up * g.up;
+    u.t = (int)(id % a.To), u.n = (int)(id / a.To);
+    return u;
+  };
   const int nc = (int)((a.Ci + 63) / 64), khw = (int)(a.kh * a.kw), nk = (int)a.kt * khw * nc;
   if (threadIdx.x < 128) {
     regs_lower<L::kProdRegs>();
     if (threadIdx.x) return;
-    // one thread walks the taps (frame, row, column) and each tap's channel chunks with counters:
-    // a k step costs it a wait, two adds and two copies, so it keeps ahead of the products
+    // one thread walks the block's tiles, each tile's taps (frame, row, column) and each tap's
+    // channel chunks with counters: a k step costs it a wait, two adds and two copies, so it keeps
+    // ahead of the products, and the next tile's stages load under this tile's epilogue
     auto floor_div = [](int v, int d) { return v >= 0 ? v / d : -((-v + d - 1) / d); };
     asm volatile("prefetch.tensormap [%0];" ::"l"(&tx) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(&tw) : "memory");
-    int q = 0;
-    for (int ti = 0; ti < (int)a.kt; ++ti) {
-      int ts = t - a.pad_t + ti;
-      if (a.replicate & 1) ts = ts < 0 ? 0 : ts >= a.T ? (int)a.T - 1 : ts;
-      for (int tj = 0; tj < (int)a.kh; ++tj) {
-        const int y = i0 + floor_div(ph + tj - a.pad, g.up);
-        for (int tl = 0; tl < (int)a.kw; ++tl) {
-          const int xw = j0 + floor_div(pw + tl - a.pad, g.up);
-          for (int c = 0; c < nc * 64; c += 64, ++q) {
-            const int s = q % ST;
-            if (q >= ST) mbar_wait(&empty[s], (uint32_t)(q / ST - 1) & 1);
-            const uint32_t sa = base + s * L::kStage;
-            mbar_expect(&full[s], L::kStage);
-            tma_load_5d(sa, &tx, c, xw, y, ts, n, &full[s]);
-            tma_load_5d(sa + L::kA, &tw, c, tl, tj, ti, co0, &full[s]);
+    int64_t q = 0;
+    for (int64_t id = blockIdx.x; id < g.tiles; id += gridDim.x) {
+      const At u = tile(id);
+      for (int ti = 0; ti < (int)a.kt; ++ti) {
+        int ts = u.t - a.pad_t + ti;
+        if (a.replicate & 1) ts = ts < 0 ? 0 : ts >= a.T ? (int)a.T - 1 : ts;
+        for (int tj = 0; tj < (int)a.kh; ++tj) {
+          const int y = u.i0 + floor_div(u.ph + tj - a.pad, g.up);
+          for (int tl = 0; tl < (int)a.kw; ++tl) {
+            const int xw = u.j0 + floor_div(u.pw + tl - a.pad, g.up);
+            for (int c = 0; c < nc * 64; c += 64, ++q) {
+              const int s = (int)(q % ST);
+              if (q >= ST) mbar_wait(&empty[s], (uint32_t)(q / ST - 1) & 1);
+              const uint32_t sa = base + s * L::kStage;
+              mbar_expect(&full[s], L::kStage);
+              tma_load_5d(sa, &tx, c, xw, y, ts, u.n, &full[s]);
+              tma_load_5d(sa + L::kA, &tw, c, tl, tj, ti, u.co0, &full[s]);
+            }
           }
         }
       }
@@ -6061,67 +6080,72 @@ __global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
   }
   regs_raise<L::kRegs>();
   const int w = threadIdx.x / 128 - 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
-  float acc[BN / 8][4] = {};
-  wgmma_hold(acc);
-  for (int q = 0; q < nk; ++q) {
-    const int s = q % ST;
-    mbar_wait(&full[s], (uint32_t)(q / ST) & 1);
-    const uint32_t sa = base + s * L::kStage + w * 64 * 128, sb = base + s * L::kStage + L::kA;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_ss<T, BN>(acc, wgmma_desc(sa + kk * 32, 16, 1024), wgmma_desc(sb + kk * 32, 16, 1024), q | kk);
-    wgmma_commit();
-    wgmma_wait<1>(); // step q - 1's product is done: its stage goes back to the producer
-    if (q && lane == 0) mbar_arrive(&empty[(q - 1) % ST]);
-  }
-  wgmma_wait<0>();
-  wgmma_hold(acc);
-  // lane holds rows lane / 4 (+ 8) of its warp's 16, channel pairs 2 (lane % 4) of each 8; the
-  // epilogue compiled once per activation (with_act), and without a test an element where the
-  // tile's channels all exist
   const T *bias = static_cast<const T *>(a.bias), *res = static_cast<const T *>(a.res);
   T *out = static_cast<T *>(a.out);
   const int64_t Hp = a.Ho / g.up, Wp = a.Wo / g.up;
-  int64_t o[2], ro[2];
-  bool on[2];
+  int64_t q = 0;
+  float acc[BN / 8][4] = {};
+  for (int64_t id = blockIdx.x; id < g.tiles; id += gridDim.x) {
+    const At u = tile(id);
+    const int co0 = u.co0;
+    for (int qt = 0; qt < nk; ++qt, ++q) {
+      const int s = (int)(q % ST);
+      mbar_wait(&full[s], (uint32_t)(q / ST) & 1);
+      const uint32_t sa = base + s * L::kStage + w * 64 * 128, sb = base + s * L::kStage + L::kA;
+      wgmma_fence();
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = w * 64 + warp * 16 + lane / 4 + hf * 8, i = i0 + r / g.bw, j = j0 + r % g.bw;
-    const int64_t oh = (int64_t)i * g.up + ph, ow = (int64_t)j * g.up + pw;
-    on[hf] = i < Hp && j < Wp;
-    o[hf] = n * a.os[0] + t * a.os[1] + oh * a.os[2] + ow * a.os[3];
-    ro[hf] = res ? n * a.rs[0] + t * a.rs[1] + oh * a.rs[2] + ow * a.rs[3] : 0;
-  }
-  // FULL: every channel of the tile exists and pairs store as 4 bytes (no test an element)
-  auto epilogue = [&](auto act, auto full) {
-    constexpr bool FULL = decltype(full)::value;
+      for (int kk = 0; kk < 4; ++kk) // the tile's first product writes acc, the rest add to it
+        wgmma_ss<T, BN>(acc, wgmma_desc(sa + kk * 32, 16, 1024), wgmma_desc(sb + kk * 32, 16, 1024), qt | kk);
+      wgmma_commit();
+      wgmma_wait<1>(); // step q - 1's product is done: its stage goes back to the producer
+      if (qt && lane == 0) mbar_arrive(&empty[(q - 1) % ST]);
+    }
+    wgmma_wait<0>();
+    wgmma_hold(acc);
+    if (lane == 0) mbar_arrive(&empty[(q - 1) % ST]);
+    // lane holds rows lane / 4 (+ 8) of its warp's 16, channel pairs 2 (lane % 4) of each 8; the
+    // epilogue compiled once per activation (with_act), and without a test an element where the
+    // tile's channels all exist
+    int64_t o[2], ro[2];
+    bool on[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      if (!on[hf]) continue;
+      const int r = w * 64 + warp * 16 + lane / 4 + hf * 8, i = u.i0 + r / g.bw, j = u.j0 + r % g.bw;
+      const int64_t oh = (int64_t)i * g.up + u.ph, ow = (int64_t)j * g.up + u.pw;
+      on[hf] = i < Hp && j < Wp;
+      o[hf] = u.n * a.os[0] + u.t * a.os[1] + oh * a.os[2] + ow * a.os[3];
+      ro[hf] = res ? u.n * a.rs[0] + u.t * a.rs[1] + oh * a.rs[2] + ow * a.rs[3] : 0;
+    }
+    // FULL: every channel of the tile exists and pairs store as 4 bytes (no test an element)
+    auto epilogue = [&](auto act, auto full) {
+      constexpr bool FULL = decltype(full)::value;
 #pragma unroll
-      for (int c8 = 0; c8 < BN / 8; ++c8) {
-        const int co = co0 + c8 * 8 + (lane % 4) * 2;
-        const bool in0 = FULL || co < a.Co, in1 = FULL || co + 1 < a.Co;
-        float z0 = acc[c8][hf * 2] + (bias && in0 ? to_f32<T>(bias[co]) : 0.f);
-        float z1 = acc[c8][hf * 2 + 1] + (bias && in1 ? to_f32<T>(bias[co + 1]) : 0.f);
-        z0 = act_f32(z0, decltype(act)::value), z1 = act_f32(z1, decltype(act)::value);
-        if (res) {
-          z0 += in0 ? to_f32<T>(res[ro[hf] + co]) : 0.f;
-          z1 += in1 ? to_f32<T>(res[ro[hf] + co + 1]) : 0.f;
-        }
-        if (FULL) {
-          *reinterpret_cast<uint32_t *>(out + o[hf] + co) = pack2<T>(z0, z1);
-        } else {
-          if (in0) out[o[hf] + co] = from_f32<T>(z0);
-          if (in1) out[o[hf] + co + 1] = from_f32<T>(z1);
+      for (int hf = 0; hf < 2; ++hf) {
+        if (!on[hf]) continue;
+#pragma unroll
+        for (int c8 = 0; c8 < BN / 8; ++c8) {
+          const int co = co0 + c8 * 8 + (lane % 4) * 2;
+          const bool in0 = FULL || co < a.Co, in1 = FULL || co + 1 < a.Co;
+          float z0 = acc[c8][hf * 2] + (bias && in0 ? to_f32<T>(bias[co]) : 0.f);
+          float z1 = acc[c8][hf * 2 + 1] + (bias && in1 ? to_f32<T>(bias[co + 1]) : 0.f);
+          z0 = act_f32(z0, decltype(act)::value), z1 = act_f32(z1, decltype(act)::value);
+          if (res) {
+            z0 += in0 ? to_f32<T>(res[ro[hf] + co]) : 0.f;
+            z1 += in1 ? to_f32<T>(res[ro[hf] + co + 1]) : 0.f;
+          }
+          if (FULL) {
+            *reinterpret_cast<uint32_t *>(out + o[hf] + co) = pack2<T>(z0, z1);
+          } else {
+            if (in0) out[o[hf] + co] = from_f32<T>(z0);
+            if (in1) out[o[hf] + co + 1] = from_f32<T>(z1);
+          }
         }
       }
-    }
-  };
-  const bool whole = g.pair && co0 + BN <= a.Co;
-  auto run = [&](auto act) { whole ? epilogue(act, std::true_type{}) : epilogue(act, std::false_type{}); };
-  with_act(a.act, run);
+    };
+    const bool whole = g.pair && co0 + BN <= a.Co;
+    auto run = [&](auto act) { whole ? epilogue(act, std::true_type{}) : epilogue(act, std::false_type{}); };
+    with_act(a.act, run);
+  }
 #else
   __trap(); // never launched without sm_90a code (launch_conv_tma's tma_code): loud if it were
 #endif
@@ -6140,7 +6164,7 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
       a.To > INT32_MAX || a.Ho > INT32_MAX || a.Wo > INT32_MAX)
     return cudaSuccess;
   const int64_t Hp = a.Ho / up, Wp = a.Wo / up;
-  CvTile g{0, 0, 0, up, 0, 0};
+  CvTile g{0, 0, 0, 0, up, 0, 0};
   int64_t best = INT64_MAX;
   for (int bw = 64; bw >= 8; bw /= 2) { // fewest padded rows; ties: the squarer patch (fewer halo reads)
     const int64_t th = (Hp + 128 / bw - 1) / (128 / bw), tw = (Wp + bw - 1) / bw;
@@ -6151,12 +6175,12 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   // A reads and its share of the ring: a wide tile feeds the tensor cores better)
   const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
   auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 16); };
-  int bn = 64;
-  for (int c : {128, 192, 256})
+  int bn = 16;
+  for (int c : {64, 96, 128, 192, 256})
     if (cost(c) <= cost(bn)) bn = c;
   g.gy = (int)((a.Co + bn - 1) / bn);
-  const int64_t grid = patches * g.gy;
-  if (grid > INT32_MAX) return cudaSuccess;
+  g.tiles = patches * g.gy;
+  const int64_t grid = std::min(g.tiles, sms); // persistent: a block an SM walks tiles id, id + grid, ...
   g.pair = a.Co % 2 == 0 && on_grid(a.out, a.os, 4, 2, 4);
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   const CUtensorMapDataType ty = bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -6182,7 +6206,9 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
     case 256: return FUSEDK__CV_TMA(256);
     case 192: return FUSEDK__CV_TMA(192);
     case 128: return FUSEDK__CV_TMA(128);
-    default: return FUSEDK__CV_TMA(64);
+    case 96: return FUSEDK__CV_TMA(96);
+    case 64: return FUSEDK__CV_TMA(64);
+    default: return FUSEDK__CV_TMA(16);
   }
 #undef FUSEDK__CV_TMA
 }
@@ -6246,11 +6272,12 @@ __global__ void fold_kernel(const fusedk__fold_args a) {
 // group_norm in three launches (x read twice). gn_sums_kernel and gn_apply_kernel share a grid:
 // block (n chunks + chunk, z) walks its chunk of pixels, a thread a V-channel vector (vectors z 256
 // .. + 256) of one pixel lane, four pixels' loads in flight (gn_walk). The sums: x - K per channel
-// in float32 (S1, S2), the lanes of a vector added in a fixed order into part [N, chunks, C]. K:
-// the first element of the channel's group in the sample's first pixel, so S2 / n - (S1 / n)^2
-// keeps its cancellation small wherever a group's values sit. gn_stats_kernel: a block a (n, g),
-// the chunks' sums over the group's channels in double, in a fixed order: (mean, rstd). The apply:
-// each channel's scale and shift folded once a thread, (x - mean) A + B a pixel.
+// in float32 (S1, S2), the lanes of a vector added in a fixed order, then a group's channels (a
+// warp, a fixed tree) into part [N, chunks, z, groups]. K: the first element of the group in the
+// sample's first pixel, so S2 / n - (S1 / n)^2 keeps its cancellation small wherever a group's
+// values sit. gn_stats_kernel: a block a (n, g), the chunks' sums in double, in a fixed order:
+// (mean, rstd). The apply: each channel's scale and shift folded once a thread, (x - mean) A + B
+// a pixel, the chunks last first (what the sums read last is still in L2).
 constexpr int kGnThreads = 256;
 
 __device__ __forceinline__ int gn_lanes(int64_t cv) { return cv >= kGnThreads ? 1 : kGnThreads / (int)cv; }
@@ -6261,10 +6288,14 @@ struct GnThread {
   int lanes, pl, cvs; // cvs: the vectors a lane round covers (a pixel's, at most the block's)
   bool on;
 };
-template <int V> __device__ __forceinline__ GnThread gn_thread(const fusedk__gn_args &a, int64_t ppc, int64_t chunks) {
-  const int64_t cv = a.C / V, cvs = cv < kGnThreads ? cv : kGnThreads, chunk = blockIdx.x % chunks;
+// rev: the blocks take the chunks last first (the apply reads first what the sums read last, still
+// in L2 where x is larger than it)
+template <int V>
+__device__ __forceinline__ GnThread gn_thread(const fusedk__gn_args &a, int64_t ppc, int64_t chunks, bool rev = false) {
+  const int64_t cv = a.C / V, cvs = cv < kGnThreads ? cv : kGnThreads;
+  const int64_t b = rev ? a.N * chunks - 1 - blockIdx.x : blockIdx.x, chunk = b % chunks;
   GnThread g;
-  g.n = blockIdx.x / chunks, g.lanes = gn_lanes(cv), g.cvs = (int)cvs, g.pl = threadIdx.x / (int)cvs;
+  g.n = b / chunks, g.lanes = gn_lanes(cv), g.cvs = (int)cvs, g.pl = threadIdx.x / (int)cvs;
   g.v = (int64_t)blockIdx.z * kGnThreads + threadIdx.x % cvs;
   g.on = g.pl < g.lanes && g.v < cv;
   const int64_t e1 = (chunk + 1) * ppc;
@@ -6276,11 +6307,15 @@ __device__ __forceinline__ void gn_walk(const GnThread &g, const T *x, int64_t x
   if (!g.on) return;
   int64_t p = g.p0;
   for (; p + 3 * g.lanes < g.p1; p += 4 * g.lanes) {
-    float v[4][V];
+    Raw<T, V> r[4]; // the loads in flight as loaded (half the registers of floats for 16-bit T)
 #pragma unroll
-    for (int u = 0; u < 4; ++u) load<T, V>(x + (p + u * g.lanes) * xp, v[u]);
+    for (int u = 0; u < 4; ++u) r[u] = ld<T, V>(x + (p + u * g.lanes) * xp);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) f(p + u * g.lanes, v[u]);
+    for (int u = 0; u < 4; ++u) {
+      float v[V];
+      to_floats<T, V>(r[u], v);
+      f(p + u * g.lanes, v);
+    }
   }
   for (; p < g.p1; p += g.lanes) {
     float v[V];
@@ -6309,29 +6344,45 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
 #pragma unroll
   for (int e = 0; e < V; ++e) red[threadIdx.x][e] = make_float2(s1[e], s2[e]);
   __syncthreads();
-  if (!g.on || g.pl) return;
-  for (int l = 1; l < g.lanes; ++l)
+  const bool first = g.on && !g.pl; // lane 0 of a vector: its channels' sums over the lanes
+  if (first)
+    for (int l = 1; l < g.lanes; ++l)
 #pragma unroll
-    for (int e = 0; e < V; ++e) s1[e] += red[threadIdx.x + l * g.cvs][e].x, s2[e] += red[threadIdx.x + l * g.cvs][e].y;
-  float2 *o = part + (int64_t)blockIdx.x * a.C + g.v * V; // part[n, chunk]
+      for (int e = 0; e < V; ++e) s1[e] += red[threadIdx.x + l * g.cvs][e].x, s2[e] += red[threadIdx.x + l * g.cvs][e].y;
+  __syncthreads();
+  float2 *cs = &red[0][0]; // the block's channels c0 + i at cs[i] (lane 0's thread index is its vector's)
+  if (first)
 #pragma unroll
-  for (int e = 0; e < V; ++e) o[e] = make_float2(s1[e], s2[e]);
+    for (int e = 0; e < V; ++e) cs[threadIdx.x * V + e] = make_float2(s1[e], s2[e]);
+  __syncthreads();
+  // a warp a group (its channels in this block), lanes strided over them, then a fixed tree: part
+  // [n, chunk, z, group], a few values a group where part per channel was C
+  const int64_t c0 = (int64_t)blockIdx.z * kGnThreads * V, c1 = c0 + (int64_t)g.cvs * V < a.C ? c0 + (int64_t)g.cvs * V : a.C;
+  const int lane = threadIdx.x % 32;
+  for (int64_t q = c0 / cg + threadIdx.x / 32; q * cg < c1; q += kGnThreads / 32) {
+    const int64_t lo = q * cg > c0 ? q * cg : c0, hi = (q + 1) * cg < c1 ? (q + 1) * cg : c1;
+    float t1 = 0.f, t2 = 0.f;
+    for (int64_t c = lo + lane; c < hi; c += 32) t1 += cs[c - c0].x, t2 += cs[c - c0].y;
+    t1 = lanes_sum(t1, 32), t2 = lanes_sum(t2, 32);
+    if (!lane) part[((int64_t)blockIdx.x * gridDim.z + blockIdx.z) * a.groups + q] = make_float2(t1, t2);
+  }
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_args a, int64_t chunks,
+__global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_args a, int64_t chunks, int64_t zc,
                                                               const float2 *part, float2 *stats) {
   __shared__ double red[2][kGnThreads];
   const int tid = threadIdx.x;
   const int64_t i = blockIdx.x, n = i / a.groups, g = i % a.groups, cg = a.C / a.groups;
   double s1[4] = {}, s2[4] = {}; // four loads in flight a thread, added in a fixed order
-  const int64_t nk = chunks * cg;
+  // the group's sums: a chunk's of each z block its channels meet (part [n, chunk, z, group])
+  const int64_t zl = g * cg / zc, nz = ((g + 1) * cg - 1) / zc - zl + 1, zb = (a.C + zc - 1) / zc, nk = chunks * nz;
   for (int64_t k0 = tid; k0 < nk; k0 += 4 * kGnThreads) {
     float2 v[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int64_t k = k0 + u * kGnThreads;
-      v[u] = k < nk ? part[(n * chunks + k / cg) * a.C + g * cg + k % cg] : make_float2(0.f, 0.f);
+      v[u] = k < nk ? part[((n * chunks + k / nz) * zb + zl + k % nz) * a.groups + g] : make_float2(0.f, 0.f);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) s1[u] += v[u].x, s2[u] += v[u].y;
@@ -6351,7 +6402,7 @@ __global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_a
 template <typename T, int V>
 __global__ void __launch_bounds__(kGnThreads) gn_apply_kernel(const fusedk__gn_args a, int64_t ppc, int64_t chunks,
                                                               const float2 *stats) {
-  const GnThread g = gn_thread<V>(a, ppc, chunks);
+  const GnThread g = gn_thread<V>(a, ppc, chunks, true);
   if (!g.on) return;
   const int64_t cg = a.C / a.groups;
   const T *w = static_cast<const T *>(a.weight), *b = static_cast<const T *>(a.bias);
@@ -6405,42 +6456,57 @@ template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cud
   if (a.N * std::max(nchunks, ap.chunks) > 2147483647 || a.N * a.groups > 2147483647 || zb > 65535)
     return cudaErrorInvalidConfiguration;
   void *buf = nullptr;
-  const size_t part = (size_t)(a.N * nchunks * a.C) * sizeof(float2);
-  cudaError_t e = gn_buffers().get(dev, s, part + (size_t)(a.N * a.groups) * sizeof(float2), 0, &buf);
+  const int64_t np = a.N * nchunks * zb * a.groups; // part [N, chunks, z, groups]
+  cudaError_t e = gn_buffers().get(dev, s, (size_t)(np + a.N * a.groups) * sizeof(float2), 0, &buf);
   if (e) return e;
-  float2 *pp = static_cast<float2 *>(buf), *stats = pp + a.N * nchunks * a.C;
+  float2 *pp = static_cast<float2 *>(buf), *stats = pp + np;
   gn_sums_kernel<T, V><<<dim3((unsigned)(a.N * nchunks), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, ppc, nchunks, pp);
-  gn_stats_kernel<T><<<(unsigned)(a.N * a.groups), kGnThreads, 0, s>>>(a, nchunks, pp, stats);
+  gn_stats_kernel<T><<<(unsigned)(a.N * a.groups), kGnThreads, 0, s>>>(a, nchunks, (int64_t)kGnThreads * V, pp, stats);
   gn_apply_kernel<T, V><<<dim3((unsigned)(a.N * ap.chunks), 1, (unsigned)zb), kGnThreads, 0, s>>>(a, ap.ppc, ap.chunks,
                                                                                                 stats);
   return cudaGetLastError();
 }
 
-// channel_rmsnorm: a warp a row (a pixel's channels: tens to hundreds of vectors), the mean square
-// from the first read, the output from the second (the row from L1)
-template <typename T, int V> __global__ void crms_kernel(const fusedk__crms_args a) {
-  const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, nv = a.D / V;
-  const int lane = threadIdx.x % 32;
-  if (row >= a.B * a.L) return;
-  const int64_t b = row / a.L, l = row % a.L;
+// channel_rmsnorm: G lanes a row (a pixel's channels), G the fewest (a power of two) whose four
+// vectors a lane hold the row, so a warp takes 32 / G rows and 96 channels fill its lanes as 768
+// do; the row stays in registers between the mean square and the output. A row past 32 lanes' four
+// vectors (G = 32, HELD false) is read twice, the second time from L1.
+constexpr int kCrmsHeld = 4;
+template <typename T, int V, int G, bool HELD> __global__ void crms_kernel(const fusedk__crms_args a) {
+  const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / G, nv = a.D / V, rows = a.B * a.L;
+  const int sub = threadIdx.x % G;
+  const bool live = row < rows; // a dead row's lanes still join the group's shuffles
+  const int64_t b = (live ? row : 0) / a.L, l = (live ? row : 0) % a.L;
   const T *x = at<const T>(a.x, b, l);
   T *y = at<T>(a.y, b, l);
+  Raw<T, V> held[HELD ? kCrmsHeld : 1];
   float ss = 0.f;
-  for (int64_t v = lane; v < nv; v += 32) {
+  auto add = [&](const Raw<T, V> &r) {
     float f[V];
-    load<T, V>(x + v * V, f);
+    to_floats<T, V>(r, f);
 #pragma unroll
     for (int e = 0; e < V; ++e) ss = fmaf(f[e], f[e], ss);
+  };
+  if constexpr (HELD) {
+#pragma unroll
+    for (int k = 0; k < kCrmsHeld; ++k)
+      if (live && sub + k * G < nv) held[k] = ld<T, V>(x + (sub + k * G) * V);
+#pragma unroll
+    for (int k = 0; k < kCrmsHeld; ++k)
+      if (live && sub + k * G < nv) add(held[k]);
+  } else if (live) {
+    for (int64_t v = sub; v < nv; v += G) add(ld<T, V>(x + v * V));
   }
-  const float ms = lanes_sum(ss, 32) / (float)a.D;
+  const float ms = lanes_sum(ss, G) / (float)a.D;
+  if (!live) return;
   const float r = a.clamp ? 1.f / fmaxf(sqrtf(ms), a.eps) : rsqrtf(ms + a.eps);
   const int64_t n = row / a.P;
   const T *w = static_cast<const T *>(a.weight), *bi = static_cast<const T *>(a.bias);
   const T *sc = a.scale ? static_cast<const T *>(a.scale) + n * a.ss[0] : nullptr;
   const T *sh = a.shift ? static_cast<const T *>(a.shift) + n * a.ss[1] : nullptr;
-  for (int64_t v = lane; v < nv; v += 32) {
+  auto out = [&](int64_t v, const Raw<T, V> &raw) {
     float f[V];
-    load<T, V>(x + v * V, f);
+    to_floats<T, V>(raw, f);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       float z = f[e] * r;
@@ -6448,9 +6514,20 @@ template <typename T, int V> __global__ void crms_kernel(const fusedk__crms_args
       if (bi) z += to_f32<T>(bi[v * V + e]);
       if (sc) z *= 1.f + to_f32<T>(sc[v * V + e]);
       if (sh) z += to_f32<T>(sh[v * V + e]);
-      f[e] = act_f32(z, a.act);
+      f[e] = z;
     }
+    with_act(a.act, [&](auto act) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) f[e] = act_f32(f[e], decltype(act)::value);
+    });
     store_cs<T, V>(y + v * V, f);
+  };
+  if constexpr (HELD) {
+#pragma unroll
+    for (int k = 0; k < kCrmsHeld; ++k)
+      if (sub + k * G < nv) out(sub + k * G, held[k]);
+  } else {
+    for (int64_t v = sub; v < nv; v += G) out(v, ld<T, V>(x + v * V));
   }
 }
 #endif // FUSEDK__PART_CONV
@@ -6765,11 +6842,30 @@ fusedk_status fusedk__cuda_channel_rmsnorm(const fusedk__crms_args *a, const cha
     const int64_t es = a->scalar == FUSEDK_F32 ? 4 : 2, rows = a->B * a->L;
     const int64_t xs[2] = {a->x.sb, a->x.sl}, ys[2] = {a->y.sb, a->y.sl};
     const bool vec = a->D % 8 == 0 && vec16(a->x.p, xs, 2, es) && vec16(a->y.p, ys, 2, es);
-    const unsigned grid = (unsigned)((rows + 7) / 8);
+    const int64_t nv = vec ? a->D / 8 : a->D;
+    int g = 1; // lanes a row: the fewest holding it four vectors a lane, at most a warp
+    while (g < 32 && (int64_t)g * kCrmsHeld < nv) g *= 2;
+    const int64_t grid = (rows * g + 255) / 256;
+    if (grid > INT32_MAX) return cudaErrorInvalidConfiguration;
     return dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
-      if (vec) crms_kernel<T, 8><<<grid, 256, 0, stream>>>(*a);
-      else crms_kernel<T, 1><<<grid, 256, 0, stream>>>(*a);
+      auto go = [&](auto v, auto gc) {
+        constexpr int V = decltype(v)::value, G = decltype(gc)::value;
+        if (G < 32 || nv <= 32 * kCrmsHeld) crms_kernel<T, V, G, true><<<(unsigned)grid, 256, 0, stream>>>(*a);
+        else crms_kernel<T, V, 32, false><<<(unsigned)grid, 256, 0, stream>>>(*a);
+      };
+      auto lanes = [&](auto v) {
+        switch (g) {
+          case 1: go(v, std::integral_constant<int, 1>{}); break;
+          case 2: go(v, std::integral_constant<int, 2>{}); break;
+          case 4: go(v, std::integral_constant<int, 4>{}); break;
+          case 8: go(v, std::integral_constant<int, 8>{}); break;
+          case 16: go(v, std::integral_constant<int, 16>{}); break;
+          default: go(v, std::integral_constant<int, 32>{}); break;
+        }
+      };
+      if (vec) lanes(std::integral_constant<int, 8>{});
+      else lanes(std::integral_constant<int, 1>{});
       return cudaGetLastError();
     });
   });

@@ -1,29 +1,35 @@
 #!/usr/bin/env python3
 """[conv] Where a patched Flux VAE decode spends its time, and the conv layers one call each for
-ncu. `--table`: torch.profiler's CUDA time by kernel over one patched decode at 1024^2 (Flux's
-AutoencoderKL, bf16, random weights) and over one stock torch.compile decode, top rows of each.
-`--layers`: one fusedk.conv (and group_norm) call per listed shape after a warm-up, for
-`ncu -k regex:conv_tma|gn_ --launch-skip ...` to read. Writes nothing; prints."""
+ncu. `--table [flux|wan]`: torch.profiler's CUDA time by kernel over one patched decode (Flux's
+AutoencoderKL at 1024^2, bf16, random weights; or Wan 2.1's at 480p x 81 frames) and over one
+stock torch.compile decode (Wan: stock eager), top rows of each.
+`--layers`: one fusedk.conv (and group_norm) call per listed shape, for
+`ncu -k regex:conv_tma|gn_` to read. Writes nothing; prints."""
 import argparse
 
 import bench_vae
 
 
-def table(torch, fd, diffusers, rows):
+def table(torch, fd, diffusers, rows, kind):
     def make():
         torch.manual_seed(0)
-        return diffusers.AutoencoderKL(**bench_vae.FLUX).eval().to(device="cuda", dtype=torch.bfloat16)
-    z = torch.randn(1, 16, 128, 128, device="cuda", dtype=torch.bfloat16)
-    for name in ("patched eager", "stock compile"):
+        cls, cfg = (diffusers.AutoencoderKL, bench_vae.FLUX) if kind == "flux" else \
+            (diffusers.AutoencoderKLWan, bench_vae.WAN)
+        return cls(**cfg).eval().to(device="cuda", dtype=torch.bfloat16)
+    z = torch.randn(*((1, 16, 128, 128) if kind == "flux" else (1, 16, 21, 60, 104)), device="cuda",
+                    dtype=torch.bfloat16)
+    for name in ("patched eager", "stock compile" if kind == "flux" else "stock eager"):
         vae = make()
         if name == "patched eager":
             fd.apply(vae)
+            run = lambda: vae.decode(z).sample  # noqa: E731
+        elif name == "stock eager":
             run = lambda: vae.decode(z).sample  # noqa: E731
         else:
             dec = torch.compile(vae.decoder)
             run = lambda: dec(z)  # noqa: E731
         with torch.no_grad():
-            for _ in range(3):
+            for _ in range(3 if kind == "flux" else 1):
                 run()
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -37,23 +43,25 @@ def table(torch, fd, diffusers, rows):
 
 def layers(torch, fusedk):
     BF = torch.bfloat16
-    for N, C, H, Co, k, up in ((8, 128, 128, 128, 3, 1), (1, 512, 256, 512, 3, 1), (1, 512, 128, 512, 3, 2),
-                               (1, 128, 1024, 3, 3, 1)):
+    for N, C, H, Co, k, up in ((8, 128, 128, 128, 3, 1), (8, 128, 128, 128, 1, 1), (1, 512, 256, 512, 3, 1),
+                               (1, 512, 128, 512, 3, 2), (1, 128, 1024, 3, 3, 1)):
         x = torch.randn(N, H, H, C, device="cuda", dtype=BF)
         w = torch.randn(Co, k, k, C, device="cuda", dtype=BF) / (k * k * C) ** 0.5
-        for _ in range(2):
-            fusedk.conv(x, w, None, padding=k // 2, upsample=up)
+        fusedk.conv(x, w, None, padding=k // 2, upsample=up)
         torch.cuda.synchronize()
         print(f"conv N{N} C{C} {H}^2 -> {Co} k{k} up{up}", flush=True)
+    x = torch.randn(1, 4, 60, 104, 384, device="cuda", dtype=BF)  # Wan's 384-channel causal 3x3x3
+    w = torch.randn(384, 3, 3, 3, 384, device="cuda", dtype=BF) / (27 * 384) ** 0.5
+    fusedk.conv(x, w, None, padding=1, pad_t=2)
     x = torch.randn(1, 256, 256, 512, device="cuda", dtype=BF)
-    for _ in range(2):
-        fusedk.group_norm(x, 32, act="silu")
+    fusedk.group_norm(x, 32, act="silu")
     torch.cuda.synchronize()
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--table", nargs="?", const="flux", choices=["flux", "wan"],
+                    help="the decode to profile (Wan 2.1's: 480p x 81 frames, against stock eager)")
     ap.add_argument("--layers", action="store_true")
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args()
@@ -66,7 +74,7 @@ def main():
     if args.layers:
         layers(torch, fusedk)
     if args.table:
-        table(torch, fd, diffusers, args.rows)
+        table(torch, fd, diffusers, args.rows, args.table)
 
 
 if __name__ == "__main__":

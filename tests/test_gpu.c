@@ -2518,6 +2518,9 @@ static void conv_cases(fusedk_scalar s) {
   if (!small) {
     run_conv(s, (conv_t){4, {2, 64, 64, 320}, {320, 3, 3, 320}, 1, 1, 1, 0, 0, 0, SILU, 1, 0, 0, 0, 1}); /* the seed's */
     run_conv(s, (conv_t){5, {1, 3, 20, 24, 384}, {384, 3, 3, 3, 384}, 1, 1, 1, 2, 0, 0, N, 1, 1, 0, 0, 1});
+    /* more patches than an H100's 132 SMs: the 64- and 96-channel tiles, several tiles a block */
+    run_conv(s, (conv_t){4, {1, 64, 272, 8}, {64, 3, 3, 8}, 1, 1, 1, 0, 0, 0, SILU, 1, 1, 0, 0, 1});
+    run_conv(s, (conv_t){4, {1, 96, 192, 32}, {96, 3, 3, 32}, 1, 1, 1, 0, 0, 0, N, 1, 0, 0, 0, 1});
   }
   if (failures == n_before)
     printf("ok   %s conv (2D and 3D, k 1/3/5, stride 1/2, causal zero and replicate, edge-replicated padding, "
@@ -2599,6 +2602,11 @@ static void crms_cases(fusedk_scalar s) {
   run_crms(s, 5, (int64_t[]){3, 3, 5, 4, 128}, 0, FUSEDK_ACT_SILU, 0, 1);  /* LTX's timestep-conditioned */
   run_crms(s, 4, (int64_t[]){1, 7, 5, 96}, 1, FUSEDK_ACT_NONE, 3, 0);      /* padded pixels: the element path */
   run_crms(s, 4, (int64_t[]){2, 3, 3, 2050}, 0, FUSEDK_ACT_GELU, 0, 1);     /* rows past a warp's vectors */
+  /* lanes a row: 2 (8 vectors), 8, 32 holding the row, 32 reading it twice */
+  run_crms(s, 4, (int64_t[]){2, 3, 5, 64}, 0, FUSEDK_ACT_RELU, 0, 0);
+  run_crms(s, 4, (int64_t[]){1, 3, 7, 256}, 1, FUSEDK_ACT_SILU, 0, 1);
+  run_crms(s, 4, (int64_t[]){1, 2, 3, 768}, 0, FUSEDK_ACT_SILU, 0, 0);
+  run_crms(s, 4, (int64_t[]){1, 3, 3, 1032}, 1, FUSEDK_ACT_GELU_TANH, 0, 1);
   run_crms(s, 2, (int64_t[]){5, 3}, 1, FUSEDK_ACT_SILU, 0, 1);
   if (failures == n_before)
     printf("ok   %s channel_rmsnorm (both eps forms, acts, padded pixels, modulation)\n", sname(s));

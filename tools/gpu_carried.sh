@@ -5,16 +5,17 @@
 # wheels of ../shared/device/wheels.sh in .whl/. On this machine:
 #   ninja -C build-gpu && mkdir -p .gpulib/b && cp build-gpu/{libfusedk.so,tests/test_gpu,fusedk_dit_block} .gpulib/b/
 # then the device tool's run with carry [".whl", ".gpulib"] and the command
-#   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-vae-flux]
-#                             [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi] [bench-norms] [vae] [profile] [demo]
+#   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-conv-full] [bench-conv-list] [bench-vae-flux]
+#                             [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi] [bench-norms] [vae] [profile] [ncu] [profile-wan] [demo]
 # conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma and, with
 # FUSEDK_NO_TMA=1, on mma.sync) and tests/python/test_conv.py; conv-units: those C units at the
 # small shapes only; fp8: the C units of the FP8 ops and the norms, test_fp8.py's GPU norm and
 # int8 tests; vae: test_diffusers_vae.py; bench-conv: bench/bench_conv.py --quick
-# (bench-conv-fast: without the torch.compile columns); bench-vae-KIND: bench/bench_vae.py --only
+# (bench-conv-fast: without the torch.compile columns; bench-conv-full: every row, with them;
+# bench-conv-list: every row, without them); bench-vae-KIND: bench/bench_vae.py --only
 # KIND (Wan without torch.compile); bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick
-# (the norms' FP8 forms against a copy); profile: bench/profile_conv.py under ncu, and its decode
-# table; demo: the C DiT block. Logs and results in $OUT; a line
+# (the norms' FP8 forms against a copy); profile: bench/profile_conv.py under ncu (ncu: that
+# alone), and its decode table; demo: the C DiT block. Logs and results in $OUT; a line
 # a step in $OUT/summary.txt, printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +55,10 @@ for what in "${@:-conv}"; do
     vae) step py-vae 150 python3 -m pytest -q -W ignore -p no:cacheprovider tests/python/test_diffusers_vae.py ;;
     bench-conv) step bench-conv 200 python3 bench/bench_conv.py --quick --rounds 3 --out "$OUT"
       cat "$OUT/bench_conv.md" 2>/dev/null ;;
+    bench-conv-full) step bench-conv 420 python3 bench/bench_conv.py --rounds 3 --out "$OUT"
+      cat "$OUT/bench_conv.md" 2>/dev/null ;;
+    bench-conv-list) step bench-conv 300 python3 bench/bench_conv.py --no-compile --rounds 3 --out "$OUT"
+      cat "$OUT/bench_conv.md" 2>/dev/null ;;
     bench-conv-fast) step bench-conv 90 python3 bench/bench_conv.py --quick --no-compile --rounds 3 --out "$OUT"
       grep -E "^(seed|flux|wan|gn)" "$OUT/bench-conv.txt" ;;
     bench-norms) step bench-norms 120 python3 bench/bench_linear_fp8.py --no-gemm --no-torchao --quick --out "$OUT"
@@ -62,13 +67,17 @@ for what in "${@:-conv}"; do
       step "$what" 300 python3 bench/bench_vae.py --only "${what#bench-vae-}" $([ "$what" = bench-vae-wan ] &&
         echo --no-compile) --out "$OUT"
       grep -hE "ms, first call|failed" "$OUT/$what.txt" ;;
-    profile) # ncu over the conv layers and group_norm (one call each), then torch.profiler's table of a decode
+    profile | ncu) # ncu over the conv layers and group_norm (one call each); profile: then torch.profiler's table of a decode
       step ncu 200 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
-        --section Occupancy --section WarpStateStats -k "regex:conv_tma|conv_kernel|gn_" --launch-count 14 \
+        --section Occupancy --section WarpStateStats -k "regex:conv_tma|conv_kernel|gn_" --launch-count 9 \
         python3 bench/profile_conv.py --layers
       grep -E "^  [a-z_]+.*conv|^  gn_|Duration|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput" "$OUT/ncu.txt" | head -80
+      [ "$what" = ncu ] && continue
       step prof-table 150 python3 bench/profile_conv.py --table
       grep -A32 "^== " "$OUT/prof-table.txt" | cut -c1-150 ;;
+    profile-wan) # torch.profiler's table of a patched and a stock eager Wan decode
+      step prof-wan 200 python3 bench/profile_conv.py --table wan --rows 30
+      grep -A36 "^== " "$OUT/prof-wan.txt" | cut -c1-150 ;;
     demo) step demo 60 "$B/fusedk_dit_block"
       tail -14 "$OUT/demo.txt" ;;
     *) say "unknown step $what (conv-units, conv, fp8, vae, bench-conv-fast, bench-conv, bench-vae-KIND, bench-norms, profile, demo)" ;;

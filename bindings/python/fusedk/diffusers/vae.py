@@ -20,8 +20,8 @@ frames of each conv's input. Per LTXVideoResnetBlock3d:
   channel_rmsnorm(., scale2, shift2, act="silu"), layernorm + conv for a shortcut that changes
   channels, conv(., W2, b2, residual=shortcut)
 (blocks that inject noise, LTX-Video 0.9.1's, run their stock forward). Per MochiResnetBlock3D:
-  group_norm(x, act="silu") a frame at a time, conv(., pad="replicate", time_pad="replicate"),
-  the same, conv(., residual=x)                    edge pixels and the first frame as padding
+  group_norm(x, act="silu") a frame at a time, the edge pixels repeated into a padded copy
+  (F.pad, as stock), conv(., time_pad="replicate"), the same, conv(., residual=x)
 The upsamplers' nearest 2x + conv (Upsample2D; Wan's resample Sequential) run as one
 conv(upsample=2), the upsampled image never written. Every other conv of the decoder (conv_in,
 the time convs, LTX's upsampler convs, conv_out, the attention's 1x1s) and the VAE's
@@ -409,8 +409,13 @@ def _frames_gn(n, x, act):
 
 
 def _mochi_conv(c, x, residual=None):
-    return fusedk.conv(x, _weight(c.conv), c.conv.bias, residual, padding=c.height_pad, pad_t=c.time_pad,
-                       time_pad="replicate", pad="replicate")
+    # the edge pixels repeated into a padded copy first (as the stock module does): fusedk's conv
+    # with pad="replicate" runs the portable kernel, the zero-padded one the TMA kernel at several
+    # times its rate, and the copy costs a read and a write of x
+    p = c.height_pad
+    xp = torch.nn.functional.pad(x, (0, 0, p, p, p, p), mode="replicate") if p else x
+    return fusedk.conv(xp, _weight(c.conv), c.conv.bias, residual, padding=0, pad_t=c.time_pad,
+                       time_pad="replicate")
 
 
 def _mochi_block_forward(self, inputs, conv_cache=None):
