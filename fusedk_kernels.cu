@@ -59,7 +59,7 @@
 //               One section over two build parts: the shapes (both), the routing and the
 //               GEMM-path backward (the linear part: [gemm]), the kernels (the lowrank part)
 //   [conv]      conv: an implicit GEMM a tap and 64 channels at a time; on sm_90a conv_tma_kernel
-//               (each tap's input patch a TMA box, wgmma, a producer thread), else conv_kernel
+//               (persistent; each tap's input patch a TMA box, wgmma, a producer thread), else conv_kernel
 //               (the taps gathered by cp.async) on wgmma (sm_90a) or warp_mma; fold_batchnorm's
 //               fold_kernel; group_norm's gn_sums_kernel, gn_stats_kernel, gn_apply_kernel;
 //               channel_rmsnorm's crms_kernel

@@ -15,8 +15,10 @@
 # bench-conv-list: every row, without them); bench-vae-KIND: bench/bench_vae.py --only
 # KIND (Wan without torch.compile); bench-norms: bench_linear_fp8.py --no-gemm --no-torchao --quick
 # (the norms' FP8 forms against a copy); profile: bench/profile_conv.py under ncu (ncu: that
-# alone), and its decode table; demo: the C DiT block. Logs and results in $OUT; a line
-# a step in $OUT/summary.txt, printed last.
+# alone), and its decode table; profile-wan: torch.profiler's table of a patched and a stock Wan
+# decode; demo: the C DiT block. Logs and results in $OUT; a line a step in $OUT/summary.txt,
+# printed last. Where libfusedk.so and .whl pass the carry limit together, carry
+# libfusedk.so.xz (xz -T2) and run `xz -d .gpulib/b/libfusedk.so.xz` first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
