@@ -6188,29 +6188,19 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   const int64_t xd[5] = {a.Ci, a.W / up, a.H / up, a.T, a.N}, xst[4] = {a.xs[3] * 2, a.xs[2] * 2, a.xs[1] * 2, a.xs[0] * 2};
   const int64_t wd[5] = {a.Ci, a.kw, a.kh, a.kt, a.Co}, wst[4] = {a.ws[3] * 2, a.ws[2] * 2, a.ws[1] * 2, a.ws[0] * 2};
   const int xb[5] = {64, g.bw, 128 / g.bw, 1, 1};
-  auto go = [&](auto kernel, auto bnc) -> cudaError_t {
+  return dispatch_int<16, 64, 96, 128, 192, 256>(bn, [&](auto bnc) -> cudaError_t {
     constexpr int BN = decltype(bnc)::value;
+    constexpr auto kernel = conv_tma_kernel<T, BN>;
     const int wb[5] = {64, 1, 1, 1, BN};
-    if (!tma_code<decltype(kernel)::value>(dev) || (size_t)CvTma<BN>::kBytes > device_smem_optin(dev) ||
+    if (!tma_code<kernel>(dev) || (size_t)CvTma<BN>::kBytes > device_smem_optin(dev) ||
         !tmap_nd<5>(&tx, a.x, ty, xd, xst, xb) || !tmap_nd<5>(&tw, a.w, ty, wd, wst, wb))
       return cudaSuccess;
-    const cudaError_t e = smem_opt_in<decltype(kernel)::value>(CvTma<BN>::kBytes, 0, dev);
+    const cudaError_t e = smem_opt_in<kernel>(CvTma<BN>::kBytes, 0, dev);
     if (e != cudaSuccess) return e;
-    decltype(kernel)::value<<<(unsigned)grid, CvTma<BN>::kThreads, CvTma<BN>::kBytes, s>>>(tx, tw, a, g);
+    kernel<<<(unsigned)grid, CvTma<BN>::kThreads, CvTma<BN>::kBytes, s>>>(tx, tw, a, g);
     *used = true;
     return cudaGetLastError();
-  };
-#define FUSEDK__CV_TMA(BN)                                                                                          \
-  go(std::integral_constant<decltype(&conv_tma_kernel<T, BN>), conv_tma_kernel<T, BN>>{}, std::integral_constant<int, BN>{})
-  switch (bn) {
-    case 256: return FUSEDK__CV_TMA(256);
-    case 192: return FUSEDK__CV_TMA(192);
-    case 128: return FUSEDK__CV_TMA(128);
-    case 96: return FUSEDK__CV_TMA(96);
-    case 64: return FUSEDK__CV_TMA(64);
-    default: return FUSEDK__CV_TMA(16);
-  }
-#undef FUSEDK__CV_TMA
+  });
 }
 
 cudaError_t launch_conv(const fusedk__conv_args &a, cudaStream_t s, int dev) {
@@ -6356,7 +6346,7 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
     for (int e = 0; e < V; ++e) cs[threadIdx.x * V + e] = make_float2(s1[e], s2[e]);
   __syncthreads();
   // a warp a group (its channels in this block), lanes strided over them, then a fixed tree: part
-  // [n, chunk, z, group], a few values a group where part per channel was C
+  // [n, chunk, z, group], so the statistics read a few values a group, not one a channel
   const int64_t c0 = (int64_t)blockIdx.z * kGnThreads * V, c1 = c0 + (int64_t)g.cvs * V < a.C ? c0 + (int64_t)g.cvs * V : a.C;
   const int lane = threadIdx.x % 32;
   for (int64_t q = c0 / cg + threadIdx.x / 32; q * cg < c1; q += kGnThreads / 32) {
@@ -6847,26 +6837,17 @@ fusedk_status fusedk__cuda_channel_rmsnorm(const fusedk__crms_args *a, const cha
     while (g < 32 && (int64_t)g * kCrmsHeld < nv) g *= 2;
     const int64_t grid = (rows * g + 255) / 256;
     if (grid > INT32_MAX) return cudaErrorInvalidConfiguration;
+    const bool held = nv <= (int64_t)g * kCrmsHeld;
     return dispatch_scalar(a->scalar, [&](auto t) {
       using T = typename decltype(t)::type;
-      auto go = [&](auto v, auto gc) {
-        constexpr int V = decltype(v)::value, G = decltype(gc)::value;
-        if (G < 32 || nv <= 32 * kCrmsHeld) crms_kernel<T, V, G, true><<<(unsigned)grid, 256, 0, stream>>>(*a);
-        else crms_kernel<T, V, 32, false><<<(unsigned)grid, 256, 0, stream>>>(*a);
-      };
-      auto lanes = [&](auto v) {
-        switch (g) {
-          case 1: go(v, std::integral_constant<int, 1>{}); break;
-          case 2: go(v, std::integral_constant<int, 2>{}); break;
-          case 4: go(v, std::integral_constant<int, 4>{}); break;
-          case 8: go(v, std::integral_constant<int, 8>{}); break;
-          case 16: go(v, std::integral_constant<int, 16>{}); break;
-          default: go(v, std::integral_constant<int, 32>{}); break;
-        }
-      };
-      if (vec) lanes(std::integral_constant<int, 8>{});
-      else lanes(std::integral_constant<int, 1>{});
-      return cudaGetLastError();
+      return dispatch_int<1, 8>(vec ? 8 : 1, [&](auto v) {
+        return dispatch_int<32, 1, 2, 4, 8, 16>(g, [&](auto gc) {
+          constexpr int V = decltype(v)::value, G = decltype(gc)::value;
+          if (held) crms_kernel<T, V, G, true><<<(unsigned)grid, 256, 0, stream>>>(*a);
+          else crms_kernel<T, V, 32, false><<<(unsigned)grid, 256, 0, stream>>>(*a);
+          return cudaGetLastError();
+        });
+      });
     });
   });
 }
