@@ -4,7 +4,9 @@ ncu. `--table [flux|wan]`: torch.profiler's CUDA time by kernel over one patched
 AutoencoderKL at 1024^2, bf16, random weights; or Wan 2.1's at 480p x 81 frames) and over one
 stock torch.compile decode (Wan: stock eager), top rows of each.
 `--layers`: one fusedk.conv (and group_norm) call per listed shape, for
-`ncu -k regex:conv_tma|gn_` to read. Writes nothing; prints."""
+`ncu -k regex:conv_tma|gn_` to read. `--epilogue`: the seed's 1x1 and 3x3 N8 C128 128^2 timed
+(CUDA-graph replays) with the epilogue's parts added one at a time (bias, SiLU, a residual), and a
+copy of the output's bytes: what the epilogue costs against the products. Writes nothing; prints."""
 import argparse
 
 import bench_vae
@@ -58,11 +60,33 @@ def layers(torch, fusedk):
     torch.cuda.synchronize()
 
 
+def epilogue(torch, fusedk):
+    import statistics
+
+    import bench
+    bench.torch = torch
+    BF = torch.bfloat16
+    for k in (1, 3):
+        x = torch.randn(8, 128, 128, 128, device="cuda", dtype=BF)
+        w = torch.randn(128, k, k, 128, device="cuda", dtype=BF) / (k * k * 128) ** 0.5
+        b, r = torch.randn(128, device="cuda", dtype=BF), torch.randn_like(x)
+        y = torch.empty_like(x)
+        calls = {"none": lambda i: fusedk.conv(x, w, None, padding=k // 2, out=y),
+                 "bias": lambda i: fusedk.conv(x, w, b, padding=k // 2, out=y),
+                 "bias silu": lambda i: fusedk.conv(x, w, b, padding=k // 2, act="silu", out=y),
+                 "bias silu res": lambda i: fusedk.conv(x, w, b, padding=k // 2, act="silu", residual=r, out=y),
+                 "copy of y": lambda i: y.copy_(x)}
+        us, _, err = bench.time_rounds(calls, 4, 20, 3)
+        print(f"epilogue N8 C128 128^2 k{k}:", {n: round(statistics.median(v), 1) for n, v in us.items() if v},
+              err or "", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", nargs="?", const="flux", choices=["flux", "wan"],
                     help="the decode to profile (Wan 2.1's: 480p x 81 frames, against stock eager)")
     ap.add_argument("--layers", action="store_true")
+    ap.add_argument("--epilogue", action="store_true")
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args()
     import diffusers
@@ -73,6 +97,8 @@ def main():
     torch.backends.cudnn.benchmark = True
     if args.layers:
         layers(torch, fusedk)
+    if args.epilogue:
+        epilogue(torch, fusedk)
     if args.table:
         table(torch, fd, diffusers, args.rows, args.table)
 
