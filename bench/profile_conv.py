@@ -8,7 +8,9 @@ stock torch.compile decode (Wan: stock eager), top rows of each.
 (CUDA-graph replays) with the epilogue's parts added one at a time (bias, SiLU, a residual), and a
 copy of the output's bytes: what the epilogue costs against the products. Writes nothing; prints."""
 import argparse
+import statistics
 
+import bench
 import bench_vae
 
 
@@ -61,9 +63,6 @@ def layers(torch, fusedk):
 
 
 def epilogue(torch, fusedk):
-    import statistics
-
-    import bench
     bench.torch = torch
     BF = torch.bfloat16
     for k in (1, 3):
