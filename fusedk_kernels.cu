@@ -330,6 +330,17 @@ template <auto Kernel> int resident_blocks(int device, int threads, size_t smem)
   if (cached) cache[device][slot].store((int64_t)smem << 16 | v, std::memory_order_relaxed);
   return v;
 }
+// the clusters of cfg's shape (a kernel's fixed block, shared memory and cluster size) resident at
+// once, asked once a kernel and device; 0 where none fits
+template <auto Kernel> int resident_clusters(int device, const cudaLaunchConfig_t &cfg) {
+  static std::atomic<int> cache[kMaxDevices]; // clusters, or -1: none fits
+  const bool cached = device >= 0 && device < kMaxDevices;
+  int v = cached ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (v) return v > 0 ? v : 0;
+  if (cudaOccupancyMaxActiveClusters(&v, Kernel, &cfg) != cudaSuccess) cudaGetLastError(), v = 0;
+  if (cached) cache[device].store(v > 0 ? v : -1, std::memory_order_relaxed);
+  return v > 0 ? v : 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // [dispatch] a compile-time variant from a runtime value
@@ -386,6 +397,22 @@ __device__ __forceinline__ float act_f32(float v, int kind) {
     case FUSEDK_ACT_NONE: return v; // linear's identity
     default: return v > 0.f ? v : v == v ? 0.f : v; // relu; NaN stays NaN (fmaxf would drop it)
   }
+}
+// act_f32 for a result rounded to a 16-bit type (the conv's epilogue, group_norm's and
+// channel_rmsnorm's outputs): SiLU as v rcp(1 + e^-v) on the approximate ex2 and rcp, 5
+// instructions instead of ~20, which left those kernels issue-bound. __expf's error grows with |v|
+// (about 2 + 1.2 |v| float32 ulps), still 20x below a 16-bit rounding. rcp.approx without ftz
+// keeps act_f32's values where 1 + e^-v passes 2^126 (a divide's approximation gives 0 there) and
+// its limits: e^-v = inf gives -0, v = -inf NaN.
+__device__ __forceinline__ float act_16(float v, int kind) {
+  if (kind != FUSEDK_ACT_SILU) return act_f32(v, kind);
+  float r;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(1.f + __expf(-v)));
+  return v * r;
+}
+// act_16 where T is 16-bit, act_f32 where it is float32
+template <typename T> __device__ __forceinline__ float act_t(float v, int kind) {
+  return sizeof(T) == 2 ? act_16(v, kind) : act_f32(v, kind);
 }
 // f(integral_constant<int, act>) for the runtime act: a kernel's loop over many elements compiled
 // once per activation (a switch an element spreads the loop over the instruction cache)
@@ -1039,6 +1066,32 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap *m, 
                "%4, %5, %6}], [%7];" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
                "r"(smem_u32(bar))
                : "memory");
+}
+// tma_load_5d into the same shared offset of every block of the cluster in `mask`, each block's
+// barrier at `bar`'s offset counting the bytes in
+__device__ __forceinline__ void tma_load_5d_mc(uint32_t dst, const CUtensorMap *m, int c0, int c1, int c2, int c3,
+                                               int c4, uint64_t *bar, uint16_t mask) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;" ::"r"(dst), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+               "r"(c4), "r"(smem_u32(bar)), "h"(mask)
+               : "memory");
+}
+// an arrival on the barrier at `bar`'s offset in cluster block `cta`
+__device__ __forceinline__ void mbar_arrive_cta(uint64_t *bar, uint32_t cta) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(r) : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// every thread of every block of the cluster; barrier inits made visible to the cluster first
+__device__ __forceinline__ void cluster_sync_inits() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n"
+               "barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // shared-memory writes by threads, made visible to the async proxy (wgmma's and TMA's reads)
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -5907,7 +5960,7 @@ __global__ void __launch_bounds__(kCvThreads) conv_kernel(const fusedk__conv_arg
     const int64_t ro = res ? n * a.rs[0] + t * a.rs[1] + h * a.rs[2] + w * a.rs[3] : 0;
     values([&](int64_t co, float z) {
       if (co >= a.Co) return;
-      z = act_f32(z + (bias ? to_f32<T>(bias[co]) : 0.f), decltype(act)::value);
+      z = act_16(z + (bias ? to_f32<T>(bias[co]) : 0.f), decltype(act)::value);
       out[o + co] = from_f32<T>(res ? z + to_f32<T>(res[ro + co]) : z);
     });
   };
@@ -6001,50 +6054,87 @@ inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) { return 
 // staying in flight. A nearest-upsampled input (up > 1) runs as up^2 phases: output pixel
 // (up i + ph, up j + pw) reads source pixel i + floor((ph + tap - pad) / up), a box again, so the
 // upsampled image is never formed. Time padding that repeats the first frame clamps the box's frame.
-template <int BN> struct CvTma {
-  static constexpr int kStages = BN == 256 ? 4 : BN == 192 ? 5 : BN >= 96 ? 6 : BN == 64 ? 8 : 10; // about 192 KB
-  static constexpr int kA = 128 * 128, kStage = kA + BN * 128, kBars = kStages * kStage,
-                       kBytes = kBars + 2 * kStages * 8 + 1024;
+// HALO (a 3x3 conv's narrow channel tile, BN 16: an RGB conv_out): a k step is a channel chunk's
+// three halo boxes, one a tap column (the patch and the two rows its taps add: at most 10 x 16
+// pixels), and its 9 taps' weights; a tap's A is its column's box from the tap's row on, so x is
+// read 3 (bh + 2) / bh times a chunk instead of 9
+template <int BN, bool HALO = false> struct CvTma {
+  static constexpr int kStages = HALO ? 2 : BN == 256 ? 4 : BN == 192 ? 5 : BN >= 96 ? 6 : BN == 64 ? 8 : 10; // ~192 KB
+  // the epilogue's staging: a consumer warp's 16 rows, kCw channels at a time as floats (rows
+  // kCw wide, their 16-byte units swizzled: cv_stage)
+  static constexpr int kCw = BN < 32 ? BN : 32, kPitch = kCw;
+  static constexpr int kA = HALO ? 3 * 160 * 128 : 128 * 128, kStage = kA + (HALO ? 9 : 1) * BN * 128,
+                       kBars = kStages * kStage,
+                       kEpi = (kBars + 2 * kStages * 8 + 15) / 16 * 16, kBytes = kEpi + 8 * 16 * kPitch * 4 + 1024;
   // registers a thread: the launch's, the producer's, and what the producer gives the consumers
   static constexpr int kThreads = 384, kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 40,
                        kRegs = std::min(240, (kLaunchRegs * 3 - kProdRegs) / 2 / 8 * 8);
   static_assert(kRegs * 2 + kProdRegs <= kLaunchRegs * 3 && kRegs >= kLaunchRegs,
                 "setmaxnreg: the consumers' registers come from those the producer releases");
 };
-struct CvTile { // the tiles' order, fastest first: channel tile, patch column, patch row, phase, frame
-  int64_t tiles_w, tiles_h, tiles;
-  int bw, up, gy, pair; // pair: out takes 4-byte pairs of channels
+// the tiles' order, fastest first: channel tile, patch column, patch row, phase, frame. A cluster of
+// CL blocks takes CL neighbouring patches of one channel tile (a "pair": their weight boxes are one)
+struct CvTile {
+  int64_t tiles_w, tiles_h, patches, pairs;
+  int bw, up, gy, vec; // vec: out (and res) take 16-byte vectors of channels
+};
+// float `col` of row r of a warp's staging rows (CW floats a row): the row's 16-byte unit u sits at
+// u ^ f(r % 4), f = 0 3 4 7 (CW 32) or 0 0 3 3 (CW 16), so the epilogue's 8-byte stores (a
+// half-warp: 4 rows) and its 16-byte loads (a quarter-warp: 1, 2 or 4 rows) meet no bank twice
+template <int CW> __device__ __forceinline__ float *cv_stage(float *sg, int r, int col) {
+  const int f = CW == 32 ? (r & 1 ? 3 : 0) ^ (r & 2 ? 4 : 0) : r & 2 ? 3 : 0;
+  return sg + r * CW + ((col >> 2 ^ f) << 2) + (col & 3);
+}
+// a ring of ST stages walked a step at a time: the stage, its phase bit, and whether the ring has
+// gone round once (a stage's first use waits for no release)
+template <int ST> struct CvRing {
+  int s = 0;
+  uint32_t ph = 0;
+  bool round = false;
+  __device__ __forceinline__ int prev() const { return s ? s - 1 : ST - 1; }
+  __device__ __forceinline__ void next() {
+    if (++s == ST) s = 0, ph ^= 1, round = true;
+  }
 };
 
-template <typename T, int BN>
-__global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
+template <typename T, int BN, int CL, bool HALO>
+__global__ void __launch_bounds__(CvTma<BN, HALO>::kThreads, 1)
     conv_tma_kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                     const fusedk__conv_args a, const CvTile g) {
 #if FUSEDK__SM90A
-  using L = CvTma<BN>;
-  constexpr int ST = L::kStages;
+  using L = CvTma<BN, HALO>;
+  constexpr int ST = L::kStages, BH = BN / CL; // BH: the weight rows a block loads for the cluster
   extern __shared__ __align__(1024) unsigned char cv_smem[];
   const uint32_t raw = smem_u32(cv_smem), base = (raw + 1023) & ~1023u;
   uint64_t *full = reinterpret_cast<uint64_t *>(cv_smem + (base - raw) + L::kBars), *empty = full + ST;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < ST; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 8); // empty: a consumer warp each
+  if (threadIdx.x == 0) { // empty: a consumer warp each of every block of the cluster (B is shared)
+    for (int s = 0; s < ST; ++s) mbar_init(&full[s], 1), mbar_init(&empty[s], 8 * CL);
     fence_mbar_init();
   }
-  __syncthreads();
-  // tile id's channel tile, patch origin, phase and frame (the grid's order: CvTile's)
+  if constexpr (CL > 1) cluster_sync_inits();
+  else __syncthreads();
+  const int rank = CL > 1 ? (int)cluster_rank() : 0;
+  // pair P's channel tile and this block's patch (origin, phase, frame); a patch past the last
+  // (the cluster's second block at an odd count) loads its pair's first and stores nothing
   struct At {
     int co0, j0, i0, pw, ph, t, n;
+    bool live;
   };
-  auto tile = [&](int64_t id) {
+  auto tile = [&](int64_t P) {
     At u;
-    u.co0 = (int)(id % g.gy) * BN, id /= g.gy;
+    u.co0 = (int)(P % g.gy) * BN;
+    int64_t id = P / g.gy * CL + rank;
+    u.live = id < g.patches;
+    if (!u.live) id -= rank;
     u.j0 = (int)(id % g.tiles_w) * g.bw, id /= g.tiles_w;
     u.i0 = (int)(id % g.tiles_h) * (128 / g.bw), id /= g.tiles_h;
     u.pw = (int)(id % g.up), u.ph = (int)(id / g.up % g.up), id /= g.up * g.up;
     u.t = (int)(id % a.To), u.n = (int)(id / a.To);
     return u;
   };
-  const int nc = (int)((a.Ci + 63) / 64), khw = (int)(a.kh * a.kw), nk = (int)a.kt * khw * nc;
+  const int64_t P0 = blockIdx.x / CL, dP = gridDim.x / CL;
+  const int nc = (int)((a.Ci + 63) / 64), khw = (int)(a.kh * a.kw), nk = (int)a.kt * (HALO ? 1 : khw) * nc;
+  const int hbox = (128 / g.bw + 2) * g.bw * 128; // HALO: a halo box's bytes
   if (threadIdx.x < 128) {
     regs_lower<L::kProdRegs>();
     if (threadIdx.x) return;
@@ -6054,28 +6144,39 @@ __global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
     auto floor_div = [](int v, int d) { return v >= 0 ? v / d : -((-v + d - 1) / d); };
     asm volatile("prefetch.tensormap [%0];" ::"l"(&tx) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(&tw) : "memory");
-    int64_t q = 0;
-    for (int64_t id = blockIdx.x; id < g.tiles; id += gridDim.x) {
-      const At u = tile(id);
+    CvRing<ST> r;
+    for (int64_t P = P0; P < g.pairs; P += dP) {
+      const At u = tile(P);
       for (int ti = 0; ti < (int)a.kt; ++ti) {
         int ts = u.t - a.pad_t + ti;
         if (a.replicate & 1) ts = ts < 0 ? 0 : ts >= a.T ? (int)a.T - 1 : ts;
-        for (int tj = 0; tj < (int)a.kh; ++tj) {
-          const int y = u.i0 + floor_div(u.ph + tj - a.pad, g.up);
-          for (int tl = 0; tl < (int)a.kw; ++tl) {
-            const int xw = u.j0 + floor_div(u.pw + tl - a.pad, g.up);
-            for (int c = 0; c < nc * 64; c += 64, ++q) {
-              const int s = (int)(q % ST);
-              if (q >= ST) mbar_wait(&empty[s], (uint32_t)(q / ST - 1) & 1);
-              const uint32_t sa = base + s * L::kStage;
-              mbar_expect(&full[s], L::kStage);
-              tma_load_5d(sa, &tx, c, xw, y, ts, u.n, &full[s]);
-              tma_load_5d(sa + L::kA, &tw, c, tl, tj, ti, u.co0, &full[s]);
+        for (int tp = 0; tp < (HALO ? 1 : khw); ++tp) { // a step's tap (HALO: a step takes all 9)
+          const int tj = tp / (int)a.kw, tl = tp % (int)a.kw;
+          const int y = u.i0 + floor_div(u.ph + tj - a.pad, g.up), xw = u.j0 + floor_div(u.pw + tl - a.pad, g.up);
+          for (int c = 0; c < nc * 64; c += 64, r.next()) {
+            if (r.round) mbar_wait(&empty[r.s], r.ph ^ 1);
+            const uint32_t sa = base + r.s * L::kStage;
+            if constexpr (HALO) { // 3 boxes from row i0 - pad, columns j0 - pad + 0..2; 9 taps' weights
+              mbar_expect(&full[r.s], 3 * hbox + 9 * BN * 128);
+              for (int k = 0; k < 3; ++k) tma_load_5d(sa + k * hbox, &tx, c, xw + k, y, ts, u.n, &full[r.s]);
+              for (int k = 0; k < 9; ++k)
+                tma_load_5d(sa + L::kA + k * BN * 128, &tw, c, k % 3, k / 3, ti, u.co0, &full[r.s]);
+            } else {
+              mbar_expect(&full[r.s], L::kStage);
+              tma_load_5d(sa, &tx, c, xw, y, ts, u.n, &full[r.s]);
+              if constexpr (CL > 1) // this block's rows of the weight box, into every block's stage
+                tma_load_5d_mc(sa + L::kA + rank * BH * 128, &tw, c, tl, tj, ti, u.co0 + rank * BH, &full[r.s],
+                               (uint16_t)((1u << CL) - 1));
+              else
+                tma_load_5d(sa + L::kA, &tw, c, tl, tj, ti, u.co0, &full[r.s]);
             }
           }
         }
       }
     }
+    if constexpr (CL > 1) // the other blocks' last releases land before this block's barriers go
+      for (int j = 0; j < ST; ++j, r.next())
+        if (r.round) mbar_wait(&empty[r.s], r.ph ^ 1);
     return;
   }
   regs_raise<L::kRegs>();
@@ -6083,67 +6184,106 @@ __global__ void __launch_bounds__(CvTma<BN>::kThreads, 1)
   const T *bias = static_cast<const T *>(a.bias), *res = static_cast<const T *>(a.res);
   T *out = static_cast<T *>(a.out);
   const int64_t Hp = a.Ho / g.up, Wp = a.Wo / g.up;
-  int64_t q = 0;
+  // a stage goes back to the producers of every block of the cluster (each wrote part of it)
+  auto release = [&](int st) {
+    if (lane) return;
+    if constexpr (CL > 1)
+      for (int c = 0; c < CL; ++c) mbar_arrive_cta(&empty[st], (uint32_t)c);
+    else
+      mbar_arrive(&empty[st]);
+  };
+  CvRing<ST> r;
   float acc[BN / 8][4] = {};
-  for (int64_t id = blockIdx.x; id < g.tiles; id += gridDim.x) {
-    const At u = tile(id);
+  for (int64_t P = P0; P < g.pairs; P += dP) {
+    const At u = tile(P);
     const int co0 = u.co0;
-    for (int qt = 0; qt < nk; ++qt, ++q) {
-      const int s = (int)(q % ST);
-      mbar_wait(&full[s], (uint32_t)(q / ST) & 1);
-      const uint32_t sa = base + s * L::kStage + w * 64 * 128, sb = base + s * L::kStage + L::kA;
+    for (int qt = 0; qt < nk; ++qt, r.next()) {
+      mbar_wait(&full[r.s], r.ph);
+      const uint32_t sa = base + r.s * L::kStage + w * 64 * 128, sb = base + r.s * L::kStage + L::kA;
       wgmma_fence();
+      if constexpr (HALO) { // tap (tj, tl): column tl's box from row tj on (whole 8-row groups)
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) // the tile's first product writes acc, the rest add to it
-        wgmma_ss<T, BN>(acc, wgmma_desc(sa + kk * 32, 16, 1024), wgmma_desc(sb + kk * 32, 16, 1024), qt | kk);
+        for (int tp = 0; tp < 9; ++tp)
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wgmma_ss<T, BN>(acc, wgmma_desc(sa + (tp % 3) * hbox + (tp / 3) * g.bw * 128 + kk * 32, 16, 1024),
+                            wgmma_desc(sb + tp * BN * 128 + kk * 32, 16, 1024), qt | tp | kk);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) // the tile's first product writes acc, the rest add to it
+          wgmma_ss<T, BN>(acc, wgmma_desc(sa + kk * 32, 16, 1024), wgmma_desc(sb + kk * 32, 16, 1024), qt | kk);
+      }
       wgmma_commit();
-      wgmma_wait<1>(); // step q - 1's product is done: its stage goes back to the producer
-      if (qt && lane == 0) mbar_arrive(&empty[(q - 1) % ST]);
+      wgmma_wait<1>(); // the previous step's product is done: its stage goes back to the producer
+      if (qt) release(r.prev());
     }
     wgmma_wait<0>();
     wgmma_hold(acc);
-    if (lane == 0) mbar_arrive(&empty[(q - 1) % ST]);
-    // lane holds rows lane / 4 (+ 8) of its warp's 16, channel pairs 2 (lane % 4) of each 8; the
-    // epilogue compiled once per activation (with_act), and without a test an element where the
-    // tile's channels all exist
-    int64_t o[2], ro[2];
-    bool on[2];
+    release(r.prev());
+    if (!u.live) continue;
+    // The epilogue. Lane holds rows lane / 4 (+ 8) of its warp's 16 and channel pairs 2 (lane % 4)
+    // of each 8; they go through the warp's staging rows (floats: a residual adds to the unrounded
+    // activation) kCw channels at a time and come back as 8 neighbouring channels a lane, so a
+    // warp's store is 8 rows x 64 whole bytes, not 8 rows x 16 bytes. Compiled once per activation
+    constexpr int CW = L::kCw, VR = CW / 8, KS = 16 / (32 / VR); // KS: rows a lane reads back
+    float *sg = reinterpret_cast<float *>(cv_smem + (base - raw) + L::kEpi) + (w * 4 + warp) * 16 * L::kPitch;
+    const int v = lane % VR;
+    int64_t o[KS], ro[KS];
+    bool on[KS];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = w * 64 + warp * 16 + lane / 4 + hf * 8, i = u.i0 + r / g.bw, j = u.j0 + r % g.bw;
+    for (int k = 0; k < KS; ++k) {
+      const int r = w * 64 + warp * 16 + lane / VR + k * (32 / VR), i = u.i0 + r / g.bw, j = u.j0 + r % g.bw;
       const int64_t oh = (int64_t)i * g.up + u.ph, ow = (int64_t)j * g.up + u.pw;
-      on[hf] = i < Hp && j < Wp;
-      o[hf] = u.n * a.os[0] + u.t * a.os[1] + oh * a.os[2] + ow * a.os[3];
-      ro[hf] = res ? u.n * a.rs[0] + u.t * a.rs[1] + oh * a.rs[2] + ow * a.rs[3] : 0;
+      on[k] = i < Hp && j < Wp;
+      o[k] = u.n * a.os[0] + u.t * a.os[1] + oh * a.os[2] + ow * a.os[3];
+      ro[k] = res ? u.n * a.rs[0] + u.t * a.rs[1] + oh * a.rs[2] + ow * a.rs[3] : 0;
     }
-    // FULL: every channel of the tile exists and pairs store as 4 bytes (no test an element)
-    auto epilogue = [&](auto act, auto full) {
-      constexpr bool FULL = decltype(full)::value;
+    // VEC: out and res take 16-byte vectors (a vector's channels all exist or none does)
+    auto epilogue = [&](auto act, auto vec) {
+      constexpr bool VEC = decltype(vec)::value;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        if (!on[hf]) continue;
+      for (int c = 0; c < BN; c += CW) {
+        if (co0 + c >= a.Co) break;
 #pragma unroll
-        for (int c8 = 0; c8 < BN / 8; ++c8) {
-          const int co = co0 + c8 * 8 + (lane % 4) * 2;
-          const bool in0 = FULL || co < a.Co, in1 = FULL || co + 1 < a.Co;
-          float z0 = acc[c8][hf * 2] + (bias && in0 ? to_f32<T>(bias[co]) : 0.f);
-          float z1 = acc[c8][hf * 2 + 1] + (bias && in1 ? to_f32<T>(bias[co + 1]) : 0.f);
-          z0 = act_f32(z0, decltype(act)::value), z1 = act_f32(z1, decltype(act)::value);
-          if (res) {
-            z0 += in0 ? to_f32<T>(res[ro[hf] + co]) : 0.f;
-            z1 += in1 ? to_f32<T>(res[ro[hf] + co + 1]) : 0.f;
-          }
-          if (FULL) {
-            *reinterpret_cast<uint32_t *>(out + o[hf] + co) = pack2<T>(z0, z1);
+        for (int c8 = 0; c8 < VR; ++c8) {
+          const int co = co0 + c + c8 * 8 + (lane % 4) * 2;
+          const float b0 = bias && co < a.Co ? to_f32<T>(bias[co]) : 0.f;
+          const float b1 = bias && co + 1 < a.Co ? to_f32<T>(bias[co + 1]) : 0.f;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<float2 *>(cv_stage<CW>(sg, lane / 4 + hf * 8, c8 * 8 + (lane % 4) * 2)) =
+                make_float2(act_16(acc[c / 8 + c8][hf * 2] + b0, decltype(act)::value),
+                            act_16(acc[c / 8 + c8][hf * 2 + 1] + b1, decltype(act)::value));
+        }
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < KS; ++k) {
+          const int rr = lane / VR + k * (32 / VR);
+          const float4 lo = *reinterpret_cast<const float4 *>(cv_stage<CW>(sg, rr, v * 8)),
+                       hi = *reinterpret_cast<const float4 *>(cv_stage<CW>(sg, rr, v * 8 + 4));
+          float z[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          const int co = co0 + c + v * 8;
+          if (!on[k]) continue;
+          if (VEC) {
+            if (co >= a.Co) continue;
+            if (res) {
+              float q[8];
+              load<T, 8>(res + ro[k] + co, q);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) z[e] += q[e];
+            }
+            *reinterpret_cast<uint4 *>(out + o[k] + co) =
+                make_uint4(pack2<T>(z[0], z[1]), pack2<T>(z[2], z[3]), pack2<T>(z[4], z[5]), pack2<T>(z[6], z[7]));
           } else {
-            if (in0) out[o[hf] + co] = from_f32<T>(z0);
-            if (in1) out[o[hf] + co + 1] = from_f32<T>(z1);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              if (co + e < a.Co) out[o[k] + co + e] = from_f32<T>(z[e] + (res ? to_f32<T>(res[ro[k] + co + e]) : 0.f));
           }
         }
+        __syncwarp(); // the staging rows are read before the next chunk writes them
       }
     };
-    const bool whole = g.pair && co0 + BN <= a.Co;
-    auto run = [&](auto act) { whole ? epilogue(act, std::true_type{}) : epilogue(act, std::false_type{}); };
+    auto run = [&](auto act) { g.vec ? epilogue(act, std::true_type{}) : epilogue(act, std::false_type{}); };
     with_act(a.act, run);
   }
 #else
@@ -6164,7 +6304,8 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
       a.To > INT32_MAX || a.Ho > INT32_MAX || a.Wo > INT32_MAX)
     return cudaSuccess;
   const int64_t Hp = a.Ho / up, Wp = a.Wo / up;
-  CvTile g{0, 0, 0, 0, up, 0, 0};
+  CvTile g{};
+  g.up = up;
   int64_t best = INT64_MAX;
   for (int bw = 64; bw >= 8; bw /= 2) { // fewest padded rows; ties: the squarer patch (fewer halo reads)
     const int64_t th = (Hp + 128 / bw - 1) / (128 / bw), tw = (Wp + bw - 1) / bw;
@@ -6179,27 +6320,62 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   for (int c : {64, 96, 128, 192, 256})
     if (cost(c) <= cost(bn)) bn = c;
   g.gy = (int)((a.Co + bn - 1) / bn);
-  g.tiles = patches * g.gy;
-  const int64_t grid = std::min(g.tiles, sms); // persistent: a block an SM walks tiles id, id + grid, ...
-  g.pair = a.Co % 2 == 0 && on_grid(a.out, a.os, 4, 2, 4);
+  g.patches = patches;
+  // FUSEDK_CONV_CLUSTER=2: clusters of 2 blocks on neighbouring patches share the weight box (each
+  // loads half, multicast), a k step's L2 reads 16 KB + BN x 64 B a block instead of + BN x 128 B.
+  // Off by default: the pair waits on each other's releases and runs slower (bench/NOTES.md).
+  static const bool pair = [] {
+    const char *e = getenv("FUSEDK_CONV_CLUSTER");
+    return e && strcmp(e, "2") == 0;
+  }();
+  const int cl = pair && patches >= 2 && bn >= 64 ? 2 : 1;
+  g.pairs = (patches + cl - 1) / cl * g.gy;
+  g.vec = a.Co % 8 == 0 && vec16(a.out, a.os, 4, 2) && (!a.res || vec16(a.res, a.rs, 4, 2));
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   const CUtensorMapDataType ty = bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap tx, tw;
   const int64_t xd[5] = {a.Ci, a.W / up, a.H / up, a.T, a.N}, xst[4] = {a.xs[3] * 2, a.xs[2] * 2, a.xs[1] * 2, a.xs[0] * 2};
   const int64_t wd[5] = {a.Ci, a.kw, a.kh, a.kt, a.Co}, wst[4] = {a.ws[3] * 2, a.ws[2] * 2, a.ws[1] * 2, a.ws[0] * 2};
-  const int xb[5] = {64, g.bw, 128 / g.bw, 1, 1};
+  // the halo steps where they apply: a 3x3 tap grid, no upsampling, a 16-channel tile and a patch
+  // at most 16 wide (the stage holds its boxes). FUSEDK_CONV_HALO=0 turns them off (a comparison)
+  static const bool halo_off = [] {
+    const char *e = getenv("FUSEDK_CONV_HALO");
+    return e && strcmp(e, "0") == 0;
+  }();
+  const bool halo = !halo_off && bn == 16 && a.kh == 3 && a.kw == 3 && up == 1 && g.bw <= 16;
+  const int xb[5] = {64, g.bw, 128 / g.bw + (halo ? 2 : 0), 1, 1};
+  // persistent: a cluster walks pairs P, P + clusters, ...; as many clusters as fit at once
   return dispatch_int<16, 64, 96, 128, 192, 256>(bn, [&](auto bnc) -> cudaError_t {
-    constexpr int BN = decltype(bnc)::value;
-    constexpr auto kernel = conv_tma_kernel<T, BN>;
-    const int wb[5] = {64, 1, 1, 1, BN};
-    if (!tma_code<kernel>(dev) || (size_t)CvTma<BN>::kBytes > device_smem_optin(dev) ||
-        !tmap_nd<5>(&tx, a.x, ty, xd, xst, xb) || !tmap_nd<5>(&tw, a.w, ty, wd, wst, wb))
-      return cudaSuccess;
-    const cudaError_t e = smem_opt_in<kernel>(CvTma<BN>::kBytes, 0, dev);
-    if (e != cudaSuccess) return e;
-    kernel<<<(unsigned)grid, CvTma<BN>::kThreads, CvTma<BN>::kBytes, s>>>(tx, tw, a, g);
-    *used = true;
-    return cudaGetLastError();
+    // the block's form: 1 or 2 blocks a cluster, or (3) the halo steps, one block (BN 16 only)
+    return dispatch_int<1, 2, 3>(halo ? 3 : cl, [&](auto form) -> cudaError_t {
+      constexpr int BN = decltype(bnc)::value, CL = decltype(form)::value == 2 && BN >= 64 ? 2 : 1;
+      constexpr bool HALO = decltype(form)::value == 3 && BN == 16;
+      using L = CvTma<BN, HALO>;
+      constexpr auto kernel = conv_tma_kernel<T, BN, CL, HALO>;
+      const int wb[5] = {64, 1, 1, 1, BN / CL};
+      if (!tma_code<kernel>(dev) || (size_t)L::kBytes > device_smem_optin(dev) ||
+          !tmap_nd<5>(&tx, a.x, ty, xd, xst, xb) || !tmap_nd<5>(&tw, a.w, ty, wd, wst, wb))
+        return cudaSuccess;
+      cudaError_t e = smem_opt_in<kernel>(L::kBytes, 0, dev);
+      if (e != cudaSuccess) return e;
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+      cfg.blockDim = dim3(L::kThreads), cfg.dynamicSmemBytes = L::kBytes, cfg.stream = s;
+      cfg.attrs = at, cfg.numAttrs = 1;
+      int64_t clusters = sms / CL;
+      if (CL > 1) {
+        cfg.gridDim = dim3((unsigned)(sms / CL * CL));
+        const int n = resident_clusters<kernel>(dev, cfg);
+        if (n < 1) return cudaSuccess; // no cluster fits (a partitioned device): the cp.async kernel
+        clusters = n;
+      }
+      cfg.gridDim = dim3((unsigned)(std::min(g.pairs, clusters) * CL));
+      e = cudaLaunchKernelEx(&cfg, kernel, tx, tw, a, g);
+      *used = e == cudaSuccess;
+      return e;
+    });
   });
 }
 
@@ -6411,7 +6587,7 @@ __global__ void __launch_bounds__(kGnThreads) gn_apply_kernel(const fusedk__gn_a
     gn_walk<T, V>(g, static_cast<const T *>(a.x) + g.n * a.xs[0] + g.v * V, a.xs[1], [&](int64_t p, const float(&f)[V]) {
       float z[V];
 #pragma unroll
-      for (int e = 0; e < V; ++e) z[e] = act_f32(fmaf(f[e] - mean[e], A[e], B[e]), decltype(act)::value);
+      for (int e = 0; e < V; ++e) z[e] = act_t<T>(fmaf(f[e] - mean[e], A[e], B[e]), decltype(act)::value);
       store_cs<T, V>(y + p * a.ys[1], z);
     });
   };
@@ -6508,7 +6684,7 @@ template <typename T, int V, int G, bool HELD> __global__ void crms_kernel(const
     }
     with_act(a.act, [&](auto act) {
 #pragma unroll
-      for (int e = 0; e < V; ++e) f[e] = act_f32(f[e], decltype(act)::value);
+      for (int e = 0; e < V; ++e) f[e] = act_t<T>(f[e], decltype(act)::value);
     });
     store_cs<T, V>(y + v * V, f);
   };

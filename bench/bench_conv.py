@@ -10,7 +10,7 @@ at the Flux decoder's shapes (32 groups) as fusedk.group_norm(act="silu") agains
 channels-last, torch.compile, and a copy of the same bytes (read + write); the Flux decoder's
 upsamplers (nearest 2x + 3x3 conv, as diffusers' Upsample2D runs them) against conv(upsample=2).
 
-    PYTHONPATH=bindings/python:bench python3 bench/bench_conv.py [--out DIR] [--quick] [--no-compile] [--rounds 5]
+    PYTHONPATH=bindings/python:bench python3 bench/bench_conv.py [--out DIR] [--quick | --seed] [--no-compile] [--rounds 5]
 
 Method (bench.py's): each call captured K times in a CUDA graph, replays timed by events, median;
 implementations in rotated rounds; TFLOP/s from 2 M Co K. Writes DIR/bench_conv.json and .md."""
@@ -44,6 +44,7 @@ def main():
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", action="store_true", help="the seed's three shapes alone (with the compiled chain)")
     ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile columns (their compile time)")
     args = ap.parse_args()
     import torch
@@ -54,6 +55,9 @@ def main():
     torch.backends.cudnn.benchmark = True
     BF = torch.bfloat16
     rows = []
+
+    def pick(rows_, n):  # a list's rows for this run: --quick its first n, --seed none
+        return [] if args.seed else rows_[:n] if args.quick else rows_
 
     def run(name, calls, flop, ref, outs):
         K = 4 if flop < 2e11 else 1  # (memory-bound rows: flop 0)
@@ -71,7 +75,7 @@ def main():
         bench.log(name, {k: round(v, 1) for k, v in r["us"].items()}, {k: f"{v:.2e}" for k, v in r["rel_l2"].items()})
 
     with torch.no_grad():
-        for name, N, C, H, W, Co, k in SEED[:2] if args.quick else SEED:
+        for name, N, C, H, W, Co, k in SEED if args.seed else pick(SEED, 2):
             conv = torch.nn.Conv2d(C, Co, k, 1, k // 2).cuda().to(BF).to(memory_format=torch.channels_last)
             bn = torch.nn.BatchNorm2d(Co).cuda().to(BF).eval()
             bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2.0), bn.weight.normal_(), bn.bias.normal_()
@@ -93,7 +97,7 @@ def main():
             if chain_c is None:
                 del calls["compiled conv+bn+silu"], outs["compiled conv+bn+silu"]
             run(name, calls, 2.0 * N * H * W * Co * C * k * k, ref, outs)
-        for name, N, C, H, W, Co, k in FLUX[:3] if args.quick else FLUX:
+        for name, N, C, H, W, Co, k in pick(FLUX, 3):
             conv = torch.nn.Conv2d(C, Co, k, 1, k // 2).cuda().to(BF).to(memory_format=torch.channels_last)
             x = torch.randn(N, C, H, W, device="cuda", dtype=BF).to(memory_format=torch.channels_last)
             xv, wv = x.permute(0, 2, 3, 1), conv.weight.permute(0, 2, 3, 1)
@@ -105,7 +109,7 @@ def main():
                                            "fusedk": lambda: fusedk.conv(xv, wv, conv.bias, padding=k // 2)}
             run(name, calls, flop, ref, outs)
             torch.cuda.empty_cache()
-        for name, C, H, Co in FLUX_UP[:1] if args.quick else FLUX_UP:
+        for name, C, H, Co in pick(FLUX_UP, 1):
             conv = torch.nn.Conv2d(C, Co, 3, 1, 1).cuda().to(BF).to(memory_format=torch.channels_last)
             x = torch.randn(1, C, H, H, device="cuda", dtype=BF).to(memory_format=torch.channels_last)
             xv, wv = x.permute(0, 2, 3, 1), conv.weight.permute(0, 2, 3, 1)
@@ -116,7 +120,7 @@ def main():
                            conv.bias.double(), 1, 1).permute(0, 2, 3, 1) if H < 512 else None
             run(name, calls, 2.0 * 4 * H * H * Co * C * 9, ref, {"fusedk (upsample=2)": fk} if ref is not None else {})
             torch.cuda.empty_cache()
-        for name, N, T, C, H, W, Co, kt in WAN[:1] if args.quick else WAN:
+        for name, N, T, C, H, W, Co, kt in pick(WAN, 1):
             ks = (kt, 1, 1) if "time_conv" in name else (kt, 3, 3)
             conv = torch.nn.Conv3d(C, Co, ks).cuda().to(BF).to(memory_format=torch.channels_last_3d)
             sp = ks[1] // 2
@@ -130,8 +134,8 @@ def main():
             run(name, calls, flop, conv(xp).double().permute(0, 2, 3, 4, 1),
                 {"fusedk (causal zeros)": lambda: fusedk.conv(xv, wv, conv.bias, padding=sp, pad_t=kt - 1)})
             torch.cuda.empty_cache()
-        for name, C, H in [("gn+silu 512 128^2", 512, 128), ("gn+silu 512 256^2", 512, 256),
-                           ("gn+silu 256 512^2", 256, 512), ("gn+silu 128 1024^2", 128, 1024)][:2 if args.quick else 4]:
+        for name, C, H in pick([("gn+silu 512 128^2", 512, 128), ("gn+silu 512 256^2", 512, 256),
+                           ("gn+silu 256 512^2", 256, 512), ("gn+silu 128 1024^2", 128, 1024)], 2):
             gn = torch.nn.GroupNorm(32, C, eps=1e-6).cuda().to(BF)
             x = torch.randn(1, C, H, H, device="cuda", dtype=BF).to(memory_format=torch.channels_last)
             xv, y = x.permute(0, 2, 3, 1), torch.empty_like(x)
