@@ -578,6 +578,12 @@ template <auto Kernel> bool tma_code(int device) {
   return v == 1;
 }
 
+// whether environment variable `name` is set to `value` (the bench's switches between forms)
+inline bool env_is(const char *name, const char *value) {
+  const char *e = getenv(name);
+  return e && strcmp(e, value) == 0;
+}
+
 // FUSEDK_NO_TMA=1 in the environment: the pre-Hopper kernels everywhere (A/B and their tests).
 bool tma_disabled() {
   static const bool off = [] {
@@ -6062,10 +6068,10 @@ template <int BN, bool HALO = false> struct CvTma {
   static constexpr int kStages = HALO ? 2 : BN == 256 ? 4 : BN == 192 ? 5 : BN >= 96 ? 6 : BN == 64 ? 8 : 10; // ~192 KB
   // the epilogue's staging: a consumer warp's 16 rows, kCw channels at a time as floats (rows
   // kCw wide, their 16-byte units swizzled: cv_stage)
-  static constexpr int kCw = BN < 32 ? BN : 32, kPitch = kCw;
+  static constexpr int kCw = BN < 32 ? BN : 32;
   static constexpr int kA = HALO ? 3 * 160 * 128 : 128 * 128, kStage = kA + (HALO ? 9 : 1) * BN * 128,
                        kBars = kStages * kStage,
-                       kEpi = (kBars + 2 * kStages * 8 + 15) / 16 * 16, kBytes = kEpi + 8 * 16 * kPitch * 4 + 1024;
+                       kEpi = (kBars + 2 * kStages * 8 + 15) / 16 * 16, kBytes = kEpi + 8 * 16 * kCw * 4 + 1024;
   // registers a thread: the launch's, the producer's, and what the producer gives the consumers
   static constexpr int kThreads = 384, kLaunchRegs = 65536 / kThreads / 8 * 8, kProdRegs = 40,
                        kRegs = std::min(240, (kLaunchRegs * 3 - kProdRegs) / 2 / 8 * 8);
@@ -6226,7 +6232,7 @@ __global__ void __launch_bounds__(CvTma<BN, HALO>::kThreads, 1)
     // activation) kCw channels at a time and come back as 8 neighbouring channels a lane, so a
     // warp's store is 8 rows x 64 whole bytes, not 8 rows x 16 bytes. Compiled once per activation
     constexpr int CW = L::kCw, VR = CW / 8, KS = 16 / (32 / VR); // KS: rows a lane reads back
-    float *sg = reinterpret_cast<float *>(cv_smem + (base - raw) + L::kEpi) + (w * 4 + warp) * 16 * L::kPitch;
+    float *sg = reinterpret_cast<float *>(cv_smem + (base - raw) + L::kEpi) + (w * 4 + warp) * 16 * CW;
     const int v = lane % VR;
     int64_t o[KS], ro[KS];
     bool on[KS];
@@ -6324,10 +6330,7 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   // FUSEDK_CONV_CLUSTER=2: clusters of 2 blocks on neighbouring patches share the weight box (each
   // loads half, multicast), a k step's L2 reads 16 KB + BN x 64 B a block instead of + BN x 128 B.
   // Off by default: the pair waits on each other's releases and runs slower (bench/NOTES.md).
-  static const bool pair = [] {
-    const char *e = getenv("FUSEDK_CONV_CLUSTER");
-    return e && strcmp(e, "2") == 0;
-  }();
+  static const bool pair = env_is("FUSEDK_CONV_CLUSTER", "2");
   const int cl = pair && patches >= 2 && bn >= 64 ? 2 : 1;
   g.pairs = (patches + cl - 1) / cl * g.gy;
   g.vec = a.Co % 8 == 0 && vec16(a.out, a.os, 4, 2) && (!a.res || vec16(a.res, a.rs, 4, 2));
@@ -6338,10 +6341,7 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   const int64_t wd[5] = {a.Ci, a.kw, a.kh, a.kt, a.Co}, wst[4] = {a.ws[3] * 2, a.ws[2] * 2, a.ws[1] * 2, a.ws[0] * 2};
   // the halo steps where they apply: a 3x3 tap grid, no upsampling, a 16-channel tile and a patch
   // at most 16 wide (the stage holds its boxes). FUSEDK_CONV_HALO=0 turns them off (a comparison)
-  static const bool halo_off = [] {
-    const char *e = getenv("FUSEDK_CONV_HALO");
-    return e && strcmp(e, "0") == 0;
-  }();
+  static const bool halo_off = env_is("FUSEDK_CONV_HALO", "0");
   const bool halo = !halo_off && bn == 16 && a.kh == 3 && a.kw == 3 && up == 1 && g.bw <= 16;
   const int xb[5] = {64, g.bw, 128 / g.bw + (halo ? 2 : 0), 1, 1};
   // persistent: a cluster walks pairs P, P + clusters, ...; as many clusters as fit at once
