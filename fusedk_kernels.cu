@@ -1086,7 +1086,9 @@ __device__ __forceinline__ void tma_load_5d_mc(uint32_t dst, const CUtensorMap *
 __device__ __forceinline__ void mbar_arrive_cta(uint64_t *bar, uint32_t cta) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(r) : "memory");
+  // release at the block's scope, as a consumer's arrival needs (its stage reads are wgmma's, done
+  // by wgmma_wait): .release.cluster costs a MEMBAR.ALL.GPU an arrival
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(r) : "memory");
 }
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
@@ -6322,9 +6324,16 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   // A reads and its share of the ring: a wide tile feeds the tensor cores better)
   const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
   auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 16); };
+  // FUSEDK_CONV_BN=16|64|96|128|192|256 forces the tile (the bench's sweep of this choice)
+  static const int bn_env = [] {
+    const char *e = getenv("FUSEDK_CONV_BN");
+    return e ? atoi(e) : 0;
+  }();
   int bn = 16;
   for (int c : {64, 96, 128, 192, 256})
     if (cost(c) <= cost(bn)) bn = c;
+  for (int c : {16, 64, 96, 128, 192, 256})
+    if (bn_env == c) bn = c;
   g.gy = (int)((a.Co + bn - 1) / bn);
   g.patches = patches;
   // FUSEDK_CONV_CLUSTER=2: clusters of 2 blocks on neighbouring patches share the weight box (each
