@@ -1161,10 +1161,10 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 #define FUSEDK__WG_C96(k) FUSEDK__WG_C80(k), FUSEDK__WG_R(k, 10), FUSEDK__WG_R(k, 11)
 #define FUSEDK__WG_C128(k) \
   FUSEDK__WG_C96(k), FUSEDK__WG_R(k, 12), FUSEDK__WG_R(k, 13), FUSEDK__WG_R(k, 14), FUSEDK__WG_R(k, 15)
+#define FUSEDK__WG_C160(k) \
+  FUSEDK__WG_C128(k), FUSEDK__WG_R(k, 16), FUSEDK__WG_R(k, 17), FUSEDK__WG_R(k, 18), FUSEDK__WG_R(k, 19)
 #define FUSEDK__WG_C192(k) \
-  FUSEDK__WG_C128(k), \
-  FUSEDK__WG_R(k, 16), FUSEDK__WG_R(k, 17), FUSEDK__WG_R(k, 18), FUSEDK__WG_R(k, 19), \
-  FUSEDK__WG_R(k, 20), FUSEDK__WG_R(k, 21), FUSEDK__WG_R(k, 22), FUSEDK__WG_R(k, 23)
+  FUSEDK__WG_C160(k), FUSEDK__WG_R(k, 20), FUSEDK__WG_R(k, 21), FUSEDK__WG_R(k, 22), FUSEDK__WG_R(k, 23)
 #define FUSEDK__WG_C256(k) \
   FUSEDK__WG_C192(k), \
   FUSEDK__WG_R(k, 24), FUSEDK__WG_R(k, 25), FUSEDK__WG_R(k, 26), FUSEDK__WG_R(k, 27), \
@@ -1177,9 +1177,10 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 #define FUSEDK__WG_P96 FUSEDK__WG_P80 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define FUSEDK__WG_P128 \
   FUSEDK__WG_P96 ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSEDK__WG_P160 \
+  FUSEDK__WG_P128 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define FUSEDK__WG_P192 \
-  FUSEDK__WG_P128 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+  FUSEDK__WG_P160 ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define FUSEDK__WG_P256 \
   FUSEDK__WG_P192 ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
@@ -1212,14 +1213,15 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int acc) {
-  static_assert(N == 16 || N == 64 || N == 80 || N == 96 || N == 128 || N == 192 || N == 256,
-                "tiles of 16, 64, 80, 96, 128, 192 or 256 columns");
+  static_assert(N == 16 || N == 64 || N == 80 || N == 96 || N == 128 || N == 160 || N == 192 || N == 256,
+                "tiles of 16, 64, 80, 96, 128, 160, 192 or 256 columns");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   if constexpr (N == 16) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 16, 8, 9, 10) }
   else if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 64, 32, 33, 34) }
   else if constexpr (N == 80) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 80, 40, 41, 42) }
   else if constexpr (N == 96) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 96, 48, 49, 50) }
   else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 128, 64, 65, 66) }
+  else if constexpr (N == 160) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 160, 80, 81, 82) }
   else if constexpr (N == 192) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 192, 96, 97, 98) }
   else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 256, 128, 129, 130) }
 }
@@ -6067,7 +6069,7 @@ inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) { return 
 // pixels), and its 9 taps' weights; a tap's A is its column's box from the tap's row on, so x is
 // read 3 (bh + 2) / bh times a chunk instead of 9
 template <int BN, bool HALO = false> struct CvTma {
-  static constexpr int kStages = HALO ? 2 : BN == 256 ? 4 : BN == 192 ? 5 : BN >= 96 ? 6 : BN == 64 ? 8 : 10; // ~192 KB
+  static constexpr int kStages = HALO ? 2 : BN == 256 ? 4 : BN >= 160 ? 5 : BN >= 96 ? 6 : BN == 64 ? 8 : 10; // ~192 KB
   // the epilogue's staging: a consumer warp's 16 rows, kCw channels at a time as floats (rows
   // kCw wide, their 16-byte units swizzled: cv_stage)
   static constexpr int kCw = BN < 32 ? BN : 32;
@@ -6324,15 +6326,15 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   // A reads and its share of the ring: a wide tile feeds the tensor cores better)
   const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
   auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 16); };
-  // FUSEDK_CONV_BN=16|64|96|128|192|256 forces the tile (the bench's sweep of this choice)
+  // FUSEDK_CONV_BN=16|64|96|128|160|192|256 forces the tile (the bench's sweep of this choice)
   static const int bn_env = [] {
     const char *e = getenv("FUSEDK_CONV_BN");
     return e ? atoi(e) : 0;
   }();
   int bn = 16;
-  for (int c : {64, 96, 128, 192, 256})
+  for (int c : {64, 96, 128, 160, 192, 256})
     if (cost(c) <= cost(bn)) bn = c;
-  for (int c : {16, 64, 96, 128, 192, 256})
+  for (int c : {16, 64, 96, 128, 160, 192, 256})
     if (bn_env == c) bn = c;
   g.gy = (int)((a.Co + bn - 1) / bn);
   g.patches = patches;
@@ -6354,7 +6356,7 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   const bool halo = !halo_off && bn == 16 && a.kh == 3 && a.kw == 3 && up == 1 && g.bw <= 16;
   const int xb[5] = {64, g.bw, 128 / g.bw + (halo ? 2 : 0), 1, 1};
   // persistent: a cluster walks pairs P, P + clusters, ...; as many clusters as fit at once
-  return dispatch_int<16, 64, 96, 128, 192, 256>(bn, [&](auto bnc) -> cudaError_t {
+  return dispatch_int<16, 64, 96, 128, 160, 192, 256>(bn, [&](auto bnc) -> cudaError_t {
     // the block's form: 1 or 2 blocks a cluster, or (3) the halo steps, one block (BN 16 only)
     return dispatch_int<1, 2, 3>(halo ? 3 : cl, [&](auto form) -> cudaError_t {
       constexpr int BN = decltype(bnc)::value, CL = decltype(form)::value == 2 && BN >= 64 ? 2 : 1;
