@@ -77,6 +77,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <cooperative_groups.h>
 #include <cudaTypedefs.h> // CUtensorMap, the cuTensorMapEncodeTiled type: types only, no libcuda
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,38 +187,28 @@ template <typename F> fusedk_status on_device(int32_t device_id, const char *op,
 
 constexpr int kMaxDevices = 64; // per-device caches below; other ordinals take the defaults
 
-// The most shared memory a block of this device may opt into, read once per device (it never
-// changes; racing readers store the same value). 48 KB where unknown.
-size_t device_smem_optin(int device_id) {
-  static std::atomic<int> optin[kMaxDevices];
-  if (device_id < 0 || device_id >= kMaxDevices) return 48 << 10;
-  int v = optin[device_id].load(std::memory_order_relaxed);
-  if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id) != cudaSuccess ||
-        v < (48 << 10)) {
-      cudaGetLastError(); // not sticky; fall back to the default limit
-      return 48 << 10;
-    }
-    optin[device_id].store(v, std::memory_order_relaxed);
+// A device attribute, read once per device (these never change; racing readers store the same
+// value); 0 where unknown.
+template <cudaDeviceAttr A> int device_attr(int device_id) {
+  static std::atomic<int> cache[kMaxDevices];
+  if (device_id < 0 || device_id >= kMaxDevices) return 0;
+  int v = cache[device_id].load(std::memory_order_relaxed);
+  if (v) return v;
+  if (cudaDeviceGetAttribute(&v, A, device_id) != cudaSuccess) {
+    cudaGetLastError(); // not sticky
+    return 0;
   }
-  return (size_t)v;
-}
-
-int device_sms(int device_id);
-
-// The device's multiprocessor count, read once per device (grid sizes of grid-stride kernels).
-int device_sms(int device_id) {
-  static std::atomic<int> sms[kMaxDevices];
-  if (device_id < 0 || device_id >= kMaxDevices) return 132;
-  int v = sms[device_id].load(std::memory_order_relaxed);
-  if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device_id) != cudaSuccess || v < 1) {
-      cudaGetLastError();
-      return 132;
-    }
-    sms[device_id].store(v, std::memory_order_relaxed);
-  }
+  cache[device_id].store(v, std::memory_order_relaxed);
   return v;
+}
+// the most shared memory a block may opt into (48 KB where unknown)
+size_t device_smem_optin(int device_id) {
+  return (size_t)std::max(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device_id), 48 << 10);
+}
+// the multiprocessors (grid sizes of grid-stride kernels); 132 where unknown
+int device_sms(int device_id) {
+  const int v = device_attr<cudaDevAttrMultiProcessorCount>(device_id);
+  return v > 0 ? v : 132;
 }
 
 // Allocations while a stream is being captured go through the relaxed capture mode (cudaMalloc
@@ -6479,26 +6470,34 @@ __device__ __forceinline__ GnThread gn_thread(const fusedk__gn_args &a, int64_t 
   g.p0 = chunk * ppc + g.pl, g.p1 = e1 < a.L ? e1 : a.L;
   return g;
 }
-template <typename T, int V, typename F>
-__device__ __forceinline__ void gn_walk(const GnThread &g, const T *x, int64_t xp, F &&f) {
-  if (!g.on) return;
-  int64_t p = g.p0;
-  for (; p + 3 * g.lanes < g.p1; p += 4 * g.lanes) {
-    Raw<T, V> r[4]; // the loads in flight as loaded (half the registers of floats for 16-bit T)
+// f(p, x[p]) over the pixels p = s + k lanes, k < n (descending where REV), U loads in flight
+// as loaded (half the registers of floats for 16-bit T)
+template <typename T, int V, int U, bool REV, typename F>
+__device__ __forceinline__ void gn_run(const T *x, int64_t xp, int64_t s, int64_t lanes, int64_t n, F &&f) {
+  int64_t k = 0;
+  for (; k + U <= n; k += U) {
+    Raw<T, V> r[U];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) r[u] = ld<T, V>(x + (p + u * g.lanes) * xp);
+    for (int u = 0; u < U; ++u) r[u] = ld<T, V>(x + (s + (REV ? n - 1 - k - u : k + u) * lanes) * xp);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       float v[V];
       to_floats<T, V>(r[u], v);
-      f(p + u * g.lanes, v);
+      f(s + (REV ? n - 1 - k - u : k + u) * lanes, v);
     }
   }
-  for (; p < g.p1; p += g.lanes) {
+  for (; k < n; ++k) {
+    const int64_t p = s + (REV ? n - 1 - k : k) * lanes;
     float v[V];
     load<T, V>(x + p * xp, v);
     f(p, v);
   }
+}
+// the k with s + k lanes < e
+__device__ __forceinline__ int64_t gn_count(int64_t s, int64_t e, int64_t lanes) { return e > s ? (e - s + lanes - 1) / lanes : 0; }
+template <typename T, int V, typename F>
+__device__ __forceinline__ void gn_walk(const GnThread &g, const T *x, int64_t xp, F &&f) {
+  if (g.on) gn_run<T, V, 4, false>(x, xp, g.p0, g.lanes, gn_count(g.p0, g.p1, g.lanes), f);
 }
 
 template <typename T, int V>
@@ -6576,23 +6575,31 @@ __global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_a
   stats[i] = make_float2((float)(k + m), (float)(1.0 / sqrt(var + (double)a.eps)));
 }
 
+// the apply's per-channel terms of vector v of sample n: z = ((x - mean) rstd w + b)(1 + scale) +
+// shift = (x - mean) A + B; st: the sample's (mean, rstd) a group
+template <typename T, int V>
+__device__ __forceinline__ void gn_coefs(const fusedk__gn_args &a, int64_t n, int64_t v, const float2 *st, float (&mean)[V],
+                                         float (&A)[V], float (&B)[V]) {
+  const int64_t cg = a.C / a.groups;
+  const T *w = static_cast<const T *>(a.weight), *b = static_cast<const T *>(a.bias);
+  const T *sc = static_cast<const T *>(a.scale), *sh = static_cast<const T *>(a.shift);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const int64_t c = v * V + e;
+    const float2 t = st[c / cg];
+    const float m = sc ? 1.f + to_f32<T>(sc[n * a.ss[0] + c]) : 1.f;
+    mean[e] = t.x, A[e] = t.y * (w ? to_f32<T>(w[c]) : 1.f) * m;
+    B[e] = (b ? to_f32<T>(b[c]) : 0.f) * m + (sh ? to_f32<T>(sh[n * a.ss[1] + c]) : 0.f);
+  }
+}
+
 template <typename T, int V>
 __global__ void __launch_bounds__(kGnThreads) gn_apply_kernel(const fusedk__gn_args a, int64_t ppc, int64_t chunks,
                                                               const float2 *stats) {
   const GnThread g = gn_thread<V>(a, ppc, chunks, true);
   if (!g.on) return;
-  const int64_t cg = a.C / a.groups;
-  const T *w = static_cast<const T *>(a.weight), *b = static_cast<const T *>(a.bias);
-  const T *sc = static_cast<const T *>(a.scale), *sh = static_cast<const T *>(a.shift);
-  float mean[V], A[V], B[V]; // z = ((x - mean) rstd w + b)(1 + scale) + shift = (x - mean) A + B
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    const int64_t c = g.v * V + e;
-    const float2 st = stats[g.n * a.groups + c / cg];
-    const float m = sc ? 1.f + to_f32<T>(sc[g.n * a.ss[0] + c]) : 1.f;
-    mean[e] = st.x, A[e] = st.y * (w ? to_f32<T>(w[c]) : 1.f) * m;
-    B[e] = (b ? to_f32<T>(b[c]) : 0.f) * m + (sh ? to_f32<T>(sh[g.n * a.ss[1] + c]) : 0.f);
-  }
+  float mean[V], A[V], B[V];
+  gn_coefs<T, V>(a, g.n, g.v, stats + g.n * a.groups, mean, A, B);
   T *y = static_cast<T *>(a.y) + g.n * a.ys[0] + g.v * V;
   auto walk = [&](auto act) {
     gn_walk<T, V>(g, static_cast<const T *>(a.x) + g.n * a.xs[0] + g.v * V, a.xs[1], [&](int64_t p, const float(&f)[V]) {
@@ -6603,6 +6610,111 @@ __global__ void __launch_bounds__(kGnThreads) gn_apply_kernel(const fusedk__gn_a
     });
   };
   with_act(a.act, walk);
+}
+
+// The held form: one cooperative launch, a block an SM, bps blocks a sample, block b over a run of
+// ppb pixels. Pass 1: the run's first `hold` pixels come into shared memory by cp.async (16 bytes
+// a thread, no registers held while in flight) while the rest of the run (x past what the SMs
+// hold) streams through registers; both add into the sums (x - K, as gn_sums_kernel), whose group
+// totals go to part [n, b, groups]. The grid waits (grid.sync); each block reduces its sample's
+// parts (a warp a group, double, a fixed order) and writes y: the streamed pixels read again,
+// latest first (what pass 1 read last is still in L2), then the held ones from shared memory. x
+// comes from DRAM once where the SMs and L2 hold it, in one launch instead of three.
+constexpr int kGnHeld = 512; // threads: C / 8 vectors a pixel at most
+// shared memory past the held pixels: a float2 a thread, a channel and a group
+inline size_t gn_held_scratch(int64_t C, int64_t groups) { return (size_t)(kGnHeld + C + groups) * sizeof(float2); }
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kGnHeld, 1) gn_held_kernel(const fusedk__gn_args a, int64_t bps, int64_t ppb,
+                                                              int64_t hold, float2 *part) {
+  extern __shared__ __align__(16) unsigned char gh_smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t cv = a.C / V, cg = a.C / a.groups, lanes = kGnHeld / cv, pl = tid / cv, v = tid % cv;
+  const int64_t n = blockIdx.x / bps, b = blockIdx.x % bps;
+  const int64_t p0 = b * ppb < a.L ? b * ppb : a.L, p1 = p0 + ppb < a.L ? p0 + ppb : a.L, ph = p0 + hold < p1 ? p0 + hold : p1;
+  T *held = reinterpret_cast<T *>(gh_smem); // [hold][C]
+  float2 *red = reinterpret_cast<float2 *>(gh_smem + hold * a.C * sizeof(T)), *chan = red + kGnHeld,
+         *gs = chan + a.C; // gs: a group's K, then its (mean, rstd)
+  const T *xn = static_cast<const T *>(a.x) + n * a.xs[0], *x = xn + v * V;
+  // K before the grid waits: y may be x, and another block's pixel 0 may be written by then
+  for (int64_t q = tid; q < a.groups; q += kGnHeld) gs[q].x = to_f32<T>(xn[q * cg]);
+  __syncthreads();
+  const bool on = pl < lanes;
+  const int64_t nh = on ? gn_count(p0 + pl, ph, lanes) : 0, ns = on ? gn_count(ph + pl, p1, lanes) : 0;
+  T *mine = held + (pl * cv + v) * V; // item q at mine + q lanes C
+  for (int64_t q = 0; q < nh; ++q)
+    cp_async16((uint32_t)__cvta_generic_to_shared(mine + q * lanes * a.C), x + (p0 + pl + q * lanes) * a.xs[1], 16);
+  cp_async_commit();
+  float k[V], s1[V] = {}, s2[V] = {};
+#pragma unroll
+  for (int e = 0; e < V; ++e) k[e] = gs[(v * V + e) / cg].x;
+  auto add = [&](int64_t, const float(&f)[V]) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float d = f[e] - k[e];
+      s1[e] += d, s2[e] = fmaf(d, d, s2[e]);
+    }
+  };
+  gn_run<T, V, 4, false>(x, a.xs[1], ph + pl, lanes, ns, add);
+  cp_async_wait<0>(); // this thread's copies landed (it alone reads them)
+  for (int64_t q = 0; q < nh; ++q) {
+    float f[V];
+    load<T, V>(mine + q * lanes * a.C, f);
+    add(0, f);
+  }
+  // a channel's sums over the lanes in lane order, then a group's (a warp, a fixed tree)
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    red[tid] = make_float2(s1[e], s2[e]);
+    __syncthreads();
+    if (tid < cv) {
+      float2 t = red[tid];
+      for (int64_t l = 1; l < lanes; ++l) t.x += red[l * cv + tid].x, t.y += red[l * cv + tid].y;
+      chan[tid * V + e] = t;
+    }
+    __syncthreads();
+  }
+  for (int64_t q = warp; q < a.groups; q += kGnHeld / 32) {
+    float t1 = 0.f, t2 = 0.f;
+    for (int64_t c = q * cg + lane; c < (q + 1) * cg; c += 32) t1 += chan[c].x, t2 += chan[c].y;
+    t1 = lanes_sum(t1, 32), t2 = lanes_sum(t2, 32);
+    if (!lane) part[(n * bps + b) * a.groups + q] = make_float2(t1, t2);
+  }
+  cooperative_groups::this_grid().sync();
+  // the sample's statistics: a warp a group, its blocks' parts strided over the lanes, then a
+  // fixed butterfly (every lane the same bits)
+  for (int64_t q = warp; q < a.groups; q += kGnHeld / 32) {
+    double t1 = 0.0, t2 = 0.0;
+    for (int64_t j = lane; j < bps; j += 32) {
+      const float2 t = __ldcg(&part[(n * bps + j) * a.groups + q]); // L2: written by other blocks
+      t1 += t.x, t2 += t.y;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) t1 += __shfl_xor_sync(0xffffffffu, t1, o), t2 += __shfl_xor_sync(0xffffffffu, t2, o);
+    if (!lane) {
+      const double cnt = (double)a.L * (double)cg, m = t1 / cnt, var = fmax(t2 / cnt - m * m, 0.0);
+      gs[q] = make_float2((float)(gs[q].x + m), (float)(1.0 / sqrt(var + (double)a.eps)));
+    }
+  }
+  __syncthreads();
+  if (!on) return;
+  float mean[V], A[V], B[V];
+  gn_coefs<T, V>(a, n, v, gs, mean, A, B);
+  T *y = static_cast<T *>(a.y) + n * a.ys[0] + v * V;
+  with_act(a.act, [&](auto act) {
+    auto out = [&](int64_t p, const float(&f)[V]) {
+      float z[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) z[e] = act_t<T>(fmaf(f[e] - mean[e], A[e], B[e]), decltype(act)::value);
+      store_cs<T, V>(y + p * a.ys[1], z);
+    };
+    gn_run<T, V, 4, true>(x, a.xs[1], ph + pl, lanes, ns, out);
+    for (int64_t q = 0; q < nh; ++q) {
+      float f[V];
+      load<T, V>(mine + q * lanes * a.C, f);
+      out(p0 + pl + q * lanes, f);
+    }
+  });
 }
 
 StreamBuffers &gn_buffers() {
@@ -6620,7 +6732,49 @@ inline GnSplit gn_split(int64_t L, int64_t lanes, int64_t want) {
   return {ppc, (L + ppc - 1) / ppc};
 }
 
+// The held form where it applies: 16-bit x in 16-byte vectors, 64 to 4096 channels, a sample at
+// least an SM, cooperative launches, and what the SMs' shared memory does not hold of x at most
+// the L2 (past that its second read misses anyway, and the three launches keep more loads in
+// flight). FUSEDK_GN_HELD=0 turns it off, =1 on past the L2 (the bench's comparisons). *used says.
+template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaStream_t s, int dev, bool *used) {
+  *used = false;
+  static const bool off = env_is("FUSEDK_GN_HELD", "0"), force = env_is("FUSEDK_GN_HELD", "1");
+  constexpr int V = 8;
+  const int64_t sms = device_sms(dev), cv = a.C / V, row = a.C * (int64_t)sizeof(T);
+  if (off || sizeof(T) != 2 || cv < 8 || cv > kGnHeld || a.N > sms || !device_attr<cudaDevAttrCooperativeLaunch>(dev))
+    return cudaSuccess;
+  const int64_t bps = sms / a.N, ppb = (a.L + bps - 1) / bps, scratch = (int64_t)gn_held_scratch(a.C, a.groups);
+  static const int64_t cap = [] { // FUSEDK_GN_HOLD=k: at most k pixels a block held (tests of the streamed part)
+    const char *e = getenv("FUSEDK_GN_HOLD");
+    return e && atoll(e) > 0 ? atoll(e) : INT64_MAX;
+  }();
+  const int64_t room = ((int64_t)device_smem_optin(dev) - scratch) / row, hold = std::min({ppb, room, cap});
+  if (hold < 1) return cudaSuccess;
+  const int64_t streamed = a.N * std::max<int64_t>(0, a.L - bps * hold) * row;
+  if (!force && streamed > device_attr<cudaDevAttrL2CacheSize>(dev)) return cudaSuccess;
+  constexpr auto kernel = gn_held_kernel<T, V>;
+  const size_t smem = (size_t)(hold * row + scratch);
+  cudaError_t e = smem_opt_in<kernel>(smem, 0, dev);
+  void *buf = nullptr;
+  if (e == cudaSuccess) e = gn_buffers().get(dev, s, (size_t)(a.N * bps * a.groups) * sizeof(float2), 0, &buf);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeCooperative, at[0].val.cooperative = 1;
+  cfg.gridDim = dim3((unsigned)(a.N * bps)), cfg.blockDim = dim3(kGnHeld), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+  cfg.attrs = at, cfg.numAttrs = 1;
+  e = cudaLaunchKernelEx(&cfg, kernel, a, bps, ppb, hold, static_cast<float2 *>(buf));
+  if (e == cudaErrorCooperativeLaunchTooLarge) return cudaGetLastError(), cudaSuccess; // the SMs are shared: three launches
+  *used = e == cudaSuccess;
+  return e;
+}
+
 template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cudaStream_t s, int dev) {
+  if constexpr (V == 8 && sizeof(T) == 2) {
+    bool used = false;
+    const cudaError_t e = launch_gn_held<T>(a, s, dev, &used);
+    if (e != cudaSuccess || used) return e;
+  }
   const int64_t cv = a.C / V, zb = (cv + kGnThreads - 1) / kGnThreads, lanes = cv >= kGnThreads ? 1 : kGnThreads / cv;
   const int64_t per = std::max<int64_t>(1, a.N * zb), sms = device_sms(dev);
   // the sums: about four blocks an SM. The apply: at least two waves of the blocks the SMs hold,

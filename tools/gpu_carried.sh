@@ -9,8 +9,9 @@
 #     [bench-conv-list] [bench-conv-seed] [bench-vae-flux] [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi]
 #     [bench-norms] [vae] [profile] [ncu] [profile-wan] [demo]
 # conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma, with
-# FUSEDK_NO_TMA=1 on mma.sync, and at the small shapes with the halo steps off and the clusters on)
-# and tests/python/test_conv.py; conv-units: those C units at the small shapes only; fp8: the C
+# FUSEDK_NO_TMA=1 on mma.sync, at the small shapes with the halo steps off, the clusters on and
+# group_norm's held form streaming all but 3 pixels a block, group_norm in three launches) and
+# tests/python/test_conv.py; conv-units: those C units at the small shapes only; fp8: the C
 # units of the FP8 ops and the norms, test_fp8.py's GPU norm and int8 tests; vae:
 # test_diffusers_vae.py; bench-conv: bench/bench_conv.py --quick (bench-conv-fast: without the
 # torch.compile columns; bench-conv-full: every row, with them; bench-conv-list: every row, without
@@ -52,7 +53,8 @@ for what in "${@:-conv}"; do
     conv)
       step units-conv 120 env FUSEDK_TEST_ONLY=conv "$B/test_gpu"
       step units-conv-mma 90 env FUSEDK_TEST_ONLY=conv FUSEDK_NO_TMA=1 "$B/test_gpu"
-      step units-conv-alt 40 env FUSEDK_TEST_ONLY=conv FUSEDK_CONV_HALO=0 FUSEDK_CONV_CLUSTER=2 FUSEDK_TEST_SMALL=1 "$B/test_gpu"
+      step units-conv-alt 40 env FUSEDK_TEST_ONLY=conv FUSEDK_CONV_HALO=0 FUSEDK_CONV_CLUSTER=2 FUSEDK_GN_HOLD=3 FUSEDK_TEST_SMALL=1 "$B/test_gpu"
+      step units-gn3 60 env FUSEDK_TEST_ONLY=group_norm FUSEDK_GN_HELD=0 "$B/test_gpu"
       step py-conv 150 python3 -m pytest -q -W ignore -p no:cacheprovider tests/python/test_conv.py -k gpu ;;
     fp8)
       step units-fp8 150 env FUSEDK_TEST_ONLY=quantize_fp8,glu_fp8,linear_fp8,linear_w8,norm "$B/test_gpu"
