@@ -6763,10 +6763,11 @@ template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaS
   at[0].id = cudaLaunchAttributeCooperative, at[0].val.cooperative = 1;
   cfg.gridDim = dim3((unsigned)(a.N * bps)), cfg.blockDim = dim3(kGnHeld), cfg.dynamicSmemBytes = smem, cfg.stream = s;
   cfg.attrs = at, cfg.numAttrs = 1;
-  e = cudaLaunchKernelEx(&cfg, kernel, a, bps, ppb, hold, static_cast<float2 *>(buf));
-  if (e == cudaErrorCooperativeLaunchTooLarge) return cudaGetLastError(), cudaSuccess; // the SMs are shared: three launches
-  *used = e == cudaSuccess;
-  return e;
+  // refused (the SMs shared with other work, or no cooperative launch where this stream is): three launches
+  if (cudaLaunchKernelEx(&cfg, kernel, a, bps, ppb, hold, static_cast<float2 *>(buf)) != cudaSuccess)
+    return cudaGetLastError(), cudaSuccess;
+  *used = true;
+  return cudaSuccess;
 }
 
 template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cudaStream_t s, int dev) {
