@@ -6621,8 +6621,10 @@ __global__ void __launch_bounds__(kGnThreads) gn_apply_kernel(const fusedk__gn_a
 // latest first (what pass 1 read last is still in L2), then the held ones from shared memory. x
 // comes from DRAM once where the SMs and L2 hold it, in one launch instead of three.
 constexpr int kGnHeld = 512; // threads: C / 8 vectors a pixel at most
-// shared memory past the held pixels: a float2 a thread, a channel and a group
-inline size_t gn_held_scratch(int64_t C, int64_t groups) { return (size_t)(kGnHeld + C + groups) * sizeof(float2); }
+// shared memory past the held pixels: a float a thread and channel of its vector, a float2 a channel and a group
+inline size_t gn_held_scratch(int64_t C, int64_t groups, int V) {
+  return (size_t)kGnHeld * V * sizeof(float) + (size_t)(C + groups) * sizeof(float2);
+}
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kGnHeld, 1) gn_held_kernel(const fusedk__gn_args a, int64_t bps, int64_t ppb,
@@ -6633,8 +6635,8 @@ __global__ void __launch_bounds__(kGnHeld, 1) gn_held_kernel(const fusedk__gn_ar
   const int64_t n = blockIdx.x / bps, b = blockIdx.x % bps;
   const int64_t p0 = b * ppb < a.L ? b * ppb : a.L, p1 = p0 + ppb < a.L ? p0 + ppb : a.L, ph = p0 + hold < p1 ? p0 + hold : p1;
   T *held = reinterpret_cast<T *>(gh_smem); // [hold][C]
-  float2 *red = reinterpret_cast<float2 *>(gh_smem + hold * a.C * sizeof(T)), *chan = red + kGnHeld,
-         *gs = chan + a.C; // gs: a group's K, then its (mean, rstd)
+  float *red = reinterpret_cast<float *>(gh_smem + hold * a.C * sizeof(T)); // [kGnHeld][V]
+  float2 *chan = reinterpret_cast<float2 *>(red + kGnHeld * V), *gs = chan + a.C; // gs: a group's K, then (mean, rstd)
   const T *xn = static_cast<const T *>(a.x) + n * a.xs[0], *x = xn + v * V;
   // K before the grid waits: y may be x, and another block's pixel 0 may be written by then
   for (int64_t q = tid; q < a.groups; q += kGnHeld) gs[q].x = to_f32<T>(xn[q * cg]);
@@ -6662,15 +6664,22 @@ __global__ void __launch_bounds__(kGnHeld, 1) gn_held_kernel(const fusedk__gn_ar
     load<T, V>(mine + q * lanes * a.C, f);
     add(0, f);
   }
-  // a channel's sums over the lanes in lane order, then a group's (a warp, a fixed tree)
+  // a channel's sums over the lanes in a fixed order: within a warp by a butterfly where the
+  // vectors divide it (lanes i and i + cv hold the same channels), then a warp's totals through
+  // shared memory (red [lane][C]), a channel a thread; then a group's (a warp, a fixed tree)
+  const int64_t step = cv < 32 && 32 % cv == 0 ? 32 / cv : 1;
+  for (int o = 16; step > 1 && o >= cv; o /= 2)
 #pragma unroll
-  for (int e = 0; e < V; ++e) {
-    red[tid] = make_float2(s1[e], s2[e]);
+    for (int e = 0; e < V; ++e) s1[e] += __shfl_xor_sync(0xffffffffu, s1[e], o), s2[e] += __shfl_xor_sync(0xffffffffu, s2[e], o);
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) red[tid * V + e] = h ? s2[e] : s1[e]; // = red[pl C + channel]
     __syncthreads();
-    if (tid < cv) {
-      float2 t = red[tid];
-      for (int64_t l = 1; l < lanes; ++l) t.x += red[l * cv + tid].x, t.y += red[l * cv + tid].y;
-      chan[tid * V + e] = t;
+    for (int64_t c = tid; c < a.C; c += kGnHeld) {
+      float t = 0.f;
+      for (int64_t l = 0; l < lanes; l += step) t += red[l * a.C + c];
+      if (h) chan[c].y = t;
+      else chan[c].x = t;
     }
     __syncthreads();
   }
@@ -6743,7 +6752,7 @@ template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaS
   const int64_t sms = device_sms(dev), cv = a.C / V, row = a.C * (int64_t)sizeof(T);
   if (off || sizeof(T) != 2 || cv < 8 || cv > kGnHeld || a.N > sms || !device_attr<cudaDevAttrCooperativeLaunch>(dev))
     return cudaSuccess;
-  const int64_t bps = sms / a.N, ppb = (a.L + bps - 1) / bps, scratch = (int64_t)gn_held_scratch(a.C, a.groups);
+  const int64_t bps = sms / a.N, ppb = (a.L + bps - 1) / bps, scratch = (int64_t)gn_held_scratch(a.C, a.groups, V);
   static const int64_t cap = [] { // FUSEDK_GN_HOLD=k: at most k pixels a block held (tests of the streamed part)
     const char *e = getenv("FUSEDK_GN_HOLD");
     return e && atoll(e) > 0 ? atoll(e) : INT64_MAX;
