@@ -190,15 +190,16 @@ constexpr int kMaxDevices = 64; // per-device caches below; other ordinals take 
 // A device attribute, read once per device (these never change; racing readers store the same
 // value); 0 where unknown.
 template <cudaDeviceAttr A> int device_attr(int device_id) {
-  static std::atomic<int> cache[kMaxDevices];
+  static std::atomic<int64_t> cache[kMaxDevices]; // value + 1: a known 0 is cached too
   if (device_id < 0 || device_id >= kMaxDevices) return 0;
-  int v = cache[device_id].load(std::memory_order_relaxed);
-  if (v) return v;
+  const int64_t c = cache[device_id].load(std::memory_order_relaxed);
+  if (c) return (int)(c - 1);
+  int v = 0;
   if (cudaDeviceGetAttribute(&v, A, device_id) != cudaSuccess) {
     cudaGetLastError(); // not sticky
     return 0;
   }
-  cache[device_id].store(v, std::memory_order_relaxed);
+  cache[device_id].store((int64_t)v + 1, std::memory_order_relaxed);
   return v;
 }
 // the most shared memory a block may opt into (48 KB where unknown)
@@ -6759,20 +6760,25 @@ template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaS
   }();
   const int64_t room = ((int64_t)device_smem_optin(dev) - scratch) / row, hold = std::min({ppb, room, cap});
   if (hold < 1) return cudaSuccess;
-  const int64_t streamed = a.N * std::max<int64_t>(0, a.L - bps * hold) * row;
+  // the pixels past the held ones: ppb - hold in each whole run, the rest of the last one's
+  const int64_t whole = a.L / ppb, streamed = a.N * (whole * (ppb - hold) + std::max<int64_t>(0, a.L - whole * ppb - hold)) * row;
   if (!force && streamed > device_attr<cudaDevAttrL2CacheSize>(dev)) return cudaSuccess;
   constexpr auto kernel = gn_held_kernel<T, V>;
   const size_t smem = (size_t)(hold * row + scratch);
   cudaError_t e = smem_opt_in<kernel>(smem, 0, dev);
+  if (e != cudaSuccess) return e;
+  int fit = 0; // a cooperative grid of a block an SM
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kGnHeld, smem) != cudaSuccess || fit < 1)
+    return cudaGetLastError(), cudaSuccess;
   void *buf = nullptr;
-  if (e == cudaSuccess) e = gn_buffers().get(dev, s, (size_t)(a.N * bps * a.groups) * sizeof(float2), 0, &buf);
+  e = gn_buffers().get(dev, s, (size_t)(a.N * bps * a.groups) * sizeof(float2), 0, &buf);
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeCooperative, at[0].val.cooperative = 1;
   cfg.gridDim = dim3((unsigned)(a.N * bps)), cfg.blockDim = dim3(kGnHeld), cfg.dynamicSmemBytes = smem, cfg.stream = s;
   cfg.attrs = at, cfg.numAttrs = 1;
-  // refused (the SMs shared with other work, or no cooperative launch where this stream is): three launches
+  // refused (a grid that cannot be resident at once where the SMs are partitioned): three launches
   if (cudaLaunchKernelEx(&cfg, kernel, a, bps, ppb, hold, static_cast<float2 *>(buf)) != cudaSuccess)
     return cudaGetLastError(), cudaSuccess;
   *used = true;

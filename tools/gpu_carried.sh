@@ -53,7 +53,8 @@ for what in "${@:-conv}"; do
     conv)
       step units-conv 120 env FUSEDK_TEST_ONLY=conv "$B/test_gpu"
       step units-conv-mma 90 env FUSEDK_TEST_ONLY=conv FUSEDK_NO_TMA=1 "$B/test_gpu"
-      step units-conv-alt 40 env FUSEDK_TEST_ONLY=conv FUSEDK_CONV_HALO=0 FUSEDK_CONV_CLUSTER=2 FUSEDK_GN_HOLD=3 FUSEDK_TEST_SMALL=1 "$B/test_gpu"
+      step units-conv-alt 40 env FUSEDK_TEST_ONLY=conv FUSEDK_CONV_HALO=0 FUSEDK_CONV_CLUSTER=2 FUSEDK_TEST_SMALL=1 "$B/test_gpu"
+      step units-gn-hold 40 env FUSEDK_TEST_ONLY=group_norm FUSEDK_GN_HOLD=3 FUSEDK_TEST_SMALL=1 "$B/test_gpu"
       step units-gn3 60 env FUSEDK_TEST_ONLY=group_norm FUSEDK_GN_HELD=0 "$B/test_gpu"
       step py-conv 150 python3 -m pytest -q -W ignore -p no:cacheprovider tests/python/test_conv.py -k gpu ;;
     fp8)
