@@ -575,6 +575,11 @@ inline bool env_is(const char *name, const char *value) {
   const char *e = getenv(name);
   return e && strcmp(e, value) == 0;
 }
+// environment variable `name` as a number, 0 where unset (the bench's and tests' forced choices)
+inline long long env_int(const char *name) {
+  const char *e = getenv(name);
+  return e ? atoll(e) : 0;
+}
 
 // FUSEDK_NO_TMA=1 in the environment: the pre-Hopper kernels everywhere (A/B and their tests).
 bool tma_disabled() {
@@ -6318,16 +6323,14 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   // A reads and its share of the ring: a wide tile feeds the tensor cores better)
   const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
   auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 16); };
-  // FUSEDK_CONV_BN=16|64|96|128|160|192|256 forces the tile (the bench's sweep of this choice)
-  static const int bn_env = [] {
-    const char *e = getenv("FUSEDK_CONV_BN");
-    return e ? atoi(e) : 0;
-  }();
+  // FUSEDK_CONV_BN=c, one of the tiles, forces it (the bench's sweep of this choice)
+  static const long long forced = env_int("FUSEDK_CONV_BN");
+  static constexpr int tiles[] = {16, 64, 96, 128, 160, 192, 256};
   int bn = 16;
-  for (int c : {64, 96, 128, 160, 192, 256})
+  for (int c : tiles)
     if (cost(c) <= cost(bn)) bn = c;
-  for (int c : {16, 64, 96, 128, 160, 192, 256})
-    if (bn_env == c) bn = c;
+  for (int c : tiles)
+    if (forced == c) bn = c;
   g.gy = (int)((a.Co + bn - 1) / bn);
   g.patches = patches;
   // FUSEDK_CONV_CLUSTER=2: clusters of 2 blocks on neighbouring patches share the weight box (each
@@ -6501,6 +6504,18 @@ __device__ __forceinline__ void gn_walk(const GnThread &g, const T *x, int64_t x
   if (g.on) gn_run<T, V, 4, false>(x, xp, g.p0, g.lanes, gn_count(g.p0, g.p1, g.lanes), f);
 }
 
+// a warp's sums of cs [lo, hi) (lanes strided over it, then a fixed tree), in every lane
+__device__ __forceinline__ float2 warp_sum2(const float2 *cs, int64_t lo, int64_t hi) {
+  float t1 = 0.f, t2 = 0.f;
+  for (int64_t c = lo + threadIdx.x % 32; c < hi; c += 32) t1 += cs[c].x, t2 += cs[c].y;
+  return make_float2(lanes_sum(t1, 32), lanes_sum(t2, 32));
+}
+// a group's (mean, rstd) from its sums of x - k over cnt values, in double
+__device__ __forceinline__ float2 gn_stat(double s1, double s2, double k, double cnt, float eps) {
+  const double m = s1 / cnt, var = fmax(s2 / cnt - m * m, 0.0);
+  return make_float2((float)(k + m), (float)(1.0 / sqrt(var + (double)eps)));
+}
+
 template <typename T, int V>
 __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_args a, int64_t ppc, int64_t chunks,
                                                              float2 *part) {
@@ -6538,10 +6553,8 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
   const int lane = threadIdx.x % 32;
   for (int64_t q = c0 / cg + threadIdx.x / 32; q * cg < c1; q += kGnThreads / 32) {
     const int64_t lo = q * cg > c0 ? q * cg : c0, hi = (q + 1) * cg < c1 ? (q + 1) * cg : c1;
-    float t1 = 0.f, t2 = 0.f;
-    for (int64_t c = lo + lane; c < hi; c += 32) t1 += cs[c - c0].x, t2 += cs[c - c0].y;
-    t1 = lanes_sum(t1, 32), t2 = lanes_sum(t2, 32);
-    if (!lane) part[((int64_t)blockIdx.x * gridDim.z + blockIdx.z) * a.groups + q] = make_float2(t1, t2);
+    const float2 t = warp_sum2(cs, lo - c0, hi - c0);
+    if (!lane) part[((int64_t)blockIdx.x * gridDim.z + blockIdx.z) * a.groups + q] = t;
   }
 }
 
@@ -6571,16 +6584,24 @@ __global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_a
     __syncthreads();
   }
   if (tid) return;
-  const double cnt = (double)a.L * (double)cg, m = red[0][0] / cnt, var = fmax(red[1][0] / cnt - m * m, 0.0);
   const double k = to_f32<T>(static_cast<const T *>(a.x)[n * a.xs[0] + g * cg]);
-  stats[i] = make_float2((float)(k + m), (float)(1.0 / sqrt(var + (double)a.eps)));
+  stats[i] = gn_stat(red[0][0], red[1][0], k, (double)a.L * (double)cg, a.eps);
 }
 
-// the apply's per-channel terms of vector v of sample n: z = ((x - mean) rstd w + b)(1 + scale) +
-// shift = (x - mean) A + B; st: the sample's (mean, rstd) a group
+// The output's per-channel terms of vector v of sample n: z = ((x - mean) rstd w + b)(1 + scale)
+// + shift = (x - mean) A + B; st: the sample's (mean, rstd) a group. put: act(z) into y as T.
+template <typename T, int V> struct GnOut {
+  float mean[V], A[V], B[V];
+  template <int ACT> __device__ __forceinline__ void put(T *y, const float (&f)[V]) const {
+    float z[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) z[e] = act_t<T>(fmaf(f[e] - mean[e], A[e], B[e]), ACT);
+    store_cs<T, V>(y, z);
+  }
+};
 template <typename T, int V>
-__device__ __forceinline__ void gn_coefs(const fusedk__gn_args &a, int64_t n, int64_t v, const float2 *st, float (&mean)[V],
-                                         float (&A)[V], float (&B)[V]) {
+__device__ __forceinline__ GnOut<T, V> gn_out(const fusedk__gn_args &a, int64_t n, int64_t v, const float2 *st) {
+  GnOut<T, V> o;
   const int64_t cg = a.C / a.groups;
   const T *w = static_cast<const T *>(a.weight), *b = static_cast<const T *>(a.bias);
   const T *sc = static_cast<const T *>(a.scale), *sh = static_cast<const T *>(a.shift);
@@ -6589,9 +6610,10 @@ __device__ __forceinline__ void gn_coefs(const fusedk__gn_args &a, int64_t n, in
     const int64_t c = v * V + e;
     const float2 t = st[c / cg];
     const float m = sc ? 1.f + to_f32<T>(sc[n * a.ss[0] + c]) : 1.f;
-    mean[e] = t.x, A[e] = t.y * (w ? to_f32<T>(w[c]) : 1.f) * m;
-    B[e] = (b ? to_f32<T>(b[c]) : 0.f) * m + (sh ? to_f32<T>(sh[n * a.ss[1] + c]) : 0.f);
+    o.mean[e] = t.x, o.A[e] = t.y * (w ? to_f32<T>(w[c]) : 1.f) * m;
+    o.B[e] = (b ? to_f32<T>(b[c]) : 0.f) * m + (sh ? to_f32<T>(sh[n * a.ss[1] + c]) : 0.f);
   }
+  return o;
 }
 
 template <typename T, int V>
@@ -6599,18 +6621,13 @@ __global__ void __launch_bounds__(kGnThreads) gn_apply_kernel(const fusedk__gn_a
                                                               const float2 *stats) {
   const GnThread g = gn_thread<V>(a, ppc, chunks, true);
   if (!g.on) return;
-  float mean[V], A[V], B[V];
-  gn_coefs<T, V>(a, g.n, g.v, stats + g.n * a.groups, mean, A, B);
+  const GnOut<T, V> o = gn_out<T, V>(a, g.n, g.v, stats + g.n * a.groups);
   T *y = static_cast<T *>(a.y) + g.n * a.ys[0] + g.v * V;
-  auto walk = [&](auto act) {
+  with_act(a.act, [&](auto act) {
     gn_walk<T, V>(g, static_cast<const T *>(a.x) + g.n * a.xs[0] + g.v * V, a.xs[1], [&](int64_t p, const float(&f)[V]) {
-      float z[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) z[e] = act_t<T>(fmaf(f[e] - mean[e], A[e], B[e]), decltype(act)::value);
-      store_cs<T, V>(y + p * a.ys[1], z);
+      o.template put<decltype(act)::value>(y + p * a.ys[1], f);
     });
-  };
-  with_act(a.act, walk);
+  });
 }
 
 // The held form: one cooperative launch, a block an SM, bps blocks a sample, block b over a run of
@@ -6685,10 +6702,8 @@ __global__ void __launch_bounds__(kGnHeld, 1) gn_held_kernel(const fusedk__gn_ar
     __syncthreads();
   }
   for (int64_t q = warp; q < a.groups; q += kGnHeld / 32) {
-    float t1 = 0.f, t2 = 0.f;
-    for (int64_t c = q * cg + lane; c < (q + 1) * cg; c += 32) t1 += chan[c].x, t2 += chan[c].y;
-    t1 = lanes_sum(t1, 32), t2 = lanes_sum(t2, 32);
-    if (!lane) part[(n * bps + b) * a.groups + q] = make_float2(t1, t2);
+    const float2 t = warp_sum2(chan, q * cg, (q + 1) * cg);
+    if (!lane) part[(n * bps + b) * a.groups + q] = t;
   }
   cooperative_groups::this_grid().sync();
   // the sample's statistics: a warp a group, its blocks' parts strided over the lanes, then a
@@ -6701,23 +6716,14 @@ __global__ void __launch_bounds__(kGnHeld, 1) gn_held_kernel(const fusedk__gn_ar
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) t1 += __shfl_xor_sync(0xffffffffu, t1, o), t2 += __shfl_xor_sync(0xffffffffu, t2, o);
-    if (!lane) {
-      const double cnt = (double)a.L * (double)cg, m = t1 / cnt, var = fmax(t2 / cnt - m * m, 0.0);
-      gs[q] = make_float2((float)(gs[q].x + m), (float)(1.0 / sqrt(var + (double)a.eps)));
-    }
+    if (!lane) gs[q] = gn_stat(t1, t2, gs[q].x, (double)a.L * (double)cg, a.eps);
   }
   __syncthreads();
   if (!on) return;
-  float mean[V], A[V], B[V];
-  gn_coefs<T, V>(a, n, v, gs, mean, A, B);
+  const GnOut<T, V> o = gn_out<T, V>(a, n, v, gs);
   T *y = static_cast<T *>(a.y) + n * a.ys[0] + v * V;
   with_act(a.act, [&](auto act) {
-    auto out = [&](int64_t p, const float(&f)[V]) {
-      float z[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) z[e] = act_t<T>(fmaf(f[e] - mean[e], A[e], B[e]), decltype(act)::value);
-      store_cs<T, V>(y + p * a.ys[1], z);
-    };
+    auto out = [&](int64_t p, const float(&f)[V]) { o.template put<decltype(act)::value>(y + p * a.ys[1], f); };
     gn_run<T, V, 4, true>(x, a.xs[1], ph + pl, lanes, ns, out);
     for (int64_t q = 0; q < nh; ++q) {
       float f[V];
@@ -6754,10 +6760,8 @@ template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaS
   if (off || sizeof(T) != 2 || cv < 8 || cv > kGnHeld || a.N > sms || !device_attr<cudaDevAttrCooperativeLaunch>(dev))
     return cudaSuccess;
   const int64_t bps = sms / a.N, ppb = (a.L + bps - 1) / bps, scratch = (int64_t)gn_held_scratch(a.C, a.groups, V);
-  static const int64_t cap = [] { // FUSEDK_GN_HOLD=k: at most k pixels a block held (tests of the streamed part)
-    const char *e = getenv("FUSEDK_GN_HOLD");
-    return e && atoll(e) > 0 ? atoll(e) : INT64_MAX;
-  }();
+  // FUSEDK_GN_HOLD=k: at most k pixels a block held (tests of the streamed part)
+  static const int64_t cap = env_int("FUSEDK_GN_HOLD") > 0 ? env_int("FUSEDK_GN_HOLD") : INT64_MAX;
   const int64_t room = ((int64_t)device_smem_optin(dev) - scratch) / row, hold = std::min({ppb, room, cap});
   if (hold < 1) return cudaSuccess;
   // the pixels past the held ones: ppb - hold in each whole run, the rest of the last one's
@@ -6765,11 +6769,10 @@ template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaS
   if (!force && streamed > device_attr<cudaDevAttrL2CacheSize>(dev)) return cudaSuccess;
   constexpr auto kernel = gn_held_kernel<T, V>;
   const size_t smem = (size_t)(hold * row + scratch);
+  // a block an SM fits by construction (smem within the opt-in, 128 registers a thread by the
+  // launch bounds), so the cooperative grid of at most one a SM does too on a whole device
   cudaError_t e = smem_opt_in<kernel>(smem, 0, dev);
   if (e != cudaSuccess) return e;
-  int fit = 0; // a cooperative grid of a block an SM
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kGnHeld, smem) != cudaSuccess || fit < 1)
-    return cudaGetLastError(), cudaSuccess;
   void *buf = nullptr;
   e = gn_buffers().get(dev, s, (size_t)(a.N * bps * a.groups) * sizeof(float2), 0, &buf);
   if (e != cudaSuccess) return e;
