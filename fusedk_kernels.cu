@@ -77,6 +77,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <cooperative_groups.h>
 #include <cudaTypedefs.h> // CUtensorMap, the cuTensorMapEncodeTiled type: types only, no libcuda
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,38 +187,29 @@ template <typename F> fusedk_status on_device(int32_t device_id, const char *op,
 
 constexpr int kMaxDevices = 64; // per-device caches below; other ordinals take the defaults
 
-// The most shared memory a block of this device may opt into, read once per device (it never
-// changes; racing readers store the same value). 48 KB where unknown.
-size_t device_smem_optin(int device_id) {
-  static std::atomic<int> optin[kMaxDevices];
-  if (device_id < 0 || device_id >= kMaxDevices) return 48 << 10;
-  int v = optin[device_id].load(std::memory_order_relaxed);
-  if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id) != cudaSuccess ||
-        v < (48 << 10)) {
-      cudaGetLastError(); // not sticky; fall back to the default limit
-      return 48 << 10;
-    }
-    optin[device_id].store(v, std::memory_order_relaxed);
+// A device attribute, read once per device (these never change; racing readers store the same
+// value); 0 where unknown.
+template <cudaDeviceAttr A> int device_attr(int device_id) {
+  static std::atomic<int64_t> cache[kMaxDevices]; // value + 1: a known 0 is cached too
+  if (device_id < 0 || device_id >= kMaxDevices) return 0;
+  const int64_t c = cache[device_id].load(std::memory_order_relaxed);
+  if (c) return (int)(c - 1);
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, A, device_id) != cudaSuccess) {
+    cudaGetLastError(); // not sticky
+    return 0;
   }
-  return (size_t)v;
-}
-
-int device_sms(int device_id);
-
-// The device's multiprocessor count, read once per device (grid sizes of grid-stride kernels).
-int device_sms(int device_id) {
-  static std::atomic<int> sms[kMaxDevices];
-  if (device_id < 0 || device_id >= kMaxDevices) return 132;
-  int v = sms[device_id].load(std::memory_order_relaxed);
-  if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device_id) != cudaSuccess || v < 1) {
-      cudaGetLastError();
-      return 132;
-    }
-    sms[device_id].store(v, std::memory_order_relaxed);
-  }
+  cache[device_id].store((int64_t)v + 1, std::memory_order_relaxed);
   return v;
+}
+// the most shared memory a block may opt into (48 KB where unknown)
+size_t device_smem_optin(int device_id) {
+  return (size_t)std::max(device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device_id), 48 << 10);
+}
+// the multiprocessors (grid sizes of grid-stride kernels); 132 where unknown
+int device_sms(int device_id) {
+  const int v = device_attr<cudaDevAttrMultiProcessorCount>(device_id);
+  return v > 0 ? v : 132;
 }
 
 // Allocations while a stream is being captured go through the relaxed capture mode (cudaMalloc
@@ -582,6 +574,11 @@ template <auto Kernel> bool tma_code(int device) {
 inline bool env_is(const char *name, const char *value) {
   const char *e = getenv(name);
   return e && strcmp(e, value) == 0;
+}
+// environment variable `name` as a number, 0 where unset (the bench's and tests' forced choices)
+inline long long env_int(const char *name) {
+  const char *e = getenv(name);
+  return e ? atoll(e) : 0;
 }
 
 // FUSEDK_NO_TMA=1 in the environment: the pre-Hopper kernels everywhere (A/B and their tests).
@@ -1086,7 +1083,9 @@ __device__ __forceinline__ void tma_load_5d_mc(uint32_t dst, const CUtensorMap *
 __device__ __forceinline__ void mbar_arrive_cta(uint64_t *bar, uint32_t cta) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(r) : "memory");
+  // release at the block's scope, as a consumer's arrival needs (its stage reads are wgmma's, done
+  // by wgmma_wait): .release.cluster costs a MEMBAR.ALL.GPU an arrival
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(r) : "memory");
 }
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
@@ -1159,10 +1158,10 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 #define FUSEDK__WG_C96(k) FUSEDK__WG_C80(k), FUSEDK__WG_R(k, 10), FUSEDK__WG_R(k, 11)
 #define FUSEDK__WG_C128(k) \
   FUSEDK__WG_C96(k), FUSEDK__WG_R(k, 12), FUSEDK__WG_R(k, 13), FUSEDK__WG_R(k, 14), FUSEDK__WG_R(k, 15)
+#define FUSEDK__WG_C160(k) \
+  FUSEDK__WG_C128(k), FUSEDK__WG_R(k, 16), FUSEDK__WG_R(k, 17), FUSEDK__WG_R(k, 18), FUSEDK__WG_R(k, 19)
 #define FUSEDK__WG_C192(k) \
-  FUSEDK__WG_C128(k), \
-  FUSEDK__WG_R(k, 16), FUSEDK__WG_R(k, 17), FUSEDK__WG_R(k, 18), FUSEDK__WG_R(k, 19), \
-  FUSEDK__WG_R(k, 20), FUSEDK__WG_R(k, 21), FUSEDK__WG_R(k, 22), FUSEDK__WG_R(k, 23)
+  FUSEDK__WG_C160(k), FUSEDK__WG_R(k, 20), FUSEDK__WG_R(k, 21), FUSEDK__WG_R(k, 22), FUSEDK__WG_R(k, 23)
 #define FUSEDK__WG_C256(k) \
   FUSEDK__WG_C192(k), \
   FUSEDK__WG_R(k, 24), FUSEDK__WG_R(k, 25), FUSEDK__WG_R(k, 26), FUSEDK__WG_R(k, 27), \
@@ -1175,9 +1174,10 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 #define FUSEDK__WG_P96 FUSEDK__WG_P80 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define FUSEDK__WG_P128 \
   FUSEDK__WG_P96 ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSEDK__WG_P160 \
+  FUSEDK__WG_P128 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define FUSEDK__WG_P192 \
-  FUSEDK__WG_P128 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+  FUSEDK__WG_P160 ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define FUSEDK__WG_P256 \
   FUSEDK__WG_P192 ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
@@ -1210,14 +1210,15 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
 
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int acc) {
-  static_assert(N == 16 || N == 64 || N == 80 || N == 96 || N == 128 || N == 192 || N == 256,
-                "tiles of 16, 64, 80, 96, 128, 192 or 256 columns");
+  static_assert(N == 16 || N == 64 || N == 80 || N == 96 || N == 128 || N == 160 || N == 192 || N == 256,
+                "tiles of 16, 64, 80, 96, 128, 160, 192 or 256 columns");
   constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
   if constexpr (N == 16) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 16, 8, 9, 10) }
   else if constexpr (N == 64) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 64, 32, 33, 34) }
   else if constexpr (N == 80) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 80, 40, 41, 42) }
   else if constexpr (N == 96) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 96, 48, 49, 50) }
   else if constexpr (N == 128) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 128, 64, 65, 66) }
+  else if constexpr (N == 160) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 160, 80, 81, 82) }
   else if constexpr (N == 192) { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 192, 96, 97, 98) }
   else { FUSEDK__WG_TYPED(FUSEDK__WGMMA_SS, 256, 128, 129, 130) }
 }
@@ -6065,7 +6066,7 @@ inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) { return 
 // pixels), and its 9 taps' weights; a tap's A is its column's box from the tap's row on, so x is
 // read 3 (bh + 2) / bh times a chunk instead of 9
 template <int BN, bool HALO = false> struct CvTma {
-  static constexpr int kStages = HALO ? 2 : BN == 256 ? 4 : BN == 192 ? 5 : BN >= 96 ? 6 : BN == 64 ? 8 : 10; // ~192 KB
+  static constexpr int kStages = HALO ? 2 : BN == 256 ? 4 : BN >= 160 ? 5 : BN >= 96 ? 6 : BN == 64 ? 8 : 10; // ~192 KB
   // the epilogue's staging: a consumer warp's 16 rows, kCw channels at a time as floats (rows
   // kCw wide, their 16-byte units swizzled: cv_stage)
   static constexpr int kCw = BN < 32 ? BN : 32;
@@ -6322,9 +6323,14 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   // A reads and its share of the ring: a wide tile feeds the tensor cores better)
   const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
   auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 16); };
+  // FUSEDK_CONV_BN=c, one of the tiles, forces it (the bench's sweep of this choice)
+  static const long long forced = env_int("FUSEDK_CONV_BN");
+  static constexpr int tiles[] = {16, 64, 96, 128, 160, 192, 256};
   int bn = 16;
-  for (int c : {64, 96, 128, 192, 256})
+  for (int c : tiles)
     if (cost(c) <= cost(bn)) bn = c;
+  for (int c : tiles)
+    if (forced == c) bn = c;
   g.gy = (int)((a.Co + bn - 1) / bn);
   g.patches = patches;
   // FUSEDK_CONV_CLUSTER=2: clusters of 2 blocks on neighbouring patches share the weight box (each
@@ -6345,7 +6351,7 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   const bool halo = !halo_off && bn == 16 && a.kh == 3 && a.kw == 3 && up == 1 && g.bw <= 16;
   const int xb[5] = {64, g.bw, 128 / g.bw + (halo ? 2 : 0), 1, 1};
   // persistent: a cluster walks pairs P, P + clusters, ...; as many clusters as fit at once
-  return dispatch_int<16, 64, 96, 128, 192, 256>(bn, [&](auto bnc) -> cudaError_t {
+  return dispatch_int<16, 64, 96, 128, 160, 192, 256>(bn, [&](auto bnc) -> cudaError_t {
     // the block's form: 1 or 2 blocks a cluster, or (3) the halo steps, one block (BN 16 only)
     return dispatch_int<1, 2, 3>(halo ? 3 : cl, [&](auto form) -> cudaError_t {
       constexpr int BN = decltype(bnc)::value, CL = decltype(form)::value == 2 && BN >= 64 ? 2 : 1;
@@ -6468,26 +6474,46 @@ __device__ __forceinline__ GnThread gn_thread(const fusedk__gn_args &a, int64_t 
   g.p0 = chunk * ppc + g.pl, g.p1 = e1 < a.L ? e1 : a.L;
   return g;
 }
-template <typename T, int V, typename F>
-__device__ __forceinline__ void gn_walk(const GnThread &g, const T *x, int64_t xp, F &&f) {
-  if (!g.on) return;
-  int64_t p = g.p0;
-  for (; p + 3 * g.lanes < g.p1; p += 4 * g.lanes) {
-    Raw<T, V> r[4]; // the loads in flight as loaded (half the registers of floats for 16-bit T)
+// f(p, x[p]) over the pixels p = s + k lanes, k < n (descending where REV), U loads in flight
+// as loaded (half the registers of floats for 16-bit T)
+template <typename T, int V, int U, bool REV, typename F>
+__device__ __forceinline__ void gn_run(const T *x, int64_t xp, int64_t s, int64_t lanes, int64_t n, F &&f) {
+  int64_t k = 0;
+  for (; k + U <= n; k += U) {
+    Raw<T, V> r[U];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) r[u] = ld<T, V>(x + (p + u * g.lanes) * xp);
+    for (int u = 0; u < U; ++u) r[u] = ld<T, V>(x + (s + (REV ? n - 1 - k - u : k + u) * lanes) * xp);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       float v[V];
       to_floats<T, V>(r[u], v);
-      f(p + u * g.lanes, v);
+      f(s + (REV ? n - 1 - k - u : k + u) * lanes, v);
     }
   }
-  for (; p < g.p1; p += g.lanes) {
+  for (; k < n; ++k) {
+    const int64_t p = s + (REV ? n - 1 - k : k) * lanes;
     float v[V];
     load<T, V>(x + p * xp, v);
     f(p, v);
   }
+}
+// the k with s + k lanes < e
+__device__ __forceinline__ int64_t gn_count(int64_t s, int64_t e, int64_t lanes) { return e > s ? (e - s + lanes - 1) / lanes : 0; }
+template <typename T, int V, typename F>
+__device__ __forceinline__ void gn_walk(const GnThread &g, const T *x, int64_t xp, F &&f) {
+  if (g.on) gn_run<T, V, 4, false>(x, xp, g.p0, g.lanes, gn_count(g.p0, g.p1, g.lanes), f);
+}
+
+// a warp's sums of cs [lo, hi) (lanes strided over it, then a fixed tree), in every lane
+__device__ __forceinline__ float2 warp_sum2(const float2 *cs, int64_t lo, int64_t hi) {
+  float t1 = 0.f, t2 = 0.f;
+  for (int64_t c = lo + threadIdx.x % 32; c < hi; c += 32) t1 += cs[c].x, t2 += cs[c].y;
+  return make_float2(lanes_sum(t1, 32), lanes_sum(t2, 32));
+}
+// a group's (mean, rstd) from its sums of x - k over cnt values, in double
+__device__ __forceinline__ float2 gn_stat(double s1, double s2, double k, double cnt, float eps) {
+  const double m = s1 / cnt, var = fmax(s2 / cnt - m * m, 0.0);
+  return make_float2((float)(k + m), (float)(1.0 / sqrt(var + (double)eps)));
 }
 
 template <typename T, int V>
@@ -6527,10 +6553,8 @@ __global__ void __launch_bounds__(kGnThreads) gn_sums_kernel(const fusedk__gn_ar
   const int lane = threadIdx.x % 32;
   for (int64_t q = c0 / cg + threadIdx.x / 32; q * cg < c1; q += kGnThreads / 32) {
     const int64_t lo = q * cg > c0 ? q * cg : c0, hi = (q + 1) * cg < c1 ? (q + 1) * cg : c1;
-    float t1 = 0.f, t2 = 0.f;
-    for (int64_t c = lo + lane; c < hi; c += 32) t1 += cs[c - c0].x, t2 += cs[c - c0].y;
-    t1 = lanes_sum(t1, 32), t2 = lanes_sum(t2, 32);
-    if (!lane) part[((int64_t)blockIdx.x * gridDim.z + blockIdx.z) * a.groups + q] = make_float2(t1, t2);
+    const float2 t = warp_sum2(cs, lo - c0, hi - c0);
+    if (!lane) part[((int64_t)blockIdx.x * gridDim.z + blockIdx.z) * a.groups + q] = t;
   }
 }
 
@@ -6560,9 +6584,36 @@ __global__ void __launch_bounds__(kGnThreads) gn_stats_kernel(const fusedk__gn_a
     __syncthreads();
   }
   if (tid) return;
-  const double cnt = (double)a.L * (double)cg, m = red[0][0] / cnt, var = fmax(red[1][0] / cnt - m * m, 0.0);
   const double k = to_f32<T>(static_cast<const T *>(a.x)[n * a.xs[0] + g * cg]);
-  stats[i] = make_float2((float)(k + m), (float)(1.0 / sqrt(var + (double)a.eps)));
+  stats[i] = gn_stat(red[0][0], red[1][0], k, (double)a.L * (double)cg, a.eps);
+}
+
+// The output's per-channel terms of vector v of sample n: z = ((x - mean) rstd w + b)(1 + scale)
+// + shift = (x - mean) A + B; st: the sample's (mean, rstd) a group. put: act(z) into y as T.
+template <typename T, int V> struct GnOut {
+  float mean[V], A[V], B[V];
+  template <int ACT> __device__ __forceinline__ void put(T *y, const float (&f)[V]) const {
+    float z[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) z[e] = act_t<T>(fmaf(f[e] - mean[e], A[e], B[e]), ACT);
+    store_cs<T, V>(y, z);
+  }
+};
+template <typename T, int V>
+__device__ __forceinline__ GnOut<T, V> gn_out(const fusedk__gn_args &a, int64_t n, int64_t v, const float2 *st) {
+  GnOut<T, V> o;
+  const int64_t cg = a.C / a.groups;
+  const T *w = static_cast<const T *>(a.weight), *b = static_cast<const T *>(a.bias);
+  const T *sc = static_cast<const T *>(a.scale), *sh = static_cast<const T *>(a.shift);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const int64_t c = v * V + e;
+    const float2 t = st[c / cg];
+    const float m = sc ? 1.f + to_f32<T>(sc[n * a.ss[0] + c]) : 1.f;
+    o.mean[e] = t.x, o.A[e] = t.y * (w ? to_f32<T>(w[c]) : 1.f) * m;
+    o.B[e] = (b ? to_f32<T>(b[c]) : 0.f) * m + (sh ? to_f32<T>(sh[n * a.ss[1] + c]) : 0.f);
+  }
+  return o;
 }
 
 template <typename T, int V>
@@ -6570,28 +6621,116 @@ __global__ void __launch_bounds__(kGnThreads) gn_apply_kernel(const fusedk__gn_a
                                                               const float2 *stats) {
   const GnThread g = gn_thread<V>(a, ppc, chunks, true);
   if (!g.on) return;
-  const int64_t cg = a.C / a.groups;
-  const T *w = static_cast<const T *>(a.weight), *b = static_cast<const T *>(a.bias);
-  const T *sc = static_cast<const T *>(a.scale), *sh = static_cast<const T *>(a.shift);
-  float mean[V], A[V], B[V]; // z = ((x - mean) rstd w + b)(1 + scale) + shift = (x - mean) A + B
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    const int64_t c = g.v * V + e;
-    const float2 st = stats[g.n * a.groups + c / cg];
-    const float m = sc ? 1.f + to_f32<T>(sc[g.n * a.ss[0] + c]) : 1.f;
-    mean[e] = st.x, A[e] = st.y * (w ? to_f32<T>(w[c]) : 1.f) * m;
-    B[e] = (b ? to_f32<T>(b[c]) : 0.f) * m + (sh ? to_f32<T>(sh[g.n * a.ss[1] + c]) : 0.f);
-  }
+  const GnOut<T, V> o = gn_out<T, V>(a, g.n, g.v, stats + g.n * a.groups);
   T *y = static_cast<T *>(a.y) + g.n * a.ys[0] + g.v * V;
-  auto walk = [&](auto act) {
+  with_act(a.act, [&](auto act) {
     gn_walk<T, V>(g, static_cast<const T *>(a.x) + g.n * a.xs[0] + g.v * V, a.xs[1], [&](int64_t p, const float(&f)[V]) {
-      float z[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) z[e] = act_t<T>(fmaf(f[e] - mean[e], A[e], B[e]), decltype(act)::value);
-      store_cs<T, V>(y + p * a.ys[1], z);
+      o.template put<decltype(act)::value>(y + p * a.ys[1], f);
     });
+  });
+}
+
+// The held form: one cooperative launch, a block an SM, bps blocks a sample, block b over a run of
+// ppb pixels. Pass 1: the run's first `hold` pixels come into shared memory by cp.async (16 bytes
+// a thread, no registers held while in flight) while the rest of the run (x past what the SMs
+// hold) streams through registers; both add into the sums (x - K, as gn_sums_kernel), whose group
+// totals go to part [n, b, groups]. The grid waits (grid.sync); each block reduces its sample's
+// parts (a warp a group, double, a fixed order) and writes y: the streamed pixels read again,
+// latest first (what pass 1 read last is still in L2), then the held ones from shared memory. x
+// comes from DRAM once where the SMs and L2 hold it, in one launch instead of three.
+constexpr int kGnHeld = 512; // threads: C / 8 vectors a pixel at most
+// shared memory past the held pixels: a float a thread and channel of its vector, a float2 a channel and a group
+inline size_t gn_held_scratch(int64_t C, int64_t groups, int V) {
+  return (size_t)kGnHeld * V * sizeof(float) + (size_t)(C + groups) * sizeof(float2);
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kGnHeld, 1) gn_held_kernel(const fusedk__gn_args a, int64_t bps, int64_t ppb,
+                                                              int64_t hold, float2 *part) {
+  extern __shared__ __align__(16) unsigned char gh_smem[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t cv = a.C / V, cg = a.C / a.groups, lanes = kGnHeld / cv, pl = tid / cv, v = tid % cv;
+  const int64_t n = blockIdx.x / bps, b = blockIdx.x % bps;
+  const int64_t p0 = b * ppb < a.L ? b * ppb : a.L, p1 = p0 + ppb < a.L ? p0 + ppb : a.L, ph = p0 + hold < p1 ? p0 + hold : p1;
+  T *held = reinterpret_cast<T *>(gh_smem); // [hold][C]
+  float *red = reinterpret_cast<float *>(gh_smem + hold * a.C * sizeof(T)); // [kGnHeld][V]
+  float2 *chan = reinterpret_cast<float2 *>(red + kGnHeld * V), *gs = chan + a.C; // gs: a group's K, then (mean, rstd)
+  const T *xn = static_cast<const T *>(a.x) + n * a.xs[0], *x = xn + v * V;
+  // K before the grid waits: y may be x, and another block's pixel 0 may be written by then
+  for (int64_t q = tid; q < a.groups; q += kGnHeld) gs[q].x = to_f32<T>(xn[q * cg]);
+  __syncthreads();
+  const bool on = pl < lanes;
+  const int64_t nh = on ? gn_count(p0 + pl, ph, lanes) : 0, ns = on ? gn_count(ph + pl, p1, lanes) : 0;
+  T *mine = held + (pl * cv + v) * V; // item q at mine + q lanes C
+  for (int64_t q = 0; q < nh; ++q)
+    cp_async16((uint32_t)__cvta_generic_to_shared(mine + q * lanes * a.C), x + (p0 + pl + q * lanes) * a.xs[1], 16);
+  cp_async_commit();
+  float k[V], s1[V] = {}, s2[V] = {};
+#pragma unroll
+  for (int e = 0; e < V; ++e) k[e] = gs[(v * V + e) / cg].x;
+  auto add = [&](int64_t, const float(&f)[V]) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float d = f[e] - k[e];
+      s1[e] += d, s2[e] = fmaf(d, d, s2[e]);
+    }
   };
-  with_act(a.act, walk);
+  gn_run<T, V, 4, false>(x, a.xs[1], ph + pl, lanes, ns, add);
+  cp_async_wait<0>(); // this thread's copies landed (it alone reads them)
+  for (int64_t q = 0; q < nh; ++q) {
+    float f[V];
+    load<T, V>(mine + q * lanes * a.C, f);
+    add(0, f);
+  }
+  // a channel's sums over the lanes in a fixed order: within a warp by a butterfly where the
+  // vectors divide it (lanes i and i + cv hold the same channels), then a warp's totals through
+  // shared memory (red [lane][C]), a channel a thread; then a group's (a warp, a fixed tree)
+  const int64_t step = cv < 32 && 32 % cv == 0 ? 32 / cv : 1;
+  for (int o = 16; step > 1 && o >= cv; o /= 2)
+#pragma unroll
+    for (int e = 0; e < V; ++e) s1[e] += __shfl_xor_sync(0xffffffffu, s1[e], o), s2[e] += __shfl_xor_sync(0xffffffffu, s2[e], o);
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) red[tid * V + e] = h ? s2[e] : s1[e]; // = red[pl C + channel]
+    __syncthreads();
+    for (int64_t c = tid; c < a.C; c += kGnHeld) {
+      float t = 0.f;
+      for (int64_t l = 0; l < lanes; l += step) t += red[l * a.C + c];
+      if (h) chan[c].y = t;
+      else chan[c].x = t;
+    }
+    __syncthreads();
+  }
+  for (int64_t q = warp; q < a.groups; q += kGnHeld / 32) {
+    const float2 t = warp_sum2(chan, q * cg, (q + 1) * cg);
+    if (!lane) part[(n * bps + b) * a.groups + q] = t;
+  }
+  cooperative_groups::this_grid().sync();
+  // the sample's statistics: a warp a group, its blocks' parts strided over the lanes, then a
+  // fixed butterfly (every lane the same bits)
+  for (int64_t q = warp; q < a.groups; q += kGnHeld / 32) {
+    double t1 = 0.0, t2 = 0.0;
+    for (int64_t j = lane; j < bps; j += 32) {
+      const float2 t = __ldcg(&part[(n * bps + j) * a.groups + q]); // L2: written by other blocks
+      t1 += t.x, t2 += t.y;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) t1 += __shfl_xor_sync(0xffffffffu, t1, o), t2 += __shfl_xor_sync(0xffffffffu, t2, o);
+    if (!lane) gs[q] = gn_stat(t1, t2, gs[q].x, (double)a.L * (double)cg, a.eps);
+  }
+  __syncthreads();
+  if (!on) return;
+  const GnOut<T, V> o = gn_out<T, V>(a, n, v, gs);
+  T *y = static_cast<T *>(a.y) + n * a.ys[0] + v * V;
+  with_act(a.act, [&](auto act) {
+    auto out = [&](int64_t p, const float(&f)[V]) { o.template put<decltype(act)::value>(y + p * a.ys[1], f); };
+    gn_run<T, V, 4, true>(x, a.xs[1], ph + pl, lanes, ns, out);
+    for (int64_t q = 0; q < nh; ++q) {
+      float f[V];
+      load<T, V>(mine + q * lanes * a.C, f);
+      out(p0 + pl + q * lanes, f);
+    }
+  });
 }
 
 StreamBuffers &gn_buffers() {
@@ -6609,7 +6748,52 @@ inline GnSplit gn_split(int64_t L, int64_t lanes, int64_t want) {
   return {ppc, (L + ppc - 1) / ppc};
 }
 
+// The held form where it applies: 16-bit x in 16-byte vectors, 64 to 4096 channels, a sample at
+// least an SM, cooperative launches, and what the SMs' shared memory does not hold of x at most
+// the L2 (past that its second read misses anyway, and the three launches keep more loads in
+// flight). FUSEDK_GN_HELD=0 turns it off, =1 on past the L2 (the bench's comparisons). *used says.
+template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaStream_t s, int dev, bool *used) {
+  *used = false;
+  static const bool off = env_is("FUSEDK_GN_HELD", "0"), force = env_is("FUSEDK_GN_HELD", "1");
+  constexpr int V = 8;
+  const int64_t sms = device_sms(dev), cv = a.C / V, row = a.C * (int64_t)sizeof(T);
+  if (off || sizeof(T) != 2 || cv < 8 || cv > kGnHeld || a.N > sms || !device_attr<cudaDevAttrCooperativeLaunch>(dev))
+    return cudaSuccess;
+  const int64_t bps = sms / a.N, ppb = (a.L + bps - 1) / bps, scratch = (int64_t)gn_held_scratch(a.C, a.groups, V);
+  // FUSEDK_GN_HOLD=k: at most k pixels a block held (tests of the streamed part)
+  static const int64_t cap = env_int("FUSEDK_GN_HOLD") > 0 ? env_int("FUSEDK_GN_HOLD") : INT64_MAX;
+  const int64_t room = ((int64_t)device_smem_optin(dev) - scratch) / row, hold = std::min({ppb, room, cap});
+  if (hold < 1) return cudaSuccess;
+  // the pixels past the held ones: ppb - hold in each whole run, the rest of the last one's
+  const int64_t whole = a.L / ppb, streamed = a.N * (whole * (ppb - hold) + std::max<int64_t>(0, a.L - whole * ppb - hold)) * row;
+  if (!force && streamed > device_attr<cudaDevAttrL2CacheSize>(dev)) return cudaSuccess;
+  constexpr auto kernel = gn_held_kernel<T, V>;
+  const size_t smem = (size_t)(hold * row + scratch);
+  // a block an SM fits by construction (smem within the opt-in, 128 registers a thread by the
+  // launch bounds), so the cooperative grid of at most one a SM does too on a whole device
+  cudaError_t e = smem_opt_in<kernel>(smem, 0, dev);
+  if (e != cudaSuccess) return e;
+  void *buf = nullptr;
+  e = gn_buffers().get(dev, s, (size_t)(a.N * bps * a.groups) * sizeof(float2), 0, &buf);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeCooperative, at[0].val.cooperative = 1;
+  cfg.gridDim = dim3((unsigned)(a.N * bps)), cfg.blockDim = dim3(kGnHeld), cfg.dynamicSmemBytes = smem, cfg.stream = s;
+  cfg.attrs = at, cfg.numAttrs = 1;
+  // refused (a grid that cannot be resident at once where the SMs are partitioned): three launches
+  if (cudaLaunchKernelEx(&cfg, kernel, a, bps, ppb, hold, static_cast<float2 *>(buf)) != cudaSuccess)
+    return cudaGetLastError(), cudaSuccess;
+  *used = true;
+  return cudaSuccess;
+}
+
 template <typename T, int V> cudaError_t launch_gn(const fusedk__gn_args &a, cudaStream_t s, int dev) {
+  if constexpr (V == 8 && sizeof(T) == 2) {
+    bool used = false;
+    const cudaError_t e = launch_gn_held<T>(a, s, dev, &used);
+    if (e != cudaSuccess || used) return e;
+  }
   const int64_t cv = a.C / V, zb = (cv + kGnThreads - 1) / kGnThreads, lanes = cv >= kGnThreads ? 1 : kGnThreads / cv;
   const int64_t per = std::max<int64_t>(1, a.N * zb), sms = device_sms(dev);
   // the sums: about four blocks an SM. The apply: at least two waves of the blocks the SMs hold,

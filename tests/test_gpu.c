@@ -2562,7 +2562,11 @@ static void gn_cases(fusedk_scalar s) {
   run_gn(s, 5, (int64_t[]){1, 3, 6, 7, 48}, 16, 1, SILU, 0, 0);
   run_gn(s, 4, (int64_t[]){1, 3, 3, 4096}, 32, 1, SILU, 0, 0); /* vectors past one block */
   run_gn(s, 4, (int64_t[]){70000, 1, 2, 8}, 2, 1, SILU, 0, 0);  /* samples past a grid's y (65535) */
+  run_gn(s, 4, (int64_t[]){1, 17, 19, 128}, 32, 1, SILU, 0, 1); /* the held form in place */
+  run_gn(s, 4, (int64_t[]){3, 21, 23, 96}, 3, 0, N, 0, 0);      /* 12 vectors a pixel: 42 lanes of 512 threads */
+  run_gn(s, 4, (int64_t[]){200, 3, 5, 64}, 8, 1, SILU, 0, 0);   /* more samples than SMs: three launches */
   if (!small) {
+    run_gn(s, 4, (int64_t[]){1, 192, 192, 512}, 32, 1, SILU, 0, 0); /* past the SMs' shared memory: streamed */
     run_gn(s, 4, (int64_t[]){1, 256, 256, 128}, 32, 1, SILU, 0, 0);
     run_gn(s, 5, (int64_t[]){1, 4, 30, 52, 384}, 32, 1, SILU, 0, 0);
   }

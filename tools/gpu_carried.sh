@@ -6,15 +6,16 @@
 #   ninja -C build-gpu && mkdir -p .gpulib/b && cp build-gpu/{libfusedk.so,tests/test_gpu,fusedk_dit_block} .gpulib/b/
 # then the device tool's run with carry [".whl", ".gpulib"] and the command
 #   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-conv-full]
-#     [bench-conv-list] [bench-conv-seed] [bench-vae-flux] [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi]
+#     [bench-conv-list] [bench-conv-seed] [bench-gn] [bench-vae-flux] [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi]
 #     [bench-norms] [vae] [profile] [ncu] [profile-wan] [demo]
 # conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma, with
-# FUSEDK_NO_TMA=1 on mma.sync, and at the small shapes with the halo steps off and the clusters on)
-# and tests/python/test_conv.py; conv-units: those C units at the small shapes only; fp8: the C
+# FUSEDK_NO_TMA=1 on mma.sync, at the small shapes with the halo steps off, the clusters on and
+# group_norm's held form streaming all but 3 pixels a block, group_norm in three launches) and
+# tests/python/test_conv.py; conv-units: those C units at the small shapes only; fp8: the C
 # units of the FP8 ops and the norms, test_fp8.py's GPU norm and int8 tests; vae:
 # test_diffusers_vae.py; bench-conv: bench/bench_conv.py --quick (bench-conv-fast: without the
 # torch.compile columns; bench-conv-full: every row, with them; bench-conv-list: every row, without
-# them; bench-conv-seed: the seed's three shapes, with them); bench-vae-KIND: bench/bench_vae.py
+# them; bench-conv-seed: the seed's three shapes, with them; bench-gn: the GroupNorm rows alone); bench-vae-KIND: bench/bench_vae.py
 # --only KIND (Wan without torch.compile); bench-norms: bench_linear_fp8.py --no-gemm --no-torchao
 # --quick (the norms' FP8 forms against a copy); profile: bench/profile_conv.py under ncu (ncu:
 # that alone), and its decode table; profile-wan: torch.profiler's table of a patched and a stock Wan
@@ -53,6 +54,8 @@ for what in "${@:-conv}"; do
       step units-conv 120 env FUSEDK_TEST_ONLY=conv "$B/test_gpu"
       step units-conv-mma 90 env FUSEDK_TEST_ONLY=conv FUSEDK_NO_TMA=1 "$B/test_gpu"
       step units-conv-alt 40 env FUSEDK_TEST_ONLY=conv FUSEDK_CONV_HALO=0 FUSEDK_CONV_CLUSTER=2 FUSEDK_TEST_SMALL=1 "$B/test_gpu"
+      step units-gn-hold 40 env FUSEDK_TEST_ONLY=group_norm FUSEDK_GN_HOLD=3 FUSEDK_TEST_SMALL=1 "$B/test_gpu"
+      step units-gn3 60 env FUSEDK_TEST_ONLY=group_norm FUSEDK_GN_HELD=0 "$B/test_gpu"
       step py-conv 150 python3 -m pytest -q -W ignore -p no:cacheprovider tests/python/test_conv.py -k gpu ;;
     fp8)
       step units-fp8 150 env FUSEDK_TEST_ONLY=quantize_fp8,glu_fp8,linear_fp8,linear_w8,norm "$B/test_gpu"
@@ -64,6 +67,8 @@ for what in "${@:-conv}"; do
       cat "$OUT/bench_conv.md" 2>/dev/null ;;
     bench-conv-seed) step bench-conv 150 python3 bench/bench_conv.py --seed --rounds 3 --out "$OUT"
       cat "$OUT/bench_conv.md" 2>/dev/null ;;
+    bench-gn) step bench-conv 120 python3 bench/bench_conv.py --gn --no-compile --rounds 3 --out "$OUT"
+      grep -E "^gn" "$OUT/bench-conv.txt" | cut -c1-200 ;;
     bench-conv-list) step bench-conv 300 python3 bench/bench_conv.py --no-compile --rounds 3 --out "$OUT"
       cat "$OUT/bench_conv.md" 2>/dev/null ;;
     bench-conv-fast) step bench-conv 90 python3 bench/bench_conv.py --quick --no-compile --rounds 3 --out "$OUT"
