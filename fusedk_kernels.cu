@@ -84,11 +84,13 @@
 #include <string.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <functional>
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 // The parts this object compiles (see Parts above): all of them unless FUSEDK_ONLY_* names some.
@@ -357,6 +359,14 @@ template <int Default, int... Ns, typename F> cudaError_t dispatch_int(int n, F 
   if (!((n == Ns ? (e = f(int_c<Ns>()), true) : false) || ...)) e = f(int_c<Default>());
   return e;
 }
+// dispatch_int over a list kept as a type (its first value the default), and the list's values:
+// a choice made at run time over the values and the dispatch read one list
+template <int... Ns, typename F> cudaError_t dispatch_seq(std::integer_sequence<int, Ns...>, int n, F &&f) {
+  return dispatch_int<Ns...>(n, f);
+}
+template <int... Ns> constexpr std::array<int, sizeof...(Ns)> int_values(std::integer_sequence<int, Ns...>) {
+  return {Ns...};
+}
 
 // ---------------------------------------------------------------------------------------------
 // [numerics] element types <-> float32; the activations
@@ -575,10 +585,11 @@ inline bool env_is(const char *name, const char *value) {
   const char *e = getenv(name);
   return e && strcmp(e, value) == 0;
 }
-// environment variable `name` as a number, 0 where unset (the bench's and tests' forced choices)
-inline long long env_int(const char *name) {
+// environment variable `name` as a positive number, else `fallback` (the bench's and tests' forced choices)
+inline long long env_int(const char *name, long long fallback) {
   const char *e = getenv(name);
-  return e ? atoll(e) : 0;
+  const long long v = e ? atoll(e) : 0;
+  return v > 0 ? v : fallback;
 }
 
 // FUSEDK_NO_TMA=1 in the environment: the pre-Hopper kernels everywhere (A/B and their tests).
@@ -657,7 +668,8 @@ __device__ __forceinline__ float f32_of_e4m3(uint8_t b) {
 // Butterfly sum over aligned groups of `width` lanes (a power of two <= 32): every lane of a
 // group gets its group's sum. Unrolled; the steps beyond the width are skipped uniformly, and a
 // whole warp (the common width) runs its five steps without a test each.
-__device__ __forceinline__ float lanes_sum(float v, int width) {
+template <typename F> __device__ __forceinline__ F lanes_sum(F v, int width) {
+  static_assert(std::is_floating_point<F>::value, "sums of float or double");
   if (width == 32) {
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -6049,6 +6061,9 @@ inline bool on_grid(const void *p, const int64_t *st, int n, int64_t es, int64_t
 }
 inline bool vec16(const void *p, const int64_t *st, int n, int64_t es) { return on_grid(p, st, n, es, 16); }
 
+// the channel tiles (BN) the kernel is built for: the chooser's candidates, the narrowest first
+using CvTiles = std::integer_sequence<int, 16, 64, 96, 128, 160, 192, 256>;
+
 // Hopper path (sm_90a, conv_tma_kernel): an output tile is 128 pixels of one frame, a bh x bw
 // patch (CvTile: the shape that wastes fewest rows), by BN output channels (16 for an RGB
 // conv_out, 64 to 256; 96 for Wan's 96-channel layers). A block an SM walks tiles id, id + grid,
@@ -6324,9 +6339,9 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
   auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 16); };
   // FUSEDK_CONV_BN=c, one of the tiles, forces it (the bench's sweep of this choice)
-  static const long long forced = env_int("FUSEDK_CONV_BN");
-  static constexpr int tiles[] = {16, 64, 96, 128, 160, 192, 256};
-  int bn = 16;
+  static const long long forced = env_int("FUSEDK_CONV_BN", 0);
+  static constexpr auto tiles = int_values(CvTiles{});
+  int bn = tiles[0];
   for (int c : tiles)
     if (cost(c) <= cost(bn)) bn = c;
   for (int c : tiles)
@@ -6351,7 +6366,7 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   const bool halo = !halo_off && bn == 16 && a.kh == 3 && a.kw == 3 && up == 1 && g.bw <= 16;
   const int xb[5] = {64, g.bw, 128 / g.bw + (halo ? 2 : 0), 1, 1};
   // persistent: a cluster walks pairs P, P + clusters, ...; as many clusters as fit at once
-  return dispatch_int<16, 64, 96, 128, 160, 192, 256>(bn, [&](auto bnc) -> cudaError_t {
+  return dispatch_seq(CvTiles{}, bn, [&](auto bnc) -> cudaError_t {
     // the block's form: 1 or 2 blocks a cluster, or (3) the halo steps, one block (BN 16 only)
     return dispatch_int<1, 2, 3>(halo ? 3 : cl, [&](auto form) -> cudaError_t {
       constexpr int BN = decltype(bnc)::value, CL = decltype(form)::value == 2 && BN >= 64 ? 2 : 1;
@@ -6714,8 +6729,7 @@ __global__ void __launch_bounds__(kGnHeld, 1) gn_held_kernel(const fusedk__gn_ar
       const float2 t = __ldcg(&part[(n * bps + j) * a.groups + q]); // L2: written by other blocks
       t1 += t.x, t2 += t.y;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) t1 += __shfl_xor_sync(0xffffffffu, t1, o), t2 += __shfl_xor_sync(0xffffffffu, t2, o);
+    t1 = lanes_sum(t1, 32), t2 = lanes_sum(t2, 32);
     if (!lane) gs[q] = gn_stat(t1, t2, gs[q].x, (double)a.L * (double)cg, a.eps);
   }
   __syncthreads();
@@ -6761,7 +6775,7 @@ template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaS
     return cudaSuccess;
   const int64_t bps = sms / a.N, ppb = (a.L + bps - 1) / bps, scratch = (int64_t)gn_held_scratch(a.C, a.groups, V);
   // FUSEDK_GN_HOLD=k: at most k pixels a block held (tests of the streamed part)
-  static const int64_t cap = env_int("FUSEDK_GN_HOLD") > 0 ? env_int("FUSEDK_GN_HOLD") : INT64_MAX;
+  static const int64_t cap = env_int("FUSEDK_GN_HOLD", INT64_MAX);
   const int64_t room = ((int64_t)device_smem_optin(dev) - scratch) / row, hold = std::min({ppb, room, cap});
   if (hold < 1) return cudaSuccess;
   // the pixels past the held ones: ppb - hold in each whole run, the rest of the last one's
