@@ -6334,10 +6334,11 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
     if (th * tw * 128 <= best) best = th * tw * 128, g.tiles_h = th, g.tiles_w = tw, g.bw = bw;
   }
   if (best > 2 * Hp * Wp) return cudaSuccess;
-  // the channel tile: the waves of blocks it takes, a block's work its channels and 16 more (its
-  // A reads and its share of the ring: a wide tile feeds the tensor cores better)
+  // the channel tile: the waves of blocks it takes, a wave's time its channels and a fixed 480 more
+  // (a block's A reads and its ring's fill and drain, fitted to bench_conv's sweep of the tiles: a
+  // wide tile feeds the tensor cores better, a narrow one leaves fewer SMs idle in the last wave)
   const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
-  auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 16); };
+  auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 480); };
   // FUSEDK_CONV_BN=c, one of the tiles, forces it (the bench's sweep of this choice)
   static const long long forced = env_int("FUSEDK_CONV_BN", 0);
   static constexpr auto tiles = int_values(CvTiles{});
@@ -6348,10 +6349,12 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
     if (forced == c) bn = c;
   g.gy = (int)((a.Co + bn - 1) / bn);
   g.patches = patches;
-  // FUSEDK_CONV_CLUSTER=2: clusters of 2 blocks on neighbouring patches share the weight box (each
-  // loads half, multicast), a k step's L2 reads 16 KB + BN x 64 B a block instead of + BN x 128 B.
-  // Off by default: the pair waits on each other's releases and runs slower (bench/NOTES.md).
-  static const bool pair = env_is("FUSEDK_CONV_CLUSTER", "2");
+  // clusters of 2 blocks on neighbouring patches share the weight box (each loads half, multicast):
+  // a k step's L2 reads 16 KB + BN x 64 B a block instead of + BN x 128 B. On for 3x3x3 taps, whose
+  // 27 k steps a channel block make the weights the larger read; on 2D taps the pair's waits on each
+  // other's releases cost more than the L2 reads saved. FUSEDK_CONV_CLUSTER=1 off, =2 on everywhere.
+  static const bool pair_off = env_is("FUSEDK_CONV_CLUSTER", "1"), pair_on = env_is("FUSEDK_CONV_CLUSTER", "2");
+  const bool pair = !pair_off && (pair_on || (a.kt > 1 && a.kh * a.kw > 1));
   const int cl = pair && patches >= 2 && bn >= 64 ? 2 : 1;
   g.pairs = (patches + cl - 1) / cl * g.gy;
   g.vec = a.Co % 8 == 0 && vec16(a.out, a.os, 4, 2) && (!a.res || vec16(a.res, a.rs, 4, 2));
@@ -6763,12 +6766,12 @@ inline GnSplit gn_split(int64_t L, int64_t lanes, int64_t want) {
 }
 
 // The held form where it applies: 16-bit x in 16-byte vectors, 64 to 4096 channels, a sample at
-// least an SM, cooperative launches, and what the SMs' shared memory does not hold of x at most
-// the L2 (past that its second read misses anyway, and the three launches keep more loads in
-// flight). FUSEDK_GN_HELD=0 turns it off, =1 on past the L2 (the bench's comparisons). *used says.
+// least an SM, cooperative launches. Past the L2 too: what the SMs' shared memory holds is not read
+// twice, where the three launches read all of x twice. FUSEDK_GN_HELD=0 turns it off (the bench's
+// comparisons). *used says.
 template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaStream_t s, int dev, bool *used) {
   *used = false;
-  static const bool off = env_is("FUSEDK_GN_HELD", "0"), force = env_is("FUSEDK_GN_HELD", "1");
+  static const bool off = env_is("FUSEDK_GN_HELD", "0");
   constexpr int V = 8;
   const int64_t sms = device_sms(dev), cv = a.C / V, row = a.C * (int64_t)sizeof(T);
   if (off || sizeof(T) != 2 || cv < 8 || cv > kGnHeld || a.N > sms || !device_attr<cudaDevAttrCooperativeLaunch>(dev))
@@ -6778,9 +6781,6 @@ template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaS
   static const int64_t cap = env_int("FUSEDK_GN_HOLD", INT64_MAX);
   const int64_t room = ((int64_t)device_smem_optin(dev) - scratch) / row, hold = std::min({ppb, room, cap});
   if (hold < 1) return cudaSuccess;
-  // the pixels past the held ones: ppb - hold in each whole run, the rest of the last one's
-  const int64_t whole = a.L / ppb, streamed = a.N * (whole * (ppb - hold) + std::max<int64_t>(0, a.L - whole * ppb - hold)) * row;
-  if (!force && streamed > device_attr<cudaDevAttrL2CacheSize>(dev)) return cudaSuccess;
   constexpr auto kernel = gn_held_kernel<T, V>;
   const size_t smem = (size_t)(hold * row + scratch);
   // a block an SM fits by construction (smem within the opt-in, 128 registers a thread by the
