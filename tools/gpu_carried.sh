@@ -7,7 +7,7 @@
 # then the device tool's run with carry [".whl", ".gpulib"] and the command
 #   bash tools/gpu_carried.sh [conv-units] [conv] [fp8] [bench-conv-fast] [bench-conv] [bench-conv-full]
 #     [bench-conv-list] [bench-conv-seed] [bench-gn] [bench-vae-flux] [bench-vae-wan] [bench-vae-ltx] [bench-vae-mochi]
-#     [bench-norms] [vae] [profile] [ncu] [profile-wan] [demo]
+#     [bench-norms] [vae] [profile] [ncu] [ncu-gn] [epilogue] [profile-wan] [demo]
 # conv: the C units of the conv family (conv, group_norm, channel_rmsnorm; conv on wgmma, with
 # FUSEDK_NO_TMA=1 on mma.sync, at the small shapes with the halo steps off, the clusters on and
 # group_norm's held form streaming all but 3 pixels a block, group_norm in three launches) and
@@ -18,7 +18,8 @@
 # them; bench-conv-seed: the seed's three shapes, with them; bench-gn: the GroupNorm rows alone); bench-vae-KIND: bench/bench_vae.py
 # --only KIND (Wan without torch.compile); bench-norms: bench_linear_fp8.py --no-gemm --no-torchao
 # --quick (the norms' FP8 forms against a copy); profile: bench/profile_conv.py under ncu (ncu:
-# that alone), and its decode table; profile-wan: torch.profiler's table of a patched and a stock Wan
+# that alone), and its decode table; ncu-gn: ncu --set full of the held group_norm (profile_conv.py --gn),
+# its details in $OUT/ncu-gn-details.txt; epilogue: profile_conv.py --epilogue; profile-wan: torch.profiler's table of a patched and a stock Wan
 # decode; demo: the C DiT block. Logs and results in $OUT; a line a step in $OUT/summary.txt,
 # printed last. Where libfusedk.so and .whl pass the carry limit together, carry
 # libfusedk.so.xz (xz -T2) and run `xz -d .gpulib/b/libfusedk.so.xz` first.
@@ -87,12 +88,18 @@ for what in "${@:-conv}"; do
       [ "$what" = ncu ] && continue
       step prof-table 150 python3 bench/profile_conv.py --table
       grep -A32 "^== " "$OUT/prof-table.txt" | cut -c1-150 ;;
+    ncu-gn) # every section and the SASS-level stall samples of the held group_norm at 512 ch 128^2 and 256^2
+      step ncu-gn 120 ncu --set full --import-source no -k regex:gn_ -o "$OUT/gn" python3 bench/profile_conv.py --gn
+      [ -f "$OUT/gn.ncu-rep" ] && ncu -i "$OUT/gn.ncu-rep" --page details >"$OUT/ncu-gn-details.txt" 2>&1
+      grep -E "gn_held|Duration|Compute \(SM\) Throughput|DRAM Throughput|Issued Warp Per Scheduler" "$OUT/ncu-gn-details.txt" | head -20 ;;
+    epilogue) step epilogue 120 python3 bench/profile_conv.py --epilogue
+      grep "^epilogue" "$OUT/epilogue.txt" ;;
     profile-wan) # torch.profiler's table of a patched and a stock eager Wan decode
       step prof-wan 200 python3 bench/profile_conv.py --table wan --rows 30
       grep -A36 "^== " "$OUT/prof-wan.txt" | cut -c1-150 ;;
     demo) step demo 60 "$B/fusedk_dit_block"
       tail -14 "$OUT/demo.txt" ;;
-    *) say "unknown step $what (conv-units, conv, fp8, vae, bench-conv-fast, bench-conv, bench-vae-KIND, bench-norms, profile, demo)" ;;
+    *) say "unknown step $what (conv-units, conv, fp8, vae, bench-conv-fast, bench-conv, bench-vae-KIND, bench-norms, profile, ncu-gn, epilogue, demo)" ;;
   esac
 done
 cat "$OUT/summary.txt"
