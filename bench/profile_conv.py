@@ -5,7 +5,8 @@ AutoencoderKL at 1024^2, bf16, random weights; or Wan 2.1's at 480p x 81 frames)
 stock torch.compile decode (Wan: stock eager), top rows of each.
 `--layers`: one fusedk.conv (and group_norm) call per listed shape, for
 `ncu -k regex:conv_tma|gn_` to read. `--gn`: one group_norm + SiLU call each at 512 ch 128^2 (x held
-on chip) and 256^2 (part of x streamed), for `ncu --set full -k regex:gn_`. `--epilogue`: the seed's 1x1 and 3x3 N8 C128 128^2 timed
+on chip) and 256^2 (part of x streamed), for `ncu --set full -k regex:gn_`. `--epilogue`: the seed's
+1x1 and 3x3 N8 C128 128^2 timed
 (CUDA-graph replays) with the epilogue's parts added one at a time (bias, SiLU, a residual), and a
 copy of the output's bytes: what the epilogue costs against the products. Writes nothing; prints."""
 import argparse
@@ -66,7 +67,7 @@ def layers(torch, fusedk):
 def gn(torch, fusedk):
     for H in (128, 256):
         x = torch.randn(1, H, H, 512, device="cuda", dtype=torch.bfloat16)
-        w, b = torch.randn(512, device="cuda", dtype=torch.bfloat16), torch.randn(512, device="cuda", dtype=torch.bfloat16)
+        w, b = (torch.randn(512, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         fusedk.group_norm(x, 32, w, b, 1e-6, act="silu")
         torch.cuda.synchronize()
         print(f"group_norm silu 512 {H}^2", flush=True)
