@@ -6335,11 +6335,11 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   }
   if (best > 2 * Hp * Wp) return cudaSuccess;
   // the channel tile: the waves of blocks it takes, a wave's time its channels and a fixed 480 more
-  // (a block's A reads and its ring's fill and drain, fitted to bench_conv's sweep of the tiles: a
+  // (a block's A reads and its ring's fill and drain, which a narrow tile pays for fewer products: a
   // wide tile feeds the tensor cores better, a narrow one leaves fewer SMs idle in the last wave)
   const int64_t patches = a.N * a.To * up * up * g.tiles_h * g.tiles_w, sms = device_sms(dev);
   auto cost = [&](int c) { return (patches * ((a.Co + c - 1) / c) + sms - 1) / sms * (c + 480); };
-  // FUSEDK_CONV_BN=c, one of the tiles, forces it (the bench's sweep of this choice)
+  // FUSEDK_CONV_BN=c, one of the tiles, forces it (a sweep of this choice)
   static const long long forced = env_int("FUSEDK_CONV_BN", 0);
   static constexpr auto tiles = int_values(CvTiles{});
   int bn = tiles[0];
@@ -6353,8 +6353,8 @@ cudaError_t launch_conv_tma(const fusedk__conv_args &a, cudaStream_t s, int dev,
   // a k step's L2 reads 16 KB + BN x 64 B a block instead of + BN x 128 B. On for 3x3x3 taps, whose
   // 27 k steps a channel block make the weights the larger read; on 2D taps the pair's waits on each
   // other's releases cost more than the L2 reads saved. FUSEDK_CONV_CLUSTER=1 off, =2 on everywhere.
-  static const bool pair_off = env_is("FUSEDK_CONV_CLUSTER", "1"), pair_on = env_is("FUSEDK_CONV_CLUSTER", "2");
-  const bool pair = !pair_off && (pair_on || (a.kt > 1 && a.kh * a.kw > 1));
+  static const long long cl_env = env_int("FUSEDK_CONV_CLUSTER", 0);
+  const bool pair = cl_env == 2 || (cl_env != 1 && a.kt > 1 && a.kh * a.kw > 1);
   const int cl = pair && patches >= 2 && bn >= 64 ? 2 : 1;
   g.pairs = (patches + cl - 1) / cl * g.gy;
   g.vec = a.Co % 8 == 0 && vec16(a.out, a.os, 4, 2) && (!a.res || vec16(a.res, a.rs, 4, 2));
@@ -6767,8 +6767,8 @@ inline GnSplit gn_split(int64_t L, int64_t lanes, int64_t want) {
 
 // The held form where it applies: 16-bit x in 16-byte vectors, 64 to 4096 channels, a sample at
 // least an SM, cooperative launches. Past the L2 too: what the SMs' shared memory holds is not read
-// twice, where the three launches read all of x twice. FUSEDK_GN_HELD=0 turns it off (the bench's
-// comparisons). *used says.
+// twice, where the three launches read all of x twice. FUSEDK_GN_HELD=0 turns it off (for a
+// comparison). *used says.
 template <typename T> cudaError_t launch_gn_held(const fusedk__gn_args &a, cudaStream_t s, int dev, bool *used) {
   *used = false;
   static const bool off = env_is("FUSEDK_GN_HELD", "0");
